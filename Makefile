@@ -1,0 +1,23 @@
+# The two set-up commands: `make demo` (the CPU demo campaign) and `make test` (every test).
+# Both create .venv with everything they need on a fresh machine.
+VENV   := .venv
+BIN    := $(VENV)/bin
+MODEL  := $(CURDIR)/.cache/tiny-llama
+# Ray and vLLM stay on loopback on this machine; Ray's usage stats stay off.
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+export RAY_USAGE_STATS_ENABLED := 0
+export VLLM_HOST_IP := 127.0.0.1
+
+.PHONY: setup demo test clean-demo
+setup:
+	bash scripts/setup-venv.sh
+
+demo: setup
+	$(BIN)/raysweep tiny-model $(MODEL)
+	RAYSWEEP_DEMO_MODEL=$(MODEL) $(BIN)/raysweep run configs/demo-cpu.yaml
+
+test: setup
+	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean-demo:
+	rm -rf results/demo-cpu

@@ -1,0 +1,3 @@
+from raysweep.cli import main
+
+main()

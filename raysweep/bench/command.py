@@ -1,0 +1,94 @@
+"""The `command` bench backend: `vllm bench serve` run by a Ray client actor, its JSON read back.
+
+The client actor runs on CPU resources (never a GPU), on any node. One Ray call per point: the actor runs
+the command to completion in a temporary directory and returns the parsed result JSON with the tail of
+the command's output; the driver writes the result file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from raysweep import grid, procs
+
+__all__ = ["CommandClient", "PERCENTILE_METRICS", "METRIC_PERCENTILES", "bench_argv", "result_record"]
+
+PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+METRIC_PERCENTILES = ("50", "90", "95", "99")
+RESULT_FILE = "result.json"
+_ADDRESS_FLAGS = {"host": None, "port": None, "base_url": None}
+
+
+def bench_argv(argv: list[str], base_url: str, result_dir: str, *, num_prompts: int | None = None) -> list[str]:
+    """The benchmark command pointed at `base_url`, saving its JSON, with all the percentiles we report."""
+    user = grid.find_flag_value(argv, "--metric-percentiles", "--metric_percentiles") or ""
+    wanted = list(dict.fromkeys([*METRIC_PERCENTILES, *(p.strip() for p in user.split(",") if p.strip())]))
+    wanted.sort(key=float)
+    out = grid.apply_to_cmd(argv, _ADDRESS_FLAGS)
+    overrides: dict[str, Any] = {"base_url": base_url, "save_result": True, "result_dir": result_dir,
+                                 "result_filename": RESULT_FILE, "percentile_metrics": PERCENTILE_METRICS,
+                                 "metric_percentiles": ",".join(wanted)}
+    if num_prompts is not None:
+        overrides["num_prompts"] = num_prompts
+    return grid.apply_to_cmd(out, overrides)
+
+
+def result_record(result: dict[str, Any], serve_params: dict[str, Any], bench_params: dict[str, Any],
+                  run: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """One result record as vLLM's sweep writes it (result + overrides + run_number), plus our fields."""
+    record = dict(result)
+    record.update(serve_params)
+    record.update(bench_params)
+    record["run_number"] = run
+    record.update(extra)
+    return record
+
+
+@ray.remote(num_cpus=0.1, max_restarts=0)
+class CommandClient:
+    """Runs benchmark commands (and `after_bench_cmd`) as child processes on its node."""
+
+    def run(self, argv: list[str], base_url: str, env: dict[str, str], timeout_s: float,
+            num_prompts: int | None = None) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="raysweep-bench-") as tmp:
+            full = procs.resolve_executable(bench_argv(argv, base_url, tmp, num_prompts=num_prompts))
+            out = _run(full, env, timeout_s, cwd=tmp)
+            path = Path(tmp) / RESULT_FILE
+            if out["ok"]:
+                try:
+                    out["result"] = json.loads(path.read_text())
+                except (OSError, ValueError) as exc:
+                    out.update(ok=False, error=f"no readable result JSON from the benchmark command: {exc}")
+        out["command"] = grid.shell_join(grid.mask_argv(full))
+        return out
+
+    def run_plain(self, argv: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+        return _run(procs.resolve_executable(argv), env, timeout_s, cwd=None)
+
+
+def _run(argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile() as logf:
+        try:
+            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=procs.child_env(env), cwd=cwd)
+        except OSError as exc:
+            return {"ok": False, "error": f"cannot start {argv[0]!r}: {exc}", "output_tail": "", "duration_s": 0.0}
+        try:
+            code = proc.wait(timeout=timeout_s)
+            error = None if code == 0 else f"benchmark command exited with code {code}"
+        except subprocess.TimeoutExpired:
+            procs.kill_tree(proc.pid, grace_s=5)
+            proc.wait()
+            code, error = None, f"benchmark command ran past its {timeout_s:.0f} s timeout and was killed"
+        logf.seek(0)
+        text = logf.read().decode(errors="replace")
+    return {"ok": error is None, "error": error, "returncode": code,
+            "output_tail": "\n".join(text.splitlines()[-40:]), "duration_s": time.monotonic() - t0}

@@ -1,0 +1,302 @@
+"""The campaign file: its YAML schema, validation with field-path errors, and parameter resolution.
+
+`load_campaign(path)` reads a YAML file and returns a `CampaignSpec`: the validated model, the resolved
+parameter sets (files read, grids expanded, exclusions applied) and `${VAR}` references expanded.
+Every problem raises `CampaignError` naming the field path and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from raysweep import grid
+from raysweep.errors import CampaignError
+
+__all__ = ["BenchSpec", "Campaign", "CampaignSpec", "ServeSpec", "campaign_from_dict", "load_campaign"]
+
+EnvValue = str | int | float | bool
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServeSpec(_Strict):
+    """How to start the server: the base command, its environment and the grid of its parameters."""
+
+    cmd: str = Field(description="base server command, e.g. `vllm serve MODEL --max-model-len 4096`")
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="environment of the server process")
+    ready_timeout_s: float = Field(600.0, gt=0, description="seconds to wait for /health and /v1/models")
+    params: Any = Field(None, description="parameter file path, list of dicts, or {grid: ..., exclude: [...]}")
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd_not_empty(cls, v: str) -> str:
+        return _check_cmd(v)
+
+
+class BenchSpec(_Strict):
+    """How to drive load: the benchmark command and the grid of its parameters."""
+
+    backend: Literal["command"] = Field("command", description="`command` runs `vllm bench serve`")
+    cmd: str = Field(description="base benchmark command, e.g. `vllm bench serve --model MODEL ...`")
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="environment of the benchmark process")
+    params: Any = Field(None, description="parameter file path, list of dicts, or {grid: ..., exclude: [...]}")
+    after_bench_cmd: str | None = Field(None, description="runs after every point instead of the cache reset")
+    timeout_s: float = Field(3600.0, gt=0, description="seconds one benchmark run may take")
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd_not_empty(cls, v: str) -> str:
+        return _check_cmd(v)
+
+
+class Campaign(_Strict):
+    """A whole campaign, as written in the YAML file."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="campaign name (letters, digits, . _ -)")
+    output_dir: str | None = Field(None, description="where the ledger and results go (default results/NAME)")
+    runs: int = Field(3, ge=1, description="repeats of every benchmark point")
+    warmup: int = Field(0, ge=0, description="prompts run once after every server start, not recorded")
+    continue_on_error: bool = Field(True, description="record failures and go on instead of stopping")
+    max_attempts: int = Field(2, ge=1, description="attempts per point before it stays failed")
+    serve: ServeSpec
+    bench: BenchSpec
+    link: dict[str, str] = Field(default_factory=dict, description="serve parameter -> bench parameter that must be equal")
+
+
+def _env_str(v: EnvValue) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _check_cmd(v: str) -> str:
+    try:
+        argv = shlex.split(v)
+    except ValueError as exc:
+        raise ValueError(f"cannot be split into arguments: {exc}") from None
+    if not argv:
+        raise ValueError("must be a non-empty command")
+    return v
+
+
+@dataclass(frozen=True)
+class CampaignSpec:
+    """A validated campaign with everything resolved, ready to become a plan."""
+
+    campaign: Campaign
+    serve_argv: list[str]
+    serve_env: dict[str, str]
+    bench_argv: list[str]
+    bench_env: dict[str, str]
+    after_bench_argv: list[str] | None
+    serve_combos: list[dict[str, Any]]
+    bench_combos: list[dict[str, Any]]
+    source_path: str = ""
+    base_dir: Path = field(default_factory=Path.cwd)
+
+    def stored_form(self) -> dict[str, Any]:
+        """The campaign as kept in the ledger: parameters resolved, `${VAR}` kept, literal secrets masked."""
+        data = self.campaign.model_dump(mode="json")
+        data["serve"]["params"] = self.serve_combos
+        data["bench"]["params"] = self.bench_combos
+        for part in ("serve", "bench"):
+            data[part]["env"] = grid.mask_env({k: _env_str(v) for k, v in data[part]["env"].items()})
+        return data
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------
+
+def load_campaign(path: str | Path, env: dict[str, str] | None = None) -> CampaignSpec:
+    """Read, validate and resolve a campaign YAML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CampaignError("", f"campaign file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CampaignError("", f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise CampaignError("", f"{path} must hold a mapping of campaign fields (name, serve, bench, ...)")
+    return campaign_from_dict(data, base_dir=path.resolve().parent, source_path=str(path.resolve()), env=env)
+
+
+def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = "",
+                       env: dict[str, str] | None = None) -> CampaignSpec:
+    """Validate a campaign given as a dict (from YAML, or as stored in a ledger)."""
+    try:
+        campaign = Campaign.model_validate(data)
+    except ValidationError as exc:
+        raise _campaign_error(exc) from None
+    env = dict(os.environ if env is None else env)
+    serve_combos = _resolve_params(campaign.serve.params, "serve.params", base_dir)
+    bench_combos = _resolve_params(campaign.bench.params, "bench.params", base_dir)
+    _check_links(campaign.link, serve_combos, bench_combos)
+    after = campaign.bench.after_bench_cmd
+    return CampaignSpec(
+        campaign=campaign,
+        serve_argv=shlex.split(_expand(campaign.serve.cmd, "serve.cmd", env)),
+        serve_env=_expand_env(campaign.serve.env, "serve.env", env),
+        bench_argv=shlex.split(_expand(campaign.bench.cmd, "bench.cmd", env)),
+        bench_env=_expand_env(campaign.bench.env, "bench.env", env),
+        after_bench_argv=shlex.split(_expand(after, "bench.after_bench_cmd", env)) if after else None,
+        serve_combos=serve_combos,
+        bench_combos=bench_combos,
+        source_path=source_path,
+        base_dir=base_dir,
+    )
+
+
+def _resolve_params(spec: Any, fld: str, base_dir: Path) -> list[dict[str, Any]]:
+    if spec is None:
+        return [{}]
+    if isinstance(spec, str):
+        p = Path(spec)
+        combos = grid.load_param_file(p if p.is_absolute() else base_dir / p, fld)
+    elif isinstance(spec, list):
+        combos = []
+        for i, item in enumerate(spec):
+            if not isinstance(item, dict):
+                raise CampaignError(f"{fld}[{i}]", f"must be a mapping of parameter -> value, got {type(item).__name__}")
+            combos.append(dict(item))
+    elif isinstance(spec, dict):
+        combos = _resolve_grid(spec, fld, base_dir)
+    else:
+        raise CampaignError(fld, "accepted: a path to a vLLM JSON parameter file, a list of mappings, "
+                                 "or a mapping with `grid:` (and optional `exclude:`)")
+    if not combos:
+        raise CampaignError(fld, "yields no combination; give at least one")
+    for i, combo in enumerate(combos):
+        for key in combo:
+            if not isinstance(key, str) or not key:
+                raise CampaignError(f"{fld}[{i}]", f"parameter names must be non-empty strings, got {key!r}")
+    grid.check_unique(combos, fld)
+    return combos
+
+
+def _resolve_grid(spec: dict[str, Any], fld: str, base_dir: Path) -> list[dict[str, Any]]:
+    allowed = {"grid", "file", "exclude"}
+    for key in spec:
+        if key not in allowed:
+            raise CampaignError(f"{fld}.{key}", f"unknown key{_did_you_mean(key, allowed)}; accepted: exclude, file, grid")
+    if ("grid" in spec) == ("file" in spec):
+        raise CampaignError(fld, "give exactly one of `grid:` (a mapping of parameter -> list of values) or `file:`")
+    if "grid" in spec:
+        if not isinstance(spec["grid"], dict):
+            raise CampaignError(f"{fld}.grid", "must be a mapping of parameter -> list of values")
+        combos = grid.expand_grid(spec["grid"], f"{fld}.grid")
+    else:
+        combos = _resolve_params(str(spec["file"]), f"{fld}.file", base_dir)
+    exclude = spec.get("exclude") or []
+    if not isinstance(exclude, list) or not all(isinstance(e, dict) for e in exclude):
+        raise CampaignError(f"{fld}.exclude", "must be a list of mappings (parameter -> value)")
+    return grid.exclude_combos(combos, exclude, f"{fld}.exclude")
+
+
+def _check_links(links: dict[str, str], serve: list[dict[str, Any]], bench: list[dict[str, Any]]) -> None:
+    serve_keys = {grid.normalize_key(k) for c in serve for k in c}
+    bench_keys = {grid.normalize_key(k) for c in bench for k in c}
+    for sk, bk in links.items():
+        if grid.normalize_key(sk) not in serve_keys:
+            raise CampaignError(f"link.{sk}", f"is not a serve parameter{_did_you_mean(sk, serve_keys)}; "
+                                              f"serve parameters: {', '.join(sorted(serve_keys)) or '(none)'}")
+        if grid.normalize_key(bk) not in bench_keys:
+            raise CampaignError(f"link.{sk}", f"links to {bk!r}, which is not a bench parameter"
+                                              f"{_did_you_mean(bk, bench_keys)}; bench parameters: "
+                                              f"{', '.join(sorted(bench_keys)) or '(none)'}")
+    if links and not any(grid.link_matches(s, b, links) for s in serve for b in bench):
+        raise CampaignError("link", "no serve/bench pair has equal values for the linked parameters; nothing would run")
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(text: str, fld: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise CampaignError(fld, f"refers to ${{{name}}}, but the environment variable {name} is not set "
+                                 f"(set it, or write ${{{name}:-default}})")
+    return _VAR.sub(sub, text)
+
+
+def _expand_env(values: dict[str, EnvValue], fld: str, env: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for k, v in values.items():
+        s = _env_str(v)
+        ref = _VAR.fullmatch(s)
+        masked_default = ref is not None and ref.group(2) == grid.MASK and ref.group(1) not in env
+        if grid.is_secret_name(k) and (s == grid.MASK or masked_default):
+            raise CampaignError(f"{fld}.{k}", "was masked when the campaign was stored; write it as ${VAR} "
+                                              "or resume with `raysweep run CAMPAIGN.yaml`")
+        out[k] = _expand(s, f"{fld}.{k}", env)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Error messages
+# ---------------------------------------------------------------------------------------------------
+
+def _did_you_mean(word: str, choices: set[str] | list[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Campaign
+    for part in loc:
+        info = model.model_fields.get(str(part))
+        ann = info.annotation if info else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def _describe(err: dict[str, Any]) -> str:
+    kind, loc = err["type"], tuple(err["loc"])
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        accepted = sorted(parent.model_fields) if parent else []
+        return (f"unknown key{_did_you_mean(str(loc[-1]), accepted)}; accepted: {', '.join(accepted)}")
+    if kind == "missing":
+        model = _model_at(loc[:-1])
+        info = model.model_fields.get(str(loc[-1])) if model else None
+        what = f" ({info.description})" if info and info.description else ""
+        return f"is required{what}"
+    got = err.get("input")
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return f"{msg[0].lower()}{msg[1:]} (got {got!r})"
+
+
+def _campaign_error(exc: ValidationError) -> CampaignError:
+    errors = exc.errors()
+    lines = [f"{_loc_path(tuple(e['loc']))}: {_describe(e)}" for e in errors]
+    first = _loc_path(tuple(errors[0]["loc"]))
+    err = CampaignError(first, _describe(errors[0]))
+    if len(lines) > 1:
+        err.args = ("\n".join(lines),)
+    return err

@@ -1,0 +1,245 @@
+"""The `raysweep` command: run, resume, status, results, tiny-model. Only this module prints.
+
+Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing
+was started); 130 interrupted (finished points are kept; `raysweep resume` continues).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from raysweep.errors import UserError
+
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+
+def _say(text: str, err: bool = False, style: str | None = None) -> None:
+    """Print text as it is (no rich markup), to stdout or stderr."""
+    (console if err else out).print(text, markup=False, highlight=False, style=style)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            console.print("error:", style="bold red", end=" ")
+            _say(str(exc), err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]: finished points are kept; continue with `raysweep resume OUTPUT_DIR`")
+            sys.exit(130)
+
+
+@click.group(cls=_Group)
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """vLLM serving benchmark sweeps across a Ray cluster."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _sigterm_to_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _output_dir(spec: Any, override: str | None) -> Path:
+    c = spec.campaign
+    return Path(override or c.output_dir or f"results/{c.name}")
+
+
+@main.command()
+@click.argument("campaign_file", type=click.Path(dir_okay=False))
+@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@click.option("--output-dir", default=None, help="Override the campaign's output_dir.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every server and bench command, run counts) and exit.")
+@click.option("--force", is_flag=True, help="Run even if the campaign's commands changed since points were finished.")
+def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool, force: bool) -> None:
+    """Run a campaign (resuming it if its output directory already has a ledger)."""
+    from raysweep.campaign import load_campaign
+    from raysweep.plan import build_plan, dry_run_text
+
+    spec = load_campaign(campaign_file)
+    if dry_run:
+        from raysweep.bench import bench_argv
+
+        plan = build_plan(spec)
+        text = dry_run_text(plan, lambda argv: bench_argv(argv, "http://<node ip>:<port>", "<result dir>"))
+        _say(f"{text}\n\nResults would go to {_output_dir(spec, output_dir)}")
+        return
+    _run(spec, _output_dir(spec, output_dir), address, force)
+
+
+@main.command()
+@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@click.option("--force", is_flag=True, help="Take over the campaign even if another driver seems to hold it.")
+def resume(output_dir: str, address: str | None, force: bool) -> None:
+    """Continue an interrupted campaign from its output directory."""
+    from raysweep.campaign import campaign_from_dict, load_campaign
+    from raysweep.errors import CampaignError
+    from raysweep.ledger import Ledger
+
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        stored, source = ledger.stored_campaign(), ledger.meta("campaign_file") or ""
+    finally:
+        ledger.close()
+    try:
+        spec = campaign_from_dict(stored, base_dir=Path(output_dir).resolve(), source_path=source)
+    except CampaignError as exc:
+        if not (source and Path(source).is_file() and "was masked" in str(exc)):
+            raise
+        spec = load_campaign(source)  # the original file still has the secret; the ledger checks its meaning
+    _run(spec, Path(output_dir), address, force)
+
+
+def _run(spec: Any, output_dir: Path, address: str | None, force: bool) -> None:
+    from raysweep.driver import open_campaign, ray_session, run_campaign
+    from raysweep.results import write_results
+
+    _, ledger = open_campaign(spec, output_dir, force=force)  # refuse a changed campaign before starting Ray
+    ledger.close()
+    _sigterm_to_interrupt()
+    display = _ProgressDisplay()
+    summary = None
+    try:
+        with display, ray_session(address):
+            summary = run_campaign(spec, output_dir, force=force, on_event=display.event)
+    finally:
+        paths = write_results(output_dir)
+        console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)
+    _print_counts(summary.counts)
+    for p in summary.failures[:10]:
+        console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
+                      f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
+    if summary.stopped_early:
+        console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
+    if summary.failures or summary.stopped_early or summary.counts.get("pending"):
+        sys.exit(1)
+
+
+class _ProgressDisplay:
+    """Points done / total, the current server and an ETA, from the driver's events."""
+
+    def __init__(self) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
+        self.task: Any = None
+
+    def __enter__(self) -> _ProgressDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def event(self, kind: str, **data: Any) -> None:
+        p = self.progress
+        if kind == "campaign_start":
+            done = data["counts"].get("done", 0)
+            self.task = p.add_task("starting", total=data["total"], completed=done)
+        elif self.task is None:
+            return
+        elif kind == "server_starting":
+            p.update(self.task, description=f"server {data['serve'].label}: starting")
+        elif kind == "server_ready":
+            p.update(self.task, description=f"server {data['serve'].label}")
+            p.console.print(f"server {data['server_id']} ready in {data['elapsed']:.1f} s", highlight=False)
+        elif kind == "server_failed":
+            p.console.print(f"[red]server {data['server_id']} failed:[/] {escape(str(data['error']))}", highlight=False)
+        elif kind == "point_done":
+            p.advance(self.task)
+            r = data["result"]
+            p.console.print(f"done {escape(data['point'].bench.label)} run {data['point'].run}: "
+                            f"{r.get('request_throughput', 0):.1f} req/s, "
+                            f"median TTFT {r.get('median_ttft_ms', float('nan')):.1f} ms", highlight=False)
+        elif kind == "point_failed":
+            p.console.print(f"[red]failed[/] {escape(data['point'].bench.label)} run {data['point'].run} "
+                            f"(attempt {data['attempt']}): {escape(str(data['error']))}", highlight=False)
+
+
+def _print_counts(counts: dict[str, int]) -> None:
+    console.print("points: " + ", ".join(f"{k} {v}" for k, v in counts.items()), highlight=False)
+
+
+@main.command()
+@click.argument("output_dir", type=click.Path(file_okay=False))
+def status(output_dir: str) -> None:
+    """Done / running / failed / pending counts, running servers, failures with reasons."""
+    from raysweep.ledger import Ledger, PointState
+
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        counts, points, active = ledger.counts(), ledger.points(), ledger.servers(active_only=True)
+        name, extra, driver = ledger.meta("name"), ledger.out_of_plan(), ledger.last_driver()
+    finally:
+        ledger.close()
+    table = Table(title=f"campaign {name}")
+    for col in ("done", "running", "failed", "pending", "total"):
+        table.add_column(col, justify="right")
+    table.add_row(*(str(counts.get(k, 0)) for k in ("done", "running", "failed", "pending")), str(sum(counts.values())))
+    out.print(table)
+    live = False
+    if driver:
+        from raysweep.driver import driver_alive
+
+        live = driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"], driver["pid_create_time"])
+        state = "running" if live else (driver["outcome"] or "gone without a trace (killed?)")
+        _say(f"driver: pid {driver['pid']} on {driver['hostname']}, {state}")
+    if extra:
+        out.print(f"{extra} point(s) in the ledger are no longer in the campaign (kept, not shown)")
+    if active:
+        st = Table(title="servers running" if live else "servers left by a driver that is gone (reaped on resume)")
+        for col in ("server", "node", "port", "pid", "gpus", "state", "command"):
+            st.add_column(col)
+        for s in active:
+            st.add_row(s.server_id, s.node_ip or "", str(s.port or ""), str(s.pid or ""), s.gpu_ids or "", s.state,
+                       escape(s.command))
+        out.print(st)
+    for p in points:
+        if p.state == PointState.FAILED:
+            out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "
+                      f"{escape(str(p.error))}", highlight=False)
+            if p.log_tail:
+                _say("  " + "\n  ".join(p.log_tail.splitlines()[-5:]), style="dim")
+
+
+@main.command()
+@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.option("--format", "formats", type=click.Choice(["csv", "parquet", "json"]), multiple=True,
+              help="Format(s) to write (default: parquet and csv).")
+def results(output_dir: str, formats: tuple[str, ...]) -> None:
+    """Write the merged results table (one row per run) and print where it is."""
+    from raysweep.ledger import Ledger
+    from raysweep.results import results_table, write_results
+
+    Ledger.open_existing(output_dir).close()
+    paths = write_results(output_dir, formats or ("parquet", "csv"))
+    df = results_table(output_dir)
+    out.print(f"{len(df)} row(s), {len(df.columns)} column(s)")
+    for p in paths:
+        out.print(str(p), highlight=False)
+
+
+@main.command("tiny-model")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True)
+def tiny_model(directory: str, overwrite: bool) -> None:
+    """Write a tiny dummy-weight Llama (config + tokenizer) that the vLLM CPU build can serve."""
+    from raysweep.demo import make_tiny_model
+
+    out.print(str(make_tiny_model(directory, overwrite=overwrite)))

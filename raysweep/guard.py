@@ -1,0 +1,97 @@
+"""The server guard: `python -m raysweep.guard WATCH_PID WATCH_START STATE_DIR -- COMMAND...`.
+
+A host actor starts its server through this small supervisor, which makes sure no server process outlives
+the actor, however the actor ends:
+- The guard forks once and the launcher exits at once, so the guard is not a direct child of the Ray
+  worker: a worker that exits SIGKILLs its direct children, which would leave the server orphaned.
+- The guard stays in the worker's process group, so Ray's group kill (ray.kill, a crashed worker)
+  still reaches the guard, the server and everything the server forked.
+- The guard is a child subreaper: whatever the server forks stays its descendant even when orphaned.
+- It ends the whole tree on SIGTERM/SIGINT, when the watched worker (pid + start time) is gone (the
+  raylet or the driver was killed), or when the server's main process exits.
+It writes `guard.pid` on start and `exit_code` at the end into STATE_DIR.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from raysweep.procs import is_alive, kill_tree
+
+PR_SET_CHILD_SUBREAPER = 36
+GRACE_S = float(os.environ.get("RAYSWEEP_STOP_GRACE_S", "20"))
+PID_FILE = "guard.pid"
+EXIT_FILE = "exit_code"
+
+_stop = False
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _stop
+    _stop = True
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 5 or argv[3] != "--":
+        print("usage: python -m raysweep.guard WATCH_PID WATCH_START STATE_DIR -- COMMAND...", file=sys.stderr)
+        return 2
+    watch, watch_start, state = int(argv[0]), float(argv[1]), Path(argv[2])
+    cmd = argv[4:]
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    if os.fork() > 0:
+        os._exit(0)
+    (state / PID_FILE).write_text(str(os.getpid()))
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    code = _supervise(cmd, lambda: not _stop and is_alive(watch, watch_start))
+    (state / EXIT_FILE).write_text(str(code))
+    return code
+
+
+def _supervise(cmd: list[str], keep_going: object) -> int:
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as exc:
+        print(f"raysweep guard: cannot start {cmd[0]!r}: {exc}", flush=True)
+        return 127
+    code: int | None = None
+    while code is None and keep_going():  # type: ignore[operator]
+        code = _reap(child.pid)
+        time.sleep(0.2)
+    if code is None:  # stop the server first, alone, so it can shut its own workers down and free memory
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        while code is None and time.monotonic() < deadline:
+            code = _reap(child.pid)
+            time.sleep(0.1)
+    kill_tree(os.getpid(), grace_s=5, include_root=False)  # whatever it left behind
+    last = _reap(child.pid)
+    if code is None:
+        code = last if last is not None else 143
+    return code
+
+
+def _reap(child_pid: int) -> int | None:
+    """Reap finished descendants without blocking; the exit code if `child_pid` was among them."""
+    code = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return code
+        if pid == 0:
+            return code
+        if pid == child_pid:
+            code = os.waitstatus_to_exitcode(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,341 @@
+"""The durable ledger: one SQLite database (WAL) in the output directory.
+
+It holds the campaign (as stored, secrets masked) and its fingerprint, every point with its state
+(pending / running / done / failed), attempts, times, error and server-log tail and result file, every
+server start, and which driver holds the campaign. Only a driver writes; `status` and `results` read.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from raysweep.errors import LedgerError
+
+__all__ = ["Ledger", "PointRow", "PointState", "ServerRow", "SyncReport", "LEDGER_FILE"]
+
+LEDGER_FILE = "ledger.sqlite"
+SCHEMA_VERSION = "1"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS points (
+  point_id TEXT PRIMARY KEY,
+  serve_id TEXT NOT NULL,
+  bench_id TEXT NOT NULL,
+  run INTEGER NOT NULL,
+  serve_params TEXT NOT NULL,
+  bench_params TEXT NOT NULL,
+  in_plan INTEGER NOT NULL DEFAULT 1,
+  state TEXT NOT NULL DEFAULT 'pending',
+  attempts INTEGER NOT NULL DEFAULT 0,
+  started_at REAL,
+  ended_at REAL,
+  server_id TEXT,
+  error TEXT,
+  log_tail TEXT,
+  result_path TEXT,
+  updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS points_by_serve ON points (serve_id, state);
+CREATE TABLE IF NOT EXISTS servers (
+  server_id TEXT PRIMARY KEY,
+  serve_id TEXT NOT NULL,
+  command TEXT NOT NULL,
+  hostname TEXT,
+  node_id TEXT,
+  node_ip TEXT,
+  port INTEGER,
+  pid INTEGER,
+  pid_create_time REAL,
+  gpu_ids TEXT,
+  started_at REAL NOT NULL,
+  ready_at REAL,
+  stopped_at REAL,
+  state TEXT NOT NULL,
+  error TEXT,
+  log_tail TEXT,
+  log_path TEXT
+);
+CREATE TABLE IF NOT EXISTS drivers (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  hostname TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  pid_create_time REAL NOT NULL,
+  started_at REAL NOT NULL,
+  ended_at REAL,
+  outcome TEXT
+);
+"""
+
+
+class PointState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class PointRow:
+    point_id: str
+    serve_id: str
+    bench_id: str
+    run: int
+    serve_params: dict[str, Any]
+    bench_params: dict[str, Any]
+    in_plan: bool
+    state: PointState
+    attempts: int
+    started_at: float | None
+    ended_at: float | None
+    server_id: str | None
+    error: str | None
+    log_tail: str | None
+    result_path: str | None
+
+
+@dataclass(frozen=True)
+class ServerRow:
+    server_id: str
+    serve_id: str
+    command: str
+    hostname: str | None
+    node_id: str | None
+    node_ip: str | None
+    port: int | None
+    pid: int | None
+    pid_create_time: float | None
+    gpu_ids: str | None
+    started_at: float
+    ready_at: float | None
+    stopped_at: float | None
+    state: str
+    error: str | None
+    log_tail: str | None
+    log_path: str | None
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    added: int
+    in_plan: int
+    out_of_plan: int
+    fingerprint_changed: bool
+
+
+class Ledger:
+    """The SQLite ledger of one output directory. Thread-safe; every write is one transaction."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        with self._tx() as c:
+            c.executescript(_SCHEMA)
+
+    @classmethod
+    def open_existing(cls, output_dir: str | Path) -> Ledger:
+        path = Path(output_dir) / LEDGER_FILE
+        if not path.is_file():
+            raise LedgerError(f"{output_dir}: no raysweep ledger here ({LEDGER_FILE} is missing)")
+        return cls(path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._conn:
+            yield self._conn
+
+    # -- campaign ------------------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row["value"] if row else None
+
+    def stored_campaign(self) -> dict[str, Any]:
+        text = self.meta("campaign")
+        if text is None:
+            raise LedgerError(f"{self.path}: the ledger holds no campaign")
+        return json.loads(text)
+
+    def sync(self, *, name: str, fingerprint: str, meaning: dict[str, Any], campaign: dict[str, Any],
+             campaign_file: str, points: list[tuple[str, str, str, int, dict[str, Any], dict[str, Any]]],
+             force: bool = False) -> SyncReport:
+        """Record the campaign and its points: new points become pending, finished ones are kept.
+
+        Refuses (unless `force`) when the stored campaign has another name or another fingerprint.
+        """
+        old_name, old_fp = self.meta("name"), self.meta("fingerprint")
+        changed = old_fp is not None and old_fp != fingerprint
+        if not force:
+            if old_name is not None and old_name != name:
+                raise LedgerError(f"{self.path.parent} holds campaign {old_name!r}, not {name!r}; "
+                                  "use another output_dir, or --force to take it over")
+            if changed:
+                old = json.loads(self.meta("meaning") or "{}")
+                diff = sorted(k for k in set(old) | set(meaning) if old.get(k) != meaning.get(k))
+                raise LedgerError(f"the campaign changed in a way that changes the meaning of finished points "
+                                  f"({', '.join(diff)} differ from the ledger); finished results would no longer "
+                                  "match it. Use another output_dir, or --force to keep them anyway")
+        now = time.time()
+        with self._tx() as c:
+            for key, value in (("name", name), ("fingerprint", fingerprint), ("meaning", json.dumps(meaning)),
+                               ("campaign", json.dumps(campaign)), ("campaign_file", campaign_file),
+                               ("schema_version", SCHEMA_VERSION)):
+                c.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                          (key, value))
+            c.execute("INSERT OR IGNORE INTO meta(key, value) VALUES('created_at', ?)", (str(now),))
+            before = c.execute("SELECT COUNT(*) FROM points").fetchone()[0]
+            c.executemany(
+                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params, updated_at)"
+                " VALUES(?, ?, ?, ?, ?, ?, ?)",
+                [(pid, sid, bid, run, json.dumps(sp), json.dumps(bp), now) for pid, sid, bid, run, sp, bp in points])
+            added = c.execute("SELECT COUNT(*) FROM points").fetchone()[0] - before
+            c.execute("UPDATE points SET in_plan = 0")
+            c.executemany("UPDATE points SET in_plan = 1 WHERE point_id = ?", [(p[0],) for p in points])
+            out = c.execute("SELECT COUNT(*) FROM points WHERE in_plan = 0").fetchone()[0]
+        return SyncReport(added=added, in_plan=len(points), out_of_plan=out, fingerprint_changed=changed)
+
+    # -- the driver that holds the campaign ----------------------------------------------------------
+
+    def acquire_driver(self, pid: int, pid_create_time: float, is_alive: Any, force: bool = False) -> int:
+        """Register this driver; refuse if another live driver holds the campaign.
+
+        `is_alive(hostname, pid, create_time)` says whether an earlier driver still runs.
+        """
+        host = socket.gethostname()
+        with self._tx() as c:
+            for row in c.execute("SELECT * FROM drivers WHERE ended_at IS NULL").fetchall():
+                if not force and is_alive(row["hostname"], row["pid"], row["pid_create_time"]):
+                    raise LedgerError(f"this campaign is being run by pid {row['pid']} on {row['hostname']}; "
+                                      "wait for it, stop it, or use --force if it is gone")
+                c.execute("UPDATE drivers SET ended_at = ?, outcome = 'lost' WHERE id = ?", (time.time(), row["id"]))
+            cur = c.execute("INSERT INTO drivers(hostname, pid, pid_create_time, started_at) VALUES(?, ?, ?, ?)",
+                            (host, pid, pid_create_time, time.time()))
+            return int(cur.lastrowid or 0)
+
+    def last_driver(self) -> dict[str, Any] | None:
+        """The most recent driver of this campaign: hostname, pid, start time, end time and outcome."""
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM drivers ORDER BY id DESC LIMIT 1").fetchone()
+        return dict(row) if row else None
+
+    def release_driver(self, driver_id: int, outcome: str) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE drivers SET ended_at = ?, outcome = ? WHERE id = ?", (time.time(), outcome, driver_id))
+
+    def recover(self) -> tuple[int, list[ServerRow]]:
+        """After a driver died: running points go back to pending (the lost attempt is not counted), and the
+        servers it left without a stop are returned (marked `lost`) so the caller can reap their processes."""
+        with self._tx() as c:
+            n = c.execute("UPDATE points SET state = 'pending', attempts = MAX(attempts - 1, 0), updated_at = ? "
+                          "WHERE state = 'running'", (time.time(),)).rowcount
+            rows = c.execute("SELECT * FROM servers WHERE stopped_at IS NULL").fetchall()
+            c.execute("UPDATE servers SET state = 'lost', stopped_at = ? WHERE stopped_at IS NULL", (time.time(),))
+        return n, [_server_row(r) for r in rows]
+
+    # -- points --------------------------------------------------------------------------------------
+
+    def points(self, *, serve_id: str | None = None, in_plan_only: bool = True) -> list[PointRow]:
+        sql, args = "SELECT * FROM points WHERE 1 = 1", []
+        if in_plan_only:
+            sql += " AND in_plan = 1"
+        if serve_id is not None:
+            sql += " AND serve_id = ?"
+            args.append(serve_id)
+        with self._lock:
+            rows = self._conn.execute(sql + " ORDER BY serve_id, bench_id, run", args).fetchall()
+        return [_point_row(r) for r in rows]
+
+    def runnable(self, serve_id: str, max_attempts: int) -> list[PointRow]:
+        """Points of a server config still to run: pending, or failed with attempts left."""
+        return [p for p in self.points(serve_id=serve_id)
+                if p.state == PointState.PENDING or (p.state == PointState.FAILED and p.attempts < max_attempts)]
+
+    def mark_running(self, point_id: str, server_id: str) -> int:
+        with self._tx() as c:
+            c.execute("UPDATE points SET state = 'running', attempts = attempts + 1, started_at = ?, ended_at = NULL,"
+                      " server_id = ?, updated_at = ? WHERE point_id = ?", (time.time(), server_id, time.time(), point_id))
+            return int(c.execute("SELECT attempts FROM points WHERE point_id = ?", (point_id,)).fetchone()[0])
+
+    def mark_done(self, point_id: str, result_path: str) -> None:
+        """A point is done only once its result file is in place (the caller writes it first)."""
+        with self._tx() as c:
+            c.execute("UPDATE points SET state = 'done', ended_at = ?, result_path = ?, error = NULL, log_tail = NULL,"
+                      " updated_at = ? WHERE point_id = ?", (time.time(), result_path, time.time(), point_id))
+
+    def mark_failed(self, point_id: str, error: str, log_tail: str | None = None, started: bool = True) -> None:
+        """A failed attempt. `started=False` for a point that never ran (its server did not start): the
+        attempt is counted here, since `mark_running` did not count it."""
+        with self._tx() as c:
+            c.execute("UPDATE points SET state = 'failed', ended_at = ?, error = ?, log_tail = ?, updated_at = ?,"
+                      " attempts = attempts + ? WHERE point_id = ?",
+                      (time.time(), error, log_tail, time.time(), 0 if started else 1, point_id))
+
+    def mark_pending(self, point_id: str, count_attempt: bool = False) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE points SET state = 'pending', updated_at = ?, attempts = attempts + ? WHERE point_id = ?",
+                      (time.time(), 0 if count_attempt else -1, point_id))
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._conn.execute("SELECT state, COUNT(*) n FROM points WHERE in_plan = 1 GROUP BY state").fetchall()
+        out = {s.value: 0 for s in PointState}
+        out.update({r["state"]: r["n"] for r in rows})
+        return out
+
+    def out_of_plan(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM points WHERE in_plan = 0").fetchone()[0])
+
+    # -- servers -------------------------------------------------------------------------------------
+
+    def add_server(self, server_id: str, serve_id: str, command: str) -> None:
+        with self._tx() as c:
+            c.execute("INSERT INTO servers(server_id, serve_id, command, started_at, state) VALUES(?, ?, ?, ?, 'starting')",
+                      (server_id, serve_id, command, time.time()))
+
+    def update_server(self, server_id: str, **fields: Any) -> None:
+        allowed = set(ServerRow.__dataclass_fields__) - {"server_id", "serve_id", "started_at"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"unknown server fields: {sorted(bad)}")
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self._tx() as c:
+            c.execute(f"UPDATE servers SET {cols} WHERE server_id = ?", (*fields.values(), server_id))
+
+    def servers(self, *, active_only: bool = False) -> list[ServerRow]:
+        sql = "SELECT * FROM servers" + (" WHERE stopped_at IS NULL" if active_only else "") + " ORDER BY started_at"
+        with self._lock:
+            return [_server_row(r) for r in self._conn.execute(sql).fetchall()]
+
+
+def _point_row(r: sqlite3.Row) -> PointRow:
+    d = dict(r)
+    d["serve_params"] = json.loads(d["serve_params"])
+    d["bench_params"] = json.loads(d["bench_params"])
+    d["in_plan"] = bool(d["in_plan"])
+    d["state"] = PointState(d["state"])
+    d.pop("updated_at")
+    return PointRow(**d)
+
+
+def _server_row(r: sqlite3.Row) -> ServerRow:
+    return ServerRow(**dict(r))

@@ -1,0 +1,116 @@
+"""Processes we start: free ports, killing a whole process tree, log tails, and liveness by pid + start time.
+
+Nothing here kills by name: only process ids that we started (and their descendants) are signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+__all__ = ["child_env", "free_port", "is_alive", "kill_tree", "port_is_free", "resolve_executable", "tail"]
+
+
+RAY_WORKER_ONLY_ENV = ("OMP_NUM_THREADS",)
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment for a process started from a Ray worker: the worker's own, less what Ray sets for its
+    workers only (OMP_NUM_THREADS=1 would make vLLM's CPU backend compute on one thread), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in RAY_WORKER_ONLY_ENV}
+    env.update(extra)
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def is_alive(pid: int | None, create_time: float | None) -> bool:
+    """True if `pid` runs and is the same process (same start time) as when it was recorded."""
+    if not pid:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if create_time is not None and abs(p.create_time() - create_time) > 0.5:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def kill_tree(pid: int, grace_s: float = 10.0, include_root: bool = True) -> list[int]:
+    """Terminate a process and all its descendants, wait up to `grace_s`, then kill what is left.
+
+    Returns the pids still alive at the end (normally none).
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True)
+        if include_root:
+            procs.append(root)
+    except psutil.Error:
+        return []
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=5)
+    return [p.pid for p in alive]
+
+
+def tail(path: str | Path, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
+    """The last `lines` lines of a text file (at most `max_bytes` read), or '' if there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def resolve_executable(argv: list[str]) -> list[str]:
+    """`argv` with its program found on PATH, else beside the running interpreter (an unactivated venv)."""
+    if not argv or os.sep in argv[0] or shutil.which(argv[0]):
+        return list(argv)
+    beside = Path(sys.executable).parent / argv[0]
+    return [str(beside), *argv[1:]] if beside.exists() else list(argv)
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:  # type: ignore[no-untyped-def]
+    """Poll `predicate()` until it is true or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())

@@ -1,0 +1,95 @@
+"""The merged results table: one row per finished run, built with pandas from the ledger and result files.
+
+Columns: every serve and bench parameter, `run_number`, every metric with vLLM's field names, the GPU
+shape and placement (tensor/pipeline/data parallel sizes, gpu_count, node, GPU ids, server id) and
+timings. Per-request arrays stay in the result files; the table keeps the scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from raysweep.files import write_bytes_atomic, write_text_atomic
+from raysweep.ledger import Ledger, PointState
+
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "load_records", "results_table", "write_results"]
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("parquet", "csv", "json")
+PER_REQUEST_KEYS = frozenset({"latencies", "queue_times", "input_lens", "output_lens", "ttfts", "itls",
+                              "start_times", "generated_texts", "errors", "server_queue_times", "server_ttfts"})
+_FIRST = ["campaign", "serve_id", "bench_id", "point_id", "run_number", "serve_label", "bench_label"]
+
+
+def load_records(output_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of every done point of the current plan, read from their result files."""
+    output_dir = Path(output_dir)
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        rows = [p for p in ledger.points() if p.state == PointState.DONE]
+    finally:
+        ledger.close()
+    records = []
+    for row in rows:
+        path = output_dir / (row.result_path or "")
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            log.warning("point %s is done but its result file %s cannot be read: %s", row.point_id, path, exc)
+    return records
+
+
+def results_table(output_dir: str | Path) -> pd.DataFrame:
+    """One row per finished run; per-request arrays dropped, nested values as JSON text."""
+    records = [{k: v for k, v in r.items() if k not in PER_REQUEST_KEYS} for r in load_records(output_dir)]
+    df = pd.DataFrame.from_records(records)
+    if df.empty:
+        return df
+    for col in df.columns:
+        df[col] = _clean_column(df[col])
+    first = [c for c in _FIRST if c in df.columns]
+    df = df[first + [c for c in df.columns if c not in first]]
+    return df.sort_values([c for c in ("serve_id", "bench_id", "run_number") if c in df.columns], ignore_index=True)
+
+
+def _clean_column(col: pd.Series) -> pd.Series:
+    """Make a column storable: numbers (incl. vLLM's "inf" rate) as floats, nested values as JSON text."""
+    if col.dtype != object:
+        return col
+    values = [v for v in col if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if all(isinstance(v, bool) for v in values):
+        return col
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) or v in ("inf", "-inf") for v in values):
+        return pd.to_numeric(col.replace({"inf": math.inf, "-inf": -math.inf}), errors="coerce")
+    return col.map(lambda v: json.dumps(v) if isinstance(v, (dict, list)) else (None if v is None else str(v)))
+
+
+def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet", "csv")) -> list[Path]:
+    """Write the table as results.<format> in the output directory (each file whole or not at all)."""
+    output_dir = Path(output_dir)
+    df = results_table(output_dir)
+    written = []
+    for fmt in formats:
+        path = output_dir / f"results.{fmt}"
+        if fmt == "csv":
+            write_text_atomic(path, df.to_csv(index=False))
+        elif fmt == "json":
+            finite = df.astype(object).replace({math.inf: "inf", -math.inf: "-inf"})  # JSON has no infinity
+            write_text_atomic(path, finite.to_json(orient="records", indent=2))
+        elif fmt == "parquet":
+            write_bytes_atomic(path, df.to_parquet(index=False) if not df.empty else _empty_parquet())
+        else:
+            raise ValueError(f"unknown format {fmt!r}; accepted: {', '.join(FORMATS)}")
+        written.append(path)
+    return written
+
+
+def _empty_parquet() -> bytes:
+    return pd.DataFrame({"point_id": pd.Series([], dtype=str)}).to_parquet(index=False)

@@ -1,0 +1,187 @@
+"""Server host actors: launch the server command on a node, wait until it is ready, reset caches, stop it.
+
+A `ServerHost` actor sits in the placement group bundle that holds the configuration's GPUs (Ray sets
+CUDA_VISIBLE_DEVICES for it) and starts the server as a child process through `raysweep.guard`, on a
+free port of its own, with its output in a log file. Readiness means `/health` answers 200 and
+`/v1/models` lists the expected model. Stopping terminates the whole process tree, waits for it to exit
+and for the port to be free, then kills what is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import ray
+
+from raysweep import grid, guard, procs
+
+__all__ = ["RESET_ENDPOINTS", "ServerHost", "expected_model", "server_argv"]
+
+log = logging.getLogger(__name__)
+
+RESET_ENDPOINTS = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache")
+
+
+def expected_model(argv: list[str]) -> str | None:
+    """The model name the server will list in /v1/models: --served-model-name, --model, or `serve MODEL`."""
+    name = grid.find_flag_value(argv, "--served-model-name", "--served_model_name")
+    if name:
+        return name
+    model = grid.find_flag_value(argv, "--model")
+    if model:
+        return model
+    if "serve" in argv:
+        i = argv.index("serve")
+        if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            return argv[i + 1]
+    return None
+
+
+def server_argv(argv: list[str], host: str, port: int) -> list[str]:
+    """The server command with our own `--host` and `--port` in place of any the user gave."""
+    return grid.apply_to_cmd(argv, {"host": host, "port": port})
+
+
+def _http(method: str, url: str, timeout: float = 5.0) -> tuple[int, str]:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+@ray.remote(max_restarts=0, max_concurrency=4)
+class ServerHost:
+    """Runs one server process (one node's part of a server configuration)."""
+
+    def __init__(self, server_id: str, log_dir: str | None = None) -> None:
+        self.server_id = server_id
+        self.ip = ray.util.get_node_ip_address()
+        base = Path(log_dir) if log_dir and Path(log_dir).is_dir() else Path(tempfile.gettempdir()) / "raysweep-logs"
+        base.mkdir(parents=True, exist_ok=True)
+        self.log_path = base / f"server-{server_id}.log"
+        self.guard_pid: int | None = None
+        self.state_dir = Path(tempfile.gettempdir())
+        self.port: int | None = None
+
+    def node_info(self) -> dict[str, Any]:
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "node_ip": self.ip, "hostname": socket.gethostname(),
+                "gpu_ids": ",".join(str(g) for g in ctx.get_accelerator_ids().get("GPU", [])),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def start(self, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """Start the server under `raysweep.guard`; returns the guard's pid and start time, host, port, log."""
+        self.port = procs.free_port(self.ip)
+        full = procs.resolve_executable(server_argv(argv, self.ip, self.port))
+        env_ = procs.child_env({"VLLM_SERVER_DEV_MODE": "1", **env})
+        me = psutil.Process()
+        self.state_dir = Path(tempfile.mkdtemp(prefix=f"raysweep-guard-{self.server_id}-"))
+        with open(self.log_path, "ab") as logf:
+            logf.write(f"# raysweep: {grid.shell_join(grid.mask_argv(full))}\n".encode())
+            logf.flush()
+            launcher = subprocess.Popen(
+                [sys.executable, "-m", "raysweep.guard", str(me.pid), repr(me.create_time()), str(self.state_dir),
+                 "--", *full], stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env_)
+        launcher.wait(timeout=60)
+        pid_file = self.state_dir / guard.PID_FILE
+        procs.wait_for(pid_file.exists, 30, 0.02)
+        self.guard_pid = int(pid_file.read_text())
+        return {"pid": self.guard_pid, "pid_create_time": psutil.Process(self.guard_pid).create_time(),
+                "host": self.ip, "port": self.port, "log_path": str(self.log_path),
+                "command": grid.shell_join(grid.mask_argv(full))}
+
+    def url(self) -> str:
+        return f"http://{self.ip}:{self.port}"
+
+    def exit_code(self) -> int | None:
+        """None while the server runs; its exit code once it has ended."""
+        if self.guard_pid is None:
+            return None
+        exit_file = self.state_dir / guard.EXIT_FILE
+        if exit_file.exists():
+            text = exit_file.read_text().strip()
+            return int(text) if text else -1
+        return None if procs.is_alive(self.guard_pid, None) else -9
+
+    def wait_ready(self, timeout_s: float, model: str | None) -> dict[str, Any]:
+        """Poll /health and /v1/models until ready, the process exits, or the timeout passes."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            code = self.exit_code()
+            if code is not None:
+                return {"ok": False, "error": f"server process exited with code {code} before it was ready"}
+            status, _ = _http("GET", self.url() + "/health", timeout=2)
+            if status == 200:
+                status, body = _http("GET", self.url() + "/v1/models", timeout=5)
+                if status == 200 and self._lists_model(body, model):
+                    return {"ok": True, "elapsed_s": time.monotonic() - t0}
+            time.sleep(0.5)
+        return {"ok": False, "error": f"server not ready after {timeout_s:.0f} s (/health and /v1/models)"}
+
+    @staticmethod
+    def _lists_model(body: str, model: str | None) -> bool:
+        try:
+            ids = [m.get("id") for m in json.loads(body).get("data", [])]
+        except (ValueError, AttributeError):
+            return False
+        return bool(ids) and (model is None or model in ids)
+
+    def reset_caches(self, attempts: int = 5) -> dict[str, Any]:
+        """POST the cache-reset endpoints; the prefix-cache reset must answer {"success": true}."""
+        detail = ""
+        for i in range(attempts):
+            status, body = _http("POST", self.url() + RESET_ENDPOINTS[0] + ("?reset_running_requests=true" if i >= 2 else ""))
+            ok = status == 200 and _success(body)
+            detail = f"{RESET_ENDPOINTS[0]}: HTTP {status} {body.strip()[:200]}"
+            if ok:
+                for ep in RESET_ENDPOINTS[1:]:
+                    _http("POST", self.url() + ep)
+                return {"ok": True, "detail": detail}
+            if status == 404:
+                break
+            time.sleep(0.5 * (i + 1))
+        return {"ok": False, "detail": detail}
+
+    def log_tail(self, lines: int = 40) -> str:
+        return procs.tail(self.log_path, lines)
+
+    def read_log(self, max_bytes: int = 4 * 1024 * 1024) -> str:
+        return procs.tail(self.log_path, lines=10**9, max_bytes=max_bytes)
+
+    def stop(self, grace_s: float = 30.0) -> dict[str, Any]:
+        """Stop the server tree, wait for it and for the port to be free; kill what is left."""
+        if self.guard_pid is None:
+            return {"exit_code": None, "left": [], "port_free": True}
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.guard_pid, signal.SIGTERM)  # the guard stops the server gracefully, then its leftovers
+        procs.wait_for(lambda: not procs.is_alive(self.guard_pid, None), grace_s + 10, 0.1)
+        left = procs.kill_tree(self.guard_pid, grace_s=5)
+        code = self.exit_code()
+        port_free = self.port is None or procs.wait_for(lambda: procs.port_is_free(self.ip, self.port), 15)
+        return {"exit_code": code, "left": left, "port_free": port_free}
+
+
+def _success(body: str) -> bool:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("success") is True

@@ -1,0 +1,82 @@
+"""A stand-in for `vllm bench serve`: sends real requests to the server and writes a result JSON with
+vLLM's field names, so the command backend can be tested with fast processes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", default="standin")
+    ap.add_argument("--num-prompts", type=int, default=10)
+    ap.add_argument("--max-concurrency", type=int, default=4)
+    ap.add_argument("--random-input-len", type=int, default=16)
+    ap.add_argument("--random-output-len", type=int, default=8)
+    ap.add_argument("--save-result", action="store_true")
+    ap.add_argument("--result-dir", default=".")
+    ap.add_argument("--result-filename", default="result.json")
+    ap.add_argument("--percentile-metrics", default="ttft,tpot,itl")
+    ap.add_argument("--metric-percentiles", default="99")
+    ap.add_argument("--fail", action="store_true")
+    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--log-file", default=None, help="append the argv of each call here")
+    args, _unknown = ap.parse_known_args()
+    if args.log_file:
+        with open(args.log_file, "a") as f:
+            f.write(json.dumps(sys.argv[1:]) + "\n")
+    if args.fail:
+        print("standin bench: failing on purpose")
+        sys.exit(1)
+    time.sleep(args.sleep)
+
+    def one(i: int) -> tuple[float, float, bool]:
+        t0 = time.time()
+        req = urllib.request.Request(args.base_url + "/v1/completions", method="POST",
+                                     data=json.dumps({"model": args.model, "prompt": "x", "max_tokens": args.random_output_len}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                r.read()
+            return t0, time.time(), True
+        except OSError:
+            return t0, time.time(), False
+
+    t0 = time.time()
+    with ThreadPoolExecutor(args.max_concurrency) as ex:
+        samples = list(ex.map(one, range(args.num_prompts)))
+    duration = time.time() - t0
+    ok = [s for s in samples if s[2]]
+    lat = [(e - s) * 1000 for s, e, _ in ok] or [0.0]
+    result = {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai", "model_id": args.model,
+              "num_prompts": args.num_prompts, "request_rate": "inf", "burstiness": 1.0,
+              "max_concurrency": args.max_concurrency, "duration": duration, "completed": len(ok),
+              "failed": len(samples) - len(ok), "total_input_tokens": 10 * len(ok),
+              "total_output_tokens": args.random_output_len * len(ok),
+              "request_throughput": len(ok) / duration, "output_throughput": args.random_output_len * len(ok) / duration,
+              "total_token_throughput": (10 + args.random_output_len) * len(ok) / duration,
+              "latencies": [x / 1000 for x in lat]}
+    for m in args.percentile_metrics.split(","):
+        result[f"mean_{m}_ms"] = statistics.mean(lat)
+        result[f"median_{m}_ms"] = statistics.median(lat)
+        result[f"std_{m}_ms"] = statistics.pstdev(lat)
+        for p in args.metric_percentiles.split(","):
+            q = sorted(lat)[min(len(lat) - 1, int(float(p) / 100 * len(lat)))]
+            result[f"p{p}_{m}_ms"] = q
+    if args.save_result:
+        os.makedirs(args.result_dir, exist_ok=True)
+        with open(os.path.join(args.result_dir, args.result_filename), "w") as f:
+            json.dump(result, f)
+    print(f"standin bench: {len(ok)} ok, {len(samples) - len(ok)} failed in {duration:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""A stand-in for `vllm serve` in tests that need many fast server starts: the OpenAI-ish endpoints
+raysweep touches (/health, /v1/models, /v1/completions, the cache resets, /metrics), on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--model", dest="model_opt")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--startup-delay", type=float, default=0.0)
+    ap.add_argument("--spawn-child", action="store_true", help="fork a long sleep, like vLLM's engine process")
+    ap.add_argument("--die-after", type=int, default=0, help="exit(3) after this many completions")
+    ap.add_argument("--fail-start", action="store_true", help="exit(1) before listening")
+    ap.add_argument("--reset-refuses", action="store_true", help="answer {success: false} to cache resets")
+    ap.add_argument("--pid-file", default=None, help="append our pid (and the child's) to this file")
+    args, _unknown = ap.parse_known_args()
+    model = args.model_opt or args.model or "standin"
+    if args.pid_file:
+        with open(args.pid_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
+    if args.spawn_child:
+        child = subprocess.Popen(["sleep", "300"])
+        if args.pid_file:
+            with open(args.pid_file, "a") as f:
+                f.write(f"{child.pid}\n")
+    print(f"standin: starting {model} with argv {sys.argv[1:]} env CVD={os.environ.get('CUDA_VISIBLE_DEVICES')}",
+          flush=True)
+    if args.fail_start:
+        print("standin: failing on purpose", flush=True)
+        sys.exit(1)
+    time.sleep(args.startup_delay)
+    state = {"completions": 0, "resets": 0}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def _send(self, code: int, body: object) -> None:
+            data = json.dumps(body).encode() if not isinstance(body, str) else body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200, "")
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": model, "object": "model"}]})
+            elif self.path == "/metrics":
+                self._send(200, f'vllm:num_requests_running{{engine="0",model_name="{model}"}} 0\n')
+            else:
+                self._send(404, {"detail": "not found"})
+
+        def do_POST(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(n) or b"{}")
+            if self.path.startswith("/reset_prefix_cache"):
+                state["resets"] += 1
+                self._send(200, {"success": not args.reset_refuses})
+            elif self.path in ("/reset_mm_cache", "/reset_encoder_cache"):
+                self._send(200, "")
+            elif self.path == "/v1/completions":
+                with lock:
+                    state["completions"] += 1
+                    count = state["completions"]
+                if args.die_after and count > args.die_after:
+                    print("standin: dying on purpose", flush=True)
+                    os._exit(3)
+                time.sleep(0.002)
+                out = int(body.get("max_tokens") or 16)
+                self._send(200, {"choices": [{"text": "x" * out}],
+                                 "usage": {"prompt_tokens": 10, "completion_tokens": out}})
+            else:
+                self._send(404, {"detail": "not found"})
+
+    srv = ThreadingHTTPServer((args.host, args.port), Handler)
+    print(f"standin: listening on {args.host}:{args.port}", flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

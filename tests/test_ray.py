@@ -1,0 +1,286 @@
+"""Ray tests on a local cluster with simulated GPU nodes (head without GPUs + 2 nodes x 4 GPUs).
+
+Servers and benchmarks are the stand-ins of tests/standin (fast starts); the real vLLM server is covered
+by tests/test_vllm_integration.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import PY, STANDIN, standin_campaign
+
+ray = pytest.importorskip("ray")
+
+from raysweep import procs  # noqa: E402
+from raysweep.campaign import load_campaign  # noqa: E402
+from raysweep.driver import run_campaign  # noqa: E402
+from raysweep.errors import LedgerError, UserError  # noqa: E402
+from raysweep.ledger import Ledger  # noqa: E402
+from raysweep.results import results_table  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster():
+    from ray.cluster_utils import Cluster
+
+    temp_dir = f"/tmp/rs-t{os.getpid()}"
+    os.makedirs("/tmp/ray", exist_ok=True)  # Cluster writes its address file there whatever temp_dir says
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=2, num_gpus=0, include_dashboard=False,
+                                                                 temp_dir=temp_dir))
+    for i in range(2):
+        cluster.add_node(num_cpus=2, num_gpus=4, labels={"node-name": f"w{i}"},
+                         runtime_env_dir_name=f"runtime_resources_w{i}")
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="raysweep", log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _gpus_back(request):
+    """After each Ray test, every placement group is gone and every GPU is free again."""
+    yield
+    if "gpu_cluster" not in request.fixturenames or not ray.is_initialized():
+        return
+    deadline = time.time() + 20
+    while time.time() < deadline and ray.available_resources().get("GPU", 0) < ray.cluster_resources().get("GPU", 0):
+        time.sleep(0.1)
+    assert ray.available_resources().get("GPU", 0) == ray.cluster_resources().get("GPU", 0), "GPUs leaked"
+
+
+def _run(campaign_file: Path, **kw):
+    spec = load_campaign(campaign_file)
+    out = Path(spec.campaign.output_dir)
+    return run_campaign(spec, out, **kw), out
+
+
+def _ledger(out: Path) -> Ledger:
+    return Ledger.open_existing(out)
+
+
+def test_campaign_runs_on_simulated_gpus(gpu_cluster, tmp_path):
+    f = standin_campaign(tmp_path, serve_params={"grid": {"tensor_parallel_size": [1, 2]}}, runs=2, warmup=2)
+    summary, out = _run(f)
+    assert summary.counts == {"pending": 0, "running": 0, "done": 8, "failed": 0}
+    df = results_table(out)
+    assert len(df) == 8
+    by_tp = {tp: g for tp, g in df.groupby("tensor_parallel_size")}
+    assert set(by_tp[1]["gpu_count"]) == {1} and set(by_tp[2]["gpu_count"]) == {2}
+    assert all(len(ids.split(",")) == 2 for ids in by_tp[2]["gpu_ids"])
+    assert all(len(ids.split(",")) == 1 for ids in by_tp[1]["gpu_ids"])
+    assert set(df["cache_state_before"]) == {"reset"}
+    assert set(df["node_ip"]) == {"127.0.0.1"}
+    assert df["node_id"].notna().all() and df["server_id"].nunique() == 2
+    # the server saw the GPUs Ray gave its host actor, and was started with our host and port
+    logs = {p.name: p.read_text() for p in (out / "logs").iterdir()}
+    assert len(logs) == 2
+    assert any("CVD=0,1" in t or "CVD=1,0" in t or "CVD=2,3" in t for t in logs.values())
+    assert all("--host 127.0.0.1 --port" in t for t in logs.values())
+    # every run file holds vLLM's fields, the overrides and run_number
+    rec = json.loads(next((out / "points").rglob("run=1.json")).read_text())
+    assert rec["run_number"] == 1 and "request_throughput" in rec and "p90_e2el_ms" in rec and "random_input_len" in rec
+    led = _ledger(out)
+    assert {s.state for s in led.servers()} == {"stopped"}
+    led.close()
+
+
+def test_shape_that_never_fits_is_refused_before_anything_starts(gpu_cluster, tmp_path):
+    f = standin_campaign(tmp_path, serve_params=[{"tensor_parallel_size": 8}])
+    with pytest.raises(UserError, match="needs 8 GPUs on one node.*largest node has 4"):
+        _run(f)
+    led = _ledger(tmp_path / "out")
+    assert led.servers() == [] and led.counts()["pending"] == 2
+    led.close()
+
+
+def test_server_that_fails_to_start_fails_its_points_and_the_campaign_goes_on(gpu_cluster, tmp_path):
+    f = standin_campaign(tmp_path, serve_params=[{"fail_start": True}, {"fail_start": False}], max_attempts=2)
+    summary, out = _run(f)
+    assert summary.counts["done"] == 2 and summary.counts["failed"] == 2
+    failed = [p for p in summary.failures]
+    assert all(p.attempts == 2 for p in failed)
+    assert all("server failed to start" in p.error and "exited with code 1" in p.error for p in failed)
+    assert all("failing on purpose" in p.log_tail for p in failed)
+    led = _ledger(out)
+    assert sorted(s.state for s in led.servers()) == ["failed", "failed", "stopped"]
+    led.close()
+
+
+def test_server_that_dies_mid_point_is_restarted_and_only_spoiled_points_rerun(gpu_cluster, tmp_path):
+    calls = tmp_path / "bench-calls.jsonl"
+    f = standin_campaign(tmp_path, server_args="--die-after 15", bench_args=f"--log-file {calls}",
+                         bench_params={"grid": {"random_input_len": [16, 32, 64]}}, max_attempts=2)
+    summary, out = _run(f)
+    assert summary.counts["done"] == 3 and summary.counts["failed"] == 0
+    led = _ledger(out)
+    points = led.points()
+    servers = led.servers()
+    led.close()
+    assert len(servers) >= 2 and any(s.state.startswith("died (exit code 3)") for s in servers)
+    retried = [p for p in points if p.attempts > 1]
+    assert retried and all(p.attempts == 2 for p in retried)
+    # only the spoiled points ran again: one bench call per point plus one per spoiled attempt
+    assert len(calls.read_text().splitlines()) == 3 + len(retried)
+    assert len(servers) == 1 + len(retried)
+
+
+def test_bench_failure_is_recorded_and_stops_when_continue_on_error_is_false(gpu_cluster, tmp_path):
+    f = standin_campaign(tmp_path, bench_args="--fail", continue_on_error=False, max_attempts=1)
+    summary, out = _run(f)
+    assert summary.stopped_early and "continue_on_error is false" in summary.stopped_early
+    assert summary.counts["failed"] == 1 and summary.counts["pending"] == 1
+    assert "exited with code 1" in summary.failures[0].error
+    assert "failing on purpose" in summary.failures[0].log_tail
+
+
+def test_refused_cache_reset_is_recorded_in_the_results(gpu_cluster, tmp_path):
+    f = standin_campaign(tmp_path, server_args="--reset-refuses")
+    summary, out = _run(f)
+    assert summary.counts["done"] == 2
+    states = set(results_table(out)["cache_state_before"])
+    assert len(states) == 1 and states.pop().startswith('reset failed: /reset_prefix_cache: HTTP 200 {"success": false}')
+
+
+def test_after_bench_cmd_replaces_the_reset(gpu_cluster, tmp_path):
+    marker = tmp_path / "after.txt"
+    f = standin_campaign(tmp_path, bench={"after_bench_cmd": f"sh -c 'echo x >> {marker}'"})
+    summary, out = _run(f)
+    assert summary.counts["done"] == 2
+    assert len(marker.read_text().splitlines()) == 3  # after server start, then after each point
+    assert set(results_table(out)["cache_state_before"]) == {"after_bench_cmd"}
+
+
+def test_changed_command_is_refused_unless_forced_and_new_grid_values_only_add_points(gpu_cluster, tmp_path):
+    calls = tmp_path / "calls.jsonl"
+    f = standin_campaign(tmp_path, bench_args=f"--log-file {calls}")
+    summary, out = _run(f)
+    assert summary.counts["done"] == 2
+    first = {p: p.read_bytes() for p in (out / "points").rglob("*.json")}
+    # a new grid value: only the new point runs, the finished ones are untouched
+    standin_campaign(tmp_path, bench_args=f"--log-file {calls}",
+                     bench_params={"grid": {"random_input_len": [16, 32, 64]}})
+    summary, out = _run(f)
+    assert summary.counts["done"] == 3
+    assert len(calls.read_text().splitlines()) == 3
+    # a changed bench command changes what finished points mean: refused, then forced
+    standin_campaign(tmp_path, bench_args=f"--log-file {calls} --sleep 0.01",
+                     bench_params={"grid": {"random_input_len": [16, 32, 64]}})
+    with pytest.raises(LedgerError, match="bench_cmd"):
+        _run(f)
+    summary, out = _run(f, force=True)
+    assert summary.counts["done"] == 3 and len(calls.read_text().splitlines()) == 3
+    assert all(p.read_bytes() == data for p, data in first.items())
+
+
+def test_no_orphan_after_ray_kill_of_the_host_actor(gpu_cluster, tmp_path):
+    from raysweep.server import ServerHost
+
+    pids = tmp_path / "pids"
+    actor = ServerHost.options(num_cpus=0).remote("orphans", str(tmp_path))
+    info = ray.get(actor.start.remote([PY, str(STANDIN / "server.py"), "--spawn-child", "--pid-file", str(pids)], {}))
+    assert ray.get(actor.wait_ready.remote(30, "standin"))["ok"]
+    tree = [info["pid"], *map(int, pids.read_text().split())]
+    assert len(tree) == 3 and all(procs.is_alive(p, None) for p in tree)
+    ray.kill(actor)
+    assert procs.wait_for(lambda: not any(procs.is_alive(p, None) for p in tree), 15), "processes outlived the actor"
+
+
+def test_clean_stop_leaves_nothing_and_frees_the_port(gpu_cluster, tmp_path):
+    from raysweep.server import ServerHost
+
+    pids = tmp_path / "pids"
+    actor = ServerHost.options(num_cpus=0).remote("stop", str(tmp_path))
+    info = ray.get(actor.start.remote([PY, str(STANDIN / "server.py"), "--spawn-child", "--pid-file", str(pids)], {}))
+    assert ray.get(actor.wait_ready.remote(30, "standin"))["ok"]
+    assert ray.get(actor.reset_caches.remote())["ok"]
+    result = ray.get(actor.stop.remote(10))
+    tree = [info["pid"], *map(int, pids.read_text().split())]
+    assert result["left"] == [] and result["port_free"] is True
+    assert not any(procs.is_alive(p, None) for p in tree)
+    ray.kill(actor)
+
+
+def test_ready_wait_fails_when_the_model_is_not_listed(gpu_cluster, tmp_path):
+    from raysweep.server import ServerHost
+
+    actor = ServerHost.options(num_cpus=0).remote("model", str(tmp_path))
+    ray.get(actor.start.remote([PY, str(STANDIN / "server.py"), "--model", "other"], {}))
+    ready = ray.get(actor.wait_ready.remote(3, "expected"))
+    assert not ready["ok"] and "not ready after 3 s" in ready["error"]
+    ray.get(actor.stop.remote(5))
+    ray.kill(actor)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_killed_driver_leaves_no_process_and_resume_finishes_exactly_once(tmp_path):
+    """`raysweep run` on its own embedded Ray is SIGKILLed mid-campaign; `raysweep resume` finishes it."""
+    pids = tmp_path / "pids"
+    calls = tmp_path / "calls.jsonl"
+    f = standin_campaign(tmp_path, server_args=f"--spawn-child --pid-file {pids}",
+                         bench_args=f"--log-file {calls} --sleep 0.5",
+                         bench_params={"grid": {"random_input_len": [16, 32, 64, 128]}}, runs=2)
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    cli = [sys.executable, "-m", "raysweep"]
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*cli, "run", str(f)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert procs.wait_for(lambda: len(list((out / "points").rglob("*.json"))) >= 3 if out.exists() else False,
+                              120, 0.1), "no point finished in time"
+        status = subprocess.run([*cli, "status", str(out)], capture_output=True, text=True, timeout=60)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert status.returncode == 0 and "servers running" in status.stdout and "driver: pid" in status.stdout
+    first = {p: _sha(p) for p in (out / "points").rglob("*.json")}
+    tree = [int(x) for x in pids.read_text().split()]
+    assert procs.wait_for(lambda: not any(procs.is_alive(p, None) for p in tree), 20), "server outlived the driver"
+    led = Ledger.open_existing(out)
+    before = led.counts()
+    led.close()
+    assert before["done"] >= 3 and before["done"] < 8
+    done = subprocess.run([*cli, "resume", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    led = Ledger.open_existing(out)
+    assert led.counts()["done"] == 8
+    assert all(p.attempts == 1 for p in led.points() if p.state == "done" and p.attempts > 0)
+    led.close()
+    # every point ran exactly once after the kill, apart from the one interrupted mid-run
+    ran = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert 8 <= len(ran) <= 9
+    assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
+    assert not any(procs.is_alive(p, None) for p in map(int, pids.read_text().split()))
+    assert len(results_table(out)) == 8
+
+
+def test_cli_joins_an_existing_cluster_with_address(gpu_cluster, tmp_path):
+    f = standin_campaign(tmp_path, serve_params={"grid": {"tensor_parallel_size": [2]}})
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "raysweep", "run", str(f), "--address", gpu_cluster.address],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done 2" in done.stderr and "results.parquet" in done.stderr
+    df = results_table(tmp_path / "out")
+    assert set(df["gpu_count"]) == {2}  # it ran on the simulated GPU nodes, not on a new local Ray
+    status = subprocess.run([sys.executable, "-m", "raysweep", "status", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and "finished" in status.stdout

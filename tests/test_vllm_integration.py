@@ -1,0 +1,115 @@
+"""Integration with the real vLLM CPU build: `vllm serve` with the tiny dummy-weight model and the real
+`vllm bench serve`, through `raysweep run` on an embedded Ray, exactly as `make demo` runs it.
+
+The demo campaign (configs/demo-cpu.yaml, 2 serve x 2 bench x 2 runs) is SIGKILLed in the middle (the
+driver process), then `raysweep resume` finishes it: every point done exactly once, finished results
+untouched, no process left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from raysweep import procs
+from raysweep.ledger import Ledger
+from raysweep.results import results_table
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _vllm_cli() -> str | None:
+    return shutil.which("vllm") or (str(Path(sys.executable).parent / "vllm")
+                                    if (Path(sys.executable).parent / "vllm").exists() else None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    if _vllm_cli() is None:
+        if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
+            pytest.fail("the vLLM CPU build is required here (RAYSWEEP_REQUIRE_VLLM is set); run scripts/setup-venv.sh")
+        pytest.skip("the vLLM CPU build is not installed")
+    from raysweep.demo import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
+
+
+MARK = "RAYSWEEP_TEST_MARK"
+
+
+def _ours(mark: str) -> list[psutil.Process]:
+    """Processes that inherited this test's mark: the driver's embedded Ray, vLLM servers and bench clients."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) == mark:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "RAYSWEEP_DEMO_MODEL": str(tiny_model), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)}
+    cli = [sys.executable, "-m", "raysweep"]
+    log = (tmp_path / "run.log").open("w")
+    proc = subprocess.Popen([*cli, "run", str(REPO / "configs/demo-cpu.yaml"), "--output-dir", str(out)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        done3 = procs.wait_for(lambda: len(list((out / "points").rglob("*.json"))) >= 3 if out.exists() else False,
+                               420, 0.2)
+        assert done3, (tmp_path / "run.log").read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = {p: _sha(p) for p in (out / "points").rglob("*.json")}
+    assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60), f"left running: {[(p.pid, p.name()) for p in _ours(str(tmp_path))]}"
+
+    led = Ledger.open_existing(out)
+    assert 3 <= led.counts()["done"] < 8
+    led.close()
+
+    done = subprocess.run([*cli, "resume", str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert not _ours(str(tmp_path)), "a process outlived the campaign"
+
+    led = Ledger.open_existing(out)
+    points, servers = led.points(), led.servers()
+    led.close()
+    assert len(points) == 8 and all(p.state == "done" and p.attempts == 1 for p in points)
+    assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
+    assert {s.state for s in servers} <= {"stopped", "lost"} and sum(s.state == "lost" for s in servers) == 1
+
+    df = results_table(out)
+    assert len(df) == 8
+    assert set(df["completed"]) == {100} and set(df["failed"]) == {0}
+    assert set(df["max_num_seqs"]) == {16, 64} and set(df["random_input_len"]) == {128, 256}
+    assert sorted(df["run_number"].tolist()) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert (df["request_throughput"] > 0).all() and (df["p99_ttft_ms"] > 0).all()
+    for col in ("p50_e2el_ms", "p90_tpot_ms", "p95_itl_ms", "median_ttft_ms", "total_token_throughput"):
+        assert col in df.columns
+    assert set(df["cache_state_before"]) == {"reset"}  # the real server answered {"success": true}
+    assert set(df["gpu_count"]) == {0} and set(df["tensor_parallel_size"]) == {1}
+    assert (out / "results.parquet").is_file() and (out / "results.csv").is_file()
+    logs = list((out / "logs").glob("server-*.log"))
+    assert logs and any("Application startup complete" in p.read_text() or "Started server process" in p.read_text()
+                        for p in logs)
