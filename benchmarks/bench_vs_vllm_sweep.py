@@ -101,7 +101,7 @@ def main() -> None:
     print(text)
     dest = REPO / "benchmarks/results"
     dest.mkdir(exist_ok=True)
-    (dest / "vs_vllm_sweep.md").write_text(text + "\n")
+    (dest / f"vs_vllm_sweep-{args.order}.md").write_text(text + "\n")
     shutil.rmtree(work, ignore_errors=True)
 
 

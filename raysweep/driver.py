@@ -283,6 +283,9 @@ class Driver:
         result: dict[str, Any] = {}
         try:
             result = ray.get(server.actor.stop.remote(), timeout=120)
+            local = self.log_dir / Path(server.log_path).name
+            if server.log_path and not local.exists():  # the server ran where our output dir is not visible
+                local.write_text(ray.get(server.actor.read_log.remote(), timeout=60))
         except ray.exceptions.RayError as exc:
             result = {"error": str(exc)}
         finally:

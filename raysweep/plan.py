@@ -15,6 +15,7 @@ from typing import Any
 
 from raysweep import grid
 from raysweep.campaign import CampaignSpec
+from raysweep.errors import CampaignError
 
 __all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "fingerprint",
            "meaning", "point_id", "shape_of"]
@@ -104,8 +105,15 @@ def shape_of(params: dict[str, Any], argv: list[str]) -> Shape:
     norm = {grid.normalize_key(k): v for k, v in params.items()}
     sizes = {}
     for short, (key, flags) in _SHAPE_FLAGS.items():
-        value = norm.get(key, grid.find_flag_value(argv, *flags))
-        sizes[short] = int(value) if value is not None else 1
+        value = norm[key] if key in norm else grid.find_flag_value(argv, *flags)
+        try:
+            size = 1 if value is None else int(value)
+        except (TypeError, ValueError):
+            size = 0
+        if size < 1 or isinstance(value, bool):
+            where = f"serve.params ({grid.combo_label(params)})" if key in norm else "serve.cmd"
+            raise CampaignError(where, f"{key} must be a positive integer, got {value!r}")
+        sizes[short] = size
     return Shape(**sizes)
 
 

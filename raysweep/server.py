@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -78,6 +79,7 @@ class ServerHost:
         base.mkdir(parents=True, exist_ok=True)
         self.log_path = base / f"server-{server_id}.log"
         self.guard_pid: int | None = None
+        self._exit_code: int | None = None
         self.state_dir = Path(tempfile.gettempdir())
         self.port: int | None = None
 
@@ -115,10 +117,13 @@ class ServerHost:
         """None while the server runs; its exit code once it has ended."""
         if self.guard_pid is None:
             return None
+        if self._exit_code is not None:
+            return self._exit_code
         exit_file = self.state_dir / guard.EXIT_FILE
         if exit_file.exists():
             text = exit_file.read_text().strip()
-            return int(text) if text else -1
+            self._exit_code = int(text) if text else -1
+            return self._exit_code
         return None if procs.is_alive(self.guard_pid, None) else -9
 
     def wait_ready(self, timeout_s: float, model: str | None) -> dict[str, Any]:
@@ -175,6 +180,7 @@ class ServerHost:
         procs.wait_for(lambda: not procs.is_alive(self.guard_pid, None), grace_s + 10, 0.1)
         left = procs.kill_tree(self.guard_pid, grace_s=5)
         code = self.exit_code()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
         port_free = self.port is None or procs.wait_for(lambda: procs.port_is_free(self.ip, self.port), 15)
         return {"exit_code": code, "left": left, "port_free": port_free}
 

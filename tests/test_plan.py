@@ -295,3 +295,20 @@ def test_dry_run_shows_serve_secret_flag_masked(tmp_path):
     assert result.exit_code == 0
     assert "hf_SECRET" not in result.output and "sk-ABC" not in result.output
     assert "--hf-token='***'" in result.output or "--hf-token=***" in result.output
+
+
+@pytest.mark.parametrize("value", ["auto", 0, -2, True])
+def test_bad_parallel_size_is_a_campaign_error_naming_the_field(value):
+    from raysweep.errors import CampaignError
+
+    with pytest.raises(CampaignError, match="tensor_parallel_size must be a positive integer") as err:
+        build_plan(spec_of(changed(**{"serve.params": [{"tensor_parallel_size": value}]})))
+    assert err.value.field.startswith("serve.params")
+
+
+def test_bad_parallel_size_in_the_command_exits_2_from_the_cli(tmp_path):
+    data = changed(**{"serve.cmd": "vllm serve m -tp two"})
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(data))
+    res = CliRunner().invoke(main, ["run", str(f), "--dry-run"])
+    assert res.exit_code == 2 and "serve.cmd" in res.output and "tensor_parallel_size" in res.output

@@ -32,8 +32,9 @@ from raysweep.results import results_table  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gpu_cluster():
+    """Started once: only this module uses it, so it is gone before the vLLM integration tests run."""
     from ray.cluster_utils import Cluster
 
     temp_dir = f"/tmp/rs-t{os.getpid()}"
