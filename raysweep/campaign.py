@@ -74,6 +74,16 @@ class Campaign(_Strict):
     link: dict[str, str] = Field(default_factory=dict, description="serve parameter -> bench parameter that must be equal")
 
 
+def _has_masked_secret(argv: list[str]) -> bool:
+    """Whether a secret flag of a stored command holds `***` instead of its value."""
+    for i, tok in enumerate(argv):
+        name, eq, value = tok[2:].partition("=")
+        if tok.startswith("--") and grid.is_secret_name(name):
+            if (value if eq else (argv[i + 1] if i + 1 < len(argv) else "")) == grid.MASK:
+                return True
+    return False
+
+
 def _env_str(v: EnvValue) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
@@ -110,6 +120,10 @@ class CampaignSpec:
         data["bench"]["params"] = self.bench_combos
         for part in ("serve", "bench"):
             data[part]["env"] = grid.mask_env({k: _env_str(v) for k, v in data[part]["env"].items()})
+        for part, key in (("serve", "cmd"), ("bench", "cmd"), ("bench", "after_bench_cmd")):
+            cmd = data[part][key]
+            if cmd and grid.mask_argv(shlex.split(cmd)) != shlex.split(cmd):
+                data[part][key] = grid.shell_join(grid.mask_argv(shlex.split(cmd)))
         return data
 
 
@@ -140,6 +154,11 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     except ValidationError as exc:
         raise _campaign_error(exc) from None
     env = dict(os.environ if env is None else env)
+    for fld, cmd in (("serve.cmd", campaign.serve.cmd), ("bench.cmd", campaign.bench.cmd),
+                     ("bench.after_bench_cmd", campaign.bench.after_bench_cmd)):
+        if cmd and _has_masked_secret(shlex.split(cmd)):
+            raise CampaignError(fld, "a secret flag's value was masked when the campaign was stored; write it as "
+                                     "${VAR} or resume with `raysweep run CAMPAIGN.yaml`")
     serve_combos = _resolve_params(campaign.serve.params, "serve.params", base_dir)
     bench_combos = _resolve_params(campaign.bench.params, "bench.params", base_dir)
     _check_links(campaign.link, serve_combos, bench_combos)

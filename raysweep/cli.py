@@ -118,6 +118,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool) -> None:
     summary = None
     try:
         with display, ray_session(address):
+            _sigterm_to_interrupt()  # again: starting Ray installs its own handler, which aborts
             summary = run_campaign(spec, output_dir, force=force, on_event=display.event)
     finally:
         paths = write_results(output_dir)

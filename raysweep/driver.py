@@ -339,7 +339,12 @@ class Driver:
         attempt = self.ledger.mark_running(point.id, server.server_id)
         self.emit("point_start", point=point, attempt=attempt)
         started = time.time()
-        out = self._call_client("run", point.bench.argv, server.url, self.plan.spec.bench_env, self.c.bench.timeout_s)
+        try:
+            out = self._call_client("run", point.bench.argv, server.url, self.plan.spec.bench_env,
+                                    self.c.bench.timeout_s)
+        except BaseException:  # interrupted: the point did not run, and the attempt does not count
+            self.ledger.mark_pending(point.id)
+            raise
         error = out.get("error")
         result = out.get("result") if out.get("ok") else None
         if result is not None and not result.get("completed"):

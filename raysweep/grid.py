@@ -35,8 +35,10 @@ __all__ = [
     "load_param_file",
     "mask_argv",
     "mask_env",
+    "mask_text",
     "normalize_key",
     "params_id",
+    "secret_values",
     "shell_join",
 ]
 
@@ -80,7 +82,7 @@ def combo_label(params: Mapping[str, Any]) -> str:
         return str(params[BENCHMARK_NAME_KEY])
     if not params:
         return "default"
-    return "-".join(f"{k}={_display(v)}" for k, v in params.items())
+    return "-".join(f"{k}={MASK if is_secret_name(k) else _display(v)}" for k, v in params.items())
 
 
 def _display(value: Any) -> str:
@@ -309,16 +311,33 @@ def _mask_value(value: str) -> str:
 
 
 def mask_argv(argv: Sequence[str]) -> list[str]:
-    """A copy of a command with the values of secret flags (`--api-key X`, `--hf-token=X`) masked."""
+    """A copy of a command with the values of secret flags (`--api-key X`, `--hf-token=X`) masked; a
+    `${VAR}` reference is kept."""
     out = list(argv)
     for i, tok in enumerate(out):
         if not tok.startswith("--"):
             continue
-        name, eq, _ = tok[2:].partition("=")
+        name, eq, value = tok[2:].partition("=")
         if not is_secret_name(name):
             continue
         if eq:
-            out[i] = f"--{name}={MASK}"
+            out[i] = f"--{name}={_mask_value(value)}"
         elif i + 1 < len(out) and not out[i + 1].startswith("-"):
-            out[i + 1] = MASK
+            out[i + 1] = _mask_value(out[i + 1])
     return out
+
+
+def secret_values(argv: Sequence[str], env: Mapping[str, str]) -> set[str]:
+    """The literal secret values in a command's secret flags and in an environment's secret variables."""
+    found = {v for k, v in env.items() if is_secret_name(k)}
+    for plain, masked in zip(argv, mask_argv(argv)):
+        if plain != masked:
+            found.add(plain.partition("=")[2] if plain.startswith("--") else plain)
+    return {v for v in found if len(v) >= 4 and v != MASK and not _REF.fullmatch(v)}
+
+
+def mask_text(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every occurrence of the given secret values replaced by `***`."""
+    for value in sorted(secrets, key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text

@@ -9,6 +9,7 @@ the actor, however the actor ends:
 - The guard is a child subreaper: whatever the server forks stays its descendant even when orphaned.
 - It ends the whole tree on SIGTERM/SIGINT, when the watched worker (pid + start time) is gone (the
   raylet or the driver was killed), or when the server's main process exits.
+- It copies the server's output to the log with secret values (secret env vars and flags) masked.
 It writes `guard.pid` on start and `exit_code` at the end into STATE_DIR.
 """
 
@@ -20,9 +21,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
+from raysweep.grid import mask_text, secret_values
 from raysweep.procs import is_alive, kill_tree
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -57,10 +61,13 @@ def main(argv: list[str]) -> int:
 
 def _supervise(cmd: list[str], keep_going: object) -> int:
     try:
-        child = subprocess.Popen(cmd)
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     except OSError as exc:
         print(f"raysweep guard: cannot start {cmd[0]!r}: {exc}", flush=True)
         return 127
+    secrets = secret_values(cmd, os.environ)
+    copier = threading.Thread(target=_copy_masked, args=(child.stdout, secrets), daemon=True)
+    copier.start()
     code: int | None = None
     while code is None and keep_going():  # type: ignore[operator]
         code = _reap(child.pid)
@@ -73,10 +80,21 @@ def _supervise(cmd: list[str], keep_going: object) -> int:
             code = _reap(child.pid)
             time.sleep(0.1)
     kill_tree(os.getpid(), grace_s=5, include_root=False)  # whatever it left behind
+    copier.join(timeout=5)
     last = _reap(child.pid)
     if code is None:
         code = last if last is not None else 143
     return code
+
+
+def _copy_masked(stream: IO[bytes], secrets: set[str]) -> None:
+    """Copy the server's output to ours (the log file) line by line, with secret values masked."""
+    out = sys.stdout.buffer
+    for line in iter(stream.readline, b""):
+        if secrets:
+            line = mask_text(line.decode(errors="replace"), secrets).encode()
+        out.write(line)
+        out.flush()
 
 
 def _reap(child_pid: int) -> int | None:

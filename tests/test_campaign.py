@@ -308,3 +308,17 @@ def test_stored_form_round_trip_keeps_boolean_env(tmp_path):
     again = campaign_from_dict(spec.stored_form(), base_dir=tmp_path)
     assert again.serve_env == spec.serve_env
     assert fingerprint(again) == fingerprint(spec)
+
+
+def test_stored_form_masks_literal_secret_flags_in_commands(tmp_path, monkeypatch):
+    monkeypatch.setenv("RS_KEY", "sk-env-value")
+    d = modified(lambda d: (d["serve"].update(cmd=d["serve"]["cmd"] + " --api-key sk-literal-9"),
+                            d["bench"].update(cmd=d["bench"]["cmd"] + " --api-key ${RS_KEY}")))
+    spec = load_campaign(write_campaign(tmp_path, d))
+    assert "sk-literal-9" in spec.serve_argv and "sk-env-value" in spec.bench_argv
+    stored = spec.stored_form()
+    assert "sk-literal-9" not in json.dumps(stored) and "--api-key '***'" in stored["serve"]["cmd"]
+    assert "${RS_KEY}" in stored["bench"]["cmd"]
+    with pytest.raises(CampaignError) as exc:
+        campaign_from_dict(stored, base_dir=tmp_path)
+    assert exc.value.field == "serve.cmd" and "masked" in str(exc.value)

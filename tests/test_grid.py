@@ -401,3 +401,18 @@ def test_key_value_flag_followed_by_positional_keeps_the_positional():
 def test_list_value_replaces_all_old_values():
     argv = ["vllm", "serve", "m", "--lora-modules", "a=/x", "b=/y", "--port", "1"]
     assert apply_to_cmd(argv, {"lora_modules": ["c=/z"]}) == ["vllm", "serve", "m", "--lora-modules", "c=/z", "--port", "1"]
+
+
+def test_secret_values_and_mask_text():
+    argv = ["vllm", "serve", "m", "--api-key", "sk-abcdef", "--hf-token=hf_xyz123", "--max-num-batched-tokens", "512"]
+    env = {"HF_TOKEN": "hf_envtoken", "VLLM_HOST_IP": "127.0.0.1", "OPENAI_API_KEY": "${OPENAI_API_KEY}"}
+    secrets = grid.secret_values(argv, env)
+    assert secrets == {"sk-abcdef", "hf_xyz123", "hf_envtoken"}
+    text = "args: api_key=sk-abcdef token hf_envtoken, max 512 on 127.0.0.1"
+    assert grid.mask_text(text, secrets) == "args: api_key=*** token ***, max 512 on 127.0.0.1"
+
+
+def test_mask_argv_keeps_references_and_labels_hide_secret_params():
+    assert grid.mask_argv(["x", "--api-key", "${KEY}"]) == ["x", "--api-key", "${KEY}"]
+    assert grid.mask_argv(["x", "--api-key=${KEY:-sk-default}"]) == ["x", "--api-key=${KEY:-***}"]
+    assert grid.combo_label({"api_key": "sk-123", "max_concurrency": 4}) == "api_key=***-max_concurrency=4"

@@ -285,3 +285,39 @@ def test_cli_joins_an_existing_cluster_with_address(gpu_cluster, tmp_path):
     status = subprocess.run([sys.executable, "-m", "raysweep", "status", str(tmp_path / "out")],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "finished" in status.stdout
+
+
+def test_secrets_never_reach_the_ledger_results_or_logs(gpu_cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("RS_TEST_KEY", "sk-from-the-environment-42")
+    f = standin_campaign(tmp_path, server_args="--api-key sk-literal-secret-1234",
+                         bench_args="--api-key ${RS_TEST_KEY}",
+                         serve={"env": {"HF_TOKEN": "hf_literal_token_5678"}})
+    summary, out = _run(f)
+    assert summary.counts["done"] == 2
+    log = next((out / "logs").iterdir()).read_text()
+    assert "standin: starting" in log and "HF_TOKEN=***" in log and "'***'" in log  # the server did print them
+    for path in [p for p in out.rglob("*") if p.is_file()]:
+        data = path.read_bytes()
+        for secret in (b"sk-literal-secret-1234", b"hf_literal_token_5678", b"sk-from-the-environment-42"):
+            assert secret not in data, f"{secret!r} found in {path}"
+
+
+def test_sigterm_stops_cleanly_keeps_finished_points_and_exits_130(tmp_path):
+    pids = tmp_path / "pids"
+    f = standin_campaign(tmp_path, server_args=f"--spawn-child --pid-file {pids}", bench_args="--sleep 2",
+                         bench_params={"grid": {"random_input_len": [16, 32, 64]}})
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "raysweep", "run", str(f)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert procs.wait_for(lambda: out.exists() and any((out / "points").rglob("*.json")), 120, 0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "raysweep resume" in err
+    assert not any(procs.is_alive(p, None) for p in map(int, pids.read_text().split()))
+    led = Ledger.open_existing(out)
+    counts, servers, driver = led.counts(), led.servers(), led.last_driver()
+    led.close()
+    assert counts["running"] == 0 and counts["done"] >= 1 and counts["pending"] >= 1
+    assert servers[-1].state == "stopped" and driver["outcome"] == "interrupted"

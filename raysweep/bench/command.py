@@ -90,5 +90,6 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None
             code, error = None, f"benchmark command ran past its {timeout_s:.0f} s timeout and was killed"
         logf.seek(0)
         text = logf.read().decode(errors="replace")
-    return {"ok": error is None, "error": error, "returncode": code,
-            "output_tail": "\n".join(text.splitlines()[-40:]), "duration_s": time.monotonic() - t0}
+    tail = grid.mask_text("\n".join(text.splitlines()[-40:]), grid.secret_values(argv, procs.child_env(env)))
+    return {"ok": error is None, "error": error, "returncode": code, "output_tail": tail,
+            "duration_s": time.monotonic() - t0}

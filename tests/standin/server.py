@@ -35,8 +35,8 @@ def main() -> None:
         if args.pid_file:
             with open(args.pid_file, "a") as f:
                 f.write(f"{child.pid}\n")
-    print(f"standin: starting {model} with argv {sys.argv[1:]} env CVD={os.environ.get('CUDA_VISIBLE_DEVICES')}",
-          flush=True)
+    print(f"standin: starting {model} with argv {sys.argv[1:]} env CVD={os.environ.get('CUDA_VISIBLE_DEVICES')} "
+          f"HF_TOKEN={os.environ.get('HF_TOKEN')}", flush=True)
     if args.fail_start:
         print("standin: failing on purpose", flush=True)
         sys.exit(1)
