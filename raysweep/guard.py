@@ -10,7 +10,7 @@ the actor, however the actor ends:
 - It ends the whole tree on SIGTERM/SIGINT, when the watched worker (pid + start time) is gone (the
   raylet or the driver was killed), or when the server's main process exits.
 - It copies the server's output to the log with secret values (secret env vars and flags) masked.
-It writes `guard.pid` on start and `exit_code` at the end into STATE_DIR.
+It writes `guard.pid` and `server.pid` on start and `exit_code` at the end into STATE_DIR.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from raysweep.procs import is_alive, kill_tree
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_S = float(os.environ.get("RAYSWEEP_STOP_GRACE_S", "20"))
 PID_FILE = "guard.pid"
+SERVER_PID_FILE = "server.pid"
 EXIT_FILE = "exit_code"
 
 _stop = False
@@ -65,6 +66,7 @@ def _supervise(cmd: list[str], keep_going: object) -> int:
     except OSError as exc:
         print(f"raysweep guard: cannot start {cmd[0]!r}: {exc}", flush=True)
         return 127
+    (Path(sys.argv[3]) / SERVER_PID_FILE).write_text(str(child.pid))
     secrets = secret_values(cmd, os.environ)
     copier = threading.Thread(target=_copy_masked, args=(child.stdout, secrets), daemon=True)
     copier.start()

@@ -120,11 +120,17 @@ class ServerHost:
         if self._exit_code is not None:
             return self._exit_code
         exit_file = self.state_dir / guard.EXIT_FILE
-        if exit_file.exists():
-            text = exit_file.read_text().strip()
-            self._exit_code = int(text) if text else -1
-            return self._exit_code
-        return None if procs.is_alive(self.guard_pid, None) else -9
+        server_pid = self.state_dir / guard.SERVER_PID_FILE
+        if not exit_file.exists():
+            if not procs.is_alive(self.guard_pid, None):
+                return -9
+            if not server_pid.exists() or procs.is_alive(int(server_pid.read_text()), None):
+                return None
+            # the server's main process is gone; the guard is still ending what it left behind
+            procs.wait_for(exit_file.exists, 30, 0.05)
+        text = exit_file.read_text().strip() if exit_file.exists() else ""
+        self._exit_code = int(text) if text else -1
+        return self._exit_code
 
     def wait_ready(self, timeout_s: float, model: str | None) -> dict[str, Any]:
         """Poll /health and /v1/models until ready, the process exits, or the timeout passes."""

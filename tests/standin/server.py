@@ -22,6 +22,8 @@ def main() -> None:
     ap.add_argument("--startup-delay", type=float, default=0.0)
     ap.add_argument("--spawn-child", action="store_true", help="fork a long sleep, like vLLM's engine process")
     ap.add_argument("--die-after", type=int, default=0, help="exit(3) after this many completions")
+    ap.add_argument("--die-once-file", default=None, help="with --die-after: die only if this file is absent "
+                                                          "(and create it), so a restarted server lives")
     ap.add_argument("--fail-start", action="store_true", help="exit(1) before listening")
     ap.add_argument("--reset-refuses", action="store_true", help="answer {success: false} to cache resets")
     ap.add_argument("--pid-file", default=None, help="append our pid (and the child's) to this file")
@@ -79,8 +81,11 @@ def main() -> None:
                     state["completions"] += 1
                     count = state["completions"]
                 if args.die_after and count > args.die_after:
-                    print("standin: dying on purpose", flush=True)
-                    os._exit(3)
+                    if not args.die_once_file or not os.path.exists(args.die_once_file):
+                        if args.die_once_file:
+                            open(args.die_once_file, "w").close()
+                        print("standin: dying on purpose", flush=True)
+                        os._exit(3)
                 time.sleep(0.002)
                 out = int(body.get("max_tokens") or 16)
                 self._send(200, {"choices": [{"text": "x" * out}],
