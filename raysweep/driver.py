@@ -34,7 +34,7 @@ from raysweep.ledger import LEDGER_FILE, Ledger, PointRow, ServerRow
 from raysweep.plan import Plan, PointRun, ServeConfig, build_plan, meaning
 from raysweep.server import ServerHost, expected_model
 
-__all__ = ["RunSummary", "driver_alive", "open_campaign", "ray_session", "run_campaign"]
+__all__ = ["RunSummary", "driver_alive", "embedded_temp_dir", "open_campaign", "ray_session", "run_campaign"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,11 @@ class RunSummary:
 # Ray connection
 # ---------------------------------------------------------------------------------------------------
 
+def embedded_temp_dir(pid: int) -> str:
+    """Where the embedded Ray of driver `pid` keeps its session (short: AF_UNIX paths are limited)."""
+    return f"/tmp/rs-{pid}"
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None) -> Iterator[None]:
     """Join the cluster at `address`, or start an embedded local Ray (on loopback) when there is none."""
@@ -64,7 +69,7 @@ def ray_session(address: str | None) -> Iterator[None]:
     temp_dir = None
     if address is None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        temp_dir = f"/tmp/rs-{os.getpid()}"
+        temp_dir = embedded_temp_dir(os.getpid())
         ray.init(address="local", include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
                  num_cpus=max(os.cpu_count() or 1, 4), _temp_dir=temp_dir)
     else:
@@ -116,6 +121,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False,
             if requeued:
                 log.info("%d point(s) of an earlier driver went back to pending", requeued)
             _reap_lost(lost)
+            _remove_lost_temp_dirs(ledger.lost_drivers())
             driver = Driver(plan, ledger, output_dir, emit, with_gpus=placement.has_gpus(nodes))
             stopped = driver.run()
             outcome = "stopped" if stopped else "finished"
@@ -132,6 +138,13 @@ def driver_alive(hostname: str, pid: int, create_time: float) -> bool:
     if hostname != socket.gethostname():
         return True
     return procs.is_alive(pid, create_time)
+
+
+def _remove_lost_temp_dirs(drivers: list[dict[str, Any]]) -> None:
+    """Remove the embedded-Ray session directories that killed drivers on this host left behind."""
+    for d in drivers:
+        if d["hostname"] == socket.gethostname() and not procs.is_alive(d["pid"], None):
+            shutil.rmtree(embedded_temp_dir(d["pid"]), ignore_errors=True)
 
 
 @ray.remote(num_cpus=0)

@@ -231,6 +231,11 @@ class Ledger:
                             (host, pid, pid_create_time, time.time()))
             return int(cur.lastrowid or 0)
 
+    def lost_drivers(self) -> list[dict[str, Any]]:
+        """Drivers that died without releasing the campaign (killed, crashed, their machine lost)."""
+        with self._lock:
+            return [dict(r) for r in self._conn.execute("SELECT * FROM drivers WHERE outcome = 'lost'").fetchall()]
+
     def last_driver(self) -> dict[str, Any] | None:
         """The most recent driver of this campaign: hostname, pid, start time, end time and outcome."""
         with self._lock:

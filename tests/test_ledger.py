@@ -238,6 +238,8 @@ def test_acquire_driver_refuses_a_live_driver_and_takes_over_a_dead_one(ledger, 
     fourth = ledger.acquire_driver(400, 4.5, lambda *a: pytest.fail("a released driver must not be asked about"))
     assert [d[2] for d in _drivers(tmp_path / LEDGER_FILE)] == ["lost", "lost", "finished", None]
     assert fourth > third
+    assert [d["pid"] for d in ledger.lost_drivers()] == [100, 200]
+    assert ledger.last_driver()["pid"] == 400 and ledger.last_driver()["ended_at"] is None
 
 
 def test_counts(ledger):

@@ -272,6 +272,9 @@ def test_killed_driver_leaves_no_process_and_resume_finishes_exactly_once(tmp_pa
     assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
     assert not any(procs.is_alive(p, None) for p in map(int, pids.read_text().split()))
     assert len(results_table(out)) == 8
+    from raysweep.driver import embedded_temp_dir
+
+    assert not Path(embedded_temp_dir(proc.pid)).exists(), "the killed driver's Ray session dir was left"
 
 
 def test_cli_joins_an_existing_cluster_with_address(gpu_cluster, tmp_path):
