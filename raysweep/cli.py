@@ -67,7 +67,9 @@ def _output_dir(spec: Any, override: str | None) -> Path:
 @click.option("--output-dir", default=None, help="Override the campaign's output_dir.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every server and bench command, run counts) and exit.")
 @click.option("--force", is_flag=True, help="Run even if the campaign's commands changed since points were finished.")
-def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool, force: bool) -> None:
+@click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
+def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool, force: bool,
+        retry_failed: bool) -> None:
     """Run a campaign (resuming it if its output directory already has a ledger)."""
     from raysweep.campaign import load_campaign
     from raysweep.plan import build_plan, dry_run_text
@@ -80,14 +82,15 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
         text = dry_run_text(plan, lambda argv: bench_argv(argv, "http://<node ip>:<port>", "<result dir>"))
         _say(f"{text}\n\nResults would go to {_output_dir(spec, output_dir)}")
         return
-    _run(spec, _output_dir(spec, output_dir), address, force)
+    _run(spec, _output_dir(spec, output_dir), address, force, retry_failed)
 
 
 @main.command()
 @click.argument("output_dir", type=click.Path(file_okay=False))
 @click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
 @click.option("--force", is_flag=True, help="Take over the campaign even if another driver seems to hold it.")
-def resume(output_dir: str, address: str | None, force: bool) -> None:
+@click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
+def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool) -> None:
     """Continue an interrupted campaign from its output directory."""
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.errors import CampaignError
@@ -104,10 +107,10 @@ def resume(output_dir: str, address: str | None, force: bool) -> None:
         if not (source and Path(source).is_file() and "was masked" in str(exc)):
             raise
         spec = load_campaign(source)  # the original file still has the secret; the ledger checks its meaning
-    _run(spec, Path(output_dir), address, force)
+    _run(spec, Path(output_dir), address, force, retry_failed)
 
 
-def _run(spec: Any, output_dir: Path, address: str | None, force: bool) -> None:
+def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False) -> None:
     from raysweep.driver import open_campaign, ray_session, run_campaign
     from raysweep.results import write_results
 
@@ -119,7 +122,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool) -> None:
     try:
         with display, ray_session(address):
             _sigterm_to_interrupt()  # again: starting Ray installs its own handler, which aborts
-            summary = run_campaign(spec, output_dir, force=force, on_event=display.event)
+            summary = run_campaign(spec, output_dir, force=force, retry_failed=retry_failed, on_event=display.event)
     finally:
         paths = write_results(output_dir)
         console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)

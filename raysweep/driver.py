@@ -102,9 +102,10 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> 
     return plan, ledger
 
 
-def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False,
+def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, retry_failed: bool = False,
                  on_event: EventSink | None = None) -> RunSummary:
-    """Run every pending point of a campaign on the connected Ray cluster. Resumes from the ledger."""
+    """Run every pending point of a campaign on the connected Ray cluster. Resumes from the ledger;
+    `retry_failed` gives points that used up their attempts a fresh set."""
     emit = on_event or (lambda kind, **data: None)
     plan, ledger = open_campaign(spec, output_dir, force=force)
     try:
@@ -117,6 +118,8 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False,
         driver_id = ledger.acquire_driver(me.pid, me.create_time(), driver_alive, force=force)
         outcome = "interrupted"
         try:
+            if retry_failed:
+                log.info("%d failed point(s) get a fresh set of attempts", ledger.retry_failed())
             requeued, lost = ledger.recover()
             if requeued:
                 log.info("%d point(s) of an earlier driver went back to pending", requeued)

@@ -299,6 +299,12 @@ class Ledger:
             c.execute("UPDATE points SET state = 'pending', updated_at = ?, attempts = attempts + ? WHERE point_id = ?",
                       (time.time(), 0 if count_attempt else -1, point_id))
 
+    def retry_failed(self) -> int:
+        """Give every failed point of the plan a fresh set of attempts; returns how many."""
+        with self._tx() as c:
+            return c.execute("UPDATE points SET state = 'pending', attempts = 0, updated_at = ? "
+                             "WHERE state = 'failed' AND in_plan = 1", (time.time(),)).rowcount
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             rows = self._conn.execute("SELECT state, COUNT(*) n FROM points WHERE in_plan = 1 GROUP BY state").fetchall()

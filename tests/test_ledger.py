@@ -285,3 +285,16 @@ def test_a_second_connection_sees_committed_writes(ledger, tmp_path):
         assert reader.counts()["done"] == 1
     finally:
         reader.close()
+
+
+def test_retry_failed_resets_attempts_of_failed_points_only(ledger):
+    sync(ledger, pts("a", "b", "c"))
+    for pid in ("a", "b"):
+        ledger.mark_running(pid, "s")
+    ledger.mark_failed("a", "boom")
+    ledger.mark_done("b", "points/b.json")
+    assert [p.point_id for p in ledger.runnable("s1", max_attempts=1)] == ["c"]
+    assert ledger.retry_failed() == 1
+    rows = {p.point_id: p for p in ledger.points()}
+    assert rows["a"].state == "pending" and rows["a"].attempts == 0
+    assert rows["b"].state == "done" and rows["c"].state == "pending"

@@ -325,3 +325,16 @@ def test_sigterm_stops_cleanly_keeps_finished_points_and_exits_130(tmp_path):
     led.close()
     assert counts["running"] == 0 and counts["done"] >= 1 and counts["pending"] >= 1
     assert servers[-1].state == "stopped" and driver["outcome"] == "interrupted"
+
+
+def test_failed_points_stay_failed_on_resume_unless_retry_failed(gpu_cluster, tmp_path):
+    broken = tmp_path / "broken"
+    broken.touch()
+    f = standin_campaign(tmp_path, bench_args=f"--fail-while {broken}", max_attempts=1)
+    summary, out = _run(f)
+    assert summary.counts["failed"] == 2 and all(p.attempts == 1 for p in summary.failures)
+    broken.unlink()  # the cause is fixed, but the points used up their attempts
+    summary, out = _run(f)
+    assert summary.counts["failed"] == 2
+    summary, out = _run(f, retry_failed=True)
+    assert summary.counts == {"pending": 0, "running": 0, "done": 2, "failed": 0}
