@@ -10,6 +10,7 @@ server-log tail and is retried while attempts remain. Servers are always stopped
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -116,6 +117,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
                 raise UserError(f"server config {serve.id} ({serve.label}) can never be placed: {reason}")
         me = psutil.Process()
         driver_id = ledger.acquire_driver(me.pid, me.create_time(), driver_alive, force=force)
+        ledger.record_driver_helpers(driver_id, _helper_processes(me))
         outcome = "interrupted"
         try:
             if retry_failed:
@@ -124,7 +126,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
             if requeued:
                 log.info("%d point(s) of an earlier driver went back to pending", requeued)
             _reap_lost(lost)
-            _remove_lost_temp_dirs(ledger.lost_drivers())
+            _reap_lost_drivers(ledger.lost_drivers())
             driver = Driver(plan, ledger, output_dir, emit, with_gpus=placement.has_gpus(nodes))
             stopped = driver.run()
             outcome = "stopped" if stopped else "finished"
@@ -143,10 +145,26 @@ def driver_alive(hostname: str, pid: int, create_time: float) -> bool:
     return procs.is_alive(pid, create_time)
 
 
-def _remove_lost_temp_dirs(drivers: list[dict[str, Any]]) -> None:
-    """Remove the embedded-Ray session directories that killed drivers on this host left behind."""
+def _helper_processes(me: psutil.Process) -> list[tuple[int, float]]:
+    """The processes this driver started on its host: the embedded Ray's GCS, raylet, agents and workers."""
+    found = []
+    for p in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            found.append((p.pid, p.create_time()))
+    return found
+
+
+def _reap_lost_drivers(drivers: list[dict[str, Any]]) -> None:
+    """Stop what killed drivers on this host left behind (their embedded Ray outlives them by a minute or
+    more: its agents wait on the dead GCS before exiting) and remove their session directories."""
     for d in drivers:
-        if d["hostname"] == socket.gethostname() and not procs.is_alive(d["pid"], None):
+        if d["hostname"] != socket.gethostname() or procs.is_alive(d["pid"], d["pid_create_time"]):
+            continue
+        for pid, created in json.loads(d.get("helpers") or "[]"):
+            if procs.is_alive(pid, created):
+                log.info("stopping pid %d left by driver %d", pid, d["pid"])
+                procs.kill_tree(pid, grace_s=5)
+        if not procs.is_alive(d["pid"], None):
             shutil.rmtree(embedded_temp_dir(d["pid"]), ignore_errors=True)
 
 

@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS drivers (
   pid_create_time REAL NOT NULL,
   started_at REAL NOT NULL,
   ended_at REAL,
-  outcome TEXT
+  outcome TEXT,
+  helpers TEXT
 );
 """
 
@@ -230,6 +231,12 @@ class Ledger:
             cur = c.execute("INSERT INTO drivers(hostname, pid, pid_create_time, started_at) VALUES(?, ?, ?, ?)",
                             (host, pid, pid_create_time, time.time()))
             return int(cur.lastrowid or 0)
+
+    def record_driver_helpers(self, driver_id: int, helpers: list[tuple[int, float]]) -> None:
+        """Remember the processes a driver started on its host (its embedded Ray), as (pid, create time),
+        so that whoever finds the driver dead can stop them."""
+        with self._tx() as c:
+            c.execute("UPDATE drivers SET helpers = ? WHERE id = ?", (json.dumps(sorted(helpers)), driver_id))
 
     def lost_drivers(self) -> list[dict[str, Any]]:
         """Drivers that died without releasing the campaign (killed, crashed, their machine lost)."""

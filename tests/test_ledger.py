@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -298,3 +299,31 @@ def test_retry_failed_resets_attempts_of_failed_points_only(ledger):
     rows = {p.point_id: p for p in ledger.points()}
     assert rows["a"].state == "pending" and rows["a"].attempts == 0
     assert rows["b"].state == "done" and rows["c"].state == "pending"
+
+
+def test_lost_driver_helpers_are_stopped_by_pid(ledger):
+    """A killed driver's embedded Ray processes are recorded and stopped by whoever finds it dead; a live
+    process whose pid matches but whose start time does not is left alone."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from raysweep.driver import _reap_lost_drivers
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        driver = ledger.acquire_driver(dead.pid, 1.0, lambda *a: False)
+        ledger.record_driver_helpers(driver, [(helper.pid, psutil.Process(helper.pid).create_time()),
+                                              (stranger.pid, 12345.0)])
+        ledger.acquire_driver(os.getpid(), 2.0, lambda *a: False)
+        _reap_lost_drivers(ledger.lost_drivers())
+        assert helper.wait(timeout=10) is not None
+        assert stranger.poll() is None
+    finally:
+        for p in (helper, stranger):
+            p.kill()
+            p.wait()
