@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from raysweep import grid
 from raysweep.errors import CampaignError
 
-__all__ = ["BenchSpec", "Campaign", "CampaignSpec", "ServeSpec", "campaign_from_dict", "load_campaign"]
+__all__ = ["BenchSpec", "Campaign", "CampaignSpec", "NodeRule", "Pin", "PlacementSpec", "ServeSpec", "campaign_from_dict", "load_campaign"]
 
 EnvValue = str | int | float | bool
 
@@ -37,11 +37,57 @@ class ServeSpec(_Strict):
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment of the server process")
     ready_timeout_s: float = Field(600.0, gt=0, description="seconds to wait for /health and /v1/models")
     params: Any = Field(None, description="parameter file path, list of dicts, or {grid: ..., exclude: [...]}")
+    gpus_per_replica: int | None = Field(None, ge=1, description="GPUs of one replica, for commands that are not "
+                                         "`vllm serve` (default: tensor_parallel_size x pipeline_parallel_size)")
 
     @field_validator("cmd")
     @classmethod
     def _cmd_not_empty(cls, v: str) -> str:
         return _check_cmd(v)
+
+
+LabelValue = str | list[str]
+
+
+class NodeRule(_Strict):
+    """Which nodes a server configuration may use: node labels it requires and custom resources it takes."""
+
+    node_labels: dict[str, LabelValue] = Field(default_factory=dict,
+                                               description="label -> value (or list of accepted values)")
+    resources: dict[str, float] = Field(default_factory=dict,
+                                        description="custom Ray resources every bundle of the server takes")
+
+    @field_validator("resources")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, amount in v.items():
+            if amount <= 0:
+                raise ValueError(f"resource {k!r} must be a positive amount, got {amount}")
+            if k in ("CPU", "GPU", "memory"):
+                raise ValueError(f"{k!r} is sized by raysweep itself; name a custom resource")
+        return v
+
+
+class Pin(NodeRule):
+    """Node rules for the server configurations whose parameters match `when`."""
+
+    when: dict[str, Any] = Field(description="serve parameters that select the configurations, e.g. "
+                                 "{tensor_parallel_size: 8}")
+
+    @field_validator("when")
+    @classmethod
+    def _not_empty(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            raise ValueError("must name at least one serve parameter")
+        return v
+
+
+class PlacementSpec(NodeRule):
+    """Where servers may run and how many at once."""
+
+    max_servers: int | None = Field(None, ge=1, description="servers running at the same time (default: as many "
+                                    "as free GPUs allow; 1 on a cluster without GPUs)")
+    pins: list[Pin] = Field(default_factory=list, description="node rules for some configurations")
 
 
 class BenchSpec(_Strict):
@@ -72,6 +118,7 @@ class Campaign(_Strict):
     serve: ServeSpec
     bench: BenchSpec
     link: dict[str, str] = Field(default_factory=dict, description="serve parameter -> bench parameter that must be equal")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="node rules and concurrency cap")
 
 
 def _has_masked_secret(argv: list[str]) -> bool:

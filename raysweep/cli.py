@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,22 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
 
     spec = load_campaign(campaign_file)
     if dry_run:
+        from raysweep import placement
         from raysweep.bench import bench_argv
+        from raysweep.driver import check_placement, placement_lines, ray_session
 
         plan = build_plan(spec)
-        text = dry_run_text(plan, lambda argv: bench_argv(argv, "http://<node ip>:<port>", "<result dir>"))
-        _say(f"{text}\n\nResults would go to {_output_dir(spec, output_dir)}")
+        if address:
+            with ray_session(address):
+                nodes, where = placement.cluster_nodes(), f"the cluster at {address}"
+        else:
+            nodes, where = placement.local_nodes(), "this machine (an embedded Ray)"
+        layouts = check_placement(plan, nodes)
+        text = dry_run_text(plan, lambda argv: bench_argv(argv, "http://<node ip>:<port>", "<result dir>"),
+                            lambda s: placement_lines(s, layouts[s.id]))
+        gpus = sum(n.gpus for n in nodes)
+        _say(f"{text}\n\nPlaced for {where}: {len(nodes)} node(s), {gpus} GPU(s)"
+             f"\nResults would go to {_output_dir(spec, output_dir)}")
         return
     _run(spec, _output_dir(spec, output_dir), address, force, retry_failed)
 
@@ -137,12 +149,14 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
 
 
 class _ProgressDisplay:
-    """Points done / total, the current server and an ETA, from the driver's events."""
+    """Points done / total, the servers running and an ETA, from the driver's events."""
 
     def __init__(self) -> None:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
         self.task: Any = None
+        self.running: set[str] = set()
+        self._lock = threading.Lock()  # events come from every running configuration's thread
 
     def __enter__(self) -> _ProgressDisplay:
         self.progress.start()
@@ -152,6 +166,10 @@ class _ProgressDisplay:
         self.progress.stop()
 
     def event(self, kind: str, **data: Any) -> None:
+        with self._lock:
+            self._event(kind, data)
+
+    def _event(self, kind: str, data: dict[str, Any]) -> None:
         p = self.progress
         if kind == "campaign_start":
             done = data["counts"].get("done", 0)
@@ -159,12 +177,23 @@ class _ProgressDisplay:
         elif self.task is None:
             return
         elif kind == "server_starting":
-            p.update(self.task, description=f"server {data['serve'].label}: starting")
+            lay = data["layout"]
+            p.console.print(f"server {data['server_id']} ({data['serve'].label}) starting on {lay.describe()}",
+                            highlight=False)
         elif kind == "server_ready":
-            p.update(self.task, description=f"server {data['serve'].label}")
+            self.running.add(data["server_id"])
             p.console.print(f"server {data['server_id']} ready in {data['elapsed']:.1f} s", highlight=False)
+        elif kind == "server_stopped":
+            self.running.discard(data["server_id"])
+        elif kind == "node_lost":
+            p.console.print(f"[yellow]{escape(data['reason'])}[/]: server config {data['serve'].id} is torn down "
+                            "and placed again", highlight=False)
+        elif kind == "config_failed":
+            p.console.print(f"[red]server config {data['serve'].id} failed:[/] {escape(data['error'])}", highlight=False)
         elif kind == "server_failed":
             p.console.print(f"[red]server {data['server_id']} failed:[/] {escape(str(data['error']))}", highlight=False)
+        if kind in ("server_ready", "server_stopped"):
+            p.update(self.task, description=f"{len(self.running)} server(s) running")
         elif kind == "point_done":
             p.advance(self.task)
             r = data["result"]
@@ -208,12 +237,16 @@ def status(output_dir: str) -> None:
         out.print(f"{extra} point(s) in the ledger are no longer in the campaign (kept, not shown)")
     if active:
         st = Table(title="servers running" if live else "servers left by a driver that is gone (reaped on resume)")
-        for col in ("server", "node", "port", "pid", "gpus", "state", "command"):
-            st.add_column(col)
+        for col in ("server", "nodes", "port", "pids", "gpus per node", "state"):
+            st.add_column(col, no_wrap=True)
         for s in active:
-            st.add_row(s.server_id, s.node_ip or "", str(s.port or ""), str(s.pid or ""), s.gpu_ids or "", s.state,
-                       escape(s.command))
+            ranks = s.rank_list()
+            st.add_row(s.server_id, "\n".join(f"{r.get('node_ip') or '?'} {(r.get('node_id') or '')[:8]}" for r in ranks),
+                       str(s.port or ""), "\n".join(str(r.get("pid") or "") for r in ranks),
+                       "\n".join(r.get("gpu_ids") or "-" for r in ranks), s.state)
         out.print(st)
+        for s in active:
+            _say(f"{s.server_id}: {s.command}")
     for p in points:
         if p.state == PointState.FAILED:
             out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,9 +34,9 @@ from raysweep.files import write_json_atomic
 from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, Ledger, PointRow, ServerRow
 from raysweep.plan import Plan, PointRun, ServeConfig, build_plan, meaning
-from raysweep.server import ServerHost, expected_model
+from raysweep.server import ServerHost, expected_model, rank_argv
 
-__all__ = ["RunSummary", "driver_alive", "embedded_temp_dir", "open_campaign", "ray_session", "run_campaign"]
+__all__ = ["RunSummary", "check_placement", "driver_alive", "placement_lines", "embedded_temp_dir", "open_campaign", "ray_session", "run_campaign"]
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +112,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     plan, ledger = open_campaign(spec, output_dir, force=force)
     try:
         nodes = placement.cluster_nodes()
-        for serve in plan.serves:
-            reason = placement.never_fits(serve, nodes) if plan.points_of(serve.id) else None
-            if reason:
-                raise UserError(f"server config {serve.id} ({serve.label}) can never be placed: {reason}")
+        check_placement(plan, nodes)
         me = psutil.Process()
         driver_id = ledger.acquire_driver(me.pid, me.create_time(), driver_alive, force=force)
         ledger.record_driver_helpers(driver_id, _helper_processes(me))
@@ -136,6 +134,36 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
                           failures=[p for p in ledger.points() if p.state == "failed"], stopped_early=stopped)
     finally:
         ledger.close()
+
+
+def check_placement(plan: Plan, nodes: list[placement.NodeInfo]) -> dict[str, placement.Layout]:
+    """The layout of every configuration with points on this cluster; refuses (a UserError naming each
+    configuration and why) those that can never be placed."""
+    layouts, bad = {}, []
+    for serve in plan.serves:
+        if not plan.points_of(serve.id):
+            continue
+        lay = placement.layout_for(serve.shape, serve.rule, nodes)
+        if isinstance(lay, str):
+            bad.append(f"server config {serve.id} ({serve.label}): {lay}")
+        else:
+            layouts[serve.id] = lay
+    if bad:
+        raise UserError("can never be placed on this cluster:\n  " + "\n  ".join(bad))
+    return layouts
+
+
+def placement_lines(serve: ServeConfig, layout: placement.Layout) -> list[str]:
+    """Where a configuration goes and the command each of its nodes runs (for the dry run)."""
+    rule = placement.rule_text(serve.rule)
+    lines = [f"  placement: {layout.describe()}" + (f" on nodes with {rule}" if rule else "")]
+    for rank in range(layout.nnodes):
+        argv = rank_argv(serve.display_argv(), layout, rank, "<rank 0 ip>", 0)
+        text = shell_join(argv).replace("--master-port 0", "--master-port <free port>").replace(
+            "--data-parallel-rpc-port 0", "--data-parallel-rpc-port <free port>")
+        http = " --host <node ip> --port <free port>" if rank == 0 else ""
+        lines.append(f"  command{f' (rank {rank})' if layout.nnodes > 1 else ''}: {text}{http}")
+    return lines
 
 
 def driver_alive(hostname: str, pid: int, create_time: float) -> bool:
@@ -174,131 +202,322 @@ def _reap_on_node(pid: int, create_time: float) -> list[int]:
 
 
 def _reap_lost(servers: list[ServerRow]) -> None:
-    """Kill what is left of servers a dead driver never stopped (matched by pid and start time)."""
+    """Kill what is left of servers a dead driver never stopped, every node's part of them (matched by
+    pid and start time)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     alive = {n.node_id for n in placement.cluster_nodes()}
     for s in servers:
-        if not s.pid:
-            continue
-        if s.hostname == socket.gethostname():
-            if procs.is_alive(s.pid, s.pid_create_time):
-                log.warning("stopping server %s (pid %d) left by an earlier driver", s.server_id, s.pid)
-                procs.kill_tree(s.pid)
-        elif s.node_id in alive:
-            strategy = NodeAffinitySchedulingStrategy(s.node_id, soft=False)
+        for r in s.rank_list():
+            if not r.get("pid"):
+                continue
+            if r.get("hostname") == socket.gethostname():
+                if procs.is_alive(r["pid"], r["pid_create_time"]):
+                    log.warning("stopping server %s rank %s (pid %d) left by an earlier driver", s.server_id,
+                                r["rank"], r["pid"])
+                    procs.kill_tree(r["pid"])
+            elif r.get("node_id") in alive:
+                strategy = NodeAffinitySchedulingStrategy(r["node_id"], soft=False)
+                with contextlib.suppress(Exception):
+                    ray.get(_reap_on_node.options(scheduling_strategy=strategy).remote(r["pid"], r["pid_create_time"]),
+                            timeout=60)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A running server: every node's part of one server configuration
+# ---------------------------------------------------------------------------------------------------
+
+class _Aborted(Exception):
+    """The scheduler asked a configuration to stop (node lost, interrupted)."""
+
+
+@dataclass
+class _Server:
+    server_id: str
+    hosts: list[Any]                 # one ServerHost actor per rank; rank 0 serves HTTP
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+    host_lost: bool = False          # a host actor (or its node) went away, not just the server process
+
+    def down(self) -> str | None:
+        """None while every rank's process runs; otherwise what ended it."""
+        refs = [h.exit_code.remote() for h in self.hosts]
+        for rank, ref in enumerate(refs):
+            try:
+                code = ray.get(ref, timeout=30)
+            except ray.exceptions.RayError as exc:
+                self.host_lost = True
+                return f"the host actor of rank {rank} was lost ({type(exc).__name__})"
+            if code is not None:
+                return f"exit code {code}" if len(self.hosts) == 1 else f"rank {rank} exited with code {code}"
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        tails = []
+        for rank, h in enumerate(self.hosts):
+            try:
+                tail = ray.get(h.log_tail.remote(lines), timeout=30)
+            except ray.exceptions.RayError:
+                path = self.infos[rank].get("log_path", "") if rank < len(self.infos) else ""
+                tail = procs.tail(path, lines) if path else ""
+            tails.append(tail if len(self.hosts) == 1 else f"== rank {rank} ==\n{tail}")
+        return "\n".join(tails)
+
+    def rank_rows(self) -> list[dict[str, Any]]:
+        return [{"rank": r, "hostname": n.get("hostname"), "node_id": n.get("node_id"), "node_ip": n.get("node_ip"),
+                 "gpu_ids": n.get("gpu_ids"), "pid": i.get("pid"), "pid_create_time": i.get("pid_create_time"),
+                 "log_path": i.get("log_path")} for r, (n, i) in enumerate(zip(self.nodes, self.infos))]
+
+
+@dataclass
+class _ConfigRun:
+    """One server configuration being run in its own thread, on the nodes the packer chose for it."""
+
+    serve: ServeConfig
+    layout: placement.Layout
+    node_ids: list[str]
+    thread: Any = None
+    res: placement.Reservation | None = None
+    abort: str | None = None         # set by the scheduler: stop now (node lost, interrupted)
+    outcome: str = "running"
+    client: Any = None
+
+    def client_actor(self) -> Any:
+        if self.client is None:
+            self.client = CommandClient.remote()
+        return self.client
+
+    def drop_client(self) -> None:
+        if self.client is not None:
             with contextlib.suppress(Exception):
-                ray.get(_reap_on_node.options(scheduling_strategy=strategy).remote(s.pid, s.pid_create_time), timeout=60)
+                ray.kill(self.client)
+        self.client = None
+
+
+INTERRUPTED = "interrupted"
+_HOST_LOSS_LIMIT = 3  # starts lost to host actors before a configuration's points fail
 
 
 # ---------------------------------------------------------------------------------------------------
 # The scheduling loop
 # ---------------------------------------------------------------------------------------------------
 
-@dataclass
-class _Server:
-    server_id: str
-    actor: Any
-    url: str
-    info: dict[str, Any]
-    node: dict[str, Any]
-    log_path: str
-
-    def exit_code(self) -> int | None | str:
-        try:
-            return ray.get(self.actor.exit_code.remote(), timeout=30)
-        except ray.exceptions.RayError as exc:
-            return f"host actor lost ({type(exc).__name__})"
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return ray.get(self.actor.log_tail.remote(lines), timeout=30)
-        except ray.exceptions.RayError:
-            return procs.tail(self.log_path, lines)
-
-
 class Driver:
-    """Runs the pending points of a plan, one server configuration at a time."""
+    """Runs the pending points of a plan: as many server configurations at once as free GPUs allow
+    (largest first, smaller ones filling the gaps), each in its own thread with its own client actor."""
 
     def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool) -> None:
         self.plan, self.ledger, self.output_dir, self.emit = plan, ledger, output_dir, emit
         self.c = plan.spec.campaign
         self.with_gpus = with_gpus
+        self.max_servers = self.c.placement.max_servers or (None if with_gpus else 1)
         self.log_dir = (output_dir / "logs").resolve()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._client: Any = None
         self._stop_reason: str | None = None
+        self._runs: dict[str, _ConfigRun] = {}
+        self._not_before: dict[str, float] = {}
+        self._host_losses: dict[str, int] = {}
+        self._node_ips: dict[str, str] = {}
+        self._wake = threading.Event()
 
     def run(self) -> str | None:
         """Run everything runnable; returns why it stopped early, or None when it went through."""
         self.emit("campaign_start", total=len(self.plan.points), counts=self.ledger.counts())
         try:
-            for serve in self.plan.serves:
-                if self.ledger.runnable(serve.id, self.c.max_attempts):
-                    self._run_config(serve)
-                if self._stop_reason:
-                    break
+            self._schedule()
         finally:
-            if self._client is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(self._client)
+            for r in self._runs.values():
+                r.abort = r.abort or INTERRUPTED
+            for r in list(self._runs.values()):
+                r.thread.join()
         self.emit("campaign_end", counts=self.ledger.counts(), stopped=self._stop_reason)
         return self._stop_reason
 
-    # -- one server configuration --------------------------------------------------------------------
+    def _schedule(self) -> None:
+        while True:
+            nodes = placement.cluster_nodes()
+            self._node_ips.update({n.node_id: n.ip for n in nodes})
+            self._notice_lost_nodes({n.node_id for n in nodes})
+            self._collect_finished()
+            pending = [] if self._stop_reason else self._pending()
+            if not pending and not self._runs:
+                return
+            now = time.monotonic()
+            self._start_what_fits([(s, w) for s, w in pending if self._not_before.get(s.id, 0) <= now], nodes)
+            self._wake.wait(1.0)
+            self._wake.clear()
 
-    def _run_config(self, serve: ServeConfig) -> None:
-        res = placement.reserve(serve, self.with_gpus)
+    def _pending(self) -> list[tuple[ServeConfig, int]]:
+        out = []
+        for s in self.plan.serves:
+            if s.id not in self._runs:
+                n = len(self.ledger.runnable(s.id, self.c.max_attempts))
+                if n:
+                    out.append((s, n))
+        return out
+
+    def _notice_lost_nodes(self, alive: set[str]) -> None:
+        for r in self._runs.values():
+            lost = [n for n in r.node_ids if n not in alive]
+            if lost and not r.abort:
+                where = ", ".join(f"{n[:12]} ({self._node_ips.get(n, '?')})" for n in lost)
+                r.abort = f"node {where} was lost"
+                log.warning("server config %s: %s; tearing its server down", r.serve.id, r.abort)
+                self.emit("node_lost", serve=r.serve, nodes=lost, reason=r.abort)
+
+    def _collect_finished(self) -> None:
+        for sid, r in list(self._runs.items()):
+            if r.thread.is_alive():
+                continue
+            del self._runs[sid]
+            if r.outcome == "not placed":
+                self._not_before[sid] = time.monotonic() + 10
+            elif r.outcome == "host lost":
+                self._host_losses[sid] = self._host_losses.get(sid, 0) + 1
+                if self._host_losses[sid] >= _HOST_LOSS_LIMIT:
+                    self._give_up(r.serve, f"its host actors were lost {self._host_losses[sid]} times while starting")
+            elif r.outcome.startswith("error"):
+                self._stop_reason = f"server config {sid}: {r.outcome}"
+
+    def _give_up(self, serve: ServeConfig, reason: str) -> None:
+        for p in self.ledger.runnable(serve.id, self.c.max_attempts):
+            self.ledger.give_up(p.point_id, reason, self.c.max_attempts)
+        log.error("server config %s: %s", serve.id, reason)
+        self.emit("config_failed", serve=serve, error=reason)
+
+    def _start_what_fits(self, ready: list[tuple[ServeConfig, int]], nodes: list[placement.NodeInfo]) -> None:
+        demands, by_id = [], {}
+        for serve, work in ready:
+            lay = placement.layout_for(serve.shape, serve.rule, nodes)
+            if isinstance(lay, str):
+                self._give_up(serve, f"can no longer be placed on the nodes left: {lay}")
+                continue
+            eligible = tuple(n.node_id for n in placement.eligible_nodes(serve.rule, nodes))
+            demands.append(placement.Demand(serve.id, lay, eligible, float(work)))
+            by_id[serve.id] = serve
+        if not demands:
+            return
+        free = {n.node_id: n.gpus for n in nodes}
+        for r in self._runs.values():
+            for n in r.node_ids:
+                if n in free:
+                    free[n] -= r.layout.gpus_per_node
+        slots = None if self.max_servers is None else max(0, self.max_servers - len(self._runs))
+        for d, node_ids in placement.choose_starts(demands, free, slots):
+            run = _ConfigRun(by_id[d.key], d.layout, node_ids)
+            run.thread = threading.Thread(target=self._config_main, args=(run,), name=f"config-{d.key}", daemon=True)
+            self._runs[d.key] = run
+            run.thread.start()
+
+    # -- one server configuration, in its thread -----------------------------------------------------
+
+    def _config_main(self, run: _ConfigRun) -> None:
         try:
-            while not self._stop_reason:
-                runnable = self.ledger.runnable(serve.id, self.c.max_attempts)
-                if not runnable:
-                    break
-                server = self._start_server(serve, res, runnable)
-                if server is None:
-                    continue
-                try:
-                    self._run_points(serve, server, runnable)
-                finally:
-                    code = server.exit_code()
-                    self._stop_server(server, state="stopped" if code is None else f"died (exit code {code})")
+            try:
+                run.res = placement.reserve(run.serve, run.layout, run.node_ids)
+            except placement.NotPlaced as exc:
+                log.info("server config %s not placed yet: %s", run.serve.id, exc)
+                run.outcome = "not placed"
+                return
+            try:
+                run.outcome = self._run_config(run)
+            finally:
+                run.drop_client()
+                placement.release(run.res)
+        except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which stops the campaign
+            log.exception("server config %s", run.serve.id)
+            run.outcome = f"error: {type(exc).__name__}: {exc}"
         finally:
-            placement.release(res)
+            self._wake.set()
 
-    def _run_points(self, serve: ServeConfig, server: _Server, runnable: list[PointRow]) -> None:
+    def _run_config(self, run: _ConfigRun) -> str:
+        while not run.abort and not self._stop_reason:
+            runnable = self.ledger.runnable(run.serve.id, self.c.max_attempts)
+            if not runnable:
+                return "finished"
+            server = self._start_server(run, runnable)
+            if server is None:
+                if run.abort:
+                    break
+                if run.outcome == "host lost":
+                    return run.outcome
+                continue
+            try:
+                self._run_points(run, server, runnable)
+            finally:
+                why = server.down()
+                self._stop_server(server, state="stopped" if why is None else f"died ({why})")
+            if server.host_lost:
+                return "host lost"
+        return "aborted" if run.abort else "stopped"
+
+    def _run_points(self, run: _ConfigRun, server: _Server, runnable: list[PointRow]) -> None:
         points = [p for p in (self.plan.point(r.point_id) for r in runnable) if p is not None]
         if self.c.warmup and points:
-            self._warmup(server, points[0])
-        reset = self._after_point(server)
+            self._warmup(run, server, points[0])
+        reset = self._after_point(run, server)
         for point in points:
-            ok = self._run_point(server, point, reset)
-            if not ok and not self.c.continue_on_error:
-                self._stop_reason = f"point {point.id} failed and continue_on_error is false"
-            if self._stop_reason or server.exit_code() is not None:
+            if run.abort or self._stop_reason:
                 return
-            reset = self._after_point(server)
+            ok = self._run_point(run, server, point, reset)
+            if not ok and not self.c.continue_on_error and not run.abort:
+                self._stop_reason = f"point {point.id} failed and continue_on_error is false"
+            if run.abort or self._stop_reason or server.down() is not None:
+                return
+            reset = self._after_point(run, server)
+
+    def _await(self, run: _ConfigRun, ref: Any, timeout_s: float, server: _Server | None = None) -> Any:
+        """Wait for a Ray call, checking every second whether the run was aborted and (with `server`)
+        every few seconds whether any of the server's ranks ended. Raises _Aborted, or returns
+        `("down", why)` for a server that went down, `("ok", value)` otherwise."""
+        deadline, next_check = time.monotonic() + timeout_s, time.monotonic() + 3
+        while True:
+            done, _ = ray.wait([ref], timeout=1.0)
+            if done:
+                return "ok", ray.get(ref)
+            if run.abort:
+                raise _Aborted(run.abort)
+            if server is not None and time.monotonic() >= next_check:
+                why = server.down()
+                if why is not None:
+                    return "down", why
+                next_check = time.monotonic() + 3
+            if time.monotonic() > deadline:
+                raise ray.exceptions.GetTimeoutError(f"no answer after {timeout_s:.0f} s")
 
     # -- servers -------------------------------------------------------------------------------------
 
-    def _start_server(self, serve: ServeConfig, res: placement.Reservation, runnable: list[PointRow]) -> _Server | None:
+    def _start_server(self, run: _ConfigRun, runnable: list[PointRow]) -> _Server | None:
+        serve, lay, res = run.serve, run.layout, run.res
+        assert res is not None
         server_id = f"{serve.id}-{uuid.uuid4().hex[:6]}"
-        self.emit("server_starting", serve=serve, server_id=server_id)
-        actor = ServerHost.options(**placement.actor_options(res)).remote(server_id, str(self.log_dir))
+        self.emit("server_starting", serve=serve, server_id=server_id, layout=lay)
+        hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(
+            server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.log_dir)) for r in range(lay.nnodes)]
+        server = _Server(server_id, hosts)
         self.ledger.add_server(server_id, serve.id, shell_join(serve.display_argv()))
         t0 = time.monotonic()
         try:
-            node = ray.get(actor.node_info.remote(), timeout=300)
-            info = ray.get(actor.start.remote(serve.argv, serve.env), timeout=120)
-            self.ledger.update_server(server_id, command=info["command"], hostname=node["hostname"],
-                                      node_id=node["node_id"], node_ip=node["node_ip"], port=info["port"],
-                                      pid=info["pid"], pid_create_time=info["pid_create_time"],
-                                      gpu_ids=node["gpu_ids"], log_path=info["log_path"])
-            ready = ray.get(actor.wait_ready.remote(self.c.serve.ready_timeout_s, expected_model(serve.argv)),
-                            timeout=self.c.serve.ready_timeout_s + 60)
+            server.nodes = [self._await(run, h.node_info.remote(), 300)[1] for h in hosts]
+            master = server.nodes[0]["node_ip"]
+            port = self._await(run, hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
+            for r, h in enumerate(hosts):
+                argv = rank_argv(serve.argv, lay, r, master, port)
+                server.infos.append(self._await(run, h.start.remote(argv, serve.env, r == 0), 120)[1])
+            head = server.infos[0]
+            server.url = f"http://{head['host']}:{head['port']}"
+            self.ledger.update_server(server_id, command=head["command"], hostname=server.nodes[0]["hostname"],
+                                      node_id=server.nodes[0]["node_id"], node_ip=master, port=head["port"],
+                                      pid=head["pid"], pid_create_time=head["pid_create_time"],
+                                      gpu_ids=server.nodes[0]["gpu_ids"], log_path=head["log_path"],
+                                      ranks=json.dumps(server.rank_rows()))
+            ready = self._wait_ready(run, server)
+        except _Aborted as exc:
+            ready = {"ok": False, "error": f"stopped while starting: {exc}", "aborted": True}
         except ray.exceptions.RayError as exc:
-            ready, info, node = {"ok": False, "error": f"host actor failed: {exc}"}, {}, {}
-        server = _Server(server_id, actor, f"http://{info.get('host')}:{info.get('port')}", info, node,
-                         info.get("log_path", ""))
+            server.host_lost = True
+            ready = {"ok": False, "error": f"host actor failed: {type(exc).__name__}: {exc}"}
         if ready["ok"]:
             self.ledger.update_server(server_id, state="ready", ready_at=time.time())
             self.emit("server_ready", serve=serve, server_id=server_id, elapsed=time.monotonic() - t0)
@@ -306,91 +525,126 @@ class Driver:
         tail = server.log_tail()
         self.ledger.update_server(server_id, state="failed", error=ready["error"], log_tail=tail)
         self._stop_server(server, state="failed")
+        self.emit("server_failed", serve=serve, server_id=server_id, error=ready["error"], log_tail=tail)
+        if ready.get("aborted"):
+            return None
+        if server.host_lost:  # not the server's fault: the scheduler places the configuration again
+            run.outcome = "host lost"
+            return None
         for p in runnable:
             self.ledger.mark_failed(p.point_id, f"server failed to start: {ready['error']}", tail, started=False)
-        self.emit("server_failed", serve=serve, server_id=server_id, error=ready["error"], log_tail=tail)
         if not self.c.continue_on_error:
             self._stop_reason = f"server config {serve.id} failed to start and continue_on_error is false"
         return None
 
+    def _wait_ready(self, run: _ConfigRun, server: _Server) -> dict[str, Any]:
+        """Rank 0 answers /health and /v1/models, while every other rank still runs."""
+        limit = self.c.serve.ready_timeout_s
+        model = expected_model(run.serve.argv)
+        t0 = time.monotonic()
+        while True:
+            left = limit - (time.monotonic() - t0)
+            step = min(5.0, max(left, 0.5))
+            _, ans = self._await(run, server.hosts[0].wait_ready.remote(step, model), step + 60)
+            if ans["ok"] or not ans.get("timeout"):
+                return ans
+            why = server.down() if len(server.hosts) > 1 else None
+            if why is not None:
+                return {"ok": False, "error": f"a rank ended before the server was ready: {why}"}
+            if left <= step:
+                return {"ok": False, "error": f"server not ready after {limit:.0f} s (/health and /v1/models)"}
+
     def _stop_server(self, server: _Server, state: str = "stopped") -> None:
-        result: dict[str, Any] = {}
-        try:
-            result = ray.get(server.actor.stop.remote(), timeout=120)
-            local = self.log_dir / Path(server.log_path).name
-            if server.log_path and not local.exists():  # the server ran where our output dir is not visible
-                local.write_text(ray.get(server.actor.read_log.remote(), timeout=60))
-        except ray.exceptions.RayError as exc:
-            result = {"error": str(exc)}
-        finally:
-            with contextlib.suppress(Exception):
-                ray.kill(server.actor)
+        refs = [h.stop.remote() for h in server.hosts]
+        left: list[int] = []
+        for rank, (h, ref) in enumerate(zip(server.hosts, refs)):
+            try:
+                left += ray.get(ref, timeout=120).get("left", [])
+                path = server.infos[rank]["log_path"] if rank < len(server.infos) else ""
+                local = self.log_dir / Path(path).name
+                if path and not local.exists():  # the server ran where our output dir is not visible
+                    local.write_text(ray.get(h.read_log.remote(), timeout=60))
+            except ray.exceptions.RayError as exc:
+                log.info("server %s rank %d: stop through its host failed (%s)", server.server_id, rank, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    ray.kill(h)
         fields: dict[str, Any] = {"stopped_at": time.time()}
         if state != "failed":
             fields["state"] = state
-        if result.get("left"):
-            fields["error"] = f"processes still alive after stop: {result['left']}"
+        if left:
+            fields["error"] = f"processes still alive after stop: {left}"
         self.ledger.update_server(server.server_id, **fields)
-        self.emit("server_stopped", server_id=server.server_id, result=result)
+        self.emit("server_stopped", server_id=server.server_id, left=left)
 
-    def _after_point(self, server: _Server) -> str:
+    def _after_point(self, run: _ConfigRun, server: _Server) -> str:
         """Reset caches (or run after_bench_cmd); returns what the next point starts from."""
-        if self.plan.spec.after_bench_argv:
-            out = self._call_client("run_plain", self.plan.spec.after_bench_argv, self.plan.spec.bench_env,
-                                    self.c.bench.timeout_s)
-            return "after_bench_cmd" if out.get("ok") else f"after_bench_cmd failed: {out.get('error')}"
         try:
-            out = ray.get(server.actor.reset_caches.remote(), timeout=120)
+            if self.plan.spec.after_bench_argv:
+                _, out = self._await(run, run.client_actor().run_plain.remote(
+                    self.plan.spec.after_bench_argv, self.plan.spec.bench_env, self.c.bench.timeout_s),
+                    self.c.bench.timeout_s + 120)
+                return "after_bench_cmd" if out.get("ok") else f"after_bench_cmd failed: {out.get('error')}"
+            _, out = self._await(run, server.hosts[0].reset_caches.remote(), 120)
+        except _Aborted:
+            return "aborted"
         except ray.exceptions.RayError as exc:
             return f"reset failed: {exc}"
         return "reset" if out["ok"] else f"reset failed: {out['detail']}"
 
     # -- points --------------------------------------------------------------------------------------
 
-    def _client_actor(self) -> Any:
-        if self._client is None:
-            self._client = CommandClient.remote()
-        return self._client
+    def _warmup(self, run: _ConfigRun, server: _Server, point: PointRun) -> None:
+        ok = False
+        with contextlib.suppress(_Aborted, ray.exceptions.RayError):
+            status, out = self._await(run, run.client_actor().run.remote(
+                point.bench.argv, server.url, self.plan.spec.bench_env, self.c.bench.timeout_s, self.c.warmup),
+                self.c.bench.timeout_s + 120, server)
+            ok = status == "ok" and bool(out.get("ok"))
+            if not ok:
+                log.warning("warmup against server %s failed: %s", server.server_id, out)
+        self.emit("warmup_done", server_id=server.server_id, ok=ok)
 
-    def _call_client(self, method: str, *args: Any) -> dict[str, Any]:
-        timeout = self.c.bench.timeout_s + 120
-        try:
-            return ray.get(getattr(self._client_actor(), method).remote(*args), timeout=timeout)
-        except (ray.exceptions.RayError, TimeoutError) as exc:
-            with contextlib.suppress(Exception):
-                ray.kill(self._client)
-            self._client = None
-            return {"ok": False, "error": f"client actor failed: {type(exc).__name__}: {exc}", "output_tail": ""}
-
-    def _warmup(self, server: _Server, point: PointRun) -> None:
-        out = self._call_client("run", point.bench.argv, server.url, self.plan.spec.bench_env,
-                                self.c.bench.timeout_s, self.c.warmup)
-        if not out.get("ok"):
-            log.warning("warmup against server %s failed: %s", server.server_id, out.get("error"))
-        self.emit("warmup_done", server_id=server.server_id, ok=bool(out.get("ok")))
-
-    def _run_point(self, server: _Server, point: PointRun, reset: str) -> bool:
+    def _run_point(self, run: _ConfigRun, server: _Server, point: PointRun, reset: str) -> bool:
         attempt = self.ledger.mark_running(point.id, server.server_id)
-        self.emit("point_start", point=point, attempt=attempt)
+        self.emit("point_start", point=point, attempt=attempt, server_id=server.server_id)
         started = time.time()
         try:
-            out = self._call_client("run", point.bench.argv, server.url, self.plan.spec.bench_env,
-                                    self.c.bench.timeout_s)
-        except BaseException:  # interrupted: the point did not run, and the attempt does not count
-            self.ledger.mark_pending(point.id)
-            raise
+            status, out = self._await(run, run.client_actor().run.remote(
+                point.bench.argv, server.url, self.plan.spec.bench_env, self.c.bench.timeout_s),
+                self.c.bench.timeout_s + 120, server)
+        except _Aborted as exc:
+            run.drop_client()
+            if str(exc) == INTERRUPTED:  # the point did not run, and the attempt does not count
+                self.ledger.mark_pending(point.id)
+            else:
+                self.ledger.requeue(point.id, f"{exc} during the point", self.c.max_attempts)
+                self.emit("point_failed", point=point, error=str(exc), attempt=attempt)
+            return False
+        except ray.exceptions.RayError as exc:
+            run.drop_client()
+            status, out = "ok", {"ok": False, "error": f"client actor failed: {type(exc).__name__}: {exc}"}
+        if status == "down":
+            run.drop_client()  # its benchmark may hang on a server with a dead rank
+            why, out = out, {"ok": False, "error": "the benchmark was stopped"}
+        else:
+            why = server.down()  # a server that died during the point spoils it, whatever the client saw
         error = out.get("error")
         result = out.get("result") if out.get("ok") else None
         if result is not None and not result.get("completed"):
             error = f"no request completed ({result.get('failed', '?')} failed)"
-        code = server.exit_code()
-        if code is not None:  # a server that died during the point spoils it, whatever the client saw
-            error, tail = f"server died during the point (exit code {code}); benchmark: {error or 'finished'}", server.log_tail()
+        if why is not None:
+            tail = server.log_tail()
+            error = f"server died during the point ({why}); benchmark: {error or 'finished'}"
+            if server.host_lost:
+                self.ledger.requeue(point.id, error, self.c.max_attempts)
+                self.emit("point_failed", point=point, error=error, attempt=attempt)
+                return False
         else:
             tail = out.get("output_tail") or server.log_tail()
         if error is None and result is not None:
             path = self.output_dir / "points" / point.serve.id / point.bench.id / f"run={point.run}.json"
-            write_json_atomic(path, self._record(server, point, result, attempt, started, reset, out))
+            write_json_atomic(path, self._record(run, server, point, result, attempt, started, reset, out))
             self.ledger.mark_done(point.id, str(path.relative_to(self.output_dir)))
             self.emit("point_done", point=point, result=result)
             return True
@@ -398,17 +652,23 @@ class Driver:
         self.emit("point_failed", point=point, error=error, attempt=attempt)
         return False
 
-    def _record(self, server: _Server, point: PointRun, result: dict[str, Any], attempt: int, started: float,
-                reset: str, out: dict[str, Any]) -> dict[str, Any]:
-        sh = point.serve.shape
-        gpus = sh.gpu_count if self.with_gpus else 0
+    def _record(self, run: _ConfigRun, server: _Server, point: PointRun, result: dict[str, Any], attempt: int,
+                started: float, reset: str, out: dict[str, Any]) -> dict[str, Any]:
+        sh, lay = point.serve.shape, run.layout
+        head = server.nodes[0]
         extra = {
             "campaign": self.c.name, "point_id": point.id, "serve_id": point.serve.id, "bench_id": point.bench.id,
             "server_id": server.server_id, "serve_label": point.serve.label, "bench_label": point.bench.label,
             "tensor_parallel_size": sh.tp, "pipeline_parallel_size": sh.pp, "data_parallel_size": sh.dp,
-            "gpu_count": gpus, "num_nodes": 1, "node_id": server.node.get("node_id"),
-            "node_ip": server.node.get("node_ip"), "hostname": server.node.get("hostname"),
-            "gpu_ids": server.node.get("gpu_ids"), "attempt": attempt, "started_at": started,
+            "gpu_count": lay.gpu_count if self.with_gpus else 0, "num_nodes": lay.nnodes,
+            "gpus_per_node": lay.gpus_per_node if self.with_gpus else 0, "placement_mode": lay.mode,
+            "node_id": head.get("node_id"), "node_ip": head.get("node_ip"), "hostname": head.get("hostname"),
+            "gpu_ids": head.get("gpu_ids"),
+            "node_ids": ",".join(n.get("node_id") or "" for n in server.nodes),
+            "node_ips": ",".join(n.get("node_ip") or "" for n in server.nodes),
+            "gpu_ids_per_node": ";".join(f"{n.get('node_ip')}/{(n.get('node_id') or '')[:8]}={n.get('gpu_ids') or ''}"
+                                         for n in server.nodes),
+            "attempt": attempt, "started_at": started,
             "ended_at": time.time(), "bench_wall_s": out.get("duration_s"), "cache_state_before": reset,
             "bench_command": out.get("command"),
         }

@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS servers (
   pid INTEGER,
   pid_create_time REAL,
   gpu_ids TEXT,
+  ranks TEXT,
   started_at REAL NOT NULL,
   ready_at REAL,
   stopped_at REAL,
@@ -117,6 +118,7 @@ class ServerRow:
     pid: int | None
     pid_create_time: float | None
     gpu_ids: str | None
+    ranks: str | None  # JSON: one entry per node of a multi-node server (rank, node, pid, GPUs, log)
     started_at: float
     ready_at: float | None
     stopped_at: float | None
@@ -124,6 +126,13 @@ class ServerRow:
     error: str | None
     log_tail: str | None
     log_path: str | None
+
+    def rank_list(self) -> list[dict[str, Any]]:
+        """Every node's part of the server: rank, hostname, node_id, node_ip, pid, pid_create_time, gpu_ids."""
+        if self.ranks:
+            return list(json.loads(self.ranks))
+        return [{"rank": 0, "hostname": self.hostname, "node_id": self.node_id, "node_ip": self.node_ip,
+                 "pid": self.pid, "pid_create_time": self.pid_create_time, "gpu_ids": self.gpu_ids}]
 
 
 @dataclass(frozen=True)
@@ -300,6 +309,20 @@ class Ledger:
             c.execute("UPDATE points SET state = 'failed', ended_at = ?, error = ?, log_tail = ?, updated_at = ?,"
                       " attempts = attempts + ? WHERE point_id = ?",
                       (time.time(), error, log_tail, time.time(), 0 if started else 1, point_id))
+
+    def requeue(self, point_id: str, error: str, max_attempts: int) -> None:
+        """A running point lost to its node or host (not to itself): the attempt counts, and it goes back to
+        pending while attempts are left (else it stays failed), with the reason kept."""
+        with self._tx() as c:
+            c.execute("UPDATE points SET state = CASE WHEN attempts < ? THEN 'pending' ELSE 'failed' END, ended_at = ?,"
+                      " error = ?, updated_at = ? WHERE point_id = ?",
+                      (max_attempts, time.time(), error, time.time(), point_id))
+
+    def give_up(self, point_id: str, error: str, max_attempts: int) -> None:
+        """Fail a point for good (its configuration can no longer run): no attempts left, the reason kept."""
+        with self._tx() as c:
+            c.execute("UPDATE points SET state = 'failed', attempts = MAX(attempts, ?), ended_at = ?, error = ?,"
+                      " updated_at = ? WHERE point_id = ?", (max_attempts, time.time(), error, time.time(), point_id))
 
     def mark_pending(self, point_id: str, count_attempt: bool = False) -> None:
         with self._tx() as c:

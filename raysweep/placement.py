@@ -1,28 +1,43 @@
-"""Placement: the cluster's topology from Ray, a configuration's GPU shape as bundles, fit checks.
+"""Placement: the cluster's topology from Ray, how a configuration's GPU shape maps onto nodes, which
+configurations to start next, and their placement groups.
 
-A configuration that fits one node gets one bundle holding all its GPUs (STRICT_PACK); the host actor
-in it holds those GPUs, Ray sets CUDA_VISIBLE_DEVICES, and the server does its own parallelism inside
-them. On a cluster without GPUs the bundle holds CPU only.
+A configuration that fits one node gets one bundle holding all its GPUs (STRICT_PACK). One larger than
+any node gets one bundle per node (STRICT_SPREAD), the same number of GPUs on each: tensor parallelism
+stays inside a node, and either the pipeline stages of one replica (`--nnodes`, mode `nnodes`) or whole
+data-parallel replicas (`--data-parallel-size-local`, mode `dp`) cross nodes. Each bundle is pinned to the
+node the packer chose (by Ray's `ray.io/node-id` label), so what raysweep believes is free is what Ray
+has free. On a cluster without GPUs every configuration takes one bundle of CPU.
+
+`choose_starts` is the packing policy, shared by the driver and the packing benchmark: the configurations
+with the most work left first (remaining points), the largest shapes first among equals (so with equal
+grids, largest first), each on the nodes it fits most tightly (best fit, which keeps whole nodes free
+for the large ones), smaller ones filling the gaps. Work first keeps a long small configuration from
+being left alone on an emptying cluster at the end (benchmarks/results/packing.md measures both orders).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
+from raysweep.campaign import NodeRule
 from raysweep.plan import ServeConfig, Shape
 
-__all__ = ["HOST_CPUS", "actor_options", "NodeInfo", "Reservation", "bundles_for", "cluster_nodes", "has_gpus", "never_fits",
-           "release", "reserve"]
+__all__ = ["HOST_CPUS", "NODE_ID_LABEL", "Demand", "Layout", "NodeInfo", "NotPlaced", "Reservation",
+           "actor_options", "bundles_for", "rule_text", "choose_starts", "cluster_nodes", "eligible_nodes", "fit_nodes",
+           "has_gpus", "layout_for", "local_nodes", "release", "reserve"]
 
 log = logging.getLogger(__name__)
 
 HOST_CPUS = 0.5
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 @dataclass(frozen=True)
@@ -32,17 +47,60 @@ class NodeInfo:
     gpus: int
     cpus: float
     labels: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a configuration sits on nodes: `nnodes` nodes with `gpus_per_node` GPUs each.
+
+    mode `single`: one node. `nnodes`: one replica's pipeline stages across nodes (vLLM `--nnodes`).
+    `dp`: `dp_local` whole data-parallel replicas per node (vLLM `--data-parallel-size-local`).
+    """
+
+    nnodes: int
+    gpus_per_node: int
+    mode: str = "single"
+    dp_local: int = 1
+
+    @property
+    def gpu_count(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    def describe(self) -> str:
+        where = "1 node" if self.nnodes == 1 else f"{self.nnodes} nodes"
+        extra = {"nnodes": ", pipeline across nodes", "dp": f", {self.dp_local} DP replica(s) per node"}.get(self.mode, "")
+        return f"{where} x {self.gpus_per_node} GPU(s){extra}"
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A configuration waiting for GPUs, as the packer sees it."""
+
+    key: str
+    layout: Layout
+    eligible: tuple[str, ...]   # node ids it may use, in cluster order
+    work: float = 1.0           # remaining work (points): who goes first
+
+
+class NotPlaced(RuntimeError):
+    """A placement group that Ray could not place in time (someone else holds the GPUs, or a node went)."""
 
 
 @dataclass
 class Reservation:
-    """The placement group of one server configuration."""
+    """The placement group of one server configuration and the nodes its bundles are on."""
 
     pg: PlacementGroup
     bundles: list[dict[str, float]]
     strategy: str
-    gpus_per_bundle: int
+    layout: Layout
+    node_ids: list[str]
 
+
+# ---------------------------------------------------------------------------------------------------
+# Topology
+# ---------------------------------------------------------------------------------------------------
 
 def cluster_nodes() -> list[NodeInfo]:
     """The alive nodes of the connected Ray cluster."""
@@ -52,50 +110,153 @@ def cluster_nodes() -> list[NodeInfo]:
             continue
         res = n.get("Resources", {})
         out.append(NodeInfo(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""), gpus=int(res.get("GPU", 0)),
-                            cpus=float(res.get("CPU", 0)), labels=dict(n.get("Labels") or {})))
+                            cpus=float(res.get("CPU", 0)), labels=dict(n.get("Labels") or {}),
+                            resources={k: float(v) for k, v in res.items()}))
     return out
 
 
-def has_gpus(nodes: list[NodeInfo]) -> bool:
+def local_nodes() -> list[NodeInfo]:
+    """This machine as the one node an embedded Ray would start (for a dry run without a cluster)."""
+    gpus = 0
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        gpus = int(get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators() or 0)
+    except Exception as exc:  # noqa: BLE001 - no GPU library: count none
+        log.debug("no local GPU count: %s", exc)
+    return [NodeInfo(node_id="local", ip="127.0.0.1", gpus=gpus, cpus=float(os.cpu_count() or 1),
+                     resources={"GPU": float(gpus)})]
+
+
+def has_gpus(nodes: Iterable[NodeInfo]) -> bool:
     return any(n.gpus > 0 for n in nodes)
 
 
-def bundles_for(shape: Shape, with_gpus: bool) -> tuple[list[dict[str, float]], str, int]:
-    """Bundles, strategy and GPUs per bundle for a shape: one bundle on one node, STRICT_PACK."""
-    gpus = shape.gpu_count if with_gpus else 0
-    bundle: dict[str, float] = {"CPU": HOST_CPUS}
-    if gpus:
-        bundle["GPU"] = float(gpus)
-    return [bundle], "STRICT_PACK", gpus
+def _label_ok(have: str | None, want: str | list[str]) -> bool:
+    return have is not None and (have in want if isinstance(want, list) else have == want)
 
 
-def never_fits(serve: ServeConfig, nodes: list[NodeInfo]) -> str | None:
-    """Why a configuration can never be placed on this cluster, or None if it can."""
-    if not nodes:
-        return "the cluster has no alive node"
+def eligible_nodes(rule: NodeRule, nodes: Iterable[NodeInfo]) -> list[NodeInfo]:
+    """The nodes whose labels and resources satisfy a configuration's node rule."""
+    return [n for n in nodes
+            if all(_label_ok(n.labels.get(k), v) for k, v in rule.node_labels.items())
+            and all(n.resources.get(k, 0.0) >= amount for k, amount in rule.resources.items())]
+
+
+def rule_text(rule: NodeRule) -> str:
+    parts = [f"{k}={'|'.join(v) if isinstance(v, list) else v}" for k, v in rule.node_labels.items()]
+    parts += [f"resource {k}>={v:g}" for k, v in rule.resources.items()]
+    return ", ".join(parts)
+
+
+def layout_for(shape: Shape, rule: NodeRule, nodes: list[NodeInfo]) -> Layout | str:
+    """Where a shape can go on this cluster: a `Layout`, or why it can never be placed."""
+    pool = eligible_nodes(rule, nodes)
+    if not pool:
+        return ("no alive node matches the placement rule " + rule_text(rule)) if nodes else "the cluster has no alive node"
     if not has_gpus(nodes):
+        return Layout(1, 0)
+    pool = [n for n in pool if n.gpus > 0]
+    if not pool:
+        return "no node with GPUs matches the placement rule " + rule_text(rule)
+    caps = sorted((n.gpus for n in pool), reverse=True)
+    need, biggest = shape.gpu_count, caps[0]
+    where = f" matching {rule_text(rule)}" if rule.node_labels or rule.resources else ""
+    if need <= biggest:
+        return Layout(1, need)
+    if need > sum(caps):
+        return (f"needs {need} GPUs ({shape.describe()}), but the {len(caps)} node(s){where} have {sum(caps)} "
+                "in all")
+    if not shape.per_replica and shape.tp > biggest:
+        return (f"tensor_parallel_size={shape.tp} is larger than any node{where} (the largest has {biggest} GPUs); "
+                "tensor parallelism never crosses nodes")
+    replica = shape.replica_gpus
+
+    def nodes_with(g: int) -> int:
+        return sum(1 for c in caps if c >= g)
+
+    if replica <= biggest:  # whole data-parallel replicas per node, the same number on every node
+        for local in sorted((d for d in _divisors(shape.dp) if d * replica <= biggest), reverse=True):
+            if nodes_with(local * replica) >= shape.dp // local:
+                return Layout(shape.dp // local, local * replica, "dp", local)
+        return (f"{shape.dp} data-parallel replicas of {replica} GPUs cannot be spread evenly over the nodes{where} "
+                f"(GPUs per node: {caps})")
+    if shape.dp > 1:
+        return (f"one replica needs {replica} GPUs, more than any node{where} has ({biggest}); data parallelism over "
+                "replicas that themselves span nodes is not supported: use data_parallel_size=1")
+    # one replica across nodes: its pipeline stages split evenly, each node holding whole TP groups
+    stages = shape.pp if not shape.per_replica else replica
+    for n in _divisors(stages):
+        g = replica // n
+        if n > 1 and replica % n == 0 and g <= biggest and nodes_with(g) >= n:
+            return Layout(n, g, "nnodes")
+    return (f"tp={shape.tp} x pp={shape.pp} = {replica} GPUs cannot be split evenly over the nodes{where} "
+            f"(GPUs per node: {caps}): the nodes must each hold tp x pp / N GPUs with N dividing pp")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Packing
+# ---------------------------------------------------------------------------------------------------
+
+def fit_nodes(layout: Layout, eligible: Iterable[str], free: dict[str, int]) -> list[str] | None:
+    """The nodes a layout would take now: those with room whose free GPUs it fills most tightly."""
+    room = [n for n in eligible if free.get(n, 0) >= layout.gpus_per_node]
+    if len(room) < layout.nnodes:
         return None
-    need = serve.shape.gpu_count
-    biggest = max(n.gpus for n in nodes)
-    if need > biggest:
-        sh = serve.shape
-        return (f"needs {need} GPUs on one node (tp={sh.tp} x pp={sh.pp} x dp={sh.dp}), but the largest node has "
-                f"{biggest}; placement across nodes is not supported yet")
-    return None
+    room.sort(key=lambda n: free[n] - layout.gpus_per_node)  # stable: ties keep cluster order
+    return room[:layout.nnodes]
 
 
-def reserve(serve: ServeConfig, with_gpus: bool, timeout_s: float | None = None,
-            name: str | None = None) -> Reservation:
-    """Create the configuration's placement group and wait until it is placed (it waits for free GPUs)."""
-    bundles, strategy, gpus = bundles_for(serve.shape, with_gpus)
-    pg = placement_group(bundles, strategy=strategy, name=name or "")
+def choose_starts(demands: list[Demand], free: dict[str, int], slots: int | None = None) -> list[tuple[Demand, list[str]]]:
+    """Which waiting configurations to start now, and on which nodes: most work first, largest shapes first
+    among equals, then gap filling.
+
+    `free` is GPUs free per node (updated in place); `slots` caps how many may start (None: no cap).
+    """
+    chosen = []
+    for d in sorted(demands, key=lambda d: (-d.work, -d.layout.gpu_count)):
+        if slots is not None and len(chosen) >= slots:
+            break
+        nodes = fit_nodes(d.layout, d.eligible, free)
+        if nodes is None:
+            continue
+        for n in nodes:
+            free[n] -= d.layout.gpus_per_node
+        chosen.append((d, nodes))
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------------
+# Placement groups
+# ---------------------------------------------------------------------------------------------------
+
+def bundles_for(layout: Layout, rule: NodeRule) -> tuple[list[dict[str, float]], str]:
+    """One bundle per node (CPU for the host actor, the node's GPUs, the rule's resources) and the strategy."""
+    bundle: dict[str, float] = {"CPU": HOST_CPUS, **rule.resources}
+    if layout.gpus_per_node:
+        bundle["GPU"] = float(layout.gpus_per_node)
+    return [dict(bundle) for _ in range(layout.nnodes)], "STRICT_PACK" if layout.nnodes == 1 else "STRICT_SPREAD"
+
+
+def reserve(serve: ServeConfig, layout: Layout, node_ids: list[str], timeout_s: float = 60.0) -> Reservation:
+    """Create the configuration's placement group on the chosen nodes and wait until Ray has placed it."""
+    bundles, strategy = bundles_for(layout, serve.rule)
+    pg = placement_group(bundles, strategy=strategy, name=f"raysweep-{serve.id}",
+                         bundle_label_selector=[{NODE_ID_LABEL: n} for n in node_ids])
     t0 = time.monotonic()
-    while not pg.wait(timeout_seconds=5):
-        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+    while not pg.wait(timeout_seconds=2):
+        if time.monotonic() - t0 > timeout_s:
             remove_placement_group(pg)
-            raise TimeoutError(f"no room for {bundles} ({strategy}) after {timeout_s:.0f} s")
-        log.info("waiting for free resources for server config %s: %s", serve.id, bundles)
-    return Reservation(pg=pg, bundles=bundles, strategy=strategy, gpus_per_bundle=gpus)
+            raise NotPlaced(f"no room for {bundles} ({strategy}) on {[n[:8] for n in node_ids]} "
+                            f"after {timeout_s:.0f} s")
+        log.info("waiting for %s on nodes %s", bundles, [n[:8] for n in node_ids])
+    placed = placement_group_table(pg).get("bundles_to_node_id", {})
+    return Reservation(pg=pg, bundles=bundles, strategy=strategy, layout=layout,
+                       node_ids=[placed.get(i, node_ids[i]) for i in range(len(bundles))])
 
 
 def release(res: Reservation) -> None:
@@ -108,5 +269,5 @@ def release(res: Reservation) -> None:
 def actor_options(res: Reservation, bundle_index: int = 0) -> dict[str, Any]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    return {"num_cpus": HOST_CPUS, "num_gpus": res.gpus_per_bundle,
+    return {"num_cpus": HOST_CPUS, "num_gpus": res.layout.gpus_per_node,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(res.pg, placement_group_bundle_index=bundle_index)}

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysweep import grid
-from raysweep.campaign import CampaignSpec
+from raysweep.campaign import CampaignSpec, NodeRule, PlacementSpec
 from raysweep.errors import CampaignError
 
 __all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "fingerprint",
-           "meaning", "point_id", "shape_of"]
+           "meaning", "point_id", "rule_for", "shape_of"]
 
 _SHAPE_FLAGS = {
     "tp": ("tensor_parallel_size", ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")),
@@ -34,10 +34,19 @@ class Shape:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    per_replica: int | None = None  # serve.gpus_per_replica, for commands that are not `vllm serve`
+
+    @property
+    def replica_gpus(self) -> int:
+        return self.per_replica or self.tp * self.pp
 
     @property
     def gpu_count(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.replica_gpus * self.dp
+
+    def describe(self) -> str:
+        text = f"tp={self.tp} pp={self.pp} dp={self.dp}"
+        return text + (f" gpus_per_replica={self.per_replica}" if self.per_replica else "")
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class ServeConfig:
     env: dict[str, str]
     shape: Shape
     label: str
+    rule: NodeRule = field(default_factory=NodeRule)
 
     def display_argv(self) -> list[str]:
         return grid.mask_argv(self.argv)
@@ -100,8 +110,9 @@ def point_id(serve_id: str, bench_id: str, run: int) -> str:
     return hashlib.sha256(f"{serve_id}/{bench_id}/{run}".encode()).hexdigest()[:16]
 
 
-def shape_of(params: dict[str, Any], argv: list[str]) -> Shape:
-    """The GPU shape from the parameters, else from the flags of the base command, else 1 x 1 x 1."""
+def shape_of(params: dict[str, Any], argv: list[str], gpus_per_replica: int | None = None) -> Shape:
+    """The GPU shape from the parameters, else from the flags of the base command, else 1 x 1 x 1;
+    `gpus_per_replica` replaces tp x pp as the size of one replica."""
     norm = {grid.normalize_key(k): v for k, v in params.items()}
     sizes = {}
     for short, (key, flags) in _SHAPE_FLAGS.items():
@@ -114,7 +125,34 @@ def shape_of(params: dict[str, Any], argv: list[str]) -> Shape:
             where = f"serve.params ({grid.combo_label(params)})" if key in norm else "serve.cmd"
             raise CampaignError(where, f"{key} must be a positive integer, got {value!r}")
         sizes[short] = size
-    return Shape(**sizes)
+    return Shape(**sizes, per_replica=gpus_per_replica)
+
+
+def rule_for(params: dict[str, Any], placement: PlacementSpec) -> NodeRule:
+    """The node rule of one configuration: the campaign's, with every matching pin laid over it."""
+    labels, resources = dict(placement.node_labels), dict(placement.resources)
+    for pin in placement.pins:
+        if _pin_matches(pin.when, params):
+            labels.update(pin.node_labels)
+            resources.update(pin.resources)
+    return NodeRule(node_labels=labels, resources=resources)
+
+
+def _pin_matches(when: dict[str, Any], params: dict[str, Any]) -> bool:
+    norm = {grid.normalize_key(k): v for k, v in params.items()}
+    return all(grid.normalize_key(k) in norm and _same(norm[grid.normalize_key(k)], v) for k, v in when.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or str(a) == str(b)
+
+
+def _check_pins(placement: PlacementSpec, combos: list[dict[str, Any]]) -> None:
+    for i, pin in enumerate(placement.pins):
+        if not any(_pin_matches(pin.when, c) for c in combos):
+            raise CampaignError(f"placement.pins[{i}].when",
+                                f"{pin.when} matches no server configuration (serve parameters: "
+                                f"{', '.join(grid.combo_label(c) for c in combos[:5]) or 'none'})")
 
 
 def meaning(spec: CampaignSpec) -> dict[str, Any]:
@@ -127,6 +165,7 @@ def meaning(spec: CampaignSpec) -> dict[str, Any]:
         "bench_cmd": grid.mask_argv(spec.bench_argv),
         "bench_env": grid.mask_env(spec.bench_env),
         "after_bench_cmd": grid.mask_argv(spec.after_bench_argv) if spec.after_bench_argv else None,
+        **({"gpus_per_replica": c.serve.gpus_per_replica} if c.serve.gpus_per_replica else {}),
     }
 
 
@@ -138,11 +177,14 @@ def fingerprint(spec: CampaignSpec) -> str:
 def build_plan(spec: CampaignSpec) -> Plan:
     """Expand a campaign into server configs, bench points and runs (linked pairs only)."""
     serves = []
+    c = spec.campaign
+    _check_pins(c.placement, spec.serve_combos)
     for combo in spec.serve_combos:
         argv = grid.apply_to_cmd(spec.serve_argv, combo)
         serves.append(ServeConfig(id=grid.params_id(_no_name(combo)), params=combo, argv=argv,
-                                  env=dict(spec.serve_env), shape=shape_of(combo, spec.serve_argv),
-                                  label=grid.combo_label(combo)))
+                                  env=dict(spec.serve_env), shape=shape_of(combo, spec.serve_argv,
+                                                                           c.serve.gpus_per_replica),
+                                  label=grid.combo_label(combo), rule=rule_for(combo, c.placement)))
     benches = [BenchPoint(id=grid.params_id(_no_name(c)), params=c, argv=grid.apply_to_cmd(spec.bench_argv, c),
                           label=grid.combo_label(c)) for c in spec.bench_combos]
     points, skipped = [], 0
@@ -161,8 +203,10 @@ def _no_name(combo: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in combo.items() if k != grid.BENCHMARK_NAME_KEY}
 
 
-def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | None = None) -> str:
-    """Every server command, every benchmark command and the run counts, secrets masked."""
+def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | None = None,
+                 describe_serve: Callable[[ServeConfig], list[str]] | None = None) -> str:
+    """Every server command, every benchmark command and the run counts, secrets masked;
+    `describe_serve` gives the lines that say where a server goes and what each node runs."""
     c = plan.spec.campaign
     lines = [f"Campaign {c.name}: {len(plan.serves)} server config(s) x {len(plan.benches)} bench point(s) "
              f"x {c.runs} run(s) = {len(plan.points)} run(s)"
@@ -175,9 +219,9 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
         if not pts:
             continue
         sh = s.shape
-        lines += ["", f"[server {s.id}] {s.label}",
-                  f"  shape: tp={sh.tp} pp={sh.pp} dp={sh.dp} gpus={sh.gpu_count}",
-                  f"  command: {grid.shell_join(s.display_argv())} --host <node ip> --port <free port>"]
+        lines += ["", f"[server {s.id}] {s.label}", f"  shape: {sh.describe()} gpus={sh.gpu_count}"]
+        lines += describe_serve(s) if describe_serve else [
+            f"  command: {grid.shell_join(s.display_argv())} --host <node ip> --port <free port>"]
         seen: set[str] = set()
         for p in pts:
             if p.bench.id in seen:

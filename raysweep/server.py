@@ -29,8 +29,9 @@ import psutil
 import ray
 
 from raysweep import grid, guard, procs
+from raysweep.placement import Layout
 
-__all__ = ["RESET_ENDPOINTS", "ServerHost", "expected_model", "server_argv"]
+__all__ = ["RESET_ENDPOINTS", "ServerHost", "expected_model", "rank_argv", "server_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,28 @@ def expected_model(argv: list[str]) -> str | None:
 def server_argv(argv: list[str], host: str, port: int) -> list[str]:
     """The server command with our own `--host` and `--port` in place of any the user gave."""
     return grid.apply_to_cmd(argv, {"host": host, "port": port})
+
+
+def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, master_port: int) -> list[str]:
+    """The command of one node's part of a multi-node server, by vLLM's multiprocessing multi-node rules.
+
+    mode `nnodes`: `--nnodes N --node-rank r --master-addr A --master-port P`, plus `--headless` on r > 0.
+    mode `dp`: `--data-parallel-size-local L --data-parallel-address A --data-parallel-rpc-port P`, plus
+    `--headless --data-parallel-start-rank r*L` on r > 0. One node: the command unchanged.
+    """
+    if layout.nnodes == 1:
+        return list(argv)
+    if layout.mode == "nnodes":
+        extra: dict[str, Any] = {"nnodes": layout.nnodes, "node_rank": rank, "master_addr": master_addr,
+                                 "master_port": master_port}
+    else:
+        extra = {"data_parallel_size_local": layout.dp_local, "data_parallel_address": master_addr,
+                 "data_parallel_rpc_port": master_port}
+        if rank:
+            extra["data_parallel_start_rank"] = rank * layout.dp_local
+    if rank:
+        extra["headless"] = True
+    return grid.apply_to_cmd(argv, extra)
 
 
 def _http(method: str, url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -89,10 +112,15 @@ class ServerHost:
                 "gpu_ids": ",".join(str(g) for g in ctx.get_accelerator_ids().get("GPU", [])),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-    def start(self, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-        """Start the server under `raysweep.guard`; returns the guard's pid and start time, host, port, log."""
-        self.port = procs.free_port(self.ip)
-        full = procs.resolve_executable(server_argv(argv, self.ip, self.port))
+    def pick_port(self) -> int:
+        """A free port on this node (for the rendezvous of a multi-node server)."""
+        return procs.free_port(self.ip)
+
+    def start(self, argv: list[str], env: dict[str, str], serve_http: bool = True) -> dict[str, Any]:
+        """Start the server under `raysweep.guard`; returns the guard's pid and start time, host, port, log.
+        `serve_http=False` for the headless ranks of a multi-node server: no `--host`/`--port` of ours."""
+        self.port = procs.free_port(self.ip) if serve_http else None
+        full = procs.resolve_executable(server_argv(argv, self.ip, self.port) if serve_http else list(argv))
         env_ = procs.child_env({"VLLM_SERVER_DEV_MODE": "1", **env})
         me = psutil.Process()
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"raysweep-guard-{self.server_id}-"))
@@ -133,7 +161,8 @@ class ServerHost:
         return self._exit_code
 
     def wait_ready(self, timeout_s: float, model: str | None) -> dict[str, Any]:
-        """Poll /health and /v1/models until ready, the process exits, or the timeout passes."""
+        """Poll /health and /v1/models until ready, the process exits, or the timeout passes (then the
+        answer has `"timeout": True`)."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             code = self.exit_code()
@@ -145,7 +174,8 @@ class ServerHost:
                 if status == 200 and self._lists_model(body, model):
                     return {"ok": True, "elapsed_s": time.monotonic() - t0}
             time.sleep(0.5)
-        return {"ok": False, "error": f"server not ready after {timeout_s:.0f} s (/health and /v1/models)"}
+        return {"ok": False, "timeout": True,
+                "error": f"server not ready after {timeout_s:.0f} s (/health and /v1/models)"}
 
     @staticmethod
     def _lists_model(body: str, model: str | None) -> bool:

@@ -12,3 +12,52 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["VLLM_HOST_IP"] = "127.0.0.1"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+import shutil  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+# Node rules of the session cluster: w0 and w1 are "H100", w2 is "A100"
+GPU_NODES = {"w0": "H100", "w1": "H100", "w2": "A100"}
+FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
+                      "health_check_failure_threshold": 2, "health_check_timeout_ms": 500}
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster():
+    """Started once per test session: a head without GPUs and 3 nodes x 4 simulated GPUs, with fast
+    health checks so that a removed node is noticed within a second. Tests that add nodes remove them."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    temp_dir = f"/tmp/rs-t{os.getpid()}"
+    os.makedirs("/tmp/ray", exist_ok=True)  # Cluster writes its address file there whatever temp_dir says
+    cluster = Cluster(initialize_head=True, head_node_args=dict(
+        num_cpus=2, num_gpus=0, include_dashboard=False, temp_dir=temp_dir, _system_config=FAST_HEALTH_CHECKS))
+    for name, gpu in GPU_NODES.items():
+        cluster.add_node(num_cpus=2, num_gpus=4, labels={"node-name": name, "gpu-type": gpu},
+                         runtime_env_dir_name=f"runtime_resources_{name}")
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="raysweep", log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _gpus_back(request):
+    """After each test on the cluster, every placement group is gone and every GPU is free again."""
+    yield
+    if "gpu_cluster" not in request.fixturenames:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        return
+    deadline = time.time() + 20
+    while time.time() < deadline and ray.available_resources().get("GPU", 0) < ray.cluster_resources().get("GPU", 0):
+        time.sleep(0.1)
+    assert ray.available_resources().get("GPU", 0) == ray.cluster_resources().get("GPU", 0), "GPUs leaked"

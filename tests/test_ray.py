@@ -1,4 +1,4 @@
-"""Ray tests on a local cluster with simulated GPU nodes (head without GPUs + 2 nodes x 4 GPUs).
+"""Ray tests on the session's local cluster with simulated GPU nodes (see conftest.py).
 
 Servers and benchmarks are the stand-ins of tests/standin (fast starts); the real vLLM server is covered
 by tests/test_vllm_integration.py.
@@ -9,11 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,38 +28,6 @@ from raysweep.ledger import Ledger  # noqa: E402
 from raysweep.results import results_table  # noqa: E402
 
 pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module")
-def gpu_cluster():
-    """Started once: only this module uses it, so it is gone before the vLLM integration tests run."""
-    from ray.cluster_utils import Cluster
-
-    temp_dir = f"/tmp/rs-t{os.getpid()}"
-    os.makedirs("/tmp/ray", exist_ok=True)  # Cluster writes its address file there whatever temp_dir says
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=2, num_gpus=0, include_dashboard=False,
-                                                                 temp_dir=temp_dir))
-    for i in range(2):
-        cluster.add_node(num_cpus=2, num_gpus=4, labels={"node-name": f"w{i}"},
-                         runtime_env_dir_name=f"runtime_resources_w{i}")
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace="raysweep", log_to_driver=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-@pytest.fixture(autouse=True)
-def _gpus_back(request):
-    """After each Ray test, every placement group is gone and every GPU is free again."""
-    yield
-    if "gpu_cluster" not in request.fixturenames or not ray.is_initialized():
-        return
-    deadline = time.time() + 20
-    while time.time() < deadline and ray.available_resources().get("GPU", 0) < ray.cluster_resources().get("GPU", 0):
-        time.sleep(0.1)
-    assert ray.available_resources().get("GPU", 0) == ray.cluster_resources().get("GPU", 0), "GPUs leaked"
 
 
 def _run(campaign_file: Path, **kw):
@@ -102,7 +68,7 @@ def test_campaign_runs_on_simulated_gpus(gpu_cluster, tmp_path):
 
 def test_shape_that_never_fits_is_refused_before_anything_starts(gpu_cluster, tmp_path):
     f = standin_campaign(tmp_path, serve_params=[{"tensor_parallel_size": 8}])
-    with pytest.raises(UserError, match="needs 8 GPUs on one node.*largest node has 4"):
+    with pytest.raises(UserError, match="tensor_parallel_size=8 is larger than any node .the largest has 4 GPUs"):
         _run(f)
     led = _ledger(tmp_path / "out")
     assert led.servers() == [] and led.counts()["pending"] == 2

@@ -30,10 +30,14 @@ def main() -> None:
     ap.add_argument("--fail-while", default=None, help="fail while this file exists")
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--log-file", default=None, help="append the argv of each call here")
+    ap.add_argument("--env-file", default=None, help="append the CUDA_VISIBLE_DEVICES each call saw here")
     args, _unknown = ap.parse_known_args()
     if args.log_file:
         with open(args.log_file, "a") as f:
             f.write(json.dumps(sys.argv[1:]) + "\n")
+    if args.env_file:
+        with open(args.env_file, "a") as f:
+            f.write(json.dumps({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\n")
     if args.fail or (args.fail_while and os.path.exists(args.fail_while)):
         print("standin bench: failing on purpose")
         sys.exit(1)

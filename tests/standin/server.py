@@ -27,6 +27,10 @@ def main() -> None:
     ap.add_argument("--fail-start", action="store_true", help="exit(1) before listening")
     ap.add_argument("--reset-refuses", action="store_true", help="answer {success: false} to cache resets")
     ap.add_argument("--pid-file", default=None, help="append our pid (and the child's) to this file")
+    ap.add_argument("--headless", action="store_true", help="a multi-node rank > 0: no HTTP, just run")
+    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--headless-die-after", type=float, default=0.0,
+                    help="a headless rank exits(4) after this many seconds (once, with --die-once-file)")
     args, _unknown = ap.parse_known_args()
     model = args.model_opt or args.model or "standin"
     if args.pid_file:
@@ -43,6 +47,16 @@ def main() -> None:
         print("standin: failing on purpose", flush=True)
         sys.exit(1)
     time.sleep(args.startup_delay)
+    if args.headless:
+        print(f"standin: headless rank {args.node_rank}", flush=True)
+        if args.headless_die_after and not (args.die_once_file and os.path.exists(args.die_once_file)):
+            time.sleep(args.headless_die_after)
+            if args.die_once_file:
+                open(args.die_once_file, "w").close()
+            print("standin: headless rank dying on purpose", flush=True)
+            sys.exit(4)
+        while True:
+            time.sleep(3600)
     state = {"completions": 0, "resets": 0}
     lock = threading.Lock()
 

@@ -1,0 +1,213 @@
+"""Makespan of raysweep's packing policy (`placement.choose_starts`), by discrete-event simulation.
+
+No Ray and no servers: each configuration has a modeled duration (server start 60-180 s, plus its points
+times a per-point time that grows with its GPU count, with a random spread). The simulation drives the
+real policy the way the driver does: at time 0 and whenever a running configuration finishes, it builds a
+`Demand` for every waiting configuration (work = its number of points; the policy never sees durations),
+calls `choose_starts` with the free GPUs per node, and starts what it returns. Layouts come from the real
+`layout_for` on the simulated nodes (16 GPUs on 8-GPU nodes: 2 nodes x 8).
+
+For each scenario it reports the makespan against a lower bound, max(GPU-seconds / GPUs, longest config),
+the GPU utilisation, the same for vLLM's sweep order (one configuration at a time, each alone on the
+cluster), and the ratio makespan / lower bound over many seeds (median, min, max). "drain" is the time from
+the last start to the end: the cluster finishing its last configurations with nothing left waiting.
+
+`--compare` also runs every scenario under "gpu-count-first", the policy's previous order (largest GPU
+count first, remaining work only breaking ties; the same best fit), and prints the two side by side.
+
+    .venv/bin/python benchmarks/bench_packing.py [--seed N] [--seeds 20] [--quick] [--compare] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from raysweep.campaign import NodeRule
+from raysweep.placement import Demand, Layout, NodeInfo, choose_starts, eligible_nodes, fit_nodes, layout_for
+from raysweep.plan import Shape
+
+Policy = Callable[[list[Demand], dict[str, int]], list[tuple[Demand, list[str]]]]
+RULE = NodeRule()
+# the shapes a campaign draws from, by GPU count: TP inside a node, PP or DP across nodes for 16
+SHAPES: dict[int, tuple[Shape, ...]] = {
+    1: (Shape(1),), 2: (Shape(2), Shape(1, dp=2)), 4: (Shape(4), Shape(2, dp=2)),
+    8: (Shape(8), Shape(4, dp=2)), 16: (Shape(8, pp=2), Shape(8, dp=2)),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    configs: int
+    seed: int
+    points: tuple[int, int] = (2, 24)   # points per configuration, uniform
+    long_points: int = 0                # > 0: one configuration gets this many points and dominates
+
+
+@dataclass(frozen=True)
+class Config:
+    key: str
+    shape: Shape
+    points: int
+    duration_s: float  # modeled server start + points x point time; unknown to the policy
+
+
+SCENARIOS = (
+    Scenario("mixed-4x8", nodes=4, gpus_per_node=8, configs=40, seed=1),
+    Scenario("mixed-32x8", nodes=32, gpus_per_node=8, configs=400, seed=2),
+    Scenario("one-long-4x8", nodes=4, gpus_per_node=8, configs=8, seed=3, points=(2, 12), long_points=60),
+    Scenario("one-wave-32x8", nodes=32, gpus_per_node=8, configs=100, seed=4),  # about one wave: little to fill with
+)
+
+
+def gpu_count_first(demands: list[Demand], free: dict[str, int]) -> list[tuple[Demand, list[str]]]:
+    """The previous order, for comparison only: largest GPU count first, remaining work breaking ties, then
+    the same best fit (`fit_nodes`) as `choose_starts`."""
+    chosen = []
+    for d in sorted(demands, key=lambda d: (-d.layout.gpu_count, -d.work)):
+        nodes = fit_nodes(d.layout, d.eligible, free)
+        if nodes is not None:
+            for n in nodes:
+                free[n] -= d.layout.gpus_per_node
+            chosen.append((d, nodes))
+    return chosen
+
+
+POLICIES: dict[str, Policy] = {"choose_starts": choose_starts, "gpu-count-first": gpu_count_first}
+
+
+def make_nodes(sc: Scenario) -> list[NodeInfo]:
+    """The simulated cluster: identical GPU nodes without labels."""
+    return [NodeInfo(node_id=f"node-{i:02d}", ip=f"10.0.0.{i + 1}", gpus=sc.gpus_per_node, cpus=64.0)
+            for i in range(sc.nodes)]
+
+
+def make_campaign(sc: Scenario, seed: int) -> list[Config]:
+    """Configurations in plan order: GPU counts cycle 1..16 so each size is equally common, then shuffled."""
+    rng = random.Random(seed)
+    sizes = [sorted(SHAPES)[i % len(SHAPES)] for i in range(sc.configs)]
+    rng.shuffle(sizes)
+    long_at = rng.randrange(sc.configs) if sc.long_points else -1
+    out = []
+    for i, gpus in enumerate(sizes):
+        points = sc.long_points if i == long_at else rng.randint(*sc.points)
+        point_s = 40.0 * (1 + math.log2(gpus) / 4) * rng.uniform(0.5, 1.5)  # bigger models: slower points
+        out.append(Config(f"c{i:03d}", rng.choice(SHAPES[gpus]), points, rng.uniform(60, 180) + points * point_s))
+    return out
+
+
+def layout_of(c: Config, nodes: list[NodeInfo]) -> Layout:
+    """The configuration's layout on these nodes, from the real `layout_for`."""
+    lay = layout_for(c.shape, RULE, nodes)
+    if isinstance(lay, Layout):
+        return lay
+    raise ValueError(f"{c.key} ({c.shape.describe()}) cannot be placed: {lay}")
+
+
+def simulate(configs: list[Config], nodes: list[NodeInfo], policy: Policy = choose_starts) -> tuple[float, float]:
+    """Run the campaign under `policy`; return its makespan and the time of its last start, in seconds."""
+    layouts = {c.key: layout_of(c, nodes) for c in configs}
+    eligible = tuple(n.node_id for n in eligible_nodes(RULE, nodes))
+    waiting = {c.key: c for c in configs}
+    running: list[tuple[float, str, list[str]]] = []  # heap of (end time, key, node ids)
+    now = last_start = 0.0
+    while waiting or running:
+        free = {n.node_id: n.gpus for n in nodes}
+        for _, key, ids in running:
+            for n in ids:
+                free[n] -= layouts[key].gpus_per_node
+        demands = [Demand(k, layouts[k], eligible, float(c.points)) for k, c in waiting.items()]
+        for d, ids in policy(demands, free):
+            last_start = now
+            heapq.heappush(running, (now + waiting.pop(d.key).duration_s, d.key, ids))
+        if not running:
+            raise RuntimeError(f"policy started nothing on an idle cluster; {len(waiting)} configs left")
+        now = running[0][0]
+        while running and running[0][0] == now:  # every configuration ending now frees its GPUs
+            heapq.heappop(running)
+    return now, last_start
+
+
+def measure(sc: Scenario, seed: int, policy: Policy = choose_starts) -> dict[str, float]:
+    """One campaign of the scenario: packed by `policy`, against its lower bound and vLLM's sweep order."""
+    nodes, configs = make_nodes(sc), make_campaign(sc, seed)
+    gpus = sc.nodes * sc.gpus_per_node
+    gpu_s = sum(c.shape.gpu_count * c.duration_s for c in configs)
+    bound = max(gpu_s / gpus, max(c.duration_s for c in configs))
+    (makespan, last_start), sequential = simulate(configs, nodes, policy), sum(c.duration_s for c in configs)
+    return {"seed": seed, "makespan_s": makespan, "lower_bound_s": bound, "ratio": makespan / bound,
+            "utilisation": gpu_s / (gpus * makespan), "drain_s": makespan - last_start, "sequential_s": sequential,
+            "sequential_ratio": sequential / bound, "sequential_utilisation": gpu_s / (gpus * sequential)}
+
+
+def run_scenario(sc: Scenario, seed: int, n_seeds: int, policy: Policy = choose_starts) -> dict[str, Any]:
+    """The figures of seed `seed`, and the ratio's spread over seeds seed .. seed + n_seeds - 1."""
+    one = measure(sc, seed, policy)
+    ratios = [measure(sc, s, policy)["ratio"] for s in range(seed, seed + n_seeds)]
+    return {"scenario": asdict(sc), "seed": seed, "run": one, "seeds": n_seeds,
+            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "seeds_within_1_1": sum(r <= 1.1 for r in ratios)}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """A Markdown table, one row per scenario."""
+    head = ("| scenario | GPUs | configs | seed | makespan s | lower bound s | ratio | util | drain s | sequential s "
+            "| seq. ratio | seq. util | ratio over seeds: median [min, max] | seeds <= 1.1 |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        sc, one = r["scenario"], r["run"]
+        lines.append(
+            f"| {sc['name']} | {sc['nodes']}x{sc['gpus_per_node']} | {sc['configs']} | {r['seed']} "
+            f"| {one['makespan_s']:.0f} | {one['lower_bound_s']:.0f} | {one['ratio']:.3f} "
+            f"| {one['utilisation']:.0%} | {one['drain_s']:.0f} "
+            f"| {one['sequential_s']:.0f} | {one['sequential_ratio']:.2f} | {one['sequential_utilisation']:.0%} "
+            f"| {r['ratio_median']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}] "
+            f"| {r['seeds_within_1_1']}/{r['seeds']} |")
+    return "\n".join(lines)
+
+
+def compare_table(by_policy: dict[str, list[dict[str, Any]]]) -> str:
+    """Per scenario, for each policy: the ratio over seeds, and the first seed's drain and utilisation."""
+    head = "| scenario | " + " | ".join(f"{p}: ratio median [min, max] | seeds <= 1.1 | drain s | util"
+                                       for p in by_policy) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for rows in zip(*by_policy.values()):
+        cells = [f"{r['ratio_median']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}] | {r['seeds_within_1_1']}/"
+                 f"{r['seeds']} | {r['run']['drain_s']:.0f} | {r['run']['utilisation']:.0%}" for r in rows]
+        lines.append(f"| {rows[0]['scenario']['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, help="first seed of every scenario (default: each scenario's own)")
+    ap.add_argument("--seeds", type=int, default=20, help="seeds for the ratio's median, min and max")
+    ap.add_argument("--quick", action="store_true", help="5 seeds instead of --seeds")
+    ap.add_argument("--compare", action="store_true", help="also run the previous order, gpu-count-first")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="also write every figure to FILE as JSON")
+    args = ap.parse_args()
+    n_seeds = min(args.seeds, 5) if args.quick else args.seeds
+    policies = POLICIES if args.compare else {"choose_starts": choose_starts}
+    by_policy = {name: [run_scenario(sc, sc.seed if args.seed is None else args.seed, n_seeds, policy)
+                        for sc in SCENARIOS] for name, policy in policies.items()}
+    for name, results in by_policy.items():
+        print(f"## {name}\n\n{table(results)}\n")
+    if args.compare:
+        print(f"## choose_starts vs gpu-count-first\n\n{compare_table(by_policy)}")
+    if args.json:
+        args.json.write_text(json.dumps(by_policy, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
