@@ -87,7 +87,12 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
                 nodes, where = placement.cluster_nodes(), f"the cluster at {address}"
         else:
             nodes, where = placement.local_nodes(), "this machine (an embedded Ray)"
-        layouts = check_placement(plan, nodes)
+        try:
+            layouts = check_placement(plan, nodes)
+        except UserError as exc:
+            if address:
+                raise
+            raise UserError(f"{exc}\n(planned for this machine; pass --address to plan for a cluster)") from None
         text = dry_run_text(plan, lambda argv: bench_argv(argv, "http://<node ip>:<port>", "<result dir>"),
                             lambda s: placement_lines(s, layouts[s.id]))
         gpus = sum(n.gpus for n in nodes)

@@ -327,3 +327,34 @@ def test_lost_driver_helpers_are_stopped_by_pid(ledger):
         for p in (helper, stranger):
             p.kill()
             p.wait()
+
+
+def test_many_points_finishing_at_once_keep_the_ledger_consistent(ledger):
+    """Configurations run in threads of one driver: their updates interleave on one connection."""
+    import threading
+
+    ids = [f"p{i}" for i in range(240)]
+    sync(ledger, pts(*ids))
+    errors: list[BaseException] = []
+
+    def worker(chunk: list[str]) -> None:
+        try:
+            for pid in chunk:
+                ledger.mark_running(pid, f"s-{chunk[0]}")
+                if int(pid[1:]) % 7 == 0:
+                    ledger.mark_failed(pid, "boom")
+                else:
+                    ledger.mark_done(pid, f"points/{pid}.json")
+                ledger.counts()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(ids[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    failed = sum(1 for i in range(240) if i % 7 == 0)
+    assert ledger.counts() == {"pending": 0, "running": 0, "done": 240 - failed, "failed": failed}
+    assert all(p.attempts == 1 for p in ledger.points())

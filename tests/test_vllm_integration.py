@@ -121,3 +121,52 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     logs = list((out / "logs").glob("server-*.log"))
     assert logs and any("Application startup complete" in p.read_text() or "Started server process" in p.read_text()
                         for p in logs)
+
+
+def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, tmp_path):
+    """`vllm serve --pipeline-parallel-size 2` across two Ray nodes of one GPU each: rank 0 on one node
+    serves HTTP, rank 1 on the other runs headless; the real `vllm bench serve` measures it."""
+    from raysweep.campaign import campaign_from_dict
+    from raysweep.driver import run_campaign
+
+    import ray
+
+    added = [gpu_cluster.add_node(num_cpus=2, num_gpus=1, labels={"pool": "vllm-mn"},
+                                  runtime_env_dir_name=f"rr_vllm{i}") for i in range(2)]
+    try:
+        gpu_cluster.wait_for_nodes()
+        assert procs.wait_for(lambda: sum(1 for n in ray.nodes() if n["Alive"]
+                                          and n["Labels"].get("pool") == "vllm-mn") == 2, 30)
+        out = tmp_path / "out"
+        data = {
+            "name": "vllm-multinode", "output_dir": str(out), "runs": 1, "max_attempts": 1,
+            "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16 "
+                             "--pipeline-parallel-size 2",
+                      "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)},
+                      "ready_timeout_s": 400},
+            "bench": {"cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 24 "
+                             "--max-concurrency 4 --random-input-len 32 --random-output-len 16 --temperature 0",
+                      "env": {MARK: str(tmp_path)}},
+            "placement": {"node_labels": {"pool": "vllm-mn"}},
+        }
+        summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
+        led = Ledger.open_existing(out)
+        servers = led.servers()
+        led.close()
+        tails = [p.read_text()[-3000:] for p in (out / "logs").glob("*.log")]
+        assert summary.counts["done"] == 1, (summary.failures, tails)
+        df = results_table(out)
+        row = df.iloc[0]
+        assert row["completed"] == 24 and row["failed"] == 0 and row["output_throughput"] > 0
+        assert row["num_nodes"] == 2 and row["placement_mode"] == "nnodes" and row["gpu_count"] == 2
+        assert row["pipeline_parallel_size"] == 2 and len(set(row["node_ids"].split(","))) == 2
+        ranks = servers[0].rank_list()
+        logs = [Path(r["log_path"]).read_text() for r in ranks]
+        assert "--nnodes 2 --node-rank 0 --master-addr 127.0.0.1" in logs[0]
+        assert "--node-rank 1" in logs[1] and "--headless" in logs[1]
+        assert servers[0].state == "stopped"
+        assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60), \
+            f"left running: {[(p.pid, p.name()) for p in _ours(str(tmp_path))]}"
+    finally:
+        for node in added:
+            gpu_cluster.remove_node(node, allow_graceful=False)
