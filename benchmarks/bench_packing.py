@@ -68,6 +68,9 @@ SCENARIOS = (
     Scenario("mixed-32x8", nodes=32, gpus_per_node=8, configs=400, seed=2),
     Scenario("one-long-4x8", nodes=4, gpus_per_node=8, configs=8, seed=3, points=(2, 12), long_points=60),
     Scenario("one-wave-32x8", nodes=32, gpus_per_node=8, configs=100, seed=4),  # about one wave: little to fill with
+    # one bench grid for every configuration, as most campaigns have: work-first is then largest-first
+    Scenario("equal-grid-4x8", nodes=4, gpus_per_node=8, configs=40, seed=5, points=(12, 12)),
+    Scenario("equal-grid-32x8", nodes=32, gpus_per_node=8, configs=400, seed=6, points=(12, 12)),
 )
 
 

@@ -1,10 +1,13 @@
 """The driver: connects to Ray, syncs the plan with the ledger, and runs every pending point.
 
-For each server configuration with points left: reserve its GPUs as a placement group, start a host
-actor there that launches the server, wait until it is ready, run a warmup, then each pending point from
-a client actor, writing each result file whole before the point is marked done, and resetting caches
-between points. A server that dies is restarted for the points it had left; a point fails with the
-server-log tail and is retried while attempts remain. Servers are always stopped and groups freed.
+A scheduling loop starts as many server configurations at once as the free GPUs allow (the packer in
+`placement` picks which and where) and watches the cluster's nodes. Each configuration runs in its own
+thread: reserve its placement group, start a host actor per node that launches that node's part of the
+server, wait until it is ready, run a warmup, then each pending point from the configuration's client
+actor, writing each result file whole before the point is marked done, and resetting caches between
+points. Every rank is watched while a point runs: a server that dies anywhere spoils the point and is
+restarted for the points it had left; a lost node tears the server down everywhere and the
+configuration is placed again on the nodes left. Servers are always stopped and groups freed.
 """
 
 from __future__ import annotations
@@ -305,7 +308,8 @@ _HOST_LOSS_LIMIT = 3  # starts lost to host actors before a configuration's poin
 
 class Driver:
     """Runs the pending points of a plan: as many server configurations at once as free GPUs allow
-    (largest first, smaller ones filling the gaps), each in its own thread with its own client actor."""
+    (most work first, largest first among equals, smaller ones filling the gaps), each in its own thread
+    with its own client actor."""
 
     def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool) -> None:
         self.plan, self.ledger, self.output_dir, self.emit = plan, ledger, output_dir, emit
@@ -496,6 +500,7 @@ class Driver:
         hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(
             server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.log_dir)) for r in range(lay.nnodes)]
         server = _Server(server_id, hosts)
+        run.client_actor()  # its worker process starts while the server does
         self.ledger.add_server(server_id, serve.id, shell_join(serve.display_argv()))
         t0 = time.monotonic()
         try:

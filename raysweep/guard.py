@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from raysweep.files import write_text_atomic
 from raysweep.grid import mask_text, secret_values
 from raysweep.procs import is_alive, kill_tree
 
@@ -53,10 +54,10 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     if os.fork() > 0:
         os._exit(0)
-    (state / PID_FILE).write_text(str(os.getpid()))
+    write_text_atomic(state / PID_FILE, str(os.getpid()))
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     code = _supervise(cmd, lambda: not _stop and is_alive(watch, watch_start))
-    (state / EXIT_FILE).write_text(str(code))
+    write_text_atomic(state / EXIT_FILE, str(code))
     return code
 
 
@@ -66,7 +67,7 @@ def _supervise(cmd: list[str], keep_going: object) -> int:
     except OSError as exc:
         print(f"raysweep guard: cannot start {cmd[0]!r}: {exc}", flush=True)
         return 127
-    (Path(sys.argv[3]) / SERVER_PID_FILE).write_text(str(child.pid))
+    write_text_atomic(Path(sys.argv[3]) / SERVER_PID_FILE, str(child.pid))
     secrets = secret_values(cmd, os.environ)
     copier = threading.Thread(target=_copy_masked, args=(child.stdout, secrets), daemon=True)
     copier.start()

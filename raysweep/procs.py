@@ -75,14 +75,31 @@ def kill_tree(pid: int, grace_s: float = 10.0, include_root: bool = True) -> lis
             p.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = _wait_gone(procs, grace_s)
     for p in alive:
         try:
             p.kill()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    return [p.pid for p in alive]
+    return [p.pid for p in _wait_gone(alive, 5)]
+
+
+def _gone(p: psutil.Process) -> bool:
+    """Exited: no such process, or a zombie (which only its parent, perhaps init, can reap)."""
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has exited (zombies count as exited); returns those still running."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if not _gone(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if not _gone(p)]
+    return alive
 
 
 def tail(path: str | Path, lines: int = 40, max_bytes: int = 64 * 1024) -> str:

@@ -32,3 +32,13 @@ def standin_campaign(path: Path, *, name: str = "t", server_args: str = "", benc
     f = path / "campaign.yaml"
     f.write_text(yaml.safe_dump(data))
     return f
+
+
+def run_file(campaign_file: Path, **kw: Any) -> tuple[Any, Path]:
+    """Run a campaign file on the connected Ray cluster; returns the run summary and the output dir."""
+    from raysweep.campaign import load_campaign
+    from raysweep.driver import run_campaign
+
+    spec = load_campaign(campaign_file)
+    out = Path(spec.campaign.output_dir or "")
+    return run_campaign(spec, out, **kw), out

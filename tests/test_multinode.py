@@ -12,24 +12,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import standin_campaign
+from helpers import run_file, standin_campaign
 
 ray = pytest.importorskip("ray")
 
 from raysweep import procs  # noqa: E402
-from raysweep.campaign import load_campaign  # noqa: E402
 from raysweep.cli import main  # noqa: E402
-from raysweep.driver import run_campaign  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
 from raysweep.results import results_table  # noqa: E402
 
 pytestmark = pytest.mark.ray
-
-
-def _run(campaign_file: Path, **kw):
-    spec = load_campaign(campaign_file)
-    out = Path(spec.campaign.output_dir)
-    return run_campaign(spec, out, **kw), out
 
 
 def _servers(out: Path):
@@ -74,7 +66,7 @@ def test_shapes_land_as_specified_one_bundle_per_node_and_ranks_started_together
                                        {"tensor_parallel_size": 4},
                                        {"tensor_parallel_size": 4, "pipeline_parallel_size": 2}],
                          bench_params=[{"random_input_len": 16}])
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["done"] == 4
     df = results_table(out).set_index("gpu_count")
     assert sorted(df.index) == [1, 2, 4, 8]
@@ -116,7 +108,7 @@ def test_two_configs_run_at_once_on_disjoint_gpus_unless_capped(gpu_cluster, tmp
             if len([s for s in active if s.state == "ready"]) >= 2:
                 seen.append(CliRunner().invoke(main, ["status", str(out)]).output)
 
-    summary, _ = _run(f, on_event=on_event)
+    summary, _ = run_file(f, on_event=on_event)
     assert summary.counts["done"] == 6
     df = results_table(out)
     spans = {sid: (g["started_at"].min(), g["ended_at"].max(), g["node_id"].iloc[0], set(g["gpu_ids"].iloc[0].split(",")))
@@ -139,7 +131,7 @@ def test_a_dead_rank_takes_the_server_down_and_only_the_spoiled_point_runs_again
                          bench_args="--sleep 3",
                          serve_params=[{"tensor_parallel_size": 4, "pipeline_parallel_size": 2}],
                          bench_params={"grid": {"random_input_len": [16, 32]}})
-    summary, out = _run(f, on_event=lambda kind, **d: failures.append(d["error"]) if kind == "point_failed" else None)
+    summary, out = run_file(f, on_event=lambda kind, **d: failures.append(d["error"]) if kind == "point_failed" else None)
     assert summary.counts["done"] == 2 and summary.counts["failed"] == 0
     assert failures and "rank 1 exited with code 4" in failures[0]
     servers = _servers(out)
@@ -189,7 +181,7 @@ def test_node_loss_tears_the_server_down_and_places_it_again_on_the_nodes_left(g
         out = tmp_path / "out"
         removed: list[str] = []
         watcher = _remove_when_running(gpu_cluster, out, pool, removed)
-        summary, _ = _run(f, on_event=lambda kind, **d: lost.append(d["reason"]) if kind == "node_lost" else None)
+        summary, _ = run_file(f, on_event=lambda kind, **d: lost.append(d["reason"]) if kind == "node_lost" else None)
         watcher.join(5)
         assert removed and lost and "was lost" in lost[0]
         assert summary.counts["done"] == 3 and summary.counts["failed"] == 0
@@ -216,7 +208,7 @@ def test_config_that_no_longer_fits_after_a_node_loss_fails_with_the_reason(gpu_
         out = tmp_path / "out"
         removed: list[str] = []
         watcher = _remove_when_running(gpu_cluster, out, pool, removed)
-        summary, _ = _run(f)
+        summary, _ = run_file(f)
         watcher.join(5)
         assert removed
         assert summary.counts == {"pending": 0, "running": 0, "done": 0, "failed": 2}

@@ -16,24 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PY, STANDIN, standin_campaign
+from helpers import PY, STANDIN, run_file, standin_campaign
 
 ray = pytest.importorskip("ray")
 
 from raysweep import procs  # noqa: E402
-from raysweep.campaign import load_campaign  # noqa: E402
-from raysweep.driver import run_campaign  # noqa: E402
 from raysweep.errors import LedgerError, UserError  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
 from raysweep.results import results_table  # noqa: E402
 
 pytestmark = pytest.mark.ray
-
-
-def _run(campaign_file: Path, **kw):
-    spec = load_campaign(campaign_file)
-    out = Path(spec.campaign.output_dir)
-    return run_campaign(spec, out, **kw), out
 
 
 def _ledger(out: Path) -> Ledger:
@@ -42,7 +34,7 @@ def _ledger(out: Path) -> Ledger:
 
 def test_campaign_runs_on_simulated_gpus(gpu_cluster, tmp_path):
     f = standin_campaign(tmp_path, serve_params={"grid": {"tensor_parallel_size": [1, 2]}}, runs=2, warmup=2)
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts == {"pending": 0, "running": 0, "done": 8, "failed": 0}
     df = results_table(out)
     assert len(df) == 8
@@ -69,7 +61,7 @@ def test_campaign_runs_on_simulated_gpus(gpu_cluster, tmp_path):
 def test_shape_that_never_fits_is_refused_before_anything_starts(gpu_cluster, tmp_path):
     f = standin_campaign(tmp_path, serve_params=[{"tensor_parallel_size": 8}])
     with pytest.raises(UserError, match="tensor_parallel_size=8 is larger than any node .the largest has 4 GPUs"):
-        _run(f)
+        run_file(f)
     led = _ledger(tmp_path / "out")
     assert led.servers() == [] and led.counts()["pending"] == 2
     led.close()
@@ -77,7 +69,7 @@ def test_shape_that_never_fits_is_refused_before_anything_starts(gpu_cluster, tm
 
 def test_server_that_fails_to_start_fails_its_points_and_the_campaign_goes_on(gpu_cluster, tmp_path):
     f = standin_campaign(tmp_path, serve_params=[{"fail_start": True}, {"fail_start": False}], max_attempts=2)
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["done"] == 2 and summary.counts["failed"] == 2
     failed = [p for p in summary.failures]
     assert all(p.attempts == 2 for p in failed)
@@ -93,7 +85,7 @@ def test_server_that_dies_mid_point_is_restarted_and_only_spoiled_points_rerun(g
     f = standin_campaign(tmp_path, server_args=f"--die-after 15 --die-once-file {tmp_path / 'died'}",
                          bench_args=f"--log-file {calls}",
                          bench_params={"grid": {"random_input_len": [16, 32, 64]}}, max_attempts=2)
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["done"] == 3 and summary.counts["failed"] == 0
     led = _ledger(out)
     points = led.points()
@@ -109,7 +101,7 @@ def test_server_that_dies_mid_point_is_restarted_and_only_spoiled_points_rerun(g
 
 def test_bench_failure_is_recorded_and_stops_when_continue_on_error_is_false(gpu_cluster, tmp_path):
     f = standin_campaign(tmp_path, bench_args="--fail", continue_on_error=False, max_attempts=1)
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.stopped_early and "continue_on_error is false" in summary.stopped_early
     assert summary.counts["failed"] == 1 and summary.counts["pending"] == 1
     assert "exited with code 1" in summary.failures[0].error
@@ -118,7 +110,7 @@ def test_bench_failure_is_recorded_and_stops_when_continue_on_error_is_false(gpu
 
 def test_refused_cache_reset_is_recorded_in_the_results(gpu_cluster, tmp_path):
     f = standin_campaign(tmp_path, server_args="--reset-refuses")
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["done"] == 2
     states = set(results_table(out)["cache_state_before"])
     assert len(states) == 1 and states.pop().startswith('reset failed: /reset_prefix_cache: HTTP 200 {"success": false}')
@@ -127,7 +119,7 @@ def test_refused_cache_reset_is_recorded_in_the_results(gpu_cluster, tmp_path):
 def test_after_bench_cmd_replaces_the_reset(gpu_cluster, tmp_path):
     marker = tmp_path / "after.txt"
     f = standin_campaign(tmp_path, bench={"after_bench_cmd": f"sh -c 'echo x >> {marker}'"})
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["done"] == 2
     assert len(marker.read_text().splitlines()) == 3  # after server start, then after each point
     assert set(results_table(out)["cache_state_before"]) == {"after_bench_cmd"}
@@ -136,21 +128,21 @@ def test_after_bench_cmd_replaces_the_reset(gpu_cluster, tmp_path):
 def test_changed_command_is_refused_unless_forced_and_new_grid_values_only_add_points(gpu_cluster, tmp_path):
     calls = tmp_path / "calls.jsonl"
     f = standin_campaign(tmp_path, bench_args=f"--log-file {calls}")
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["done"] == 2
     first = {p: p.read_bytes() for p in (out / "points").rglob("*.json")}
     # a new grid value: only the new point runs, the finished ones are untouched
     standin_campaign(tmp_path, bench_args=f"--log-file {calls}",
                      bench_params={"grid": {"random_input_len": [16, 32, 64]}})
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["done"] == 3
     assert len(calls.read_text().splitlines()) == 3
     # a changed bench command changes what finished points mean: refused, then forced
     standin_campaign(tmp_path, bench_args=f"--log-file {calls} --sleep 0.01",
                      bench_params={"grid": {"random_input_len": [16, 32, 64]}})
     with pytest.raises(LedgerError, match="bench_cmd"):
-        _run(f)
-    summary, out = _run(f, force=True)
+        run_file(f)
+    summary, out = run_file(f, force=True)
     assert summary.counts["done"] == 3 and len(calls.read_text().splitlines()) == 3
     assert all(p.read_bytes() == data for p, data in first.items())
 
@@ -262,7 +254,7 @@ def test_secrets_never_reach_the_ledger_results_or_logs(gpu_cluster, tmp_path, m
     f = standin_campaign(tmp_path, server_args="--api-key sk-literal-secret-1234",
                          bench_args="--api-key ${RS_TEST_KEY}",
                          serve={"env": {"HF_TOKEN": "hf_literal_token_5678"}})
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["done"] == 2
     log = next((out / "logs").iterdir()).read_text()
     assert "standin: starting" in log and "HF_TOKEN=***" in log and "'***'" in log  # the server did print them
@@ -297,10 +289,10 @@ def test_failed_points_stay_failed_on_resume_unless_retry_failed(gpu_cluster, tm
     broken = tmp_path / "broken"
     broken.touch()
     f = standin_campaign(tmp_path, bench_args=f"--fail-while {broken}", max_attempts=1)
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["failed"] == 2 and all(p.attempts == 1 for p in summary.failures)
     broken.unlink()  # the cause is fixed, but the points used up their attempts
-    summary, out = _run(f)
+    summary, out = run_file(f)
     assert summary.counts["failed"] == 2
-    summary, out = _run(f, retry_failed=True)
+    summary, out = run_file(f, retry_failed=True)
     assert summary.counts == {"pending": 0, "running": 0, "done": 2, "failed": 0}

@@ -20,6 +20,7 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--startup-delay", type=float, default=0.0)
+    ap.add_argument("--request-delay", type=float, default=0.0, help="extra seconds each /v1/completions takes")
     ap.add_argument("--spawn-child", action="store_true", help="fork a long sleep, like vLLM's engine process")
     ap.add_argument("--die-after", type=int, default=0, help="exit(3) after this many completions")
     ap.add_argument("--die-once-file", default=None, help="with --die-after: die only if this file is absent "
@@ -100,7 +101,7 @@ def main() -> None:
                             open(args.die_once_file, "w").close()
                         print("standin: dying on purpose", flush=True)
                         os._exit(3)
-                time.sleep(0.002)
+                time.sleep(0.002 + args.request_delay)
                 out = int(body.get("max_tokens") or 16)
                 self._send(200, {"choices": [{"text": "x" * out}],
                                  "usage": {"prompt_tokens": 10, "completion_tokens": out}})
