@@ -452,7 +452,7 @@ class Driver:
             finally:
                 why = server.down()
                 self._stop_server(server, state="stopped" if why is None else f"died ({why})")
-            if server.host_lost:
+            if server.host_lost and not run.abort:  # an actor lost without its node: place it again
                 return "host lost"
         return "aborted" if run.abort else "stopped"
 

@@ -64,11 +64,14 @@ def test_shapes_land_as_specified_one_bundle_per_node_and_ranks_started_together
     f = standin_campaign(tmp_path, bench_args=f"--env-file {env_file}",
                          serve_params=[{"tensor_parallel_size": 1}, {"tensor_parallel_size": 2},
                                        {"tensor_parallel_size": 4},
-                                       {"tensor_parallel_size": 4, "pipeline_parallel_size": 2}],
+                                       {"tensor_parallel_size": 4, "pipeline_parallel_size": 2},
+                                       {"tensor_parallel_size": 2, "data_parallel_size": 4}],
                          bench_params=[{"random_input_len": 16}])
     summary, out = run_file(f)
-    assert summary.counts["done"] == 4
-    df = results_table(out).set_index("gpu_count")
+    assert summary.counts["done"] == 5
+    all_rows = results_table(out)
+    dp = all_rows[all_rows["data_parallel_size"] == 4].iloc[0]
+    df = all_rows[all_rows["data_parallel_size"] == 1].set_index("gpu_count")
     assert sorted(df.index) == [1, 2, 4, 8]
     assert df.loc[[1, 2, 4], "num_nodes"].tolist() == [1, 1, 1] and df.loc[8, "num_nodes"] == 2
     for g in (1, 2, 4):
@@ -86,8 +89,14 @@ def test_shapes_land_as_specified_one_bundle_per_node_and_ranks_started_together
     assert "--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port" in logs[0] and "--port" in logs[0]
     assert "--node-rank 1" in logs[1] and "--headless" in logs[1] and "headless rank 1" in logs[1]
     assert "--host" not in logs[1].split("raysweep:", 1)[1].splitlines()[0]
+    # data parallelism across nodes: 2 replicas of tp=2 on each of 2 nodes, ranks started the DP way
+    assert (dp["gpu_count"], dp["num_nodes"], dp["gpus_per_node"], dp["placement_mode"]) == (8, 2, 4, "dp")
+    ranks = next(s for s in _servers(out) if s.serve_id == dp["serve_id"]).rank_list()
+    logs = {r["rank"]: Path(r["log_path"]).read_text() for r in ranks}
+    assert "--data-parallel-size-local 2 --data-parallel-address 127.0.0.1 --data-parallel-rpc-port" in logs[0]
+    assert "--data-parallel-start-rank 2 --headless" in logs[1] and "headless rank 0" in logs[1]
     # benchmark clients never hold a GPU
-    assert [json.loads(x)["CUDA_VISIBLE_DEVICES"] for x in env_file.read_text().splitlines()] == [None] * 4
+    assert [json.loads(x)["CUDA_VISIBLE_DEVICES"] for x in env_file.read_text().splitlines()] == [None] * 5
     _assert_no_orphans(out)
 
 
