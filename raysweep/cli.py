@@ -202,11 +202,13 @@ class _ProgressDisplay:
         elif kind == "point_done":
             p.advance(self.task)
             r = data["result"]
-            p.console.print(f"done {escape(data['point'].bench.label)} run {data['point'].run}: "
+            p.console.print(f"done {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
+                            f"run {data['point'].run}: "
                             f"{r.get('request_throughput', 0):.1f} req/s, "
                             f"median TTFT {r.get('median_ttft_ms', float('nan')):.1f} ms", highlight=False)
         elif kind == "point_failed":
-            p.console.print(f"[red]failed[/] {escape(data['point'].bench.label)} run {data['point'].run} "
+            p.console.print(f"[red]failed[/] {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
+                            f"run {data['point'].run} "
                             f"(attempt {data['attempt']}): {escape(str(data['error']))}", highlight=False)
 
 

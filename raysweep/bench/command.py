@@ -8,6 +8,8 @@ the command's output; the driver writes the result file.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -23,7 +25,17 @@ __all__ = ["CommandClient", "PERCENTILE_METRICS", "METRIC_PERCENTILES", "bench_a
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = ("50", "90", "95", "99")
 RESULT_FILE = "result.json"
+_TMP_PREFIX = "raysweep-bench-"  # + the client's pid: the directories of a killed client can be found
 _ADDRESS_FLAGS = {"host": None, "port": None, "base_url": None}
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the working directories that client actors killed mid-point (a stopped or lost server)
+    left on this node: those whose owner pid no longer runs."""
+    for d in Path(tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*-*"):
+        owner = d.name[len(_TMP_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not procs.is_alive(int(owner), None):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def bench_argv(argv: list[str], base_url: str, result_dir: str, *, num_prompts: int | None = None) -> list[str]:
@@ -57,7 +69,8 @@ class CommandClient:
 
     def run(self, argv: list[str], base_url: str, env: dict[str, str], timeout_s: float,
             num_prompts: int | None = None) -> dict[str, Any]:
-        with tempfile.TemporaryDirectory(prefix="raysweep-bench-") as tmp:
+        _remove_stale_dirs()
+        with tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{os.getpid()}-") as tmp:
             full = procs.resolve_executable(bench_argv(argv, base_url, tmp, num_prompts=num_prompts))
             out = _run(full, env, timeout_s, cwd=tmp)
             path = Path(tmp) / RESULT_FILE

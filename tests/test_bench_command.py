@@ -1,0 +1,35 @@
+"""The `command` bench backend without Ray: the command it runs and the directories it cleans."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from raysweep.bench import command
+from raysweep.bench.command import bench_argv
+
+
+def test_bench_command_points_at_the_server_and_asks_for_every_percentile():
+    argv = bench_argv(["vllm", "bench", "serve", "--model", "m", "--host", "h", "--port", "1",
+                       "--metric-percentiles", "99.9,50"], "http://10.0.0.1:8000", "/tmp/r", num_prompts=16)
+    text = " ".join(argv)
+    assert "--host" not in argv and "--port" not in argv
+    assert "--base-url http://10.0.0.1:8000" in text and "--save-result" in text and "--result-dir /tmp/r" in text
+    assert "--metric-percentiles 50,90,95,99,99.9" in text and "--num-prompts 16" in text
+    assert "--percentile-metrics ttft,tpot,itl,e2el" in text
+
+
+def test_directories_of_killed_clients_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"raysweep-bench-{dead.pid}-abc"
+    live = tmp_path / f"raysweep-bench-{os.getpid()}-def"
+    other = tmp_path / "raysweep-bench-notapid"
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "result.json").write_text("{}")
+    command._remove_stale_dirs()
+    assert not stale.exists() and live.exists() and other.exists()
