@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +58,10 @@ def main(argv: list[str]) -> int:
     write_text_atomic(state / PID_FILE, str(os.getpid()))
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     code = _supervise(cmd, lambda: not _stop and is_alive(watch, watch_start))
-    write_text_atomic(state / EXIT_FILE, str(code))
+    if is_alive(watch, watch_start):
+        write_text_atomic(state / EXIT_FILE, str(code))  # the host reads it, then removes the directory
+    else:  # the host is gone (killed, its node lost): nobody will read the state, so leave none behind
+        shutil.rmtree(state, ignore_errors=True)
     return code
 
 

@@ -80,6 +80,22 @@ def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, mast
     return grid.apply_to_cmd(argv, extra)
 
 
+STATE_PREFIX = "raysweep-guard-"
+HOST_FILE = "host"  # the host actor's pid and start time, in its guard's state directory
+
+
+def _remove_orphaned_state() -> None:
+    """Remove the guard state directories of host actors on this node that are gone (killed with their
+    guard, which then had no chance to clean up)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{STATE_PREFIX}*"):
+        try:
+            pid, created = (d / HOST_FILE).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if not procs.is_alive(int(pid), float(created)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _http(method: str, url: str, timeout: float = 5.0) -> tuple[int, str]:
     req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
     try:
@@ -105,6 +121,7 @@ class ServerHost:
         self._exit_code: int | None = None
         self.state_dir = Path(tempfile.gettempdir())
         self.port: int | None = None
+        _remove_orphaned_state()
 
     def node_info(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
@@ -123,7 +140,8 @@ class ServerHost:
         full = procs.resolve_executable(server_argv(argv, self.ip, self.port) if serve_http else list(argv))
         env_ = procs.child_env({"VLLM_SERVER_DEV_MODE": "1", **env})
         me = psutil.Process()
-        self.state_dir = Path(tempfile.mkdtemp(prefix=f"raysweep-guard-{self.server_id}-"))
+        self.state_dir = Path(tempfile.mkdtemp(prefix=f"{STATE_PREFIX}{self.server_id}-"))
+        (self.state_dir / HOST_FILE).write_text(f"{me.pid} {me.create_time()!r}")
         with open(self.log_path, "ab") as logf:
             logf.write(f"# raysweep: {grid.shell_join(grid.mask_argv(full))}\n".encode())
             logf.flush()

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,18 @@ def test_no_orphan_after_ray_kill_of_the_host_actor(gpu_cluster, tmp_path):
     assert ray.get(actor.wait_ready.remote(30, "standin"))["ok"]
     tree = [info["pid"], *map(int, pids.read_text().split())]
     assert len(tree) == 3 and all(procs.is_alive(p, None) for p in tree)
+    state_dirs = list(Path(tempfile.gettempdir()).glob("raysweep-guard-orphans-*"))
+    assert len(state_dirs) == 1
     ray.kill(actor)
     assert procs.wait_for(lambda: not any(procs.is_alive(p, None) for p in tree), 15), "processes outlived the actor"
+    # the guard was killed with the actor's process group: the next host actor on the node cleans up
+    assert state_dirs[0].exists()
+    host_pid = int((state_dirs[0] / "host").read_text().split()[0])
+    assert procs.wait_for(lambda: not procs.is_alive(host_pid, None), 15)
+    nxt = ServerHost.options(num_cpus=0).remote("next", str(tmp_path))
+    ray.get(nxt.node_info.remote())
+    ray.kill(nxt)
+    assert not state_dirs[0].exists(), "a dead host's guard state directory was left"
 
 
 def test_clean_stop_leaves_nothing_and_frees_the_port(gpu_cluster, tmp_path):
