@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raysweep import grid
 from raysweep.errors import CampaignError
@@ -24,6 +24,7 @@ from raysweep.errors import CampaignError
 __all__ = ["BenchSpec", "Campaign", "CampaignSpec", "NodeRule", "Pin", "PlacementSpec", "ServeSpec", "campaign_from_dict", "load_campaign"]
 
 EnvValue = str | int | float | bool
+NATIVE_DEFAULT_CMD = "vllm bench serve"
 
 
 class _Strict(BaseModel):
@@ -91,19 +92,42 @@ class PlacementSpec(NodeRule):
 
 
 class BenchSpec(_Strict):
-    """How to drive load: the benchmark command and the grid of its parameters."""
+    """How to drive load: the backend, the benchmark command (or its options) and the grid of its parameters."""
 
-    backend: Literal["command"] = Field("command", description="`command` runs `vllm bench serve`")
-    cmd: str = Field(description="base benchmark command, e.g. `vllm bench serve --model MODEL ...`")
+    backend: Literal["native", "command"] = Field(
+        "native", description="`native`: raysweep's own streaming client in Ray actors, reading `vllm bench serve` "
+        "options; `command`: runs the benchmark command itself (e.g. `vllm bench serve`)")
+    cmd: str | None = Field(None, description="base benchmark command, e.g. `vllm bench serve --model MODEL ...` "
+                            "(required by the command backend; the native backend reads its options)")
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment of the benchmark process")
     params: Any = Field(None, description="parameter file path, list of dicts, or {grid: ..., exclude: [...]}")
     after_bench_cmd: str | None = Field(None, description="runs after every point instead of the cache reset")
     timeout_s: float = Field(3600.0, gt=0, description="seconds one benchmark run may take")
+    clients: int | Literal["auto"] = Field("auto", description="native client actors per point (auto: from the "
+                                           "asked rate and concurrency, doubled while the client limits the point)")
+    max_clients: int = Field(8, ge=1, description="most native client actors for one point")
+    client_cpus: float = Field(1.0, gt=0, description="CPUs each native client actor takes")
+    rerun_client_limited: bool = Field(True, description="run a client-limited point again with twice the actors "
+                                       "(up to max_clients)")
+    metrics_interval_s: float = Field(0.5, gt=0, description="seconds between scrapes of the server's /metrics")
 
     @field_validator("cmd")
     @classmethod
-    def _cmd_not_empty(cls, v: str) -> str:
-        return _check_cmd(v)
+    def _cmd_not_empty(cls, v: str | None) -> str | None:
+        return v if v is None else _check_cmd(v)
+
+    @field_validator("clients")
+    @classmethod
+    def _clients_positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1, or auto")
+        return v
+
+    @model_validator(mode="after")
+    def _cmd_for_command(self) -> BenchSpec:
+        if self.backend == "command" and not self.cmd:
+            raise ValueError("the command backend needs bench.cmd (e.g. `vllm bench serve --model MODEL ...`)")
+        return self
 
 
 class Campaign(_Strict):
@@ -210,11 +234,14 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     bench_combos = _resolve_params(campaign.bench.params, "bench.params", base_dir)
     _check_links(campaign.link, serve_combos, bench_combos)
     after = campaign.bench.after_bench_cmd
+    bench_argv = shlex.split(_expand(campaign.bench.cmd or NATIVE_DEFAULT_CMD, "bench.cmd", env))
+    if campaign.bench.backend == "native":
+        _check_native(bench_argv, bench_combos)
     return CampaignSpec(
         campaign=campaign,
         serve_argv=shlex.split(_expand(campaign.serve.cmd, "serve.cmd", env)),
         serve_env=_expand_env(campaign.serve.env, "serve.env", env),
-        bench_argv=shlex.split(_expand(campaign.bench.cmd, "bench.cmd", env)),
+        bench_argv=bench_argv,
         bench_env=_expand_env(campaign.bench.env, "bench.env", env),
         after_bench_argv=shlex.split(_expand(after, "bench.after_bench_cmd", env)) if after else None,
         serve_combos=serve_combos,
@@ -222,6 +249,21 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         source_path=source_path,
         base_dir=base_dir,
     )
+
+
+def _check_native(argv: list[str], combos: list[dict[str, Any]]) -> None:
+    """Every bench point must be load options the native client runs, with its data set on this machine."""
+    from raysweep.bench.options import parse_load_options
+
+    parse_load_options(argv, "bench.cmd")
+    for i, combo in enumerate(combos):
+        opts = parse_load_options(grid.apply_to_cmd(argv, combo), f"bench.params[{i}]" if combo else "bench.cmd")
+        path = (opts.dataset_path or "")
+        if opts.dataset_name == "custom" and ".py:" in path:
+            path = path.rsplit(":", 1)[0]
+        if opts.dataset_name in ("sharegpt", "custom", "jsonl") and not Path(path).is_file():
+            raise CampaignError(f"bench.params[{i}]" if "dataset_path" in str(combo) else "bench.cmd",
+                                f"--dataset-path {opts.dataset_path!r} is not a file on this machine")
 
 
 def _resolve_params(spec: Any, fld: str, base_dir: Path) -> list[dict[str, Any]]:

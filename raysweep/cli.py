@@ -78,7 +78,7 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
     spec = load_campaign(campaign_file)
     if dry_run:
         from raysweep import placement
-        from raysweep.bench import bench_argv
+        from raysweep.bench.command import bench_argv
         from raysweep.driver import check_placement, placement_lines, ray_session
 
         plan = build_plan(spec)
@@ -93,7 +93,13 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
             if address:
                 raise
             raise UserError(f"{exc}\n(planned for this machine; pass --address to plan for a cluster)") from None
-        text = dry_run_text(plan, lambda argv: bench_argv(argv, "http://<node ip>:<port>", "<result dir>"),
+        if spec.campaign.bench.backend == "native":
+            def render(argv: list[str]) -> list[str]:
+                return argv
+        else:
+            def render(argv: list[str]) -> list[str]:
+                return bench_argv(argv, "http://<node ip>:<port>", "<result dir>")
+        text = dry_run_text(plan, render,
                             lambda s: placement_lines(s, layouts[s.id]))
         gpus = sum(n.gpus for n in nodes)
         _say(f"{text}\n\nPlaced for {where}: {len(nodes)} node(s), {gpus} GPU(s)"
@@ -205,7 +211,12 @@ class _ProgressDisplay:
             p.console.print(f"done {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
                             f"run {data['point'].run}: "
                             f"{r.get('request_throughput', 0):.1f} req/s, "
-                            f"median TTFT {r.get('median_ttft_ms', float('nan')):.1f} ms", highlight=False)
+                            f"median TTFT {r.get('median_ttft_ms', float('nan')):.1f} ms"
+                            + (" [yellow](client-limited)[/]" if r.get("client_limited") else ""), highlight=False)
+        elif kind == "client_limited":
+            p.console.print(f"[yellow]client-limited[/] {escape(data['point'].serve.label)} / "
+                            f"{escape(data['point'].bench.label)} run {data['point'].run} with {data['clients']} "
+                            f"client(s) ({escape(str(data['reason']))}): again with {data['more']}", highlight=False)
         elif kind == "point_failed":
             p.console.print(f"[red]failed[/] {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
                             f"run {data['point'].run} "

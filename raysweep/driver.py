@@ -29,14 +29,16 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import placement, procs
-from raysweep.bench import CommandClient, result_record
+from raysweep import metrics, placement, procs
+from raysweep.bench import backend_for
+from raysweep.bench.command import CommandBench, result_record
 from raysweep.campaign import CampaignSpec
 from raysweep.errors import UserError
 from raysweep.files import write_json_atomic
 from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, Ledger, PointRow, ServerRow
 from raysweep.plan import Plan, PointRun, ServeConfig, build_plan, meaning
+from raysweep.results import write_samples
 from raysweep.server import ServerHost, expected_model, rank_argv
 
 __all__ = ["RunSummary", "check_placement", "driver_alive", "placement_lines", "embedded_temp_dir", "open_campaign", "ray_session", "run_campaign"]
@@ -284,18 +286,14 @@ class _ConfigRun:
     res: placement.Reservation | None = None
     abort: str | None = None         # set by the scheduler: stop now (node lost, interrupted)
     outcome: str = "running"
-    client: Any = None
-
-    def client_actor(self) -> Any:
-        if self.client is None:
-            self.client = CommandClient.remote()
-        return self.client
+    bench: Any = None                # the bench backend's client side (its actors stay warm between points)
+    helper: Any = None               # runs after_bench_cmd
 
     def drop_client(self) -> None:
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(self.client)
-        self.client = None
+        """Stop the client actors (a point was abandoned); the next point starts fresh ones."""
+        for b in (self.bench, self.helper):
+            if b is not None:
+                b.close()
 
 
 INTERRUPTED = "interrupted"
@@ -410,6 +408,7 @@ class Driver:
         slots = None if self.max_servers is None else max(0, self.max_servers - len(self._runs))
         for d, node_ids in placement.choose_starts(demands, free, slots):
             run = _ConfigRun(by_id[d.key], d.layout, node_ids)
+            run.bench = backend_for(self.c.bench, self.plan.spec.bench_env)
             run.thread = threading.Thread(target=self._config_main, args=(run,), name=f"config-{d.key}", daemon=True)
             self._runs[d.key] = run
             run.thread.start()
@@ -472,14 +471,16 @@ class Driver:
             reset = self._after_point(run, server)
 
     def _await(self, run: _ConfigRun, ref: Any, timeout_s: float, server: _Server | None = None) -> Any:
-        """Wait for a Ray call, checking every second whether the run was aborted and (with `server`)
-        every few seconds whether any of the server's ranks ended. Raises _Aborted, or returns
-        `("down", why)` for a server that went down, `("ok", value)` otherwise."""
+        """Wait for a Ray call (or a list of them), checking every second whether the run was aborted and
+        (with `server`) every few seconds whether any of the server's ranks ended. Raises _Aborted, or
+        returns `("down", why)` for a server that went down, `("ok", value(s))` otherwise."""
+        refs = ref if isinstance(ref, list) else [ref]
         deadline, next_check = time.monotonic() + timeout_s, time.monotonic() + 3
         while True:
-            done, _ = ray.wait([ref], timeout=1.0)
-            if done:
-                return "ok", ray.get(ref)
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+            if len(done) == len(refs):
+                values = ray.get(refs)
+                return "ok", values if isinstance(ref, list) else values[0]
             if run.abort:
                 raise _Aborted(run.abort)
             if server is not None and time.monotonic() >= next_check:
@@ -500,7 +501,7 @@ class Driver:
         hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(
             server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.log_dir)) for r in range(lay.nnodes)]
         server = _Server(server_id, hosts)
-        run.client_actor()  # its worker process starts while the server does
+        run.bench.warm()  # its worker process starts while the server does
         self.ledger.add_server(server_id, serve.id, shell_join(serve.display_argv()))
         t0 = time.monotonic()
         try:
@@ -586,7 +587,10 @@ class Driver:
         """Reset caches (or run after_bench_cmd); returns what the next point starts from."""
         try:
             if self.plan.spec.after_bench_argv:
-                _, out = self._await(run, run.client_actor().run_plain.remote(
+                if run.helper is None:
+                    run.helper = run.bench if isinstance(run.bench, CommandBench) else \
+                        CommandBench(self.plan.spec.bench_env, self.c.bench.timeout_s)
+                _, out = self._await(run, run.helper.run_plain(
                     self.plan.spec.after_bench_argv, self.plan.spec.bench_env, self.c.bench.timeout_s),
                     self.c.bench.timeout_s + 120)
                 return "after_bench_cmd" if out.get("ok") else f"after_bench_cmd failed: {out.get('error')}"
@@ -602,22 +606,64 @@ class Driver:
     def _warmup(self, run: _ConfigRun, server: _Server, point: PointRun) -> None:
         ok = False
         with contextlib.suppress(_Aborted, ray.exceptions.RayError):
-            status, out = self._await(run, run.client_actor().run.remote(
-                point.bench.argv, server.url, self.plan.spec.bench_env, self.c.bench.timeout_s, self.c.warmup),
-                self.c.bench.timeout_s + 120, server)
+            status, out = self._bench(run, server, point, num_prompts=self.c.warmup)
             ok = status == "ok" and bool(out.get("ok"))
             if not ok:
-                log.warning("warmup against server %s failed: %s", server.server_id, out)
+                log.warning("warmup against server %s failed: %s", server.server_id, out.get("error", out))
         self.emit("warmup_done", server_id=server.server_id, ok=ok)
+
+    def _bench(self, run: _ConfigRun, server: _Server, point: PointRun,
+               num_prompts: int | None = None, clients: int | None = None) -> tuple[str, Any]:
+        """One benchmark of a point through the backend, with the server's /metrics scraped meanwhile."""
+        try:
+            job = run.bench.submit(point.bench.argv, server.url, expected_model(run.serve.argv) or "",
+                                   num_prompts=num_prompts, clients=clients)
+        except Exception as exc:  # noqa: BLE001 - the point fails with the reason; the campaign goes on
+            log.warning("point %s could not be prepared", point.id, exc_info=True)
+            return "ok", {"ok": False, "error": f"the point could not be prepared: {exc}"}
+        scraper = metrics.Scraper(server.url, self.c.bench.metrics_interval_s).start()
+        try:
+            status, answers = self._await(run, job.refs, self.c.bench.timeout_s + 120, server)
+        finally:
+            scraper.stop()
+        if status != "ok":
+            return status, answers
+        out = run.bench.finish(job, answers)
+        res = out.get("result") if out.get("ok") else None
+        if res is not None:
+            end = res.get("end_time") or time.time()
+            start = res.get("start_time") or end - float(res.get("duration") or 0.0)
+            res.update(scraper.summary((start - 0.01, end + self.c.bench.metrics_interval_s)))
+            out["clients"] = job.clients
+        return status, out
+
+    def _bench_point(self, run: _ConfigRun, server: _Server, point: PointRun) -> tuple[str, Any]:
+        """A point's benchmark; while the client limits it (and that is allowed), again with twice the actors."""
+        clients, reruns = None, 0
+        while True:
+            status, out = self._bench(run, server, point, clients=clients)
+            res = out.get("result") if status == "ok" and out.get("ok") else None
+            if res is None or not res.get("client_limited"):
+                break
+            more = min(2 * out["clients"], self.c.bench.max_clients, int(res.get("num_prompts") or 1))
+            if not self.c.bench.rerun_client_limited or more <= out["clients"]:
+                break
+            log.warning("point %s is client-limited with %d client(s) (%s); running it again with %d",
+                        point.id, out["clients"], res.get("client_limited_reason"), more)
+            self.emit("client_limited", point=point, clients=out["clients"], more=more,
+                      reason=res.get("client_limited_reason"))
+            clients, reruns = more, reruns + 1
+            self._after_point(run, server)
+        if res is not None:
+            res["client_limited_reruns"] = reruns
+        return status, out
 
     def _run_point(self, run: _ConfigRun, server: _Server, point: PointRun, reset: str) -> bool:
         attempt = self.ledger.mark_running(point.id, server.server_id)
         self.emit("point_start", point=point, attempt=attempt, server_id=server.server_id)
         started = time.time()
         try:
-            status, out = self._await(run, run.client_actor().run.remote(
-                point.bench.argv, server.url, self.plan.spec.bench_env, self.c.bench.timeout_s),
-                self.c.bench.timeout_s + 120, server)
+            status, out = self._bench_point(run, server, point)
         except _Aborted as exc:
             run.drop_client()
             if str(exc) == INTERRUPTED:  # the point did not run, and the attempt does not count
@@ -638,6 +684,8 @@ class Driver:
         result = out.get("result") if out.get("ok") else None
         if result is not None and not result.get("completed"):
             error = f"no request completed ({result.get('failed', '?')} failed)"
+            if result.get("errors_sample"):
+                error += f": {result['errors_sample'][0]}"
         if why is not None:
             tail = server.log_tail()
             error = f"server died during the point ({why}); benchmark: {error or 'finished'}"
@@ -648,7 +696,12 @@ class Driver:
         else:
             tail = out.get("output_tail") or server.log_tail()
         if error is None and result is not None:
-            path = self.output_dir / "points" / point.serve.id / point.bench.id / f"run={point.run}.json"
+            base = self.output_dir / "points" / point.serve.id / point.bench.id
+            path = base / f"run={point.run}.json"
+            if out.get("samples") is not None:
+                samples = base / f"run={point.run}.samples.parquet"
+                write_samples(samples, out["samples"])
+                result["samples_path"] = str(samples.relative_to(self.output_dir))
             write_json_atomic(path, self._record(run, server, point, result, attempt, started, reset, out))
             self.ledger.mark_done(point.id, str(path.relative_to(self.output_dir)))
             self.emit("point_done", point=point, result=result)

@@ -211,6 +211,8 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
     lines = [f"Campaign {c.name}: {len(plan.serves)} server config(s) x {len(plan.benches)} bench point(s) "
              f"x {c.runs} run(s) = {len(plan.points)} run(s)"
              + (f" ({plan.skipped_pairs} pair(s) skipped by link)" if plan.skipped_pairs else "")]
+    lines.append("Bench backend: " + ("native (raysweep's streaming client in Ray actors, reading the options below)"
+                                      if c.bench.backend == "native" else "command (the command below, run as is)"))
     env = grid.mask_env(plan.spec.serve_env)
     if env:
         lines.append("Server environment: " + " ".join(f"{k}={v}" for k, v in env.items()))

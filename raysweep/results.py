@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.ledger import Ledger, PointState
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "load_records", "results_table", "write_results"]
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "load_records", "read_samples", "results_table", "write_results",
+           "write_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -93,3 +96,19 @@ def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet",
 
 def _empty_parquet() -> bytes:
     return pd.DataFrame({"point_id": pd.Series([], dtype=str)}).to_parquet(index=False)
+
+
+def write_samples(path: str | Path, samples: dict[str, Any]) -> Path:
+    """The raw per-request samples of a native point (times in s from the point's start; `chunks` holds each
+    request's chunk arrival offsets from its send) as a parquet file, written whole or not at all."""
+    cols = {k: v for k, v in samples.items() if k not in ("loop_lag", "start_late_s")}
+    table = pa.table({k: pa.array(v, type=pa.list_(pa.float64()) if k == "chunks" else None)
+                      for k, v in cols.items()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return write_bytes_atomic(path, sink.getvalue().to_pybytes())
+
+
+def read_samples(path: str | Path) -> dict[str, list[Any]]:
+    """Samples written by `write_samples`, as columns of Python values (the form `bench.stats` pools)."""
+    return pq.read_table(path).to_pydict()

@@ -21,7 +21,8 @@ def standin_campaign(path: Path, *, name: str = "t", server_args: str = "", benc
         "runs": 1,
         "serve": {"cmd": f"{PY} {STANDIN / 'server.py'} --model m {server_args}".strip(), "ready_timeout_s": 30,
                   "params": serve_params if serve_params is not None else {"grid": {"max_num_seqs": [8]}}},
-        "bench": {"cmd": f"{PY} {STANDIN / 'bench.py'} --model m --num-prompts 10 {bench_args}".strip(),
+        "bench": {"backend": "command",
+                  "cmd": f"{PY} {STANDIN / 'bench.py'} --model m --num-prompts 10 {bench_args}".strip(),
                   "params": bench_params if bench_params is not None else {"grid": {"random_input_len": [16, 32]}}},
     }
     for key, value in fields.items():
@@ -42,3 +43,16 @@ def run_file(campaign_file: Path, **kw: Any) -> tuple[Any, Path]:
     spec = load_campaign(campaign_file)
     out = Path(spec.campaign.output_dir or "")
     return run_campaign(spec, out, **kw), out
+
+
+def native_campaign(path: Path, *, name: str = "n", server_args: str = "", bench_args: str = "",
+                    bench_params: Any = None, **fields: Any) -> Path:
+    """A campaign file with the native client against the streaming stand-in server; returns its path."""
+    f = standin_campaign(path, name=name, bench_params=bench_params, **fields)
+    data = yaml.safe_load(f.read_text())
+    data["serve"]["cmd"] = f"{PY} {STANDIN / 'stream_server.py'} --model m {server_args}".strip()
+    data["bench"].update(backend="native", cmd=f"vllm bench serve --model m --num-prompts 10 {bench_args}".strip())
+    for key, value in fields.get("bench", {}).items():
+        data["bench"][key] = value
+    f.write_text(yaml.safe_dump(data))
+    return f

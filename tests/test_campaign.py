@@ -24,6 +24,7 @@ BASE: dict[str, Any] = {
         "params": {"grid": {"max_num_seqs": [4, 8]}},
     },
     "bench": {
+        "backend": "command",
         "cmd": "vllm bench serve --model facebook/opt-125m --dataset-name random",
         "params": [{"random_input_len": 16, "max_concurrency": 4}, {"random_input_len": 32, "max_concurrency": 8}],
     },
@@ -95,7 +96,7 @@ REFUSED = [
      ["serve.params.exclude[0].nope", "max_num_seqs"]),
     ("grid-unknown-key", _set("serve.params", {"gird": {"max_num_seqs": [4]}}), ["serve.params.gird", "grid"]),
     ("empty-cmd", _set("bench.cmd", "   "), ["bench.cmd", "non-empty"]),
-    ("bad-backend", _set("bench.backend", "native"), ["bench.backend", "command"]),
+    ("bad-backend", _set("bench.backend", "vllm"), ["bench.backend", "native", "command"]),
     ("link-no-pair", lambda d: (d.update(link={"max_num_seqs": "max_concurrency"}),
                                 d["bench"].update(params=[{"max_concurrency": 99}])),
      ["link", "nothing would run"]),
@@ -181,7 +182,7 @@ def test_defaults(tmp_path):
     d = {"name": "x", "serve": {"cmd": "vllm serve m"}, "bench": {"cmd": "vllm bench serve --model m"}}
     spec = load_campaign(write_campaign(tmp_path, d))
     c = spec.campaign
-    assert (c.runs, c.warmup, c.max_attempts, c.continue_on_error, c.bench.backend) == (3, 0, 2, True, "command")
+    assert (c.runs, c.warmup, c.max_attempts, c.continue_on_error, c.bench.backend) == (3, 0, 2, True, "native")
     assert spec.serve_combos == [{}] and spec.bench_combos == [{}]
     assert spec.serve_argv == ["vllm", "serve", "m"]
     assert spec.after_bench_argv is None

@@ -24,6 +24,7 @@ BASE: dict[str, Any] = {
         "params": {"grid": {"max_num_seqs": [4, 8], "max_num_batched_tokens": [256, 512]}},
     },
     "bench": {
+        "backend": "command",
         "cmd": "vllm bench serve --model facebook/opt-125m --dataset-name random",
         "params": {"grid": {"random_input_len": [16, 32, 64], "max_concurrency": [4]}},
     },

@@ -116,6 +116,15 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     for col in ("p50_e2el_ms", "p90_tpot_ms", "p95_itl_ms", "median_ttft_ms", "total_token_throughput"):
         assert col in df.columns
     assert set(df["cache_state_before"]) == {"reset"}  # the real server answered {"success": true}
+    # the native client: exact prompt lengths (token ids), and the server counted what was sent and received
+    assert set(df["bench_backend"]) == {"native"} and not df["client_limited"].any()
+    assert set(df["total_input_tokens"]) == {100 * 128, 100 * 256} and set(df["total_output_tokens"]) == {100 * 32, 100 * 64}
+    assert (df["server_prompt_tokens"] == df["total_input_tokens"]).all(), df[["server_prompt_tokens", "total_input_tokens"]]
+    assert (df["server_generation_tokens"] == df["total_output_tokens"]).all()
+    assert (df["server_num_requests_running_peak"] >= 1).all() and (df["server_num_requests_running_peak"] <= 16).all()
+    assert (df["server_kv_cache_usage_perc_peak"] > 0).all() and (df["server_kv_cache_usage_perc_peak"] <= 1).all()
+    assert (df["median_ttft_ms"] > 0).all() and (df["median_tpot_ms"] > 0).all()
+    assert all((out / p).is_file() for p in df["samples_path"])
     assert set(df["gpu_count"]) == {0} and set(df["tensor_parallel_size"]) == {1}
     assert (out / "results.parquet").is_file() and (out / "results.csv").is_file()
     logs = list((out / "logs").glob("server-*.log"))
@@ -144,7 +153,8 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
                              "--pipeline-parallel-size 2",
                       "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)},
                       "ready_timeout_s": 400},
-            "bench": {"cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 24 "
+            "bench": {"backend": "command",
+                      "cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 24 "
                              "--max-concurrency 4 --random-input-len 32 --random-output-len 16 --temperature 0",
                       "env": {MARK: str(tmp_path)}},
             "placement": {"node_labels": {"pool": "vllm-mn"}},

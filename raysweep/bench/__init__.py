@@ -1,5 +1,23 @@
-"""Benchmark clients. The `command` backend runs `vllm bench serve` inside a Ray client actor."""
+"""Benchmark clients.
 
-from raysweep.bench.command import CommandClient, bench_argv, result_record
+- `native` (the default): raysweep's own streaming client in warm Ray actors (`native`, with `options`,
+  `datasets`, `arrivals` and `stats`).
+- `command`: runs a benchmark command such as `vllm bench serve` in a Ray actor and reads its JSON (`command`).
 
-__all__ = ["CommandClient", "bench_argv", "result_record"]
+Both give the driver the same interface (`warm`, `submit`, `finish`, `close`); `backend_for` picks one.
+Submodules are imported on use, so the pure parts load without Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def backend_for(bench: Any, env: dict[str, str]) -> Any:
+    """The driver-side client of a campaign's `bench` section."""
+    if bench.backend == "native":
+        from raysweep.bench.native import NativeBench
+        return NativeBench(clients=bench.clients, max_clients=bench.max_clients, cpus=bench.client_cpus,
+                           timeout_s=bench.timeout_s)
+    from raysweep.bench.command import CommandBench
+    return CommandBench(env, bench.timeout_s)

@@ -7,12 +7,14 @@ the command's output; the driver writes the result file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import ray
 
 from raysweep import grid, procs
 
-__all__ = ["CommandClient", "PERCENTILE_METRICS", "METRIC_PERCENTILES", "bench_argv", "result_record"]
+__all__ = ["CommandBench", "CommandClient", "PERCENTILE_METRICS", "METRIC_PERCENTILES", "bench_argv", "result_record"]
 
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = ("50", "90", "95", "99")
@@ -84,6 +86,42 @@ class CommandClient:
 
     def run_plain(self, argv: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
         return _run(procs.resolve_executable(argv), env, timeout_s, cwd=None)
+
+
+@dataclass
+class _Job:
+    refs: list[Any]
+    clients: int = 1
+
+
+class CommandBench:
+    """The driver's side of the command backend: one client actor per server configuration."""
+
+    def __init__(self, env: dict[str, str], timeout_s: float) -> None:
+        self.env, self.timeout_s = env, timeout_s
+        self.actor: Any = None
+
+    def warm(self) -> None:
+        if self.actor is None:
+            self.actor = CommandClient.remote()
+
+    def submit(self, argv: list[str], base_url: str, model: str | None, num_prompts: int | None = None,
+               clients: int | None = None) -> _Job:
+        self.warm()
+        return _Job([self.actor.run.remote(argv, base_url, self.env, self.timeout_s, num_prompts)])
+
+    def finish(self, job: _Job, answers: list[dict[str, Any]]) -> dict[str, Any]:
+        return answers[0]
+
+    def run_plain(self, argv: list[str], env: dict[str, str], timeout_s: float) -> Any:
+        self.warm()
+        return self.actor.run_plain.remote(argv, env, timeout_s)
+
+    def close(self) -> None:
+        if self.actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self.actor)
+        self.actor = None
 
 
 def _run(argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None) -> dict[str, Any]:

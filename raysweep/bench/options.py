@@ -1,0 +1,258 @@
+"""The load options of the `native` backend, read from `vllm bench serve` flags.
+
+A campaign that runs `vllm bench serve` can switch to the native client without rewriting anything: the
+benchmark command (`bench.cmd` plus each point's parameters) is parsed with the same option names and
+defaults as `vllm bench serve`. Options the native client does not implement are refused at load time,
+naming the option and listing what is accepted; options that only shape vLLM's own output files are
+accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysweep.errors import CampaignError
+
+__all__ = ["DATASETS", "LoadOptions", "parse_load_options", "PROGRAM"]
+
+PROGRAM = ("vllm", "bench", "serve")
+DATASETS = ("random", "sharegpt", "custom", "jsonl", "prefix_repetition", "prefix")
+BACKENDS = {"openai": "/v1/completions", "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+# vLLM options that only shape vLLM's own output or console: accepted and ignored
+_IGNORED = ("save_result", "save_detailed", "append_result", "result_dir", "result_filename", "label",
+            "metadata", "disable_tqdm", "trust_remote_code", "ready_check_timeout_sec", "host", "port",
+            "base_url", "request_id_prefix", "no_oversample", "disable_shuffle", "skip_tokenizer_init",
+            "tokenizer_mode", "percentile_metrics")
+_FLAGS_IGNORED = {"save_result", "save_detailed", "append_result", "disable_tqdm", "trust_remote_code",
+                  "no_oversample", "disable_shuffle", "skip_tokenizer_init"}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """One benchmark point's load, as the native client runs it."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    tokenizer: str | None = None
+    backend: str = "openai"
+    endpoint: str | None = None
+    dataset_name: str = "random"
+    dataset_path: str | None = None
+    num_prompts: int = 1000
+    seed: int = 0
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0
+    random_prefix_len: int = 0
+    sharegpt_output_len: int | None = None
+    custom_output_len: int = 256
+    prefix_repetition_prefix_len: int = 256
+    prefix_repetition_suffix_len: int = 256
+    prefix_repetition_num_prefixes: int = 10
+    prefix_repetition_output_len: int = 128
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    ramp_up_strategy: str | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+    ignore_eos: bool = False
+    sampling: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    metric_percentiles: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
+    goodput: dict[str, float] = field(default_factory=dict)
+    vocab_size: int | None = None
+    clients: int | None = None
+
+    @property
+    def path(self) -> str:
+        return self.endpoint or BACKENDS[self.backend]
+
+    @property
+    def chat(self) -> bool:
+        return self.path.rstrip("/").endswith("chat/completions")
+
+    @property
+    def served_name(self) -> str | None:
+        return self.served_model_name or self.model
+
+    def with_prompts(self, n: int) -> LoadOptions:
+        from dataclasses import replace
+        return replace(self, num_prompts=n)
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # never exit: the caller names the field
+        raise _Refused(message)
+
+
+def _opt(p: argparse.ArgumentParser, name: str, **kw: Any) -> None:
+    flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
+    p.add_argument(*flags, dest=name, **kw)
+
+
+def _build_parser() -> _Parser:
+    p = _Parser(prog="vllm bench serve (native)", add_help=False, allow_abbrev=False)
+    for name in ("model", "served_model_name", "tokenizer", "endpoint", "dataset_path", "ramp_up_strategy",
+                 "extra_body", "metric_percentiles"):
+        _opt(p, name)
+    _opt(p, "backend", choices=sorted(BACKENDS))
+    _opt(p, "dataset_name", choices=DATASETS)
+    for name in ("num_prompts", "seed", "random_input_len", "random_output_len", "random_prefix_len",
+                 "sharegpt_output_len", "custom_output_len", "prefix_repetition_prefix_len",
+                 "prefix_repetition_suffix_len", "prefix_repetition_num_prefixes", "prefix_repetition_output_len",
+                 "max_concurrency", "input_len", "output_len", "vocab_size", "clients", "top_k", "max_tokens"):
+        _opt(p, name, type=int)
+    for name in ("request_rate", "burstiness", "ramp_up_start_rps", "ramp_up_end_rps", "temperature", "top_p",
+                 "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+        _opt(p, name, type=float)
+    _opt(p, "random_range_ratio")
+    _opt(p, "ignore_eos", action="store_true")
+    _opt(p, "header", action="append", default=[])
+    _opt(p, "goodput", nargs="+", default=[])
+    for name in _IGNORED:
+        if name in _FLAGS_IGNORED:
+            _opt(p, name, action="store_true")
+        elif name == "metadata":
+            _opt(p, name, nargs="+", default=[])
+        else:
+            _opt(p, name)
+    return p
+
+
+_PARSER = _build_parser()
+
+
+def accepted_options() -> list[str]:
+    return sorted(o for a in _PARSER._actions for o in a.option_strings if "_" not in o)
+
+
+def parse_load_options(argv: list[str], fld: str = "bench.cmd") -> LoadOptions:
+    """Parse a `vllm bench serve ...` command line (program tokens optional) into LoadOptions."""
+    args_list = list(argv)
+    if args_list and not args_list[0].startswith("-"):
+        prog = []
+        while args_list and not args_list[0].startswith("-"):
+            prog.append(args_list.pop(0))
+        if tuple(prog) != PROGRAM:
+            raise CampaignError(fld, f"the native backend reads `vllm bench serve` options, but the command starts "
+                                     f"with {' '.join(prog)!r}; write `vllm bench serve --model ...` (or only the "
+                                     f"options), or set bench.backend: command to run another program")
+    try:
+        ns = _PARSER.parse_args(args_list)
+    except _Refused as exc:
+        msg = str(exc)
+        if "unrecognized arguments" in msg:
+            msg += ("; the native backend accepts: " + " ".join(accepted_options())
+                    + " (or set bench.backend: command to run `vllm bench serve` itself)")
+        raise CampaignError(fld, msg) from None
+    return _to_options(vars(ns), fld)
+
+
+def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
+    def bad(option: str, what: str) -> CampaignError:
+        return CampaignError(fld, f"--{option.replace('_', '-')} {what}")
+
+    kw: dict[str, Any] = {}
+    for name in ("model", "served_model_name", "tokenizer", "endpoint", "dataset_path", "backend", "dataset_name",
+                 "num_prompts", "seed", "random_input_len", "random_output_len", "random_prefix_len",
+                 "sharegpt_output_len", "custom_output_len", "prefix_repetition_prefix_len",
+                 "prefix_repetition_suffix_len", "prefix_repetition_num_prefixes", "prefix_repetition_output_len",
+                 "max_concurrency", "request_rate", "burstiness", "ramp_up_strategy", "ramp_up_start_rps",
+                 "ramp_up_end_rps", "vocab_size", "clients"):
+        if a.get(name) is not None:
+            kw[name] = a[name]
+    if a.get("input_len") is not None:
+        kw["random_input_len"] = a["input_len"]
+    if a.get("output_len") is not None:
+        for k in ("random_output_len", "sharegpt_output_len", "custom_output_len", "prefix_repetition_output_len"):
+            kw[k] = a["output_len"]
+    if a.get("max_tokens") is not None:
+        kw["random_output_len"] = a["max_tokens"]
+    for name in ("num_prompts", "random_input_len", "prefix_repetition_num_prefixes", "clients", "max_concurrency",
+                 "vocab_size"):
+        if name in kw and kw[name] < 1:
+            raise bad(name, f"must be at least 1, got {kw[name]}")
+    for name in ("random_output_len", "random_prefix_len", "prefix_repetition_prefix_len",
+                 "prefix_repetition_suffix_len", "prefix_repetition_output_len", "seed"):
+        if name in kw and kw[name] < 0:
+            raise bad(name, f"must be 0 or more, got {kw[name]}")
+    if "request_rate" in kw and not kw["request_rate"] > 0:
+        raise bad("request_rate", f"must be a positive number of requests per second or inf, got {kw['request_rate']}")
+    if "burstiness" in kw and not kw["burstiness"] > 0:
+        raise bad("burstiness", f"must be positive (1 = Poisson, <1 burstier, >1 steadier), got {kw['burstiness']}")
+    if a.get("random_range_ratio") is not None:
+        try:
+            r = float(a["random_range_ratio"])
+        except ValueError:
+            raise bad("random_range_ratio", f"must be a number in [0, 1), got {a['random_range_ratio']!r}") from None
+        if not 0 <= r < 1:
+            raise bad("random_range_ratio", f"must be in [0, 1), got {r}")
+        kw["random_range_ratio"] = r
+    ramp = kw.get("ramp_up_strategy")
+    if ramp is not None:
+        if ramp not in ("linear", "exponential"):
+            raise bad("ramp_up_strategy", f"accepts linear or exponential, got {ramp!r}")
+        if "request_rate" in kw:
+            raise bad("ramp_up_strategy", "and --request-rate exclude each other (as in vllm bench serve)")
+        s, e = kw.get("ramp_up_start_rps"), kw.get("ramp_up_end_rps")
+        if s is None or e is None or s < 0 or e <= 0 or (ramp == "exponential" and s <= 0):
+            raise bad("ramp_up_strategy", "needs --ramp-up-start-rps and --ramp-up-end-rps (positive; the start "
+                                          "may be 0 for linear)")
+    if a.get("metric_percentiles"):
+        try:
+            pcts = tuple(sorted({float(x) for x in str(a["metric_percentiles"]).split(",") if x.strip()}))
+        except ValueError:
+            raise bad("metric_percentiles", f"must be comma-separated numbers, got {a['metric_percentiles']!r}") from None
+        if not pcts or not all(0 < p <= 100 for p in pcts):
+            raise bad("metric_percentiles", f"must be numbers in (0, 100], got {a['metric_percentiles']!r}")
+        kw["metric_percentiles"] = tuple(sorted(set(pcts) | {50.0, 90.0, 95.0, 99.0}))
+    goodput = {}
+    for item in a.get("goodput") or []:
+        key, sep, value = item.partition(":")
+        if not sep or key not in GOODPUT_METRICS:
+            raise bad("goodput", f"takes KEY:VALUE pairs with KEY in {', '.join(GOODPUT_METRICS)} (ms), got {item!r}")
+        try:
+            goodput[key] = float(value)
+        except ValueError:
+            raise bad("goodput", f"value of {key} must be a number of milliseconds, got {value!r}") from None
+        if goodput[key] < 0:
+            raise bad("goodput", f"value of {key} must be 0 or more, got {value!r}")
+    kw["goodput"] = goodput
+    sampling = {k: a[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                  "frequency_penalty", "presence_penalty") if a.get(k) is not None}
+    kw["sampling"] = sampling
+    if a.get("extra_body"):
+        try:
+            body = json.loads(a["extra_body"])
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise bad("extra_body", f"must be a JSON object, got {a['extra_body']!r}")
+        kw["extra_body"] = body
+    headers = {}
+    for item in a.get("header") or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise bad("header", f"takes KEY=VALUE, got {item!r}")
+        headers[k] = v
+    kw["headers"] = headers
+    name = kw.get("dataset_name", "random")
+    if name == "prefix":
+        kw["dataset_name"] = name = "prefix_repetition"
+    kw["ignore_eos"] = bool(a.get("ignore_eos")) or name in ("random", "prefix_repetition")
+    if name in ("sharegpt", "custom", "jsonl") and not kw.get("dataset_path"):
+        raise bad("dataset_path", f"is required by --dataset-name {name}"
+                  + (" (a .jsonl file, or FILE.py:FUNCTION for a Python hook)" if name == "custom" else ""))
+    return LoadOptions(**kw)

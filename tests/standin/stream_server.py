@@ -1,0 +1,164 @@
+"""A streaming stand-in for `vllm serve` with known, fixed delays, on a bare asyncio protocol.
+
+`/v1/completions` and `/v1/chat/completions` stream `max_tokens` chunks (one token each) as vLLM does:
+the first after --ttft-delay, the next ones --itl-delay apart, then a usage chunk and `[DONE]`. With no
+delays it is the zero-work stub of the client capacity benchmark. `/metrics` counts tokens and requests
+in flight like vLLM's Prometheus endpoint; `/health`, `/v1/models` and the cache resets answer as vLLM's.
+`/timings` gives the server's own clock for every streamed request (from the arrival of its bytes to each
+chunk written), the truth the client's measurements are checked against.
+
+HTTP/1.1 with keep-alive and chunked streaming, written by hand so that nothing but the socket sits
+between the request's arrival and the server's clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import time
+
+REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--model", dest="model_opt")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--ttft-delay", type=float, default=0.0)
+    ap.add_argument("--itl-delay", type=float, default=0.0)
+    ap.add_argument("--fail-every", type=int, default=0, help="answer HTTP 500 to every Nth request")
+    ap.add_argument("--reuse-port", action="store_true", help="let several of these processes share the port")
+    args, _ = ap.parse_known_args()
+    model = args.model_opt or args.model or "standin"
+    state = {"running": 0, "prompt": 0, "generation": 0, "requests": 0}
+    timings: list[dict] = []
+
+    def metrics_text() -> str:
+        lab = f'{{engine="0",model_name="{model}"}}'
+        return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{lab} {state['running']}\n"
+                f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{lab} 0\n"
+                f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{lab} {min(1.0, state['running'] / 64)}\n"
+                f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{lab} {state['prompt']}\n"
+                f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{lab} {state['generation']}\n"
+                f"# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{lab} 0\n")
+
+    class Conn(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.t = transport
+            self.buf = b""
+            self.arrived = 0.0
+            self.busy = False
+            transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def data_received(self, data: bytes) -> None:
+            if not self.buf:
+                self.arrived = time.perf_counter()
+            self.buf += data
+            self._next()
+
+        def _next(self) -> None:
+            if self.busy:
+                return
+            head, sep, rest = self.buf.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            length = 0
+            for line in lines[1:]:
+                k, _, v = line.partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v.strip())
+            if len(rest) < length:
+                return
+            body, self.buf = rest[:length], rest[length:]
+            arrived, self.arrived = self.arrived, time.perf_counter()
+            self.busy = True
+            asyncio.get_running_loop().create_task(self._handle(method, path, body, arrived))
+
+        def _reply(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.t.write(f"HTTP/1.1 {code} {REASONS.get(code, 'OK')}\r\nContent-Type: {ctype}\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+        async def _handle(self, method: str, path: str, body: bytes, arrived: float) -> None:
+            try:
+                if method == "GET" and path == "/health":
+                    self._reply(200, b"")
+                elif method == "GET" and path == "/v1/models":
+                    self._reply(200, json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode())
+                elif method == "GET" and path == "/metrics":
+                    self._reply(200, metrics_text().encode(), "text/plain")
+                elif method == "GET" and path == "/timings":
+                    self._reply(200, json.dumps(timings).encode())
+                elif method == "POST" and path.startswith(("/reset_prefix_cache", "/reset_mm_cache",
+                                                           "/reset_encoder_cache")):
+                    self._reply(200, b'{"success": true}')
+                elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+                    await self._stream(json.loads(body), arrived)
+                else:
+                    self._reply(404, b'{"detail": "not found"}')
+            finally:
+                self.busy = False
+                if self.buf:
+                    self._next()
+
+        async def _stream(self, body: dict, arrived: float) -> None:
+            state["requests"] += 1
+            if args.fail_every and state["requests"] % args.fail_every == 0:
+                self._reply(500, b'{"error": "failing on purpose"}')
+                return
+            chat = "messages" in body
+            prompt = body["messages"][-1]["content"] if chat else body.get("prompt")
+            n_in = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+            n_out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+            data = (b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n' if chat
+                    else b'data: {"choices":[{"index":0,"text":"x"}]}\n\n')
+            chunk = b"%x\r\n%s\r\n" % (len(data), data)
+            usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+            tail_data = b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n"
+            tail = b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail_data), tail_data)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            state["running"] += 1
+            state["prompt"] += n_in
+            try:
+                if args.ttft_delay == 0 and args.itl_delay == 0:  # zero work: everything in one write
+                    self.t.write(head + chunk * n_out + tail)
+                    return
+                self.t.write(head)
+                marks = []
+                await asyncio.sleep(args.ttft_delay)
+                for i in range(n_out):
+                    if i:
+                        await asyncio.sleep(args.itl_delay)
+                    self.t.write(chunk)
+                    marks.append(time.perf_counter())
+                self.t.write(tail)
+                timings.append({"ttft": marks[0] - arrived, "itls": [b - a for a, b in zip(marks, marks[1:])],
+                                "e2el": time.perf_counter() - arrived})
+            finally:
+                state["running"] -= 1
+                state["generation"] += n_out
+
+    async def serve() -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if args.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((args.host, args.port))
+        server = await asyncio.get_running_loop().create_server(Conn, sock=sock, backlog=4096)
+        print(f"standin: listening on {args.host}:{args.port}", flush=True)
+        await server.serve_forever()
+
+    try:
+        import uvloop
+        uvloop.run(serve())
+    except ImportError:
+        asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

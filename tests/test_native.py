@@ -1,0 +1,138 @@
+"""The native client on Ray against the streaming stand-in server: timing accuracy against the server's
+own clock, several actors pooled, the client-bottleneck guard, and whole campaigns through the driver
+(server metrics, raw samples, reruns of client-limited points, failed requests)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import urllib.request
+
+import numpy as np
+import pytest
+
+from helpers import PY, STANDIN, native_campaign, run_file
+from raysweep import procs
+from raysweep.results import read_samples, results_table
+
+pytestmark = pytest.mark.ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def stream_server(request):
+    """A streaming stand-in on a free port, with the flags the test passes through `request.param`."""
+    port = _free_port()
+    proc = subprocess.Popen([PY, str(STANDIN / "stream_server.py"), "--model", "m", "--port", str(port),
+                             *getattr(request, "param", [])], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return urllib.request.urlopen(url + "/health", timeout=1).status == 200
+        except OSError:
+            return False
+
+    assert procs.wait_for(up, 20, 0.05)
+    yield url
+    proc.kill()
+    proc.wait()
+
+
+def _run(nb, argv, url):
+    import ray
+
+    job = nb.submit(["vllm", "bench", "serve", "--model", "m", *argv], url, "m")
+    return nb.finish(job, ray.get(job.refs, timeout=120))
+
+
+@pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.03", "--itl-delay", "0.01"]], indirect=True)
+def test_timings_match_the_servers_clock_and_actors_pool(gpu_cluster, stream_server):
+    """The server times each request from the arrival of its bytes to each chunk written; the client's
+    medians agree within 1 ms (TTFT, ITL) and 1.5 ms (E2EL: six wake-ups of an idle client on a shared VM)."""
+    from raysweep.bench.native import NativeBench
+
+    nb = NativeBench(cpus=0.5)
+    try:
+        out = _run(nb, ["--num-prompts", "60", "--max-concurrency", "4", "--random-input-len", "12",
+                        "--random-output-len", "6", "--clients", "1"], stream_server)
+        pooled = _run(nb, ["--num-prompts", "30", "--max-concurrency", "6", "--random-input-len", "12",
+                           "--random-output-len", "6", "--clients", "2"], stream_server)
+    finally:
+        nb.close()
+    r = out["result"]
+    truth = json.loads(urllib.request.urlopen(stream_server + "/timings").read())[:60]
+    assert r["completed"] == 60 and r["failed"] == 0 and r["num_clients"] == 1
+    assert r["total_input_tokens"] == 60 * 12 and r["total_output_tokens"] == 60 * 6
+    server_ttft = 1000 * np.median([t["ttft"] for t in truth])
+    server_itl = 1000 * np.median([x for t in truth for x in t["itls"]])
+    server_e2el = 1000 * np.median([t["e2el"] for t in truth])
+    seen = {k: (r[f"median_{k}_ms"], v) for k, v in (("ttft", server_ttft), ("itl", server_itl), ("e2el", server_e2el))}
+    assert abs(seen["ttft"][0] - seen["ttft"][1]) < 1.0 and abs(seen["itl"][0] - seen["itl"][1]) < 1.0, seen
+    assert abs(seen["e2el"][0] - seen["e2el"][1]) < 1.5, seen
+    assert r["max_concurrent_requests"] == 4 and not r["client_limited"]
+    p, s = pooled["result"], pooled["samples"]
+    assert p["completed"] == 30 and p["num_clients"] == 2 and p["max_concurrent_requests"] == 6
+    assert sorted(s["index"]) == list(range(30)) and set(s["actor"]) == {0, 1}
+
+
+def test_guard_fires_when_one_actor_is_asked_for_more_than_it_can_send(gpu_cluster, stream_server):
+    from raysweep.bench.native import NativeBench
+
+    nb = NativeBench(cpus=0.5)
+    try:
+        r = _run(nb, ["--num-prompts", "3000", "--request-rate", "30000", "--random-input-len", "4",
+                      "--random-output-len", "1", "--clients", "1"], stream_server)["result"]
+        calm = _run(nb, ["--num-prompts", "40", "--request-rate", "100", "--random-input-len", "4",
+                         "--random-output-len", "1", "--clients", "1"], stream_server)["result"]
+    finally:
+        nb.close()
+    assert r["client_limited"] and r["achieved_request_rate"] < 0.95 * 30000, r["client_limited_reason"]
+    assert not calm["client_limited"] and calm["achieved_request_rate"] == pytest.approx(100, rel=0.05)
+
+
+def test_native_campaign_records_server_metrics_and_raw_samples(gpu_cluster, tmp_path):
+    f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005", warmup=5,
+                        bench_args="--random-output-len 8 --max-concurrency 4 --num-prompts 30",
+                        bench_params={"grid": {"random_input_len": [16, 32]}},
+                        bench={"client_cpus": 0.5, "metrics_interval_s": 0.1})
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 2, summary.failures
+    df = results_table(out)
+    assert set(df["bench_backend"]) == {"native"} and set(df["completed"]) == {30}
+    assert (df["server_prompt_tokens"] == df["total_input_tokens"]).all()
+    assert (df["server_generation_tokens"] == df["total_output_tokens"]).all()
+    assert sorted(df["total_input_tokens"]) == [30 * 16, 30 * 32]
+    assert (df["server_num_requests_running_peak"] <= 4).all() and (df["server_num_requests_running_peak"] >= 1).all()
+    assert (df["client_limited"] == False).all() and (df["client_limited_reruns"] == 0).all()  # noqa: E712
+    assert set(df["cache_state_before"]) == {"reset"}
+    for path in df["samples_path"]:
+        s = read_samples(out / path)
+        assert len(s["sent"]) == 30 and all(len(c) == 8 for c in s["chunks"])
+
+
+def test_client_limited_point_runs_again_with_more_actors(gpu_cluster, tmp_path):
+    f = native_campaign(tmp_path, bench_args="--random-output-len 1 --random-input-len 4 --num-prompts 3000",
+                        bench_params=[{"request_rate": 30000}],
+                        bench={"client_cpus": 0.5, "clients": 1, "max_clients": 2})
+    events = []
+    summary, out = run_file(f, on_event=lambda kind, **d: events.append((kind, d)))
+    assert summary.counts["done"] == 1, summary.failures
+    row = results_table(out).iloc[0]
+    assert row["client_limited_reruns"] == 1 and row["num_clients"] == 2 and row["completed"] == 3000
+    assert [d["more"] for k, d in events if k == "client_limited"] == [2]
+
+
+def test_failed_requests_are_counted_not_fatal(gpu_cluster, tmp_path):
+    f = native_campaign(tmp_path, server_args="--fail-every 5", bench_args="--num-prompts 20 --max-concurrency 2",
+                        bench_params=[{"random_input_len": 8}], bench={"client_cpus": 0.5})
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 1, summary.failures
+    row = results_table(out).iloc[0]
+    assert row["completed"] == 16 and row["failed"] == 4 and "HTTP 500" in row["errors_sample"]
