@@ -1,0 +1,159 @@
+"""The SLA search and judges on synthetic response curves (pure: no Ray, no server)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from raysweep.errors import CampaignError
+from raysweep.sla import (INFINITE, Target, Threshold, Verdict, judge_attainment, judge_percentile, parse_targets,
+                          search, wilson)
+
+
+def test_targets_use_vllms_expressions():
+    t1, t2 = parse_targets([{"p99_e2el_ms": "<=200"}, {"p99_e2el_ms": "< 500", "output_throughput": ">=1e3"}])
+    assert t1.thresholds == (Threshold("p99_e2el_ms", "<=", 200.0),)
+    assert t2.label == "p99_e2el_ms<500 & output_throughput>=1000"
+
+
+@pytest.mark.parametrize("raw, where, words", [
+    ([{"p99_latency": "<=5"}], "sla.targets[0].p99_latency", "not a metric"),
+    ([{"p99_e2el_ms": "=5"}], "sla.targets[0].p99_e2el_ms", "<=, <, >=, >"),
+    ([{"p99_e2el_ms": 200}], "sla.targets[0].p99_e2el_ms", "quote it"),
+    ([], "sla.targets", "non-empty list"),
+    ([{"p50_ttft_ms": "<=1"}, "x"], "sla.targets[1]", "mapping"),
+])
+def test_bad_targets_name_the_target_and_metric(raw, where, words):
+    with pytest.raises(CampaignError) as e:
+        parse_targets(raw)
+    assert e.value.field == where and words in str(e.value)
+
+
+def test_percentile_judge():
+    t = Target((Threshold("p99_e2el_ms", "<=", 200), Threshold("request_throughput", ">", 5)))
+    assert judge_percentile({"p99_e2el_ms": 150.0, "request_throughput": 6.0}, t) is Verdict.PASS
+    assert judge_percentile({"p99_e2el_ms": 250.0, "request_throughput": 6.0}, t) is Verdict.FAIL
+    assert judge_percentile({"p99_e2el_ms": 150.0, "request_throughput": 5.0}, t) is Verdict.FAIL
+    assert judge_percentile({"request_throughput": 6.0}, t) is Verdict.UNRESOLVED
+
+
+def test_wilson_interval():
+    lo, hi = wilson(99, 100)
+    assert lo == pytest.approx(0.9455, abs=1e-3) and hi == pytest.approx(0.9983, abs=1e-3)
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_attainment_judge_says_unresolved_when_the_interval_straddles_the_level():
+    t = Target((Threshold("p99_e2el_ms", "<=", 100),))
+
+    def reqs(n, good):
+        e2el = np.where(np.arange(n) < good, 50.0, 150.0)
+        return {"ok": np.ones(n, bool), "e2el": e2el, "ttft": e2el, "tpot": e2el, "itl": e2el}
+
+    assert judge_attainment(reqs(2000, 2000), {}, t)[0] is Verdict.PASS
+    assert judge_attainment(reqs(2000, 1900), {}, t)[0] is Verdict.FAIL       # 95 %, clearly under 99 %
+    v, frac, (lo, hi) = judge_attainment(reqs(100, 99), {}, t)
+    assert v is Verdict.UNRESOLVED and frac == 0.99 and lo < 0.99 < hi
+    failed = reqs(2000, 2000)
+    failed["ok"][:100] = False                                              # failed requests meet nothing
+    assert judge_attainment(failed, {}, t)[0] is Verdict.FAIL
+
+
+def curve(capacity: float, calls: list[float] | None = None, noise: dict[float, Verdict] | None = None):
+    """A monotone response: the targets hold up to `capacity` (infinite load always fails)."""
+    def evaluate(v: float) -> Verdict:
+        if calls is not None:
+            calls.append(v)
+        if noise and v in noise:
+            return noise[v]
+        return Verdict.PASS if v <= capacity else Verdict.FAIL
+    return evaluate
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 7, 32, 50, 63, 64, 1000, 4097])
+def test_known_boundary_within_doubling_plus_bisection_probes(capacity):
+    calls: list[float] = []
+    out = search(curve(capacity, calls), start=1, max_value=65536, precision=0.0)
+    assert out.state == "found" and out.largest_pass == capacity and out.smallest_fail == capacity + 1
+    doubling = math.ceil(math.log2(capacity + 1)) + 1
+    assert len(calls) == len(set(calls)) <= 1 + doubling + math.ceil(math.log2(capacity + 1)) + 1
+
+
+def test_capacity_estimate_saves_probes_and_keeps_the_answer():
+    plain, hinted = [], []
+    a = search(curve(900, plain), precision=0.05)
+    b = search(curve(900, hinted), precision=0.05, estimate=lambda: 1000.0)
+    assert a.largest_pass <= 900 < a.smallest_fail and b.largest_pass <= 900 < b.smallest_fail
+    assert (b.smallest_fail - b.largest_pass) <= 0.05 * b.smallest_fail
+    assert len(hinted) < len(plain)
+    high = []   # an estimate far above the boundary: the first probe fails and the search halves back down
+    c = search(curve(10, high), precision=0.0, estimate=lambda: 5000.0)
+    assert (c.largest_pass, c.smallest_fail) == (10, 11)
+
+
+def test_relative_precision_for_a_rate():
+    out = search(curve(37.3), start=0.5, integer=False, precision=0.02)
+    assert out.largest_pass <= 37.3 < out.smallest_fail and out.smallest_fail - out.largest_pass <= 0.02 * out.smallest_fail
+
+
+def test_states_never_met_above_max_and_unbounded():
+    assert search(curve(0.5), start=1).state == "never met"
+    out = search(curve(10**9), max_value=1024)
+    assert out.state == "above max" and out.largest_pass == 1024 and out.probes == [INFINITE, *[2.0**k for k in range(11)]]
+    assert search(lambda v: Verdict.PASS).state == "above max"  # holds even at unbounded load
+
+
+def test_noise_larger_than_the_step_is_unresolved():
+    out = search(curve(20, noise={24: Verdict.UNRESOLVED}), precision=0.0)
+    assert out.state == "unresolved" and out.largest_pass == 16 and out.smallest_fail == 32
+
+
+def test_inversion_is_rechecked_once():
+    known = {5.0: Verdict.FAIL}   # another target's probe at 5 failed for this target's thresholds too
+    rechecked = []
+    out = search(curve(12), precision=0.0, known=lambda: known,
+                 recheck=lambda v: rechecked.append(v) or Verdict.PASS)
+    assert out.state == "found" and rechecked == [5.0] and "not monotone" in out.notes[0]
+    still = search(curve(12), precision=0.0, known=lambda: known, recheck=lambda v: Verdict.FAIL)
+    assert still.state == "unresolved"
+
+
+def test_targets_share_probes():
+    """Two targets on one curve (e2el grows with load): the second reuses the first one's probes."""
+    e2el = {}
+
+    def run(v: float) -> float:
+        e2el.setdefault(v, 10.0 * v if math.isfinite(v) else math.inf)
+        return e2el[v]
+
+    def judge(limit: float):
+        return lambda v: Verdict.PASS if run(v) <= limit else Verdict.FAIL
+
+    first = search(judge(400), precision=0.0)
+    second = search(judge(450), precision=0.0, known=lambda: {v: judge(450)(v) for v in e2el})
+    assert (first.largest_pass, second.largest_pass) == (40, 45)
+    separate_runs = len(first.probes) + len(search(judge(450), precision=0.0).probes)
+    assert len(e2el) < separate_runs
+
+
+def test_resume_replays_from_recorded_probes():
+    """A search stopped halfway resumes: recorded probes are looked up, only the rest are run."""
+    ledger: dict[float, Verdict] = {}
+    runs: list[float] = []
+
+    def evaluate(v: float) -> Verdict:
+        if v not in ledger:
+            runs.append(v)
+            ledger[v] = curve(300)(v)
+        return ledger[v]
+
+    full = search(evaluate, precision=0.0)
+    done = list(runs)
+    for v in done[len(done) // 2:]:
+        del ledger[v]        # the driver died after half the probes
+    runs.clear()
+    again = search(evaluate, precision=0.0)
+    assert (again.largest_pass, again.smallest_fail) == (full.largest_pass, full.smallest_fail) == (300, 301)
+    assert runs == done[len(done) // 2:]
