@@ -1,0 +1,84 @@
+"""NCCL log parsing and transport verdicts, on real NCCL lines of several versions and made variants."""
+
+from __future__ import annotations
+
+import pytest
+
+from raysweep.transport import classify, meets, parse_nccl
+
+REAL = {
+    "ib_gdr_old_busid": "10-90-43-152:120890:121560 [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/5/GDRDMA",
+    "ibext_gdr": "VM-17-82-centos:11980:12549 [2] NCCL INFO Channel 03/0 : 2[2] -> 10[2] [send] via NET/IBext/2/GDRDMA",
+    "ibext_no_gdr": "hostname-test:987:1260 [7] NCCL INFO Channel 03/0 : 47[7] -> 39[7] [receive] via NET/IBext_v8/2",
+    "socket_ray": "(EngineCore_DP0 pid=742) (RayWorkerWrapper pid=927) corona:927:927 [0] NCCL INFO Channel 00/0 : "
+                  "0[0] -> 1[0] [send] via NET/Socket/0 comm 0x2083dd50 nRanks 02",
+    "socket_shared": "VM-16-64-ubuntu:28471:28471 [0] NCCL INFO Channel 01/1 : 0[0] -> 1[1] [send] via NET/Socket/0/Shared",
+    "p2p_cumem": "ip-172-31-3-153:35113:35488 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+    "p2p_ipc_ray": "(RayWorkerWrapper pid=581, ip=10.225.128.18) k8s17:581:581 [0] NCCL INFO Channel 00/0 : "
+                   "16[17000] -> 18[21000] via P2P/IPC comm 0x5609976f9470 nRanks 32",
+    "shm_ansi": "\x1b[36m(RayWorkerVllm pid=4095)\x1b[0m mwh-0:4095:4484 [1] NCCL INFO Channel 00 : 1[1] -> 2[2] "
+                "via SHM/direct/direct",
+    "socket_using": "3837134f4773:4529:4529 [3] NCCL INFO NET/Socket : Using [0]eth0:172.17.0.3<0>",
+    "network_socket": "3837134f4773:4529:4529 [3] NCCL INFO Using network Socket",
+    "no_ib": "[pod-name]:5310:5433 [7] NCCL INFO NET/IB : No device found. [repeated 12x across cluster]",
+    "rings_gdr0": "llama-3-8b-node-0-0:152:510 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 0",
+}
+MADE = {
+    "ib_devices": "n1:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB ib0:10.0.0.1<0>",
+    "network_ib": "n1:1:1 [0] NCCL INFO Using network IB",
+    "pxn_pci": "n1:1:1 [3] NCCL INFO Channel 02/1 : 3[3] -> 11[3] [send] via NET/IB/1(1)/GDRDMA(PCI)/Shared",
+    "plugin_spaces": "n1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/AWS Libfabric/0/GDRDMA",
+    "shm_230": "n1:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct",
+    "timestamped": "[2026-01-02 03:04:05] n1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/direct pointer/read",
+    "version": "n1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
+    "old_ring": "n1:1:1 [0] NCCL INFO Ring 00 : 1 -> 0 [receive] via NET/Socket/0",
+}
+
+
+@pytest.mark.parametrize("key, transport, plugin, gdr", [
+    ("ib_gdr_old_busid", "NET", "IB", True), ("ibext_gdr", "NET", "IBext", True),
+    ("ibext_no_gdr", "NET", "IBext_v8", False), ("socket_ray", "NET", "Socket", False),
+    ("socket_shared", "NET", "Socket", False), ("p2p_cumem", "P2P", "", False), ("p2p_ipc_ray", "P2P", "", False),
+    ("shm_ansi", "SHM", "", False), ("pxn_pci", "NET", "IB", True), ("plugin_spaces", "NET", "AWS Libfabric", True),
+    ("shm_230", "SHM", "", False), ("timestamped", "P2P", "", False), ("old_ring", "NET", "Socket", False),
+])
+def test_every_channel_line_form_is_read(key, transport, plugin, gdr):
+    rep = parse_nccl([{**REAL, **MADE}[key]])
+    assert len(rep.links) == 1
+    link = rep.links[0]
+    assert (link.transport, link.plugin, link.gdr) == (transport, plugin, gdr)
+
+
+def test_ray_prefixes_and_ansi_are_stripped_from_the_evidence():
+    rep = parse_nccl([REAL["shm_ansi"], REAL["socket_ray"], REAL["no_ib"], "unrelated vLLM line"])
+    assert rep.evidence[0].startswith("mwh-0:4095:4484 [1] NCCL INFO Channel 00")
+    assert rep.evidence[1].startswith("corona:927:927") and rep.no_ib_device
+    assert not any("repeated" in e or "\x1b" in e for e in rep.evidence) and len(rep.evidence) == 3
+    assert (rep.links[1].src, rep.links[1].dst, rep.links[0].channel) == (0, 1, 0)
+
+
+def test_devices_networks_and_versions():
+    rep = parse_nccl([MADE["ib_devices"], MADE["network_ib"], REAL["socket_using"], MADE["version"]])
+    assert rep.ib_devices == ["mlx5_0/IB", "mlx5_1/RoCE"] and rep.socket_devices == ["eth0:172.17.0.3"]
+    assert rep.networks == {"IB"} and rep.versions == {"2.21.5+cuda12.4"}
+
+
+@pytest.mark.parametrize("keys, intra, inter", [
+    (["p2p_cumem", "ibext_gdr", "network_ib"], "P2P", "IB+GDR"),
+    (["shm_ansi", "ibext_no_gdr"], "SHM", "IB"),
+    (["p2p_cumem", "ibext_gdr", "rings_gdr0"], "P2P", "IB"),            # GDR 0 on the rings: no GPUDirect
+    (["p2p_cumem", "ibext_gdr", "socket_shared"], "P2P", "Socket"),     # the slowest link decides
+    (["socket_ray", "network_socket", "no_ib"], "none", "Socket"),
+    (["p2p_ipc_ray", "shm_230"], "P2P", "none"),                        # one node: nothing crosses
+    ([], "none", "none"),
+])
+def test_verdicts(keys, intra, inter):
+    v = classify(parse_nccl([{**REAL, **MADE}[k] for k in keys]))
+    assert (v["intra"], v["inter"]) == (intra, inter)
+
+
+@pytest.mark.parametrize("inter, ib, gdr", [("IB+GDR", True, True), ("IB", True, False), ("Socket", False, False),
+                                            ("none", False, False)])
+def test_gate(inter, ib, gdr):
+    v = {"inter": inter}
+    assert meets(v, "any") and meets(v, "ib") is ib and meets(v, "gdr") is gdr
