@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from raysweep import grid
 from raysweep.errors import CampaignError
 
-__all__ = ["BenchSpec", "Campaign", "CampaignSpec", "NodeRule", "Pin", "PlacementSpec", "ServeSpec", "campaign_from_dict", "load_campaign"]
+__all__ = ["BenchSpec", "Campaign", "CampaignSpec", "NodeRule", "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "campaign_from_dict", "load_campaign"]
 
 EnvValue = str | int | float | bool
 NATIVE_DEFAULT_CMD = "vllm bench serve"
@@ -130,6 +130,28 @@ class BenchSpec(_Strict):
         return self
 
 
+class SlaSpec(_Strict):
+    """The SLA search: per server config and bench point, the largest load that meets each target."""
+
+    variable: Literal["max_concurrency", "request_rate"] = Field(
+        "max_concurrency", description="the load variable searched (concurrency by default: a rate above "
+        "capacity grows a backlog)")
+    targets: list[dict[str, Any]] = Field(description="one search per target, e.g. [{p99_e2el_ms: \"<=200\"}]")
+    judge: Literal["percentile", "attainment"] = Field(
+        "percentile", description="percentile: the pooled metrics of all runs; attainment: the fraction of "
+        "requests meeting every latency threshold, with a Wilson interval")
+    attainment: float = Field(0.99, gt=0, lt=1, description="the fraction of requests that must meet the targets")
+    precision: float = Field(0.05, gt=0, lt=1, description="stop when the bracket is within this fraction")
+    start: float = Field(1.0, gt=0, description="the smallest value searched")
+    max_value: float = Field(65536.0, gt=0, description="the largest value searched")
+
+    @model_validator(mode="after")
+    def _range(self) -> SlaSpec:
+        if self.start > self.max_value:
+            raise ValueError(f"start {self.start:g} is above max_value {self.max_value:g}")
+        return self
+
+
 class Campaign(_Strict):
     """A whole campaign, as written in the YAML file."""
 
@@ -143,6 +165,8 @@ class Campaign(_Strict):
     bench: BenchSpec
     link: dict[str, str] = Field(default_factory=dict, description="serve parameter -> bench parameter that must be equal")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="node rules and concurrency cap")
+    sla: SlaSpec | None = Field(None, description="search, per config and bench point, the largest load that "
+                                "meets latency targets")
 
 
 def _has_masked_secret(argv: list[str]) -> bool:
@@ -237,6 +261,8 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     bench_argv = shlex.split(_expand(campaign.bench.cmd or NATIVE_DEFAULT_CMD, "bench.cmd", env))
     if campaign.bench.backend == "native":
         _check_native(bench_argv, bench_combos)
+    if campaign.sla is not None:
+        _check_sla(campaign, bench_combos)
     return CampaignSpec(
         campaign=campaign,
         serve_argv=shlex.split(_expand(campaign.serve.cmd, "serve.cmd", env)),
@@ -249,6 +275,22 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         source_path=source_path,
         base_dir=base_dir,
     )
+
+
+def _check_sla(campaign: Campaign, bench_combos: list[dict[str, Any]]) -> None:
+    from raysweep.sla import parse_targets
+
+    sla = campaign.sla
+    assert sla is not None
+    if campaign.bench.backend != "native":
+        raise CampaignError("sla", "needs bench.backend: native (it judges the pooled requests of every run)")
+    parse_targets(sla.targets)
+    for i, combo in enumerate(bench_combos):
+        if any(grid.normalize_key(k) == sla.variable for k in combo):
+            raise CampaignError(f"bench.params[{i}].{sla.variable}", "is what the SLA search sets; remove it "
+                                                                     "(or search the other variable)")
+    if campaign.link and sla.variable in {grid.normalize_key(v) for v in campaign.link.values()}:
+        raise CampaignError("link", f"links to {sla.variable}, which the SLA search sets")
 
 
 def _check_native(argv: list[str], combos: list[dict[str, Any]]) -> None:

@@ -217,6 +217,11 @@ class _ProgressDisplay:
             p.console.print(f"[yellow]client-limited[/] {escape(data['point'].serve.label)} / "
                             f"{escape(data['point'].bench.label)} run {data['point'].run} with {data['clients']} "
                             f"client(s) ({escape(str(data['reason']))}): again with {data['more']}", highlight=False)
+        elif kind == "sla_done":
+            o = data["outcome"]
+            p.console.print(f"SLA {escape(data['serve'].label)} / {data['bench_id']} [{escape(data['target'])}]: "
+                            f"{o.state}, largest pass {o.largest_pass}, smallest fail {o.smallest_fail}, "
+                            f"{len(o.probes)} probe(s)", highlight=False)
         elif kind == "point_failed":
             p.console.print(f"[red]failed[/] {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
                             f"run {data['point'].run} "
@@ -288,6 +293,33 @@ def results(output_dir: str, formats: tuple[str, ...]) -> None:
     out.print(f"{len(df)} row(s), {len(df.columns)} column(s)")
     for p in paths:
         out.print(str(p), highlight=False)
+
+
+@main.command()
+@click.argument("output_dir", type=click.Path(file_okay=False))
+def sla(output_dir: str) -> None:
+    """The SLA table: per server config x bench point x target, the largest load that meets the target."""
+    import math
+
+    from raysweep.files import write_text_atomic
+    from raysweep.results import sla_table
+
+    df = sla_table(output_dir)
+    if df.empty:
+        raise UserError(f"{output_dir}: no SLA search has finished here (does the campaign have `sla:`?)")
+    table = Table("server config", "bench point", "target", "state", "largest pass", "smallest fail", "probes",
+                  "at pass: req/s", "notes")
+
+    def num(v: Any) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}"
+
+    for r in df.itertuples():
+        table.add_row(escape(r.serve_label), escape(r.bench_label), escape(r.target), r.state, num(r.largest_pass),
+                      num(r.smallest_fail), str(r.probes), num(getattr(r, "at_pass_request_throughput", None)),
+                      escape(r.notes))
+    out.print(table)
+    path = write_text_atomic(Path(output_dir) / "sla.csv", df.to_csv(index=False))
+    out.print(str(path), highlight=False)
 
 
 @main.command("tiny-model")

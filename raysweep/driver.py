@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -29,16 +30,18 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import metrics, placement, procs
+from raysweep import metrics, placement, procs, sla
 from raysweep.bench import backend_for
+from raysweep.bench import stats
 from raysweep.bench.command import CommandBench, result_record
+from raysweep.bench.options import parse_load_options
 from raysweep.campaign import CampaignSpec
 from raysweep.errors import UserError
 from raysweep.files import write_json_atomic
 from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, Ledger, PointRow, ServerRow
-from raysweep.plan import Plan, PointRun, ServeConfig, build_plan, meaning
-from raysweep.results import write_samples
+from raysweep.plan import BenchPoint, Plan, PointRun, ServeConfig, build_plan, meaning, probe_runs
+from raysweep.results import read_samples, write_samples
 from raysweep.server import ServerHost, expected_model, rank_argv
 
 __all__ = ["RunSummary", "check_placement", "driver_alive", "placement_lines", "embedded_temp_dir", "open_campaign", "ray_session", "run_campaign"]
@@ -102,7 +105,7 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> 
         ledger.sync(name=spec.campaign.name, fingerprint=plan.fingerprint, meaning=meaning(spec),
                     campaign=spec.stored_form(), campaign_file=spec.source_path,
                     points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points],
-                    force=force)
+                    force=force, searches=plan.searches)
     except BaseException:
         ledger.close()
         raise
@@ -296,6 +299,62 @@ class _ConfigRun:
                 b.close()
 
 
+class _SearchStopped(Exception):
+    """A probe could not run (the server went down, the run was aborted or the campaign stops)."""
+
+
+@dataclass
+class _ProbeData:
+    metrics: dict[str, Any]
+    per_request: dict[str, Any]
+    client_limited: bool
+
+
+@dataclass
+class _SearchState:
+    reset: str
+    probes: dict[str, dict[tuple[float, int], _ProbeData | None]] = field(default_factory=dict)
+
+
+def search_key(cfg: Any, target: sla.Target) -> str:
+    """How a search is recorded: its target and the settings that decide its answer."""
+    return (f"{target.label} [{cfg.variable}, {cfg.judge}"
+            + (f" {cfg.attainment:g}" if cfg.judge == "attainment" else "")
+            + f", precision {cfg.precision:g}, {cfg.start:g}..{cfg.max_value:g}]")
+
+
+def _probe_value(setting: Any) -> float:
+    return math.inf if setting is None or setting == "inf" else float(setting)
+
+
+def _pool_probe(output_dir: Path, result_paths: list[str | None], argv: list[str]) -> _ProbeData:
+    """Metrics of a probe from the pooled raw samples of all its runs (not from per-run summaries)."""
+    records = [json.loads((output_dir / (p or "")).read_text()) for p in result_paths]
+    samples = stats.pool([read_samples(output_dir / r["samples_path"]) for r in records])
+    opts = parse_load_options(argv)
+    return _ProbeData(stats.point_metrics(samples, opts), stats.per_request(samples),
+                      any(r.get("client_limited") for r in records))
+
+
+def _judge(data: _ProbeData | None, target: sla.Target, cfg: Any) -> sla.Verdict:
+    if data is None or data.client_limited:  # a probe that did not run, or a client that limited it, decides nothing
+        return sla.Verdict.UNRESOLVED
+    if cfg.judge == "attainment":
+        return sla.judge_attainment(data.per_request, data.metrics, target, cfg.attainment)[0]
+    return sla.judge_percentile(data.metrics, target)
+
+
+def _capacity(data: _ProbeData | None, variable: str) -> float | None:
+    """What the unbounded-load probe says the server sustains: its throughput (a rate), or by Little's
+    law the requests it keeps in flight (a concurrency)."""
+    if data is None:
+        return None
+    rps = float(data.metrics.get("request_throughput") or 0.0)
+    if variable == "request_rate":
+        return rps or None
+    return rps * float(data.metrics.get("mean_e2el_ms") or 0.0) / 1000.0 or None
+
+
 INTERRUPTED = "interrupted"
 _HOST_LOSS_LIMIT = 3  # starts lost to host actors before a configuration's points fail
 
@@ -322,6 +381,7 @@ class Driver:
         self._host_losses: dict[str, int] = {}
         self._node_ips: dict[str, str] = {}
         self._wake = threading.Event()
+        self._targets = sla.parse_targets(self.c.sla.targets) if self.c.sla is not None else []
 
     def run(self) -> str | None:
         """Run everything runnable; returns why it stopped early, or None when it went through."""
@@ -354,10 +414,25 @@ class Driver:
         out = []
         for s in self.plan.serves:
             if s.id not in self._runs:
-                n = len(self.ledger.runnable(s.id, self.c.max_attempts))
+                n = self._work_left(s.id)
                 if n:
                     out.append((s, n))
         return out
+
+    def _work_left(self, serve_id: str) -> int:
+        """Points a config still has to run; with SLA searches, a run of one probe per open search (the
+        searches run their probes themselves, and a probe no search needs any more is left alone)."""
+        if self.c.sla is not None:
+            return self.c.runs * len(self._open_searches(serve_id))
+        return len(self.ledger.runnable(serve_id, self.c.max_attempts))
+
+    def _open_searches(self, serve_id: str) -> list[tuple[str, Any]]:
+        """The (bench id, target) SLA searches of a config without a recorded outcome."""
+        if self.c.sla is None:
+            return []
+        done = {(r["bench_id"], r["target"]) for r in self.ledger.searches() if r["serve_id"] == serve_id}
+        return [(bid, t) for sid, bid in self.plan.searches if sid == serve_id
+                for t in self._targets if (bid, search_key(self.c.sla, t)) not in done]
 
     def _notice_lost_nodes(self, alive: set[str]) -> None:
         for r in self._runs.values():
@@ -437,7 +512,7 @@ class Driver:
     def _run_config(self, run: _ConfigRun) -> str:
         while not run.abort and not self._stop_reason:
             runnable = self.ledger.runnable(run.serve.id, self.c.max_attempts)
-            if not runnable:
+            if not self._work_left(run.serve.id):
                 return "finished"
             server = self._start_server(run, runnable)
             if server is None:
@@ -457,8 +532,11 @@ class Driver:
 
     def _run_points(self, run: _ConfigRun, server: _Server, runnable: list[PointRow]) -> None:
         points = [p for p in (self.plan.point(r.point_id) for r in runnable) if p is not None]
-        if self.c.warmup and points:
-            self._warmup(run, server, points[0])
+        if self.c.warmup and (points or self.c.sla is not None):
+            self._warmup(run, server, (points or self.plan.points_of(run.serve.id))[0])
+        if self.c.sla is not None:
+            self._run_searches(run, server)
+            return
         reset = self._after_point(run, server)
         for point in points:
             if run.abort or self._stop_reason:
@@ -539,6 +617,9 @@ class Driver:
             return None
         for p in runnable:
             self.ledger.mark_failed(p.point_id, f"server failed to start: {ready['error']}", tail, started=False)
+        for bench_id, target in self._open_searches(serve.id):
+            self.ledger.record_search(serve.id, bench_id, search_key(self.c.sla, target), "server failed", None, None,
+                                      0, [f"server failed to start: {ready['error']}"], {})
         if not self.c.continue_on_error:
             self._stop_reason = f"server config {serve.id} failed to start and continue_on_error is false"
         return None
@@ -710,6 +791,81 @@ class Driver:
         self.emit("point_failed", point=point, error=error, attempt=attempt)
         return False
 
+    # -- SLA searches -------------------------------------------------------------------------------
+
+    def _run_searches(self, run: _ConfigRun, server: _Server) -> None:
+        """Every open SLA search of this config, probes shared between targets and taken from the ledger
+        when they are already done. Returns early (the caller restarts or stops) when a probe could not run."""
+        cfg = self.c.sla
+        assert cfg is not None
+        state = _SearchState(reset=self._after_point(run, server))
+        for bench_id, target in self._open_searches(run.serve.id):
+            base = next(b for b in self.plan.benches if b.id == bench_id)
+            probes = state.probes.setdefault(bench_id, {})
+            try:
+                if not probes:
+                    for value, first in self._ledger_probe_values(run.serve.id, bench_id):
+                        self._probe(run, server, base, value, probes, state, first, run_missing=False)
+                outcome = self._search(run, server, base, target, probes, state)
+            except _SearchStopped:
+                return
+            at = probes.get((outcome.largest_pass, 0)) if outcome.largest_pass is not None else None
+            self.ledger.record_search(run.serve.id, bench_id, search_key(cfg, target), outcome.state,
+                                      outcome.largest_pass, outcome.smallest_fail, len(outcome.probes), outcome.notes,
+                                      at.metrics if at else {})
+            self.emit("sla_done", serve=run.serve, bench_id=bench_id, target=target.label, outcome=outcome)
+
+    def _search(self, run: _ConfigRun, server: _Server, base: BenchPoint, target: sla.Target,
+                probes: dict[tuple[float, int], _ProbeData | None], state: _SearchState) -> sla.Outcome:
+        cfg = self.c.sla
+        assert cfg is not None
+
+        def judged(value: float, first: int = 0) -> sla.Verdict:
+            return _judge(self._probe(run, server, base, value, probes, state, first), target, cfg)
+
+        return sla.search(
+            judged, start=cfg.start, max_value=cfg.max_value, precision=cfg.precision,
+            integer=cfg.variable == "max_concurrency",
+            estimate=lambda: _capacity(probes.get((sla.INFINITE, 0)), cfg.variable),
+            recheck=lambda v: judged(v, self.c.runs),
+            known=lambda: {v: _judge(d, target, cfg) for (v, first), d in probes.items() if first == 0})
+
+    def _ledger_probe_values(self, serve_id: str, bench_id: str) -> list[tuple[float, int]]:
+        """The (value, first run) of every probe of a search already in the ledger, done or not."""
+        cfg = self.c.sla
+        assert cfg is not None
+        unbounded = {p.bench.id for p in self.plan.points_of(serve_id) if p.bench.base_id == bench_id}
+        return sorted({(_probe_value(row.bench_params.get(cfg.variable)), (row.run // self.c.runs) * self.c.runs)
+                       for row in self.ledger.points(serve_id=serve_id)
+                       if row.probe_of == bench_id or row.bench_id in unbounded})
+
+    def _probe(self, run: _ConfigRun, server: _Server, base: BenchPoint, value: float,
+               probes: dict[tuple[float, int], _ProbeData], state: _SearchState, first: int = 0,
+               run_missing: bool = True) -> _ProbeData | None:
+        """The pooled data of one probe's runs, running those not done yet (within max_attempts)."""
+        key = (value, first)
+        if key in probes:
+            return probes[key]
+        pts = probe_runs(self.plan.spec, run.serve, base, value, first)
+        self.ledger.add_probes(base.id, [(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params)
+                                         for p in pts])
+        for p in pts:
+            while run_missing:
+                row = self.ledger.point(p.id)
+                if row is None or row.state == "done" or row.attempts >= self.c.max_attempts:
+                    break
+                self._run_point(run, server, p, state.reset)
+                if run.abort or self._stop_reason or server.down() is not None:
+                    raise _SearchStopped()
+                state.reset = self._after_point(run, server)
+        rows = [self.ledger.point(p.id) for p in pts]
+        if not all(r is not None and r.state == "done" for r in rows):
+            if run_missing:
+                probes[key] = None  # failed for good: it cannot decide anything
+            return None
+        probes[key] = _pool_probe(self.output_dir, [r.result_path for r in rows if r is not None], pts[0].bench.argv)
+        return probes[key]
+
     def _record(self, run: _ConfigRun, server: _Server, point: PointRun, result: dict[str, Any], attempt: int,
                 started: float, reset: str, out: dict[str, Any]) -> dict[str, Any]:
         sh, lay = point.serve.shape, run.layout
@@ -730,4 +886,6 @@ class Driver:
             "ended_at": time.time(), "bench_wall_s": out.get("duration_s"), "cache_state_before": reset,
             "bench_command": out.get("command"),
         }
+        if point.bench.base_id is not None:
+            extra.update(sla_base_id=point.bench.base_id, sla_value=point.bench.sla_value)
         return result_record(result, point.serve.params, point.bench.params, point.run, extra)

@@ -8,6 +8,7 @@ server start, and which driver holds the campaign. Only a driver writes; `status
 from __future__ import annotations
 
 import json
+import math
 import socket
 import sqlite3
 import threading
@@ -44,9 +45,23 @@ CREATE TABLE IF NOT EXISTS points (
   error TEXT,
   log_tail TEXT,
   result_path TEXT,
-  updated_at REAL NOT NULL
+  updated_at REAL NOT NULL,
+  probe_of TEXT
 );
 CREATE INDEX IF NOT EXISTS points_by_serve ON points (serve_id, state);
+CREATE TABLE IF NOT EXISTS sla_searches (
+  serve_id TEXT NOT NULL,
+  bench_id TEXT NOT NULL,
+  target TEXT NOT NULL,
+  state TEXT NOT NULL,
+  largest_pass REAL,
+  smallest_fail REAL,
+  probes INTEGER NOT NULL,
+  notes TEXT,
+  metrics TEXT,
+  updated_at REAL NOT NULL,
+  PRIMARY KEY (serve_id, bench_id, target)
+);
 CREATE TABLE IF NOT EXISTS servers (
   server_id TEXT PRIMARY KEY,
   serve_id TEXT NOT NULL,
@@ -104,6 +119,7 @@ class PointRow:
     error: str | None
     log_tail: str | None
     result_path: str | None
+    probe_of: str | None = None  # the bench point whose SLA search added this probe
 
 
 @dataclass(frozen=True)
@@ -155,6 +171,8 @@ class Ledger:
         self._conn.execute("PRAGMA synchronous=FULL")
         with self._tx() as c:
             c.executescript(_SCHEMA)
+            if "probe_of" not in {r[1] for r in c.execute("PRAGMA table_info(points)")}:  # a ledger from 0.1
+                c.execute("ALTER TABLE points ADD COLUMN probe_of TEXT")
 
     @classmethod
     def open_existing(cls, output_dir: str | Path) -> Ledger:
@@ -187,8 +205,9 @@ class Ledger:
 
     def sync(self, *, name: str, fingerprint: str, meaning: dict[str, Any], campaign: dict[str, Any],
              campaign_file: str, points: list[tuple[str, str, str, int, dict[str, Any], dict[str, Any]]],
-             force: bool = False) -> SyncReport:
+             force: bool = False, searches: list[tuple[str, str]] = ()) -> SyncReport:
         """Record the campaign and its points: new points become pending, finished ones are kept.
+        The probes of SLA searches (serve id, bench id) still in the plan stay in it.
 
         Refuses (unless `force`) when the stored campaign has another name or another fingerprint.
         """
@@ -220,6 +239,7 @@ class Ledger:
             added = c.execute("SELECT COUNT(*) FROM points").fetchone()[0] - before
             c.execute("UPDATE points SET in_plan = 0")
             c.executemany("UPDATE points SET in_plan = 1 WHERE point_id = ?", [(p[0],) for p in points])
+            c.executemany("UPDATE points SET in_plan = 1 WHERE serve_id = ? AND probe_of = ?", list(searches))
             out = c.execute("SELECT COUNT(*) FROM points WHERE in_plan = 0").fetchone()[0]
         return SyncReport(added=added, in_plan=len(points), out_of_plan=out, fingerprint_changed=changed)
 
@@ -342,6 +362,39 @@ class Ledger:
         out.update({r["state"]: r["n"] for r in rows})
         return out
 
+    def add_probes(self, probe_of: str, points: list[tuple[str, str, str, int, dict[str, Any], dict[str, Any]]]
+                   ) -> None:
+        """Points an SLA search of bench point `probe_of` decided to run (kept if already there)."""
+        now = time.time()
+        with self._tx() as c:
+            c.executemany(
+                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params, updated_at,"
+                " probe_of) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                [(pid, sid, bid, run, json.dumps(sp), json.dumps(bp), now, probe_of)
+                 for pid, sid, bid, run, sp, bp in points])
+
+    def point(self, point_id: str) -> PointRow | None:
+        with self._lock:
+            r = self._conn.execute("SELECT * FROM points WHERE point_id = ?", (point_id,)).fetchone()
+        return _point_row(r) if r else None
+
+    def record_search(self, serve_id: str, bench_id: str, target: str, state: str, largest_pass: float | None,
+                      smallest_fail: float | None, probes: int, notes: list[str], metrics: dict[str, Any]) -> None:
+        with self._tx() as c:
+            c.execute("INSERT INTO sla_searches VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(serve_id, bench_id, "
+                      "target) DO UPDATE SET state = excluded.state, largest_pass = excluded.largest_pass, "
+                      "smallest_fail = excluded.smallest_fail, probes = excluded.probes, notes = excluded.notes, "
+                      "metrics = excluded.metrics, updated_at = excluded.updated_at",
+                      (serve_id, bench_id, target, state, _finite(largest_pass), _finite(smallest_fail), probes,
+                       json.dumps(notes), json.dumps(metrics, default=str), time.time()))
+
+    def searches(self) -> list[dict[str, Any]]:
+        """Every finished SLA search: serve and bench ids, target, state, bounds (None = unbounded), probes."""
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM sla_searches ORDER BY serve_id, bench_id, target").fetchall()
+        return [{**dict(r), "notes": json.loads(r["notes"] or "[]"), "metrics": json.loads(r["metrics"] or "{}")}
+                for r in rows]
+
     def out_of_plan(self) -> int:
         with self._lock:
             return int(self._conn.execute("SELECT COUNT(*) FROM points WHERE in_plan = 0").fetchone()[0])
@@ -366,6 +419,10 @@ class Ledger:
         sql = "SELECT * FROM servers" + (" WHERE stopped_at IS NULL" if active_only else "") + " ORDER BY started_at"
         with self._lock:
             return [_server_row(r) for r in self._conn.execute(sql).fetchall()]
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is None or math.isfinite(v) else None
 
 
 def _point_row(r: sqlite3.Row) -> PointRow:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from raysweep.campaign import CampaignSpec, NodeRule, PlacementSpec
 from raysweep.errors import CampaignError
 
 __all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "fingerprint",
-           "meaning", "point_id", "rule_for", "shape_of"]
+           "meaning", "point_id", "probe_bench", "probe_runs", "rule_for", "shape_of"]
 
 _SHAPE_FLAGS = {
     "tp": ("tensor_parallel_size", ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")),
@@ -67,12 +68,15 @@ class ServeConfig:
 
 @dataclass(frozen=True)
 class BenchPoint:
-    """One benchmark point: its parameters and the benchmark command with them applied."""
+    """One benchmark point: its parameters and the benchmark command with them applied. A probe of an
+    SLA search also names the bench point it probes (`base_id`) and the value it tries (`sla_value`)."""
 
     id: str
     params: dict[str, Any]
     argv: list[str]
     label: str
+    base_id: str | None = None
+    sla_value: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class Plan:
     points: list[PointRun]
     fingerprint: str
     skipped_pairs: int = 0
+    searches: list[tuple[str, str]] = field(default_factory=list)  # (serve id, bench id) pairs an SLA search runs on
     _by_serve: dict[str, list[PointRun]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -187,16 +192,42 @@ def build_plan(spec: CampaignSpec) -> Plan:
                                   label=grid.combo_label(combo), rule=rule_for(combo, c.placement)))
     benches = [BenchPoint(id=grid.params_id(_no_name(c)), params=c, argv=grid.apply_to_cmd(spec.bench_argv, c),
                           label=grid.combo_label(c)) for c in spec.bench_combos]
-    points, skipped = [], 0
+    points, skipped, searches = [], 0, []
     for s in serves:
         for b in benches:
             if not grid.link_matches(s.params, b.params, spec.campaign.link):
                 skipped += 1
                 continue
-            points.extend(PointRun(id=point_id(s.id, b.id, r), serve=s, bench=b, run=r)
-                          for r in range(spec.campaign.runs))
+            if c.sla is not None:  # the search always starts at unbounded load; it adds the other probes itself
+                searches.append((s.id, b.id))
+                points.extend(probe_runs(spec, s, b, math.inf))
+            else:
+                points.extend(PointRun(id=point_id(s.id, b.id, r), serve=s, bench=b, run=r)
+                              for r in range(spec.campaign.runs))
     return Plan(spec=spec, serves=serves, benches=benches, points=points, fingerprint=fingerprint(spec),
-                skipped_pairs=skipped)
+                skipped_pairs=skipped, searches=searches)
+
+
+def probe_bench(spec: CampaignSpec, base: BenchPoint, value: float) -> BenchPoint:
+    """The bench point an SLA search runs to try `value` of its variable on `base` (inf: unbounded load)."""
+    sla = spec.campaign.sla
+    assert sla is not None
+    if math.isinf(value):
+        setting: Any = None if sla.variable == "max_concurrency" else "inf"
+    else:
+        setting = int(value) if sla.variable == "max_concurrency" else float(value)
+    params = {**base.params, sla.variable: setting}
+    return BenchPoint(id=grid.params_id(_no_name(params)), params=params, argv=grid.apply_to_cmd(spec.bench_argv, params),
+                      label=f"{base.label}-{sla.variable}={'inf' if math.isinf(value) else f'{value:g}'}",
+                      base_id=base.id, sla_value=value)
+
+
+def probe_runs(spec: CampaignSpec, serve: ServeConfig, base: BenchPoint, value: float, first_run: int = 0
+               ) -> list[PointRun]:
+    """The runs of one probe (`first_run` > 0 for a re-check: new runs of the same value)."""
+    b = probe_bench(spec, base, value)
+    return [PointRun(id=point_id(serve.id, b.id, r), serve=serve, bench=b, run=r)
+            for r in range(first_run, first_run + spec.campaign.runs)]
 
 
 def _no_name(combo: dict[str, Any]) -> dict[str, Any]:
@@ -235,4 +266,9 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
                       f"    command: {grid.shell_join(argv)}"]
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]
+    if c.sla is not None:
+        lines += ["", f"SLA search on {c.sla.variable} ({c.sla.judge}, precision {c.sla.precision:g}, "
+                      f"from {c.sla.start:g} to {c.sla.max_value:g}), per server config and bench point, for:"]
+        lines += [f"  {t}" for t in c.sla.targets]
+        lines += ["The runs above are the unbounded-load probes; the search adds its other probes as it goes."]
     return "\n".join(lines)

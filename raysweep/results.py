@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raysweep.grid import combo_label
 from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.ledger import Ledger, PointState
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "load_records", "read_samples", "results_table", "write_results",
-           "write_samples"]
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "load_records", "read_samples", "results_table", "sla_table",
+           "write_results", "write_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,38 @@ def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet",
 
 def _empty_parquet() -> bytes:
     return pd.DataFrame({"point_id": pd.Series([], dtype=str)}).to_parquet(index=False)
+
+
+def sla_table(output_dir: str | Path) -> pd.DataFrame:
+    """One row per SLA search (server config x bench point x target): the largest passing value, the
+    smallest failing one, the state, the number of probes and the pooled metrics at the passing value."""
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        searches = ledger.searches()
+        variable = (ledger.stored_campaign().get("sla") or {}).get("variable")
+        labels: dict[str, str] = {}
+        for p in ledger.points(in_plan_only=False):
+            labels.setdefault(p.serve_id, combo_label(p.serve_params))
+            base = {k: v for k, v in p.bench_params.items() if k != variable}
+            labels.setdefault(p.probe_of or p.bench_id, combo_label(base))
+    finally:
+        ledger.close()
+    rows = []
+    for r in searches:
+        target, _, settings = r["target"].partition(" [")
+        names = [re.match(r"[\w.]+", t.strip()).group(0) for t in target.split("&")]  # type: ignore[union-attr]
+        unbounded = r["state"] == "above max" and r["largest_pass"] is None
+        rows.append({"serve_id": r["serve_id"], "serve_label": labels.get(r["serve_id"], ""),
+                     "bench_id": r["bench_id"], "bench_label": labels.get(r["bench_id"], ""), "target": target,
+                     "search": settings.rstrip("]"), "state": r["state"],
+                     "largest_pass": math.inf if unbounded else r["largest_pass"],
+                     "smallest_fail": r["smallest_fail"], "probes": r["probes"], "notes": "; ".join(r["notes"]),
+                     **{f"at_pass_{k}": r["metrics"].get(k) for k in dict.fromkeys([*names, *_SLA_METRICS])}})
+    return pd.DataFrame.from_records(rows)
+
+
+_SLA_METRICS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+                "p99_e2el_ms")
 
 
 def write_samples(path: str | Path, samples: dict[str, Any]) -> Path:

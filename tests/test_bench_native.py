@@ -272,6 +272,8 @@ def test_client_check_flags_a_client_that_fell_behind():
     s["sent"] = [0.02] * 100          # 20 ms between a free slot and the send
     assert "send lag p99" in stats.client_check(s, closed, math.inf)["client_limited_reason"]
     assert not stats.client_check(s, opts(), math.inf)["client_limited"]  # a pure burst is not judged on lag
+    s["sent"] = [0.0005] * 99 + [0.03]   # one hiccup is not a client that falls behind
+    assert not stats.client_check(s, closed, math.inf)["client_limited"]
 
 
 # -- server /metrics -------------------------------------------------------------------------------

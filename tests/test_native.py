@@ -79,6 +79,7 @@ def test_timings_match_the_servers_clock_and_actors_pool(gpu_cluster, stream_ser
     assert r["max_concurrent_requests"] == 4 and not r["client_limited"]
     p, s = pooled["result"], pooled["samples"]
     assert p["completed"] == 30 and p["num_clients"] == 2 and p["max_concurrent_requests"] == 6
+    assert len(p["client_node_ips"].split(",")) == 2
     assert sorted(s["index"]) == list(range(30)) and set(s["actor"]) == {0, 1}
 
 
@@ -136,3 +137,41 @@ def test_failed_requests_are_counted_not_fatal(gpu_cluster, tmp_path):
     assert summary.counts["done"] == 1, summary.failures
     row = results_table(out).iloc[0]
     assert row["completed"] == 16 and row["failed"] == 4 and "HTTP 500" in row["errors_sample"]
+
+
+def test_sla_search_finds_the_largest_concurrency_and_resumes(gpu_cluster, tmp_path):
+    """A stand-in with 4 generation slots: TTFT jumps once more than 4 requests are in flight."""
+    from raysweep.ledger import Ledger
+    from raysweep.results import sla_table
+
+    f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005 --slots 4",
+                        bench_args="--random-output-len 4 --random-input-len 8 --num-prompts 24",
+                        bench_params=[{"random_input_len": 8}], bench={"client_cpus": 0.5},
+                        sla={"targets": [{"p90_ttft_ms": "<=30"}, {"p90_ttft_ms": "<=60", "completed": ">=24"}],
+                             "max_value": 64})
+    summary, out = run_file(f)
+    df = sla_table(out)
+    first = df[df["target"] == "p90_ttft_ms<=30"].iloc[0]
+    second = df[df["target"].str.contains("p90_ttft_ms<=60")].iloc[0]
+    assert first["state"] == "found" and 3 <= first["largest_pass"] <= 5, df.to_dict("records")
+    assert first["smallest_fail"] == first["largest_pass"] + 1 and first["at_pass_p90_ttft_ms"] <= 30
+    assert second["state"] == "found" and second["largest_pass"] > first["largest_pass"]
+    led = Ledger.open_existing(out)
+    probes = [p for p in led.points() if p.probe_of or p.bench_params.get("max_concurrency") is None]
+    assert all(p.state == "done" and p.attempts == 1 for p in probes)
+    values = {p.bench_params.get("max_concurrency") for p in probes}
+    assert len(values) == len(probes) < first["probes"] + second["probes"]  # each value ran once, shared
+    # a search killed halfway: its last probes and its outcome are gone; the resumed one runs only those
+    redo = sorted(probes, key=lambda p: p.ended_at)[-2:]
+    with led._tx() as c:
+        c.execute("DELETE FROM sla_searches")
+        c.executemany("UPDATE points SET state = 'pending', attempts = 0 WHERE point_id = ?",
+                      [(p.point_id,) for p in redo])
+    before = {p.point_id: p.ended_at for p in led.points()}
+    led.close()
+    run_file(f)
+    led = Ledger.open_existing(out)
+    rerun = [p.point_id for p in led.points() if p.ended_at != before.get(p.point_id)]
+    led.close()
+    assert set(rerun) <= {p.point_id for p in redo} and rerun, rerun
+    assert len(sla_table(out)) == 2

@@ -157,3 +157,61 @@ def test_resume_replays_from_recorded_probes():
     again = search(evaluate, precision=0.0)
     assert (again.largest_pass, again.smallest_fail) == (full.largest_pass, full.smallest_fail) == (300, 301)
     assert runs == done[len(done) // 2:]
+
+
+def _campaign(**sla_fields):
+    from raysweep.campaign import campaign_from_dict
+
+    data = {"name": "s", "serve": {"cmd": "vllm serve m"},
+            "bench": {"cmd": "vllm bench serve --model m --max-concurrency 8", "params": [{"random_input_len": 8}]},
+            "sla": {"targets": [{"p99_e2el_ms": "<=200"}], **sla_fields}}
+    return data, campaign_from_dict
+
+
+@pytest.mark.parametrize("change, where, words", [
+    ({"variable": "max_num_seqs"}, "sla.variable", "max_concurrency"),
+    ({"targets": [{"p99_e2el_ms": "==3"}]}, "sla.targets[0].p99_e2el_ms", "<=, <, >=, >"),
+    ({"judge": "mean"}, "sla.judge", "attainment"),
+    ({"precision": 0}, "sla.precision", "greater than 0"),
+    ({"start": 100, "max_value": 10}, "sla", "above max_value"),
+    ({"bench_params": [{"max_concurrency": 4}]}, "bench.params[0].max_concurrency", "SLA search sets"),
+    ({"backend": "command"}, "sla", "native"),
+])
+def test_campaign_refuses_bad_sla_sections(tmp_path, change, where, words):
+    data, load = _campaign()
+    if "bench_params" in change:
+        data["bench"]["params"] = change.pop("bench_params")
+    if "backend" in change:
+        data["bench"]["backend"] = change.pop("backend")
+    data["sla"].update(change)
+    with pytest.raises(CampaignError) as e:
+        load(data, base_dir=tmp_path, env={})
+    assert str(e.value).startswith(where) and words in str(e.value)
+
+
+def test_sla_plan_starts_every_search_at_unbounded_load(tmp_path):
+    from raysweep.plan import build_plan, dry_run_text, probe_bench
+
+    data, load = _campaign()
+    data["serve"]["params"] = {"grid": {"max_num_seqs": [4, 8]}}
+    plan = build_plan(load(data, base_dir=tmp_path, env={}))
+    assert len(plan.searches) == 2 and len(plan.points) == 2 * 3        # 2 configs x 1 bench x 3 runs
+    assert all(p.bench.sla_value == INFINITE and "--max-concurrency" not in p.bench.argv for p in plan.points)
+    probe = probe_bench(plan.spec, plan.benches[0], 12.0)
+    assert probe.argv[probe.argv.index("--max-concurrency") + 1] == "12" and probe.base_id == plan.benches[0].id
+    assert probe_bench(plan.spec, plan.benches[0], 12.0).id == probe.id != plan.points[0].bench.id
+    assert "SLA search on max_concurrency" in dry_run_text(plan)
+
+
+def test_per_request_latencies_for_attainment():
+    from raysweep.bench import stats
+
+    s = stats.empty_samples()
+    for col, v in zip(stats.COLUMNS, (0, 0, 0.0, 0.0, 0.0, 0.010, 0.050, 5, 3, True, None, [0.010, 0.030, 0.050])):
+        s[col].append(v)
+    for col, v in zip(stats.COLUMNS, (1, 0, 0.0, 0.0, 0.0, math.nan, 0.020, -1, 0, False, "HTTP 500", [])):
+        s[col].append(v)
+    r = stats.per_request(s)
+    assert r["ttft"][0] == pytest.approx(10) and r["e2el"][0] == pytest.approx(50)
+    assert r["tpot"][0] == pytest.approx(20) and r["itl"][0] == pytest.approx(20)
+    assert list(r["ok"]) == [True, False] and math.isnan(r["e2el"][1])

@@ -180,3 +180,40 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
     finally:
         for node in added:
             gpu_cluster.remove_node(node, allow_graceful=False)
+
+
+def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
+    """A TTFT target that max_num_seqs=1 (requests served one at a time) meets only at concurrency 1, and
+    max_num_seqs=8 meets at a larger concurrency: the search finds both, each probe run once."""
+    from raysweep.campaign import campaign_from_dict
+    from raysweep.driver import run_campaign
+    from raysweep.results import sla_table
+
+    out = tmp_path / "out"
+    data = {
+        "name": "vllm-sla", "output_dir": str(out), "runs": 1, "max_attempts": 1, "warmup": 4,
+        "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16",
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)},
+                  "ready_timeout_s": 400, "params": {"grid": {"max_num_seqs": [1, 8]}}},
+        "bench": {"cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 16 "
+                         "--random-input-len 32 --random-output-len 16 --temperature 0",
+                  "client_cpus": 0.5},
+        "placement": {"max_servers": 1},
+        "sla": {"targets": [{"p90_ttft_ms": "<=40"}], "max_value": 32},
+    }
+    summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
+    df = sla_table(out)
+    assert len(df) == 2, (summary.failures, df)
+    best = {r["serve_label"]: (0 if r["largest_pass"] is None or r["largest_pass"] != r["largest_pass"]
+                               else r["largest_pass"]) for r in df.to_dict("records")}
+    assert best["max_num_seqs=8"] > best["max_num_seqs=1"], df.to_dict("records")
+    assert set(df["state"]) <= {"found", "never met"}, df.to_dict("records")
+    led = Ledger.open_existing(out)
+    probes = led.points()
+    led.close()
+    assert all(p.state == "done" and p.attempts == 1 for p in probes)
+    per_config = {}
+    for p in probes:
+        per_config.setdefault(p.serve_id, []).append(p.bench_params.get("max_concurrency"))
+    assert all(len(v) == len(set(v)) for v in per_config.values())  # no value ran twice
+    assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60)

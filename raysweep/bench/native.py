@@ -287,6 +287,7 @@ class NativeBench:
         result.update(stats.point_metrics(samples, opts))
         result.update(stats.client_check(samples, opts, job.rate))
         result.update(bench_backend="native", num_clients=job.clients, dataset_name=opts.dataset_name,
+                      client_node_ips=",".join(job.nodes),
                       client_start_late_ms=1000 * max(a.get("start_late_s", 0.0) for a in answers),
                       start_time=job.started, end_time=job.started + max(samples["end"] or [0.0]))
         return {"ok": True, "error": None, "result": result, "samples": samples, "output_tail": "",

@@ -30,12 +30,15 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--ttft-delay", type=float, default=0.0)
     ap.add_argument("--itl-delay", type=float, default=0.0)
+    ap.add_argument("--slots", type=int, default=0, help="generate at most this many requests at once; the others "
+                                                         "queue (latency grows with load, as a real server's)")
     ap.add_argument("--fail-every", type=int, default=0, help="answer HTTP 500 to every Nth request")
     ap.add_argument("--reuse-port", action="store_true", help="let several of these processes share the port")
     args, _ = ap.parse_known_args()
     model = args.model_opt or args.model or "standin"
     state = {"running": 0, "prompt": 0, "generation": 0, "requests": 0}
     timings: list[dict] = []
+    slots: list[asyncio.Semaphore] = []  # made inside the event loop
 
     def metrics_text() -> str:
         lab = f'{{engine="0",model_name="{model}"}}'
@@ -130,18 +133,29 @@ def main() -> None:
                     return
                 self.t.write(head)
                 marks = []
-                await asyncio.sleep(args.ttft_delay)
-                for i in range(n_out):
-                    if i:
-                        await asyncio.sleep(args.itl_delay)
-                    self.t.write(chunk)
-                    marks.append(time.perf_counter())
+                if args.slots:
+                    if not slots:
+                        slots.append(asyncio.Semaphore(args.slots))
+                    await slots[0].acquire()
+                try:
+                    await self._generate(chunk, n_out, marks)
+                finally:
+                    if args.slots:
+                        slots[0].release()
                 self.t.write(tail)
                 timings.append({"ttft": marks[0] - arrived, "itls": [b - a for a, b in zip(marks, marks[1:])],
                                 "e2el": time.perf_counter() - arrived})
             finally:
                 state["running"] -= 1
                 state["generation"] += n_out
+
+        async def _generate(self, chunk: bytes, n_out: int, marks: list[float]) -> None:
+            await asyncio.sleep(args.ttft_delay)
+            for i in range(n_out):
+                if i:
+                    await asyncio.sleep(args.itl_delay)
+                self.t.write(chunk)
+                marks.append(time.perf_counter())
 
     async def serve() -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
