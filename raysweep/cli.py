@@ -206,6 +206,9 @@ class _ProgressDisplay:
         if kind in ("server_ready", "server_stopped"):
             p.update(self.task, description=f"{len(self.running)} server(s) running")
         elif kind == "point_done":
+            task = next(t for t in p.tasks if t.id == self.task)
+            if task.total is not None and task.completed >= task.total:  # an SLA search added a probe
+                p.update(self.task, total=task.completed + 1)
             p.advance(self.task)
             r = data["result"]
             p.console.print(f"done {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "

@@ -720,18 +720,19 @@ class Driver:
 
     def _bench_point(self, run: _ConfigRun, server: _Server, point: PointRun) -> tuple[str, Any]:
         """A point's benchmark; while the client limits it (and that is allowed), again with twice the actors."""
-        clients, reruns = None, 0
+        clients, reruns, used = None, 0, 0
         while True:
             status, out = self._bench(run, server, point, clients=clients)
             res = out.get("result") if status == "ok" and out.get("ok") else None
-            if res is None or not res.get("client_limited"):
+            if res is None or not res.get("client_limited") or out["clients"] <= used:  # no more actors to be had
                 break
-            more = min(2 * out["clients"], self.c.bench.max_clients, int(res.get("num_prompts") or 1))
-            if not self.c.bench.rerun_client_limited or more <= out["clients"]:
+            used = out["clients"]
+            more = min(2 * used, self.c.bench.max_clients, int(res.get("num_prompts") or 1))
+            if not self.c.bench.rerun_client_limited or more <= used:
                 break
             log.warning("point %s is client-limited with %d client(s) (%s); running it again with %d",
-                        point.id, out["clients"], res.get("client_limited_reason"), more)
-            self.emit("client_limited", point=point, clients=out["clients"], more=more,
+                        point.id, used, res.get("client_limited_reason"), more)
+            self.emit("client_limited", point=point, clients=used, more=more,
                       reason=res.get("client_limited_reason"))
             clients, reruns = more, reruns + 1
             self._after_point(run, server)

@@ -210,8 +210,11 @@ class NativeBench:
         """At least n actors, each started and answering before the point's clock is set; actors that
         cannot be placed in 60 s (no node has `client_cpus` free) are given up."""
         fresh, self._starting = self._starting, []
-        while len(self.actors) + len(fresh) < n:
-            fresh.append(NativeClient.options(num_cpus=self.cpus, scheduling_strategy="SPREAD").remote())
+        want = n - len(self.actors) - len(fresh)
+        if want > 0:  # as many as the free CPUs hold now (one at least, to say why when none fits)
+            room = int(ray.available_resources().get("CPU", 0.0) // self.cpus)
+            for _ in range(min(want, room) if self.actors or fresh else max(1, min(want, room))):
+                fresh.append(NativeClient.options(num_cpus=self.cpus, scheduling_strategy="SPREAD").remote())
         if not fresh:
             return
         refs = [a.node.remote() for a in fresh]
