@@ -197,6 +197,7 @@ def _samples(rng: np.random.Generator, n: int) -> dict:
         s["due"].append(due)
         s["ready"].append(due)
         s["sent"].append(sent)
+        s["begin"].append(sent)
         s["first"].append(sent + chunks[0] if ok else math.nan)
         s["end"].append(sent + chunks[-1] + 0.001)
         s["in_tok"].append(int(rng.integers(1, 100)))
@@ -262,17 +263,20 @@ def test_client_check_flags_a_client_that_fell_behind():
     s = stats.empty_samples()
     due = arrivals.due_times(100, o)
     s["due"], s["ready"], s["sent"] = due.tolist(), due.tolist(), (due + 0.0005).tolist()
+    s["begin"] = s["sent"]
     fine = stats.client_check(s, o, 100.0)
     assert not fine["client_limited"] and fine["achieved_request_rate"] == pytest.approx(100, rel=0.01)
-    s["sent"] = (due * 1.2).tolist()   # the client sent over 1.2x the span: 83 req/s
+    s["sent"] = s["begin"] = (due * 1.2).tolist()   # the client sent over 1.2x the span: 83 req/s
     slow = stats.client_check(s, o, 100.0)
     assert slow["client_limited"] and "req/s of the 100 asked" in slow["client_limited_reason"]
     closed = opts("--max-concurrency", "4")
     s["due"] = s["ready"] = [0.0] * 100
-    s["sent"] = [0.02] * 100          # 20 ms between a free slot and the send
+    s["sent"] = s["begin"] = [0.02] * 100          # 20 ms between a free slot and the send
     assert "send lag p99" in stats.client_check(s, closed, math.inf)["client_limited_reason"]
     assert not stats.client_check(s, opts(), math.inf)["client_limited"]  # a pure burst is not judged on lag
-    s["sent"] = [0.0005] * 99 + [0.03]   # one hiccup is not a client that falls behind
+    s["sent"] = s["begin"] = [0.0005] * 99 + [0.03]   # one hiccup is not a client that falls behind
+    assert not stats.client_check(s, closed, math.inf)["client_limited"]
+    s["begin"], s["sent"] = [0.0005] * 100, [0.03] * 100  # opening connections is not the client falling behind
     assert not stats.client_check(s, closed, math.inf)["client_limited"]
 
 

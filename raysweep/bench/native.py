@@ -94,7 +94,8 @@ class NativeClient:
             in_tok = out_tok = -1
             t_last = 0.0
             err = None
-            mark = [clock()]
+            begin = clock()
+            mark = [begin]
             try:
                 async with session.post(url, data=bodies[k], headers=hdrs, trace_request_ctx=mark) as resp:
                     t_sent = mark[0]
@@ -125,7 +126,7 @@ class NativeClient:
             t_end = t_last or clock()  # the last event of the stream; a failed request ends now
             if err is None and not chunks:
                 err = "no token was streamed"
-            cols["ready"][k], cols["sent"][k] = ready, t_sent - base
+            cols["ready"][k], cols["begin"][k], cols["sent"][k] = ready, begin - base, t_sent - base
             cols["first"][k] = (t_sent - base + chunks[0]) if chunks else math.nan
             cols["end"][k] = t_end - base
             cols["in_tok"][k] = in_tok

@@ -28,8 +28,10 @@ from raysweep.bench.options import PERCENTILE_METRICS, LoadOptions
 __all__ = ["COLUMNS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION", "client_check", "empty_samples", "per_request",
            "point_metrics", "pool"]
 
-# One entry per request; "chunks" holds, per request, the arrival offsets (s, from its send) of its chunks.
-COLUMNS = ("index", "actor", "due", "ready", "sent", "first", "end", "in_tok", "out_tok", "ok", "error", "chunks")
+# One entry per request (s from the start): due, could be sent (ready), the client began it (begin), it was on
+# the wire (sent: after any new connection), first chunk, end; "chunks" holds the chunk offsets from `sent`.
+COLUMNS = ("index", "actor", "due", "ready", "sent", "first", "end", "in_tok", "out_tok", "ok", "error", "chunks",
+           "begin")
 MAX_SEND_LAG_MS = 10.0
 MIN_RATE_FRACTION = 0.95
 
@@ -158,7 +160,7 @@ def _peak_tokens_per_s(sent: np.ndarray, chunks: list[np.ndarray], outs: np.ndar
 def client_check(s: dict[str, Any], opts: LoadOptions, rate: float) -> dict[str, Any]:
     """The client-bottleneck guard: fields to store, `client_limited` among them, with the reason."""
     sent, ready, due = _arr(s, "sent"), _arr(s, "ready"), _arr(s, "due")
-    lag = (sent - ready) * 1000.0
+    lag = (_arr(s, "begin") - ready) * 1000.0  # the client's own lateness; opening a connection is not counted
     loop = np.asarray(s.get("loop_lag") or [0.0], dtype=float) * 1000.0
     fields: dict[str, Any] = {
         "client_send_lag_p50_ms": float(np.percentile(lag, 50)) if lag.size else 0.0,
