@@ -159,6 +159,9 @@ class SyncReport:
     fingerprint_changed: bool
 
 
+_ADDED_COLUMNS = (("points", "probe_of"), ("servers", "ranks"), ("servers", "log_path"), ("drivers", "helpers"))
+
+
 class Ledger:
     """The SQLite ledger of one output directory. Thread-safe; every write is one transaction."""
 
@@ -171,8 +174,9 @@ class Ledger:
         self._conn.execute("PRAGMA synchronous=FULL")
         with self._tx() as c:
             c.executescript(_SCHEMA)
-            if "probe_of" not in {r[1] for r in c.execute("PRAGMA table_info(points)")}:  # a ledger from 0.1
-                c.execute("ALTER TABLE points ADD COLUMN probe_of TEXT")
+            for table, column in _ADDED_COLUMNS:  # a ledger written before these columns existed
+                if column not in {r[1] for r in c.execute(f"PRAGMA table_info({table})")}:
+                    c.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
 
     @classmethod
     def open_existing(cls, output_dir: str | Path) -> Ledger:

@@ -22,7 +22,7 @@ from raysweep.grid import combo_label
 from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.ledger import Ledger, PointState
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "load_records", "read_samples", "results_table", "sla_table",
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "load_records", "read_samples", "records_table", "results_table", "sla_table",
            "write_results", "write_samples"]
 
 log = logging.getLogger(__name__)
@@ -53,15 +53,21 @@ def load_records(output_dir: str | Path) -> list[dict[str, Any]]:
 
 def results_table(output_dir: str | Path) -> pd.DataFrame:
     """One row per finished run; per-request arrays dropped, nested values as JSON text."""
-    records = [{k: v for k, v in r.items() if k not in PER_REQUEST_KEYS} for r in load_records(output_dir)]
-    df = pd.DataFrame.from_records(records)
+    return records_table(load_records(output_dir))
+
+
+def records_table(records: list[dict[str, Any]], sort_by: tuple[str, ...] = ("serve_id", "bench_id", "run_number"),
+                  first: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Result records as a typed table: per-request arrays dropped, numbers as numbers (vLLM's "inf" too),
+    nested values as JSON text, identifying columns first."""
+    df = pd.DataFrame.from_records([{k: v for k, v in r.items() if k not in PER_REQUEST_KEYS} for r in records])
     if df.empty:
         return df
     for col in df.columns:
         df[col] = _clean_column(df[col])
-    first = [c for c in _FIRST if c in df.columns]
-    df = df[first + [c for c in df.columns if c not in first]]
-    return df.sort_values([c for c in ("serve_id", "bench_id", "run_number") if c in df.columns], ignore_index=True)
+    lead = [c for c in (*_FIRST, *first) if c in df.columns]
+    df = df[lead + [c for c in df.columns if c not in lead]]
+    return df.sort_values([c for c in sort_by if c in df.columns], ignore_index=True)
 
 
 def _clean_column(col: pd.Series) -> pd.Series:

@@ -1,0 +1,122 @@
+"""Unit tests for raysweep.report and the `report` command, on output dirs made through the ledger API."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from raysweep import report
+from raysweep.cli import main
+from raysweep.files import write_json_atomic
+from raysweep.ledger import Ledger
+from test_plots import PNG, build_output_dir
+
+
+def sections(html: str) -> list[str]:
+    return re.findall(r'<section id="(\w+)">', html)
+
+
+def section(html: str, sid: str) -> str:
+    return html.split(f'<section id="{sid}">', 1)[1].split("</section>", 1)[0]
+
+
+def test_cli_report_is_one_self_contained_file(tmp_path):
+    out = build_output_dir(tmp_path / "out", sla=True)
+    result = CliRunner().invoke(main, ["report", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    assert str(out / "report.html") in result.output
+    assert sections(html) == ["campaign", "plan", "figures", "results", "sla", "transport", "failures",
+                              "environment"]
+    assert "http://" not in html and "https://" not in html and "<link" not in html  # nothing to fetch
+    # figures: 3 metric curves, the server metrics, the Pareto front, the SLA bars, all embedded PNGs
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', section(html, "figures"))
+    assert [alt for alt, _ in images] == [
+        "output_throughput against max_concurrency", "median_ttft_ms against max_concurrency",
+        "p99_ttft_ms against max_concurrency", "server-side metrics against max_concurrency",
+        "Pareto front (every run; front without dominated ties)",
+        "SLA: largest passing value per server config and target"]
+    assert all(base64.b64decode(data).startswith(PNG) for _, data in images)
+    assert "not drawn" not in html
+    # the campaign as stored, the plan's counts
+    assert "variable: max_concurrency" in section(html, "campaign")
+    plan = section(html, "plan")
+    assert "2 server config(s), 8 bench point(s), 2 run(s) each." in plan
+    assert '<td data-v="0">0</td><td data-v="0">0</td><td data-v="31">31</td><td data-v="1">1</td>' \
+           '<td data-v="32">32</td>' in plan
+    assert "1 x 1 x 1" in plan and "2 x 1 x 1" in plan
+    # the sortable results table: one row per finished run
+    results = section(html, "results")
+    assert '<table class="sortable">' in results and "<script>" in html and "localeCompare" in html
+    assert results.count("<tr>") == 1 + 31
+    assert '<th class="t">max_num_seqs</th>' in results and '<th class="t">p99_ttft_ms</th>' in results
+    # the SLA table: one row per search
+    assert section(html, "sla").count("<tr>") == 1 + 3 and "above max" in section(html, "sla")
+    assert "Not checked" in section(html, "transport")
+    failures = section(html, "failures")
+    assert "1 failed point(s)." in failures and "CUDA out of memory\nlast log line" in failures
+    assert "server died during the point" in failures
+    env = section(html, "environment")
+    assert "installed where this report was made" in env and "<td class=\"t\">ray</td>" in env
+    assert "1 node(s), 3 GPU(s) used." in env and "10.0.0.1" in env and "0,1,2" in env
+
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    """The report without its figures (they are checked above), to keep these tests fast."""
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])
+
+
+def test_transport_columns_per_server_config_and_recorded_versions(tmp_path, no_figures):
+    out = build_output_dir(tmp_path / "out")
+    for path in (out / "points").rglob("run=*.json"):
+        rec = json.loads(path.read_text())
+        rec.update(transport_inter="IB+GDR" if rec["serve_id"] == "s16" else "none", transport_intra="P2P",
+                   vllm_version="0.33.0")
+        write_json_atomic(path, rec)
+    html = report.build_report(out)
+    transport = section(html, "transport")
+    assert transport.count("<tr>") == 1 + 2  # one row per server config
+    assert "transport_inter" in transport and "IB+GDR" in transport and "Not checked" not in transport
+    assert "No SLA search in this campaign." in section(html, "sla")
+    env = section(html, "environment")
+    assert "recorded with the runs" in env and "0.33.0" in env and "installed where" not in env
+
+
+def test_a_figure_that_fails_costs_only_itself(tmp_path, monkeypatch):
+    out = build_output_dir(tmp_path / "out")
+
+    def broken() -> None:
+        raise ValueError("no such thing")
+
+    monkeypatch.setattr(report, "_figure_list", lambda data: [("broken one", broken)])
+    html = report.build_report(out)
+    assert "broken one: not drawn (no such thing)" in section(html, "figures")
+    assert sections(html)[-1] == "environment"
+
+
+def test_report_out_option_and_refusal_without_ledger(tmp_path, no_figures):
+    out = build_output_dir(tmp_path / "out")
+    target = tmp_path / "elsewhere" / "r.html"
+    result = CliRunner().invoke(main, ["report", str(out), "--out", str(target)], catch_exceptions=False)
+    assert result.exit_code == 0 and target.is_file() and not (out / "report.html").exists()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    result = CliRunner().invoke(main, ["report", str(bare)])
+    assert result.exit_code == 2 and "no raysweep ledger here" in result.output
+
+
+def test_report_of_a_campaign_with_nothing_done(tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    led = Ledger(out / "ledger.sqlite")
+    led.sync(name="e", fingerprint="f", meaning={}, campaign={"name": "e"}, campaign_file="",
+             points=[("p", "s", "b", 0, {"max_num_seqs": 8}, {})])
+    led.close()
+    html = report.build_report(out)
+    assert "No finished run yet." in section(html, "figures") and "No finished run yet." in section(html, "results")
+    assert "No server was started." in section(html, "environment")
