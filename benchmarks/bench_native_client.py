@@ -1,0 +1,240 @@
+"""The native client against `vllm bench serve`: capacity, per-point overhead, and parity on a real server.
+
+- capacity: requests/s that one native client actor (and two) sustain against the zero-work streaming
+  stand-in (tests/standin/stream_server.py, 4 one-token chunks per response), and what `vllm bench serve`
+  sustains with the same load. Median of 3 each.
+- overhead: a campaign of 20 points against the stand-in through the real driver; the gap from one point's
+  last response to the next point's start (cache reset, result file, ledger, request generation, start
+  barrier), and, for comparison, the fixed cost of one `vllm bench serve` process (wall minus duration).
+- parity: the real vLLM CPU server with the tiny dummy-weight model; native and `vllm bench serve`
+  alternate, 5 runs each, on one workload (random 128 in / 32 out, 100 prompts, concurrency 16).
+
+    .venv/bin/python benchmarks/bench_native_client.py [capacity|overhead|parity|all]
+
+Writes benchmarks/results/native_client_<part>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+STUB = REPO / "tests" / "standin" / "stream_server.py"
+OUT = REPO / "benchmarks" / "results"
+ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+       "RAY_USAGE_STATS_ENABLED": "0", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
+       "VLLM_SERVER_DEV_MODE": "1"}  # the cache reset endpoints
+os.environ.update({k: ENV[k] for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE",
+                                       "RAY_USAGE_STATS_ENABLED", "VLLM_HOST_IP")})
+
+
+def start(argv: list[str], url: str, timeout: float, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, env=ENV, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=1).status == 200:
+                return proc
+        except OSError:
+            time.sleep(0.5)
+    stop(proc)
+    raise RuntimeError(f"{argv[0]} not ready after {timeout:.0f} s; see {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(20)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def native(nb: Any, url: str, model: str, flags: list[str]) -> dict[str, Any]:
+    import ray
+
+    job = nb.submit(["vllm", "bench", "serve", "--model", model, *flags], url, model)
+    return nb.finish(job, ray.get(job.refs))["result"]
+
+
+def vllm_bench(url: str, model: str, flags: list[str], work: Path) -> tuple[dict[str, Any], float]:
+    """One `vllm bench serve` run: its result JSON and its wall time."""
+    t0 = time.monotonic()
+    subprocess.run([str(BIN / "vllm"), "bench", "serve", "--backend", "openai", "--base-url", url, "--model", model,
+                    *flags, "--save-result", "--result-dir", str(work), "--result-filename", "r.json"],
+                   env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads((work / "r.json").read_text()), time.monotonic() - t0
+
+
+def reset(url: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30).read()
+
+
+def ray_up(tmp: str) -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=tmp)
+
+
+def table(head: list[str], rows: list[list[Any]]) -> str:
+    fmt = [f"{v:,.1f}" if isinstance(v, float) else str(v) for r in rows for v in r]
+    cells = [fmt[i:i + len(head)] for i in range(0, len(fmt), len(head))]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(c) + " |" for c in cells])
+
+
+def capacity(model: Path, work: Path) -> str:
+    import ray
+
+    from raysweep.bench.native import NativeBench
+
+    url = "http://127.0.0.1:18611"
+    stub = start([sys.executable, str(STUB), "--model", "m", "--port", "18611"], url, 30, work / "stub.log")
+    load = ["--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "4",
+            "--max-concurrency", "64", "--temperature", "0"]
+    rows = []
+    try:
+        ray_up(str(work / "ray"))
+        nb = NativeBench(cpus=0.5)
+        native(nb, url, "m", [*load, "--num-prompts", "2000", "--clients", "2"])  # warm the actors
+        for clients in (1, 2):
+            got = [native(nb, url, "m", [*load, "--num-prompts", "30000", "--clients", str(clients)])
+                   for _ in range(3)]
+            rows.append([f"native, {clients} actor(s)", statistics.median(r["request_throughput"] for r in got),
+                         statistics.median(r["client_send_lag_p99_ms"] for r in got),
+                         "yes" if any(r["client_limited"] for r in got) else "no"])
+        nb.close()
+        ray.shutdown()
+        got = [vllm_bench(url, str(model), [*load, "--tokenizer", str(model), "--num-prompts", "10000"], work)[0]
+               for _ in range(3)]
+        rows.append(["vllm bench serve", statistics.median(r["request_throughput"] for r in got), "-", "-"])
+    finally:
+        stop(stub)
+    ratio = rows[0][1] / rows[2][1]
+    return ("### Capacity against the zero-work stand-in (median of 3)\n\n"
+            + table(["client", "req/s", "send lag p99 ms", "client-limited"], rows)
+            + f"\n\nOne native actor / `vllm bench serve`: **{ratio:.2f}x**. Client, stand-in and Ray share 2 cores.\n")
+
+
+def overhead(model: Path, work: Path) -> str:
+    import yaml
+
+    from raysweep.campaign import load_campaign
+    from raysweep.driver import ray_session, run_campaign
+
+    out = work / "camp"
+    f = work / "c.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "overhead", "output_dir": str(out), "runs": 1,
+        "serve": {"cmd": f"{sys.executable} {STUB} --model m --ttft-delay 0.002 --itl-delay 0.001"},
+        "bench": {"cmd": "vllm bench serve --model m --num-prompts 20 --random-input-len 16 --random-output-len 4",
+                  "client_cpus": 0.5, "params": {"grid": {"max_concurrency": list(range(1, 21))}}}}))
+    with ray_session(None):
+        run_campaign(load_campaign(f), out)
+    recs = sorted((json.loads(p.read_text()) for p in out.rglob("run=*.json")), key=lambda r: r["start_time"])
+    gaps = sorted(b["start_time"] - a["end_time"] for a, b in zip(recs, recs[1:]))
+    url = "http://127.0.0.1:18612"
+    stub = start([sys.executable, str(STUB), "--model", "m", "--port", "18612"], url, 30, work / "stub2.log")
+    try:
+        fixed = []
+        for _ in range(3):
+            r, wall = vllm_bench(url, str(model), ["--dataset-name", "random", "--tokenizer", str(model),
+                                                   "--num-prompts", "20", "--random-input-len", "16",
+                                                   "--random-output-len", "4"], work)
+            fixed.append(wall - r["duration"])
+    finally:
+        stop(stub)
+    rows = [["native, warm actors (19 gaps)", statistics.median(gaps) * 1000, gaps[int(0.9 * (len(gaps) - 1))] * 1000,
+             gaps[-1] * 1000],
+            ["`vllm bench serve` process (3 runs)", statistics.median(fixed) * 1000, "-", max(fixed) * 1000]]
+    return ("### Per-point overhead on a warm server\n\n"
+            + table(["between points", "median ms", "p90 ms", "max ms"], rows)
+            + f"\n\nNative gap: last response of one point to the start of the next (cache reset, result file, "
+              f"ledger, request generation, start barrier). Median {statistics.median(gaps):.3f} s vs "
+              f"{statistics.median(fixed):.1f} s per `vllm bench serve` start.\n")
+
+
+def parity(model: Path, work: Path) -> str:
+    import ray
+
+    from raysweep.bench.native import NativeBench
+
+    url = "http://127.0.0.1:18613"
+    server = start([str(BIN / "vllm"), "serve", str(model), "--load-format", "dummy", "--max-model-len", "1024",
+                    "--dtype", "bfloat16", "--gpu-memory-utilization", "0.2", "--host", "127.0.0.1", "--port", "18613"],
+                   url, 400, work / "vllm.log")
+    load = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "32", "--num-prompts",
+            "100", "--max-concurrency", "16", "--temperature", "0"]
+    keys = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "total_input_tokens")
+    # the same random prompts as text, as vLLM's random set sends them (the server tokenizes them)
+    hook = work / "text_prompts.py"
+    hook.write_text("import random\nfrom transformers import AutoTokenizer\n"
+                    f"TOK = AutoTokenizer.from_pretrained({str(model)!r})\n"
+                    "def make(num_prompts, seed):\n"
+                    "    rng = random.Random(seed)\n"
+                    "    return [{'prompt': TOK.decode([rng.randrange(100, 512) for _ in range(128)]), "
+                    "'output_len': 32} for _ in range(num_prompts)]\n")
+    text = [*load, "--dataset-name", "custom", "--dataset-path", f"{hook}:make", "--ignore-eos"]
+    tools = ("native", "native-text", "vllm")
+    got: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
+    try:
+        ray_up(str(work / "ray"))
+        nb = NativeBench(cpus=0.5)
+        native(nb, url, str(model), [*load, "--num-prompts", "20"])  # warm both the server and the actor
+        for _ in range(5):
+            for tool in tools:
+                reset(url)
+                r = vllm_bench(url, str(model), load, work)[0] if tool == "vllm" else \
+                    native(nb, url, str(model), load if tool == "native" else text)
+                got[tool].append({k: r[k] for k in keys})
+        nb.close()
+        ray.shutdown()
+    finally:
+        stop(server)
+    rows = []
+    for k in keys:
+        n, t, v = (statistics.median(r[k] for r in got[tool]) for tool in tools)
+        rows.append([k, float(n), float(t), float(v), f"{n / v:.3f}", f"{t / v:.3f}"])
+    return ("### Parity on the real vLLM CPU server (5 runs each, alternating; medians)\n\n"
+            + table(["metric", "native (token ids)", "native (text)", "vllm bench serve", "ids / vllm",
+                     "text / vllm"], rows)
+            + "\n\n`native (text)` sends the same kind of prompts as vLLM's random set (random ids decoded to "
+              "text, tokenized again by the server); `native (token ids)` is the native default.\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("part", choices=["capacity", "overhead", "parity", "all"], default="all", nargs="?")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
+    from raysweep.demo import make_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="rs-bnc") as tmp:
+        work = Path(tmp)
+        model = make_tiny_model(work / "model")
+        for part in (["capacity", "overhead", "parity"] if args.part == "all" else [args.part]):
+            (work / part).mkdir()
+            text = f"<!-- {time.strftime('%Y-%m-%d')} -->\n" + globals()[part](model, work / part)
+            OUT.mkdir(parents=True, exist_ok=True)
+            (OUT / f"native_client_{part}.md").write_text(text)
+            print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
