@@ -843,7 +843,11 @@ class Driver:
     def _probe(self, run: _ConfigRun, server: _Server, base: BenchPoint, value: float,
                probes: dict[tuple[float, int], _ProbeData], state: _SearchState, first: int = 0,
                run_missing: bool = True) -> _ProbeData | None:
-        """The pooled data of one probe's runs, running those not done yet (within max_attempts)."""
+        """The pooled data of one probe's runs, running those not done yet (within max_attempts). A
+        concurrency of at least the point's prompt count is the unbounded probe itself."""
+        if self.c.sla is not None and self.c.sla.variable == "max_concurrency" and math.isfinite(value) \
+                and value >= parse_load_options(base.argv).num_prompts:
+            value = math.inf
         key = (value, first)
         if key in probes:
             return probes[key]

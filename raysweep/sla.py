@@ -169,27 +169,78 @@ def search(evaluate: Callable[[float], Verdict], *, start: float = 1.0, max_valu
             seen[v] = evaluate(v)
         return seen[v]
 
+    def verdicts() -> dict[float, Verdict]:  # everything known for this target, its own probes last
+        return {**(known() if known else {}), **seen}
+
     top = ev(INFINITE)
     if top is Verdict.PASS:
-        return Outcome("above max", INFINITE, None, probes, ["the targets hold at unbounded load"])
+        failed = sorted(v for v, r in verdicts().items() if r is Verdict.FAIL and math.isfinite(v))
+        out = Outcome("above max", INFINITE, None, probes, ["the targets hold at unbounded load"])
+        return _recheck(out, failed, seen, recheck) if failed else out
     lo, hi = _bracket(ev, start, max_value, estimate() if estimate else None, integer)
     if lo is None and hi is None:
         return Outcome("unresolved", None, None, probes, ["a probe's verdict was unresolved while bracketing"])
     if lo is None:
         return Outcome("never met", None, hi, probes, [f"the targets fail at the smallest value {hi:g}"])
-    if hi is None:
-        return Outcome("above max", lo, None, probes, [f"the targets hold up to max_value {lo:g}"])
-    while not _narrow_enough(lo, hi, precision, integer):
-        mid = math.floor((lo + hi) / 2) if integer else (lo + hi) / 2
-        q = (hi - lo) / 4
-        shared = [v for v in (known() if known else {}) if lo + q <= v <= hi - q and v not in seen]
-        if shared:
-            mid = min(shared, key=lambda v: abs(v - mid))
-        verdict = ev(mid)
-        if verdict is Verdict.UNRESOLVED:
-            return Outcome("unresolved", lo, hi, probes, [f"{mid:g} is unresolved: the noise is larger than the step"])
-        lo, hi = (mid, hi) if verdict is Verdict.PASS else (lo, mid)
-    return _check_monotone(Outcome("found", lo, hi, probes), {**(known() if known else {}), **seen}, recheck)
+    rechecked, notes = False, []
+    while True:
+        if hi is None:
+            return Outcome("above max", lo, None, probes, [*notes, f"the targets hold up to max_value {lo:g}"])
+        while not _narrow_enough(lo, hi, precision, integer):
+            mid = math.floor((lo + hi) / 2) if integer else (lo + hi) / 2
+            q = (hi - lo) / 4
+            shared = [v for v, r in verdicts().items() if r is not Verdict.UNRESOLVED and lo + q <= v <= hi - q]
+            if shared:
+                mid = min(shared, key=lambda v: abs(v - mid))
+            verdict = ev(mid)
+            if verdict is Verdict.UNRESOLVED:
+                return Outcome("unresolved", lo, hi, probes,
+                               [*notes, f"{mid:g} is unresolved: the noise is larger than the step"])
+            lo, hi = (mid, hi) if verdict is Verdict.PASS else (lo, mid)
+        out = Outcome("found", lo, hi, probes, notes)
+        passes = [v for v, r in verdicts().items() if r is Verdict.PASS and math.isfinite(v)]
+        inverted = sorted(v for v, r in verdicts().items() if r is Verdict.FAIL and passes and v < max(passes))
+        if not inverted:
+            return out
+        if rechecked:
+            out.state = "unresolved"
+            out.notes.append("not monotone after a re-check: " + ", ".join(f"{v:g}" for v in inverted))
+            return out
+        out = _recheck(out, inverted, seen, recheck)
+        if out.state == "unresolved":
+            return out
+        rechecked = True  # they pass now: the boundary lies above the largest passing value
+        lo = max(v for v, r in verdicts().items() if r is Verdict.PASS and math.isfinite(v))
+        above = [v for v, r in verdicts().items() if r is Verdict.FAIL and lo < v < INFINITE]
+        hi = min(above) if above else _double_from(ev, lo, max_value)
+
+
+def _recheck(out: Outcome, values: list[float], seen: dict[float, Verdict],
+             recheck: Callable[[float], Verdict] | None) -> Outcome:
+    """Values that failed where a larger one passed, run once more: their new verdicts replace the old ones;
+    any that still fails (or no way to re-check) leaves the answer `unresolved`."""
+    out.notes.append("not monotone: " + ", ".join(f"{v:g} failed below a passing value" for v in values))
+    if recheck is None:
+        out.state = "unresolved"
+        return out
+    again = {v: recheck(v) for v in values}
+    out.probes.extend(values)
+    seen.update(again)
+    if all(r is Verdict.PASS for r in again.values()):
+        out.notes.append("re-checked: they pass now")
+        return out
+    out.state = "unresolved"
+    return out
+
+
+def _double_from(ev: Callable[[float], Verdict], lo: float, max_value: float) -> float | None:
+    """The first failing value doubling up from a passing `lo` (None: up to max_value passes)."""
+    while lo < max_value:
+        v = min(lo * 2, max_value)
+        if ev(v) is not Verdict.PASS:
+            return v
+        lo = v
+    return None
 
 
 def _bracket(ev: Callable[[float], Verdict], start: float, max_value: float, capacity: float | None,
@@ -229,20 +280,3 @@ def _bracket(ev: Callable[[float], Verdict], start: float, max_value: float, cap
 
 def _narrow_enough(lo: float, hi: float, precision: float, integer: bool) -> bool:
     return (integer and hi - lo <= 1) or (hi - lo) <= precision * hi
-
-
-def _check_monotone(out: Outcome, seen: dict[float, Verdict], recheck: Callable[[float], Verdict] | None) -> Outcome:
-    """A value that failed below one that passed makes the boundary doubtful: re-check it once."""
-    passes = [v for v, r in seen.items() if r is Verdict.PASS and math.isfinite(v)]
-    inverted = sorted(v for v, r in seen.items() if r is Verdict.FAIL and passes and v < max(passes))
-    if not inverted:
-        return out
-    out.notes.append("not monotone: " + ", ".join(f"{v:g} failed below a passing value" for v in inverted))
-    if recheck is not None:
-        again = {v: recheck(v) for v in inverted}
-        out.probes.extend(inverted)
-        if all(r is Verdict.PASS for r in again.values()):
-            out.notes.append("re-checked: they pass now")
-            return out
-    out.state = "unresolved"
-    return out

@@ -55,8 +55,9 @@ def _run(nb, argv, url):
 @pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.03", "--itl-delay", "0.01"]], indirect=True)
 def test_timings_match_the_servers_clock_and_actors_pool(gpu_cluster, stream_server):
     """The server times each request from the arrival of its bytes to each chunk written; the client's
-    medians agree with it: ITL within 1 ms, TTFT within 1.5 ms, E2EL within 3 ms. (On a quiet machine the
-    gaps are 0.05, 0.7 and 1.0 ms; a client woken for every chunk on a busy shared VM adds to the last two.)"""
+    medians agree with it: ITL within 1 ms, TTFT within 2 ms, E2EL within 5 ms. (On a quiet machine the
+    gaps are 0.05, 0.7 and 1.0 ms; a client woken for every chunk on a busy shared VM adds to the last two:
+    with a vLLM server running beside the test, 0.13, 1.3 and 3.2 ms.)"""
     from raysweep.bench.native import NativeBench
 
     nb = NativeBench(cpus=0.5)
@@ -75,8 +76,8 @@ def test_timings_match_the_servers_clock_and_actors_pool(gpu_cluster, stream_ser
     server_itl = 1000 * np.median([x for t in truth for x in t["itls"]])
     server_e2el = 1000 * np.median([t["e2el"] for t in truth])
     seen = {k: (r[f"median_{k}_ms"], v) for k, v in (("ttft", server_ttft), ("itl", server_itl), ("e2el", server_e2el))}
-    assert abs(seen["itl"][0] - seen["itl"][1]) < 1.0 and abs(seen["ttft"][0] - seen["ttft"][1]) < 1.5, seen
-    assert abs(seen["e2el"][0] - seen["e2el"][1]) < 3.0, seen
+    assert abs(seen["itl"][0] - seen["itl"][1]) < 1.0 and abs(seen["ttft"][0] - seen["ttft"][1]) < 2.0, seen
+    assert abs(seen["e2el"][0] - seen["e2el"][1]) < 5.0, seen
     assert r["max_concurrent_requests"] == 4 and not r["client_limited"]
     p, s = pooled["result"], pooled["samples"]
     assert p["completed"] == 30 and p["num_clients"] == 2 and p["max_concurrent_requests"] == 6

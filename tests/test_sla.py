@@ -215,3 +215,32 @@ def test_per_request_latencies_for_attainment():
     assert r["ttft"][0] == pytest.approx(10) and r["e2el"][0] == pytest.approx(50)
     assert r["tpot"][0] == pytest.approx(20) and r["itl"][0] == pytest.approx(20)
     assert list(r["ok"]) == [True, False] and math.isnan(r["e2el"][1])
+
+
+def test_unbounded_pass_contradicted_by_a_failing_probe_is_not_above_max():
+    known = {12.0: Verdict.FAIL}
+    out = search(lambda v: Verdict.PASS if not math.isfinite(v) else Verdict.FAIL, known=lambda: known,
+                 recheck=lambda v: Verdict.FAIL)
+    assert out.state == "unresolved" and "not monotone" in out.notes[-1]
+    fixed = search(lambda v: Verdict.PASS, known=lambda: known, recheck=lambda v: Verdict.PASS)
+    assert fixed.state == "above max"
+
+
+def test_a_recheck_that_passes_moves_the_boundary_up():
+    """8 failed once, 12 passed for another target: 8 passes on re-check, so the answer lies above 12."""
+    first = {8.0: Verdict.FAIL}
+
+    def evaluate(v: float) -> Verdict:
+        if v in first:
+            return first[v]
+        return Verdict.PASS if v <= 20 else Verdict.FAIL
+
+    out = search(evaluate, precision=0.0, known=lambda: {12.0: Verdict.PASS}, recheck=lambda v: Verdict.PASS)
+    assert out.state == "found" and (out.largest_pass, out.smallest_fail) == (20, 21), out
+
+
+def test_bisection_never_borrows_an_unresolved_value():
+    calls = []
+    noisy = {44.0: Verdict.UNRESOLVED}   # another target's probe at 44 decided nothing, and would not for this one
+    out = search(curve(50, calls, noise=noisy), precision=0.0, known=lambda: noisy)
+    assert out.state == "found" and out.largest_pass == 50 and 44.0 not in calls
