@@ -18,54 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from servers import ENV, reset_prefix_cache, start_server, stop_server  # benchmarks/servers.py
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 STUB = REPO / "tests" / "standin" / "stream_server.py"
 OUT = REPO / "benchmarks" / "results"
-ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-       "RAY_USAGE_STATS_ENABLED": "0", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
-       "VLLM_SERVER_DEV_MODE": "1"}  # the cache reset endpoints
-os.environ.update({k: ENV[k] for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE",
-                                       "RAY_USAGE_STATS_ENABLED", "VLLM_HOST_IP")})
-
-
-def start(argv: list[str], url: str, timeout: float, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(argv, env=ENV, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=1).status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.5)
-    stop(proc)
-    raise RuntimeError(f"{argv[0]} not ready after {timeout:.0f} s; see {log}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(20)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def native(nb: Any, url: str, model: str, flags: list[str]) -> dict[str, Any]:
     import ray
 
@@ -80,10 +46,6 @@ def vllm_bench(url: str, model: str, flags: list[str], work: Path) -> tuple[dict
                     *flags, "--save-result", "--result-dir", str(work), "--result-filename", "r.json"],
                    env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((work / "r.json").read_text()), time.monotonic() - t0
-
-
-def reset(url: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30).read()
 
 
 def ray_up(tmp: str) -> None:
@@ -105,7 +67,7 @@ def capacity(model: Path, work: Path) -> str:
     from raysweep.bench.native import NativeBench
 
     url = "http://127.0.0.1:18611"
-    stub = start([sys.executable, str(STUB), "--model", "m", "--port", "18611"], url, 30, work / "stub.log")
+    stub = start_server([sys.executable, str(STUB), "--model", "m", "--port", "18611"], url, 30, work / "stub.log")
     load = ["--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "4",
             "--max-concurrency", "64", "--temperature", "0"]
     rows = []
@@ -125,7 +87,7 @@ def capacity(model: Path, work: Path) -> str:
                for _ in range(3)]
         rows.append(["vllm bench serve", statistics.median(r["request_throughput"] for r in got), "-", "-"])
     finally:
-        stop(stub)
+        stop_server(stub)
     ratio = rows[0][1] / rows[2][1]
     return ("### Capacity against the zero-work stand-in (median of 3)\n\n"
             + table(["client", "req/s", "send lag p99 ms", "client-limited"], rows)
@@ -150,7 +112,7 @@ def overhead(model: Path, work: Path) -> str:
     recs = sorted((json.loads(p.read_text()) for p in out.rglob("run=*.json")), key=lambda r: r["start_time"])
     gaps = sorted(b["start_time"] - a["end_time"] for a, b in zip(recs, recs[1:]))
     url = "http://127.0.0.1:18612"
-    stub = start([sys.executable, str(STUB), "--model", "m", "--port", "18612"], url, 30, work / "stub2.log")
+    stub = start_server([sys.executable, str(STUB), "--model", "m", "--port", "18612"], url, 30, work / "stub2.log")
     try:
         fixed = []
         for _ in range(3):
@@ -159,7 +121,7 @@ def overhead(model: Path, work: Path) -> str:
                                                    "--random-output-len", "4"], work)
             fixed.append(wall - r["duration"])
     finally:
-        stop(stub)
+        stop_server(stub)
     rows = [["native, warm actors (19 gaps)", statistics.median(gaps) * 1000, gaps[int(0.9 * (len(gaps) - 1))] * 1000,
              gaps[-1] * 1000],
             ["`vllm bench serve` process (3 runs)", statistics.median(fixed) * 1000, "-", max(fixed) * 1000]]
@@ -176,7 +138,7 @@ def parity(model: Path, work: Path) -> str:
     from raysweep.bench.native import NativeBench
 
     url = "http://127.0.0.1:18613"
-    server = start([str(BIN / "vllm"), "serve", str(model), "--load-format", "dummy", "--max-model-len", "1024",
+    server = start_server([str(BIN / "vllm"), "serve", str(model), "--load-format", "dummy", "--max-model-len", "1024",
                     "--dtype", "bfloat16", "--gpu-memory-utilization", "0.2", "--host", "127.0.0.1", "--port", "18613"],
                    url, 400, work / "vllm.log")
     load = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "32", "--num-prompts",
@@ -199,14 +161,14 @@ def parity(model: Path, work: Path) -> str:
         native(nb, url, str(model), [*load, "--num-prompts", "20"])  # warm both the server and the actor
         for _ in range(5):
             for tool in tools:
-                reset(url)
+                reset_prefix_cache(url)
                 r = vllm_bench(url, str(model), load, work)[0] if tool == "vllm" else \
                     native(nb, url, str(model), load if tool == "native" else text)
                 got[tool].append({k: r[k] for k in keys})
         nb.close()
         ray.shutdown()
     finally:
-        stop(server)
+        stop_server(server)
     rows = []
     for k in keys:
         n, t, v = (statistics.median(r[k] for r in got[tool]) for tool in tools)

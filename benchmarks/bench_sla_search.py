@@ -36,7 +36,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep import sla
+from servers import ENV, start_server, stop_server  # benchmarks/servers.py
 from raysweep.sla import INFINITE, Verdict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -384,42 +384,12 @@ def synthetic(seeds: int) -> tuple[str, dict[str, Any]]:
 PORT = 18731
 MODEL = Path("/tmp/rsb-sla-model")
 KEYS = ("p90_ttft_ms", "p99_e2el_ms", "mean_e2el_ms", "request_throughput", "completed")
-ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-       "RAY_USAGE_STATS_ENABLED": "0", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
-       "VLLM_SERVER_DEV_MODE": "1"}  # the cache reset endpoint
-os.environ.update({k: ENV[k] for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE",
-                                       "RAY_USAGE_STATS_ENABLED", "VLLM_HOST_IP")})
 
 
-def start_server(url: str, log: Path, timeout: float = 400) -> subprocess.Popen:
-    argv = [str(REPO / ".venv" / "bin" / "vllm"), "serve", str(MODEL), "--load-format", "dummy", "--max-model-len",
-            "512", "--dtype", "bfloat16", "--max-num-seqs", "8", "--host", "127.0.0.1", "--port", str(PORT)]
-    proc = subprocess.Popen(argv, env=ENV, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log}")
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=1).status == 200:
-                return proc
-        except OSError:
-            time.sleep(1)
-    stop_server(proc)
-    raise RuntimeError(f"vllm serve not ready after {timeout:.0f} s; see {log}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, to the server's own process group."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(30)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def start_vllm(url: str, log: Path, timeout: float = 400) -> subprocess.Popen:
+    return start_server([str(REPO / ".venv" / "bin" / "vllm"), "serve", str(MODEL), "--load-format", "dummy",
+                         "--max-model-len", "512", "--dtype", "bfloat16", "--max-num-seqs", "8", "--host",
+                         "127.0.0.1", "--port", str(PORT)], url, timeout, log)
 
 
 def reset_cache(url: str) -> None:
@@ -442,7 +412,7 @@ def measure_real(reps: int) -> dict[str, Any]:
                        stdout=subprocess.DEVNULL)
     log = Path(f"/tmp/rsb-sla-vllm{os.getpid()}.log")
     t0 = time.monotonic()
-    server = start_server(url, log)
+    server = start_vllm(url, log)
     ready_s = time.monotonic() - t0
     table: dict[str, list[dict[str, Any]]] = {}
     try:
