@@ -183,8 +183,9 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
 
 
 def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
-    """A TTFT target that max_num_seqs=1 (requests served one at a time) meets only at concurrency 1, and
-    max_num_seqs=8 meets at a larger concurrency: the search finds both, each probe run once."""
+    """A median TTFT target that max_num_seqs=1 (requests served one at a time) meets only at concurrency 1,
+    and max_num_seqs=8 meets at a larger concurrency: the search finds both, each probe run once. (The
+    median, not the p90: over 16 requests a p90 is one or two requests, too noisy on a shared machine.)"""
     from raysweep.campaign import campaign_from_dict
     from raysweep.driver import run_campaign
     from raysweep.results import sla_table
@@ -199,7 +200,7 @@ def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
                          "--random-input-len 32 --random-output-len 16 --temperature 0",
                   "client_cpus": 0.5},
         "placement": {"max_servers": 1},
-        "sla": {"targets": [{"p90_ttft_ms": "<=40"}], "max_value": 32},
+        "sla": {"targets": [{"median_ttft_ms": "<=60"}], "max_value": 32},
     }
     summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
     df = sla_table(out)
