@@ -152,6 +152,17 @@ class SlaSpec(_Strict):
         return self
 
 
+class TransportSpec(_Strict):
+    """The NCCL transport check of every server: its log is read, its links classified."""
+
+    require: Literal["any", "ib", "gdr"] = Field(
+        "any", description="the slowest cross-node link accepted for a multi-node config: any, ib (InfiniBand) "
+        "or gdr (InfiniBand with GPUDirect RDMA); a slower config is stopped before benchmarking")
+    nccl_debug: bool = Field(True, description="start servers with NCCL_DEBUG=INFO (unless their env sets it)")
+    wait_s: float = Field(30.0, ge=0, description="seconds to wait after ready for the NCCL lines of a "
+                          "multi-node config before judging it")
+
+
 class Campaign(_Strict):
     """A whole campaign, as written in the YAML file."""
 
@@ -167,6 +178,9 @@ class Campaign(_Strict):
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="node rules and concurrency cap")
     sla: SlaSpec | None = Field(None, description="search, per config and bench point, the largest load that "
                                 "meets latency targets")
+    transport: TransportSpec = Field(default_factory=TransportSpec, description="the NCCL transport check")
+    storage: str | None = Field(None, description="a filesystem URI (s3://..., gs://..., file:///...) the ledger "
+                                "and results are mirrored to after every point")
 
 
 def _has_masked_secret(argv: list[str]) -> bool:

@@ -243,10 +243,12 @@ def status(output_dir: str) -> None:
 
     ledger = Ledger.open_existing(output_dir)
     try:
-        counts, points, active = ledger.counts(), ledger.points(), ledger.servers(active_only=True)
+        counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
         name, extra, driver = ledger.meta("name"), ledger.out_of_plan(), ledger.last_driver()
+        stored = ledger.stored_campaign()
     finally:
         ledger.close()
+    active = [s for s in servers if s.stopped_at is None]
     table = Table(title=f"campaign {name}")
     for col in ("done", "running", "failed", "pending", "total"):
         table.add_column(col, justify="right")
@@ -273,12 +275,31 @@ def status(output_dir: str) -> None:
         out.print(st)
         for s in active:
             _say(f"{s.server_id}: {s.command}")
+    _transport_table(servers, (stored.get("transport") or {}).get("require", "any"))
     for p in points:
         if p.state == PointState.FAILED:
             out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "
                       f"{escape(str(p.error))}", highlight=False)
             if p.log_tail:
                 _say("  " + "\n  ".join(p.log_tail.splitlines()[-5:]), style="dim")
+
+
+def _transport_table(servers: list[Any], require: str) -> None:
+    """The NCCL transport verdict of the latest server of every configuration, refused ones in red."""
+    from raysweep import transport
+
+    latest = {s.serve_id: s for s in servers if s.transport}
+    if not latest:
+        return
+    table = Table(title=f"transport (require: {require})")
+    for col in ("server config", "server", "nodes", "links", "gate"):
+        table.add_column(col)
+    for serve_id, s in latest.items():
+        v = s.transport_verdict()
+        refused = transport.refusal(v, require)
+        table.add_row(serve_id, s.server_id, str(v.get("nnodes", 1)), transport.describe(v),
+                      "[red]refused[/]" if refused else "ok")
+    out.print(table)
 
 
 @main.command()

@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import metrics, placement, procs, sla
+from raysweep import metrics, placement, procs, sla, transport
 from raysweep.bench import backend_for
 from raysweep.bench import stats
 from raysweep.bench.command import CommandBench, result_record
@@ -247,6 +247,7 @@ class _Server:
     infos: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     host_lost: bool = False          # a host actor (or its node) went away, not just the server process
+    transport: dict[str, Any] | None = None  # the NCCL transport verdict (raysweep.transport.server_verdict)
 
     def down(self) -> str | None:
         """None while every rank's process runs; otherwise what ended it."""
@@ -314,6 +315,17 @@ class _ProbeData:
 class _SearchState:
     reset: str
     probes: dict[str, dict[tuple[float, int], _ProbeData | None]] = field(default_factory=dict)
+
+
+def transport_fields(verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """The `transport_*` columns of a result from its server's verdict."""
+    if verdict is None:
+        return {}
+    one_node = int(verdict.get("nnodes") or 1) < 2
+    return {"transport_inter": "n/a" if one_node else verdict["inter"], "transport_intra": verdict["intra"],
+            "transport_plugins": ",".join(verdict.get("plugins") or []),
+            "transport_ib_devices": ",".join(verdict.get("ib_devices") or []),
+            "transport_nccl": ",".join(verdict.get("versions") or []), "transport": transport.describe(verdict)}
 
 
 def search_key(cfg: Any, target: sla.Target) -> str:
@@ -457,9 +469,13 @@ class Driver:
             elif r.outcome.startswith("error"):
                 self._stop_reason = f"server config {sid}: {r.outcome}"
 
-    def _give_up(self, serve: ServeConfig, reason: str) -> None:
+    def _give_up(self, serve: ServeConfig, reason: str, search_state: str = "server failed") -> None:
+        """Fail a configuration's points (and SLA searches) for good."""
         for p in self.ledger.runnable(serve.id, self.c.max_attempts):
             self.ledger.give_up(p.point_id, reason, self.c.max_attempts)
+        for bench_id, target in self._open_searches(serve.id):
+            self.ledger.record_search(serve.id, bench_id, search_key(self.c.sla, target), search_state, None, None,
+                                      0, [reason], {})
         log.error("server config %s: %s", serve.id, reason)
         self.emit("config_failed", serve=serve, error=reason)
 
@@ -534,6 +550,10 @@ class Driver:
         points = [p for p in (self.plan.point(r.point_id) for r in runnable) if p is not None]
         if self.c.warmup and (points or self.c.sla is not None):
             self._warmup(run, server, (points or self.plan.points_of(run.serve.id))[0])
+        refused = self._check_transport(run, server)
+        if refused is not None:
+            self._give_up(run.serve, refused, search_state="transport refused")
+            return
         if self.c.sla is not None:
             self._run_searches(run, server)
             return
@@ -588,7 +608,7 @@ class Driver:
             port = self._await(run, hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
             for r, h in enumerate(hosts):
                 argv = rank_argv(serve.argv, lay, r, master, port)
-                server.infos.append(self._await(run, h.start.remote(argv, serve.env, r == 0), 120)[1])
+                server.infos.append(self._await(run, h.start.remote(argv, serve.env, r == 0, self.c.transport.nccl_debug), 120)[1])
             head = server.infos[0]
             server.url = f"http://{head['host']}:{head['port']}"
             self.ledger.update_server(server_id, command=head["command"], hostname=server.nodes[0]["hostname"],
@@ -641,7 +661,40 @@ class Driver:
             if left <= step:
                 return {"ok": False, "error": f"server not ready after {limit:.0f} s (/health and /v1/models)"}
 
+    def _check_transport(self, run: _ConfigRun, server: _Server) -> str | None:
+        """Read NCCL's lines from every rank and store the verdict with the server. A multi-node config whose
+        cross-node links are slower than `transport.require` is refused (the reason, with the evidence):
+        its lines are awaited up to `transport.wait_s`, since NCCL may connect channels lazily."""
+        cfg = self.c.transport
+        gated = len(server.hosts) > 1 and cfg.require != "any"
+        deadline = time.monotonic() + (cfg.wait_s if gated else 0.0)
+        while True:
+            verdict = self._read_transport(run, server)
+            if verdict is None:
+                return None
+            if not gated or transport.meets(verdict, cfg.require) or time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        refused = transport.refusal(verdict, cfg.require)
+        if refused:
+            log.error("server config %s: %s", run.serve.id, refused)
+        self.emit("transport", serve=run.serve, server_id=server.server_id, verdict=verdict, refused=refused)
+        return refused
+
+    def _read_transport(self, run: _ConfigRun | None, server: _Server) -> dict[str, Any] | None:
+        refs = [h.nccl_lines.remote() for h in server.hosts]
+        try:
+            lines = self._await(run, refs, 120)[1] if run is not None else ray.get(refs, timeout=60)
+        except ray.exceptions.RayError as exc:
+            log.info("server %s: NCCL lines not read (%s)", server.server_id, exc)
+            return None
+        server.transport = transport.server_verdict(lines)
+        self.ledger.update_server(server.server_id, transport=json.dumps(server.transport))
+        return server.transport
+
     def _stop_server(self, server: _Server, state: str = "stopped") -> None:
+        if server.transport is not None:  # channels connected after the check (lazily) count too
+            self._read_transport(None, server)
         refs = [h.stop.remote() for h in server.hosts]
         left: list[int] = []
         for rank, (h, ref) in enumerate(zip(server.hosts, refs)):
@@ -890,6 +943,7 @@ class Driver:
             "attempt": attempt, "started_at": started,
             "ended_at": time.time(), "bench_wall_s": out.get("duration_s"), "cache_state_before": reset,
             "bench_command": out.get("command"),
+            **transport_fields(server.transport),
         }
         if point.bench.base_id is not None:
             extra.update(sla_base_id=point.bench.base_id, sla_value=point.bench.sla_value)

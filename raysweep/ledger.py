@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS servers (
   state TEXT NOT NULL,
   error TEXT,
   log_tail TEXT,
-  log_path TEXT
+  log_path TEXT,
+  transport TEXT
 );
 CREATE TABLE IF NOT EXISTS drivers (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -142,6 +143,10 @@ class ServerRow:
     error: str | None
     log_tail: str | None
     log_path: str | None
+    transport: str | None = None  # JSON: the NCCL transport verdict (raysweep.transport.server_verdict)
+
+    def transport_verdict(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.transport)) if self.transport else None
 
     def rank_list(self) -> list[dict[str, Any]]:
         """Every node's part of the server: rank, hostname, node_id, node_ip, pid, pid_create_time, gpu_ids."""
@@ -159,7 +164,8 @@ class SyncReport:
     fingerprint_changed: bool
 
 
-_ADDED_COLUMNS = (("points", "probe_of"), ("servers", "ranks"), ("servers", "log_path"), ("drivers", "helpers"))
+_ADDED_COLUMNS = (("points", "probe_of"), ("servers", "ranks"), ("servers", "log_path"), ("drivers", "helpers"),
+                  ("servers", "transport"))
 
 
 class Ledger:

@@ -26,7 +26,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
-from raysweep import plots
+from raysweep import plots, transport
 from raysweep.grid import combo_label
 from raysweep.files import write_text_atomic
 from raysweep.ledger import Ledger, PointRow, PointState, ServerRow
@@ -279,11 +279,28 @@ def _sla(data: _Data) -> str:
 
 
 def _transport(data: _Data) -> str:
-    cols = [c for c in data.df.columns if c.startswith("transport_")] if not data.df.empty else []
-    if not cols:
-        return _section("transport", '<p class="muted">Not checked: the results carry no transport check.</p>')
-    first = data.df.drop_duplicates("serve_id")[["serve_label", *cols]]
-    return _section("transport", _frame_table(first))
+    """Per server config, the NCCL verdict of its latest server: links, gate, and the evidence lines."""
+    latest = {s.serve_id: s for s in data.servers if s.transport}
+    if not latest:
+        return _section("transport", '<p class="muted">Not checked: no server of this campaign has a transport '
+                                     "verdict.</p>")
+    require = (data.campaign.get("transport") or {}).get("require", "any")
+    labels = {p.serve_id: combo_label(p.serve_params) for p in data.points}
+    rows, evidence = [], []
+    for serve_id, s in latest.items():
+        v = s.transport_verdict() or {}
+        refused = transport.refusal(v, require)
+        one_node = int(v.get("nnodes") or 1) < 2
+        rows.append([labels.get(serve_id, serve_id), s.server_id, v.get("nnodes", 1),
+                     "n/a" if one_node else v.get("inter"), v.get("intra"), ", ".join(v.get("plugins") or []),
+                     ", ".join(v.get("ib_devices") or []), ", ".join(v.get("versions") or []),
+                     "refused" if refused else "ok"])
+        lines = "\n".join(str(e) for e in v.get("evidence") or []) or "no NCCL line in the server logs"
+        evidence.append(f"<details><summary>{_e(labels.get(serve_id, serve_id))}: evidence</summary>"
+                        f"<pre>{_e(lines)}</pre></details>")
+    table = _table(["server config", "server", "nodes", "inter-node", "intra-node", "NET plugins", "IB devices",
+                    "NCCL", f"gate ({require})"], rows)
+    return _section("transport", table + "\n".join(evidence))
 
 
 def _failures(data: _Data) -> str:

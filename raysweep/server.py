@@ -3,16 +3,19 @@
 A `ServerHost` actor sits in the placement group bundle that holds the configuration's GPUs (Ray sets
 CUDA_VISIBLE_DEVICES for it) and starts the server as a child process through `raysweep.guard`, on a
 free port of its own, with its output in a log file. Readiness means `/health` answers 200 and
-`/v1/models` lists the expected model. Stopping terminates the whole process tree, waits for it to exit
+`/v1/models` lists the expected model. Servers start with `NCCL_DEBUG=INFO` (unless set), so that the
+transport check can read, on every node, which links NCCL chose (`nccl_lines`). Stopping terminates the whole process tree, waits for it to exit
 and for the port to be free, then kills what is left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -121,6 +124,8 @@ class ServerHost:
         self._exit_code: int | None = None
         self.state_dir = Path(tempfile.gettempdir())
         self.port: int | None = None
+        self._nccl_file: str | None = None
+        self._started_at = 0.0
         _remove_orphaned_state()
 
     def node_info(self) -> dict[str, Any]:
@@ -133,12 +138,19 @@ class ServerHost:
         """A free port on this node (for the rendezvous of a multi-node server)."""
         return procs.free_port(self.ip)
 
-    def start(self, argv: list[str], env: dict[str, str], serve_http: bool = True) -> dict[str, Any]:
+    def start(self, argv: list[str], env: dict[str, str], serve_http: bool = True,
+              nccl_debug: bool = True) -> dict[str, Any]:
         """Start the server under `raysweep.guard`; returns the guard's pid and start time, host, port, log.
-        `serve_http=False` for the headless ranks of a multi-node server: no `--host`/`--port` of ours."""
+        `serve_http=False` for the headless ranks of a multi-node server: no `--host`/`--port` of ours.
+        `nccl_debug`: NCCL_DEBUG=INFO unless the campaign or this node's environment sets NCCL_DEBUG."""
         self.port = procs.free_port(self.ip) if serve_http else None
         full = procs.resolve_executable(server_argv(argv, self.ip, self.port) if serve_http else list(argv))
-        env_ = procs.child_env({"VLLM_SERVER_DEV_MODE": "1", **env})
+        extra = {"VLLM_SERVER_DEV_MODE": "1"}
+        if nccl_debug and "NCCL_DEBUG" not in env and "NCCL_DEBUG" not in os.environ:
+            extra["NCCL_DEBUG"] = "INFO"
+        env_ = procs.child_env({**extra, **env})
+        self._nccl_file = env_.get("NCCL_DEBUG_FILE")
+        self._started_at = time.time()
         me = psutil.Process()
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"{STATE_PREFIX}{self.server_id}-"))
         (self.state_dir / HOST_FILE).write_text(f"{me.pid} {me.create_time()!r}")
@@ -224,6 +236,21 @@ class ServerHost:
 
     def read_log(self, max_bytes: int = 4 * 1024 * 1024) -> str:
         return procs.tail(self.log_path, lines=10**9, max_bytes=max_bytes)
+
+    def nccl_lines(self, limit: int = 20000) -> list[str]:
+        """NCCL's lines of this rank: from its log, and from the files NCCL_DEBUG_FILE names (`%h` and `%p`
+        stand for any host and pid) written since the server started."""
+        sources = [self.log_path]
+        if self._nccl_file:
+            sources += sorted(Path(f) for f in glob.glob(re.sub(r"%[hp]", "*", self._nccl_file)))
+        lines: list[str] = []
+        for src in sources:
+            with contextlib.suppress(OSError):
+                if src != self.log_path and src.stat().st_mtime < self._started_at - 1:
+                    continue  # an earlier server's file
+                with open(src, errors="replace") as f:
+                    lines += [ln.rstrip("\n") for ln in f if "NCCL" in ln]
+        return lines[:limit]
 
     def stop(self, grace_s: float = 30.0) -> dict[str, Any]:
         """Stop the server tree, wait for it and for the port to be free; kill what is left."""

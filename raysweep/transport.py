@@ -9,7 +9,8 @@ It keeps every channel's transport (`P2P/CUMEM`, `P2P/IPC`, `SHM`, `NET/<plugin>
 
 `classify(report)` turns that into a verdict: the intra-node links (`P2P`, `SHM`, `none`) and the
 inter-node links, the slowest seen: `IB+GDR`, `IB`, `Socket` or `none`, with the evidence lines.
-`meets(verdict, require)` is the gate of `transport.require: ib | gdr | any`.
+`meets(verdict, require)` is the gate of `transport.require: ib | gdr | any`; `refusal` words it.
+`server_verdict(lines_per_rank)` does all of it for the ranks of one server.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["Link", "Report", "classify", "meets", "parse_nccl"]
+__all__ = ["Link", "Report", "classify", "describe", "meets", "parse_nccl", "refusal", "server_verdict"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|ESC\[[0-9;]*m")
 _RAY_PREFIX = re.compile(r"^(?:\((?:[^()]|\([^()]*\))*\)\s*)+")
@@ -143,3 +144,45 @@ def meets(verdict: dict[str, object], require: str) -> bool:
         return True
     need = {"ib": RANK["IB"], "gdr": RANK["IB+GDR"]}[require]
     return RANK.get(str(verdict["inter"]), 0) >= need
+
+
+REQUIRED = {"ib": "IB", "gdr": "IB+GDR"}
+
+
+def server_verdict(lines_per_rank: list[list[str]]) -> dict[str, object]:
+    """The verdict of one server from the NCCL lines of each of its ranks (one rank per node)."""
+    verdict = classify(parse_nccl(line for lines in lines_per_rank for line in lines))
+    verdict["nnodes"] = len(lines_per_rank)
+    verdict["ranks_with_nccl"] = sum(1 for lines in lines_per_rank if lines)
+    return verdict
+
+
+def describe(verdict: dict[str, object]) -> str:
+    """One line for tables: `inter-node IB+GDR (IB), intra-node P2P, NCCL 2.21.5`."""
+    parts = []
+    if int(verdict.get("nnodes", 1) or 1) > 1:
+        plugins = ", ".join(str(p) for p in verdict.get("plugins") or [])  # type: ignore[attr-defined]
+        parts.append(f"inter-node {verdict['inter']}" + (f" ({plugins})" if plugins else ""))
+    parts.append(f"intra-node {verdict['intra']}")
+    versions = verdict.get("versions") or []
+    if versions:
+        parts.append("NCCL " + ", ".join(str(v) for v in versions))  # type: ignore[attr-defined]
+    if not verdict.get("channels"):
+        parts.append("no NCCL channel seen")
+    return ", ".join(parts)
+
+
+def refusal(verdict: dict[str, object], require: str) -> str | None:
+    """Why a multi-node server fails `transport.require`, with the evidence; None when it passes (a server
+    on one node always passes: the requirement is about links between nodes)."""
+    if int(verdict.get("nnodes", 1) or 1) < 2 or meets(verdict, require):
+        return None
+    evidence = [str(e) for e in verdict.get("evidence") or []][:8]  # type: ignore[attr-defined]
+    if verdict["inter"] == "none":
+        why = (f"no cross-node NCCL link was seen in the logs of its {verdict['nnodes']} ranks "
+               f"({verdict.get('ranks_with_nccl', 0)} printed NCCL lines), so {REQUIRED[require]} cannot be confirmed")
+    else:
+        why = f"its cross-node links are {verdict['inter']}, slower than the {REQUIRED[require]} required"
+        if verdict["inter"] == "Socket":
+            why += " (NCCL fell back to TCP sockets)"
+    return f"transport.require {require}: {why}" + ("; evidence:\n" + "\n".join(evidence) if evidence else "")

@@ -56,3 +56,31 @@ def native_campaign(path: Path, *, name: str = "n", server_args: str = "", bench
         data["bench"][key] = value
     f.write_text(yaml.safe_dump(data))
     return f
+
+
+def add_nodes(cluster, pool: str, n: int = 2, num_gpus: int = 4) -> list:
+    """Add n simulated GPU nodes labelled pool=POOL to the session cluster and wait until Ray sees them."""
+    import ray
+
+    from raysweep import procs
+
+    added = [cluster.add_node(num_cpus=2, num_gpus=num_gpus, labels={"pool": pool},
+                              runtime_env_dir_name=f"rr_{pool}{i}") for i in range(n)]
+    cluster.wait_for_nodes()
+    assert procs.wait_for(lambda: sum(1 for x in ray.nodes() if x["Alive"] and x["Labels"].get("pool") == pool) == n,
+                          30)
+    return added
+
+
+def remove_nodes(cluster, nodes: list) -> None:
+    """Remove what is left of the added nodes and wait until Ray has seen them go, so that the next test
+    cannot be placed on a node that is already dead but not yet known to be."""
+    import ray
+
+    from raysweep import procs
+
+    for node in nodes:
+        if node in cluster.worker_nodes:
+            cluster.remove_node(node, allow_graceful=False)
+    ids = {n.node_id for n in nodes}
+    assert procs.wait_for(lambda: not any(x["Alive"] for x in ray.nodes() if x["NodeID"] in ids), 60)

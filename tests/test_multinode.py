@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import run_file, standin_campaign
+from helpers import add_nodes, remove_nodes, run_file, standin_campaign
 
 ray = pytest.importorskip("ray")
 
@@ -40,23 +40,6 @@ def _assert_no_orphans(out: Path) -> None:
     pids = _all_rank_pids(out)
     assert pids and procs.wait_for(lambda: not any(procs.is_alive(p, None) for p in pids), 30), \
         f"left running: {[p for p in pids if procs.is_alive(p, None)]}"
-
-
-def _add_nodes(cluster, pool: str, n: int = 2) -> list:
-    added = [cluster.add_node(num_cpus=2, num_gpus=4, labels={"pool": pool}, runtime_env_dir_name=f"rr_{pool}{i}")
-             for i in range(n)]
-    cluster.wait_for_nodes()
-    assert procs.wait_for(lambda: sum(1 for x in ray.nodes() if x["Alive"] and x["Labels"].get("pool") == pool) == n, 30)
-    return added
-
-
-def _remove(cluster, nodes: list) -> None:
-    """Remove what is left of the added nodes and wait until Ray has seen them go."""
-    for node in nodes:
-        if node in cluster.worker_nodes:
-            cluster.remove_node(node, allow_graceful=False)
-    ids = {n.node_id for n in nodes}
-    assert procs.wait_for(lambda: not any(x["Alive"] for x in ray.nodes() if x["NodeID"] in ids), 30)
 
 
 def test_shapes_land_as_specified_one_bundle_per_node_and_ranks_started_together(gpu_cluster, tmp_path):
@@ -181,7 +164,7 @@ def _remove_when_running(cluster, out: Path, candidates: list, removed: list) ->
 
 
 def test_node_loss_tears_the_server_down_and_places_it_again_on_the_nodes_left(gpu_cluster, tmp_path):
-    pool = _add_nodes(gpu_cluster, "loss")
+    pool = add_nodes(gpu_cluster, "loss")
     try:
         lost: list[str] = []
         f = standin_campaign(tmp_path, bench_args="--sleep 1.5", serve_params=[{"tensor_parallel_size": 4}],
@@ -204,11 +187,11 @@ def test_node_loss_tears_the_server_down_and_places_it_again_on_the_nodes_left(g
         assert set(results_table(out)["node_id"]) == {servers[1].node_id}
         _assert_no_orphans(out)
     finally:
-        _remove(gpu_cluster, pool)
+        remove_nodes(gpu_cluster, pool)
 
 
 def test_config_that_no_longer_fits_after_a_node_loss_fails_with_the_reason(gpu_cluster, tmp_path):
-    pool = _add_nodes(gpu_cluster, "gone")
+    pool = add_nodes(gpu_cluster, "gone")
     try:
         f = standin_campaign(tmp_path, bench_args="--sleep 1.5",
                              serve_params=[{"tensor_parallel_size": 4, "pipeline_parallel_size": 2}],
@@ -225,7 +208,7 @@ def test_config_that_no_longer_fits_after_a_node_loss_fails_with_the_reason(gpu_
                    for p in summary.failures)
         _assert_no_orphans(out)
     finally:
-        _remove(gpu_cluster, pool)
+        remove_nodes(gpu_cluster, pool)
 
 
 def test_dry_run_on_the_cluster_shows_each_rank_and_refuses_what_never_fits(gpu_cluster, tmp_path):

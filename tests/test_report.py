@@ -71,17 +71,32 @@ def no_figures(monkeypatch):
     monkeypatch.setattr(report, "_figure_list", lambda data: [])
 
 
-def test_transport_columns_per_server_config_and_recorded_versions(tmp_path, no_figures):
+def test_transport_verdict_per_server_config_with_evidence_and_recorded_versions(tmp_path, no_figures):
+    from raysweep.transport import server_verdict
+
     out = build_output_dir(tmp_path / "out")
+    gdr = "n1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/IB/0/GDRDMA"
+    sock = "n1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/Socket/0"
+    led = Ledger.open_existing(out)
+    for sid, line in (("s8", sock), ("s16", gdr)):
+        led.update_server(f"srv-{sid}", transport=json.dumps(server_verdict([[line], []])))
+    stored = led.stored_campaign()
+    stored["transport"] = {"require": "ib"}
+    with led._tx() as c:
+        c.execute("UPDATE meta SET value = ? WHERE key = 'campaign'", (json.dumps(stored),))
+    led.close()
     for path in (out / "points").rglob("run=*.json"):
         rec = json.loads(path.read_text())
-        rec.update(transport_inter="IB+GDR" if rec["serve_id"] == "s16" else "none", transport_intra="P2P",
-                   vllm_version="0.33.0")
+        rec.update(vllm_version="0.33.0")
         write_json_atomic(path, rec)
     html = report.build_report(out)
     transport = section(html, "transport")
     assert transport.count("<tr>") == 1 + 2  # one row per server config
-    assert "transport_inter" in transport and "IB+GDR" in transport and "Not checked" not in transport
+    assert "gate (ib)" in transport and "Not checked" not in transport
+    rows = {"s16" if "max_num_seqs=16" in r else "s8": r for r in transport.split("<tr>")[2:]}
+    assert "IB+GDR" in rows["s16"] and ">ok<" in rows["s16"], rows
+    assert ">Socket<" in rows["s8"] and ">refused<" in rows["s8"], rows
+    assert "via NET/Socket/0" in transport and "<details>" in transport  # the evidence lines
     assert "No SLA search in this campaign." in section(html, "sla")
     env = section(html, "environment")
     assert "recorded with the runs" in env and "0.33.0" in env and "installed where" not in env

@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import add_nodes, remove_nodes
+
 from raysweep import procs
 from raysweep.ledger import Ledger
 from raysweep.results import results_table
@@ -138,14 +140,8 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
     from raysweep.campaign import campaign_from_dict
     from raysweep.driver import run_campaign
 
-    import ray
-
-    added = [gpu_cluster.add_node(num_cpus=2, num_gpus=1, labels={"pool": "vllm-mn"},
-                                  runtime_env_dir_name=f"rr_vllm{i}") for i in range(2)]
+    added = add_nodes(gpu_cluster, "vllm-mn", num_gpus=1)
     try:
-        gpu_cluster.wait_for_nodes()
-        assert procs.wait_for(lambda: sum(1 for n in ray.nodes() if n["Alive"]
-                                          and n["Labels"].get("pool") == "vllm-mn") == 2, 30)
         out = tmp_path / "out"
         data = {
             "name": "vllm-multinode", "output_dir": str(out), "runs": 1, "max_attempts": 1,
@@ -178,8 +174,7 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
         assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60), \
             f"left running: {[(p.pid, p.name()) for p in _ours(str(tmp_path))]}"
     finally:
-        for node in added:
-            gpu_cluster.remove_node(node, allow_graceful=False)
+        remove_nodes(gpu_cluster, added)
 
 
 def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):

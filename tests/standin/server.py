@@ -13,6 +13,36 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+def _nccl_lines(net: str, rank: int, delay: float) -> None:
+    """What NCCL 2.2x prints for a 2-node pipeline: the version, the network chosen, the devices, one local
+    channel and the cross-node channels."""
+    if os.environ.get("NCCL_DEBUG", "").upper() != "INFO":
+        return
+    time.sleep(delay)
+    host, pid = f"node{rank}", os.getpid()
+    head = f"{host}:{pid}:{pid + 7} [0] NCCL INFO"
+    via = {"gdr": "NET/IB/0/GDRDMA", "ib": "NET/IB/0", "socket": "NET/Socket/0"}[net]
+    lines = [f"{head} NCCL version 2.21.5+cuda12.4"]
+    if net == "socket":
+        lines += [f"{head} NET/IB : No device found.", f"{head} NET/Socket : Using [0]eth0:10.0.0.{rank + 1}<0>",
+                  f"{head} Using network Socket"]
+    else:
+        lines += [f"{head} NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.{rank + 1}<0>",
+                  f"{head} Using network IB"]
+    lines += [f"{head} Channel 00/0 : {2 * rank}[0] -> {2 * rank + 1}[1] via P2P/CUMEM/read",
+              f"{head} Channel 00/0 : {2 * rank + 1}[1] -> {2 * (1 - rank)}[0] [send] via {via}",
+              f"{head} Channel 01/0 : {2 * (1 - rank) + 1}[1] -> {2 * rank}[0] [receive] via {via}",
+              f"{head} Connected all rings, use ring PXN 0 GDR {1 if net == 'gdr' else 0}"]
+    text = "\n".join(lines) + "\n"
+    target = os.environ.get("NCCL_DEBUG_FILE")
+    if target:
+        with open(target.replace("%h", host).replace("%p", str(pid)), "a") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")
@@ -32,6 +62,10 @@ def main() -> None:
     ap.add_argument("--node-rank", type=int, default=0)
     ap.add_argument("--headless-die-after", type=float, default=0.0,
                     help="a headless rank exits(4) after this many seconds (once, with --die-once-file)")
+    ap.add_argument("--nccl-net", choices=["gdr", "ib", "socket"], default=None,
+                    help="print the NCCL_DEBUG=INFO lines of a rank whose cross-node links use this transport "
+                         "(to NCCL_DEBUG_FILE when that is set, else to stdout), only when NCCL_DEBUG=INFO")
+    ap.add_argument("--nccl-delay", type=float, default=0.0, help="seconds after ready before the NCCL lines")
     args, _unknown = ap.parse_known_args()
     model = args.model_opt or args.model or "standin"
     if args.pid_file:
@@ -48,6 +82,9 @@ def main() -> None:
         print("standin: failing on purpose", flush=True)
         sys.exit(1)
     time.sleep(args.startup_delay)
+    if args.nccl_net:
+        threading.Thread(target=_nccl_lines, args=(args.nccl_net, args.node_rank, args.nccl_delay),
+                         daemon=True).start()
     if args.headless:
         print(f"standin: headless rank {args.node_rank}", flush=True)
         if args.headless_die_after and not (args.die_once_file and os.path.exists(args.die_once_file)):
