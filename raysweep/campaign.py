@@ -47,6 +47,26 @@ class ServeSpec(_Strict):
         return _check_cmd(v)
 
 
+class OfflineSpec(_Strict):
+    """An offline sweep: `vllm bench throughput` or `vllm bench latency` run once per point, no server."""
+
+    cmd: str = Field(description="base command, e.g. `vllm bench throughput --model MODEL --dataset-name random` "
+                     "(raysweep adds --output-json)")
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="environment of the command")
+    params: Any = Field(None, description="parameter file path, list of dicts, or {grid: ..., exclude: [...]}")
+    timeout_s: float = Field(3600.0, gt=0, description="seconds one point may take, engine start included")
+    gpus_per_point: int | None = Field(None, ge=1, description="GPUs of one point, for commands that are not "
+                                       "vLLM's (default: tensor_parallel_size x pipeline_parallel_size)")
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd_kind(cls, v: str) -> str:
+        from raysweep.bench.offline import offline_kind
+
+        offline_kind(shlex.split(_check_cmd(v)))
+        return v
+
+
 LabelValue = str | list[str]
 
 
@@ -172,8 +192,11 @@ class Campaign(_Strict):
     warmup: int = Field(0, ge=0, description="prompts run once after every server start, not recorded")
     continue_on_error: bool = Field(True, description="record failures and go on instead of stopping")
     max_attempts: int = Field(2, ge=1, description="attempts per point before it stays failed")
-    serve: ServeSpec
-    bench: BenchSpec
+    mode: Literal["serve", "offline"] = Field("serve", description="serve: a server per config, benchmarked "
+                                              "by clients; offline: `vllm bench throughput|latency` per point")
+    serve: ServeSpec | None = Field(None, description="the server (mode serve)")
+    bench: BenchSpec | None = Field(None, description="the benchmark against it (mode serve)")
+    offline: OfflineSpec | None = Field(None, description="the offline benchmark (mode offline)")
     link: dict[str, str] = Field(default_factory=dict, description="serve parameter -> bench parameter that must be equal")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="node rules and concurrency cap")
     sla: SlaSpec | None = Field(None, description="search, per config and bench point, the largest load that "
@@ -222,15 +245,32 @@ class CampaignSpec:
     source_path: str = ""
     base_dir: Path = field(default_factory=Path.cwd)
 
+    @property
+    def offline(self) -> bool:
+        """An offline sweep: each point runs `serve_argv` (the offline command) to its end, no server."""
+        return self.campaign.mode == "offline"
+
+    @property
+    def gpus_per_replica(self) -> int | None:
+        c = self.campaign
+        return c.offline.gpus_per_point if c.offline is not None else c.serve.gpus_per_replica if c.serve else None
+
     def stored_form(self) -> dict[str, Any]:
         """The campaign as kept in the ledger: parameters resolved, `${VAR}` kept, literal secrets masked."""
         data = self.campaign.model_dump(mode="json")
-        data["serve"]["params"] = self.serve_combos
-        data["bench"]["params"] = self.bench_combos
-        for part in ("serve", "bench"):
-            data[part]["env"] = grid.mask_env({k: _env_str(v) for k, v in data[part]["env"].items()})
-        for part, key in (("serve", "cmd"), ("bench", "cmd"), ("bench", "after_bench_cmd")):
-            cmd = data[part][key]
+        for part in ("serve", "bench", "offline"):
+            if data.get(part) is None:
+                data.pop(part, None)
+        if self.offline:
+            data["offline"]["params"] = self.serve_combos
+        else:
+            data["serve"]["params"] = self.serve_combos
+            data["bench"]["params"] = self.bench_combos
+        for part in ("serve", "bench", "offline"):
+            if part in data:
+                data[part]["env"] = grid.mask_env({k: _env_str(v) for k, v in data[part]["env"].items()})
+        for part, key in (("serve", "cmd"), ("bench", "cmd"), ("bench", "after_bench_cmd"), ("offline", "cmd")):
+            cmd = (data.get(part) or {}).get(key)
             if cmd and grid.mask_argv(shlex.split(cmd)) != shlex.split(cmd):
                 data[part][key] = grid.shell_join(grid.mask_argv(shlex.split(cmd)))
         return data
@@ -263,6 +303,10 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     except ValidationError as exc:
         raise _campaign_error(exc) from None
     env = dict(os.environ if env is None else env)
+    _check_mode(campaign)
+    if campaign.offline is not None:
+        return _offline_spec(campaign, base_dir, source_path, env)
+    assert campaign.serve is not None and campaign.bench is not None
     for fld, cmd in (("serve.cmd", campaign.serve.cmd), ("bench.cmd", campaign.bench.cmd),
                      ("bench.after_bench_cmd", campaign.bench.after_bench_cmd)):
         if cmd and _has_masked_secret(shlex.split(cmd)):
@@ -286,6 +330,53 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         after_bench_argv=shlex.split(_expand(after, "bench.after_bench_cmd", env)) if after else None,
         serve_combos=serve_combos,
         bench_combos=bench_combos,
+        source_path=source_path,
+        base_dir=base_dir,
+    )
+
+
+def _check_mode(campaign: Campaign) -> None:
+    """Each mode has its own sections: serve + bench, or offline."""
+    if campaign.mode == "serve":
+        for part in ("serve", "bench"):
+            if getattr(campaign, part) is None:
+                raise CampaignError(part, "is required (mode: serve); for a sweep without a server write "
+                                          "`mode: offline` and an `offline:` section")
+        if campaign.offline is not None:
+            raise CampaignError("offline", "is only for `mode: offline`; add `mode: offline` (and drop serve and "
+                                           "bench) or remove it")
+        return
+    if campaign.offline is None:
+        raise CampaignError("offline", "is required (mode: offline): e.g. `offline: {cmd: vllm bench throughput "
+                                       "--model MODEL --dataset-name random}`")
+    for part in ("serve", "bench", "sla"):
+        if getattr(campaign, part) is not None:
+            raise CampaignError(part, "has no meaning in mode offline (no server runs); remove it, or use mode serve")
+    if campaign.link:
+        raise CampaignError("link", "has no meaning in mode offline (there are no bench parameters to link to)")
+
+
+def _offline_spec(campaign: Campaign, base_dir: Path, source_path: str, env: dict[str, str]) -> CampaignSpec:
+    off = campaign.offline
+    assert off is not None
+    if _has_masked_secret(shlex.split(off.cmd)):
+        raise CampaignError("offline.cmd", "a secret flag's value was masked when the campaign was stored; write it "
+                                           "as ${VAR} or resume with `raysweep run CAMPAIGN.yaml`")
+    combos = _resolve_params(off.params, "offline.params", base_dir)
+    for i, combo in enumerate(combos):
+        for key in combo:
+            if grid.normalize_key(key) == "output_json":
+                raise CampaignError(f"offline.params[{i}].{key}", "is set by raysweep (each point's JSON goes to "
+                                                                  "the output dir); remove it")
+    return CampaignSpec(
+        campaign=campaign,
+        serve_argv=shlex.split(_expand(off.cmd, "offline.cmd", env)),
+        serve_env=_expand_env(off.env, "offline.env", env),
+        bench_argv=[],
+        bench_env={},
+        after_bench_argv=None,
+        serve_combos=combos,
+        bench_combos=[{}],
         source_path=source_path,
         base_dir=base_dir,
     )

@@ -93,14 +93,14 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
             if address:
                 raise
             raise UserError(f"{exc}\n(planned for this machine; pass --address to plan for a cluster)") from None
-        if spec.campaign.bench.backend == "native":
+        if spec.offline or spec.campaign.bench.backend == "native":
             def render(argv: list[str]) -> list[str]:
                 return argv
         else:
             def render(argv: list[str]) -> list[str]:
                 return bench_argv(argv, "http://<node ip>:<port>", "<result dir>")
         text = dry_run_text(plan, render,
-                            lambda s: placement_lines(s, layouts[s.id]))
+                            lambda s: placement_lines(s, layouts[s.id], spec.offline))
         gpus = sum(n.gpus for n in nodes)
         _say(f"{text}\n\nPlaced for {where}: {len(nodes)} node(s), {gpus} GPU(s)"
              f"\nResults would go to {_output_dir(spec, output_dir)}")
@@ -211,10 +211,16 @@ class _ProgressDisplay:
                 p.update(self.task, total=task.completed + 1)
             p.advance(self.task)
             r = data["result"]
+            if r.get("offline_kind") == "latency":
+                figures = f"mean latency {r.get('mean_latency_ms', float('nan')):.1f} ms"
+            elif r.get("offline_kind") == "throughput":
+                figures = (f"{r.get('request_throughput', 0):.2f} req/s, "
+                           f"{r.get('total_token_throughput', 0):.1f} tok/s")
+            else:
+                figures = (f"{r.get('request_throughput', 0):.1f} req/s, "
+                           f"median TTFT {r.get('median_ttft_ms', float('nan')):.1f} ms")
             p.console.print(f"done {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
-                            f"run {data['point'].run}: "
-                            f"{r.get('request_throughput', 0):.1f} req/s, "
-                            f"median TTFT {r.get('median_ttft_ms', float('nan')):.1f} ms"
+                            f"run {data['point'].run}: {figures}"
                             + (" [yellow](client-limited)[/]" if r.get("client_limited") else ""), highlight=False)
         elif kind == "client_limited":
             p.console.print(f"[yellow]client-limited[/] {escape(data['point'].serve.label)} / "
@@ -373,8 +379,10 @@ def _print_paths(paths: list[Path], notes: list[str]) -> None:
 
 @main.command()
 @click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--var-x", default="total_token_throughput", show_default=True, help="The x variable (any column).")
-@click.option("--var-y", default="median_ttft_ms", show_default=True, help="The y variable (any numeric column).")
+@click.option("--var-x", default=None, help="The x variable (any column). Default: total_token_throughput; for an "
+                                           "offline sweep, its first swept parameter.")
+@click.option("--var-y", default=None, help="The y variable (any numeric column). Default: median_ttft_ms; for an "
+                                           "offline sweep, one figure per throughput or latency metric.")
 @click.option("--row-by", default="", help="Comma list: one row of panels per value combination.")
 @click.option("--col-by", default="", help="Comma list: one column of panels per value combination.")
 @click.option("--curve-by", default="", help="Comma list: one curve per value combination.")
@@ -406,16 +414,21 @@ def plot(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serve
     table = read_table(output_dir)
     lists = ("row_by", "col_by", "curve_by", "fig_by", "filter_by", "bin_by")
     error_bars = not spec.pop("no_error_bars")
+    offline = plots.is_offline(table.df) and spec["var_x"] is None and spec["var_y"] is None
+    spec["var_x"] = spec["var_x"] or "total_token_throughput"
+    spec["var_y"] = spec["var_y"] or "median_ttft_ms"
     ps = plots.PlotSpec(**{k: plots.split_list(v) if k in lists else v for k, v in spec.items()}, error_bars=error_bars)
-    plans = plots.plan_curves(table.df, ps)
-    if not no_server_metrics:
-        plans += plots.plan_server_metrics(table.df, ps, load_var or plots.load_variable(table.df, ps.var_x))
+    specs = plots.offline_specs(table.df, ps) if offline else [ps]
+    drawn = [(s, plots.plan_curves(table.df, s)) for s in specs]
+    if not no_server_metrics and not offline:
+        drawn.append((ps, plots.plan_server_metrics(table.df, ps, load_var or plots.load_variable(table.df, ps.var_x))))
+    plans = [p for _, ps_plans in drawn for p in ps_plans]
     sla, variable = read_sla(output_dir)
     if dry_run:
         _say(plots.describe(plans, fmt) + (f"\nSLA.{fmt}: {sla['target'].nunique()} target(s)" if len(sla) else ""))
         return
     dest = Path(output_dir) / fig_dir if fig_dir is not None else _figure_dir(output_dir, out_path, "plots")
-    paths = plots.write_plots(plans, ps, dest, fmt, fig_dpi)
+    paths = [path for s, ps_plans in drawn for path in plots.write_plots(ps_plans, s, dest, fmt, fig_dpi)]
     if len(sla):
         paths.append(plots.save_figure(plots.sla_figure(sla, variable), dest / f"SLA.{fmt}", fmt, fig_dpi))
     _print_paths(paths, table.notes + [f"{p.name}: {n}" for p in plans for n in p.notes])

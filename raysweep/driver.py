@@ -32,7 +32,7 @@ import ray
 
 from raysweep import metrics, placement, procs, sla, transport
 from raysweep.bench import backend_for
-from raysweep.bench import stats
+from raysweep.bench import offline, stats
 from raysweep.bench.command import CommandBench, result_record
 from raysweep.bench.options import parse_load_options
 from raysweep.campaign import CampaignSpec
@@ -161,15 +161,15 @@ def check_placement(plan: Plan, nodes: list[placement.NodeInfo]) -> dict[str, pl
     return layouts
 
 
-def placement_lines(serve: ServeConfig, layout: placement.Layout) -> list[str]:
+def placement_lines(serve: ServeConfig, layout: placement.Layout, offline_mode: bool = False) -> list[str]:
     """Where a configuration goes and the command each of its nodes runs (for the dry run)."""
     rule = placement.rule_text(serve.rule)
     lines = [f"  placement: {layout.describe()}" + (f" on nodes with {rule}" if rule else "")]
     for rank in range(layout.nnodes):
-        argv = rank_argv(serve.display_argv(), layout, rank, "<rank 0 ip>", 0)
+        argv = rank_argv(serve.display_argv(), layout, rank, "<rank 0 ip>", 0, headless=not offline_mode)
         text = shell_join(argv).replace("--master-port 0", "--master-port <free port>").replace(
             "--data-parallel-rpc-port 0", "--data-parallel-rpc-port <free port>")
-        http = " --host <node ip> --port <free port>" if rank == 0 else ""
+        http = "" if rank else " --output-json <result file>" if offline_mode else " --host <node ip> --port <free port>"
         lines.append(f"  command{f' (rank {rank})' if layout.nnodes > 1 else ''}: {text}{http}")
     return lines
 
@@ -499,7 +499,8 @@ class Driver:
         slots = None if self.max_servers is None else max(0, self.max_servers - len(self._runs))
         for d, node_ids in placement.choose_starts(demands, free, slots):
             run = _ConfigRun(by_id[d.key], d.layout, node_ids)
-            run.bench = backend_for(self.c.bench, self.plan.spec.bench_env)
+            if not self.plan.spec.offline:
+                run.bench = backend_for(self.c.bench, self.plan.spec.bench_env)
             run.thread = threading.Thread(target=self._config_main, args=(run,), name=f"config-{d.key}", daemon=True)
             self._runs[d.key] = run
             run.thread.start()
@@ -526,6 +527,8 @@ class Driver:
             self._wake.set()
 
     def _run_config(self, run: _ConfigRun) -> str:
+        if self.plan.spec.offline:
+            return self._run_offline(run)
         while not run.abort and not self._stop_reason:
             runnable = self.ledger.runnable(run.serve.id, self.c.max_attempts)
             if not self._work_left(run.serve.id):
@@ -596,26 +599,13 @@ class Driver:
         assert res is not None
         server_id = f"{serve.id}-{uuid.uuid4().hex[:6]}"
         self.emit("server_starting", serve=serve, server_id=server_id, layout=lay)
-        hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(
-            server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.log_dir)) for r in range(lay.nnodes)]
-        server = _Server(server_id, hosts)
+        server = self._hosts(run, server_id)
         run.bench.warm()  # its worker process starts while the server does
-        self.ledger.add_server(server_id, serve.id, shell_join(serve.display_argv()))
         t0 = time.monotonic()
         try:
-            server.nodes = [self._await(run, h.node_info.remote(), 300)[1] for h in hosts]
-            master = server.nodes[0]["node_ip"]
-            port = self._await(run, hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
-            for r, h in enumerate(hosts):
-                argv = rank_argv(serve.argv, lay, r, master, port)
-                server.infos.append(self._await(run, h.start.remote(argv, serve.env, r == 0, self.c.transport.nccl_debug), 120)[1])
+            self._launch(run, server, serve.argv, serve_http=True)
             head = server.infos[0]
             server.url = f"http://{head['host']}:{head['port']}"
-            self.ledger.update_server(server_id, command=head["command"], hostname=server.nodes[0]["hostname"],
-                                      node_id=server.nodes[0]["node_id"], node_ip=master, port=head["port"],
-                                      pid=head["pid"], pid_create_time=head["pid_create_time"],
-                                      gpu_ids=server.nodes[0]["gpu_ids"], log_path=head["log_path"],
-                                      ranks=json.dumps(server.rank_rows()))
             ready = self._wait_ready(run, server)
         except _Aborted as exc:
             ready = {"ok": False, "error": f"stopped while starting: {exc}", "aborted": True}
@@ -643,6 +633,34 @@ class Driver:
         if not self.c.continue_on_error:
             self._stop_reason = f"server config {serve.id} failed to start and continue_on_error is false"
         return None
+
+    def _hosts(self, run: _ConfigRun, server_id: str) -> _Server:
+        """One host actor per node of the configuration's placement group, and the server's ledger row."""
+        lay, res = run.layout, run.res
+        assert res is not None
+        hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(
+            server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.log_dir)) for r in range(lay.nnodes)]
+        self.ledger.add_server(server_id, run.serve.id, shell_join(run.serve.display_argv()))
+        return _Server(server_id, hosts)
+
+    def _launch(self, run: _ConfigRun, server: _Server, argv: list[str], serve_http: bool) -> None:
+        """Start the command on every rank (the multi-node flags added) and record where each runs.
+        Raises _Aborted or a RayError."""
+        lay = run.layout
+        server.nodes = [self._await(run, h.node_info.remote(), 300)[1] for h in server.hosts]
+        master = server.nodes[0]["node_ip"]
+        port = self._await(run, server.hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
+        for r, h in enumerate(server.hosts):
+            ref = h.start.remote(rank_argv(argv, lay, r, master, port, headless=serve_http), run.serve.env,
+                                 serve_http and r == 0,
+                                 self.c.transport.nccl_debug)
+            server.infos.append(self._await(run, ref, 120)[1])
+        head = server.infos[0]
+        self.ledger.update_server(server.server_id, command=head["command"], hostname=server.nodes[0]["hostname"],
+                                  node_id=server.nodes[0]["node_id"], node_ip=master, port=head["port"],
+                                  pid=head["pid"], pid_create_time=head["pid_create_time"],
+                                  gpu_ids=server.nodes[0]["gpu_ids"], log_path=head["log_path"],
+                                  ranks=json.dumps(server.rank_rows()))
 
     def _wait_ready(self, run: _ConfigRun, server: _Server) -> dict[str, Any]:
         """Rank 0 answers /health and /v1/models, while every other rank still runs."""
@@ -844,6 +862,114 @@ class Driver:
         self.ledger.mark_failed(point.id, error or "unknown failure", tail)
         self.emit("point_failed", point=point, error=error, attempt=attempt)
         return False
+
+    # -- offline points -----------------------------------------------------------------------------
+
+    def _run_offline(self, run: _ConfigRun) -> str:
+        """Every runnable point of an offline config, one after another in its placement group: each runs the
+        offline command to its end on fresh host actors and leaves one JSON."""
+        while not run.abort and not self._stop_reason:
+            points = [p for p in (self.plan.point(r.point_id) for r in
+                                  self.ledger.runnable(run.serve.id, self.c.max_attempts)) if p is not None]
+            if not points:
+                return "finished"
+            for point in points:
+                outcome = self._offline_point(run, point)
+                if outcome == "failed" and not self.c.continue_on_error and not run.abort:
+                    self._stop_reason = f"point {point.id} failed and continue_on_error is false"
+                if outcome in ("refused", "host lost"):
+                    return "finished" if outcome == "refused" else outcome
+                if run.abort or self._stop_reason:
+                    break
+        return "aborted" if run.abort else "stopped"
+
+    def _offline_point(self, run: _ConfigRun, point: PointRun) -> str:
+        """One offline run: `done`, `failed`, `refused` (transport), `host lost` or `aborted`."""
+        server_id = f"{run.serve.id}-{uuid.uuid4().hex[:6]}"
+        attempt = self.ledger.mark_running(point.id, server_id)
+        self.emit("point_start", point=point, attempt=attempt, server_id=server_id)
+        started, t0 = time.time(), time.monotonic()
+        server = self._hosts(run, server_id)
+        kind = offline.offline_kind(run.serve.argv)
+        error, result, command = None, None, None
+        try:
+            json_path = self._await(run, server.hosts[0].scratch_path.remote(f"{server_id}.json"), 300)[1]
+            self._launch(run, server, offline.offline_argv(run.serve.argv, json_path), serve_http=False)
+            command = server.infos[0]["command"]
+            self.ledger.update_server(server_id, state="running")
+            code, error = self._offline_wait(run, server)
+            if error is None:
+                text = self._await(run, server.hosts[0].read_text.remote(json_path), 120)[1]
+                log_text = self._await(run, server.hosts[0].read_log.remote(), 120)[1]
+                if code != 0:
+                    error = f"the command exited with code {code}"
+                elif text is None:
+                    error = "the command ended without writing its --output-json file"
+                else:
+                    result = offline.parse_result(kind, text, log_text)
+                    result["offline_params"] = ",".join(point.serve.params)
+        except _Aborted as exc:
+            self._stop_server(server, state="stopped")
+            if str(exc) == INTERRUPTED:
+                self.ledger.mark_pending(point.id)
+            else:
+                self.ledger.requeue(point.id, f"{exc} during the point", self.c.max_attempts)
+                self.emit("point_failed", point=point, error=str(exc), attempt=attempt)
+            return "aborted"
+        except ray.exceptions.RayError as exc:
+            server.host_lost = True
+            error = f"host actor failed: {type(exc).__name__}: {exc}"
+        except (ValueError, KeyError, TypeError) as exc:
+            error = f"the result JSON could not be read: {type(exc).__name__}: {exc}"
+        if server.transport is None and not server.host_lost:
+            self._read_transport(run if not run.abort else None, server)
+        refused = transport.refusal(server.transport, self.c.transport.require) if server.transport else None
+        tail = server.log_tail() if error or refused else None
+        self._stop_server(server, state="stopped" if error is None else "failed")
+        if refused:
+            self.ledger.mark_failed(point.id, refused, tail)
+            self._give_up(run.serve, refused, search_state="transport refused")
+            self.emit("point_failed", point=point, error=refused, attempt=attempt)
+            return "refused"
+        if error is not None or result is None:
+            error = error or "no result"
+            if server.host_lost:
+                self.ledger.requeue(point.id, error, self.c.max_attempts)
+            else:
+                self.ledger.mark_failed(point.id, error, tail)
+            self.ledger.update_server(server_id, error=error, log_tail=tail)
+            self.emit("point_failed", point=point, error=error, attempt=attempt)
+            return "host lost" if server.host_lost else "failed"
+        path = self.output_dir / "points" / point.serve.id / point.bench.id / f"run={point.run}.json"
+        out = {"command": command, "duration_s": time.monotonic() - t0}
+        write_json_atomic(path, self._record(run, server, point, result, attempt, started, "n/a (offline)", out))
+        self.ledger.mark_done(point.id, str(path.relative_to(self.output_dir)))
+        self.emit("point_done", point=point, result=result)
+        return "done"
+
+    def _offline_wait(self, run: _ConfigRun, server: _Server) -> tuple[int | None, str | None]:
+        """Wait for rank 0's command to end: (its exit code, None), or (None, why) when it ran past
+        `offline.timeout_s`, another rank ended first, or (multi-node, `transport.require` set) NCCL's
+        cross-node links turned out slower than required."""
+        assert self.c.offline is not None
+        limit, cfg = self.c.offline.timeout_s, self.c.transport
+        gated = len(server.hosts) > 1 and cfg.require != "any"
+        t0 = time.monotonic()
+        while True:
+            _, code = self._await(run, server.hosts[0].wait_exit.remote(2.0), 120)
+            if code is not None:
+                return code, None
+            for rank, h in enumerate(server.hosts[1:], start=1):
+                other = self._await(run, h.exit_code.remote(), 60)[1]
+                if other is not None:
+                    return None, f"rank {rank} exited with code {other} before rank 0 finished"
+            if gated:
+                verdict = self._read_transport(run, server)
+                if verdict is not None and not transport.meets(verdict, cfg.require) \
+                        and time.monotonic() - t0 > cfg.wait_s and verdict["inter"] != "none":
+                    return None, "stopped: " + str(transport.refusal(verdict, cfg.require)).split(";")[0]
+            if time.monotonic() - t0 > limit:
+                return None, f"the command ran past offline.timeout_s ({limit:.0f} s)"
 
     # -- SLA searches -------------------------------------------------------------------------------
 

@@ -163,6 +163,11 @@ def _check_pins(placement: PlacementSpec, combos: list[dict[str, Any]]) -> None:
 def meaning(spec: CampaignSpec) -> dict[str, Any]:
     """What gives a finished point its meaning: commands, environments, bench backend (secrets masked)."""
     c = spec.campaign
+    if spec.offline:
+        return {"mode": "offline", "offline_cmd": grid.mask_argv(spec.serve_argv),
+                "offline_env": grid.mask_env(spec.serve_env),
+                **({"gpus_per_point": spec.gpus_per_replica} if spec.gpus_per_replica else {})}
+    assert c.bench is not None
     return {
         "serve_cmd": grid.mask_argv(spec.serve_argv),
         "serve_env": grid.mask_env(spec.serve_env),
@@ -170,7 +175,7 @@ def meaning(spec: CampaignSpec) -> dict[str, Any]:
         "bench_cmd": grid.mask_argv(spec.bench_argv),
         "bench_env": grid.mask_env(spec.bench_env),
         "after_bench_cmd": grid.mask_argv(spec.after_bench_argv) if spec.after_bench_argv else None,
-        **({"gpus_per_replica": c.serve.gpus_per_replica} if c.serve.gpus_per_replica else {}),
+        **({"gpus_per_replica": spec.gpus_per_replica} if spec.gpus_per_replica else {}),
     }
 
 
@@ -188,7 +193,7 @@ def build_plan(spec: CampaignSpec) -> Plan:
         argv = grid.apply_to_cmd(spec.serve_argv, combo)
         serves.append(ServeConfig(id=grid.params_id(_no_name(combo)), params=combo, argv=argv,
                                   env=dict(spec.serve_env), shape=shape_of(combo, spec.serve_argv,
-                                                                           c.serve.gpus_per_replica),
+                                                                           spec.gpus_per_replica),
                                   label=grid.combo_label(combo), rule=rule_for(combo, c.placement)))
     benches = [BenchPoint(id=grid.params_id(_no_name(c)), params=c, argv=grid.apply_to_cmd(spec.bench_argv, c),
                           label=grid.combo_label(c)) for c in spec.bench_combos]
@@ -242,19 +247,30 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
     lines = [f"Campaign {c.name}: {len(plan.serves)} server config(s) x {len(plan.benches)} bench point(s) "
              f"x {c.runs} run(s) = {len(plan.points)} run(s)"
              + (f" ({plan.skipped_pairs} pair(s) skipped by link)" if plan.skipped_pairs else "")]
-    lines.append("Bench backend: " + ("native (raysweep's streaming client in Ray actors, reading the options below)"
-                                      if c.bench.backend == "native" else "command (the command below, run as is)"))
+    if plan.spec.offline:
+        lines.append("Mode: offline (each run is the command below, to its end, with --output-json added)")
+    else:
+        assert c.bench is not None
+        lines.append("Bench backend: " + ("native (raysweep's streaming client in Ray actors, reading the options "
+                                          "below)" if c.bench.backend == "native"
+                                          else "command (the command below, run as is)"))
     env = grid.mask_env(plan.spec.serve_env)
     if env:
-        lines.append("Server environment: " + " ".join(f"{k}={v}" for k, v in env.items()))
+        lines.append(("Environment: " if plan.spec.offline else "Server environment: ")
+                     + " ".join(f"{k}={v}" for k, v in env.items()))
     for s in plan.serves:
         pts = plan.points_of(s.id)
         if not pts:
             continue
         sh = s.shape
-        lines += ["", f"[server {s.id}] {s.label}", f"  shape: {sh.describe()} gpus={sh.gpu_count}"]
+        lines += ["", f"[{'config' if plan.spec.offline else 'server'} {s.id}] {s.label}",
+                  f"  shape: {sh.describe()} gpus={sh.gpu_count}"]
         lines += describe_serve(s) if describe_serve else [
-            f"  command: {grid.shell_join(s.display_argv())} --host <node ip> --port <free port>"]
+            f"  command: {grid.shell_join(s.display_argv())} "
+            + ("--output-json <result file>" if plan.spec.offline else "--host <node ip> --port <free port>")]
+        if plan.spec.offline:
+            lines.append(f"  x {len(pts)} run(s)")
+            continue
         seen: set[str] = set()
         for p in pts:
             if p.bench.id in seen:

@@ -23,7 +23,7 @@ import operator
 import re
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -381,6 +381,29 @@ def load_variable(df: pd.DataFrame, fallback: str) -> str:
             if values[np.isfinite(values)].nunique() > 1:
                 return name
     return fallback
+
+
+OFFLINE_METRICS = {"throughput": ("request_throughput", "total_token_throughput", "output_throughput"),
+                   "latency": ("mean_latency_ms", "p99_latency_ms")}
+
+
+def is_offline(df: pd.DataFrame) -> bool:
+    return "offline_kind" in df.columns and df["offline_kind"].notna().any()
+
+
+def offline_specs(df: pd.DataFrame, base: PlotSpec) -> list[PlotSpec]:
+    """The figures of an offline sweep: each of its metrics against the first swept parameter that varies
+    (numeric first), one curve per combination of the others; `base` gives the style and filters."""
+    names = dict.fromkeys(n for text in df.get("offline_params", pd.Series(dtype=str)).dropna()
+                          for n in str(text).split(",") if n and n in df.columns)
+    varying = [n for n in names if df[n].astype(str).nunique() > 1]
+    numeric = [n for n in varying if pd.to_numeric(df[n], errors="coerce").notna().all()]
+    x = (numeric or varying or ["run_number"])[0]
+    curves = tuple(n for n in varying if n != x)
+    kinds = [k for k in OFFLINE_METRICS if (df["offline_kind"] == k).any()]
+    metrics = [m for k in kinds for m in OFFLINE_METRICS[k] if m in df.columns]
+    return [replace(base, var_x=x, var_y=m, curve_by=base.curve_by or curves, fig_name=f"{m}-vs-{x}")
+            for m in metrics]
 
 
 def plan_server_metrics(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> list[FigurePlan]:

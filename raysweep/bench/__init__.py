@@ -4,7 +4,10 @@
   `datasets`, `arrivals` and `stats`).
 - `command`: runs a benchmark command such as `vllm bench serve` in a Ray actor and reads its JSON (`command`).
 
-Both give the driver the same interface (`warm`, `submit`, `finish`, `close`); `backend_for` picks one.
+- `offline`: the offline sweeps' `vllm bench throughput|latency` commands and their JSON (no client: the
+  driver runs them in the configuration's host actors).
+
+The two serving backends give the driver the same interface (`warm`, `submit`, `finish`, `close`); `backend_for` picks one.
 Submodules are imported on use, so the pure parts load without Ray.
 """
 
