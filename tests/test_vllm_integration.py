@@ -216,3 +216,64 @@ def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
         per_config.setdefault(p.serve_id, []).append(p.bench_params.get("max_concurrency"))
     assert all(len(v) == len(set(v)) for v in per_config.values())  # no value ran twice
     assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60)
+
+
+def test_offline_throughput_sweep_killed_mid_run_then_resumed(tiny_model, tmp_path):
+    """configs/offline-cpu.yaml runs the real `vllm bench throughput` per point; the driver is SIGKILLed while
+    the second point runs, its engine goes with it, and `raysweep resume` runs only that point again."""
+    out = tmp_path / "offline"
+    env = {**os.environ, "RAYSWEEP_DEMO_MODEL": str(tiny_model), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)}
+    cli = [sys.executable, "-m", "raysweep"]
+    log = (tmp_path / "run.log").open("w")
+    proc = subprocess.Popen([*cli, "run", str(REPO / "configs/offline-cpu.yaml"), "--output-dir", str(out)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def second_running() -> bool:
+        if not (out / "ledger.sqlite").exists() or not list((out / "points").rglob("*.json")):
+            return False
+        led = Ledger.open_existing(out)
+        try:
+            return any(p.state == "running" for p in led.points()) and \
+                any(s.pid and s.stopped_at is None for s in led.servers())
+        finally:
+            led.close()
+
+    try:
+        assert procs.wait_for(second_running, 600, 0.5), (tmp_path / "run.log").read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = {p: _sha(p) for p in (out / "points").rglob("*.json")}
+    led = Ledger.open_existing(out)
+    assert led.counts()["done"] == 1
+    ray_helpers = {pid for d in led.lost_drivers() + [led.last_driver()] for pid, _ in json.loads(d["helpers"] or "[]")}
+    led.close()
+
+    def engines_left() -> list[psutil.Process]:
+        return [p for p in _ours(str(tmp_path)) if p.pid not in ray_helpers]
+
+    assert procs.wait_for(lambda: not engines_left(), 60), f"left running: {[(p.pid, p.name()) for p in engines_left()]}"
+
+    done = subprocess.run([*cli, "resume", str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert not _ours(str(tmp_path)), "a process outlived the campaign"
+    led = Ledger.open_existing(out)
+    points = led.points()
+    led.close()
+    assert len(points) == 2 and all(p.state == "done" for p in points)
+    assert all(p.attempts == 1 for p in points)  # the attempt lost with the driver is not counted
+    led = Ledger.open_existing(out)
+    assert sum(s.state == "lost" for s in led.servers()) == 1  # the killed point's engine, reaped on resume
+    led.close()
+    assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
+    df = results_table(out)
+    assert sorted(df["max_num_batched_tokens"]) == [512, 1024] and set(df["offline_kind"]) == {"throughput"}
+    assert set(df["completed"]) == {16} and set(df["total_output_tokens"]) == {16 * 16}
+    assert (df["total_input_tokens"] >= 16 * 32).all()
+    assert (df["request_throughput"] > 0).all() and (df["output_throughput"] > 0).all()
+    assert (df["total_token_throughput"] > df["output_throughput"]).all()
+    assert all("--output-json" in c for c in df["bench_command"])
