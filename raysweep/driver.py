@@ -166,7 +166,8 @@ def placement_lines(serve: ServeConfig, layout: placement.Layout, offline_mode: 
     rule = placement.rule_text(serve.rule)
     lines = [f"  placement: {layout.describe()}" + (f" on nodes with {rule}" if rule else "")]
     for rank in range(layout.nnodes):
-        argv = rank_argv(serve.display_argv(), layout, rank, "<rank 0 ip>", 0, headless=not offline_mode)
+        base = offline.worker_argv(serve.display_argv()) if offline_mode and rank else serve.display_argv()
+        argv = rank_argv(base, layout, rank, "<rank 0 ip>", 0)
         text = shell_join(argv).replace("--master-port 0", "--master-port <free port>").replace(
             "--data-parallel-rpc-port 0", "--data-parallel-rpc-port <free port>")
         http = "" if rank else " --output-json <result file>" if offline_mode else " --host <node ip> --port <free port>"
@@ -643,16 +644,17 @@ class Driver:
         self.ledger.add_server(server_id, run.serve.id, shell_join(run.serve.display_argv()))
         return _Server(server_id, hosts)
 
-    def _launch(self, run: _ConfigRun, server: _Server, argv: list[str], serve_http: bool) -> None:
-        """Start the command on every rank (the multi-node flags added) and record where each runs.
-        Raises _Aborted or a RayError."""
+    def _launch(self, run: _ConfigRun, server: _Server, argv: list[str], serve_http: bool,
+                follower_argv: list[str] | None = None) -> None:
+        """Start the command on every rank (the multi-node flags added; ranks > 0 run `follower_argv` when
+        given) and record where each runs. Raises _Aborted or a RayError."""
         lay = run.layout
         server.nodes = [self._await(run, h.node_info.remote(), 300)[1] for h in server.hosts]
         master = server.nodes[0]["node_ip"]
         port = self._await(run, server.hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
         for r, h in enumerate(server.hosts):
-            ref = h.start.remote(rank_argv(argv, lay, r, master, port, headless=serve_http), run.serve.env,
-                                 serve_http and r == 0,
+            base = follower_argv if r and follower_argv is not None else argv
+            ref = h.start.remote(rank_argv(base, lay, r, master, port), run.serve.env, serve_http and r == 0,
                                  self.c.transport.nccl_debug)
             server.infos.append(self._await(run, ref, 120)[1])
         head = server.infos[0]
@@ -894,7 +896,8 @@ class Driver:
         error, result, command = None, None, None
         try:
             json_path = self._await(run, server.hosts[0].scratch_path.remote(f"{server_id}.json"), 300)[1]
-            self._launch(run, server, offline.offline_argv(run.serve.argv, json_path), serve_http=False)
+            self._launch(run, server, offline.offline_argv(run.serve.argv, json_path), serve_http=False,
+                         follower_argv=offline.worker_argv(run.serve.argv))
             command = server.infos[0]["command"]
             self.ledger.update_server(server_id, state="running")
             code, error = self._offline_wait(run, server)

@@ -61,14 +61,12 @@ def server_argv(argv: list[str], host: str, port: int) -> list[str]:
     return grid.apply_to_cmd(argv, {"host": host, "port": port})
 
 
-def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, master_port: int,
-              headless: bool = True) -> list[str]:
+def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, master_port: int) -> list[str]:
     """The command of one node's part of a multi-node server, by vLLM's multiprocessing multi-node rules.
 
     mode `nnodes`: `--nnodes N --node-rank r --master-addr A --master-port P`, plus `--headless` on r > 0.
     mode `dp`: `--data-parallel-size-local L --data-parallel-address A --data-parallel-rpc-port P`, plus
     `--headless --data-parallel-start-rank r*L` on r > 0. One node: the command unchanged.
-    `headless=False` for commands without that flag (the offline benchmarks).
     """
     if layout.nnodes == 1:
         return list(argv)
@@ -80,7 +78,7 @@ def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, mast
                  "data_parallel_rpc_port": master_port}
         if rank:
             extra["data_parallel_start_rank"] = rank * layout.dp_local
-    if rank and headless:
+    if rank:
         extra["headless"] = True
     return grid.apply_to_cmd(argv, extra)
 

@@ -76,6 +76,18 @@ def test_bad_offline_campaign_exits_2_and_starts_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_follower_command_keeps_the_engine_options_only():
+    from raysweep.bench.offline import worker_argv
+
+    argv = ("vllm bench throughput --model M --load-format dummy --dataset-name random --num-prompts 16 "
+            "--random-input-len=32 -tp 4 --enable-prefix-caching --output-json /x.json --max-num-batched-tokens 512 "
+            "--disable-detokenize --n 2").split()
+    assert worker_argv(argv) == ["vllm", "serve", "M", "--load-format", "dummy", "-tp", "4",
+                                 "--enable-prefix-caching", "--max-num-batched-tokens", "512"]
+    assert worker_argv(["python", "-m", "vllm.entrypoints.cli.main", "bench", "latency", "--model=m"]) == \
+        ["python", "-m", "vllm.entrypoints.cli.main", "serve", "m"]
+
+
 def test_kind_and_the_output_json_flag():
     assert offline_kind(["vllm", "bench", "throughput", "--model", "m"]) == "throughput"
     assert offline_kind(["python", "-m", "vllm.entrypoints.cli.main", "bench", "latency"]) == "latency"
@@ -205,8 +217,9 @@ def test_node_loss_mid_point_runs_it_again_elsewhere(gpu_cluster, tmp_path):
 
 @pytest.mark.ray
 def test_multi_node_offline_ranks_and_the_transport_gate(gpu_cluster, tmp_path):
-    """tp=4 x pp=2 spans two nodes: every rank runs the command with vLLM's multi-node flags (no --headless,
-    which the offline benchmarks lack); a config on TCP sockets is stopped by `transport.require: ib`."""
+    """tp=4 x pp=2 spans two nodes: rank 0 runs the benchmark with vLLM's multi-node flags, the other node
+    `serve MODEL --headless` with the engine options; a config on TCP sockets is stopped by
+    `transport.require: ib`."""
     from raysweep.ledger import Ledger
     from raysweep.results import results_table
 
@@ -223,7 +236,9 @@ def test_multi_node_offline_ranks_and_the_transport_gate(gpu_cluster, tmp_path):
     assert points["socket"].state == "failed" and "cross-node links are Socket" in points["socket"].error
     row = results_table(out).iloc[0]
     assert (row["num_nodes"], row["transport_inter"], row["gpu_count"]) == (2, "IB+GDR", 8)
-    argvs = [json.loads(x) for x in env_file.read_text().splitlines()]
-    ranks = sorted(a["rank"] for a in argvs if "gdr" in a["argv"])
-    assert ranks == [0, 1]
-    assert all("--nnodes" in a["argv"] and "--headless" not in a["argv"] for a in argvs)
+    argvs = {a["rank"]: a["argv"] for a in map(json.loads, env_file.read_text().splitlines()) if "gdr" in a["argv"]}
+    assert sorted(argvs) == [0, 1]
+    # rank 0 runs the benchmark; the follower runs `serve MODEL --headless` with the engine options only
+    assert argvs[0][0] == "throughput" and "--output-json" in argvs[0] and "--headless" not in argvs[0]
+    assert argvs[1][:2] == ["serve", "m"] and "--headless" in argvs[1] and "--output-json" not in argvs[1]
+    assert "--node-rank" in argvs[1] and "--tensor-parallel-size" in argvs[1] and "--env-file" in argvs[1]

@@ -23,9 +23,23 @@ from typing import Any
 from raysweep import grid
 from raysweep.errors import CampaignError
 
-__all__ = ["KINDS", "offline_argv", "offline_kind", "parse_result"]
+__all__ = ["KINDS", "BENCH_ONLY_FLAGS", "offline_argv", "offline_kind", "parse_result", "worker_argv"]
 
 KINDS = ("throughput", "latency")
+# The options of `vllm bench throughput|latency` that are not engine options (vLLM 0.32): a follower node
+# runs `vllm serve MODEL --headless` with the engine options only. Switches take no value.
+_BENCH_SWITCHES = frozenset((
+    "async-engine", "disable-detokenize", "enable-log-requests", "enable-multimodal-chat", "hf-enable-torch-compile",
+    "no-enable-log-requests", "no-oversample", "no-reranker", "prequeue-requests", "profile", "use-beam-search"))
+_BENCH_VALUED = frozenset((
+    "asr-max-audio-len-sec", "asr-min-audio-len-sec", "backend", "batch-size", "custom-output-len", "dataset-name",
+    "dataset-path", "hf-max-batch-size", "hf-name", "hf-split", "hf-subset", "input-len", "lora-assignment",
+    "lora-path", "n", "num-iters", "num-iters-warmup", "num-prompts", "num-warmups", "output-json", "output-len",
+    "prefix-len", "prefix-repetition-num-prefixes", "prefix-repetition-output-len", "prefix-repetition-prefix-len",
+    "prefix-repetition-suffix-len", "random-batch-size", "random-input-len", "random-mm-base-items-per-request",
+    "random-mm-bucket-config", "random-mm-limit-mm-per-prompt", "random-mm-num-mm-items-range-ratio",
+    "random-output-len", "random-prefix-len", "random-range-ratio"))
+BENCH_ONLY_FLAGS = _BENCH_SWITCHES | _BENCH_VALUED
 _TOKENS = re.compile(r"Total num (?P<kind>prompt|output) tokens:\s*(?P<n>\d+)")
 
 
@@ -43,6 +57,32 @@ def offline_kind(argv: list[str]) -> str:
 def offline_argv(argv: list[str], json_path: str) -> list[str]:
     """The point's command with its JSON sent to `json_path`."""
     return grid.apply_to_cmd(argv, {"output_json": json_path})
+
+
+def worker_argv(argv: list[str]) -> list[str]:
+    """What a follower node of a multi-node offline point runs: vLLM's offline benchmarks cannot run on a
+    follower (its engine refuses: "collective_rpc should not be called on follower node"), so the follower
+    is `vllm serve MODEL` with the point's engine options (the benchmark's own options dropped); the caller
+    adds `--headless` and the multi-node flags. `vllm ... bench throughput --model M -tp 4` gives
+    `vllm ... serve M -tp 4`."""
+    kind_at = next(i for i, tok in enumerate(argv) if tok in KINDS)
+    prefix = argv[:kind_at - 1] if kind_at and argv[kind_at - 1] == "bench" else argv[:kind_at]
+    rest, model, i = [], None, kind_at + 1
+    while i < len(argv):
+        tok = argv[i]
+        name, eq, _ = tok[2:].partition("=") if tok.startswith("--") else ("", "", "")
+        takes_value = not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if name == "model":
+            model = tok.split("=", 1)[1] if eq else argv[i + 1] if takes_value else None
+            i += 1 if eq or not takes_value else 2
+        elif name in _BENCH_SWITCHES:
+            i += 1
+        elif name in _BENCH_VALUED:
+            i += 1 if eq or not takes_value else 2
+        else:
+            rest.append(tok)
+            i += 1
+    return [*prefix, "serve", *([model] if model else []), *rest]
 
 
 def parse_result(kind: str, json_text: str, log_text: str = "") -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """A stand-in for `vllm bench throughput` and `vllm bench latency` in tests: it sleeps as long as the engine
-would take, prints what vLLM prints and writes the same --output-json. Its figures follow its parameters
+would take, prints what vLLM prints and writes the same --output-json. Run as `... serve MODEL --headless`
+it is a follower node of a multi-node point: it waits until it is stopped. Its figures follow its parameters
 (throughput grows with max_num_batched_tokens, shrinks with random_input_len), so tests can check that each
 point's JSON landed on its own row."""
 
@@ -37,7 +38,7 @@ def main() -> None:
     ap.add_argument("--nnodes", type=int, default=1)
     ap.add_argument("--env-file", default=None, help="append CUDA_VISIBLE_DEVICES and the argv here (JSON lines)")
     args, _unknown = ap.parse_known_args()
-    kind = "latency" if "latency" in args.words else "throughput"
+    kind = "latency" if "latency" in args.words else "serve" if "serve" in args.words else "throughput"
     if args.pid_file:
         with open(args.pid_file, "a") as f:
             f.write(f"{os.getpid()}\n")
@@ -48,6 +49,12 @@ def main() -> None:
     print(f"standin offline {kind}: argv {sys.argv[1:]}", flush=True)
     if args.nccl_net:
         _nccl_lines(args.nccl_net, args.node_rank, 0.0)
+    if "serve" in args.words:  # a follower node: `vllm serve MODEL --headless ...` until it is stopped
+        if "--headless" not in sys.argv:
+            print("standin offline: a follower must run headless", flush=True)
+            sys.exit(2)
+        while True:
+            time.sleep(3600)
     if args.fail:
         print("standin offline: failing on purpose", flush=True)
         sys.exit(1)
@@ -57,8 +64,6 @@ def main() -> None:
         print("standin offline: dying on purpose", flush=True)
         sys.exit(5)
     time.sleep(args.sleep)
-    if args.node_rank > 0:  # a worker rank: it ends with the run
-        return
     if kind == "throughput":
         rps = args.max_num_batched_tokens / (10.0 * args.random_input_len)
         elapsed = args.num_prompts / rps
