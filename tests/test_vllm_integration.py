@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -66,18 +67,19 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
-    out = tmp_path / "demo"
+def _killed_then_resumed(tmp_path: Path, config: str, out: Path, tiny_model: Path,
+                         kill_when: Callable[[], bool], limit_s: float) -> dict[Path, str]:
+    """`raysweep run CONFIG` on its own embedded Ray, SIGKILLed once `kill_when()`; checks that the server and
+    bench processes went with it, then `raysweep resume` must finish. Returns the hashes of the result files
+    that existed at the kill."""
     env = {**os.environ, "RAYSWEEP_DEMO_MODEL": str(tiny_model), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)}
     cli = [sys.executable, "-m", "raysweep"]
     log = (tmp_path / "run.log").open("w")
-    proc = subprocess.Popen([*cli, "run", str(REPO / "configs/demo-cpu.yaml"), "--output-dir", str(out)],
+    proc = subprocess.Popen([*cli, "run", str(REPO / config), "--output-dir", str(out)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        done3 = procs.wait_for(lambda: len(list((out / "points").rglob("*.json"))) >= 3 if out.exists() else False,
-                               420, 0.2)
-        assert done3, (tmp_path / "run.log").read_text()[-3000:]
+        assert procs.wait_for(kill_when, limit_s, 0.2), (tmp_path / "run.log").read_text()[-3000:]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     finally:
@@ -86,7 +88,6 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
             proc.wait()
     first = {p: _sha(p) for p in (out / "points").rglob("*.json")}
     led = Ledger.open_existing(out)
-    assert 3 <= led.counts()["done"] < 8
     ray_helpers = {pid for d in led.lost_drivers() + [led.last_driver()] for pid, _ in json.loads(d["helpers"] or "[]")}
     led.close()
     assert ray_helpers, "the driver recorded its embedded Ray processes"
@@ -97,10 +98,18 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
         return [p for p in _ours(str(tmp_path)) if p.pid not in ray_helpers]
 
     assert procs.wait_for(lambda: not servers_left(), 60), f"left running: {[(p.pid, p.name()) for p in servers_left()]}"
-
     done = subprocess.run([*cli, "resume", str(out)], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert not _ours(str(tmp_path)), "a process outlived the campaign"
+    return first
+
+
+def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
+    out = tmp_path / "demo"
+    first = _killed_then_resumed(tmp_path, "configs/demo-cpu.yaml", out, tiny_model,
+                                 lambda: len(list((out / "points").rglob("*.json"))) >= 3 if out.exists() else False,
+                                 420)
+    assert 3 <= len(first) < 8
 
     led = Ledger.open_existing(out)
     points, servers = led.points(), led.servers()
@@ -222,12 +231,6 @@ def test_offline_throughput_sweep_killed_mid_run_then_resumed(tiny_model, tmp_pa
     """configs/offline-cpu.yaml runs the real `vllm bench throughput` per point; the driver is SIGKILLed while
     the second point runs, its engine goes with it, and `raysweep resume` runs only that point again."""
     out = tmp_path / "offline"
-    env = {**os.environ, "RAYSWEEP_DEMO_MODEL": str(tiny_model), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-           "RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)}
-    cli = [sys.executable, "-m", "raysweep"]
-    log = (tmp_path / "run.log").open("w")
-    proc = subprocess.Popen([*cli, "run", str(REPO / "configs/offline-cpu.yaml"), "--output-dir", str(out)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def second_running() -> bool:
         if not (out / "ledger.sqlite").exists() or not list((out / "points").rglob("*.json")):
@@ -239,28 +242,8 @@ def test_offline_throughput_sweep_killed_mid_run_then_resumed(tiny_model, tmp_pa
         finally:
             led.close()
 
-    try:
-        assert procs.wait_for(second_running, 600, 0.5), (tmp_path / "run.log").read_text()[-3000:]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    first = {p: _sha(p) for p in (out / "points").rglob("*.json")}
-    led = Ledger.open_existing(out)
-    assert led.counts()["done"] == 1
-    ray_helpers = {pid for d in led.lost_drivers() + [led.last_driver()] for pid, _ in json.loads(d["helpers"] or "[]")}
-    led.close()
-
-    def engines_left() -> list[psutil.Process]:
-        return [p for p in _ours(str(tmp_path)) if p.pid not in ray_helpers]
-
-    assert procs.wait_for(lambda: not engines_left(), 60), f"left running: {[(p.pid, p.name()) for p in engines_left()]}"
-
-    done = subprocess.run([*cli, "resume", str(out)], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert not _ours(str(tmp_path)), "a process outlived the campaign"
+    first = _killed_then_resumed(tmp_path, "configs/offline-cpu.yaml", out, tiny_model, second_running, 600)
+    assert len(first) == 1
     led = Ledger.open_existing(out)
     points = led.points()
     led.close()
