@@ -199,6 +199,13 @@ class _ProgressDisplay:
         elif kind == "node_lost":
             p.console.print(f"[yellow]{escape(data['reason'])}[/]: server config {data['serve'].id} is torn down "
                             "and placed again", highlight=False)
+        elif kind == "transport":
+            from raysweep.transport import describe
+
+            refused = data["refused"]
+            p.console.print(f"server {data['server_id']} transport: {escape(describe(data['verdict']))}"
+                            + (f" [red]refused[/] ({escape(refused.splitlines()[0])})" if refused else ""),
+                            highlight=False)
         elif kind == "config_failed":
             p.console.print(f"[red]server config {data['serve'].id} failed:[/] {escape(data['error'])}", highlight=False)
         elif kind == "server_failed":
