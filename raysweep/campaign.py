@@ -11,6 +11,7 @@ import difflib
 import os
 import re
 import shlex
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -523,9 +524,11 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     for part in loc:
         info = model.model_fields.get(str(part))
         ann = info.annotation if info else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        options = typing.get_args(ann) or (ann,)  # `ServeSpec | None` is a union
+        found = [a for a in options if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not found:
             return None
-        model = ann
+        model = found[0]
     return model
 
 

@@ -6,6 +6,7 @@ vLLM across two simulated nodes."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -90,9 +91,14 @@ def test_two_configs_run_at_once_on_disjoint_gpus_unless_capped(gpu_cluster, tmp
                          placement={"max_servers": max_servers} if max_servers else {})
     out = tmp_path / "out"
     seen: list[str] = []
+    one_at_a_time = threading.Lock()  # events come from both configs' threads; CliRunner swaps sys.stdout
 
     def on_event(kind: str, **data) -> None:
-        if kind == "point_start" and not seen:
+        if kind != "point_start":
+            return
+        with one_at_a_time:
+            if seen:
+                return
             led = Ledger.open_existing(out)
             active = led.servers(active_only=True)
             led.close()
