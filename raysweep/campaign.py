@@ -112,6 +112,15 @@ class PlacementSpec(NodeRule):
     pins: list[Pin] = Field(default_factory=list, description="node rules for some configurations")
 
 
+class ClientGuardSpec(_Strict):
+    """When the native client itself limited a point (it is then marked `client_limited`)."""
+
+    max_send_lag_ms: float = Field(10.0, gt=0, description="more than 1 % of requests sent later than this after "
+                                   "they were due (the client's own lateness)")
+    min_rate_fraction: float = Field(0.95, gt=0, le=1, description="an open-loop point that sent less than this "
+                                     "fraction of the asked request rate")
+
+
 class BenchSpec(_Strict):
     """How to drive load: the backend, the benchmark command (or its options) and the grid of its parameters."""
 
@@ -131,6 +140,8 @@ class BenchSpec(_Strict):
     rerun_client_limited: bool = Field(True, description="run a client-limited point again with twice the actors "
                                        "(up to max_clients)")
     metrics_interval_s: float = Field(0.5, gt=0, description="seconds between scrapes of the server's /metrics")
+    client_guard: ClientGuardSpec = Field(default_factory=ClientGuardSpec, description="thresholds of the "
+                                          "client-bottleneck guard")
 
     @field_validator("cmd")
     @classmethod
@@ -205,6 +216,14 @@ class Campaign(_Strict):
     transport: TransportSpec = Field(default_factory=TransportSpec, description="the NCCL transport check")
     storage: str | None = Field(None, description="a filesystem URI (s3://..., gs://..., file:///...) the ledger "
                                 "and results are mirrored to after every point")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_uri(cls, v: str | None) -> str | None:
+        schemes = ("s3", "gs", "gcs", "hdfs", "viewfs", "file", "abfs", "abfss")
+        if v is not None and ("://" not in v or v.split("://", 1)[0] not in schemes):
+            raise ValueError(f"{v!r} is not a filesystem URI; accepted schemes: {', '.join(f'{s}://' for s in schemes)}")
+        return v
 
 
 def _has_masked_secret(argv: list[str]) -> bool:

@@ -1,4 +1,5 @@
-"""The `raysweep` command (run, resume, status, results, sla, plot, pareto, report, import, tiny-model); only it prints.
+"""The `raysweep` command (run, resume, status, results, sla, plot, pareto, report, import, tiny-model, submit,
+jobs, stop); only it prints.
 
 Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing
 was started); 130 interrupted (finished points are kept; `raysweep resume` continues).
@@ -41,6 +42,29 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]: finished points are kept; continue with `raysweep resume OUTPUT_DIR`")
             sys.exit(130)
+
+
+class _OutputDir(click.ParamType):
+    """An output directory, or the filesystem URI a campaign was mirrored to (`storage:`), which is
+    downloaded first (into ~/.cache/raysweep/mirrors)."""
+
+    name = "OUTPUT_DIR"
+
+    def __init__(self, must_exist: bool = False) -> None:
+        self.must_exist = must_exist
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from raysweep import storage
+
+        if storage.is_uri(str(value)):
+            return str(storage.resolve_output(str(value)))
+        if self.must_exist and not Path(value).is_dir():
+            self.fail(f"directory {value!r} does not exist", param, ctx)
+        return str(value)
+
+
+OUTPUT_DIR = _OutputDir()
+EXISTING_OUTPUT_DIR = _OutputDir(must_exist=True)
 
 
 @click.group(cls=_Group)
@@ -249,7 +273,7 @@ def _print_counts(counts: dict[str, int]) -> None:
 
 
 @main.command()
-@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.argument("output_dir", type=OUTPUT_DIR)
 def status(output_dir: str) -> None:
     """Done / running / failed / pending counts, running servers, failures with reasons."""
     from raysweep.ledger import Ledger, PointState
@@ -316,7 +340,7 @@ def _transport_table(servers: list[Any], require: str) -> None:
 
 
 @main.command()
-@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.argument("output_dir", type=OUTPUT_DIR)
 @click.option("--format", "formats", type=click.Choice(["csv", "parquet", "json"]), multiple=True,
               help="Format(s) to write (default: parquet and csv).")
 def results(output_dir: str, formats: tuple[str, ...]) -> None:
@@ -333,7 +357,7 @@ def results(output_dir: str, formats: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.argument("output_dir", type=OUTPUT_DIR)
 def sla(output_dir: str) -> None:
     """The SLA table: per server config x bench point x target, the largest load that meets the target."""
     import math
@@ -357,6 +381,51 @@ def sla(output_dir: str) -> None:
     out.print(table)
     path = write_text_atomic(Path(output_dir) / "sla.csv", df.to_csv(index=False))
     out.print(str(path), highlight=False)
+
+
+@main.command()
+@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded "
+                                              "local Ray (this machine only).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON instead of tables.")
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="Also write the whole report as JSON to this file.")
+@click.option("--strict", is_flag=True, help="Exit 1 when nodes differ or a node has a warning (default: exit 0).")
+def preflight(address: str | None, as_json: bool, out_path: str | None, strict: bool) -> None:
+    """Check every node before a sweep: GPUs and driver, InfiniBand ports, NCCL environment, Python, Ray and
+    vLLM versions; flag the nodes that differ from the others."""
+    import json
+
+    from raysweep.driver import ray_session
+    from raysweep.files import write_json_atomic
+    from raysweep.preflight import describe_node, finding_text, node_label, run_preflight
+
+    with ray_session(address):
+        pre = run_preflight()
+    data = pre.to_dict()
+    if out_path:
+        write_json_atomic(out_path, data)
+    if as_json:
+        _say(json.dumps(data, indent=2, default=str))
+    else:
+        for node in pre.nodes:
+            table = Table("", "", title=f"node {escape(node_label(node))}" + (" (head)" if node["is_head"] else ""),
+                          show_header=False)
+            for what, value in describe_node(node):
+                table.add_row(what, escape(value))
+            out.print(table)
+        if pre.findings:
+            table = Table("node", "field", "value", "most common", title="nodes that differ")
+            for f in pre.findings:
+                table.add_row(escape(f.node), f.field, escape(finding_text(f.value, f.field)),
+                              "no majority (tie)" if f.tie else escape(finding_text(f.majority, f.field)))
+            out.print(table)
+        for w in pre.warnings:
+            out.print(f"[yellow]warning[/] {escape(w.node)}: {escape(w.message)}", highlight=False)
+        _say(f"{len(pre.nodes)} node(s), {len(pre.findings)} finding(s), {len(pre.warnings)} warning(s)")
+    if out_path:
+        console.print(f"report: {out_path}", highlight=False)
+    if strict and (pre.findings or pre.warnings):
+        sys.exit(1)
 
 
 @main.command("tiny-model")
@@ -385,7 +454,7 @@ def _print_paths(paths: list[Path], notes: list[str]) -> None:
 
 
 @main.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("output_dir", type=EXISTING_OUTPUT_DIR)
 @click.option("--var-x", default=None, help="The x variable (any column). Default: total_token_throughput; for an "
                                            "offline sweep, its first swept parameter.")
 @click.option("--var-y", default=None, help="The y variable (any numeric column). Default: median_ttft_ms; for an "
@@ -442,7 +511,7 @@ def plot(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serve
 
 
 @main.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("output_dir", type=EXISTING_OUTPUT_DIR)
 @click.option("--label-by", default=None,
               help="Comma list of columns written beside each front point (default: the user-count var, gpus).")
 @click.option("--user-count-var", default="max_concurrency", show_default=True,
@@ -477,7 +546,7 @@ def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count
 
 
 @main.command()
-@click.argument("output_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("output_dir", type=EXISTING_OUTPUT_DIR)
 @click.option("--out", "out_path", default=None, help="The HTML file to write (default OUTPUT_DIR/report.html).")
 def report(output_dir: str, out_path: str | None) -> None:
     """One self-contained HTML report: campaign, plan, figures, results, SLA, transport, failures, environment."""
@@ -499,3 +568,114 @@ def import_(vllm_dir: str, output_dir: str) -> None:
     paths, table = import_vllm_sweep(vllm_dir, output_dir)
     out.print(f"{len(table.df)} run(s), {len(table.df.columns)} column(s)")
     _print_paths(paths, table.notes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ray jobs: submit, jobs, stop
+# ---------------------------------------------------------------------------------------------------
+
+_JOB_ADDRESS = click.option("--address", default=None,
+                            help="The cluster's job server, e.g. http://HEAD:8265 (default: RAY_API_SERVER_ADDRESS).")
+
+
+@main.command()
+@click.argument("campaign_file", type=click.Path(dir_okay=False))
+@_JOB_ADDRESS
+@click.option("--output-dir", default=None, help="The output dir on the cluster: an absolute path (shared storage). "
+                                                 "Default: the campaign's output_dir, if absolute.")
+@click.option("--follow", is_flag=True, help="Stream the job's logs until it ends; exit with its outcome.")
+@click.option("--runtime-env", "runtime_env_arg", default=None,
+              help="A Ray runtime env (YAML/JSON file or inline JSON) merged with the staged campaign: pip, "
+                   "py_modules, env_vars, ...")
+@click.option("--python", default=None, help="Run `PYTHON -m raysweep` on the cluster instead of `raysweep`.")
+@click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
+@click.option("--stop-wait", default=120, show_default=True, type=click.IntRange(min=1),
+              help="Seconds a stopped job gets to stop its servers before Ray kills it.")
+def submit(campaign_file: str, address: str | None, output_dir: str | None, follow: bool,
+           runtime_env_arg: str | None, python: str | None, retry_failed: bool, stop_wait: int) -> None:
+    """Send a campaign to a Ray cluster as a job (`raysweep run` there). Submitting it again resumes it."""
+    import tempfile
+
+    from raysweep import jobs
+    from raysweep.campaign import load_campaign
+
+    spec = load_campaign(campaign_file)
+    target = output_dir or spec.campaign.output_dir or f"results/{spec.campaign.name}"
+    if not Path(target).is_absolute():
+        raise UserError(f"--output-dir: {target!r} is relative, but a submitted campaign runs in a temporary "
+                        "directory on the cluster; give an absolute path on storage the cluster keeps (shared, or "
+                        "the head's disk), with --output-dir or output_dir:, and add storage: to mirror results")
+    user_env = jobs.read_runtime_env(runtime_env_arg)
+    job_client = jobs.client(address)
+    with tempfile.TemporaryDirectory(prefix="raysweep-submit-") as tmp:
+        staged = jobs.stage(spec, campaign_file, Path(tmp))
+        job_id = jobs.submit(job_client, spec, staged, target, python=python, user_env=user_env,
+                             retry_failed=retry_failed, stop_wait_s=stop_wait)
+    out.print(job_id, highlight=False)
+    console.print(f"submitted {spec.campaign.name!r}: output dir {target} on the cluster"
+                  + (f", mirrored to {spec.campaign.storage}" if spec.campaign.storage else "")
+                  + (f"; sent {', '.join(staged.shipped)}" if staged.shipped else ""), highlight=False, markup=False)
+    if staged.secrets_kept:
+        console.print(f"[yellow]not sent[/] (secrets; set them on the cluster): {', '.join(staged.secrets_kept)}")
+    if follow:
+        _follow(job_client, job_id)
+
+
+def _follow(job_client: Any, job_id: str) -> None:
+    from raysweep import jobs
+
+    def write(chunk: str) -> None:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+    info = jobs.follow(job_client, job_id, write)
+    status = str(info.status)
+    console.print(f"job {job_id}: {status}" + (f" ({escape(info.message)})" if info.message and status != "SUCCEEDED"
+                                               else ""), highlight=False)
+    if status == "STOPPED":
+        sys.exit(130)
+    if status != "SUCCEEDED":
+        sys.exit(info.driver_exit_code or 1)
+
+
+@main.command()
+@_JOB_ADDRESS
+@click.option("--all", "show_all", is_flag=True, help="Also jobs that are not raysweep campaigns.")
+@click.option("--follow", "follow_id", default=None, metavar="JOB", help="Stream this job's logs until it ends.")
+def jobs(address: str | None, show_all: bool, follow_id: str | None) -> None:
+    """The cluster's raysweep jobs: id, campaign, status, output dir, start and end."""
+    from datetime import datetime
+
+    from raysweep import jobs as jobs_mod
+
+    job_client = jobs_mod.client(address)
+    if follow_id:
+        _follow(job_client, follow_id)
+        return
+    rows = job_client.list_jobs() if show_all else jobs_mod.find_jobs(job_client)
+    table = Table("job", "campaign", "status", "output dir", "started", "ended", "message")
+
+    def when(ms: int | None) -> str:
+        return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else ""
+
+    for j in rows:
+        meta = j.metadata or {}
+        table.add_row(j.submission_id or j.job_id or "", meta.get(jobs_mod.META_KEY, ""), str(j.status),
+                      meta.get("output_dir", ""), when(j.start_time), when(j.end_time),
+                      escape((j.message or "").splitlines()[0] if j.message else ""))
+    out.print(table)
+
+
+@main.command("stop")
+@click.argument("job_id")
+@_JOB_ADDRESS
+@click.option("--wait", "wait_s", default=150.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the job to end (0: do not wait).")
+def stop_job(job_id: str, address: str | None, wait_s: float) -> None:
+    """Stop a submitted campaign: its servers are stopped, finished points kept; submit it again to resume."""
+    from raysweep import jobs
+
+    status = jobs.stop(jobs.client(address), job_id, wait_s)
+    out.print(f"{job_id}: {status}", highlight=False)
+    if status not in jobs.TERMINAL and wait_s:
+        sys.exit(1)

@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import metrics, placement, procs, sla, transport
+from raysweep import metrics, placement, procs, sla, storage, transport
 from raysweep.bench import backend_for
 from raysweep.bench import offline, stats
 from raysweep.bench.command import CommandBench, result_record
@@ -41,7 +41,7 @@ from raysweep.files import write_json_atomic
 from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, Ledger, PointRow, ServerRow
 from raysweep.plan import BenchPoint, Plan, PointRun, ServeConfig, build_plan, meaning, probe_runs
-from raysweep.results import read_samples, write_samples
+from raysweep.results import read_samples, write_results, write_samples
 from raysweep.server import ServerHost, expected_model, rank_argv
 
 __all__ = ["RunSummary", "check_placement", "driver_alive", "placement_lines", "embedded_temp_dir", "open_campaign", "ray_session", "run_campaign"]
@@ -99,6 +99,8 @@ def ray_session(address: str | None) -> Iterator[None]:
 def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> tuple[Plan, Ledger]:
     """Build the plan and bring the ledger in line with it (refusing a changed meaning unless `force`)."""
     plan = build_plan(spec)
+    if spec.campaign.storage:
+        storage.restore(spec.campaign.storage, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(output_dir / LEDGER_FILE)
     try:
@@ -117,6 +119,9 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     """Run every pending point of a campaign on the connected Ray cluster. Resumes from the ledger;
     `retry_failed` gives points that used up their attempts a fresh set."""
     emit = on_event or (lambda kind, **data: None)
+    mirror = storage.Mirror(spec.campaign.storage, output_dir) if spec.campaign.storage else None
+    if mirror is not None:
+        emit = _mirrored(emit, mirror)
     plan, ledger = open_campaign(spec, output_dir, force=force)
     try:
         nodes = placement.cluster_nodes()
@@ -142,6 +147,21 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
                           failures=[p for p in ledger.points() if p.state == "failed"], stopped_early=stopped)
     finally:
         ledger.close()
+        if mirror is not None:
+            write_results(output_dir)
+            mirror.close()
+
+
+_MIRROR_AFTER = ("point_done", "point_failed", "config_failed", "sla_done")
+
+
+def _mirrored(emit: EventSink, mirror: storage.Mirror) -> EventSink:
+    """The event sink that also mirrors the output dir after every finished or failed point."""
+    def sink(kind: str, **data: Any) -> None:
+        emit(kind, **data)
+        if kind in _MIRROR_AFTER:
+            mirror.request()
+    return sink
 
 
 def check_placement(plan: Plan, nodes: list[placement.NodeInfo]) -> dict[str, placement.Layout]:

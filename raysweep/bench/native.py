@@ -196,8 +196,10 @@ class NativeBench:
     """The native client actors of one server configuration, kept warm between points."""
 
     def __init__(self, clients: int | str = "auto", max_clients: int = 8, cpus: float = 1.0,
-                 timeout_s: float = 3600.0) -> None:
+                 timeout_s: float = 3600.0, max_send_lag_ms: float = stats.MAX_SEND_LAG_MS,
+                 min_rate_fraction: float = stats.MIN_RATE_FRACTION) -> None:
         self.setting, self.max_clients, self.cpus, self.timeout_s = clients, max_clients, cpus, timeout_s
+        self.guard = {"max_send_lag_ms": max_send_lag_ms, "min_rate_fraction": min_rate_fraction}
         self.actors: list[Any] = []
         self.nodes: list[str] = []
         self._starting: list[Any] = []
@@ -289,7 +291,7 @@ class NativeBench:
             result.update(ramp_up_strategy=opts.ramp_up_strategy, ramp_up_start_rps=opts.ramp_up_start_rps,
                           ramp_up_end_rps=opts.ramp_up_end_rps)
         result.update(stats.point_metrics(samples, opts))
-        result.update(stats.client_check(samples, opts, job.rate))
+        result.update(stats.client_check(samples, opts, job.rate, **self.guard))
         result.update(bench_backend="native", num_clients=job.clients, dataset_name=opts.dataset_name,
                       client_node_ips=",".join(job.nodes),
                       client_start_late_ms=1000 * max(a.get("start_late_s", 0.0) for a in answers),

@@ -157,7 +157,8 @@ def _peak_tokens_per_s(sent: np.ndarray, chunks: list[np.ndarray], outs: np.ndar
     return float(np.max(counts))
 
 
-def client_check(s: dict[str, Any], opts: LoadOptions, rate: float) -> dict[str, Any]:
+def client_check(s: dict[str, Any], opts: LoadOptions, rate: float, max_send_lag_ms: float = MAX_SEND_LAG_MS,
+                 min_rate_fraction: float = MIN_RATE_FRACTION) -> dict[str, Any]:
     """The client-bottleneck guard: fields to store, `client_limited` among them, with the reason."""
     sent, ready, due = _arr(s, "sent"), _arr(s, "ready"), _arr(s, "due")
     lag = (_arr(s, "begin") - ready) * 1000.0  # the client's own lateness; opening a connection is not counted
@@ -177,11 +178,11 @@ def client_check(s: dict[str, Any], opts: LoadOptions, rate: float) -> dict[str,
         span = float(np.max(sent))
         achieved = rate * float(np.max(due)) / span if span > 0 else rate
         fields["achieved_request_rate"] = achieved
-        if achieved < MIN_RATE_FRACTION * rate:
+        if achieved < min_rate_fraction * rate:
             reasons.append(f"sent {achieved:.1f} req/s of the {rate:g} asked")
-    late = int((lag > MAX_SEND_LAG_MS).sum())
+    late = int((lag > max_send_lag_ms).sum())
     if not burst and late > max(1, 0.01 * lag.size):  # the p99 over 10 ms, and never one hiccup alone
-        reasons.append(f"send lag p99 {fields['client_send_lag_p99_ms']:.1f} ms > {MAX_SEND_LAG_MS:g} ms "
+        reasons.append(f"send lag p99 {fields['client_send_lag_p99_ms']:.1f} ms > {max_send_lag_ms:g} ms "
                        f"({late} of {lag.size} requests)")
     fields["client_limited"] = bool(reasons)
     fields["client_limited_reason"] = "; ".join(reasons) or None
