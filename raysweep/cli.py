@@ -1,5 +1,5 @@
-"""The `raysweep` command (run, resume, status, results, sla, plot, pareto, report, import, tiny-model, submit,
-jobs, stop); only it prints.
+"""The `raysweep` command (run, resume, status, results, sla, plot, pareto, report, import, tiny-model, preflight,
+submit, jobs, stop); only it prints.
 
 Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing
 was started); 130 interrupted (finished points are kept; `raysweep resume` continues).
@@ -653,7 +653,9 @@ def jobs(address: str | None, show_all: bool, follow_id: str | None) -> None:
         _follow(job_client, follow_id)
         return
     rows = job_client.list_jobs() if show_all else jobs_mod.find_jobs(job_client)
-    table = Table("job", "campaign", "status", "output dir", "started", "ended", "message")
+    table = Table()
+    for name in ("job", "campaign", "status", "output dir", "started", "ended", "message"):
+        table.add_column(name, overflow="fold")  # ids and paths are copied from here: never cut short
 
     def when(ms: int | None) -> str:
         return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else ""
