@@ -15,6 +15,8 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
 import shutil  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 import time  # noqa: E402
 
 import pytest  # noqa: E402
@@ -63,3 +65,21 @@ def _gpus_back(request):
     while time.time() < deadline and ray.available_resources().get("GPU", 0) < ray.cluster_resources().get("GPU", 0):
         time.sleep(0.1)
     assert ray.available_resources().get("GPU", 0) == ray.cluster_resources().get("GPU", 0), "GPUs leaked"
+
+
+def _vllm_cli() -> str | None:
+    return shutil.which("vllm") or (str(Path(sys.executable).parent / "vllm")
+                                    if (Path(sys.executable).parent / "vllm").exists() else None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The demo's tiny dummy-weight Llama, for the tests with the real vLLM CPU build (skipped without it,
+    unless RAYSWEEP_REQUIRE_VLLM is set, as in CI)."""
+    if _vllm_cli() is None:
+        if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
+            pytest.fail("the vLLM CPU build is required here (RAYSWEEP_REQUIRE_VLLM is set); run scripts/setup-venv.sh")
+        pytest.skip("the vLLM CPU build is not installed")
+    from raysweep.demo import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")

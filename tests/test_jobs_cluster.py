@@ -133,3 +133,40 @@ def test_submit_refuse_stop_resubmit_and_resume_from_the_mirror(job_server, tmp_
     assert r.exit_code == 0, r.output
     csv = next(Path(line.strip()) for line in r.output.splitlines() if line.strip().endswith(".csv"))
     assert len(csv.read_text().strip().splitlines()) == 1 + 4
+
+
+@pytest.mark.vllm
+def test_real_vllm_campaign_as_a_job_with_its_results_read_from_the_mirror(job_server, tiny_model, tmp_path,
+                                                                           monkeypatch):
+    """The real `vllm serve` and the native client, submitted as a job with --follow; the results are read
+    back from the storage URI, as a user without access to the cluster's disks would."""
+    import yaml
+
+    url, token = job_server
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    mirror = tmp_path / "mirror"
+    campaign = {
+        "name": "vllm-job", "output_dir": str(tmp_path / "out"), "runs": 1, "max_attempts": 1,
+        "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16",
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"}, "ready_timeout_s": 400,
+                  "params": [{"max_num_seqs": 8}]},
+        "bench": {"cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 12 "
+                         "--random-input-len 32 --random-output-len 8 --max-concurrency 4",
+                  "client_cpus": 0.5},
+        "storage": mirror.as_uri(),
+    }
+    f = tmp_path / "vllm-job.yaml"
+    f.write_text(yaml.safe_dump(campaign))
+    r = CliRunner().invoke(main, ["submit", str(f), "--address", url, "--python", sys.executable, "--follow"])
+    assert r.exit_code == 0, r.output[-4000:]
+    assert "SUCCEEDED" in r.output
+    from raysweep.storage import resolve_output
+    from raysweep.results import results_table
+
+    df = results_table(resolve_output(mirror.as_uri(), tmp_path / "copy"))
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["completed"] == 12 and row["failed"] == 0 and row["max_num_seqs"] == 8
+    assert row["server_generation_tokens"] == row["total_output_tokens"]

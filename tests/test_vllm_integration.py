@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,22 +29,6 @@ from raysweep.results import results_table
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _vllm_cli() -> str | None:
-    return shutil.which("vllm") or (str(Path(sys.executable).parent / "vllm")
-                                    if (Path(sys.executable).parent / "vllm").exists() else None)
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    if _vllm_cli() is None:
-        if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
-            pytest.fail("the vLLM CPU build is required here (RAYSWEEP_REQUIRE_VLLM is set); run scripts/setup-venv.sh")
-        pytest.skip("the vLLM CPU build is not installed")
-    from raysweep.demo import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 
 
 MARK = "RAYSWEEP_TEST_MARK"
