@@ -48,6 +48,7 @@ def run_vllm_sweep(model: Path, work: Path, env: dict[str, str]) -> dict[str, fl
 def run_raysweep(model: Path, work: Path, env: dict[str, str]) -> dict[str, float]:
     campaign = yaml.safe_load((REPO / "configs/demo-cpu.yaml").read_text())
     campaign.update(warmup=0, output_dir=str(work / "raysweep"))
+    campaign["serve"]["cmd"] = f"vllm serve {model} {SERVE}"  # exactly the command vLLM's sweep gets
     campaign["serve"]["params"] = str(REPO / "configs/demo-serve-params.json")
     campaign["bench"]["params"] = str(REPO / "configs/demo-bench-params.json")
     f = work / "campaign.yaml"
