@@ -24,9 +24,10 @@ import re
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
+
+from raysweep.files import write_text_atomic  # whole or not at all: temp file, then os.replace
 
 # AF_UNIX socket paths are limited to 107 bytes; Ray puts `session_<date>_<pid>/sockets/plasma_store` under
 # the temp dir, so the temp dir itself must stay short.
@@ -104,23 +105,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if os.path.isdir(args.address_file):
             parser.error(f"--address-file: {args.address_file!r} is a directory; give a file path")
     return args
-
-
-def write_whole(path: str, text: str) -> None:
-    """Write `text` to `path` whole or not at all: a temp file in the same directory, then os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix="-" + os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 class StopRequest:
@@ -241,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         address = cluster.address
         if args.address_file:
-            write_whole(args.address_file, address)
+            write_text_atomic(args.address_file, address)
         print(describe(cluster, args), flush=True)
         print(f"(started in {time.monotonic() - started:.1f} s)", flush=True)
         stop.wait()
