@@ -494,10 +494,11 @@ def plot(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serve
     spec["var_x"] = spec["var_x"] or "total_token_throughput"
     spec["var_y"] = spec["var_y"] or "median_ttft_ms"
     ps = plots.PlotSpec(**{k: plots.split_list(v) if k in lists else v for k, v in spec.items()}, error_bars=error_bars)
-    specs = plots.offline_specs(table.df, ps) if offline else [ps]
+    load_var = load_var or plots.load_variable(table.df, ps.var_x)
+    specs = plots.offline_specs(table.df, ps) if offline else [plots.default_layout(table.df, ps, load_var)]
     drawn = [(s, plots.plan_curves(table.df, s)) for s in specs]
     if not no_server_metrics and not offline:
-        drawn.append((ps, plots.plan_server_metrics(table.df, ps, load_var or plots.load_variable(table.df, ps.var_x))))
+        drawn.append((ps, plots.plan_server_metrics(table.df, ps, load_var)))
     plans = [p for _, ps_plans in drawn for p in ps_plans]
     sla, variable = read_sla(output_dir)
     if dry_run:

@@ -210,6 +210,10 @@ def _groups(df: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.Series, list[str]
     return pd.Series(labels, index=df.index, dtype=object), order
 
 
+def _curve_title(keys: Sequence[str]) -> str:
+    return "server config" if tuple(keys) == ("serve_label",) else ", ".join(keys)
+
+
 def _client_limited(df: pd.DataFrame) -> pd.Series:
     if "client_limited" not in df.columns:
         return pd.Series(False, index=df.index)
@@ -299,23 +303,41 @@ def _numeric(df: pd.DataFrame, names: Sequence[str]) -> tuple[pd.DataFrame, list
     return df[finite].assign(**{n: v[finite] for n, v in values.items()}), notes
 
 
+_POINT = ["serve_id", "bench_id"]
+
+
+def _measured_x(df: pd.DataFrame, x: str) -> bool:
+    """Whether x is a measurement (it differs between the runs of one point), not a parameter."""
+    if not set(_POINT) <= set(df.columns) or df.empty:
+        return False
+    return bool(df.groupby(_POINT, dropna=False)[x].nunique().max() > 1)
+
+
 def _curves(df: pd.DataFrame, x: str, y: str, labels: pd.Series) -> list[Curve]:
-    """The curves of one panel: per label, the mean and SD over the runs at each x (client-limited apart)."""
+    """The curves of one panel: per label, the mean and SD over the runs at each x (client-limited apart).
+    When x is itself measured (a throughput, say), the runs of one point are its repeats: they make one
+    point at their mean x and mean y, rather than one point each."""
     limited = _client_limited(df)
+    by_point = _measured_x(df, x)
     curves = []
     for label in dict.fromkeys(labels):
         mine = labels == label
         ok = df[mine & ~limited]
-        pts = (ok.groupby(x)[y].agg(["mean", "std", "count"]).reset_index()
-               .rename(columns={x: "x", "mean": "y", "std": "sd", "count": "n"}))
+        if by_point:
+            pts = (ok.groupby(_POINT, dropna=False).agg(x=(x, "mean"), y=(y, "mean"), sd=(y, "std"), n=(y, "count"))
+                   .reset_index(drop=True))
+        else:
+            pts = (ok.groupby(x)[y].agg(["mean", "std", "count"]).reset_index()
+                   .rename(columns={x: "x", "mean": "y", "std": "sd", "count": "n"}))
         lim = df[mine & limited][[x, y]].rename(columns={x: "x", y: "y"})
         curves.append(Curve(str(label), pts.sort_values("x", ignore_index=True), lim.reset_index(drop=True)))
     return curves
 
 
 def _mixing_note(df: pd.DataFrame, keys: list[pd.Series], x: str) -> list[str]:
-    """A note when one mean pools runs of different configurations (vLLM pools them silently)."""
-    if not {"serve_label", "bench_label"} <= set(df.columns) or df.empty:
+    """A note when one mean pools runs of different configurations (vLLM pools them silently). A measured
+    x pools nothing: each point is one configuration's runs."""
+    if not {"serve_label", "bench_label"} <= set(df.columns) or df.empty or _measured_x(df, x):
         return []
     config = df["serve_label"].astype(str) + " / " + df["bench_label"].astype(str)
     cells = pd.DataFrame({**{f"k{i}": k for i, k in enumerate(keys)}, "x": df[x], "config": config})
@@ -359,7 +381,7 @@ def plan_curves(df: pd.DataFrame, spec: PlotSpec) -> list[FigurePlan]:
         panels = [[_cell_panel(fdf, (rows == r) & (cols == c), _panel_title(r, c), spec, curves)
                    for c in col_order] for r in row_order]
         fig_notes = notes + _limited_note(fdf) + _mixing_note(fdf, [rows, cols, curves], spec.var_x)
-        plans.append(FigurePlan(stem, title, panels, curve_order, ", ".join(spec.curve_by), len(fdf), fig_notes))
+        plans.append(FigurePlan(stem, title, panels, curve_order, _curve_title(spec.curve_by), len(fdf), fig_notes))
     return plans
 
 
@@ -370,6 +392,23 @@ def _cell_panel(df: pd.DataFrame, cell: pd.Series, title: str, spec: PlotSpec, c
 
 def _panel_title(row: str, col: str) -> str:
     return "\n".join(t for t in (row, col) if t != "(all)")
+
+
+def default_layout(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> PlotSpec:
+    """`spec` with a layout when the user gave none (no --row-by, --col-by, --curve-by or --fig-by): one
+    curve per server config and one column of panels per bench shape (its parameters but the load
+    variable), so that no curve joins runs of unrelated configurations."""
+    if spec.row_by or spec.col_by or spec.curve_by or spec.fig_by:
+        return spec
+    curve = ("serve_label",) if "serve_label" in df.columns and df["serve_label"].nunique() > 1 else ()
+    bench_keys: dict[str, None] = {}
+    for label in df["bench_label"].dropna().astype(str).unique() if "bench_label" in df.columns else ():
+        for part in label.split("-"):
+            key = part.split("=", 1)[0]
+            if "=" in part and key in df.columns and key not in (load_var, spec.var_x, spec.var_y):
+                bench_keys[key] = None
+    cols = tuple(k for k in bench_keys if df[k].astype(str).nunique() > 1)
+    return replace(spec, curve_by=curve, col_by=cols)
 
 
 def load_variable(df: pd.DataFrame, fallback: str) -> str:
@@ -433,7 +472,7 @@ def plan_server_metrics(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> list
                                  _curves(cell, load_var, metric, curves[cell.index]), from_zero=True))
             panels.append(row)
         notes += _mixing_note(fdf, [rows, curves], load_var)
-        plans.append(FigurePlan(stem, title or "server-side metrics", panels, curve_order, ", ".join(curve_by),
+        plans.append(FigurePlan(stem, title or "server-side metrics", panels, curve_order, _curve_title(curve_by),
                                 len(fdf), list(dict.fromkeys(notes))))
     return plans
 

@@ -252,6 +252,32 @@ def test_single_x_curve_gets_whiskers_and_bins_pool_x(table):
     assert sorted(binned[0].panels[0][0].curves[0].points["x"]) == [0, 4, 8]
 
 
+def test_a_measured_x_averages_the_runs_of_each_point(table):
+    """x = a throughput differs between the repeats of one point: they make one point (mean x, mean y, SD),
+    not one point each joined into a zigzag."""
+    spec = plots.PlotSpec(var_x="output_throughput", var_y="median_ttft_ms", curve_by=("serve_label",),
+                          col_by=("random_input_len",))
+    [plan] = plots.plan_curves(table, spec)
+    curve = plan.panels[0][0].curves[0]
+    ok = table[~table["client_limited"].astype(bool)]
+    mine = ok[(ok["serve_label"] == curve.label) & (ok["random_input_len"] == 128)]
+    assert len(curve.points) == mine["bench_id"].nunique() == len(CONCS)
+    per_point = mine.groupby("bench_id").agg(x=("output_throughput", "mean"), n=("run_number", "count"))
+    per_point = per_point.sort_values("x")
+    assert curve.points["x"].tolist() == pytest.approx(per_point["x"].tolist())
+    assert curve.points["n"].tolist() == per_point["n"].tolist()  # the client-limited run is not counted
+
+
+def test_default_layout_never_joins_unrelated_configurations(table):
+    spec = plots.default_layout(table, plots.PlotSpec(), "max_concurrency")
+    assert spec.curve_by == ("serve_label",) and spec.col_by == ("random_input_len",)
+    [plan] = plots.plan_curves(table, spec)
+    assert not any("several configurations" in n for n in plan.notes)
+    assert plan.curve_title == "server config"
+    mine = plots.PlotSpec(curve_by=("max_num_seqs",))
+    assert plots.default_layout(table, mine, "max_concurrency") == mine  # the user's layout is kept
+
+
 def test_server_metric_figure(table):
     spec = plots.PlotSpec(row_by=("random_input_len",))
     assert plots.load_variable(table, "x") == "max_concurrency"
