@@ -134,7 +134,7 @@ def classify(rep: Report) -> dict[str, object]:
     local = {lk.transport for lk in rep.links if lk.transport in ("P2P", "SHM")}
     intra = "P2P" if "P2P" in local else "SHM" if "SHM" in local else "none"
     return {"intra": intra, "inter": inter, "plugins": sorted({lk.plugin for lk in nets}),
-            "networks": sorted(rep.networks), "ib_devices": rep.ib_devices, "versions": sorted(rep.versions),
+            "networks": sorted(rep.networks), "ib_devices": list(dict.fromkeys(rep.ib_devices)), "versions": sorted(rep.versions),
             "channels": len(rep.links), "evidence": rep.evidence[:40]}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,7 +50,10 @@ def test_campaign_runs_on_simulated_gpus(gpu_cluster, tmp_path):
     # the server saw the GPUs Ray gave its host actor, and was started with our host and port
     logs = {p.name: p.read_text() for p in (out / "logs").iterdir()}
     assert len(logs) == 2
-    assert any("CVD=0,1" in t or "CVD=1,0" in t or "CVD=2,3" in t for t in logs.values())
+    for server_id, ids in df.groupby("server_id")["gpu_ids"].first().items():
+        [log] = [t for name, t in logs.items() if server_id in name]
+        seen = re.search(r"CVD=([0-9,]+)", log).group(1)
+        assert sorted(seen.split(",")) == sorted(ids.split(",")), (seen, ids)
     assert all("--host 127.0.0.1 --port" in t for t in logs.values())
     # every run file holds vLLM's fields, the overrides and run_number
     rec = json.loads(next((out / "points").rglob("run=1.json")).read_text())

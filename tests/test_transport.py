@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raysweep.transport import classify, meets, parse_nccl
+from raysweep.transport import classify, meets, parse_nccl, server_verdict
 
 REAL = {
     "ib_gdr_old_busid": "10-90-43-152:120890:121560 [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/5/GDRDMA",
@@ -61,6 +61,12 @@ def test_devices_networks_and_versions():
     rep = parse_nccl([MADE["ib_devices"], MADE["network_ib"], REAL["socket_using"], MADE["version"]])
     assert rep.ib_devices == ["mlx5_0/IB", "mlx5_1/RoCE"] and rep.socket_devices == ["eth0:172.17.0.3"]
     assert rep.networks == {"IB"} and rep.versions == {"2.21.5+cuda12.4"}
+
+
+def test_a_server_lists_each_ib_device_once_whatever_its_ranks_print():
+    rank = [MADE["ib_devices"], REAL["ibext_gdr"]]
+    v = server_verdict([rank, rank, rank[:1]])
+    assert v["ib_devices"] == ["mlx5_0/IB", "mlx5_1/RoCE"] and v["nnodes"] == 3 and v["ranks_with_nccl"] == 3
 
 
 @pytest.mark.parametrize("keys, intra, inter", [
