@@ -200,7 +200,10 @@ def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
     best = {r["serve_label"]: (0 if r["largest_pass"] is None or r["largest_pass"] != r["largest_pass"]
                                else r["largest_pass"]) for r in df.to_dict("records")}
     assert best["max_num_seqs=8"] > best["max_num_seqs=1"], df.to_dict("records")
-    assert set(df["state"]) <= {"found", "never met"}, df.to_dict("records")
+    states = {r["serve_label"]: r["state"] for r in df.to_dict("records")}
+    assert states["max_num_seqs=1"] in {"found", "never met"}, df.to_dict("records")
+    # on a quick run the target holds at every concurrency its 16 prompts allow: the search says so
+    assert states["max_num_seqs=8"] in {"found", "above max"}, df.to_dict("records")
     led = Ledger.open_existing(out)
     probes = led.points()
     led.close()
