@@ -333,12 +333,13 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
             raise CampaignError(fld, "a secret flag's value was masked when the campaign was stored; write it as "
                                      "${VAR} or resume with `raysweep run CAMPAIGN.yaml`")
     serve_combos = _resolve_params(campaign.serve.params, "serve.params", base_dir)
-    bench_combos = _resolve_params(campaign.bench.params, "bench.params", base_dir)
+    bench_combos, bench_origins = _resolve_with_origins(campaign.bench.params, "bench.params", base_dir)
     _check_links(campaign.link, serve_combos, bench_combos)
     after = campaign.bench.after_bench_cmd
     bench_argv = shlex.split(_expand(campaign.bench.cmd or NATIVE_DEFAULT_CMD, "bench.cmd", env))
+    _check_percentiles(bench_argv, bench_combos, bench_origins)
     if campaign.bench.backend == "native":
-        _check_native(bench_argv, bench_combos)
+        _check_native(bench_argv, bench_combos, bench_origins)
     if campaign.sla is not None:
         _check_sla(campaign, bench_combos)
     return CampaignSpec(
@@ -418,35 +419,73 @@ def _check_sla(campaign: Campaign, bench_combos: list[dict[str, Any]]) -> None:
         raise CampaignError("link", f"links to {sla.variable}, which the SLA search sets")
 
 
-def _check_native(argv: list[str], combos: list[dict[str, Any]]) -> None:
+def _check_native(argv: list[str], combos: list[dict[str, Any]], origins: Origins) -> None:
     """Every bench point must be load options the native client runs, with its data set on this machine."""
     from raysweep.bench.options import parse_load_options
 
     parse_load_options(argv, "bench.cmd")
     for i, combo in enumerate(combos):
-        opts = parse_load_options(grid.apply_to_cmd(argv, combo), f"bench.params[{i}]" if combo else "bench.cmd")
+        fld = f"bench.params[{i}]" if combo else "bench.cmd"
+        opts = _reraise_at(lambda: parse_load_options(grid.apply_to_cmd(argv, combo), fld), origins[i])
         path = (opts.dataset_path or "")
         if opts.dataset_name == "custom" and ".py:" in path:
             path = path.rsplit(":", 1)[0]
         if opts.dataset_name in ("sharegpt", "custom", "jsonl") and not Path(path).is_file():
-            raise CampaignError(f"bench.params[{i}]" if "dataset_path" in str(combo) else "bench.cmd",
-                                f"--dataset-path {opts.dataset_path!r} is not a file on this machine")
+            in_params = "dataset_path" in str(combo)
+            _reraise_at(lambda: _refuse(f"bench.params[{i}]" if in_params else "bench.cmd",
+                                        f"--dataset-path {opts.dataset_path!r} is not a file on this machine"),
+                        origins[i] if in_params else None)
+
+
+def _refuse(fld: str, message: str) -> None:
+    raise CampaignError(fld, message)
+
+
+def _check_percentiles(argv: list[str], combos: list[dict[str, Any]], origins: Origins) -> None:
+    """`--metric-percentiles` (either backend) must be comma-separated numbers from 0 to 100."""
+    points = [("bench.cmd", argv, None)] + [(f"bench.params[{i}]", grid.apply_to_cmd(argv, c), origins[i])
+                                             for i, c in enumerate(combos) if c]
+    for fld, cmd, origin in points:
+        value = grid.find_flag_value(cmd, "--metric-percentiles", "--metric_percentiles")
+        if value is None or (fld != "bench.cmd" and value == grid.find_flag_value(
+                argv, "--metric-percentiles", "--metric_percentiles")):
+            continue
+        try:
+            bad = [p for p in value.split(",") if p.strip() and not 0 <= float(p) <= 100]
+        except ValueError:
+            bad = [value]
+        if bad or not value.strip():
+            _reraise_at(lambda: _refuse(fld, f"--metric-percentiles takes comma-separated percentiles from 0 to "
+                                             f"100, got {value!r}"), origin)
+
+
+Origins = list[str | None]  # per combination: the parameter file entry it comes from, if any
 
 
 def _resolve_params(spec: Any, fld: str, base_dir: Path) -> list[dict[str, Any]]:
+    return _resolve_with_origins(spec, fld, base_dir)[0]
+
+
+def _resolve_with_origins(spec: Any, fld: str, base_dir: Path) -> tuple[list[dict[str, Any]], Origins]:
+    """The parameter combinations of a section, and for each the file entry it was read from (errors name
+    the file and the entry)."""
+    origins: Origins
     if spec is None:
-        return [{}]
+        return [{}], [None]
     if isinstance(spec, str):
         p = Path(spec)
-        combos = grid.load_param_file(p if p.is_absolute() else base_dir / p, fld)
+        path = p if p.is_absolute() else base_dir / p
+        combos = grid.load_param_file(path, fld)
+        origins = [grid.file_entry(path, c.get(grid.BENCHMARK_NAME_KEY, i)) for i, c in enumerate(combos)]
     elif isinstance(spec, list):
         combos = []
         for i, item in enumerate(spec):
             if not isinstance(item, dict):
                 raise CampaignError(f"{fld}[{i}]", f"must be a mapping of parameter -> value, got {type(item).__name__}")
             combos.append(dict(item))
+        origins = [None] * len(combos)
     elif isinstance(spec, dict):
-        combos = _resolve_grid(spec, fld, base_dir)
+        combos, origins = _resolve_grid(spec, fld, base_dir)
     else:
         raise CampaignError(fld, "accepted: a path to a vLLM JSON parameter file, a list of mappings, "
                                  "or a mapping with `grid:` (and optional `exclude:`)")
@@ -454,13 +493,22 @@ def _resolve_params(spec: Any, fld: str, base_dir: Path) -> list[dict[str, Any]]
         raise CampaignError(fld, "yields no combination; give at least one")
     for i, combo in enumerate(combos):
         for key in combo:
-            if not isinstance(key, str) or not key:
-                raise CampaignError(f"{fld}[{i}]", f"parameter names must be non-empty strings, got {key!r}")
-    grid.check_unique(combos, fld)
-    return combos
+            _reraise_at(lambda: grid.check_flag_key(key, f"{fld}[{i}]"), origins[i])
+    grid.check_unique(combos, fld, origins)
+    return combos, origins
 
 
-def _resolve_grid(spec: dict[str, Any], fld: str, base_dir: Path) -> list[dict[str, Any]]:
+def _reraise_at(check: Any, origin: str | None) -> Any:
+    """Run a check; a refusal names the parameter file entry the combination comes from."""
+    try:
+        return check()
+    except CampaignError as exc:
+        if origin is None or origin in exc.message:
+            raise
+        raise CampaignError(exc.field, f"{origin}: {exc.message}") from None
+
+
+def _resolve_grid(spec: dict[str, Any], fld: str, base_dir: Path) -> tuple[list[dict[str, Any]], Origins]:
     allowed = {"grid", "file", "exclude"}
     for key in spec:
         if key not in allowed:
@@ -471,12 +519,15 @@ def _resolve_grid(spec: dict[str, Any], fld: str, base_dir: Path) -> list[dict[s
         if not isinstance(spec["grid"], dict):
             raise CampaignError(f"{fld}.grid", "must be a mapping of parameter -> list of values")
         combos = grid.expand_grid(spec["grid"], f"{fld}.grid")
+        origins: Origins = [None] * len(combos)
     else:
-        combos = _resolve_params(str(spec["file"]), f"{fld}.file", base_dir)
+        combos, origins = _resolve_with_origins(str(spec["file"]), f"{fld}.file", base_dir)
     exclude = spec.get("exclude") or []
     if not isinstance(exclude, list) or not all(isinstance(e, dict) for e in exclude):
         raise CampaignError(f"{fld}.exclude", "must be a list of mappings (parameter -> value)")
-    return grid.exclude_combos(combos, exclude, f"{fld}.exclude")
+    kept = grid.exclude_combos(combos, exclude, f"{fld}.exclude")
+    kept_ids = {id(c) for c in kept}
+    return kept, [o for c, o in zip(combos, origins) if id(c) in kept_ids]
 
 
 def _check_links(links: dict[str, str], serve: list[dict[str, Any]], bench: list[dict[str, Any]]) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "BENCHMARK_NAME_KEY",
     "MASK",
     "apply_to_cmd",
+    "check_flag_key",
     "check_unique",
     "canonical_json",
     "combo_label",
@@ -93,8 +94,27 @@ def _display(value: Any) -> str:
 # Building parameter sets
 # ---------------------------------------------------------------------------------------------------
 
+_FLAG_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*", re.ASCII)
+
+
+def check_flag_key(key: Any, where: str) -> None:
+    """Refuse a parameter name that cannot become a command-line flag (`--name`, or vLLM's dotted
+    `--config.key`): letters, digits, `_` and `-`, not starting with `-`, dots only between parts."""
+    if not isinstance(key, str) or not _FLAG_KEY.fullmatch(key):
+        raise CampaignError(where, f"parameter name {key!r} cannot become a command-line flag; write it as the "
+                                   "flag without its dashes (letters, digits, _ and -, dotted parts for vLLM's "
+                                   "--config.key), e.g. max_num_seqs or compilation_config.mode")
+
+
+def file_entry(path: Path, entry: int | str) -> str:
+    """How an error names one entry of a parameter file."""
+    return f"parameter file {str(path)!r}, entry {entry!r}" if isinstance(entry, str) else \
+        f"parameter file {str(path)!r}, entry {entry}"
+
+
 def load_param_file(path: Path, field: str) -> list[dict[str, Any]]:
-    """Read a vLLM parameter file: a JSON list of dicts, or a dict of name -> dict (`_benchmark_name`)."""
+    """Read a vLLM parameter file: a JSON list of dicts, or a dict of name -> dict (`_benchmark_name`).
+    Every error names the file and the entry (its index, or its name)."""
     if not path.is_file():
         raise CampaignError(field, f"parameter file {str(path)!r} does not exist")
     try:
@@ -102,18 +122,25 @@ def load_param_file(path: Path, field: str) -> list[dict[str, Any]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CampaignError(field, f"parameter file {str(path)!r} is not valid JSON: {exc}") from None
     if isinstance(data, dict):
-        records = []
-        for name, combo in data.items():
-            if not isinstance(combo, dict):
-                raise CampaignError(f"{field}[{name!r}]", f"must be a JSON object of parameters, got {type(combo).__name__}")
-            records.append({BENCHMARK_NAME_KEY: name, **combo})
-        return records
-    if isinstance(data, list):
-        for i, combo in enumerate(data):
-            if not isinstance(combo, dict):
-                raise CampaignError(f"{field}[{i}]", f"must be a JSON object of parameters, got {type(combo).__name__}")
-        return [dict(c) for c in data]
-    raise CampaignError(field, "a parameter file must hold a JSON list of objects, or an object of name -> object")
+        entries: list[tuple[int | str, Any]] = list(data.items())
+    elif isinstance(data, list):
+        entries = list(enumerate(data))
+    else:
+        raise CampaignError(field, f"parameter file {str(path)!r} must hold a JSON list of objects, or an object "
+                                   "of name -> object")
+    records = []
+    for entry, combo in entries:
+        where = f"{field}[{entry!r}]" if isinstance(entry, str) else f"{field}[{entry}]"
+        if not isinstance(combo, dict):
+            raise CampaignError(where, f"{file_entry(path, entry)}: must be a JSON object of parameters, got "
+                                       f"{type(combo).__name__}")
+        for key in combo:
+            try:
+                check_flag_key(key, where)
+            except CampaignError as exc:
+                raise CampaignError(where, f"{file_entry(path, entry)}: {exc.message}") from None
+        records.append({BENCHMARK_NAME_KEY: entry, **combo} if isinstance(entry, str) else dict(combo))
+    return records
 
 
 def expand_grid(grid: Mapping[str, Any], field: str) -> list[dict[str, Any]]:
@@ -146,20 +173,27 @@ def exclude_combos(combos: list[dict[str, Any]], exclude: Sequence[Mapping[str, 
     return [c for c in combos if not any(matches(c, r) for r in exclude)]
 
 
-def check_unique(combos: Iterable[Mapping[str, Any]], field: str) -> None:
-    """Refuse duplicate combinations (same canonical parameters) and duplicate `_benchmark_name`s."""
+def check_unique(combos: Iterable[Mapping[str, Any]], field: str,
+                 origins: Sequence[str | None] | None = None) -> None:
+    """Refuse duplicate combinations (same canonical parameters) and duplicate `_benchmark_name`s.
+    `origins` names where each combination comes from (a parameter file's entry), for the message."""
     seen: dict[str, int] = {}
     names: dict[str, int] = {}
+
+    def refuse(i: int, what: str) -> CampaignError:
+        origin = origins[i] if origins is not None and i < len(origins) else None
+        return CampaignError(f"{field}[{i}]", f"{origin}: {what}" if origin else what)
+
     for i, combo in enumerate(combos):
         params = {k: v for k, v in combo.items() if k != BENCHMARK_NAME_KEY}
         key = canonical_json(params)
         if key in seen:
-            raise CampaignError(f"{field}[{i}]", f"duplicate combination {combo_label(params)!r} (same as item {seen[key]})")
+            raise refuse(i, f"duplicate combination {combo_label(params)!r} (same as item {seen[key]})")
         seen[key] = i
         if BENCHMARK_NAME_KEY in combo:
             name = str(combo[BENCHMARK_NAME_KEY])
             if name in names:
-                raise CampaignError(f"{field}[{i}]", f"duplicate {BENCHMARK_NAME_KEY} {name!r} (same as item {names[name]})")
+                raise refuse(i, f"duplicate {BENCHMARK_NAME_KEY} {name!r} (same as item {names[name]})")
             names[name] = i
 
 

@@ -323,3 +323,85 @@ def test_stored_form_masks_literal_secret_flags_in_commands(tmp_path, monkeypatc
     with pytest.raises(CampaignError) as exc:
         campaign_from_dict(stored, base_dir=tmp_path)
     assert exc.value.field == "serve.cmd" and "masked" in str(exc.value)
+
+
+# -- input validation: parameter files, flag names, percentiles, output_dir -------------------------
+
+def _param_file(tmp_path: Path, records: Any, name: str = "bench.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.mark.parametrize("records, entry", [
+    ([{"max_concurrency": 4}, {"max_concurrency": 4}], "entry 1"),            # duplicate of entry 0
+    ([{"max_concurrency": 4}, {"": 3}], "entry 1"),                           # empty key
+    ([{"max_concurrency": 4}, {"max concurrency": 3}], "entry 1"),            # not a flag
+    ([{"max_concurrency": 4}, 7], "entry 1"),                                 # not an object
+    ({"a": {"max_concurrency": 4}, "b": {"--max-concurrency": 2}}, "entry 'b'"),
+])
+def test_every_parameter_file_error_names_the_file_and_the_entry(tmp_path, records, entry):
+    path = _param_file(tmp_path, records)
+    data = copy.deepcopy(BASE)
+    data["bench"]["params"] = str(path)
+    with pytest.raises(CampaignError) as e:
+        campaign_from_dict(data, base_dir=tmp_path, env={})
+    assert str(path) in str(e.value) and entry in str(e.value)
+
+
+def test_a_native_point_refused_from_a_parameter_file_names_the_file_and_the_entry(tmp_path):
+    path = _param_file(tmp_path, [{"max_concurrency": 4}, {"max_concurrency": 2}, {"request_rate": -1}])
+    data = copy.deepcopy(BASE)
+    data["bench"] = {"cmd": "vllm bench serve --model m", "params": {"file": str(path),
+                                                                      "exclude": [{"max_concurrency": 2}]}}
+    with pytest.raises(CampaignError) as e:
+        campaign_from_dict(data, base_dir=tmp_path, env={})
+    assert "--request-rate" in str(e.value) and str(path) in str(e.value) and "entry 2" in str(e.value)
+
+
+@pytest.mark.parametrize("key", ["max num seqs", "", "max_num_seqs=4", "-x", "a'b", "x.", "é"])
+def test_a_key_that_cannot_be_a_flag_is_refused(tmp_path, key):
+    data = copy.deepcopy(BASE)
+    data["serve"]["params"] = [{"max_num_seqs": 4}, {key: 8}]
+    with pytest.raises(CampaignError) as e:
+        campaign_from_dict(data, base_dir=tmp_path, env={})
+    assert e.value.field.startswith("serve.params[1]") and "flag" in str(e.value)
+
+
+def test_flag_like_keys_are_accepted(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["serve"]["params"] = [{"max-num-seqs": 4, "compilation_config.mode": 3, "kv_transfer_config": {"a": 1}}]
+    assert campaign_from_dict(data, base_dir=tmp_path, env={}).serve_combos[0]["compilation_config.mode"] == 3
+
+
+@pytest.mark.parametrize("backend", ["command", "native"])
+@pytest.mark.parametrize("where", ["cmd", "params"])
+def test_percentiles_outside_0_to_100_are_refused(tmp_path, backend, where):
+    data = copy.deepcopy(BASE)
+    data["bench"]["backend"] = backend
+    if where == "cmd":
+        data["bench"]["cmd"] += " --metric-percentiles 50,150"
+    else:
+        data["bench"]["params"][1]["metric_percentiles"] = "-5,99"
+    with pytest.raises(CampaignError) as e:
+        campaign_from_dict(data, base_dir=tmp_path, env={})
+    assert "--metric-percentiles" in str(e.value) and "100" in str(e.value)
+    assert e.value.field == ("bench.cmd" if where == "cmd" else "bench.params[1]")
+
+
+@pytest.mark.parametrize("how", ["field", "option"])
+def test_an_output_dir_that_is_a_file_exits_2(tmp_path, how):
+    blocker = tmp_path / "results.txt"
+    blocker.write_text("not a directory\n")
+    if how == "field":
+        path = write_campaign(tmp_path, output_dir=str(blocker))
+        args = ["run", str(path)]
+    else:
+        path = write_campaign(tmp_path)
+        args = ["run", str(path), "--output-dir", str(blocker)]
+    for extra in ([], ["--dry-run"]):
+        result = CliRunner().invoke(main, args + extra)
+        assert result.exit_code == 2, result.output
+        assert ("--output-dir" if how == "option" else "output_dir") in result.output
+        assert str(blocker) in result.output and "not a directory" in result.output
+        assert blocker.read_text() == "not a directory\n"

@@ -416,3 +416,31 @@ def test_mask_argv_keeps_references_and_labels_hide_secret_params():
     assert grid.mask_argv(["x", "--api-key", "${KEY}"]) == ["x", "--api-key", "${KEY}"]
     assert grid.mask_argv(["x", "--api-key=${KEY:-sk-default}"]) == ["x", "--api-key=${KEY:-***}"]
     assert grid.combo_label({"api_key": "sk-123", "max_concurrency": 4}) == "api_key=***-max_concurrency=4"
+
+
+# -- parameter files: every error names the file and the entry --------------------------------------
+
+@pytest.mark.parametrize("records, entry", [
+    ([{"max_num_seqs": 4}, "x"], "entry 1"),
+    ({"small": {"max_num_seqs": 4}, "big": 8}, "entry 'big'"),
+    ([{"max_num_seqs": 4}, {"max num seqs": 8}], "entry 1"),
+    ([{"max_num_seqs": 4}, {"": 8}], "entry 1"),
+])
+def test_param_file_errors_name_the_file_and_the_entry(tmp_path, records, entry):
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps(records))
+    with pytest.raises(CampaignError) as e:
+        grid.load_param_file(path, "serve.params")
+    assert str(path) in str(e.value) and entry in str(e.value)
+
+
+@pytest.mark.parametrize("key", ["max_num_seqs", "max-num-seqs", "compilation_config.mode", "a.b-c.d_e", "tp2",
+                                 "_benchmark_name"])
+def test_flag_keys_accepted(key):
+    grid.check_flag_key(key, "x[0]")
+
+
+@pytest.mark.parametrize("key", ["", " ", "max num seqs", "--max-num-seqs", "a=b", "a..b", "a.", ".a", "a/b", 3])
+def test_keys_that_cannot_be_flags_refused(key):
+    with pytest.raises(CampaignError, match="flag"):
+        grid.check_flag_key(key, "x[0]")

@@ -1,14 +1,20 @@
 """Data sets of the native client: the prompts and output lengths of one point, made before the clock starts.
 
-- `random`: prompts of exact lengths, sent as token ids (no tokenizer needed); output lengths pinned with
-  `max_tokens` and `ignore_eos`; `--random-range-ratio` and a shared `--random-prefix-len` as in vLLM.
-- `prefix_repetition` (alias `prefix`): a few long random prefixes, each repeated by many requests with a
-  random suffix (suffix length 0 gives fully duplicated prompts): the prefix-cache studies.
-- `sharegpt`: vLLM's ShareGPT JSON (first two turns of each conversation), from a local path.
+- `random`: as vLLM's random set: per request a run of consecutive allowed token ids (the vocabulary less
+  the special ids) from a random offset, after a shared random `--random-prefix-len`; lengths drawn around
+  the asked ones with `--random-range-ratio` (output lengths at least 1); sent as token ids to the
+  completions API (exact lengths, no tokenizer needed), or, for the chat API, decoded to text and fitted
+  back to the asked length by decoding and re-encoding (the model's tokenizer is needed).
+- `prefix_repetition` (alias `prefix`): as vLLM's, `--prefix-repetition-num-prefixes` random prefixes, each
+  followed by `num_prompts // num_prefixes` random suffixes (suffix length 0 gives fully duplicated
+  prompts), shuffled unless `--disable-shuffle`: the prefix-cache studies.
+- `sharegpt`: vLLM's ShareGPT JSON (first two turns of each conversation), from a local path, shuffled
+  unless `--disable-shuffle`, with vLLM's length filter (needs the model's tokenizer).
 - `jsonl` and `custom`: one JSON object per line, `{"prompt": ..., "output_tokens": N}`, as vLLM's custom set;
   `custom` also takes `FILE.py:FUNCTION`, a hook returning the requests.
-Nothing is downloaded. A tokenizer is used only when one is found locally (for ShareGPT lengths, or to turn
-token ids into text for the chat API).
+A file with fewer usable requests than `--num-prompts` is oversampled as vLLM does (random picks with the
+seed), unless `--no-oversample`. Nothing is downloaded: a tokenizer is loaded only from a local folder
+(`--tokenizer`, else `--model`).
 """
 
 from __future__ import annotations
@@ -69,6 +75,83 @@ def _id_range(opts: LoadOptions) -> tuple[int, int]:
     return lo, hi
 
 
+@dataclass(frozen=True)
+class _Vocab:
+    """Where random prompts draw their ids: vLLM's `allowed_tokens` (every id below the tokenizer's
+    vocab_size that is not special) with a tokenizer, else a safe middle range of the vocabulary."""
+
+    size: int
+    allowed: np.ndarray
+    tok: Any = None
+
+    @property
+    def num_special(self) -> int:
+        return int(self.tok.num_special_tokens_to_add()) if self.tok is not None else 0
+
+
+def _vocab(opts: LoadOptions, need_tokenizer: bool) -> _Vocab:
+    tok = tokenizer_for(opts)
+    if tok is None:
+        if need_tokenizer:
+            raise CampaignError("bench.cmd", f"the chat API takes text, and --dataset-name {opts.dataset_name} "
+                                             "makes token ids: give --tokenizer (a local tokenizer folder) or use "
+                                             "--backend openai (completions)")
+        lo, hi = _id_range(opts)
+        return _Vocab(vocab_size(opts), np.arange(lo, hi))
+    size = int(tok.vocab_size)
+    allowed = np.setdiff1d(np.arange(size), np.asarray(tok.all_special_ids, dtype=int))
+    return _Vocab(size, allowed, tok)
+
+
+_FIT_RETRIES = 10  # vLLM's max_retry of gen_prompt_decode_to_target_len
+
+
+def _fit_text(vocab: _Vocab, ids: list[int], target: int, rng: np.random.Generator) -> tuple[str, list[int]]:
+    """Text whose re-encoding (without special tokens) has `target` ids: decode, re-encode, then cut or
+    pad with random allowed ids, up to vLLM's number of tries (a remaining mismatch is kept, as vLLM does)."""
+    tok, last = vocab.tok, None
+    for attempt in range(_FIT_RETRIES + 1):
+        text = tok.decode(ids)
+        ids = tok.encode(text, add_special_tokens=False)
+        if len(ids) == target or attempt == _FIT_RETRIES or ids == last:  # done, out of tries, or stuck
+            break
+        last = ids
+        if len(ids) < target:
+            ids = ids + vocab.allowed[rng.integers(0, len(vocab.allowed), size=target - len(ids))].tolist()
+        else:
+            ids = ids[:target]
+    return _repair_tail(vocab, text, ids, target, rng) if len(ids) != target else (text, ids)
+
+
+def _repair_tail(vocab: _Vocab, text: str, ids: list[int], target: int,
+                 rng: np.random.Generator) -> tuple[str, list[int]]:
+    """Where vLLM's loop keeps a mismatch (a cut inside a multi-byte character decodes to U+FFFD, which
+    re-encodes longer), cut back to whole characters and pad with ids that decode and re-encode to
+    themselves. Keeps the best text found."""
+    tok, best = vocab.tok, (text, ids)
+    for _ in range(_FIT_RETRIES):
+        ids = ids[:target]
+        while ids and tok.decode(ids).endswith("\ufffd"):
+            ids = ids[:-1]
+        while len(ids) < target:
+            cand = int(vocab.allowed[rng.integers(0, len(vocab.allowed))])
+            if tok.encode(tok.decode([cand]), add_special_tokens=False) == [cand]:
+                ids.append(cand)
+        text = tok.decode(ids)
+        ids = tok.encode(text, add_special_tokens=False)
+        if abs(len(ids) - target) < abs(len(best[1]) - target):
+            best = (text, ids)
+        if len(ids) == target:
+            break
+    return best
+
+
+def _log_mismatch(total: int, what: str) -> None:
+    if total:
+        log.warning("%s: the prompts have %d token(s) %s than asked after decoding and re-encoding (vLLM's "
+                    "random sets have the same imprecision)", what, abs(total), "more" if total > 0 else "fewer")
+
+
 @lru_cache(maxsize=4)
 def _tokenizer(name: str | None) -> Any:
     if not name:
@@ -103,31 +186,76 @@ def make_requests(opts: LoadOptions) -> list[Request]:
     return reqs
 
 
-def _lens(rng: np.random.Generator, n: int, length: int, ratio: float) -> np.ndarray:
-    low, high = math.floor(length * (1 - ratio)), math.ceil(length * (1 + ratio))
-    return rng.integers(max(low, 0), high + 1, size=n)
+def _length_range(length: int, ratio: float, floor_at: int) -> tuple[int, int]:
+    """vLLM's integer range around a length: [floor(L(1-r)), ceil(L(1+r))], both ends at least `floor_at`."""
+    return max(math.floor(length * (1 - ratio)), floor_at), max(math.ceil(length * (1 + ratio)), floor_at)
 
 
 def _random(opts: LoadOptions) -> list[Request]:
+    """vLLM's RandomDataset: lengths, then offsets, then a prefix from one seeded generator; each prompt
+    is the shared prefix and `input_len` consecutive allowed ids from `offset + index`."""
     rng = np.random.default_rng(opts.seed)
-    lo, hi = _id_range(opts)
-    n = opts.num_prompts
-    in_lens = _lens(rng, n, opts.random_input_len, opts.random_range_ratio)
-    out_lens = _lens(rng, n, opts.random_output_len, opts.random_range_ratio)
-    prefix = rng.integers(lo, hi, size=opts.random_prefix_len).tolist()
-    return [Request(prefix + rng.integers(lo, hi, size=max(int(k), 1)).tolist(), int(o))
-            for k, o in zip(in_lens, out_lens)]
+    vocab = _vocab(opts, need_tokenizer=opts.chat)
+    n, ratio, prefix_len = opts.num_prompts, opts.random_range_ratio, opts.random_prefix_len
+    # text gets the tokenizer's special tokens (BOS) added by the server; token ids are sent as they are
+    real_input_len = max(0, opts.random_input_len - (vocab.num_special if opts.chat else 0))
+    in_lo, in_hi = _length_range(real_input_len, ratio, 0)
+    if prefix_len + in_lo < 1:
+        raise CampaignError("bench.cmd", f"--random-input-len {opts.random_input_len} is too small: with range "
+                                         f"ratio {ratio} and --random-prefix-len {prefix_len} a prompt could be "
+                                         "empty (vllm bench serve refuses it too)")
+    out_lo, out_hi = _length_range(opts.random_output_len, ratio, 1)
+    in_lens = rng.integers(in_lo, in_hi + 1, size=n)
+    out_lens = rng.integers(out_lo, out_hi + 1, size=n)
+    offsets = rng.integers(0, vocab.size, size=n)
+    allowed = vocab.allowed
+    prefix = allowed[rng.integers(0, len(allowed), size=prefix_len)].tolist()
+    if opts.chat and prefix:
+        prefix = _fit_text(vocab, prefix, prefix_len, rng)[1]
+    reqs, mismatch = [], 0
+    for i in range(n):
+        ids = prefix + allowed[(int(offsets[i]) + i + np.arange(int(in_lens[i]))) % len(allowed)].tolist()
+        prompt: list[int] | str = ids
+        if opts.chat:
+            target = prefix_len + int(in_lens[i])
+            prompt, fitted = _fit_text(vocab, ids, target, rng)
+            mismatch += len(fitted) - target
+        reqs.append(Request(prompt, int(out_lens[i])))
+    _log_mismatch(mismatch, "--dataset-name random")
+    return reqs
 
 
 def _prefix_repetition(opts: LoadOptions) -> list[Request]:
+    """vLLM's PrefixRepetitionRandomDataset: `num_prefixes` random prefixes, each followed by
+    `num_prompts // num_prefixes` random suffixes, then shuffled (unless --disable-shuffle). With fewer
+    prompts than prefixes (warmup), each prompt gets its own prefix."""
     rng = np.random.default_rng(opts.seed)
-    lo, hi = _id_range(opts)
+    vocab = _vocab(opts, need_tokenizer=opts.chat)
     k = min(opts.prefix_repetition_num_prefixes, opts.num_prompts)
-    prefixes = [rng.integers(lo, hi, size=opts.prefix_repetition_prefix_len).tolist() for _ in range(k)]
-    reqs = [Request(prefixes[i % k] + rng.integers(lo, hi, size=opts.prefix_repetition_suffix_len).tolist(),
-                    opts.prefix_repetition_output_len) for i in range(opts.num_prompts)]
-    order = rng.permutation(len(reqs))
-    return [reqs[i] for i in order]
+    per = opts.num_prompts // k
+    mismatch = 0
+
+    def draw(length: int) -> list[int]:
+        nonlocal mismatch
+        ids = vocab.allowed[rng.integers(0, len(vocab.allowed), size=length)].tolist()
+        if opts.chat and ids:
+            ids = _fit_text(vocab, ids, length, rng)[1]
+            mismatch += len(ids) - length
+        return ids
+
+    reqs = []
+    for _ in range(k):
+        prefix = draw(opts.prefix_repetition_prefix_len)
+        for _ in range(per):
+            ids = prefix + draw(opts.prefix_repetition_suffix_len)
+            reqs.append(Request(vocab.tok.decode(ids) if opts.chat else ids, opts.prefix_repetition_output_len))
+    _log_mismatch(mismatch, "--dataset-name prefix_repetition")
+    if len(reqs) < opts.num_prompts:
+        log.info("prefix_repetition: %d prompts (%d prefixes x %d), as vllm bench serve makes them",
+                 len(reqs), k, per)
+    if opts.disable_shuffle:
+        return reqs
+    return [reqs[i] for i in rng.permutation(len(reqs))]
 
 
 def _read_path(opts: LoadOptions) -> Path:
@@ -137,10 +265,25 @@ def _read_path(opts: LoadOptions) -> Path:
     return p
 
 
-def _cycle(reqs: list[Request], n: int, what: str) -> list[Request]:
+def _oversample(reqs: list[Request], opts: LoadOptions, what: str) -> list[Request]:
+    """vLLM's oversampling: a file with fewer usable requests than asked is filled up with random picks
+    (seeded), unless --no-oversample."""
     if not reqs:
         raise CampaignError("bench.cmd", f"{what} yields no usable request")
-    return [reqs[i % len(reqs)] for i in range(n)]
+    reqs = reqs[:opts.num_prompts]
+    if opts.no_oversample or len(reqs) >= opts.num_prompts:
+        if len(reqs) < opts.num_prompts:
+            log.info("%s: %d requests (--no-oversample)", what, len(reqs))
+        return reqs
+    pick = random.Random(opts.seed)
+    return reqs + [pick.choice(reqs) for _ in range(opts.num_prompts - len(reqs))]
+
+
+def _valid_sequence(prompt_len: int, output_len: int, fixed_output: bool) -> bool:
+    """vLLM's is_valid_sequence with its defaults: prompt 4 to 1024 tokens, output at least 4 (unless
+    the output length is given), prompt + output at most 2048."""
+    return (4 <= prompt_len <= 1024 and (fixed_output or output_len >= 4)
+            and prompt_len + output_len <= 2048)
 
 
 def _sharegpt(opts: LoadOptions) -> list[Request]:
@@ -149,23 +292,26 @@ def _sharegpt(opts: LoadOptions) -> list[Request]:
         data = json.loads(path.read_text())
     except ValueError as exc:
         raise CampaignError("bench.cmd", f"--dataset-path {path} is not ShareGPT JSON: {exc}") from None
-    convs = [d.get("conversations") or d.get("conversation") for d in data if isinstance(d, dict)]
-    pairs = [(c[0].get("value", ""), c[1].get("value", "")) for c in convs if isinstance(c, list) and len(c) >= 2]
-    random.Random(opts.seed).shuffle(pairs)
     tok = tokenizer_for(opts)
+    if tok is None:
+        raise CampaignError("bench.cmd", f"--dataset-name sharegpt needs the model's tokenizer for vLLM's length "
+                                         f"filter, and none loads from {opts.tokenizer or opts.model!r}: give "
+                                         "--tokenizer (a local tokenizer folder), or set bench.backend: command "
+                                         "to run `vllm bench serve` itself")
+    convs = [d.get("conversations") for d in data if isinstance(d, dict)]
+    pairs = [(c[0].get("value", ""), c[1].get("value", "")) for c in convs if isinstance(c, list) and len(c) >= 2]
+    if not opts.disable_shuffle:
+        random.Random(opts.seed).shuffle(pairs)
+    fixed = opts.sharegpt_output_len is not None
     reqs = []
     for prompt, completion in pairs:
-        if tok is not None:
-            p_len, c_len = len(tok(prompt).input_ids), len(tok(completion).input_ids)
-            out = opts.sharegpt_output_len or c_len
-            if p_len < 4 or (opts.sharegpt_output_len is None and c_len < 4) or p_len > 1024 or p_len + out > 2048:
-                continue
-        else:  # no tokenizer here: about 4 characters per token
-            out = opts.sharegpt_output_len or max(4, len(completion) // 4)
-        reqs.append(Request(prompt, out))
         if len(reqs) >= opts.num_prompts:
             break
-    return _cycle(reqs, opts.num_prompts, f"the ShareGPT file {path}")
+        p_len = len(tok(prompt).input_ids)
+        out = opts.sharegpt_output_len if fixed else len(tok(completion).input_ids)
+        if _valid_sequence(p_len, out, fixed):
+            reqs.append(Request(prompt, out))
+    return _oversample(reqs, opts, f"the ShareGPT file {path}")
 
 
 def _jsonl(opts: LoadOptions) -> list[Request]:
@@ -189,9 +335,9 @@ def _jsonl(opts: LoadOptions) -> list[Request]:
         else:
             out = opts.custom_output_len
         reqs.append(Request(prompt, out))
-    if opts.dataset_name == "custom":  # vLLM shuffles the custom set with the seed
+    if opts.dataset_name == "custom" and not opts.disable_shuffle:  # vLLM shuffles the custom set with the seed
         random.Random(opts.seed).shuffle(reqs)
-    return _cycle(reqs[:opts.num_prompts], opts.num_prompts, f"the file {path}")
+    return _oversample(reqs, opts, f"the file {path}")
 
 
 def _hook(opts: LoadOptions) -> list[Request]:
@@ -213,7 +359,7 @@ def _hook(opts: LoadOptions) -> list[Request]:
             raise CampaignError("bench.cmd", f"{func} item {i}: expected {{'prompt': str or token ids, "
                                              f"'output_len': positive int}}, got {item!r}")
         reqs.append(Request(prompt, out))
-    return _cycle(reqs[:opts.num_prompts], opts.num_prompts, f"the hook {opts.dataset_path}")
+    return _oversample(reqs, opts, f"the hook {opts.dataset_path}")
 
 
 def _as_text(reqs: list[Request], opts: LoadOptions) -> list[Request]:
@@ -230,12 +376,13 @@ def _as_text(reqs: list[Request], opts: LoadOptions) -> list[Request]:
 def payload(req: Request, opts: LoadOptions, model: str) -> bytes:
     """The JSON body of one streamed request (vLLM's completions or chat payload)."""
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
-    if opts.chat:
-        body["messages"] = [{"role": "user", "content": req.prompt}]
+    if opts.chat:  # vLLM's chat payload: the prompt as one text part
+        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": req.prompt}]}]
         if req.output_len is not None:
             body["max_completion_tokens"] = req.output_len
-    else:
+    else:  # vLLM's completions payload: repetition_penalty 1.0 unless the sampling options say otherwise
         body["prompt"] = req.prompt
+        body["repetition_penalty"] = 1.0
         if req.output_len is not None:
             body["max_tokens"] = req.output_len
     if opts.ignore_eos:

@@ -27,10 +27,9 @@ GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 # vLLM options that only shape vLLM's own output or console: accepted and ignored
 _IGNORED = ("save_result", "save_detailed", "append_result", "result_dir", "result_filename", "label",
             "metadata", "disable_tqdm", "trust_remote_code", "ready_check_timeout_sec", "host", "port",
-            "base_url", "request_id_prefix", "no_oversample", "disable_shuffle", "skip_tokenizer_init",
-            "tokenizer_mode", "percentile_metrics")
+            "base_url", "request_id_prefix", "skip_tokenizer_init", "tokenizer_mode", "percentile_metrics")
 _FLAGS_IGNORED = {"save_result", "save_detailed", "append_result", "disable_tqdm", "trust_remote_code",
-                  "no_oversample", "disable_shuffle", "skip_tokenizer_init"}
+                  "skip_tokenizer_init"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,8 @@ class LoadOptions:
     ramp_up_start_rps: float | None = None
     ramp_up_end_rps: float | None = None
     ignore_eos: bool = False
+    disable_shuffle: bool = False
+    no_oversample: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
@@ -118,7 +119,8 @@ def _build_parser() -> _Parser:
                  "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
         _opt(p, name, type=float)
     _opt(p, "random_range_ratio")
-    _opt(p, "ignore_eos", action="store_true")
+    for name in ("ignore_eos", "disable_shuffle", "no_oversample"):
+        _opt(p, name, action="store_true")
     _opt(p, "header", action="append", default=[])
     _opt(p, "goodput", nargs="+", default=[])
     for name in _IGNORED:
@@ -208,15 +210,20 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
             raise bad("ramp_up_strategy", "and --request-rate exclude each other (as in vllm bench serve)")
         s, e = kw.get("ramp_up_start_rps"), kw.get("ramp_up_end_rps")
         if s is None or e is None or s < 0 or e <= 0 or (ramp == "exponential" and s <= 0):
-            raise bad("ramp_up_strategy", "needs --ramp-up-start-rps and --ramp-up-end-rps (positive; the start "
-                                          "may be 0 for linear)")
+            raise bad("ramp_up_strategy", "needs --ramp-up-start-rps and --ramp-up-end-rps (positive)")
+        if s > e:
+            raise bad("ramp_up_start_rps", f"must not exceed --ramp-up-end-rps ({s:g} > {e:g}; as in vllm bench serve)")
+        if s == 0:  # vLLM's scheduler asserts a positive rate for every request: the first would have rate 0
+            raise bad("ramp_up_start_rps", "must be above 0: the first request of a ramp is sent at the start rate "
+                                           "(vllm bench serve refuses 0 too)")
     if a.get("metric_percentiles"):
         try:
             pcts = tuple(sorted({float(x) for x in str(a["metric_percentiles"]).split(",") if x.strip()}))
         except ValueError:
             raise bad("metric_percentiles", f"must be comma-separated numbers, got {a['metric_percentiles']!r}") from None
-        if not pcts or not all(0 < p <= 100 for p in pcts):
-            raise bad("metric_percentiles", f"must be numbers in (0, 100], got {a['metric_percentiles']!r}")
+        if not pcts or not all(0 <= p <= 100 for p in pcts):
+            raise bad("metric_percentiles", f"takes comma-separated percentiles from 0 to 100, got "
+                                            f"{a['metric_percentiles']!r}")
         kw["metric_percentiles"] = tuple(sorted(set(pcts) | {50.0, 90.0, 95.0, 99.0}))
     goodput = {}
     for item in a.get("goodput") or []:
@@ -251,7 +258,13 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
     name = kw.get("dataset_name", "random")
     if name == "prefix":
         kw["dataset_name"] = name = "prefix_repetition"
-    kw["ignore_eos"] = bool(a.get("ignore_eos")) or name in ("random", "prefix_repetition")
+    # vllm bench serve forces ignore_eos for the random set only (its output lengths are the asked ones)
+    kw["ignore_eos"] = bool(a.get("ignore_eos")) or name == "random"
+    kw["disable_shuffle"], kw["no_oversample"] = bool(a.get("disable_shuffle")), bool(a.get("no_oversample"))
+    if name == "prefix_repetition" and kw.get("num_prompts", 1000) < kw.get("prefix_repetition_num_prefixes", 10):
+        raise bad("num_prompts", f"({kw.get('num_prompts', 1000)}) must be at least --prefix-repetition-num-prefixes "
+                                 f"({kw.get('prefix_repetition_num_prefixes', 10)}) for --dataset-name "
+                                 "prefix_repetition, as in vllm bench serve")
     if name in ("sharegpt", "custom", "jsonl") and not kw.get("dataset_path"):
         raise bad("dataset_path", f"is required by --dataset-name {name}"
                   + (" (a .jsonl file, or FILE.py:FUNCTION for a Python hook)" if name == "custom" else ""))
