@@ -35,7 +35,9 @@ MAX_TEMP_DIR_LEN = 40
 # Ray node labels follow Kubernetes label values: alphanumeric at both ends, `-_.` inside, 63 chars at most.
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
 # Ray and the servers it starts stay on loopback; see the README of raysweep (tests and demo do the same).
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_HOST_IP": "127.0.0.1"}
+# Workers (and the servers they start) at niceness 0, not Ray's 15.
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_HOST_IP": "127.0.0.1",
+           "RAY_worker_niceness": "0"}
 
 
 def _int_in(low: int, high: int):

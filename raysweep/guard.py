@@ -10,13 +10,16 @@ the actor, however the actor ends:
 - It ends the whole tree on SIGTERM/SIGINT, when the watched worker (pid + start time) is gone (the
   raylet or the driver was killed), or when the server's main process exits.
 - It copies the server's output to the log with secret values (secret env vars and flags) masked.
-It writes `guard.pid` and `server.pid` on start and `exit_code` at the end into STATE_DIR.
+- It raises its own priority to niceness 0 where the OS allows (Ray starts workers at nice 15, and the
+  server would inherit it), and records in `nice` the niceness before, after and why it could not.
+It writes `guard.pid`, `nice` and `server.pid` on start and `exit_code` at the end into STATE_DIR.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -36,6 +39,8 @@ GRACE_S = float(os.environ.get("RAYSWEEP_STOP_GRACE_S", "20"))
 PID_FILE = "guard.pid"
 SERVER_PID_FILE = "server.pid"
 EXIT_FILE = "exit_code"
+NICE_FILE = "nice"
+SERVER_NICENESS = 0  # the priority a server runs at, whatever the Ray worker that starts it has
 
 _stop = False
 
@@ -55,6 +60,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     if os.fork() > 0:
         os._exit(0)
+    write_text_atomic(state / NICE_FILE, json.dumps(renice(SERVER_NICENESS)))
     write_text_atomic(state / PID_FILE, str(os.getpid()))
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     code = _supervise(cmd, lambda: not _stop and is_alive(watch, watch_start))
@@ -63,6 +69,18 @@ def main(argv: list[str]) -> int:
     else:  # the host is gone (killed, its node lost): nobody will read the state, so leave none behind
         shutil.rmtree(state, ignore_errors=True)
     return code
+
+
+def renice(target: int) -> dict[str, object]:
+    """Lower this process's niceness to `target` (never raise it); {before, after, error}."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    error = ""
+    if before > target:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, target)
+        except OSError as exc:
+            error = f"{exc.strerror or exc} (lowering niceness needs CAP_SYS_NICE or a RLIMIT_NICE of {20 - target})"
+    return {"before": before, "after": os.getpriority(os.PRIO_PROCESS, 0), "error": error}
 
 
 def _supervise(cmd: list[str], keep_going: object) -> int:

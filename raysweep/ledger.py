@@ -81,7 +81,10 @@ CREATE TABLE IF NOT EXISTS servers (
   error TEXT,
   log_tail TEXT,
   log_path TEXT,
-  transport TEXT
+  transport TEXT,
+  nice TEXT,
+  cpu_affinity TEXT,
+  provenance TEXT
 );
 CREATE TABLE IF NOT EXISTS drivers (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -144,9 +147,15 @@ class ServerRow:
     log_tail: str | None
     log_path: str | None
     transport: str | None = None  # JSON: the NCCL transport verdict (raysweep.transport.server_verdict)
+    nice: str | None = None  # the server process's niceness (the highest of its ranks)
+    cpu_affinity: str | None = None  # its CPU affinity per node: "ip=0-3;ip=0-7"
+    provenance: str | None = None  # JSON: versions, GPUs, model, hostnames (raysweep.provenance)
 
     def transport_verdict(self) -> dict[str, Any] | None:
         return dict(json.loads(self.transport)) if self.transport else None
+
+    def provenance_record(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.provenance)) if self.provenance else None
 
     def rank_list(self) -> list[dict[str, Any]]:
         """Every node's part of the server: rank, hostname, node_id, node_ip, pid, pid_create_time, gpu_ids."""
@@ -165,7 +174,8 @@ class SyncReport:
 
 
 _ADDED_COLUMNS = (("points", "probe_of"), ("servers", "ranks"), ("servers", "log_path"), ("drivers", "helpers"),
-                  ("servers", "transport"))
+                  ("servers", "transport"), ("servers", "nice"), ("servers", "cpu_affinity"),
+                  ("servers", "provenance"))
 
 
 class Ledger:

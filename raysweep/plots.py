@@ -5,6 +5,8 @@ The curves follow `vllm bench sweep plot` (reference/vllm.md §1.14): one figure
 value with a band of ± one standard deviation. Two things differ on purpose:
 - runs marked `client_limited` (the load generator, not the server, was the bottleneck) never enter a
   mean: they are drawn as hollow markers of their curve's colour, and counted in the notes;
+- other runs that fail a validity check (`validity_ok` false: niced, shared CPUs, errors, not steady, ...;
+  see `raysweep.validity`) stay in the curves but carry a red cross, and are counted in the notes;
 - what would silently change a figure is said in its notes: rows left out for a non-finite value, and
   means that pool runs of several configurations at one x.
 
@@ -248,6 +250,7 @@ class Curve:
     label: str
     points: pd.DataFrame
     limited: pd.DataFrame
+    flagged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"x": [], "y": []}))  # failing a check
 
 
 @dataclass
@@ -313,6 +316,20 @@ def _measured_x(df: pd.DataFrame, x: str) -> bool:
     return bool(df.groupby(_POINT, dropna=False)[x].nunique().max() > 1)
 
 
+def _flagged(df: pd.DataFrame) -> pd.Series:
+    """Runs that fail a validity check, client-limited ones aside (they are drawn hollow)."""
+    if "validity_ok" not in df.columns:
+        return pd.Series(False, index=df.index)
+    bad = df["validity_ok"].map(lambda v: v is False or v == 0 or str(v).lower() == "false")
+    return bad & ~_client_limited(df)
+
+
+def _flagged_note(df: pd.DataFrame) -> list[str]:
+    n = int(_flagged(df).sum())
+    return [f"{n} run(s) fail a validity check (niced, shared CPUs, errors, not steady, ...), marked with a red "
+            "cross (validity_issues in the results)"] if n else []
+
+
 def _curves(df: pd.DataFrame, x: str, y: str, labels: pd.Series) -> list[Curve]:
     """The curves of one panel: per label, the mean and SD over the runs at each x (client-limited apart).
     When x is itself measured (a throughput, say), the runs of one point are its repeats: they make one
@@ -330,7 +347,9 @@ def _curves(df: pd.DataFrame, x: str, y: str, labels: pd.Series) -> list[Curve]:
             pts = (ok.groupby(x)[y].agg(["mean", "std", "count"]).reset_index()
                    .rename(columns={x: "x", "mean": "y", "std": "sd", "count": "n"}))
         lim = df[mine & limited][[x, y]].rename(columns={x: "x", y: "y"})
-        curves.append(Curve(str(label), pts.sort_values("x", ignore_index=True), lim.reset_index(drop=True)))
+        bad = df[mine & _flagged(df)][[x, y]].rename(columns={x: "x", y: "y"})
+        curves.append(Curve(str(label), pts.sort_values("x", ignore_index=True), lim.reset_index(drop=True),
+                            bad.reset_index(drop=True)))
     return curves
 
 
@@ -380,7 +399,7 @@ def plan_curves(df: pd.DataFrame, spec: PlotSpec) -> list[FigurePlan]:
         curves, curve_order = _groups(fdf, spec.curve_by)
         panels = [[_cell_panel(fdf, (rows == r) & (cols == c), _panel_title(r, c), spec, curves)
                    for c in col_order] for r in row_order]
-        fig_notes = notes + _limited_note(fdf) + _mixing_note(fdf, [rows, cols, curves], spec.var_x)
+        fig_notes = notes + _limited_note(fdf) + _flagged_note(fdf) + _mixing_note(fdf, [rows, cols, curves], spec.var_x)
         plans.append(FigurePlan(stem, title, panels, curve_order, _curve_title(spec.curve_by), len(fdf), fig_notes))
     return plans
 
@@ -462,7 +481,7 @@ def plan_server_metrics(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> list
     for stem, title, fdf in _figure_groups(df, spec, "SERVER"):
         rows, row_order = _groups(fdf, row_by)
         curves, curve_order = _groups(fdf, curve_by)
-        panels, notes = [], _limited_note(fdf)
+        panels, notes = [], _limited_note(fdf) + _flagged_note(fdf)
         for r in row_order:
             row = []
             for metric in metrics:
@@ -517,6 +536,8 @@ def _draw_panel(ax: Axes, panel: Panel, styles: dict[str, tuple[Any, str]], band
         if len(curve.limited):
             ax.scatter(curve.limited["x"], curve.limited["y"], marker=marker, facecolors="none", edgecolors=color,
                        linewidths=1.2, s=40, zorder=3)
+        if len(curve.flagged):
+            ax.scatter(curve.flagged["x"], curve.flagged["y"], **_FLAG_STYLE)
     if not any(len(c.points) or len(c.limited) for c in panel.curves):
         ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="grey")
         return
@@ -526,6 +547,9 @@ def _draw_panel(ax: Axes, panel: Panel, styles: dict[str, tuple[Any, str]], band
     if panel.from_zero:
         top = max(ax.get_ylim()[1], 1)
         ax.set_ylim(bottom=-0.03 * top, top=top)  # a margin, so that a line at 0 is not hidden by the axis
+
+
+_FLAG_STYLE = {"marker": "x", "color": "#d62728", "linewidths": 1.4, "s": 55, "zorder": 4}
 
 
 def _spread(ax: Axes, points: pd.DataFrame, color: Any) -> None:
@@ -543,6 +567,9 @@ def _legend(fig: Figure, plan: FigurePlan, styles: dict[str, tuple[Any, str]]) -
     if any(len(c.limited) for row in plan.panels for p in row for c in p.curves):
         handles.append(Line2D([], [], color="grey", marker="o", markerfacecolor="none", linestyle="none",
                               label="client-limited run\n(not in the curve)"))
+    if any(len(c.flagged) for row in plan.panels for p in row for c in p.curves):
+        handles.append(Line2D([], [], color=_FLAG_STYLE["color"], marker="x", linestyle="none",
+                              label="fails a validity check"))
     if handles:
         fig.legend(handles=handles, loc="outside right upper", title=plan.curve_title or None, frameon=False)
 
@@ -606,7 +633,7 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
     thr = pd.to_numeric(pts["output_throughput"], errors="coerce")
     pts = pts.assign(tokens_per_user=thr / pts["user_count"], tokens_per_gpu=thr / pts["gpus"],
                      client_limited=_client_limited(pts))
-    notes += _limited_note(pts, "on the front")
+    notes += _limited_note(pts, "on the front") + _flagged_note(pts)
     return ParetoResult(pts.reset_index(drop=True), pareto_front(pts[~pts["client_limited"]]), notes)
 
 
@@ -667,6 +694,9 @@ def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: flo
     if len(lim):
         ax.scatter(lim["tokens_per_user"], lim["tokens_per_gpu"], facecolors="none", edgecolors="0.4", s=30,
                    label="client-limited run (not on the front)")
+    bad = pts[_flagged(pts)]
+    if len(bad):
+        ax.scatter(bad["tokens_per_user"], bad["tokens_per_gpu"], label="fails a validity check", **_FLAG_STYLE)
     ax.plot(front["tokens_per_user"], front["tokens_per_gpu"], marker="o", color=_COLORS[0], label="Pareto front")
     for _, row in front.iterrows():
         text = "\n".join(f"{k}={fmt_value(row[k])}" for k in label_by)

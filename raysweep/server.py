@@ -6,6 +6,10 @@ free port of its own, with its output in a log file. Readiness means `/health` a
 `/v1/models` lists the expected model. Servers start with `NCCL_DEBUG=INFO` (unless set), so that the
 transport check can read, on every node, which links NCCL chose (`nccl_lines`). Stopping terminates the whole process tree, waits for it to exit
 and for the port to be free, then kills what is left.
+
+The guard raises the server to niceness 0 where the OS allows; `process_facts` reads the niceness and CPU
+affinity of the running server process (and what the guard could do). While the server starts, the host
+gathers its provenance on the node (`raysweep.provenance`), returned by `provenance`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,7 +36,8 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import grid, guard, procs
+from raysweep import grid, guard, procs, provenance
+from raysweep.validity import cpu_text
 from raysweep.placement import Layout
 
 __all__ = ["RESET_ENDPOINTS", "ServerHost", "expected_model", "rank_argv", "server_argv"]
@@ -126,13 +132,16 @@ class ServerHost:
         self.port: int | None = None
         self._nccl_file: str | None = None
         self._started_at = 0.0
+        self._provenance: dict[str, Any] | None = None
+        self._provenance_thread: threading.Thread | None = None
         _remove_orphaned_state()
 
     def node_info(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "node_ip": self.ip, "hostname": socket.gethostname(),
                 "gpu_ids": ",".join(str(g) for g in ctx.get_accelerator_ids().get("GPU", [])),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1}
 
     def pick_port(self) -> int:
         """A free port on this node (for the rendezvous of a multi-node server)."""
@@ -161,12 +170,42 @@ class ServerHost:
                 [sys.executable, "-m", "raysweep.guard", str(me.pid), repr(me.create_time()), str(self.state_dir),
                  "--", *full], stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env_)
         launcher.wait(timeout=60)
+        self._gather_provenance(argv)
         pid_file = self.state_dir / guard.PID_FILE
         procs.wait_for(pid_file.exists, 30, 0.02)
         self.guard_pid = int(pid_file.read_text())
         return {"pid": self.guard_pid, "pid_create_time": psutil.Process(self.guard_pid).create_time(),
                 "host": self.ip, "port": self.port, "log_path": str(self.log_path),
                 "command": grid.shell_join(grid.mask_argv(full))}
+
+    def _gather_provenance(self, argv: list[str]) -> None:
+        def gather() -> None:
+            try:
+                self._provenance = provenance.gather(list(argv))
+            except Exception as exc:  # noqa: BLE001 - recorded, never a reason to fail the server
+                self._provenance = {"hostname": socket.gethostname(), "error": f"{type(exc).__name__}: {exc}"}
+        self._provenance_thread = threading.Thread(target=gather, name="provenance", daemon=True)
+        self._provenance_thread.start()
+
+    def provenance(self, timeout_s: float = 120.0) -> dict[str, Any] | None:
+        """What the server runs with on this node (gathered while it started); None before `start`."""
+        if self._provenance_thread is not None:
+            self._provenance_thread.join(timeout_s)
+        return self._provenance
+
+    def process_facts(self) -> dict[str, Any]:
+        """The running server process's niceness and CPU affinity, and what the guard did to the niceness
+        ({before, after, error}); None values once it has ended."""
+        facts: dict[str, Any] = {"nice": None, "cpu_affinity": None, "renice": None}
+        with contextlib.suppress(OSError, ValueError):
+            facts["renice"] = json.loads((self.state_dir / guard.NICE_FILE).read_text())
+        pid_file = self.state_dir / guard.SERVER_PID_FILE
+        procs.wait_for(pid_file.exists, 10, 0.05)
+        with contextlib.suppress(OSError, ValueError, psutil.Error):
+            proc = psutil.Process(int(pid_file.read_text()))
+            facts["nice"] = proc.nice()
+            facts["cpu_affinity"] = cpu_text(proc.cpu_affinity() or [])
+        return facts
 
     def url(self) -> str:
         return f"http://{self.ip}:{self.port}"

@@ -433,3 +433,23 @@ def test_fake_cluster_runs_and_stops_on_sigterm():
         kill_session(proc.pid)
         log.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Worker niceness: every definition starts Ray with its workers (and so the servers) at nice 0
+# ---------------------------------------------------------------------------------------------------
+
+def test_every_cluster_definition_starts_ray_workers_at_niceness_0(launcher, kuberay):
+    setup = "\n".join(launcher["setup_commands"])
+    live = "\n".join(line.split("#", 1)[0] for line in setup.splitlines())
+    assert "export RAY_worker_niceness=0" in live  # in raysweep-env.sh, sourced before every `ray start`
+    assert all("source ~/raysweep-env.sh" in c for c in launcher["head_start_ray_commands"]
+               + launcher["worker_start_ray_commands"] if "ray start" in c)
+    for name, group in _pod_groups(_raycluster(kuberay)):
+        env = {e["name"]: e.get("value") for e in _ray_container(group)["env"]}
+        assert env.get("RAY_worker_niceness") == "0", name
+    slurm = SLURM.read_text()
+    assert 0 <= slurm.find("\nexport RAY_worker_niceness=0") < slurm.find("ray start --head --block")
+    fake = FAKE.read_text()
+    assert re.search(r'RAY_ENV = \{[^}]*"RAY_worker_niceness": "0"', fake)
+    assert "os.environ.setdefault(key, value)" in fake  # RAY_ENV goes into the environment of `ray start`

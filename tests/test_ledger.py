@@ -358,3 +358,30 @@ def test_many_points_finishing_at_once_keep_the_ledger_consistent(ledger):
     failed = sum(1 for i in range(240) if i % 7 == 0)
     assert ledger.counts() == {"pending": 0, "running": 0, "done": 240 - failed, "failed": failed}
     assert all(p.attempts == 1 for p in ledger.points())
+
+
+def test_a_ledger_from_before_provenance_gets_the_new_server_columns(tmp_path):
+    """An older ledger (servers without nice, cpu_affinity, provenance) opens, keeps its rows, and takes
+    the new facts."""
+    path = tmp_path / LEDGER_FILE
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE servers (server_id TEXT PRIMARY KEY, serve_id TEXT NOT NULL, command TEXT NOT NULL,
+          hostname TEXT, node_id TEXT, node_ip TEXT, port INTEGER, pid INTEGER, pid_create_time REAL,
+          gpu_ids TEXT, started_at REAL NOT NULL, ready_at REAL, stopped_at REAL, state TEXT NOT NULL,
+          error TEXT, log_tail TEXT);
+        INSERT INTO servers(server_id, serve_id, command, started_at, state) VALUES ('old', 's1', 'vllm serve m', 1.0, 'stopped');
+    """)
+    conn.commit()
+    conn.close()
+    led = Ledger(path)
+    try:
+        old = led.servers()[0]
+        assert (old.server_id, old.nice, old.cpu_affinity, old.provenance_record()) == ("old", None, None, None)
+        led.update_server("old", nice="0", cpu_affinity="127.0.0.1=0-1",
+                          provenance='{"vllm": "0.32.0", "hostname": "h"}')
+        row = led.servers()[0]
+        assert row.nice == "0" and row.cpu_affinity == "127.0.0.1=0-1"
+        assert row.provenance_record() == {"vllm": "0.32.0", "hostname": "h"}
+    finally:
+        led.close()

@@ -311,3 +311,54 @@ def test_failed_points_stay_failed_on_resume_unless_retry_failed(gpu_cluster, tm
     assert summary.counts["failed"] == 2
     summary, out = run_file(f, retry_failed=True)
     assert summary.counts == {"pending": 0, "running": 0, "done": 2, "failed": 0}
+
+
+def test_every_native_result_carries_its_validity_record_and_provenance(gpu_cluster, tmp_path):
+    import importlib.metadata
+    import socket
+
+    from helpers import native_campaign
+    from raysweep import __version__
+
+    f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005", warmup=0,
+                        bench_args="--random-output-len 4 --max-concurrency 2 --num-prompts 12",
+                        bench_params={"grid": {"random_input_len": [8, 16]}}, bench={"client_cpus": 0.5})
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 2, summary.failures
+    df = results_table(out)
+    try:
+        vllm = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        vllm = "not installed"
+    for _, row in df.iterrows():
+        # the server process ran at niceness 0 (the guard lowers Ray's 15; these tests run with the right to)
+        assert row["server_nice"] == 0 and row["server_cpu_affinity"]
+        assert row["server_cpu_affinity_per_node"].startswith("127.0.0.1=")
+        assert row["error_rate"] == 0.0 and row["client_limited"] == False  # noqa: E712
+        issues = row["validity_issues"] or ""
+        assert bool(row["validity_ok"]) == (issues == "")
+        assert "niced (server" not in issues and "client-limited" not in issues and "errors" not in issues
+        # provenance gathered on the server's node when it started
+        assert row["provenance_vllm"] == vllm and row["provenance_ray"] == ray.__version__
+        assert row["provenance_raysweep"] == __version__ and row["provenance_hostnames"] == socket.gethostname()
+        assert row["provenance_gpu"] in ("none",) or "x" in row["provenance_gpu"]
+        assert row["provenance_torch"] and row["provenance_model_path"] == "unknown"  # `--model m` is no path
+    led = _ledger(out)
+    try:
+        servers = led.servers()
+    finally:
+        led.close()
+    assert servers and all(s.nice == "0" and s.cpu_affinity.startswith("127.0.0.1=") for s in servers)
+    assert all(s.provenance_record()["vllm"] == vllm for s in servers)
+
+
+def test_embedded_ray_starts_its_workers_at_niceness_0(tmp_path):
+    """Ray's default worker niceness is 15; the embedded Ray of a driver starts them at 0."""
+    code = ("import os, ray\nfrom raysweep.driver import ray_session\n"
+            "with ray_session(None):\n"
+            "    print('NICE', ray.get(ray.remote(lambda: os.getpriority(os.PRIO_PROCESS, 0)).remote()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+    env["RAY_ADDRESS"] = ""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180,
+                          cwd=tmp_path)
+    assert "NICE 0" in done.stdout, done.stdout + done.stderr

@@ -30,7 +30,7 @@ def test_cli_report_is_one_self_contained_file(tmp_path):
     assert result.exit_code == 0, result.output
     html = (out / "report.html").read_text()
     assert str(out / "report.html") in result.output
-    assert sections(html) == ["campaign", "plan", "figures", "results", "sla", "transport", "failures",
+    assert sections(html) == ["validity", "campaign", "plan", "figures", "results", "sla", "transport", "failures",
                               "environment"]
     assert "http://" not in html and "https://" not in html and "<link" not in html  # nothing to fetch
     # figures: 3 metric curves, the server metrics, the Pareto front, the SLA bars, all embedded PNGs
@@ -61,7 +61,8 @@ def test_cli_report_is_one_self_contained_file(tmp_path):
     assert "1 failed point(s)." in failures and "CUDA out of memory\nlast log line" in failures
     assert "server died during the point" in failures
     env = section(html, "environment")
-    assert "installed where this report was made" in env and "<td class=\"t\">ray</td>" in env
+    # what the runs recorded, never what is installed where the report is made
+    assert "No provenance was recorded" in env and "<td class=\"t\">ray</td>" not in env
     assert "1 node(s), 3 GPU(s) used." in env and "10.0.0.1" in env and "0,1,2" in env
 
 
@@ -135,3 +136,66 @@ def test_report_of_a_campaign_with_nothing_done(tmp_path):
     html = report.build_report(out)
     assert "No finished run yet." in section(html, "figures") and "No finished run yet." in section(html, "results")
     assert "No server was started." in section(html, "environment")
+
+
+def _flag_one_run(out) -> str:
+    """Mark one finished run as measured on a niced server; returns its point id."""
+    path = sorted((out / "points").rglob("run=*.json"))[0]
+    rec = json.loads(path.read_text())
+    rec.update(server_nice=15, client_limited=False, validity_ok=False, validity_issues="niced (server 15)")
+    write_json_atomic(path, rec)
+    return rec["point_id"]
+
+
+def test_runs_failing_a_validity_check_are_listed_marked_and_crossed(tmp_path, no_figures):
+    out = build_output_dir(tmp_path / "out")
+    _flag_one_run(out)
+    html = report.build_report(out)
+    assert sections(html)[0] == "validity"
+    warn = section(html, "validity")
+    assert "fail a check" in warn and "niced (server 15)" in warn
+    flagged_count = int(re.search(r"(\d+) of (\d+) run\(s\) fail a check", warn).group(1))
+    assert flagged_count >= 1
+    results = section(html, "results")
+    assert results.count("\u26a0 niced (server 15)") == 1  # the mark in the table
+
+
+def test_validity_section_when_every_run_passes(tmp_path, no_figures):
+    out = build_output_dir(tmp_path / "out")
+    for path in (out / "points").rglob("run=*.json"):
+        rec = json.loads(path.read_text())
+        rec.update(client_limited=False, validity_ok=True, validity_issues="")
+        write_json_atomic(path, rec)
+    html = report.build_report(out)
+    assert "pass every check" in section(html, "validity")
+    assert "\u26a0" not in section(html, "results")
+
+
+def test_environment_shows_the_recorded_provenance(tmp_path, no_figures):
+    out = build_output_dir(tmp_path / "out")
+    led = Ledger.open_existing(out)
+    led.update_server("srv-s8", provenance=json.dumps(
+        {"vllm": "9.9.9-recorded", "torch": "2.0", "nccl": "2.21.5", "ray": "2.60.0", "raysweep": "0.1.0",
+         "python": "3.11", "gpu": "8 x NVIDIA H100", "gpu_driver": "550.1", "model_path": "/models/x",
+         "model_revision": "abc123", "hostnames": ["node-a", "node-b"]}))
+    led.close()
+    env = section(report.build_report(out), "environment")
+    assert "9.9.9-recorded" in env and "8 x NVIDIA H100" in env and "abc123" in env and "node-a,node-b" in env
+    assert "No provenance was recorded" not in env
+
+
+def test_plots_cross_flagged_runs_but_not_client_limited_ones(tmp_path):
+    from raysweep import plots
+    from raysweep.results import results_table
+
+    out = build_output_dir(tmp_path / "out")
+    _flag_one_run(out)
+    df = results_table(out)
+    spec = plots.PlotSpec(var_x="max_concurrency", var_y="median_ttft_ms")
+    plans = plots.plan_curves(df, spec)
+    crossed = [c for p in plans for row in p.panels for panel in row for c in panel.curves if len(c.flagged)]
+    assert sum(len(c.flagged) for c in crossed) == 1
+    assert any("fail a validity check" in n for p in plans for n in p.notes)
+    fig = plots.render(next(p for p in plans if any(len(c.flagged) for row in p.panels for pa in row
+                                                    for c in pa.curves)), spec)
+    assert "fails a validity check" in [t.get_text() for t in fig.legends[0].get_texts()]

@@ -222,3 +222,35 @@ def test_json_keeps_infinite_request_rate(outdir):
     rates = {r["point_id"]: r["request_rate"] for r in json.loads(path.read_text())}
     assert rates["pa1"] == 10.0
     assert rates["pa0"] in ("inf", "Infinity", math.inf)
+
+
+def test_records_written_before_the_validity_record_get_it_when_read(outdir):
+    from raysweep.results import flagged, load_records
+
+    path = sorted((outdir / "points").rglob("run=*.json"))[0]
+    rec = json.loads(path.read_text())
+    rec.update(server_nice=15, client_limited=False)
+    rec.pop("validity_ok", None)
+    write_json_atomic(path, rec)
+    records = load_records(outdir)
+    assert all("validity_ok" in r and "validity_issues" in r for r in records)
+    mine = next(r for r in records if r["point_id"] == rec["point_id"])
+    assert mine["validity_ok"] is False and "niced (server 15)" in mine["validity_issues"]
+    assert mine in flagged(records)
+
+
+def test_status_counts_and_lists_runs_failing_a_validity_check(outdir):
+    path = outdir / "points/sb/b1/run=0.json"
+    rec = json.loads(path.read_text())
+    rec.update(client_limited=True, client_limited_reason="send lag p99 40.0 ms > 10 ms", server_nice=15)
+    write_json_atomic(path, rec)
+    res = CliRunner().invoke(main, ["status", str(outdir)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "validity: 1 of 3 finished run(s) fail a check" in res.output
+    line = next(ln for ln in res.output.splitlines() if "pb0" in ln)
+    assert "client-limited (send lag p99 40.0 ms > 10 ms)" in line and "niced (server 15)" in line
+
+
+def test_status_says_when_every_run_passes(outdir):
+    res = CliRunner().invoke(main, ["status", str(outdir)], catch_exceptions=False)
+    assert "validity: all 3 finished run(s) pass every check" in res.output

@@ -1,0 +1,207 @@
+"""The validity record of a point (pure checks), and one real-vLLM campaign that records it."""
+
+from __future__ import annotations
+
+import pytest
+
+from raysweep.validity import cpu_set, cpu_text, shared_cpus, unknown_checks, validity_fields
+
+
+def fair(**over):
+    r = {"client_limited": False, "client_limited_reason": None, "server_nice": 0, "client_nice": "0,0",
+         "node_ip": "10.0.0.1", "server_cpu_affinity": "0-3", "client_node_ips": "10.0.0.1,10.0.0.1",
+         "client_cpu_affinity": "4-5;6-7", "completed": 100, "failed": 0, "steady_state": True,
+         "transport_inter": "n/a"}
+    r.update(over)
+    return r
+
+
+def test_cpu_sets_read_and_write():
+    assert cpu_set("0-2,5") == {0, 1, 2, 5}
+    assert cpu_set([0, "3-4"]) == {0, 3, 4}
+    assert cpu_set(None) is None and cpu_set("") is None and cpu_set("x") is None
+    assert cpu_text({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+
+
+def test_a_fair_point_passes_every_check():
+    v = validity_fields(fair())
+    assert v == {"shared_cpus": False, "error_rate": 0.0, "steady_state": True, "validity_ok": True,
+                 "validity_issues": ""}
+    assert unknown_checks(fair()) == []
+
+
+@pytest.mark.parametrize("over, issue", [
+    ({"client_limited": True, "client_limited_reason": "send lag p99 30 ms > 10 ms; sent 5 of 10"}, "client-limited"),
+    ({"server_nice": 15}, "niced (server 15)"),
+    ({"client_nice": "0,15"}, "niced (client 15)"),
+    ({"client_cpu_affinity": "4-5;3"}, "shared CPUs"),
+    ({"failed": 5, "completed": 95}, "errors (5 failed, 5.0 %)"),
+    ({"steady_state": False, "steady_state_slope_pct_per_s": -3.25}, "not steady (slope -3.2 %/s)"),
+    ({"transport_inter": "Socket"}, "socket transport"),
+])
+def test_each_failed_check_is_named(over, issue):
+    v = validity_fields(fair(**over))
+    assert v["validity_ok"] is False
+    assert any(i.startswith(issue) for i in v["validity_issues"].split("; ")), v["validity_issues"]
+    assert len(v["validity_issues"].split("; ")) == 1  # a reason with its own ';' stays one issue
+
+
+def test_several_issues_are_listed_in_order():
+    v = validity_fields(fair(server_nice=15, client_limited=True, client_limited_reason="x"))
+    assert v["validity_issues"] == "client-limited (x); niced (server 15)"
+
+
+def test_shared_cpus_only_on_the_servers_node():
+    assert shared_cpus(fair(client_node_ips="10.0.0.2,10.0.0.2", client_cpu_affinity="0-3;0-3")) is False
+    assert shared_cpus(fair(client_node_ips="10.0.0.2,10.0.0.1", client_cpu_affinity="0-3;4")) is False
+    assert shared_cpus(fair(client_node_ips="10.0.0.2,10.0.0.1", client_cpu_affinity="4;0")) is True
+    # a multi-node server: its CPUs on each node
+    per_node = "10.0.0.1=0-3;10.0.0.2=0-7"
+    assert shared_cpus(fair(server_cpu_affinity_per_node=per_node, client_node_ips="10.0.0.2",
+                            client_cpu_affinity="7")) is True
+    # affinities not in line with the actors: every actor's CPUs count
+    assert shared_cpus(fair(client_node_ips="10.0.0.1", client_cpu_affinity=[[4, 5], [1]])) is True
+
+
+def test_absent_facts_are_unknown_not_failures():
+    r = fair(client_nice=None, client_cpu_affinity=None, steady_state=None)
+    del r["steady_state"]
+    v = validity_fields(r)
+    assert v["validity_ok"] is True and v["shared_cpus"] is None and v["steady_state"] is None
+    assert unknown_checks(r) == ["niced", "shared CPUs", "not steady"]
+    assert validity_fields({})["error_rate"] is None
+
+
+def test_client_room_counts_only_cpus_of_their_own():
+    from raysweep.driver import client_room
+
+    # the 2-core demo: the server's bundle (0.5) and one client (1 CPU) leave no core for another
+    assert client_room(2.5, [(2, 0.5, 1)], 0, 1.0) == 0
+    # a 16-core server node with 2 clients: 13 more, unless Ray has fewer CPUs free
+    assert client_room(100, [(16, 0.5, 2)], 0, 1.0) == 13
+    assert client_room(4, [(16, 0.5, 2)], 0, 1.0) == 4
+    # other nodes count with their CPUs; per node, whole client actors only
+    assert client_room(100, [(2, 0.5, 1), (2, 0.5, 1)], 8, 1.0) == 8
+    assert client_room(100, [(8, 0.5, 0)], 0, 2.0) == 3
+
+
+def test_the_guard_lowers_its_niceness_or_says_why(monkeypatch):
+    import os
+
+    from raysweep import guard
+
+    state = {"nice": 15}
+    monkeypatch.setattr(os, "getpriority", lambda which, who: state["nice"])
+
+    def allowed(which, who, value):
+        state["nice"] = value
+    monkeypatch.setattr(os, "setpriority", allowed)
+    assert guard.renice(0) == {"before": 15, "after": 0, "error": ""}
+
+    def refused(which, who, value):
+        raise PermissionError(13, "Permission denied")
+    state["nice"] = 15
+    monkeypatch.setattr(os, "setpriority", refused)
+    got = guard.renice(0)
+    assert got["before"] == got["after"] == 15 and "Permission denied" in got["error"] and "CAP_SYS_NICE" in got["error"]
+    state["nice"] = -5  # never raised
+    assert guard.renice(0) == {"before": -5, "after": -5, "error": ""}
+
+
+def test_a_niced_server_is_warned_about_once_per_node(caplog):
+    from raysweep import driver
+
+    server = driver._Server("srv", hosts=[], nodes=[{"hostname": "node-x", "node_ip": "10.0.0.9"}],
+                            facts=[{"nice": 15, "cpu_affinity": "0-3", "renice": {"error": "Permission denied"}}])
+    driver._NICE_WARNED.discard("node-x")
+    with caplog.at_level("WARNING", logger="raysweep.driver"):
+        driver._warn_niced(server)
+        driver._warn_niced(server)
+    lines = [r.getMessage() for r in caplog.records if "niceness" in r.getMessage()]
+    assert len(lines) == 1 and "node-x" in lines[0] and "15" in lines[0] and "RAY_worker_niceness=0" in lines[0]
+    assert driver.server_process_fields(server.nodes, server.facts) == {
+        "server_nice": 15, "server_cpu_affinity": "0-3", "server_cpu_affinity_per_node": "10.0.0.9=0-3",
+        "server_renice_error": "Permission denied"}
+
+
+@pytest.mark.vllm
+def test_a_real_vllm_campaign_runs_at_nice_0_and_records_validity_and_provenance(tiny_model, tmp_path):
+    """One real `vllm serve` (CPU, eager) through `raysweep run` on an embedded Ray: the vllm process runs at
+    niceness 0 (read while it runs, and as recorded), its provenance is the installed vLLM, and every row
+    carries its validity record."""
+    import importlib.metadata
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+    import yaml
+
+    from raysweep import procs
+    from raysweep.ledger import Ledger
+    from raysweep.results import results_table
+
+    out = tmp_path / "out"
+    campaign = {
+        "name": "validity", "output_dir": str(out), "runs": 1, "warmup": 0,
+        "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
+                         "--gpu-memory-utilization 0.2 --enforce-eager",
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"}, "ready_timeout_s": 300},
+        "bench": {"backend": "native",
+                  "cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 8 "
+                         "--max-concurrency 4 --random-input-len 32 --random-output-len 8 --temperature 0"},
+    }
+    f = tmp_path / "campaign.yaml"
+    f.write_text(yaml.safe_dump(campaign))
+    mark = f"validity-{tmp_path.name}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_worker_niceness", "RAY_ADDRESS")}
+    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", VLLM_HOST_IP="127.0.0.1",
+               RAYSWEEP_TEST_MARK=mark)
+    proc = subprocess.Popen([sys.executable, "-m", "raysweep", "run", str(f)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen: dict[int, int] = {}
+
+    def vllm_nices() -> bool:
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("RAYSWEEP_TEST_MARK") == mark and "serve" in p.cmdline() \
+                        and any("vllm" in a for a in p.cmdline()[:2]):
+                    seen[p.pid] = p.nice()
+            except psutil.Error:
+                continue
+        return bool(seen) or proc.poll() is not None
+
+    try:
+        procs.wait_for(vllm_nices, 240, 0.5)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    assert seen and set(seen.values()) == {0}, seen  # the real vllm process, read while it ran
+    df = results_table(out)
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["server_nice"] == 0 and row["server_cpu_affinity"]
+    assert row["provenance_vllm"] == importlib.metadata.version("vllm")
+    assert row["provenance_model_path"] == str(tiny_model.resolve())
+    assert row["provenance_model_revision"].startswith("local config.json sha256:")
+    for col in ("validity_ok", "validity_issues", "shared_cpus", "error_rate", "client_limited",
+                "client_send_lag_p99_ms", "provenance_torch", "provenance_nccl", "provenance_gpu"):
+        assert col in df.columns, col
+    assert row["error_rate"] == 0.0 and "niced" not in (row["validity_issues"] or "")
+    led = Ledger.open_existing(out)
+    try:
+        [server] = led.servers()
+    finally:
+        led.close()
+    assert server.nice == "0" and server.provenance_record()["vllm"] == importlib.metadata.version("vllm")
+
+
+def test_numpy_booleans_count_like_pythons():
+    import numpy as np
+
+    v = validity_fields(fair(client_limited=np.bool_(True), steady_state=np.bool_(False)))
+    assert v["validity_issues"].startswith("client-limited") and "not steady" in v["validity_issues"]
+    assert v["steady_state"] is False
