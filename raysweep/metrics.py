@@ -1,16 +1,21 @@
 """Server-side metrics of a point, scraped from the server's Prometheus `/metrics` while the point runs.
 
-A `Scraper` thread reads `/metrics` every `interval_s` (and once just before and once just after the
-point). Per point it gives the peak and mean of the gauges (KV cache usage, running and waiting requests)
-over the point's window, and the deltas of the counters (preemptions, prompt and generation tokens,
-prefix-cache queries and hits). With data parallelism each engine has its own series: KV cache usage takes
-the fullest engine, requests and counters are summed. These are the numbers one otherwise reads from the
-server log by hand to choose max_num_seqs.
+A `Scraper` thread reads `/metrics` every `interval_s`, from a baseline taken before the load is submitted
+(retried until one succeeds, a few times at most) to one taken after the load has ended. Per point it gives
+the peak and mean of the gauges (KV cache usage, running and waiting requests) over the point's window, and
+the deltas of the counters (preemptions, prompt and generation tokens, prefix-cache queries and hits)
+between the last sample at or before the start and the first at or after the end. Without both bracketing
+samples the counters would cover a shorter window: they are left out, and `server_metrics_complete` is
+false with `server_metrics_incomplete_reason`. With data parallelism each engine has its own series: KV
+cache usage takes the fullest engine, requests and counters are summed. These are the numbers one
+otherwise reads from the server log by hand to choose max_num_seqs. `combine` joins the summaries of
+several runs (an SLA probe): peaks take the largest, means their mean, counters their sum.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import urllib.request
@@ -19,7 +24,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["GAUGES", "COUNTERS", "Scraper", "parse_metrics", "summarize"]
+__all__ = ["COUNTERS", "FIELDS", "GAUGES", "Scraper", "combine", "parse_metrics", "summarize"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,10 @@ COUNTERS = ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_token
             "vllm:prefix_cache_hits", "vllm:request_success")
 _FIELD = {"vllm:kv_cache_usage_perc": "kv_cache_usage_perc", "vllm:num_requests_running": "num_requests_running",
           "vllm:num_requests_waiting": "num_requests_waiting"}
+_COUNTER_FIELDS = tuple(f"server_{name.split(':', 1)[1]}" for name in COUNTERS)
+# every numeric server field a result (and so an SLA target) can carry
+FIELDS = (*(f"server_{short}_{kind}" for short in _FIELD.values() for kind in ("peak", "mean")), *_COUNTER_FIELDS,
+          "server_prefix_cache_hit_rate")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -65,16 +74,25 @@ class Scraper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def scrape(self) -> None:
+    def scrape(self) -> bool:
+        """One sample, stamped when it was asked for; False (and the error kept) when it failed."""
+        asked = time.time()
         try:
             with urllib.request.urlopen(self.base_url.rstrip("/") + "/metrics", timeout=self.timeout_s) as r:
                 text = r.read().decode(errors="replace")
-            self.samples.append(_Sample(time.time(), parse_metrics(text)))
+            self.samples.append(_Sample(asked, parse_metrics(text)))
+            return True
         except Exception as exc:  # noqa: BLE001 - a failed scrape is recorded, the point goes on
             self.errors.append(f"{type(exc).__name__}: {exc}")
+            return False
 
-    def start(self) -> Scraper:
-        self.scrape()
+    def start(self, tries: int = 3) -> Scraper:
+        """The baseline scrape (tried again, at most `tries` times in all, until one succeeds), then the thread."""
+        for i in range(tries):
+            if self.scrape():
+                break
+            if i + 1 < tries:
+                time.sleep(min(self.interval_s, 0.2) * (i + 1))
         self._thread = threading.Thread(target=self._loop, name="metrics-scraper", daemon=True)
         self._thread.start()
         return self
@@ -90,27 +108,70 @@ class Scraper:
         self.scrape()
 
     def summary(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
-        return summarize(self.samples, self.errors, window)
+        """The summary over the load's (start, end); gauges also count samples up to one interval after it."""
+        return summarize(self.samples, self.errors, window, slack=self.interval_s)
 
 
-def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, float] | None) -> dict[str, Any]:
-    """Fields for the result record: `server_<gauge>_peak/_mean` over the window and `server_<counter>` deltas."""
+def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, float] | None,
+              slack: float = 0.0) -> dict[str, Any]:
+    """Fields for the result record: `server_<gauge>_peak/_mean` over the window (its end stretched by
+    `slack`) and `server_<counter>` deltas between the samples that bracket it (None: the first and last)."""
     out: dict[str, Any] = {"server_metrics_samples": len(samples)}
     if errors and not samples:
-        out["server_metrics_error"] = errors[-1]
+        out.update(server_metrics_error=errors[-1], server_metrics_complete=False,
+                   server_metrics_incomplete_reason=f"no scrape of /metrics succeeded ({errors[-1]})")
         return out
-    inside = [s for s in samples if window is None or window[0] <= s.at <= window[1]] or samples
+    start, end = window if window is not None else (-math.inf, math.inf)
+    inside = [s for s in samples if start <= s.at <= end + slack]
     for name, short in _FIELD.items():
         values = [s.values[name] for s in inside if name in s.values]
         if values:
             out[f"server_{short}_peak"] = max(values)
             out[f"server_{short}_mean"] = sum(values) / len(values)
-    if len(samples) >= 2:
-        first, last = samples[0].values, samples[-1].values
-        for name in COUNTERS:
-            if name in first and name in last:
-                out[f"server_{name.split(':', 1)[1]}"] = last[name] - first[name]
-        q, h = out.get("server_prefix_cache_queries"), out.get("server_prefix_cache_hits")
-        if q:
-            out["server_prefix_cache_hit_rate"] = (h or 0.0) / q
+    before = [s for s in samples if s.at <= start] if window is not None else samples[:1]
+    after = [s for s in samples if s.at >= end] if window is not None else samples[1:][-1:]
+    missing = [why for why, have in (("at or before the start of the load", before),
+                                     ("at or after its end", after)) if not have]
+    if missing:
+        out.update(server_metrics_complete=False, server_metrics_incomplete_reason=(
+            "no successful scrape " + " and none ".join(missing) + "; counter deltas left out"
+            + (f" (last error: {errors[-1]})" if errors else "")))
+        return out
+    out["server_metrics_complete"] = True
+    first, last = before[-1].values, after[0].values
+    for name, fld in zip(COUNTERS, _COUNTER_FIELDS):
+        if name in first and name in last:
+            out[fld] = last[name] - first[name]
+    _hit_rate(out)
+    return out
+
+
+def _hit_rate(out: dict[str, Any]) -> None:
+    q, h = out.get("server_prefix_cache_queries"), out.get("server_prefix_cache_hits")
+    if q:
+        out["server_prefix_cache_hit_rate"] = (h or 0.0) / q
+
+
+def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The server fields of several runs as one: the largest peak, the mean of the means, counter deltas
+    summed (only where every run has one), complete only where every run is."""
+    out: dict[str, Any] = {}
+    if not summaries:
+        return out
+    for fld in FIELDS:
+        values = [float(s[fld]) for s in summaries if s.get(fld) is not None]
+        if not values:
+            continue
+        if fld.endswith("_peak"):
+            out[fld] = max(values)
+        elif fld.endswith("_mean"):
+            out[fld] = sum(values) / len(values)
+        elif fld in _COUNTER_FIELDS and len(values) == len(summaries):
+            out[fld] = sum(values)
+    _hit_rate(out)
+    reasons = [str(s.get("server_metrics_incomplete_reason") or "no server metrics")
+               for s in summaries if s.get("server_metrics_complete") is not True]
+    out["server_metrics_complete"] = not reasons
+    if reasons:
+        out["server_metrics_incomplete_reason"] = f"{len(reasons)} of {len(summaries)} runs: {reasons[0]}"
     return out

@@ -2,9 +2,20 @@
 
 - Targets use vLLM's expression syntax: `{p99_e2el_ms: "<=200", p50_ttft_ms: "<100"}`; every threshold of
   a target must hold.
-- A probe (one value of the load variable, all its runs pooled) is judged per target, either on the pooled
-  metrics (`percentile`), or on the fraction of requests that meet every latency threshold (`attainment`),
-  with a Wilson interval: a fraction whose interval straddles the level is `UNRESOLVED`, not a boundary.
+- A probe (one value of the load variable, all its runs) is judged per target, either on its metrics
+  (`percentile`), or on the fraction of requests that meet every latency threshold (`attainment`), with a
+  Wilson interval: a fraction whose interval straddles the level is `UNRESOLVED`, not a boundary.
+- `pool_runs` gives a probe's metrics: latencies pooled over the requests of all its runs; throughputs
+  (and goodput) as everything the runs completed over the sum of their durations, i.e. each run's
+  throughput weighted by its duration (each run is timed from its own start, so pooled samples cannot be
+  timed as one run); peaks are the largest run's; `duration` is the sum.
+- Failed requests count against latency thresholds, as infinitely slow requests: in the percentile judge a
+  mean fails on any failure, and pNN (median: p50) of TTFT or E2EL is taken over all requests sent,
+  failures ranked last; for TPOT and ITL (measured per token or chunk) pNN fails when the failed fraction
+  exceeds the 100 - NN % tail. In the attainment judge a failed request meets no threshold.
+- Targets on server metrics (`server_*`, the fields `raysweep.metrics` records) are judged on the probe's
+  runs combined (`metrics.combine`); a probe whose server metrics were not complete cannot judge a counter
+  (the target is `UNRESOLVED`).
 - `search` finds the boundary for one target. It first looks at an unbounded-load probe. If that passes,
   no load the point can make breaks the targets. Otherwise its capacity estimate (Little's law for
   concurrency, the throughput for a rate) lets doubling start near the boundary instead of at 1. Doubling
@@ -26,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
+from raysweep import metrics as server_metrics
 from raysweep.errors import CampaignError
 
 __all__ = ["INFINITE", "Outcome", "Target", "Threshold", "Verdict", "judge_attainment", "judge_percentile",
-           "parse_targets", "search", "wilson"]
+           "parse_targets", "pool_runs", "search", "wilson"]
 
 INFINITE = math.inf
 _OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, "<": operator.lt, ">=": operator.ge,
@@ -38,6 +50,8 @@ _EXPR = re.compile(r"^\s*(<=|<|>=|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)
 _LATENCY = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 _POINT_METRICS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
                   "completed", "failed", "max_concurrent_requests", "duration")
+_RATES = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
+_PEAKS = ("max_output_tokens_per_s", "max_concurrent_requests", "peak_in_flight_requests")
 
 
 class Verdict(str, Enum):
@@ -79,9 +93,10 @@ def parse_targets(raw: Any, fld: str = "sla.targets") -> list[Target]:
         ths = []
         for metric, expr in item.items():
             where = f"{fld}[{i}].{metric}"
-            if not (_LATENCY.match(str(metric)) or metric in _POINT_METRICS or str(metric).startswith("server_")):
+            if not (_LATENCY.match(str(metric)) or metric in _POINT_METRICS or metric in server_metrics.FIELDS):
                 raise CampaignError(where, "is not a metric the results carry; accepted: {mean,median,pNN}_"
-                                           "{ttft,tpot,itl,e2el}_ms, " + ", ".join(_POINT_METRICS) + ", server_*")
+                                           "{ttft,tpot,itl,e2el}_ms, " + ", ".join(_POINT_METRICS) + ", "
+                                           + ", ".join(server_metrics.FIELDS))
             m = _EXPR.match(str(expr))
             if not m:
                 raise CampaignError(where, f"expression {expr!r} is not one of <=, <, >=, > followed by a number "
@@ -91,10 +106,66 @@ def parse_targets(raw: Any, fld: str = "sla.targets") -> list[Target]:
     return out
 
 
-def judge_percentile(metrics: dict[str, Any], target: Target) -> Verdict:
-    """Every threshold on the pooled metrics of the probe's runs."""
+def pool_runs(pooled: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A probe's metrics: `pooled` (computed on the requests of all its runs together: right for latencies
+    and counts) with throughputs, peaks and duration taken from each run's own metrics (`runs`)."""
+    out = dict(pooled)
+    durations = [float(r.get("duration") or 0.0) for r in runs]
+    total = sum(d for d in durations if d > 0 and math.isfinite(d))
+    out["duration"] = total
+    for key in _RATES:
+        if all(r.get(key) is None for r in runs):
+            continue
+        done = sum(float(r.get(key) or 0.0) * d for r, d in zip(runs, durations) if d > 0 and math.isfinite(d))
+        out[key] = done / total if total > 0 else 0.0
+    for key in _PEAKS:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if values:
+            out[key] = max(values)
+    steady = [r.get("steady_state") for r in runs if "steady_state" in r]
+    if steady:
+        out["steady_state"] = None if None in steady else all(steady)
+        slopes = [r["steady_state_slope_pct_per_s"] for r in runs if r.get("steady_state_slope_pct_per_s") is not None]
+        out["steady_state_slope_pct_per_s"] = max(slopes, key=abs) if slopes else None
+    return out
+
+
+def _with_failures(ok_values: np.ndarray, failed: int, pct: float) -> float:
+    """numpy's linear percentile of all requests, the `failed` ones ranked last as infinitely slow."""
+    k = int(ok_values.size)
+    pos = (k + failed - 1) * pct / 100.0
+    if k == 0 or pos > k - 1:
+        return math.inf
+    return float(np.percentile(ok_values, 100.0 * pos / (k - 1))) if k > 1 else float(ok_values[0])
+
+
+def _judged(metric: str, metrics: dict[str, Any], per_request: dict[str, Any] | None) -> Any:
+    """The value a threshold is judged on: the metric, or for a latency with failed requests, the
+    latency counting the failures as infinitely slow requests."""
+    value = metrics.get(metric)
+    failed = int(metrics.get("failed") or 0)
+    m = _LATENCY.match(metric)
+    if not m or failed <= 0 or value is None:
+        return value
+    stat, kind = m.groups()
+    if stat == "mean":
+        return math.inf
+    pct = 50.0 if stat == "median" else float(stat[1:])
+    if per_request is not None and kind in ("ttft", "e2el"):
+        ok = np.asarray(per_request["ok"], dtype=bool)
+        return _with_failures(np.asarray(per_request[kind], dtype=float)[ok], int((~ok).sum()), pct)
+    share = failed / (failed + int(metrics.get("completed") or 0))
+    return math.inf if share > 1.0 - pct / 100.0 else value
+
+
+def judge_percentile(metrics: dict[str, Any], target: Target,
+                     per_request: dict[str, np.ndarray] | None = None) -> Verdict:
+    """Every threshold on the probe's metrics, failed requests counting against latency thresholds:
+    a mean fails with any failure; pNN of TTFT or E2EL is taken over all requests (failures ranked last,
+    from `per_request`); pNN of TPOT or ITL (or without `per_request`) fails when the failed fraction of
+    the requests exceeds the 100 - NN % tail."""
     for t in target.thresholds:
-        value = metrics.get(t.metric)
+        value = _judged(t.metric, metrics, per_request)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return Verdict.UNRESOLVED
         if not t.holds(float(value)):

@@ -244,3 +244,141 @@ def test_bisection_never_borrows_an_unresolved_value():
     noisy = {44.0: Verdict.UNRESOLVED}   # another target's probe at 44 decided nothing, and would not for this one
     out = search(curve(50, calls, noise=noisy), precision=0.0, known=lambda: noisy)
     assert out.state == "found" and out.largest_pass == 50 and 44.0 not in calls
+
+
+def _run_samples(n: int = 20, gap: float = 0.1, e2el: float = 0.5, failed: int = 0) -> dict:
+    """One run's raw samples, timed from the run's own start: a request every `gap` s lasting `e2el` s,
+    4 output tokens in 4 chunks; the last `failed` requests fail."""
+    from raysweep.bench import stats
+
+    s = stats.empty_samples()
+    for i in range(n):
+        ok = i < n - failed
+        t = i * gap
+        row = {"index": i, "actor": 0, "due": t, "ready": t, "begin": t, "sent": t,
+               "first": t + 0.1 if ok else math.nan,
+               "end": t + e2el, "done": t + e2el, "in_tok": 8, "out_tok": 4 if ok else 0, "ok": ok,
+               "error": None if ok else "HTTP 500", "chunks": [0.1, 0.2, 0.3, e2el] if ok else [], "text": None}
+        for col in s:
+            if col != "loop_lag":
+                s[col].append(row.get(col))
+    return s
+
+
+def _write_runs(out, runs: list[dict], extra: list[dict] | None = None) -> list[str]:
+    import json
+
+    from raysweep.results import write_samples
+
+    paths = []
+    for i, s in enumerate(runs):
+        write_samples(out / f"run={i}.samples.parquet", s)
+        (out / f"run={i}.json").write_text(json.dumps({"samples_path": f"run={i}.samples.parquet",
+                                                       **((extra or [{}] * len(runs))[i])}))
+        paths.append(f"run={i}.json")
+    return paths
+
+
+def test_a_probe_of_several_runs_reports_one_runs_throughput_not_their_sum(tmp_path):
+    """Each run starts at its own zero: pooled as one run, two runs would look twice as fast."""
+    from raysweep.bench import stats
+    from raysweep.bench.options import parse_load_options
+    from raysweep.driver import _capacity, _pool_probe
+
+    argv = ["vllm", "bench", "serve", "--model", "m", "--num-prompts", "20"]
+    one = stats.point_metrics(_run_samples(), parse_load_options(argv))
+    probe = _pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()]), argv)
+    assert probe.metrics["request_throughput"] == pytest.approx(one["request_throughput"])
+    assert probe.metrics["output_throughput"] == pytest.approx(one["output_throughput"])
+    assert probe.metrics["max_concurrent_requests"] == one["max_concurrent_requests"]
+    assert probe.metrics["completed"] == 40 and probe.metrics["duration"] == pytest.approx(2 * one["duration"])
+    assert probe.metrics["p99_e2el_ms"] == pytest.approx(500)
+    assert _capacity(probe, "request_rate") == pytest.approx(one["request_throughput"])
+    # runs of unequal length: everything completed over the summed durations
+    slow = _run_samples(gap=0.2)
+    s_m = stats.point_metrics(slow, parse_load_options(argv))
+    both = _pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), slow]), argv)
+    assert both.metrics["request_throughput"] == pytest.approx(40 / (one["duration"] + s_m["duration"]))
+
+
+def test_the_percentile_judge_counts_failed_requests_against_latency_targets():
+    from raysweep.bench import stats
+    from raysweep.bench.options import parse_load_options
+
+    opts = parse_load_options(["vllm", "bench", "serve", "--model", "m", "--percentile-metrics", "ttft,tpot,itl,e2el",
+                               "--metric-percentiles", "50,99"])
+    s = _run_samples(n=100, failed=30)     # every request that finished took 500 ms; 30 % failed
+    m, per = stats.point_metrics(s, opts), stats.per_request(s)
+    assert m["p99_e2el_ms"] == pytest.approx(500) and m["failed"] == 30
+    for metric in ("p99_e2el_ms", "mean_e2el_ms", "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms"):
+        t = Target((Threshold(metric, "<=", 1000),))
+        assert judge_percentile(m, t) is Verdict.FAIL, metric
+        assert judge_percentile(m, t, per) is Verdict.FAIL, metric
+    median = Target((Threshold("median_e2el_ms", "<=", 1000),))
+    assert judge_percentile(m, median, per) is Verdict.PASS        # 70 % finished in time: the median holds
+    # few failures: p50 over all requests is still a finished one; p99 is not when over 1 % failed
+    s2 = _run_samples(n=100, failed=2)
+    m2, per2 = stats.point_metrics(s2, opts), stats.per_request(s2)
+    assert judge_percentile(m2, Target((Threshold("p50_e2el_ms", "<=", 1000),)), per2) is Verdict.PASS
+    assert judge_percentile(m2, Target((Threshold("p99_e2el_ms", "<=", 1000),)), per2) is Verdict.FAIL
+    clean = _run_samples(n=100)
+    mc = stats.point_metrics(clean, opts)
+    p99 = Target((Threshold("p99_e2el_ms", "<=", 1000),))
+    assert judge_percentile(mc, p99, stats.per_request(clean)) is Verdict.PASS
+
+
+def test_failures_ranked_last_match_numpy_on_all_requests():
+    from raysweep.sla import _with_failures
+
+    rng = np.random.default_rng(1)
+    ok = np.sort(rng.uniform(10, 100, 995))
+    for pct in (50.0, 90.0, 99.0, 99.4):
+        ref = float(np.percentile(np.concatenate([ok, np.full(5, 1e9)]), pct))
+        got = _with_failures(ok, 5, pct)
+        assert got == pytest.approx(ref) if ref < 1e8 else got == math.inf
+
+
+def test_server_metric_targets_are_judged_from_the_probes_runs(tmp_path):
+    from raysweep.driver import _pool_probe
+
+    argv = ["vllm", "bench", "serve", "--model", "m", "--num-prompts", "20"]
+    server = [{"server_num_preemptions": 0, "server_kv_cache_usage_perc_peak": 0.4, "server_metrics_complete": True},
+              {"server_num_preemptions": 3, "server_kv_cache_usage_perc_peak": 0.9, "server_metrics_complete": True}]
+    probe = _pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()], server), argv)
+    [preempt, kv] = parse_targets([{"server_num_preemptions": "<=0"}, {"server_kv_cache_usage_perc_peak": "<0.95"}])
+    assert judge_percentile(probe.metrics, preempt) is Verdict.FAIL        # 3 preemptions in the second run
+    assert judge_percentile(probe.metrics, kv) is Verdict.PASS
+    partial = [server[0], {"server_metrics_complete": False, "server_metrics_incomplete_reason": "no scrape after"}]
+    probe = _pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()], partial), argv)
+    # a counter over a partial window decides nothing
+    assert judge_percentile(probe.metrics, preempt) is Verdict.UNRESOLVED
+    with pytest.raises(CampaignError) as e:
+        parse_targets([{"server_kv_cache_peak": "<=0.9"}])
+    assert e.value.field == "sla.targets[0].server_kv_cache_peak" and "server_kv_cache_usage_perc_peak" in str(e.value)
+
+
+def test_sla_campaign_with_two_runs_reports_one_runs_throughput_and_judges_server_targets(gpu_cluster, tmp_path):
+    """On the stand-in (4 generation slots), 2 runs per probe: the passing probe's throughput is the runs'
+    combined throughput (not their sum), and a server-metric target is judged from the scraped metrics."""
+    from helpers import native_campaign, run_file
+
+    from raysweep.results import results_table, sla_table
+
+    f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005 --slots 4", runs=2,
+                        bench_args="--random-output-len 4 --random-input-len 8 --num-prompts 24",
+                        bench_params=[{"random_input_len": 8}], bench={"client_cpus": 0.5, "metrics_interval_s": 0.1},
+                        sla={"targets": [{"p90_ttft_ms": "<=30"}, {"server_prompt_tokens": ">=1"}], "max_value": 64})
+    summary, out = run_file(f)
+    points = results_table(out)
+    assert points["server_metrics_complete"].all(), points.get("server_metrics_incomplete_reason")
+    assert (points["server_prompt_tokens"] == points["total_input_tokens"]).all()
+    df = sla_table(out)
+    first = df[df["target"] == "p90_ttft_ms<=30"].iloc[0]
+    assert first["state"] == "found", df.to_dict("records")
+    runs = points[points["max_concurrency"] == first["largest_pass"]]
+    assert len(runs) == 2
+    combined = runs["completed"].sum() / runs["duration"].sum()
+    assert first["at_pass_request_throughput"] == pytest.approx(combined, rel=1e-6)
+    assert first["at_pass_request_throughput"] <= 1.01 * runs["request_throughput"].max()
+    server = df[df["target"] == "server_prompt_tokens>=1"].iloc[0]
+    assert server["state"] == "above max" and server["at_pass_server_prompt_tokens"] == 2 * 24 * 8

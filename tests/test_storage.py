@@ -62,20 +62,36 @@ def test_mirror_copies_a_live_ledger_as_a_consistent_snapshot_and_changed_files_
 
 
 def test_requests_are_folded_and_close_makes_the_last_copy(tmp_path):
+    """While a slow copy runs, 20 requests return at once and fold into one more copy (not 20)."""
     out, mirror_dir = tmp_path / "out", tmp_path / "mirror"
     out.mkdir()
     led = _ledger_with_points(out, 3)
     led.close()
     m = storage.Mirror(mirror_dir.as_uri(), out)
+    entered, gate, copies = threading.Event(), threading.Event(), []
+    real = m._sync
+
+    def slow_store() -> None:  # the first copy hangs until every request has been made
+        copies.append(gate.is_set())
+        entered.set()
+        gate.wait(30)
+        real()
+
+    m._sync = slow_store  # type: ignore[method-assign]
+    m.request()
+    assert entered.wait(30)
     threads = [threading.Thread(target=m.request) for _ in range(20)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)   # no request waited for the slow copy
+    gate.set()
     (out / "results.csv").write_text("a\n1\n")
     assert m.close()
     assert (mirror_dir / "results.csv").read_text() == "a\n1\n"
-    assert 1 <= m.syncs <= 21
+    # the first copy, at most one for the 20 folded requests, at most one more as the loop ends, the last one
+    assert copies[0] is False and 2 <= len(copies) <= 4 and m.syncs == len(copies)
 
 
 def test_a_failing_mirror_warns_and_never_raises(tmp_path, caplog):

@@ -1,0 +1,105 @@
+"""Server metrics of a point: the window the counter deltas cover, the baseline scrape, runs combined.
+A small local HTTP server stands in for vLLM's /metrics (no Ray)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from raysweep import metrics
+
+S = metrics._Sample
+
+
+def _counters(at: float, prompt: float, running: float = 0.0) -> metrics._Sample:
+    return S(at, {"vllm:prompt_tokens": prompt, "vllm:num_preemptions": 0.0, "vllm:num_requests_running": running})
+
+
+def test_counter_deltas_run_between_the_samples_that_bracket_the_load():
+    samples = [_counters(0.0, 10), _counters(0.9, 40), _counters(1.5, 70, 8), _counters(3.2, 100), _counters(8.0, 500)]
+    out = metrics.summarize(samples, [], (1.0, 3.0))
+    assert out["server_metrics_complete"] is True
+    assert out["server_prompt_tokens"] == 100 - 40        # last at/before the start, first at/after the end
+    assert out["server_num_requests_running_peak"] == 8
+
+
+@pytest.mark.parametrize("samples, words", [
+    ([_counters(1.2, 40), _counters(3.5, 100)], "at or before the start"),    # baseline after the load began
+    ([_counters(0.5, 40), _counters(2.5, 100)], "at or after its end"),       # last scrape before the load ended
+])
+def test_a_window_without_both_bracketing_samples_is_marked_incomplete(samples, words):
+    out = metrics.summarize(samples, ["URLError: timed out"], (1.0, 3.0))
+    assert out["server_metrics_complete"] is False and words in out["server_metrics_incomplete_reason"]
+    assert "timed out" in out["server_metrics_incomplete_reason"]
+    assert "server_prompt_tokens" not in out                                  # a shorter window's delta is not kept
+
+
+def test_no_successful_scrape_is_incomplete_with_the_error():
+    out = metrics.summarize([], ["URLError: refused"], (1.0, 3.0))
+    assert out["server_metrics_complete"] is False and "refused" in out["server_metrics_incomplete_reason"]
+
+
+def test_runs_combine_peaks_means_and_counters():
+    a = {"server_kv_cache_usage_perc_peak": 0.5, "server_kv_cache_usage_perc_mean": 0.2, "server_prompt_tokens": 100,
+         "server_prefix_cache_queries": 100, "server_prefix_cache_hits": 50, "server_metrics_complete": True}
+    b = {"server_kv_cache_usage_perc_peak": 0.7, "server_kv_cache_usage_perc_mean": 0.4, "server_prompt_tokens": 300,
+         "server_prefix_cache_queries": 300, "server_prefix_cache_hits": 50, "server_metrics_complete": True}
+    out = metrics.combine([a, b])
+    assert out["server_kv_cache_usage_perc_peak"] == 0.7
+    assert out["server_kv_cache_usage_perc_mean"] == pytest.approx(0.3)
+    assert out["server_prompt_tokens"] == 400 and out["server_prefix_cache_hit_rate"] == pytest.approx(0.25)
+    assert out["server_metrics_complete"] is True
+    c = {"server_kv_cache_usage_perc_peak": 0.9, "server_metrics_complete": False,
+         "server_metrics_incomplete_reason": "no successful scrape at or after its end"}
+    out = metrics.combine([a, c])
+    assert "server_prompt_tokens" not in out and out["server_metrics_complete"] is False
+    assert "1 of 2 runs" in out["server_metrics_incomplete_reason"]
+
+
+@pytest.fixture
+def flaky_metrics_server() -> Iterator[tuple[str, dict]]:
+    """/metrics that fails its first `fail` requests, then counts `prompt` tokens."""
+    state = {"fail": 1, "prompt": 0, "asked": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            state["asked"] += 1
+            if state["fail"] > 0:
+                state["fail"] -= 1
+                self.send_response(500)
+                self.end_headers()
+                return
+            body = f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{{engine=\"0\"}} {state['prompt']}\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", state
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_the_baseline_is_retried_until_it_succeeds_and_brackets_the_load(flaky_metrics_server):
+    import time
+
+    url, state = flaky_metrics_server
+    scraper = metrics.Scraper(url, interval_s=60.0, timeout_s=5.0).start()   # the loop never scrapes on its own
+    assert state["asked"] == 2 and len(scraper.samples) == 1                 # one failure, then the baseline
+    start = time.time()
+    state["prompt"] = 700                                                    # the load
+    end = time.time()
+    scraper.stop()
+    out = scraper.summary((start, end))
+    assert out["server_metrics_complete"] is True and out["server_prompt_tokens"] == 700
