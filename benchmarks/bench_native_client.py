@@ -1,4 +1,4 @@
-"""The native client against `vllm bench serve`: capacity, per-point overhead, and parity on a real server.
+"""The native client against `vllm bench serve`: capacity and per-point overhead.
 
 - capacity: requests/s that one native client actor (and two) sustain against the zero-work streaming
   stand-in (tests/standin/stream_server.py, 4 one-token chunks per response), and what `vllm bench serve`
@@ -6,10 +6,10 @@
 - overhead: a campaign of 20 points against the stand-in through the real driver; the gap from one point's
   last response to the next point's start (cache reset, result file, ledger, request generation, start
   barrier), and, for comparison, the fixed cost of one `vllm bench serve` process (wall minus duration).
-- parity: the real vLLM CPU server with the tiny dummy-weight model; native and `vllm bench serve`
-  alternate, 5 runs each, on one workload (random 128 in / 32 out, 100 prompts, concurrency 16).
 
-    .venv/bin/python benchmarks/bench_native_client.py [capacity|overhead|parity|all]
+Parity with `vllm bench serve` on the real vLLM CPU server is benchmarks/bench_parity.py.
+
+    .venv/bin/python benchmarks/bench_native_client.py [capacity|overhead|all]
 
 Writes benchmarks/results/native_client_<part>.md.
 """
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from servers import ENV, reset_prefix_cache, start_server, stop_server  # benchmarks/servers.py
+from servers import ENV, start_server, stop_server  # benchmarks/servers.py
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -132,57 +132,9 @@ def overhead(model: Path, work: Path) -> str:
               f"{statistics.median(fixed):.1f} s per `vllm bench serve` start.\n")
 
 
-def parity(model: Path, work: Path) -> str:
-    import ray
-
-    from raysweep.bench.native import NativeBench
-
-    url = "http://127.0.0.1:18613"
-    server = start_server([str(BIN / "vllm"), "serve", str(model), "--load-format", "dummy", "--max-model-len", "1024",
-                    "--dtype", "bfloat16", "--gpu-memory-utilization", "0.2", "--host", "127.0.0.1", "--port", "18613"],
-                   url, 400, work / "vllm.log")
-    load = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "32", "--num-prompts",
-            "100", "--max-concurrency", "16", "--temperature", "0"]
-    keys = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "total_input_tokens")
-    # the same random prompts as text, as vLLM's random set sends them (the server tokenizes them)
-    hook = work / "text_prompts.py"
-    hook.write_text("import random\nfrom transformers import AutoTokenizer\n"
-                    f"TOK = AutoTokenizer.from_pretrained({str(model)!r})\n"
-                    "def make(num_prompts, seed):\n"
-                    "    rng = random.Random(seed)\n"
-                    "    return [{'prompt': TOK.decode([rng.randrange(100, 512) for _ in range(128)]), "
-                    "'output_len': 32} for _ in range(num_prompts)]\n")
-    text = [*load, "--dataset-name", "custom", "--dataset-path", f"{hook}:make", "--ignore-eos"]
-    tools = ("native", "native-text", "vllm")
-    got: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
-    try:
-        ray_up(str(work / "ray"))
-        nb = NativeBench(cpus=0.5)
-        native(nb, url, str(model), [*load, "--num-prompts", "20"])  # warm both the server and the actor
-        for _ in range(5):
-            for tool in tools:
-                reset_prefix_cache(url)
-                r = vllm_bench(url, str(model), load, work)[0] if tool == "vllm" else \
-                    native(nb, url, str(model), load if tool == "native" else text)
-                got[tool].append({k: r[k] for k in keys})
-        nb.close()
-        ray.shutdown()
-    finally:
-        stop_server(server)
-    rows = []
-    for k in keys:
-        n, t, v = (statistics.median(r[k] for r in got[tool]) for tool in tools)
-        rows.append([k, float(n), float(t), float(v), f"{n / v:.3f}", f"{t / v:.3f}"])
-    return ("### Parity on the real vLLM CPU server (5 runs each, alternating; medians)\n\n"
-            + table(["metric", "native (token ids)", "native (text)", "vllm bench serve", "ids / vllm",
-                     "text / vllm"], rows)
-            + "\n\n`native (text)` sends the same kind of prompts as vLLM's random set (random ids decoded to "
-              "text, tokenized again by the server); `native (token ids)` is the native default.\n")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["capacity", "overhead", "parity", "all"], default="all", nargs="?")
+    ap.add_argument("part", choices=["capacity", "overhead", "all"], default="all", nargs="?")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from raysweep.demo import make_tiny_model
@@ -190,7 +142,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rs-bnc") as tmp:
         work = Path(tmp)
         model = make_tiny_model(work / "model")
-        for part in (["capacity", "overhead", "parity"] if args.part == "all" else [args.part]):
+        for part in (["capacity", "overhead"] if args.part == "all" else [args.part]):
             (work / part).mkdir()
             text = f"<!-- {time.strftime('%Y-%m-%d')} -->\n" + globals()[part](model, work / part)
             OUT.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,20 @@
-"""Wall time of `raysweep run` vs `vllm bench sweep serve` on the same grid, in one run on this machine.
+"""The anchor comparison: `vllm bench sweep serve` and `raysweep run` on the same grid, in one sitting.
 
-The grid is the CPU demo's (configs/demo-serve-params.json x configs/demo-bench-params.json, 2 runs each,
-100 prompts at concurrency 16, the tiny dummy-weight Llama on vLLM's CPU build), with no warmup on either
-side. Both tools get the same server and bench commands. Prints a Markdown report and writes it to
-benchmarks/results/vs_vllm_sweep.md; the breakdown says where the time went.
+The grid: 2 server configs (configs/demo-serve-params.json) x 2 bench points (random 128 in / 32 out and
+256 / 64, configs/demo-bench-params.json) x 2 runs, 100 prompts at concurrency 16, `--ignore-eos`,
+temperature 0, no warmup, on vLLM's CPU build with the tiny dummy-weight Llama and `--enforce-eager`.
+Every tool gets the same server command, bench command and parameter files. raysweep runs twice, once
+with each client, so that it is always clear which client a figure comes from:
+- `raysweep run (native)`: `bench.backend: native`, raysweep's own client in Ray actors (the default);
+- `raysweep run (command)`: `bench.backend: command`, the same `vllm bench serve` that vLLM's sweep runs,
+  started by a Ray actor.
+raysweep's Ray workers run at niceness 0 (`RAY_worker_niceness=0`), as the servers vLLM's sweep starts do.
 
-    .venv/bin/python benchmarks/bench_vs_vllm_sweep.py [--order raysweep-first|vllm-first]
+Reported: the wall time of each tool and where it went, the medians per (server config, bench point) of
+request and output throughput and median TTFT and TPOT, and the ratios to vLLM's sweep. Prints Markdown
+and writes benchmarks/results/vs_vllm_sweep-<order>.md.
+
+    .venv/bin/python benchmarks/bench_vs_vllm_sweep.py [--order vllm-first|raysweep-first] [--tools ...]
 """
 
 from __future__ import annotations
@@ -14,91 +23,142 @@ import argparse
 import json
 import os
 import shutil
+import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-SERVE = "--load-format dummy --max-model-len 1024 --dtype bfloat16 --gpu-memory-utilization 0.2"
-BENCH = "--dataset-name random --num-prompts 100 --max-concurrency 16 --temperature 0"
+SERVE = "--load-format dummy --max-model-len 1024 --dtype bfloat16 --gpu-memory-utilization 0.2 --enforce-eager"
+BENCH = "--dataset-name random --num-prompts 100 --max-concurrency 16 --ignore-eos --temperature 0"
+SERVE_PARAMS = REPO / "configs/demo-serve-params.json"
+BENCH_PARAMS = REPO / "configs/demo-bench-params.json"
+METRICS = ("request_throughput", "output_throughput", "median_ttft_ms", "median_tpot_ms")
+VLLM = "vllm bench sweep serve"
+TOOLS = {"vllm": VLLM, "native": "raysweep run (native)", "command": "raysweep run (command)"}
 
 
-def run_vllm_sweep(model: Path, work: Path, env: dict[str, str]) -> dict[str, float]:
+def _key(r: dict[str, Any]) -> tuple[int, int, int]:
+    """(max_num_seqs, random_input_len, random_output_len): the point a run belongs to."""
+    return int(r["max_num_seqs"]), int(r["random_input_len"]), int(r["random_output_len"])
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[tuple[int, int, int], dict[str, float]]:
+    by: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(_key(r), []).append(r)
+    return {k: {m: statistics.median(float(r[m]) for r in rs) for m in METRICS} | {"runs": len(rs)}
+            for k, rs in sorted(by.items())}
+
+
+def run_vllm_sweep(model: Path, work: Path, env: dict[str, str]) -> dict[str, Any]:
     port = 18431
     t0 = time.monotonic()
     subprocess.run([str(BIN / "vllm"), "bench", "sweep", "serve",
                     "--serve-cmd", f"{BIN / 'vllm'} serve {model} {SERVE} --host 127.0.0.1 --port {port}",
                     "--bench-cmd", f"{BIN / 'vllm'} bench serve --model {model} {BENCH} --host 127.0.0.1 --port {port}",
-                    "--serve-params", str(REPO / "configs/demo-serve-params.json"),
-                    "--bench-params", str(REPO / "configs/demo-bench-params.json"),
+                    "--serve-params", str(SERVE_PARAMS), "--bench-params", str(BENCH_PARAMS),
                     "--num-runs", "2", "-o", str(work), "-e", "vllm"],
                    env=env, check=True, stdout=subprocess.DEVNULL, stderr=(work / "vllm-sweep.log").open("w"))
     wall = time.monotonic() - t0
-    runs = [json.loads(p.read_text()) for p in (work / "vllm").rglob("run=*.json")]
+    runs = [json.loads(p.read_text()) for p in (work / "vllm").rglob("run=*.json")]  # with the overrides
     bench = sum(r["duration"] for r in runs)
     return {"wall_s": wall, "runs": len(runs), "benchmarks_s": bench, "other_s": wall - bench,
-            "req_per_s": sorted(r["request_throughput"] for r in runs)[len(runs) // 2]}
+            "points": _medians(runs)}
 
 
-def run_raysweep(model: Path, work: Path, env: dict[str, str]) -> dict[str, float]:
-    campaign = yaml.safe_load((REPO / "configs/demo-cpu.yaml").read_text())
-    campaign.update(warmup=0, output_dir=str(work / "raysweep"))
-    campaign["serve"]["cmd"] = f"vllm serve {model} {SERVE}"  # exactly the command vLLM's sweep gets
-    campaign["serve"]["params"] = str(REPO / "configs/demo-serve-params.json")
-    campaign["bench"]["params"] = str(REPO / "configs/demo-bench-params.json")
-    f = work / "campaign.yaml"
+def run_raysweep(model: Path, work: Path, env: dict[str, str], backend: str) -> dict[str, Any]:
+    out = work / f"raysweep-{backend}"
+    campaign = {
+        "name": f"anchor-{backend}", "output_dir": str(out), "runs": 2, "warmup": 0,
+        "serve": {"cmd": f"vllm serve {model} {SERVE}",  # exactly the command vLLM's sweep gets
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"}, "ready_timeout_s": 400,
+                  "params": str(SERVE_PARAMS)},
+        "bench": {"backend": backend, "cmd": f"vllm bench serve --model {model} {BENCH}", "params": str(BENCH_PARAMS)},
+    }
+    f = work / f"campaign-{backend}.yaml"
     f.write_text(yaml.safe_dump(campaign))
     t0 = time.monotonic()
     subprocess.run([str(BIN / "raysweep"), "run", str(f)], env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=(work / "raysweep.log").open("w"))
+                   stderr=(work / f"raysweep-{backend}.log").open("w"))
     wall = time.monotonic() - t0
-    out = work / "raysweep"
-    import sqlite3
-
     db = sqlite3.connect(out / "ledger.sqlite")
-    servers = db.execute("SELECT started_at, ready_at, stopped_at FROM servers").fetchall()
+    servers = db.execute("SELECT started_at, ready_at FROM servers").fetchall()
     drivers = db.execute("SELECT started_at, ended_at FROM drivers").fetchall()
     runs = [json.loads(p.read_text()) for p in (out / "points").rglob("run=*.json")]
-    server_start = sum(r - s for s, r, _ in servers)
+    server_start = sum(r - s for s, r in servers if r)
     bench = sum(r["duration"] for r in runs)
     bench_procs = sum(r["bench_wall_s"] for r in runs) - bench
     driver_span = drivers[0][1] - drivers[0][0]
     return {"wall_s": wall, "runs": len(runs), "benchmarks_s": bench, "server_starts_s": server_start,
-            "bench_process_overhead_s": bench_procs, "ray_and_cli_s": wall - driver_span,
-            "other_s": wall - bench - server_start - bench_procs,
-            "req_per_s": sorted(r["request_throughput"] for r in runs)[len(runs) // 2]}
+            "bench_client_overhead_s": bench_procs, "ray_and_cli_s": wall - driver_span,
+            "other_s": wall - bench - server_start - bench_procs, "points": _medians(runs),
+            "client_limited_runs": sum(1 for r in runs if r.get("client_limited"))}
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else f"{x:,.1f}" if isinstance(x, float) else str(x)
+
+
+def report(results: dict[str, dict[str, Any]], order: str) -> str:
+    names = list(results)
+    lines = [f"# The anchor comparison: {' / '.join(names)} ({time.strftime('%Y-%m-%d')}, order: {order})", "",
+             "2 serve configs x 2 bench points x 2 runs, random 128/32 and 256/64, 100 prompts at concurrency 16, "
+             "--ignore-eos, no warmup; tiny Llama on vLLM CPU, --enforce-eager. Ran one after the other in the "
+             "order of the columns.", "",
+             "| seconds | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key in ("wall_s", "runs", "benchmarks_s", "server_starts_s", "bench_client_overhead_s", "ray_and_cli_s",
+                "other_s", "client_limited_runs"):
+        lines.append(f"| {key} | " + " | ".join(_fmt(results[n].get(key)) for n in names) + " |")
+    base = results.get(VLLM)
+    if base:
+        lines += [""] + [f"Wall time {n} / vllm sweep: **{results[n]['wall_s'] / base['wall_s']:.2f}**"
+                         for n in names if n != VLLM]
+    lines += ["", "Medians of the runs per point (max_num_seqs, input/output len); ratio to vLLM's sweep in "
+              "brackets.", ""]
+    for m in METRICS:
+        lines += [f"### {m}", "", "| point | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for k in sorted({k for n in names for k in results[n]["points"]}):
+            cells = []
+            for n in names:
+                v = results[n]["points"].get(k, {}).get(m)
+                b = base["points"].get(k, {}).get(m) if base else None
+                cells.append(_fmt(v) + (f" ({v / b:.2f})" if n != VLLM and v is not None and b else ""))
+            lines.append(f"| seqs {k[0]}, {k[1]}/{k[2]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--order", choices=["raysweep-first", "vllm-first"], default="vllm-first")
+    ap.add_argument("--tools", default="vllm,native,command",
+                    help="comma list of vllm (vLLM's sweep), native and command (raysweep with that client)")
     args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
     from raysweep.demo import make_tiny_model
 
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if bad := [t for t in tools if t not in TOOLS]:
+        ap.error(f"--tools: unknown {bad}; accepted: {', '.join(TOOLS)}")
+    if args.order == "raysweep-first":
+        tools = [t for t in tools if t != "vllm"] + [t for t in tools if t == "vllm"]
     work = Path(tempfile.mkdtemp(prefix="rs-bench-"))
     model = make_tiny_model(work / "tiny-llama")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1",
-           "RAYSWEEP_DEMO_MODEL": str(model), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-           "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
-    order = [("vllm bench sweep serve", run_vllm_sweep), ("raysweep run", run_raysweep)]
-    if args.order == "raysweep-first":
-        order.reverse()
-    results = {name: fn(model, work, env) for name, fn in order}
-    v, r = results["vllm bench sweep serve"], results["raysweep run"]
-    lines = [f"# raysweep run vs vllm bench sweep serve ({time.strftime('%Y-%m-%d')}, order: {args.order})", "",
-             "2 serve configs x 2 bench points x 2 runs, 100 prompts at concurrency 16, tiny Llama on vLLM CPU.", "",
-             "| | vllm bench sweep serve | raysweep run |", "|---|---|---|"]
-    for key in ("wall_s", "runs", "benchmarks_s", "server_starts_s", "bench_process_overhead_s", "ray_and_cli_s",
-                "other_s", "req_per_s"):
-        fmt = (lambda x: "-" if x is None else (f"{x:.1f}" if isinstance(x, float) else str(x)))
-        lines.append(f"| {key} | {fmt(v.get(key))} | {fmt(r.get(key))} |")
-    lines += ["", f"Ratio raysweep / vllm wall time: {r['wall_s'] / v['wall_s']:.2f}"]
-    text = "\n".join(lines)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_SERVER_DEV_MODE": "1",
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_worker_niceness": "0", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+    results = {}
+    for t in tools:
+        results[TOOLS[t]] = run_vllm_sweep(model, work, env) if t == "vllm" else run_raysweep(model, work, env, t)
+    text = report(results, args.order)
     print(text)
     dest = REPO / "benchmarks/results"
     dest.mkdir(exist_ok=True)

@@ -46,7 +46,3 @@ def stop_server(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def reset_prefix_cache(url: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30).read()

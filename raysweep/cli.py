@@ -1,5 +1,5 @@
 """The `raysweep` command (run, resume, status, results, sla, plot, pareto, report, import, tiny-model, preflight,
-submit, jobs, stop); only it prints.
+submit, jobs, stop, crosscheck); only it prints.
 
 Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing
 was started); 130 interrupted (finished points are kept; `raysweep resume` continues).
@@ -83,7 +83,13 @@ def _sigterm_to_interrupt() -> None:
 
 def _output_dir(spec: Any, override: str | None) -> Path:
     c = spec.campaign
-    return Path(override or c.output_dir or f"results/{c.name}")
+    path = Path(override or c.output_dir or f"results/{c.name}")
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        source = "--output-dir" if override else "output_dir"
+        raise UserError(f"{source}: {str(path)!r} cannot be a directory: {str(blocker)!r} exists and is not a "
+                        "directory; name a new or existing directory")
+    return path
 
 
 @main.command()
@@ -252,11 +258,7 @@ class _ProgressDisplay:
                            f"median TTFT {r.get('median_ttft_ms', float('nan')):.1f} ms")
             p.console.print(f"done {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
                             f"run {data['point'].run}: {figures}"
-                            + (" [yellow](client-limited)[/]" if r.get("client_limited") else ""), highlight=False)
-        elif kind == "client_limited":
-            p.console.print(f"[yellow]client-limited[/] {escape(data['point'].serve.label)} / "
-                            f"{escape(data['point'].bench.label)} run {data['point'].run} with {data['clients']} "
-                            f"client(s) ({escape(str(data['reason']))}): again with {data['more']}", highlight=False)
+                            + _client_limited_note(r), highlight=False)
         elif kind == "sla_done":
             o = data["outcome"]
             p.console.print(f"SLA {escape(data['serve'].label)} / {data['bench_id']} [{escape(data['target'])}]: "
@@ -266,6 +268,14 @@ class _ProgressDisplay:
             p.console.print(f"[red]failed[/] {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
                             f"run {data['point'].run} "
                             f"(attempt {data['attempt']}): {escape(str(data['error']))}", highlight=False)
+
+
+def _client_limited_note(r: dict[str, Any]) -> str:
+    """The mark of a point the client limited (its `client_limited` event says no more: one line a point)."""
+    if not r.get("client_limited"):
+        return ""
+    why = "; ".join(str(x) for x in (r.get("client_limited_reason"), r.get("client_limited_stop")) if x)
+    return f" [yellow](client-limited{': ' + escape(why) if why else ''})[/]"
 
 
 def _print_counts(counts: dict[str, int]) -> None:
@@ -313,12 +323,31 @@ def status(output_dir: str) -> None:
         for s in active:
             _say(f"{s.server_id}: {s.command}")
     _transport_table(servers, (stored.get("transport") or {}).get("require", "any"))
+    if counts.get("done"):
+        _validity_lines(output_dir)
     for p in points:
         if p.state == PointState.FAILED:
             out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "
                       f"{escape(str(p.error))}", highlight=False)
             if p.log_tail:
                 _say("  " + "\n  ".join(p.log_tail.splitlines()[-5:]), style="dim")
+
+
+def _validity_lines(output_dir: str, limit: int = 20) -> None:
+    """How many finished runs fail a validity check, and which (the first `limit`) with the checks."""
+    from raysweep.results import flagged, load_records
+
+    records = load_records(output_dir)
+    bad = flagged(records)
+    if not bad:
+        out.print(f"validity: all {len(records)} finished run(s) pass every check", highlight=False)
+        return
+    out.print(f"[yellow]validity: {len(bad)} of {len(records)} finished run(s) fail a check[/]", highlight=False)
+    for r in bad[:limit]:
+        out.print(f"  [yellow]![/] {r.get('point_id')} ({r.get('serve_id')}/{r.get('bench_id')} run "
+                  f"{r.get('run_number')}): {escape(str(r.get('validity_issues')))}", highlight=False)
+    if len(bad) > limit:
+        out.print(f"  ... and {len(bad) - limit} more (results table: validity_ok, validity_issues)")
 
 
 def _transport_table(servers: list[Any], require: str) -> None:
@@ -682,3 +711,94 @@ def stop_job(job_id: str, address: str | None, wait_s: float) -> None:
     out.print(f"{job_id}: {status}", highlight=False)
     if status not in jobs.TERMINAL and wait_s:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("campaign_file", type=click.Path(dir_okay=False))
+@click.option("--serve-index", type=click.IntRange(min=0), default=None,
+              help="The server config, by its 0-based position in the campaign's serve parameters (default 0).")
+@click.option("--serve-id", default=None, help="The server config, by (a unique prefix of) its id.")
+@click.option("--point", "points", multiple=True,
+              help="A bench point, by 0-based index or id prefix (repeatable; default the first).")
+@click.option("-n", "--runs", "n", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Runs of each client per bench point, alternating.")
+@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@click.option("--url", default=None, help="Bench the server already running at this URL instead of starting one.")
+@click.option("--throughput-tolerance", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="Percent: largest accepted difference of output and request throughput.")
+@click.option("--latency-tolerance", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Percent: largest accepted difference of median TTFT and median TPOT.")
+@click.option("--warmup", type=click.IntRange(min=0), default=None,
+              help="Prompts sent once before the runs (default: the campaign's warmup).")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Directory for the report (default OUTPUT_DIR/crosscheck of the campaign).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of tables.")
+def crosscheck(campaign_file: str, serve_index: int | None, serve_id: str | None, points: tuple[str, ...], n: int,
+               address: str | None, url: str | None, throughput_tolerance: float, latency_tolerance: float,
+               warmup: int | None, out_dir: str | None, as_json: bool) -> None:
+    """Run bench points with the native client and `vllm bench serve` in turn on one server; compare.
+
+    Exit 0 when every judged metric is within tolerance, 1 when not (or a run failed), 2 on bad input."""
+    import json
+    import time
+
+    from raysweep import crosscheck as xc
+    from raysweep.campaign import load_campaign
+    from raysweep.driver import ray_session
+    from raysweep.files import write_json_atomic, write_text_atomic
+    from raysweep.plan import build_plan
+
+    spec = load_campaign(campaign_file)
+    serve, benches = xc.select(build_plan(spec), serve_index, serve_id, points)
+    tol = xc.Tolerances(throughput=throughput_tolerance / 100, latency=latency_tolerance / 100)
+    base = Path(out_dir) if out_dir else _output_dir(spec, None) / "crosscheck"
+    if base.exists() and not base.is_dir():
+        raise UserError(f"--out {base}: exists and is not a directory")
+    work = base / f"{time.strftime('%Y%m%d-%H%M%S')}-{serve.id}"
+
+    def progress(rec: dict[str, Any]) -> None:
+        what = (f"{rec['output_throughput']:.1f} tok/s, TTFT {rec['median_ttft_ms']:.1f} ms, "
+                f"TPOT {rec['median_tpot_ms']:.2f} ms") if rec["ok"] else f"failed: {rec['error']}"
+        _say(f"{rec['bench_id']} run {rec['round'] + 1}/{n} {rec['tool']}: {what}", err=True)
+
+    _say(f"crosscheck of server config {serve.id} ({serve.label or 'base command'}), {len(benches)} bench "
+         f"point(s), {n} run(s) of each client" + (f", against {url}" if url else ""), err=True)
+    try:
+        with ray_session(address):
+            report = xc.run_crosscheck(spec, serve, benches, n, tol, work, url=url, warmup=warmup, on_run=progress)
+    except RuntimeError as exc:
+        console.print("error:", style="bold red", end=" ")
+        _say(str(exc), err=True)
+        sys.exit(1)
+    report["report_dir"] = str(work)
+    write_json_atomic(work / "crosscheck.json", report)
+    text = xc.markdown(report)
+    write_text_atomic(work / "crosscheck.md", text)
+    if as_json:
+        _say(json.dumps(report, indent=2, default=str))
+    else:
+        _print_crosscheck(report)
+    console.print(f"Report: {work / 'crosscheck.md'}, {work / 'crosscheck.json'}", highlight=False)
+    if not report["verdict"]["within_tolerance"]:
+        sys.exit(1)
+
+
+def _print_crosscheck(report: dict[str, Any]) -> None:
+    def num(v: float | None, metric: str) -> str:
+        return "-" if v is None else f"{v:,.0f}" if metric.startswith("total_") else f"{v:,.2f}"
+
+    for bench_id, label in report["bench_labels"].items():
+        table = Table(title=f"bench point {bench_id} ({label or 'base command'}): medians of {report['n']} runs")
+        for name in ("metric", "native", "vllm bench serve", "native / vllm", "tolerance", "within"):
+            table.add_column(name, justify="left" if name == "metric" else "right", no_wrap=name == "metric")
+        for r in (r for r in report["comparison"] if r["bench_id"] == bench_id):
+            within = "" if r["within"] is None else "[green]yes[/]" if r["within"] else "[red]no[/]"
+            table.add_row(r["metric"], num(r["native"], r["metric"]), num(r["vllm"], r["metric"]),
+                          "-" if r["ratio"] is None else f"{r['ratio']:.3f}",
+                          "" if r["tolerance"] is None else f"{r['tolerance']:.0%}", within)
+        out.print(table)
+    v = report["verdict"]
+    out.print(f"verdict: {'[green]' if v['within_tolerance'] else '[red]'}{v['verdict']}[/]")
+    for key in ("outside", "failed_runs", "client_limited_runs"):
+        for line in v[key]:
+            _say(f"  {key.replace('_', ' ')}: {line}")

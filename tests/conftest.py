@@ -83,3 +83,46 @@ def tiny_model(tmp_path_factory):
     from raysweep.demo import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model, tmp_path_factory):
+    """One real `vllm serve` (CPU build, tiny model, eager) shared by every test that only needs a running
+    server: its URL, model path, pid and log. Started once per session on a free loopback port, in its own
+    process group, stopped through that group at the end."""
+    import signal
+    import subprocess
+    import urllib.request
+
+    from raysweep.procs import free_port, wait_for
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+    argv = [_vllm_cli(), "serve", str(tiny_model), "--load-format", "dummy", "--max-model-len", "1024",
+            "--dtype", "bfloat16", "--gpu-memory-utilization", "0.2", "--enforce-eager",
+            "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            return True
+        try:
+            return urllib.request.urlopen(url + "/v1/models", timeout=1).status == 200
+        except OSError:
+            return False
+
+    try:
+        assert wait_for(up, 300, 0.5) and proc.poll() is None, f"vLLM did not start:\n{log.read_text()[-3000:]}"
+        yield {"url": url, "model": str(tiny_model), "pid": proc.pid, "log": log}
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(30)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue

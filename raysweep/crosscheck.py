@@ -1,0 +1,357 @@
+"""`raysweep crosscheck`: the native client and `vllm bench serve` on the same running server.
+
+One server configuration of a campaign is started the way a campaign starts it (placement group, host
+actor(s), `vllm serve`, readiness), or an already running server is given by URL. Then, for each chosen
+bench point, the two clients take turns N times each (native, vllm, native, vllm, ...), with the caches
+reset before every run, both in Ray actors and with the campaign's own bench command and parameters.
+The medians of each client's runs are compared metric by metric (ratio native / vllm) and judged
+against tolerances: throughputs within 5 % and median TTFT and TPOT within 10 % by default.
+
+The comparison itself (`compare`, `verdict`, `markdown`) is plain Python; `run_crosscheck` needs Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raysweep.errors import UserError
+
+__all__ = ["CompareRow", "JUDGED", "METRICS", "Tolerances", "compare", "markdown", "run_crosscheck", "select",
+           "verdict"]
+
+log = logging.getLogger(__name__)
+
+THROUGHPUTS = ("output_throughput", "request_throughput")
+LATENCIES = ("median_ttft_ms", "median_tpot_ms")
+JUDGED = THROUGHPUTS + LATENCIES
+METRICS = JUDGED + ("median_itl_ms", "median_e2el_ms", "total_input_tokens", "total_output_tokens")
+RUN_FIELDS = METRICS + ("completed", "failed", "duration", "client_limited")
+TOOLS = ("native", "vllm")
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Largest accepted |native / vllm - 1| for the throughputs and the median TTFT and TPOT."""
+
+    throughput: float = 0.05
+    latency: float = 0.10
+
+    def for_metric(self, metric: str) -> float | None:
+        if metric in THROUGHPUTS:
+            return self.throughput
+        if metric in LATENCIES:
+            return self.latency
+        return None  # shown, not judged
+
+
+@dataclass
+class CompareRow:
+    """One metric of one bench point: the median of each client's runs, their ratio and its judgement."""
+
+    bench_id: str
+    metric: str
+    native: float | None
+    vllm: float | None
+    ratio: float | None
+    tolerance: float | None
+    within: bool | None          # None: not judged (a metric shown only)
+    runs: dict[str, int] = field(default_factory=dict)
+
+
+def _median(runs: list[dict[str, Any]], metric: str) -> float | None:
+    values = [float(r[metric]) for r in runs if isinstance(r.get(metric), (int, float))
+              and math.isfinite(float(r[metric]))]
+    return statistics.median(values) if values else None
+
+
+def compare(runs: list[dict[str, Any]], tol: Tolerances) -> list[CompareRow]:
+    """Rows per bench point and metric from the runs (dicts with `tool`, `bench_id`, `ok` and the metrics).
+    Only runs that succeeded count; a judged metric that one side lacks (or where vllm's is 0) fails."""
+    rows = []
+    benches = list(dict.fromkeys(r["bench_id"] for r in runs))
+    for bench_id in benches:
+        mine = {t: [r for r in runs if r["bench_id"] == bench_id and r["tool"] == t and r.get("ok")] for t in TOOLS}
+        counts = {t: len(mine[t]) for t in TOOLS}
+        for metric in METRICS:
+            n, v = _median(mine["native"], metric), _median(mine["vllm"], metric)
+            ratio = n / v if n is not None and v else None
+            t = tol.for_metric(metric)
+            within = None if t is None else (ratio is not None and abs(ratio - 1.0) <= t + 1e-12)
+            rows.append(CompareRow(bench_id, metric, n, v, ratio, t, within, counts))
+    return rows
+
+
+def verdict(rows: list[CompareRow], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether every judged metric is within its tolerance and every run succeeded; what is not."""
+    outside = [f"{r.bench_id} {r.metric}" + (f" (ratio {r.ratio:.3f}, tolerance {r.tolerance:.0%})"
+                                              if r.ratio is not None else " (missing)")
+               for r in rows if r.within is False]
+    failed = [f"{r['bench_id']} {r['tool']} run {r['round']}: {r.get('error') or 'failed'}" for r in runs
+              if not r.get("ok")]
+    limited = [f"{r['bench_id']} native run {r['round']}" for r in runs if r.get("ok") and r.get("client_limited")]
+    ok = not outside and not failed and bool(rows)
+    return {"within_tolerance": ok, "verdict": "within tolerance" if ok else "outside tolerance",
+            "outside": outside, "failed_runs": failed, "client_limited_runs": limited}
+
+
+def _fmt(v: float | None, metric: str = "") -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if metric.startswith("total_") else f"{v:,.2f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: what ran, the side-by-side table, the verdict."""
+    rows = [CompareRow(**r) for r in report["comparison"]]
+    n = report["n"]
+    lines = [f"# raysweep crosscheck: {report['campaign']}, server config {report['serve_id']} "
+             f"({report['serve_label'] or 'base command'})", "",
+             f"- server: {report['server']}",
+             f"- {n} runs of each client per bench point, alternating (native first), caches reset before each run",
+             f"- tolerances: throughput {report['tolerances']['throughput']:.0%}, median TTFT/TPOT "
+             f"{report['tolerances']['latency']:.0%}",
+             f"- native client: {report['bench']['native']}",
+             f"- vllm bench serve: {report['bench']['vllm']}", ""]
+    for bench_id in dict.fromkeys(r.bench_id for r in rows):
+        label = report["bench_labels"].get(bench_id) or "base command"
+        lines += [f"## bench point {bench_id} ({label})", "",
+                  "| median of runs | native | vllm bench serve | native / vllm | tolerance | within |",
+                  "|---|---|---|---|---|---|"]
+        for r in (r for r in rows if r.bench_id == bench_id):
+            lines.append(f"| {r.metric} | {_fmt(r.native, r.metric)} | {_fmt(r.vllm, r.metric)} | "
+                         f"{'-' if r.ratio is None else f'{r.ratio:.3f}'} | "
+                         f"{'-' if r.tolerance is None else f'{r.tolerance:.0%}'} | "
+                         f"{'-' if r.within is None else 'yes' if r.within else '**no**'} |")
+        lines.append("")
+    v = report["verdict"]
+    lines.append(f"**Verdict: {v['verdict']}.**")
+    for key, title in (("outside", "outside tolerance"), ("failed_runs", "failed runs"),
+                       ("client_limited_runs", "client-limited native runs")):
+        if v[key]:
+            lines.append(f"- {title}: " + "; ".join(v[key]))
+    lines += ["", "Runs in order:", "", "| # | bench point | client | output tok/s | req/s | median TTFT ms | "
+              "median TPOT ms | reset before |", "|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(report["runs"]):
+        lines.append(f"| {i} | {r['bench_id']} | {r['tool']} | {_fmt(r.get('output_throughput'))} | "
+                     f"{_fmt(r.get('request_throughput'))} | {_fmt(r.get('median_ttft_ms'))} | "
+                     f"{_fmt(r.get('median_tpot_ms'))} | {r.get('reset')} |"
+                     + ("" if r.get("ok") else f" failed: {r.get('error')}"))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Choosing what to run
+# ---------------------------------------------------------------------------------------------------
+
+def _pick(items: list[Any], key: str, what: str, option: str) -> Any:
+    """An item by 0-based index or by (a unique prefix of) its id."""
+    if key.isdigit() and int(key) < len(items):
+        return items[int(key)]
+    found = [i for i in items if i.id.startswith(key)]
+    if len(found) == 1:
+        return found[0]
+    known = ", ".join(f"{n} = {i.id} ({i.label or 'base command'})" for n, i in enumerate(items))
+    why = "matches several" if found else "is neither an index nor an id"
+    raise UserError(f"{option} {key!r} {why} of the campaign's {what}; accepted: {known}")
+
+
+def select(plan: Any, serve_index: int | None, serve_id: str | None, points: tuple[str, ...]) -> tuple[Any, list[Any]]:
+    """The server config (by index or id; default the first) and bench points (index or id; default the first)."""
+    if plan.spec.offline:
+        raise UserError("crosscheck compares two serving clients; this campaign is mode: offline (no server)")
+    if serve_index is not None and serve_id is not None:
+        raise UserError("give --serve-index or --serve-id, not both")
+    if serve_index is not None:
+        s = _pick(plan.serves, str(serve_index), "server configs", "--serve-index")
+    else:
+        s = _pick(plan.serves, serve_id, "server configs", "--serve-id") if serve_id else plan.serves[0]
+    benches = [_pick(plan.benches, p, "bench points", "--point") for p in points] or [plan.benches[0]]
+    return s, list({b.id: b for b in benches}.values())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running it (Ray)
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Target:
+    """Where the runs go: a server started here (`server` from the driver) or a given URL."""
+
+    url: str
+    server: Any
+    reset: Callable[[], str]
+    describe: str
+
+
+def _reset_url(url: str) -> str:
+    """Reset the caches of a server given by URL (the same endpoints a campaign's reset calls)."""
+    from raysweep.server import RESET_ENDPOINTS
+
+    try:
+        req = urllib.request.Request(url.rstrip("/") + RESET_ENDPOINTS[0], method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = json.loads(resp.read() or b"{}")
+        for ep in RESET_ENDPOINTS[1:]:
+            try:
+                urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + ep, method="POST", data=b""),
+                                       timeout=30).read()
+            except OSError:
+                pass
+        return "reset" if isinstance(body, dict) and body.get("success") is True else f"reset failed: {body}"
+    except (OSError, ValueError) as exc:
+        return f"reset failed: {exc} (start the server with VLLM_SERVER_DEV_MODE=1)"
+
+
+def _check_served(url: str, expected: str | None) -> None:
+    """A server given by URL must serve the model of the chosen server config."""
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
+            ids = [m.get("id") for m in json.loads(resp.read()).get("data", [])]
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--url {url}: no answer from /v1/models ({exc})") from None
+    if expected is not None and expected not in ids:
+        raise UserError(f"--url {url}: the server serves {', '.join(map(str, ids)) or 'no model'}, not the "
+                        f"server config's model {expected!r}")
+
+
+NATIVE_ONLY_FLAGS = ("clients", "vocab_size")  # options raysweep's client adds to `vllm bench serve`'s
+
+
+def vllm_point(point: Any) -> Any:
+    """The point as `vllm bench serve` runs it: the campaign's bench command (`vllm bench serve` put in front
+    of options given alone), without the options only the native client knows."""
+    from dataclasses import replace
+
+    from raysweep import grid
+
+    argv = list(point.bench.argv)
+    if not argv or argv[0].startswith("-"):
+        argv = ["vllm", "bench", "serve", *argv]
+    argv = grid.apply_to_cmd(argv, {k: None for k in NATIVE_ONLY_FLAGS})
+    return replace(point, bench=replace(point.bench, argv=argv))
+
+
+def _one_run(driver: Any, run: Any, target: _Target, point: Any, tool: str, rnd: int,
+             backends: dict[str, Any]) -> dict[str, Any]:
+    reset = target.reset()
+    if tool == "vllm":
+        point = vllm_point(point)
+    run.bench = backends[tool]
+    t0 = time.monotonic()
+    status, out = driver._bench_point(run, target.server, point)
+    res = out.get("result") if status == "ok" and out.get("ok") else None
+    error = None if res is not None else (f"server down: {out}" if status != "ok" else out.get("error") or "no result")
+    if res is not None and not res.get("completed"):
+        error, res = f"no request completed ({res.get('failed', '?')} failed)", None
+    rec: dict[str, Any] = {"bench_id": point.bench.id, "tool": tool, "round": rnd, "ok": res is not None,
+                           "error": error, "reset": reset, "wall_s": time.monotonic() - t0,
+                           "command": out.get("command") if isinstance(out, dict) else None}
+    if res is not None:
+        rec.update({k: res.get(k) for k in RUN_FIELDS})
+    log.info("%s %s run %d: %s", point.bench.id, tool, rnd, error or f"{rec.get('output_throughput'):.1f} tok/s")
+    return rec
+
+
+def _start(driver: Any, serve: Any, nodes: list[Any], native: Any) -> tuple[Any, Any]:
+    """Place and start one server config as a campaign does; (the config run, the ready server)."""
+    from raysweep import placement
+    from raysweep.driver import _ConfigRun
+
+    layout = placement.layout_for(serve.shape, serve.rule, nodes)
+    if isinstance(layout, str):
+        raise UserError(f"server config {serve.id} ({serve.label}) can never be placed on this cluster: {layout}")
+    eligible = [n.node_id for n in placement.eligible_nodes(serve.rule, nodes)]
+    node_ids = placement.fit_nodes(layout, eligible, {n.node_id: n.gpus for n in nodes})
+    if node_ids is None:
+        raise RuntimeError(f"server config {serve.id}: not enough free GPUs for {layout.describe()} now")
+    run = _ConfigRun(serve, layout, node_ids)
+    run.bench = native
+    run.res = placement.reserve(serve, layout, node_ids)
+    try:
+        server = driver._start_server(run, [])
+    except BaseException:
+        placement.release(run.res)
+        raise
+    if server is None:
+        placement.release(run.res)
+        rows = driver.ledger.servers()
+        why = f"{rows[-1].error}\n{rows[-1].log_tail or ''}" if rows else "unknown"
+        raise RuntimeError(f"server config {serve.id} did not start: {why}")
+    return run, server
+
+
+def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Tolerances, work_dir: Path,
+                   url: str | None = None, warmup: int | None = None,
+                   on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Alternate the two clients `n` times each on every bench point against one server (started here
+    through the driver's machinery, or the one at `url`); needs a Ray session. Returns the report dict."""
+    from raysweep import placement
+    from raysweep.bench import backend_for
+    from raysweep.bench.command import CommandBench
+    from raysweep.driver import Driver, _ConfigRun, _Server
+    from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.plan import PointRun, build_plan, point_id
+    from raysweep.server import expected_model
+
+    c = spec.campaign
+    model = expected_model(serve.argv)
+    if url:
+        url = url.rstrip("/")
+        _check_served(url, model)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(work_dir / LEDGER_FILE)  # this check's own server rows, apart from the campaign's
+    nodes = placement.cluster_nodes()
+    driver = Driver(build_plan(spec), ledger, work_dir, lambda kind, **data: log.debug("%s %s", kind, data),
+                    with_gpus=placement.has_gpus(nodes))
+    backends = {"native": backend_for(c.bench.model_copy(update={"backend": "native"}), spec.bench_env),
+                "vllm": CommandBench(spec.bench_env, c.bench.timeout_s)}
+    run: Any = None
+    runs: list[dict[str, Any]] = []
+    try:
+        if url:
+            run = _ConfigRun(serve, None, [])  # type: ignore[arg-type]  # no placement: the server is not ours
+            target = _Target(url, _Server("given", [], url=url), lambda: _reset_url(url), f"{url} (given)")
+        else:
+            run, server = _start(driver, serve, nodes, backends["native"])
+            target = _Target(server.url, server, lambda: driver._after_point(run, server),
+                             f"{server.url}, started here: {server.infos[0]['command']}")
+        for b in backends.values():
+            b.warm()
+        warm = c.warmup if warmup is None else warmup
+        if warm:
+            run.bench = backends["native"]
+            target.reset()
+            driver._bench(run, target.server, PointRun("warmup", serve, benches[0], 0), num_prompts=warm)
+        for bench in benches:
+            point = PointRun(point_id(serve.id, bench.id, 0), serve, bench, 0)
+            for rnd in range(n):
+                for tool in TOOLS:
+                    rec = _one_run(driver, run, target, point, tool, rnd, backends)
+                    runs.append(rec)
+                    if on_run is not None:
+                        on_run(rec)
+    finally:
+        for b in backends.values():
+            b.close()
+        if run is not None and run.res is not None:
+            driver._stop_server(target.server)
+            placement.release(run.res)
+        ledger.close()
+    rows = compare(runs, tol)
+    return {"campaign": c.name, "serve_id": serve.id, "serve_label": serve.label, "serve_params": serve.params,
+            "server": target.describe, "model": model, "n": n, "tolerances": asdict(tol),
+            "bench_labels": {b.id: b.label for b in benches}, "bench_params": {b.id: b.params for b in benches},
+            "bench": {"native": " ".join(benches[0].argv) + "  (options read by the native client)",
+                      "vllm": next((r["command"] for r in runs if r["tool"] == "vllm" and r.get("command")),
+                                   " ".join(benches[0].argv))},
+            "runs": runs, "comparison": [asdict(r) for r in rows], "verdict": verdict(rows, runs),
+            "finished_at": time.time()}

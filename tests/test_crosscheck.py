@@ -1,0 +1,188 @@
+"""`raysweep crosscheck`: the comparison and its verdict (pure), choosing what to run, bad input, and one real
+check of both clients taking turns on the real vLLM CPU server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from raysweep import crosscheck as xc
+from raysweep.campaign import load_campaign
+from raysweep.cli import main
+from raysweep.errors import UserError
+from raysweep.plan import build_plan
+
+
+def run(tool: str, rnd: int, bench: str = "b1", ok: bool = True, **metrics: float) -> dict:
+    base = {"output_throughput": 1000.0, "request_throughput": 30.0, "median_ttft_ms": 50.0, "median_tpot_ms": 8.0,
+            "median_itl_ms": 8.0, "median_e2el_ms": 300.0}
+    return {"tool": tool, "round": rnd, "bench_id": bench, "ok": ok, "error": None if ok else "boom",
+            **base, **metrics}
+
+
+def row(rows: list[xc.CompareRow], metric: str, bench: str = "b1") -> xc.CompareRow:
+    return next(r for r in rows if r.metric == metric and r.bench_id == bench)
+
+
+def test_medians_of_each_client_and_their_ratio():
+    runs = [run("native", 0, output_throughput=900), run("vllm", 0, output_throughput=1000),
+            run("native", 1, output_throughput=1000), run("vllm", 1, output_throughput=2000),
+            run("native", 2, output_throughput=2000), run("vllm", 2, output_throughput=1100)]
+    r = row(xc.compare(runs, xc.Tolerances()), "output_throughput")
+    assert (r.native, r.vllm) == (1000, 1100)  # medians, not means (1300 and 1366.7)
+    assert r.ratio == pytest.approx(1000 / 1100)
+    assert r.within is False and r.tolerance == 0.05
+    assert r.runs == {"native": 3, "vllm": 3}
+
+
+@pytest.mark.parametrize("metric, native, within", [
+    ("output_throughput", 1049.0, True), ("output_throughput", 1051.0, False), ("output_throughput", 950.0, True),
+    ("output_throughput", 949.0, False), ("request_throughput", 31.6, False), ("median_ttft_ms", 54.9, True),
+    ("median_ttft_ms", 55.1, False), ("median_tpot_ms", 7.2, True), ("median_tpot_ms", 7.1, False),
+])
+def test_each_judged_metric_against_its_tolerance(metric, native, within):
+    runs = [run("native", 0, **{metric: native}), run("vllm", 0)]
+    rows = xc.compare(runs, xc.Tolerances())
+    assert row(rows, metric).within is within
+    assert xc.verdict(rows, runs)["within_tolerance"] is within
+
+
+def test_tolerances_can_be_changed():
+    runs = [run("native", 0, output_throughput=1080, median_ttft_ms=70), run("vllm", 0)]
+    assert not xc.verdict(xc.compare(runs, xc.Tolerances()), runs)["within_tolerance"]
+    rows = xc.compare(runs, xc.Tolerances(throughput=0.1, latency=0.5))
+    assert xc.verdict(rows, runs)["within_tolerance"]
+
+
+def test_itl_and_e2el_are_shown_not_judged():
+    runs = [run("native", 0, median_itl_ms=80, median_e2el_ms=3000), run("vllm", 0)]
+    rows = xc.compare(runs, xc.Tolerances())
+    assert row(rows, "median_itl_ms").ratio == pytest.approx(10) and row(rows, "median_itl_ms").within is None
+    assert xc.verdict(rows, runs)["within_tolerance"]
+
+
+def test_failed_runs_are_left_out_of_the_medians_and_fail_the_verdict():
+    runs = [run("native", 0), run("vllm", 0), run("native", 1, ok=False, output_throughput=1.0), run("vllm", 1)]
+    rows = xc.compare(runs, xc.Tolerances())
+    assert row(rows, "output_throughput").native == 1000 and row(rows, "output_throughput").runs["native"] == 1
+    v = xc.verdict(rows, runs)
+    assert not v["within_tolerance"] and v["failed_runs"] == ["b1 native run 1: boom"]
+
+
+def test_a_missing_or_zero_vllm_value_fails_the_metric():
+    runs = [run("native", 0), run("vllm", 0, median_tpot_ms=0.0)]
+    rows = xc.compare(runs, xc.Tolerances())
+    assert row(rows, "median_tpot_ms").ratio is None and row(rows, "median_tpot_ms").within is False
+    assert "b1 median_tpot_ms (missing)" in xc.verdict(rows, runs)["outside"]
+
+
+def test_bench_points_are_compared_apart():
+    runs = [run("native", 0, "a"), run("vllm", 0, "a"), run("native", 0, "b", output_throughput=500),
+            run("vllm", 0, "b")]
+    rows = xc.compare(runs, xc.Tolerances())
+    assert row(rows, "output_throughput", "a").within and not row(rows, "output_throughput", "b").within
+    assert xc.verdict(rows, runs)["outside"][0].startswith("b output_throughput")
+
+
+def test_markdown_shows_both_clients_side_by_side():
+    runs = [run("native", 0), run("vllm", 0, output_throughput=1200)]
+    rows = xc.compare(runs, xc.Tolerances())
+    report = {"campaign": "c", "serve_id": "s1", "serve_label": "max_num_seqs=8", "server": "http://x", "n": 1,
+              "tolerances": {"throughput": 0.05, "latency": 0.1}, "bench_labels": {"b1": "in=32"},
+              "bench": {"native": "vllm bench serve", "vllm": "vllm bench serve --base-url http://x"},
+              "runs": runs, "comparison": [r.__dict__ for r in rows], "verdict": xc.verdict(rows, runs)}
+    text = xc.markdown(report)
+    assert "| output_throughput | 1,000.00 | 1,200.00 | 0.833 | 5% | **no** |" in text
+    assert "Verdict: outside tolerance" in text and "| 1 | b1 | vllm |" in text
+
+
+@pytest.fixture
+def campaign(tmp_path: Path) -> Path:
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "x", "output_dir": str(tmp_path / "out"),
+        "serve": {"cmd": "vllm serve m", "params": [{"max_num_seqs": 8}, {"max_num_seqs": 16}]},
+        "bench": {"cmd": "vllm bench serve --model m --dataset-name random --num-prompts 4",
+                  "params": [{"random_input_len": 16}, {"random_input_len": 32}, {"random_input_len": 64}]}}))
+    return f
+
+
+def test_select_by_index_and_id(campaign):
+    plan = build_plan(load_campaign(campaign))
+    serve, benches = xc.select(plan, None, None, ())
+    assert serve is plan.serves[0] and benches == [plan.benches[0]]
+    serve, benches = xc.select(plan, 1, None, ("2", plan.benches[0].id[:6]))
+    assert serve is plan.serves[1] and benches == [plan.benches[2], plan.benches[0]]
+    assert xc.select(plan, None, plan.serves[1].id[:8], ())[0] is plan.serves[1]
+    with pytest.raises(UserError, match="--point 'zz' is neither"):
+        xc.select(plan, None, None, ("zz",))
+    with pytest.raises(UserError, match="not both"):
+        xc.select(plan, 0, plan.serves[0].id, ())
+
+
+def test_vllm_runs_the_campaigns_command_without_native_only_options():
+    from raysweep.plan import BenchPoint, PointRun
+
+    point = PointRun("p", None, BenchPoint("b", {}, ["--dataset-name", "random", "--clients", "2", "--vocab-size",
+                                                     "100", "--num-prompts", "5"], ""), 0)
+    assert xc.vllm_point(point).bench.argv == ["vllm", "bench", "serve", "--dataset-name", "random",
+                                               "--num-prompts", "5"]
+    full = PointRun("p", None, BenchPoint("b", {}, ["vllm", "bench", "serve", "--model", "m"], ""), 0)
+    assert xc.vllm_point(full).bench.argv == ["vllm", "bench", "serve", "--model", "m"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--serve-index", "5"], "--serve-index '5'"),
+    (["--point", "zz"], "--point 'zz'"),
+    (["--throughput-tolerance", "0"], "--throughput-tolerance"),
+    (["-n", "0"], "-n"),
+])
+def test_bad_input_exits_2_before_anything_starts(campaign, args, message):
+    res = CliRunner().invoke(main, ["crosscheck", str(campaign), *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real vLLM CPU server (the shared session server, given by --url)
+# ---------------------------------------------------------------------------------------------------
+
+def test_crosscheck_alternates_both_clients_on_the_real_server(vllm_server, tmp_path):
+    model = vllm_server["model"]
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "xc", "output_dir": str(tmp_path / "out"), "warmup": 0,
+        "serve": {"cmd": f"vllm serve {model} --load-format dummy --enforce-eager"},
+        "bench": {"cmd": f"vllm bench serve --model {model} --dataset-name random --random-input-len 32 "
+                         "--random-output-len 8 --num-prompts 8 --max-concurrency 4 --ignore-eos --temperature 0",
+                  "client_cpus": 0.5}}))
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "raysweep", "crosscheck", str(f), "--url", vllm_server["url"],
+                           "-n", "2", "--json"], capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode in (0, 1) and proc.stdout, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert [(r["tool"], r["round"]) for r in report["runs"]] == [("native", 0), ("vllm", 0), ("native", 1),
+                                                                 ("vllm", 1)]
+    assert all(r["ok"] and r["reset"] == "reset" for r in report["runs"]), report["runs"]
+    assert all(r["completed"] == 8 for r in report["runs"])
+    vllm_cmd = [r["command"] for r in report["runs"] if r["tool"] == "vllm"]
+    assert all(c.split()[1:3] == ["bench", "serve"] and "--base-url" in c for c in vllm_cmd)
+    tput = next(r for r in report["comparison"] if r["metric"] == "output_throughput")
+    assert tput["native"] > 0 and tput["vllm"] > 0 and tput["runs"] == {"native": 2, "vllm": 2}
+    assert tput["ratio"] == pytest.approx(tput["native"] / tput["vllm"])
+    v = report["verdict"]
+    assert set(v) >= {"within_tolerance", "verdict", "outside", "failed_runs"}
+    assert proc.returncode == (0 if v["within_tolerance"] else 1)
+    written = Path(report["report_dir"])
+    assert json.loads((written / "crosscheck.json").read_text())["runs"] == report["runs"]
+    md = (written / "crosscheck.md").read_text()
+    assert "| native | vllm bench serve |" in md and "Verdict:" in md
+    assert written.parent == tmp_path / "out" / "crosscheck"
