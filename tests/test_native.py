@@ -45,11 +45,19 @@ def stream_server(request):
     proc.wait()
 
 
-def _run(nb, argv, url):
+def _run(nb, argv, url, clients=None, model="m"):
     import ray
 
-    job = nb.submit(["vllm", "bench", "serve", "--model", "m", *argv], url, "m")
+    job = nb.submit(["vllm", "bench", "serve", "--model", model, *argv], url, model, clients=clients)
     return nb.finish(job, ray.get(job.refs, timeout=120))
+
+
+def _mean_in_flight(s, slots: int) -> float:
+    """The time-weighted mean of requests in flight (across all actors) from when the slots were first all
+    taken to the begin of the last request."""
+    begin, done = np.sort(np.asarray(s["begin"])), np.asarray(s["done"])
+    grid = np.linspace(begin[slots - 1], begin[-1], 4000)
+    return float(np.mean([((np.asarray(s["begin"]) <= t) & (done > t)).sum() for t in grid]))
 
 
 @pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.03", "--itl-delay", "0.01"]], indirect=True)
@@ -78,9 +86,15 @@ def test_timings_match_the_servers_clock_and_actors_pool(gpu_cluster, stream_ser
     seen = {k: (r[f"median_{k}_ms"], v) for k, v in (("ttft", server_ttft), ("itl", server_itl), ("e2el", server_e2el))}
     assert abs(seen["itl"][0] - seen["itl"][1]) < 1.0 and abs(seen["ttft"][0] - seen["ttft"][1]) < 2.0, seen
     assert abs(seen["e2el"][0] - seen["e2el"][1]) < 5.0, seen
-    assert r["max_concurrent_requests"] == 4 and not r["client_limited"]
+    assert r["peak_in_flight_requests"] == 4 and r["max_concurrent_requests"] >= 4 and not r["client_limited"]
+    # vLLM's clock starts before the post: the time on the wire is an extra field, never later than it
+    samples = out["samples"]
+    assert all(b <= w for b, w in zip(samples["begin"], samples["sent"]))
+    assert r["mean_ttft_ms"] >= r["mean_ttft_on_wire_ms"] and r["mean_e2el_ms"] >= r["mean_e2el_on_wire_ms"]
+    assert r["prompt_format"] == "token_ids" and r["client_nice"] is not None and r["client_cpu_affinity"]
+    assert 0 <= r["client_clock_offset_ms_max"] < 1000 and r["client_clock_offset_uncertainty_ms_max"] >= 0
     p, s = pooled["result"], pooled["samples"]
-    assert p["completed"] == 30 and p["num_clients"] == 2 and p["max_concurrent_requests"] == 6
+    assert p["completed"] == 30 and p["num_clients"] == 2 and p["peak_in_flight_requests"] == 6
     assert len(p["client_node_ips"].split(",")) == 2
     assert sorted(s["index"]) == list(range(30)) and set(s["actor"]) == {0, 1}
 
@@ -177,3 +191,110 @@ def test_sla_search_finds_the_largest_concurrency_and_resumes(gpu_cluster, tmp_p
     led.close()
     assert set(rerun) <= {p.point_id for p in redo} and rerun, rerun
     assert len(sla_table(out)) == 2
+
+
+@pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.05", "--itl-delay", "0.01"]], indirect=True)
+def test_the_concurrency_limit_holds_across_actors_to_the_last_request(gpu_cluster, stream_server):
+    """3 actors share 4 slots (2, 1, 1): every free slot of any actor takes the next request, so the load
+    stays at 4 in flight until the requests run out (dealt in fixed shares, the actor with 2 slots finished
+    its third early and the load fell to 2); and never more actors than slots: 4 actors asked for a limit of 2
+    run as 2, not as actors without a limit."""
+    from raysweep.bench.native import NativeBench
+
+    nb = NativeBench(cpus=0.5)
+    try:
+        out = _run(nb, ["--num-prompts", "60", "--max-concurrency", "4", "--random-input-len", "8",
+                        "--random-output-len", "5"], stream_server, clients=3)
+        capped = _run(nb, ["--num-prompts", "20", "--max-concurrency", "2", "--random-input-len", "8",
+                           "--random-output-len", "2"], stream_server, clients=4)
+    finally:
+        nb.close()
+    r, s = out["result"], out["samples"]
+    assert r["completed"] == 60 and r["num_clients"] == 3 and sorted(s["index"]) == list(range(60))
+    assert r["peak_in_flight_requests"] == 4
+    assert _mean_in_flight(s, 4) > 3.6   # fixed shares: about 3 (4 for the first half, then 2)
+    assert s["actor"].count(0) >= 24, [s["actor"].count(a) for a in range(3)]  # the 2-slot actor took ~half
+    assert capped["result"]["num_clients"] == 2 and capped["result"]["peak_in_flight_requests"] == 2
+
+
+@pytest.mark.parametrize("stream_server, check", [
+    (["--no-usage"], "without a usage chunk"),
+    (["--no-done"], "without [DONE]"),
+    (["--short-by", "1"], "ignore_eos: the server generated 3 output tokens where max_tokens is 4"),
+], indirect=["stream_server"])
+def test_incomplete_streams_and_short_outputs_fail(gpu_cluster, stream_server, check):
+    from raysweep.bench.native import NativeBench
+
+    nb = NativeBench(cpus=0.5)
+    try:
+        r = _run(nb, ["--num-prompts", "6", "--max-concurrency", "2", "--random-input-len", "8",
+                      "--random-output-len", "4"], stream_server)["result"]
+    finally:
+        nb.close()
+    assert r["completed"] == 0 and r["failed"] == 6 and r["total_output_tokens"] == 0
+    assert any(check in e for e in r["errors_sample"]), r["errors_sample"]
+
+
+@pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.01", "--itl-delay", "0.02", "--tokens-per-chunk", "4",
+                                            "--tail-delay", "0.3"]], indirect=True)
+def test_multi_token_chunks_and_a_late_usage_are_timed_as_vllm_times_them(gpu_cluster, stream_server):
+    """8 tokens in 2 chunks 20 ms apart, the usage and [DONE] 300 ms after the last: E2EL ends at the last token
+    chunk, ITL has one gap per chunk, TPOT spreads E2EL - TTFT over 7 tokens; the duration runs to the end of
+    the streams."""
+    from raysweep.bench.native import NativeBench
+
+    nb = NativeBench(cpus=0.5)
+    try:
+        r = _run(nb, ["--num-prompts", "4", "--max-concurrency", "1", "--random-input-len", "8",
+                      "--random-output-len", "8"], stream_server)["result"]
+    finally:
+        nb.close()
+    assert r["completed"] == 4 and r["total_output_tokens"] == 32
+    assert r["median_e2el_ms"] < 200 and r["duration"] > 4 * 0.3
+    assert 15 < r["median_itl_ms"] < 100 and r["median_tpot_ms"] == pytest.approx(
+        (r["median_e2el_ms"] - r["median_ttft_ms"]) / 7, rel=0.3)
+
+
+def test_a_client_whose_loop_is_blocked_is_flagged(gpu_cluster, stream_server):
+    """A closed loop on a zero-work stand-in is client-bound; with the client's event loop blocked half the
+    time its throughput falls, and the guard says so (the send lag alone cannot: slots look busy)."""
+    import ray
+
+    from raysweep.bench.native import NativeBench
+
+    argv = ["--num-prompts", "1500", "--max-concurrency", "8", "--random-input-len", "4", "--random-output-len", "1"]
+    nb = NativeBench(cpus=0.5)
+    try:
+        free = _run(nb, argv, stream_server, clients=1)["result"]
+        ray.get(nb.actors[0].block_loop.remote(0.05, 0.1))
+        blocked = _run(nb, argv, stream_server, clients=1)["result"]
+        ray.get(nb.actors[0].block_loop.remote(0, 0))
+    finally:
+        nb.close()
+    assert blocked["request_throughput"] < 0.8 * free["request_throughput"]
+    assert blocked["client_limited"] and "event-loop lag" in blocked["client_limited_reason"]
+
+
+@pytest.mark.vllm
+def test_real_server_is_timed_as_vllm_bench_serve(gpu_cluster, vllm_server):
+    """Against real vLLM: TTFT from before the post, output tokens equal max_tokens with --ignore-eos,
+    max_concurrent_requests in vLLM's 1-s buckets next to the exact peak."""
+    from raysweep.bench.native import NativeBench
+
+    nb = NativeBench(cpus=0.5)
+    try:
+        out = _run(nb, ["--num-prompts", "8", "--max-concurrency", "2", "--random-input-len", "16",
+                        "--random-output-len", "6", "--ignore-eos"], vllm_server["url"], model=vllm_server["model"])
+    finally:
+        nb.close()
+    r, s = out["result"], out["samples"]
+    assert r["completed"] == 8 and r["failed"] == 0, r.get("errors_sample")
+    assert set(s["out_tok"]) == {6} and r["total_output_tokens"] == 48
+    assert all(b <= w for b, w in zip(s["begin"], s["sent"])) and r["mean_ttft_ms"] >= r["mean_ttft_on_wire_ms"]
+    ttft = [1000 * (f - b) for f, b in zip(s["first"], s["begin"])]
+    assert r["median_ttft_ms"] == pytest.approx(float(np.median(ttft)))
+    assert r["peak_in_flight_requests"] == 2
+    from raysweep.bench.stats import vllm_buckets
+    ok = np.asarray(s["ok"])
+    assert r["max_concurrent_requests"] == vllm_buckets(np.asarray(s["begin"])[ok], np.asarray(s["end"])[ok],
+                                                        [np.asarray(c) for c in s["chunks"]])[1]

@@ -1,13 +1,19 @@
 """The `native` bench backend: raysweep's own streaming client, in warm Ray actors.
 
 Driver side (`NativeBench`, one per server configuration): per point it makes the requests and their due
-times before the clock starts (data set, arrival process), splits them round-robin over its client actors
-(and the concurrency limit with them), picks a start instant a little ahead, and makes one Ray call per
-actor. Each `NativeClient` actor waits for that instant, sends its share from its own event loop over
-aiohttp (SSE streaming, usage included), and returns its raw per-request samples, timed from the moment
-each request went on the wire. The driver pools the
-samples and computes every metric from them (`stats`), then runs the client-bottleneck guard; a point the
-client could not drive is marked `client_limited`, and run again with twice the actors while allowed.
+times before the clock starts (data set, arrival process), ships the bodies once (`ray.put`), measures each
+client actor's clock offset to the driver (ping-pong, the least round trip of several), picks a start instant
+a little ahead and makes one Ray call per actor. The load is one load across actors, as in one
+`vllm bench serve` process:
+- with `--max-concurrency`, the limit is split into slots over the actors (never more actors than slots) and
+  every free slot of any actor takes the next request from a shared `Dispenser`, so the limit holds across
+  all actors to the last request; a request is begun at its due time or when a slot frees, whichever is later;
+- without it (open loop or burst), requests are dealt round robin and sent at their absolute due times.
+Each `NativeClient` actor waits for the start, sends from its own event loop over aiohttp (SSE streaming,
+usage included) and returns raw per-request samples, timed as vLLM times them (from just before the post),
+plus the time each request went on the wire. The driver pools the samples and computes every metric from
+them (`stats`), then runs the client-bottleneck guard; a point the client could not drive is marked
+`client_limited`, and run again with more actors while allowed.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import contextlib
 import json
 import logging
 import math
+import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -27,16 +34,17 @@ import aiohttp
 import ray
 
 from raysweep.bench import arrivals, stats
-from raysweep.bench.datasets import make_requests, payload
+from raysweep.bench.datasets import make_requests, payload, tokenizer_for
 from raysweep.bench.options import LoadOptions, parse_load_options
 
-__all__ = ["NativeBench", "NativeClient", "Job"]
+__all__ = ["NativeBench", "NativeClient", "Dispenser", "Job", "cpu_list"]
 
 log = logging.getLogger(__name__)
 
 _START_LEAD_S = 0.03          # the start instant is this far ahead, plus the time to ship the payloads
 _SHIP_BYTES_PER_S = 200e6
 _LOOP_TICK_S = 0.005          # event-loop lag probe period
+_CLOCK_ROUNDS = 5             # ping-pongs per actor and point to measure its clock offset
 RATE_PER_CLIENT = 1000.0      # asked req/s per client actor when the count is automatic
 CONCURRENCY_PER_CLIENT = 256  # in-flight requests per client actor when the count is automatic
 _PLACE_TIMEOUT_S = 60.0
@@ -50,55 +58,119 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-@ray.remote(max_restarts=0)
-class NativeClient:
-    """Sends one share of a point's requests at their due times and times every streamed chunk.
+def cpu_list(cpus: set[int] | list[int]) -> str:
+    """CPU numbers as a Linux CPU list: {0, 1, 2, 5} -> "0-2,5"."""
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and int(out[-1].split("-")[-1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
 
-    Its requests run on its own event loop (uvloop when installed) in its own thread, kept for the
-    actor's life with its connection pool; Ray's call thread only waits for the result."""
+
+def _niceness_zero() -> str | None:
+    """Niceness 0 for every thread of this process (Linux keeps it per thread), where the OS allows; the
+    reason it could not be lowered otherwise."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    failure = None
+    for tid in tids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) > 0:
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+        except OSError as exc:
+            failure = failure or f"{type(exc).__name__}: {exc}"
+    return failure
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Dispenser:
+    """Hands out the next request index of a point to whichever client slot is free (one load across actors)."""
 
     def __init__(self) -> None:
+        self._epoch, self._next, self._n = -1, 0, 0
+
+    def reset(self, epoch: int, n: int) -> None:
+        self._epoch, self._next, self._n = epoch, 0, n
+
+    def take(self, epoch: int) -> int | None:
+        if epoch != self._epoch or self._next >= self._n:
+            return None
+        self._next += 1
+        return self._next - 1
+
+
+@ray.remote(max_restarts=0)
+class NativeClient:
+    """Sends requests of a point at their due times and times every streamed chunk.
+
+    Its requests run on its own event loop (uvloop when installed) in its own thread, kept for the
+    actor's life with its connection pool; Ray's call thread only waits for the result. At start it lowers
+    its niceness to 0 where the OS allows (Ray starts workers niced)."""
+
+    def __init__(self) -> None:
+        self._nice_failure = _niceness_zero()
         self._session: aiohttp.ClientSession | None = None
+        self._blocking = False
         self._loop = _new_loop()
         threading.Thread(target=self._loop.run_forever, name="native-client-loop", daemon=True).start()
 
     def node(self) -> str:
         return ray.util.get_node_ip_address()
 
+    def clock(self) -> float:
+        return time.time()
+
+    def block_loop(self, busy_s: float, period_s: float) -> None:
+        """Test hook: block the client's event loop `busy_s` of every `period_s` (0, 0 stops it)."""
+        self._blocking = busy_s > 0
+        if self._blocking:
+            asyncio.run_coroutine_threadsafe(self._block(busy_s, period_s), self._loop)
+
+    async def _block(self, busy_s: float, period_s: float) -> None:
+        while self._blocking:
+            time.sleep(busy_s)  # noqa: ASYNC251 - blocking the loop is the point
+            await asyncio.sleep(max(period_s - busy_s, 0.0))
+
     def run(self, *args: Any) -> dict[str, Any]:
         return asyncio.run_coroutine_threadsafe(self._run(*args), self._loop).result()
 
     async def _client(self, timeout_s: float) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            trace = aiohttp.TraceConfig()  # the clock starts when the request is on the wire, not before
+            trace = aiohttp.TraceConfig()  # when the request went on the wire: an extra, separately named time
             trace.on_request_headers_sent.append(_mark_sent)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), trace_configs=[trace],
                 timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s), auto_decompress=False)
         return self._session
 
-    async def _run(self, url: str, rank: int, indices: list[int], bodies: list[bytes], due: list[float],
-                  concurrency: int | None, t0: float, timeout_s: float, headers: dict[str, str]) -> dict[str, Any]:
+    async def _run(self, url: str, rank: int, bodies: list[bytes], due: list[float], share: list[int] | None,
+                   slots: int | None, t0: float, timeout_s: float, headers: dict[str, str],
+                   dispenser: Any = None, epoch: int = 0) -> dict[str, Any]:
+        """Send this actor's requests: its `share` at their due times (open loop, burst), or with `slots`
+        in-flight requests taking indices from `dispenser` (or from `share` alone) until none is left.
+        `t0` is the common start in this actor's clock."""
         session = await self._client(timeout_s)
         hdrs = {"Content-Type": "application/json", **headers}
-        n = len(indices)
-        out = stats.empty_samples()
-        cols = {c: [None] * n for c in stats.COLUMNS}
-        cols["index"], cols["actor"], cols["due"] = list(indices), [rank] * n, list(due)
+        cols: dict[str, list[Any]] = {c: [] for c in stats.COLUMNS}
         clock = time.perf_counter
         base = clock() + (t0 - time.time())   # perf_counter value of the common start
         late = clock() - base
 
         async def send(k: int, ready: float) -> None:
             chunks: list[float] = []
+            texts: list[str] = []
             in_tok = out_tok = -1
             t_last = 0.0
             err = None
-            begin = clock()
+            got_done = got_usage = False
+            begin = clock()               # vLLM's start: before the post
             mark = [begin]
             try:
                 async with session.post(url, data=bodies[k], headers=hdrs, trace_request_ctx=mark) as resp:
-                    t_sent = mark[0]
                     if resp.status != 200:
                         err = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                     else:
@@ -106,32 +178,43 @@ class NativeClient:
                             if not line.startswith(b"data:"):
                                 continue
                             data = line[5:].strip()
-                            now = clock()
-                            if data == b"[DONE]" or not data:
-                                t_last = now
+                            if data == b"[DONE]":
+                                got_done = True
                                 continue
+                            if not data:
+                                continue
+                            now = clock()
                             obj = json.loads(data)
-                            t_last = now
-                            if obj.get("choices"):
-                                chunks.append(now - t_sent)
-                            usage = obj.get("usage")
-                            if usage:
-                                in_tok = usage.get("prompt_tokens", -1)
-                                out_tok = usage.get("completion_tokens", -1)
+                            if choices := obj.get("choices"):
+                                chunks.append(now - begin)
+                                t_last = now
+                                c = choices[0]
+                                texts.append(c.get("text") or (c.get("delta") or {}).get("content") or "")
+                            if usage := obj.get("usage"):
+                                got_usage = True
+                                in_tok = _count(usage.get("prompt_tokens"))
+                                out_tok = _count(usage.get("completion_tokens"))
                             if "error" in obj:
                                 err = f"stream error: {str(obj['error'])[:300]}"
             except Exception as exc:  # noqa: BLE001 - a failed request is a sample, not a crash
                 err = f"{type(exc).__name__}: {exc}"[:300]
-            t_sent = mark[0]
-            t_end = t_last or clock()  # the last event of the stream; a failed request ends now
-            if err is None and not chunks:
-                err = "no token was streamed"
-            cols["ready"][k], cols["begin"][k], cols["sent"][k] = ready, begin - base, t_sent - base
-            cols["first"][k] = (t_sent - base + chunks[0]) if chunks else math.nan
-            cols["end"][k] = t_end - base
-            cols["in_tok"][k] = in_tok
-            cols["out_tok"][k] = out_tok if out_tok >= 0 else len(chunks)
-            cols["ok"][k], cols["error"][k], cols["chunks"][k] = err is None, err, chunks
+            done = clock()
+            if err is None:
+                err = _incomplete(bool(chunks), got_usage, got_done)
+            cols["index"].append(k)
+            cols["due"].append(due[k])
+            cols["ready"].append(ready)
+            cols["begin"].append(begin - base)
+            cols["sent"].append(mark[0] - base)
+            cols["first"].append(begin - base + chunks[0] if chunks else math.nan)
+            cols["end"].append((t_last or done) - base)
+            cols["done"].append(done - base)
+            cols["in_tok"].append(in_tok)
+            cols["out_tok"].append(out_tok)
+            cols["ok"].append(err is None)
+            cols["error"].append(err)
+            cols["chunks"].append(chunks)
+            cols["text"].append("".join(texts) if out_tok <= 0 and err is None else None)
 
         async def wait_until(offset: float) -> None:
             delay = base + offset - clock()
@@ -149,30 +232,47 @@ class NativeClient:
 
         await wait_until(0.0)
         prober = asyncio.create_task(probe())
-        if concurrency:
-            order = iter(range(n))
+        if slots:
+            local = iter(share or [])
 
-            async def worker() -> None:
-                free = 0.0
-                for k in order:
+            async def take() -> int | None:
+                if dispenser is not None:
+                    return await dispenser.take.remote(epoch)
+                return next(local, None)
+
+            async def slot() -> None:
+                while True:
+                    free = clock() - base
+                    k = await take()
+                    if k is None:
+                        return
                     await wait_until(due[k])
                     await send(k, max(due[k], free))
-                    free = clock() - base
 
-            await asyncio.gather(*(worker() for _ in range(min(concurrency, n))))
+            await asyncio.gather(*(slot() for _ in range(slots)))
         else:
             tasks = []
-            for k in range(n):
+            for k in share or []:
                 await wait_until(due[k])
                 tasks.append(asyncio.create_task(send(k, due[k])))
             await asyncio.gather(*tasks)
         stop.set()
         await prober
-        for c in stats.COLUMNS:
-            out[c] = cols[c]
-        out["loop_lag"] = lags
-        out["start_late_s"] = max(late, 0.0)
-        return out
+        cols["actor"] = [rank] * len(cols["index"])
+        return {**cols, "loop_lag": lags, "start_late_s": max(late, 0.0), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                "affinity": sorted(os.sched_getaffinity(0)), "nice_failure": self._nice_failure}
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) else -1
+
+
+def _incomplete(tokens: bool, usage: bool, done: bool) -> str | None:
+    """Why a 200 stream is not a complete answer, if it is not."""
+    if not tokens:
+        return "no token was streamed"
+    missing = [what for what, seen in (("a usage chunk", usage), ("[DONE]", done)) if not seen]
+    return f"the stream ended without {' and '.join(missing)}" if missing else None
 
 
 async def _mark_sent(session: Any, ctx: Any, params: Any) -> None:
@@ -190,6 +290,10 @@ class Job:
     rate: float
     started: float
     nodes: list[str]
+    prompt_lens: list[int | None] = field(default_factory=list)
+    max_tokens: list[int | None] = field(default_factory=list)
+    clock_offsets: list[tuple[float, float]] = field(default_factory=list)  # (offset, uncertainty) s per actor
+    prompt_format: str = "token_ids"
 
 
 class NativeBench:
@@ -197,12 +301,16 @@ class NativeBench:
 
     def __init__(self, clients: int | str = "auto", max_clients: int = 8, cpus: float = 1.0,
                  timeout_s: float = 3600.0, max_send_lag_ms: float = stats.MAX_SEND_LAG_MS,
-                 min_rate_fraction: float = stats.MIN_RATE_FRACTION) -> None:
+                 min_rate_fraction: float = stats.MIN_RATE_FRACTION,
+                 max_loop_lag_ms: float = stats.MAX_LOOP_LAG_MS) -> None:
         self.setting, self.max_clients, self.cpus, self.timeout_s = clients, max_clients, cpus, timeout_s
-        self.guard = {"max_send_lag_ms": max_send_lag_ms, "min_rate_fraction": min_rate_fraction}
+        self.guard = {"max_send_lag_ms": max_send_lag_ms, "min_rate_fraction": min_rate_fraction,
+                      "max_loop_lag_ms": max_loop_lag_ms}
         self.actors: list[Any] = []
         self.nodes: list[str] = []
         self._starting: list[Any] = []
+        self._dispenser: Any = None
+        self._epoch = 0
 
     def warm(self) -> None:
         """Start the first actor now, without waiting: its worker process starts while the server does."""
@@ -236,7 +344,8 @@ class NativeBench:
             log.warning("only %d of %d client actors could be placed", len(self.actors), n)
 
     def clients_for(self, opts: LoadOptions) -> int:
-        """How many actors drive the point: --clients, bench.clients, or from the asked load."""
+        """How many actors drive the point: --clients, bench.clients, or from the asked load; never more
+        than the requests, nor than the --max-concurrency slots."""
         if opts.clients:
             n = opts.clients
         elif self.setting != "auto":
@@ -249,8 +358,27 @@ class NativeBench:
             if opts.max_concurrency:
                 n = max(n, math.ceil(opts.max_concurrency / CONCURRENCY_PER_CLIENT))
             n = min(n, self.max_clients)
-        n = min(n, opts.num_prompts)
-        return max(1, min(n, opts.max_concurrency) if opts.max_concurrency else n)
+        return _cap_clients(n, opts)
+
+    @staticmethod
+    def clock_offset(actor: Any, rounds: int = _CLOCK_ROUNDS) -> tuple[float, float]:
+        """The actor's wall clock minus the driver's (s), from the ping-pong with the least round trip, and
+        its uncertainty (half that round trip)."""
+        best = (math.inf, 0.0)
+        for _ in range(rounds):
+            t1 = time.time()
+            theirs = ray.get(actor.clock.remote())
+            t2 = time.time()
+            if t2 - t1 < best[0]:
+                best = (t2 - t1, theirs - (t1 + t2) / 2)
+        return best[1], best[0] / 2
+
+    def _dispense(self, n: int) -> tuple[Any, int]:
+        if self._dispenser is None:
+            self._dispenser = Dispenser.remote()
+        self._epoch += 1
+        ray.get(self._dispenser.reset.remote(self._epoch, n))
+        return self._dispenser, self._epoch
 
     def submit(self, argv: list[str], base_url: str, model: str, num_prompts: int | None = None,
                clients: int | None = None) -> Job:
@@ -258,28 +386,38 @@ class NativeBench:
         if num_prompts is not None:
             opts = opts.with_prompts(num_prompts)
         model = opts.served_name or model
-        n = clients or self.clients_for(opts)
+        n = _cap_clients(clients, opts) if clients else self.clients_for(opts)
         self._ensure(n)
         n = min(n, len(self.actors))
         reqs = make_requests(opts)
         bodies = [payload(r, opts, model) for r in reqs]
-        due = arrivals.due_times(len(reqs), opts).tolist()
-        size = sum(len(b) for b in bodies)
+        due_arr = arrivals.due_times(len(reqs), opts)
+        due = due_arr.tolist()
         url = base_url.rstrip("/") + opts.path
         conc = opts.max_concurrency
-        t0 = time.time() + _START_LEAD_S + size / _SHIP_BYTES_PER_S + 0.002 * n
+        actors = self.actors[:n]
+        offsets = [self.clock_offset(a) for a in actors]
+        shipped = ray.put(bodies)
+        dispenser, epoch = self._dispense(len(reqs)) if conc and n > 1 else (None, 0)
+        t0 = time.time() + _START_LEAD_S + sum(len(b) for b in bodies) / _SHIP_BYTES_PER_S + 0.002 * n
         refs = []
-        for a in range(n):
-            idx = list(range(a, len(reqs), n))
-            share = None if not conc else conc // n + (1 if a < conc % n else 0)
-            refs.append(self.actors[a].run.remote(url, a, idx, [bodies[i] for i in idx], [due[i] for i in idx],
-                                                  share, t0, self.timeout_s, opts.headers))
-        return Job(refs, opts, model, n, arrivals.asked_rate(opts), t0, self.nodes[:n])
+        for a, actor in enumerate(actors):
+            share = None if dispenser is not None else list(range(a, len(reqs), n))
+            slots = conc // n + (1 if a < conc % n else 0) if conc else None
+            refs.append(actor.run.remote(url, a, shipped, due, share, slots, t0 + offsets[a][0], self.timeout_s,
+                                         opts.headers, dispenser, epoch))
+        fmt = "token_ids" if reqs and all(isinstance(r.prompt, list) for r in reqs) else "text"
+        return Job(refs, opts, model, n, arrivals.asked_rate(opts, due_arr), t0, self.nodes[:n],
+                   prompt_lens=[r.prompt_len for r in reqs], max_tokens=[r.output_len for r in reqs],
+                   clock_offsets=offsets, prompt_format=fmt)
 
     def finish(self, job: Job, answers: list[dict[str, Any]]) -> dict[str, Any]:
         """The point's result (vLLM's field names), from the pooled samples of every actor."""
         samples = stats.pool(answers)
         opts = job.opts
+        need_tokenizer = any(ok and (o is None or o <= 0) for ok, o in zip(samples["ok"], samples["out_tok"]))
+        stats.settle(samples, job.prompt_lens, job.max_tokens, opts.ignore_eos,
+                     tokenizer_for(opts) if need_tokenizer else None)
         result: dict[str, Any] = {
             "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": opts.backend,
             "backend": opts.backend, "label": None, "model_id": job.model, "tokenizer_id": opts.tokenizer or job.model,
@@ -293,17 +431,32 @@ class NativeBench:
         result.update(stats.point_metrics(samples, opts))
         result.update(stats.client_check(samples, opts, job.rate, **self.guard))
         result.update(bench_backend="native", num_clients=job.clients, dataset_name=opts.dataset_name,
-                      client_node_ips=",".join(job.nodes),
+                      prompt_format=job.prompt_format, client_node_ips=",".join(job.nodes),
                       client_start_late_ms=1000 * max(a.get("start_late_s", 0.0) for a in answers),
-                      start_time=job.started, end_time=job.started + max(samples["end"] or [0.0]))
+                      start_time=job.started, end_time=job.started + result["duration"])
+        result.update(_client_fields(answers, job.clock_offsets))
         return {"ok": True, "error": None, "result": result, "samples": samples, "output_tail": "",
                 "duration_s": time.time() - job.started, "command": None}
 
     def close(self) -> None:
-        for a in self.actors:
+        for a in [*self.actors, *self._starting, *([self._dispenser] if self._dispenser is not None else [])]:
             with contextlib.suppress(Exception):
                 ray.kill(a)
-        for a in self._starting:
-            with contextlib.suppress(Exception):
-                ray.kill(a)
-        self.actors, self.nodes, self._starting = [], [], []
+        self.actors, self.nodes, self._starting, self._dispenser = [], [], [], None
+
+
+def _cap_clients(n: int, opts: LoadOptions) -> int:
+    """Never more actors than requests, nor than --max-concurrency slots (an actor needs one slot at least)."""
+    n = min(n, opts.num_prompts)
+    return max(1, min(n, opts.max_concurrency) if opts.max_concurrency else n)
+
+
+def _client_fields(answers: list[dict[str, Any]], offsets: list[tuple[float, float]]) -> dict[str, Any]:
+    """The actors' priority, CPUs and clock offsets to the driver, over all actors."""
+    nice = [a["nice"] for a in answers if a.get("nice") is not None]
+    cpus = sorted({cpu_list(a["affinity"]) for a in answers if a.get("affinity")})
+    failures = [a["nice_failure"] for a in answers if a.get("nice_failure")]
+    return {"client_nice": max(nice) if nice else None, "client_cpu_affinity": ";".join(cpus) or None,
+            "client_nice_lowering_failed": bool(failures),
+            "client_clock_offset_ms_max": 1000 * max((abs(o) for o, _ in offsets), default=0.0),
+            "client_clock_offset_uncertainty_ms_max": 1000 * max((u for _, u in offsets), default=0.0)}

@@ -4,6 +4,9 @@
 the first after --ttft-delay, the next ones --itl-delay apart, then a usage chunk and `[DONE]`. With no
 delays it is the zero-work stub of the client capacity benchmark. `/metrics` counts tokens and requests
 in flight like vLLM's Prometheus endpoint; `/health`, `/v1/models` and the cache resets answer as vLLM's.
+Flags bend the stream the way servers do: `--tokens-per-chunk` packs several tokens in one chunk,
+`--short-by` stops that many tokens early (as an EOS would), `--tail-delay` waits before the usage chunk and
+`[DONE]`, `--no-usage` and `--no-done` leave those events out.
 `/timings` gives the server's own clock for every streamed request (from the arrival of its bytes to each
 chunk written), the truth the client's measurements are checked against.
 
@@ -33,6 +36,11 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=0, help="generate at most this many requests at once; the others "
                                                          "queue (latency grows with load, as a real server's)")
     ap.add_argument("--fail-every", type=int, default=0, help="answer HTTP 500 to every Nth request")
+    ap.add_argument("--tokens-per-chunk", type=int, default=1)
+    ap.add_argument("--short-by", type=int, default=0, help="generate this many tokens fewer than asked")
+    ap.add_argument("--tail-delay", type=float, default=0.0, help="seconds between the last token and the usage")
+    ap.add_argument("--no-usage", action="store_true", help="stream no usage chunk")
+    ap.add_argument("--no-done", action="store_true", help="end the stream without [DONE]")
     ap.add_argument("--reuse-port", action="store_true", help="let several of these processes share the port")
     args, _ = ap.parse_known_args()
     model = args.model_opt or args.model or "standin"
@@ -116,20 +124,24 @@ def main() -> None:
                 return
             chat = "messages" in body
             prompt = body["messages"][-1]["content"] if chat else body.get("prompt")
+            if chat and isinstance(prompt, list):  # content parts, as vllm bench serve sends them
+                prompt = " ".join(p.get("text", "") for p in prompt if isinstance(p, dict))
             n_in = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
-            n_out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+            n_out = max(int(body.get("max_tokens") or body.get("max_completion_tokens") or 16) - args.short_by, 1)
+            n_chunks = -(-n_out // args.tokens_per_chunk)
             data = (b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n' if chat
                     else b'data: {"choices":[{"index":0,"text":"x"}]}\n\n')
             chunk = b"%x\r\n%s\r\n" % (len(data), data)
             usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
-            tail_data = b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n"
-            tail = b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail_data), tail_data)
+            tail_data = (b"" if args.no_usage else b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
+                         + b"\n\n") + (b"" if args.no_done else b"data: [DONE]\n\n")
+            tail = (b"%x\r\n%s\r\n" % (len(tail_data), tail_data) if tail_data else b"") + b"0\r\n\r\n"
             head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
             state["running"] += 1
             state["prompt"] += n_in
             try:
-                if args.ttft_delay == 0 and args.itl_delay == 0:  # zero work: everything in one write
-                    self.t.write(head + chunk * n_out + tail)
+                if args.ttft_delay == 0 and args.itl_delay == 0 and args.tail_delay == 0:  # zero work: one write
+                    self.t.write(head + chunk * n_chunks + tail)
                     return
                 self.t.write(head)
                 marks = []
@@ -138,13 +150,15 @@ def main() -> None:
                         slots.append(asyncio.Semaphore(args.slots))
                     await slots[0].acquire()
                 try:
-                    await self._generate(chunk, n_out, marks)
+                    await self._generate(chunk, n_chunks, marks)
                 finally:
                     if args.slots:
                         slots[0].release()
+                last = time.perf_counter()
+                await asyncio.sleep(args.tail_delay)
                 self.t.write(tail)
                 timings.append({"ttft": marks[0] - arrived, "itls": [b - a for a, b in zip(marks, marks[1:])],
-                                "e2el": time.perf_counter() - arrived})
+                                "e2el": last - arrived})
             finally:
                 state["running"] -= 1
                 state["generation"] += n_out
