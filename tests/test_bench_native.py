@@ -469,3 +469,16 @@ def test_metrics_summary_over_the_window_and_counter_deltas():
     failed = metrics.summarize([], ["URLError: refused"], None)
     assert failed["server_metrics_samples"] == 0 and failed["server_metrics_error"] == "URLError: refused"
     assert failed["server_metrics_complete"] is False
+
+
+def test_client_guard_thresholds_reach_the_native_client(tmp_path):
+    """Every `bench.client_guard` setting of the campaign is what the native client judges with."""
+    from raysweep.bench import backend_for
+    from raysweep.campaign import campaign_from_dict
+
+    data = {"name": "g", "serve": {"cmd": "vllm serve m"},
+            "bench": {"backend": "native", "cmd": "vllm bench serve --model m --num-prompts 4",
+                      "client_guard": {"max_send_lag_ms": 7, "min_rate_fraction": 0.5, "max_loop_lag_ms": 33}}}
+    spec = campaign_from_dict(data, tmp_path)
+    nb = backend_for(spec.campaign.bench, {})
+    assert nb.guard == {"max_send_lag_ms": 7.0, "min_rate_fraction": 0.5, "max_loop_lag_ms": 33.0}

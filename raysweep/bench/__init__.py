@@ -22,6 +22,7 @@ def backend_for(bench: Any, env: dict[str, str]) -> Any:
         from raysweep.bench.native import NativeBench
         return NativeBench(clients=bench.clients, max_clients=bench.max_clients, cpus=bench.client_cpus,
                            timeout_s=bench.timeout_s, max_send_lag_ms=bench.client_guard.max_send_lag_ms,
-                           min_rate_fraction=bench.client_guard.min_rate_fraction)
+                           min_rate_fraction=bench.client_guard.min_rate_fraction,
+                           max_loop_lag_ms=bench.client_guard.max_loop_lag_ms)
     from raysweep.bench.command import CommandBench
     return CommandBench(env, bench.timeout_s)
