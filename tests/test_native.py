@@ -143,7 +143,10 @@ def test_client_limited_point_runs_again_with_more_actors(gpu_cluster, tmp_path)
     assert summary.counts["done"] == 1, summary.failures
     row = results_table(out).iloc[0]
     assert row["client_limited_reruns"] == 1 and row["num_clients"] == 2 and row["completed"] == 3000
-    assert [d["more"] for k, d in events if k == "client_limited"] == [2]
+    # still limited with 2 actors (30,000 req/s on 2 cores): announced once, at the end, with why it stopped
+    limited = [d for k, d in events if k == "client_limited"]
+    assert [(d["clients"], d["reruns"]) for d in limited] == [(2, 1)] and limited[0]["stop"], limited
+    assert row["client_limited"] and row["client_limited_stop"] == limited[0]["stop"]
 
 
 def test_failed_requests_are_counted_not_fatal(gpu_cluster, tmp_path):
