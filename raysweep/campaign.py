@@ -218,6 +218,8 @@ class Campaign(_Strict):
     transport: TransportSpec = Field(default_factory=TransportSpec, description="the NCCL transport check")
     storage: str | None = Field(None, description="a filesystem URI (s3://..., gs://..., file:///...) the ledger "
                                 "and results are mirrored to after every point")
+    report: bool = Field(False, description="when `raysweep run` ends, write the HTML report and the default "
+                                            "figures into the output dir and print their paths")
 
     @field_validator("storage")
     @classmethod

@@ -1,0 +1,67 @@
+"""Cluster operations: `preflight` (every node checked before a sweep) and `tiny-model` (a demo model)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from raysweep.cli import logs
+from raysweep.cli._common import _say, console, main, out
+
+
+@main.command()
+@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded "
+                                              "local Ray (this machine only).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON instead of tables.")
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="Also write the whole report as JSON to this file.")
+@click.option("--strict", is_flag=True, help="Exit 1 when nodes differ or a node has a warning (default: exit 0).")
+def preflight(address: str | None, as_json: bool, out_path: str | None, strict: bool) -> None:
+    """Check every node before a sweep: GPUs and driver, InfiniBand ports, NCCL environment, Python, Ray and
+    vLLM versions; flag the nodes that differ from the others."""
+    import json
+
+    from raysweep.driver import ray_session
+    from raysweep.files import write_json_atomic
+    from raysweep.preflight import describe_node, finding_text, node_label, run_preflight
+
+    with logs.routed(), ray_session(address):
+        pre = run_preflight()
+    data = pre.to_dict()
+    if out_path:
+        write_json_atomic(out_path, data)
+    if as_json:
+        _say(json.dumps(data, indent=2, default=str))
+    else:
+        for node in pre.nodes:
+            table = Table("", "", title=f"node {escape(node_label(node))}" + (" (head)" if node["is_head"] else ""),
+                          show_header=False)
+            for what, value in describe_node(node):
+                table.add_row(what, escape(value))
+            out.print(table)
+        if pre.findings:
+            table = Table("node", "field", "value", "most common", title="nodes that differ")
+            for f in pre.findings:
+                table.add_row(escape(f.node), f.field, escape(finding_text(f.value, f.field)),
+                              "no majority (tie)" if f.tie else escape(finding_text(f.majority, f.field)))
+            out.print(table)
+        for w in pre.warnings:
+            out.print(f"[yellow]warning[/] {escape(w.node)}: {escape(w.message)}", highlight=False)
+        _say(f"{len(pre.nodes)} node(s), {len(pre.findings)} finding(s), {len(pre.warnings)} warning(s)")
+    if out_path:
+        console.print(f"report: {out_path}", highlight=False)
+    if strict and (pre.findings or pre.warnings):
+        sys.exit(1)
+
+
+@main.command("tiny-model")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True)
+def tiny_model(directory: str, overwrite: bool) -> None:
+    """Write a tiny dummy-weight Llama (config + tokenizer) that the vLLM CPU build can serve."""
+    from raysweep.demo import make_tiny_model
+
+    out.print(str(make_tiny_model(directory, overwrite=overwrite)))

@@ -1,0 +1,132 @@
+"""The live progress of `raysweep run`: one line per driver event above a bar of points done, servers
+running and an ETA."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from raysweep.cli._common import console
+
+# Every event the driver emits, by what the display does with it: a line of its own (or, for point_done,
+# the bar advanced with it), or nothing (a later event or the final summary says it).
+SHOWN = frozenset({"server_starting", "server_ready", "server_failed", "transport", "node_lost", "config_failed",
+                   "point_done", "point_failed", "sla_done"})
+SILENT = frozenset({"campaign_start", "campaign_end", "server_stopped", "warmup_done", "client_limited",
+                    "point_start"})
+# The driver's log records that an event line already says (they still go to the log file).
+_TOLD = frozenset({"server config %s: %s; tearing its server down",  # node_lost
+                   "server config %s: %s"})  # config_failed, and transport with `refused`
+
+
+def told_by_event(record: logging.LogRecord) -> bool:
+    """Whether a log record repeats what an event line of the display says."""
+    return record.name.startswith("raysweep.") and record.msg in _TOLD
+
+
+class _ProgressDisplay:
+    """Points done / total, the servers running and an ETA, from the driver's events."""
+
+    def __init__(self) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
+        self.task: Any = None
+        self.running: set[str] = set()
+        self._lock = threading.Lock()  # events come from every running configuration's thread
+
+    def __enter__(self) -> _ProgressDisplay:
+        return self  # the bar appears with the campaign's first event, not while Ray starts
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.task is not None:
+            self.progress.stop()
+
+    def event(self, kind: str, **data: Any) -> None:
+        with self._lock:
+            self._event(kind, data)
+
+    def _event(self, kind: str, data: dict[str, Any]) -> None:
+        p = self.progress
+        if kind == "campaign_start":
+            done = data["counts"].get("done", 0)
+            if self.task is None:
+                p.start()
+                self.task = p.add_task("starting", total=data["total"], completed=done)
+        elif self.task is None:
+            return
+        elif kind == "server_starting":
+            lay = data["layout"]
+            p.console.print(f"server {data['server_id']} ({escape(data['serve'].label)}) starting on {lay.describe()}",
+                            highlight=False)
+        elif kind == "server_ready":
+            self.running.add(data["server_id"])
+            p.console.print(f"server {data['server_id']} ready in {data['elapsed']:.1f} s", highlight=False)
+        elif kind == "server_stopped":
+            self.running.discard(data["server_id"])
+        elif kind == "node_lost":
+            p.console.print(f"[yellow]{escape(data['reason'])}[/]: server config {data['serve'].id} is torn down "
+                            "and placed again", highlight=False)
+        elif kind == "transport":
+            from raysweep.transport import describe
+
+            refused = data["refused"]
+            if not (refused or _says_something(data["verdict"])):
+                return
+            p.console.print(f"server {data['server_id']} transport: {escape(describe(data['verdict']))}"
+                            + (f" [red]refused[/] ({escape(refused.splitlines()[0])})" if refused else ""),
+                            highlight=False)
+        elif kind == "config_failed":
+            p.console.print(f"[red]server config {data['serve'].id} failed:[/] {escape(data['error'])}", highlight=False)
+        elif kind == "server_failed":
+            p.console.print(f"[red]server {data['server_id']} failed:[/] {escape(str(data['error']))}", highlight=False)
+        if kind in ("server_ready", "server_stopped"):
+            p.update(self.task, description=f"{len(self.running)} server(s) running")
+        elif kind == "point_done":
+            task = next(t for t in p.tasks if t.id == self.task)
+            if task.total is not None and task.completed >= task.total:  # an SLA search added a probe
+                p.update(self.task, total=task.completed + 1)
+            p.advance(self.task)
+            r = data["result"]
+            if r.get("offline_kind") == "latency":
+                figures = f"mean latency {r.get('mean_latency_ms', float('nan')):.1f} ms"
+            elif r.get("offline_kind") == "throughput":
+                figures = (f"{r.get('request_throughput', 0):.2f} req/s, "
+                           f"{r.get('total_token_throughput', 0):.1f} tok/s")
+            else:
+                figures = (f"{r.get('request_throughput', 0):.1f} req/s, "
+                           f"median TTFT {r.get('median_ttft_ms', float('nan')):.1f} ms")
+            p.console.print(f"done {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
+                            f"run {data['point'].run}: {figures}"
+                            + _client_limited_note(r), highlight=False)
+        elif kind == "sla_done":
+            o = data["outcome"]
+            p.console.print(f"SLA {escape(data['serve'].label)} / {data['bench_id']} [{escape(data['target'])}]: "
+                            f"{o.state}, largest pass {o.largest_pass}, smallest fail {o.smallest_fail}, "
+                            f"{len(o.probes)} probe(s)", highlight=False)
+        elif kind == "point_failed":
+            p.console.print(f"[red]failed[/] {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
+                            f"run {data['point'].run} "
+                            f"(attempt {data['attempt']}): {escape(str(data['error']))}", highlight=False)
+
+
+def _says_something(verdict: dict[str, Any]) -> bool:
+    """A transport verdict worth a line: a server across nodes, or one whose NCCL links were seen (a server
+    on one node without NCCL, e.g. on CPUs or one GPU, has nothing to report)."""
+    return int(verdict.get("nnodes", 1) or 1) > 1 or bool(verdict.get("channels"))
+
+
+def _client_limited_note(r: dict[str, Any]) -> str:
+    """The mark of a point the client limited (its `client_limited` event says no more: one line a point)."""
+    if not r.get("client_limited"):
+        return ""
+    why = "; ".join(str(x) for x in (r.get("client_limited_reason"), r.get("client_limited_stop")) if x)
+    return f" [yellow](client-limited{': ' + escape(why) if why else ''})[/]"
+
+
+def _print_counts(counts: dict[str, int]) -> None:
+    console.print("points: " + ", ".join(f"{k} {v}" for k, v in counts.items()), highlight=False)
+

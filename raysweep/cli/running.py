@@ -1,0 +1,163 @@
+"""Running a campaign on this machine or a cluster: `run` (with its dry run) and `resume`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from raysweep.cli import logs
+from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, _sigterm_to_interrupt, console, main
+from raysweep.cli.display import _print_counts, _ProgressDisplay, told_by_event
+from raysweep.errors import UserError
+
+
+@main.command()
+@click.argument("campaign_file", type=click.Path(dir_okay=False))
+@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@click.option("--output-dir", default=None, help="Override the campaign's output_dir.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every server and bench command, run counts) and an "
+                                              "estimate of server starts, GPU-hours and wall time; exit.")
+@click.option("--estimate-from", "estimate_from", multiple=True, type=EXISTING_OUTPUT_DIR,
+              help="With --dry-run: the output dir of an earlier campaign whose measured server start and point "
+                   "durations the estimate uses (repeatable; the campaign's own output dir is always read).")
+@click.option("--force", is_flag=True, help="Run even if the campaign's commands changed since points were finished.")
+@click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
+def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool, estimate_from: tuple[str, ...],
+        force: bool, retry_failed: bool) -> None:
+    """Run a campaign (resuming it if its output directory already has a ledger)."""
+    from raysweep.campaign import load_campaign
+
+    spec = load_campaign(campaign_file)
+    if estimate_from and not dry_run:
+        raise UserError("--estimate-from: only with --dry-run (a running campaign measures its own durations)")
+    if dry_run:
+        _dry_run(spec, address, _output_dir(spec, output_dir), estimate_from)
+        return
+    _run(spec, _output_dir(spec, output_dir), address, force, retry_failed)
+
+
+def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tuple[str, ...]) -> None:
+    from raysweep import placement
+    from raysweep.bench.command import bench_argv
+    from raysweep.driver import check_placement, placement_lines, ray_session
+    from raysweep.plan import build_plan, dry_run_text
+
+    plan = build_plan(spec)
+    if address:
+        with logs.routed(), ray_session(address):
+            nodes, where = placement.cluster_nodes(), f"the cluster at {address}"
+    else:
+        nodes, where = placement.local_nodes(), "this machine (an embedded Ray)"
+    try:
+        layouts = check_placement(plan, nodes)
+    except UserError as exc:
+        if address:
+            raise
+        raise UserError(f"{exc}\n(planned for this machine; pass --address to plan for a cluster)") from None
+    if spec.offline or spec.campaign.bench.backend == "native":
+        def render(argv: list[str]) -> list[str]:
+            return argv
+    else:
+        def render(argv: list[str]) -> list[str]:
+            return bench_argv(argv, "http://<node ip>:<port>", "<result dir>")
+    text = dry_run_text(plan, render,
+                        lambda s: placement_lines(s, layouts[s.id], spec.offline))
+    gpus = sum(n.gpus for n in nodes)
+    _say(f"{text}\n\nPlaced for {where}: {len(nodes)} node(s), {gpus} GPU(s)"
+         f"\nResults would go to {output_dir}")
+    _say(_estimate_text(plan, output_dir, estimate_from, layouts, gpus, spec.campaign.placement.max_servers))
+
+
+def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], layouts: dict[str, Any], gpus: int,
+                   max_servers: int | None) -> str:
+    """The estimate of what is left: the output dir's own finished points are not counted again."""
+    from raysweep.estimate import estimate, measured_from
+    from raysweep.ledger import LEDGER_FILE, Ledger, PointState
+
+    own = (output_dir / LEDGER_FILE).is_file()
+    done: set[str] = set()
+    if own:
+        ledger = Ledger.open_existing(output_dir)
+        try:
+            done = {p.point_id for p in ledger.points() if p.state == PointState.DONE}
+        finally:
+            ledger.close()
+    measured = measured_from(*([output_dir] if own else []), *estimate_from)
+    widest = max((lay.gpu_count for lay in layouts.values()), default=0)
+    lanes = gpus // widest if gpus and widest else 1
+    if max_servers:
+        lanes = min(lanes, max_servers)
+    gpus_of = {sid: lay.gpu_count for sid, lay in layouts.items()} if gpus else None  # None: their shapes
+    est = estimate(plan, done=done, measured=measured, lanes=max(1, lanes), gpus_of=gpus_of)
+    source = ("measured in " + ", ".join([str(output_dir)] * own + list(estimate_from))) if measured else (
+        "from the commands and raysweep.estimate.DEFAULTS")
+    notes = [f"durations {source}"] + [f"{len(done)} run(s) already done are not counted"] * bool(done) + [
+        "GPU-hours of the configurations' shapes: no GPUs here"] * (not gpus)
+    return f"{est.text()} ({'; '.join(notes)})"
+
+
+@main.command()
+@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@click.option("--force", is_flag=True, help="Take over the campaign even if another driver seems to hold it.")
+@click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
+def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool) -> None:
+    """Continue an interrupted campaign from its output directory."""
+    from raysweep.campaign import campaign_from_dict, load_campaign
+    from raysweep.errors import CampaignError
+    from raysweep.ledger import Ledger
+
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        stored, source = ledger.stored_campaign(), ledger.meta("campaign_file") or ""
+    finally:
+        ledger.close()
+    try:
+        spec = campaign_from_dict(stored, base_dir=Path(output_dir).resolve(), source_path=source)
+    except CampaignError as exc:
+        if not (source and Path(source).is_file() and "was masked" in str(exc)):
+            raise
+        spec = load_campaign(source)  # the original file still has the secret; the ledger checks its meaning
+    _run(spec, Path(output_dir), address, force, retry_failed)
+
+
+def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False) -> None:
+    from raysweep.driver import open_campaign, ray_session, run_campaign
+    from raysweep.results import write_results
+
+    _, ledger = open_campaign(spec, output_dir, force=force)  # refuse a changed campaign before starting Ray
+    ledger.close()
+    _sigterm_to_interrupt()
+    display = _ProgressDisplay()
+    summary = None
+    try:
+        with logs.routed(output_dir / logs.LOG_FILE, drop=told_by_event), display, ray_session(address):
+            _sigterm_to_interrupt()  # again: starting Ray installs its own handler, which aborts
+            summary = run_campaign(spec, output_dir, force=force, retry_failed=retry_failed, on_event=display.event)
+    finally:
+        paths = write_results(output_dir)
+        console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)
+    _print_counts(summary.counts)
+    for p in summary.failures[:10]:
+        console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
+                      f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
+    if summary.stopped_early:
+        console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
+    if spec.campaign.report and summary.counts.get("done"):
+        _write_report(output_dir)
+    if summary.failures or summary.stopped_early or summary.counts.get("pending"):
+        sys.exit(1)
+
+
+def _write_report(output_dir: Path) -> None:
+    """`report: true`: the HTML report and the default figures, with their paths."""
+    from raysweep.cli.analysing import default_figures
+    from raysweep.report import write_report
+
+    figures, _ = default_figures(output_dir)  # their notes are in the report
+    console.print(f"Report: {write_report(output_dir)}", highlight=False)
+    console.print(f"Figures: {', '.join(str(p) for p in figures)}", highlight=False)

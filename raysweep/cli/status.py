@@ -1,0 +1,165 @@
+"""`raysweep status`: where a campaign stands (counts, every server configuration's progress, an ETA from
+measured durations, servers, transport, validity, failures), once or followed with `--watch`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from raysweep.cli._common import _say, main, out
+
+
+@main.command()
+@click.argument("output_dir")
+@click.option("--watch", type=click.FloatRange(min=0, min_open=True), is_flag=False, flag_value=5.0, default=None,
+              metavar="[SECONDS]", help="Show the status again every SECONDS (default 5) until the campaign is "
+                                       "complete, or Ctrl-C; a storage URI is downloaded again every time.")
+def status(output_dir: str, watch: float | None) -> None:
+    """Done / running / failed / pending counts, per server config progress and an ETA, running servers,
+    failures with reasons. OUTPUT_DIR: a directory, or the storage URI a campaign is mirrored to."""
+    if watch is None:
+        _show(_local(output_dir))
+        return
+    try:
+        while True:
+            local = _local(output_dir)
+            if out.is_terminal:
+                out.clear()
+            complete = _show(local)
+            if complete:
+                _say("campaign complete")
+                return
+            _say(f"(every {watch:g} s; Ctrl-C to stop watching)")
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return
+
+
+def _local(output_dir: str) -> str:
+    """The output dir as a local directory (a URI is downloaded, again on every call)."""
+    from raysweep import storage
+
+    return str(storage.resolve_output(output_dir))
+
+
+def _show(output_dir: str) -> bool:
+    """Print the status; whether the campaign is complete (nothing pending or running, no driver at work)."""
+    from raysweep.ledger import Ledger, PointState
+
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
+        name, extra, driver = ledger.meta("name"), ledger.out_of_plan(), ledger.last_driver()
+        stored = ledger.stored_campaign()
+    finally:
+        ledger.close()
+    active = [s for s in servers if s.stopped_at is None]
+    table = Table(title=f"campaign {name}")
+    for col in ("done", "running", "failed", "pending", "total"):
+        table.add_column(col, justify="right")
+    table.add_row(*(str(counts.get(k, 0)) for k in ("done", "running", "failed", "pending")), str(sum(counts.values())))
+    out.print(table)
+    live = False
+    if driver:
+        from raysweep.driver import driver_alive
+
+        live = driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"], driver["pid_create_time"])
+        state = "running" if live else (driver["outcome"] or "gone without a trace (killed?)")
+        _say(f"driver: pid {driver['pid']} on {driver['hostname']}, {state}")
+    if extra:
+        out.print(f"{extra} point(s) in the ledger are no longer in the campaign (kept, not shown)")
+    _progress(output_dir, points, {s.serve_id for s in active} if live else set())
+    if active:
+        st = Table(title="servers running" if live else "servers left by a driver that is gone (reaped on resume)")
+        for col in ("server", "nodes", "port", "pids", "gpus per node", "state"):
+            st.add_column(col, no_wrap=True)
+        for s in active:
+            ranks = s.rank_list()
+            st.add_row(s.server_id, "\n".join(f"{r.get('node_ip') or '?'} {(r.get('node_id') or '')[:8]}" for r in ranks),
+                       str(s.port or ""), "\n".join(str(r.get("pid") or "") for r in ranks),
+                       "\n".join(r.get("gpu_ids") or "-" for r in ranks), s.state)
+        out.print(st)
+        for s in active:
+            _say(f"{s.server_id}: {s.command}")
+    _transport_table(servers, (stored.get("transport") or {}).get("require", "any"))
+    if counts.get("done"):
+        _validity_lines(output_dir)
+    for p in points:
+        if p.state == PointState.FAILED:
+            out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "
+                      f"{escape(str(p.error))}", highlight=False)
+            if p.log_tail:
+                _say("  " + "\n  ".join(p.log_tail.splitlines()[-5:]), style="dim")
+    return not counts.get("pending") and not counts.get("running") and not live
+
+
+def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:
+    """Done / total per server configuration, and the ETA of what is left from the measured durations."""
+    from raysweep import grid
+    from raysweep.estimate import eta_s, format_duration, measured_from
+    from raysweep.ledger import PointState
+
+    by_serve: dict[str, list[Any]] = {}
+    for p in points:
+        by_serve.setdefault(p.serve_id, []).append(p)
+    if not by_serve:
+        return
+    table = Table(title="server configs")
+    for col, justify in (("server config", "left"), ("parameters", "left"), ("done", "right"), ("failed", "right"),
+                         ("left", "right"), ("state", "left")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for serve_id, pts in by_serve.items():
+        n = {s: sum(1 for p in pts if p.state == s) for s in PointState}
+        left = n[PointState.PENDING] + n[PointState.RUNNING]
+        state = "running" if serve_id in running else "finished" if not left else "waiting"
+        table.add_row(serve_id, escape(grid.combo_label(pts[0].serve_params) or "base command"),
+                      f"{n[PointState.DONE]}/{len(pts)}", str(n[PointState.FAILED]), str(left), state)
+    out.print(table)
+    left_runs = [(p.serve_id, p.bench_id) for p in points if p.state in (PointState.PENDING, PointState.RUNNING)]
+    if not left_runs:
+        return
+    eta = eta_s(left_runs, measured_from(output_dir), running, max(1, len(running)))
+    _say(f"ETA: about {format_duration(eta)} for {len(left_runs)} run(s) left (from measured durations"
+         f"{', ' + str(len(running)) + ' server(s) at a time' if len(running) > 1 else ''})" if eta is not None
+         else f"ETA: after the first point is done ({len(left_runs)} run(s) left)")
+
+
+def _validity_lines(output_dir: str, limit: int = 20) -> None:
+    """How many finished runs fail a validity check, and which (the first `limit`) with the checks."""
+    from raysweep.results import flagged, load_records
+
+    records = load_records(output_dir)
+    bad = flagged(records)
+    if not bad:
+        out.print(f"validity: all {len(records)} finished run(s) pass every check", highlight=False)
+        return
+    out.print(f"[yellow]validity: {len(bad)} of {len(records)} finished run(s) fail a check[/]", highlight=False)
+    for r in bad[:limit]:
+        out.print(f"  [yellow]![/] {r.get('point_id')} ({r.get('serve_id')}/{r.get('bench_id')} run "
+                  f"{r.get('run_number')}): {escape(str(r.get('validity_issues')))}", highlight=False)
+    if len(bad) > limit:
+        out.print(f"  ... and {len(bad) - limit} more (results table: validity_ok, validity_issues)")
+
+
+def _transport_table(servers: list[Any], require: str) -> None:
+    """The NCCL transport verdict of the latest server of every configuration, refused ones in red."""
+    from raysweep import transport
+
+    latest = {s.serve_id: s for s in servers if s.transport}
+    if not latest:
+        return
+    table = Table(title=f"transport (require: {require})")
+    for col in ("server config", "server", "nodes", "links", "gate"):
+        table.add_column(col)
+    for serve_id, s in latest.items():
+        v = s.transport_verdict()
+        refused = transport.refusal(v, require)
+        table.add_row(serve_id, s.server_id, str(v.get("nnodes", 1)), transport.describe(v),
+                      "[red]refused[/]" if refused else "ok")
+    out.print(table)
+
+
