@@ -184,7 +184,7 @@ def select(plan: Any, serve_index: int | None, serve_id: str | None, points: tup
 
 @dataclass
 class _Target:
-    """Where the runs go: a server started here (`server` from the driver) or a given URL."""
+    """Where the runs go: a server started here (`server`: a `raysweep.live_server.Server`) or a given URL."""
 
     url: str
     server: Any
@@ -240,14 +240,14 @@ def vllm_point(point: Any) -> Any:
     return replace(point, bench=replace(point.bench, argv=argv))
 
 
-def _one_run(driver: Any, run: Any, target: _Target, point: Any, tool: str, rnd: int,
+def _one_run(life: Any, run: Any, target: _Target, point: Any, tool: str, rnd: int,
              backends: dict[str, Any]) -> dict[str, Any]:
     reset = target.reset()
     if tool == "vllm":
         point = vllm_point(point)
     run.bench = backends[tool]
     t0 = time.monotonic()
-    status, out = driver._bench_point(run, target.server, point)
+    status, out = life.points.bench_point(run, target.server, point)
     res = out.get("result") if status == "ok" and out.get("ok") else None
     error = None if res is not None else (f"server down: {out}" if status != "ok" else out.get("error") or "no result")
     if res is not None and not res.get("completed"):
@@ -261,10 +261,10 @@ def _one_run(driver: Any, run: Any, target: _Target, point: Any, tool: str, rnd:
     return rec
 
 
-def _start(driver: Any, serve: Any, nodes: list[Any], native: Any) -> tuple[Any, Any]:
+def _start(life: Any, serve: Any, nodes: list[Any], native: Any) -> tuple[Any, Any]:
     """Place and start one server config as a campaign does; (the config run, the ready server)."""
     from raysweep import placement
-    from raysweep.driver import _ConfigRun
+    from raysweep.live_server import ConfigRun
 
     layout = placement.layout_for(serve.shape, serve.rule, nodes)
     if isinstance(layout, str):
@@ -273,17 +273,17 @@ def _start(driver: Any, serve: Any, nodes: list[Any], native: Any) -> tuple[Any,
     node_ids = placement.fit_nodes(layout, eligible, {n.node_id: n.gpus for n in nodes})
     if node_ids is None:
         raise RuntimeError(f"server config {serve.id}: not enough free GPUs for {layout.describe()} now")
-    run = _ConfigRun(serve, layout, node_ids)
+    run = ConfigRun(serve, layout, node_ids)
     run.bench = native
     run.res = placement.reserve(serve, layout, node_ids)
     try:
-        server = driver._start_server(run, [])
+        server = life.servers.start(run, [])
     except BaseException:
         placement.release(run.res)
         raise
     if server is None:
         placement.release(run.res)
-        rows = driver.ledger.servers()
+        rows = life.work.ledger.servers()
         why = f"{rows[-1].error}\n{rows[-1].log_tail or ''}" if rows else "unknown"
         raise RuntimeError(f"server config {serve.id} did not start: {why}")
     return run, server
@@ -292,15 +292,18 @@ def _start(driver: Any, serve: Any, nodes: list[Any], native: Any) -> tuple[Any,
 def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Tolerances, work_dir: Path,
                    url: str | None = None, warmup: int | None = None,
                    on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Alternate the two clients `n` times each on every bench point against one server (started here
-    through the driver's machinery, or the one at `url`); needs a Ray session. Returns the report dict."""
+    """Alternate the two clients `n` times each on every bench point against one server (started here as a
+    campaign starts one, through `raysweep.config_life`, or the one at `url`); needs a Ray session. Returns the
+    report dict."""
     from raysweep import placement
     from raysweep.bench import backend_for
     from raysweep.bench.command import CommandBench
-    from raysweep.driver import Driver, _ConfigRun, _Server
+    from raysweep.config_life import ConfigLife
+    from raysweep.live_server import ConfigRun, Server
     from raysweep.ledger import LEDGER_FILE, Ledger
     from raysweep.plan import PointRun, build_plan, point_id
     from raysweep.server import expected_model
+    from raysweep.workload import Workload
 
     c = spec.campaign
     model = expected_model(serve.argv)
@@ -310,19 +313,20 @@ def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Toler
     work_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work_dir / LEDGER_FILE)  # this check's own server rows, apart from the campaign's
     nodes = placement.cluster_nodes()
-    driver = Driver(build_plan(spec), ledger, work_dir, lambda kind, **data: log.debug("%s %s", kind, data),
+    work = Workload(build_plan(spec), ledger, work_dir, lambda kind, **data: log.debug("%s %s", kind, data),
                     with_gpus=placement.has_gpus(nodes))
+    life = ConfigLife(work)
     backends = {"native": backend_for(c.bench.model_copy(update={"backend": "native"}), spec.bench_env),
                 "vllm": CommandBench(spec.bench_env, c.bench.timeout_s)}
     run: Any = None
     runs: list[dict[str, Any]] = []
     try:
         if url:
-            run = _ConfigRun(serve, None, [])  # type: ignore[arg-type]  # no placement: the server is not ours
-            target = _Target(url, _Server("given", [], url=url), lambda: _reset_url(url), f"{url} (given)")
+            run = ConfigRun(serve, None, [])  # type: ignore[arg-type]  # no placement: the server is not ours
+            target = _Target(url, Server("given", [], url=url), lambda: _reset_url(url), f"{url} (given)")
         else:
-            run, server = _start(driver, serve, nodes, backends["native"])
-            target = _Target(server.url, server, lambda: driver._after_point(run, server),
+            run, server = _start(life, serve, nodes, backends["native"])
+            target = _Target(server.url, server, lambda: life.points.reset(run, server),
                              f"{server.url}, started here: {server.infos[0]['command']}")
         for b in backends.values():
             b.warm()
@@ -330,12 +334,12 @@ def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Toler
         if warm:
             run.bench = backends["native"]
             target.reset()
-            driver._bench(run, target.server, PointRun("warmup", serve, benches[0], 0), num_prompts=warm)
+            life.points.bench(run, target.server, PointRun("warmup", serve, benches[0], 0), num_prompts=warm)
         for bench in benches:
             point = PointRun(point_id(serve.id, bench.id, 0), serve, bench, 0)
             for rnd in range(n):
                 for tool in TOOLS:
-                    rec = _one_run(driver, run, target, point, tool, rnd, backends)
+                    rec = _one_run(life, run, target, point, tool, rnd, backends)
                     runs.append(rec)
                     if on_run is not None:
                         on_run(rec)
@@ -343,7 +347,7 @@ def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Toler
         for b in backends.values():
             b.close()
         if run is not None and run.res is not None:
-            driver._stop_server(target.server)
+            life.servers.stop(target.server)
             placement.release(run.res)
         ledger.close()
     rows = compare(runs, tol)

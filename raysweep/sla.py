@@ -41,7 +41,7 @@ from raysweep import metrics as server_metrics
 from raysweep.errors import CampaignError
 
 __all__ = ["INFINITE", "Outcome", "Target", "Threshold", "Verdict", "judge_attainment", "judge_percentile",
-           "parse_targets", "pool_runs", "search", "wilson"]
+           "parse_targets", "pool_runs", "search", "search_key", "wilson"]
 
 INFINITE = math.inf
 _OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, "<": operator.lt, ">=": operator.ge,
@@ -206,6 +206,13 @@ def judge_attainment(per_request: dict[str, np.ndarray], metrics: dict[str, Any]
     if hi < level:
         return Verdict.FAIL, frac, (lo, hi)
     return Verdict.UNRESOLVED, frac, (lo, hi)
+
+
+def search_key(cfg: Any, target: Target) -> str:
+    """How a search is recorded: its target and the settings (the campaign's `sla:`) that decide its answer."""
+    return (f"{target.label} [{cfg.variable}, {cfg.judge}"
+            + (f" {cfg.attainment:g}" if cfg.judge == "attainment" else "")
+            + f", precision {cfg.precision:g}, {cfg.start:g}..{cfg.max_value:g}]")
 
 
 @dataclass

@@ -309,7 +309,7 @@ def test_lost_driver_helpers_are_stopped_by_pid(ledger):
 
     import psutil
 
-    from raysweep.driver import _reap_lost_drivers
+    from raysweep.recovery import reap_lost_drivers
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -320,7 +320,7 @@ def test_lost_driver_helpers_are_stopped_by_pid(ledger):
         ledger.record_driver_helpers(driver, [(helper.pid, psutil.Process(helper.pid).create_time()),
                                               (stranger.pid, 12345.0)])
         ledger.acquire_driver(os.getpid(), 2.0, lambda *a: False)
-        _reap_lost_drivers(ledger.lost_drivers())
+        reap_lost_drivers(ledger.lost_drivers())
         assert helper.wait(timeout=10) is not None
         assert stranger.poll() is None
     finally:

@@ -283,21 +283,21 @@ def test_a_probe_of_several_runs_reports_one_runs_throughput_not_their_sum(tmp_p
     """Each run starts at its own zero: pooled as one run, two runs would look twice as fast."""
     from raysweep.bench import stats
     from raysweep.bench.options import parse_load_options
-    from raysweep.driver import _capacity, _pool_probe
+    from raysweep.sla_probe import capacity, pool_probe
 
     argv = ["vllm", "bench", "serve", "--model", "m", "--num-prompts", "20"]
     one = stats.point_metrics(_run_samples(), parse_load_options(argv))
-    probe = _pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()]), argv)
+    probe = pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()]), argv)
     assert probe.metrics["request_throughput"] == pytest.approx(one["request_throughput"])
     assert probe.metrics["output_throughput"] == pytest.approx(one["output_throughput"])
     assert probe.metrics["max_concurrent_requests"] == one["max_concurrent_requests"]
     assert probe.metrics["completed"] == 40 and probe.metrics["duration"] == pytest.approx(2 * one["duration"])
     assert probe.metrics["p99_e2el_ms"] == pytest.approx(500)
-    assert _capacity(probe, "request_rate") == pytest.approx(one["request_throughput"])
+    assert capacity(probe, "request_rate") == pytest.approx(one["request_throughput"])
     # runs of unequal length: everything completed over the summed durations
     slow = _run_samples(gap=0.2)
     s_m = stats.point_metrics(slow, parse_load_options(argv))
-    both = _pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), slow]), argv)
+    both = pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), slow]), argv)
     assert both.metrics["request_throughput"] == pytest.approx(40 / (one["duration"] + s_m["duration"]))
 
 
@@ -339,17 +339,17 @@ def test_failures_ranked_last_match_numpy_on_all_requests():
 
 
 def test_server_metric_targets_are_judged_from_the_probes_runs(tmp_path):
-    from raysweep.driver import _pool_probe
+    from raysweep.sla_probe import pool_probe
 
     argv = ["vllm", "bench", "serve", "--model", "m", "--num-prompts", "20"]
     server = [{"server_num_preemptions": 0, "server_kv_cache_usage_perc_peak": 0.4, "server_metrics_complete": True},
               {"server_num_preemptions": 3, "server_kv_cache_usage_perc_peak": 0.9, "server_metrics_complete": True}]
-    probe = _pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()], server), argv)
+    probe = pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()], server), argv)
     [preempt, kv] = parse_targets([{"server_num_preemptions": "<=0"}, {"server_kv_cache_usage_perc_peak": "<0.95"}])
     assert judge_percentile(probe.metrics, preempt) is Verdict.FAIL        # 3 preemptions in the second run
     assert judge_percentile(probe.metrics, kv) is Verdict.PASS
     partial = [server[0], {"server_metrics_complete": False, "server_metrics_incomplete_reason": "no scrape after"}]
-    probe = _pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()], partial), argv)
+    probe = pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()], partial), argv)
     # a counter over a partial window decides nothing
     assert judge_percentile(probe.metrics, preempt) is Verdict.UNRESOLVED
     with pytest.raises(CampaignError) as e:

@@ -73,7 +73,7 @@ def test_absent_facts_are_unknown_not_failures():
 
 
 def test_client_room_counts_only_cpus_of_their_own():
-    from raysweep.driver import client_room
+    from raysweep.point import client_room
 
     # the 2-core demo: the server's bundle (0.5) and one client (1 CPU) leave no core for another
     assert client_room(2.5, [(2, 0.5, 1)], 0, 1.0) == 0
@@ -109,17 +109,17 @@ def test_the_guard_lowers_its_niceness_or_says_why(monkeypatch):
 
 
 def test_a_niced_server_is_warned_about_once_per_node(caplog):
-    from raysweep import driver
+    from raysweep import live_server
 
-    server = driver._Server("srv", hosts=[], nodes=[{"hostname": "node-x", "node_ip": "10.0.0.9"}],
-                            facts=[{"nice": 15, "cpu_affinity": "0-3", "renice": {"error": "Permission denied"}}])
-    driver._NICE_WARNED.discard("node-x")
-    with caplog.at_level("WARNING", logger="raysweep.driver"):
-        driver._warn_niced(server)
-        driver._warn_niced(server)
+    server = live_server.Server("srv", hosts=[], nodes=[{"hostname": "node-x", "node_ip": "10.0.0.9"}],
+                                 facts=[{"nice": 15, "cpu_affinity": "0-3", "renice": {"error": "Permission denied"}}])
+    live_server._NICE_WARNED.discard("node-x")
+    with caplog.at_level("WARNING", logger="raysweep.live_server"):
+        live_server.warn_niced(server)
+        live_server.warn_niced(server)
     lines = [r.getMessage() for r in caplog.records if "niceness" in r.getMessage()]
     assert len(lines) == 1 and "node-x" in lines[0] and "15" in lines[0] and "RAY_worker_niceness=0" in lines[0]
-    assert driver.server_process_fields(server.nodes, server.facts) == {
+    assert live_server.server_process_fields(server.nodes, server.facts) == {
         "server_nice": 15, "server_cpu_affinity": "0-3", "server_cpu_affinity_per_node": "10.0.0.9=0-3",
         "server_renice_error": "Permission denied"}
 

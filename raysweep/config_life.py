@@ -1,0 +1,113 @@
+"""The life of one server configuration, from its placement group to its last stop.
+
+`ConfigLife.main` reserves the placement group on the nodes the scheduler chose, then (server mode)
+starts the server (`Servers.start`), warms it up, checks its transport (a refused one gives the
+configuration up), runs its pending points one after another with caches reset between them (or its open
+SLA searches), and stops it; a server that died is started again for the points it had left, a lost host
+actor sends the configuration back to the scheduler. Offline configurations run their points through
+`OfflinePoints`. The group is always released. What it ended with is `ConfigRun.outcome` ("finished",
+"stopped", "aborted", "not placed", "host lost" or "error: ..."), which the scheduler acts on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from raysweep import placement
+from raysweep.bench import backend_for
+from raysweep.ledger import PointRow
+from raysweep.live_server import ConfigRun, Server, Servers
+from raysweep.offline_points import OfflinePoints
+from raysweep.plan import ServeConfig
+from raysweep.point import PointRunner
+from raysweep.sla_probe import SlaSearches
+from raysweep.workload import Workload
+
+__all__ = ["ConfigLife"]
+
+log = logging.getLogger(__name__)
+
+
+class ConfigLife:
+    """Runs one configuration at a time per call to `main` (one thread per configuration); its parts
+    (`servers`, `points`, `offline`, `searches`) can be used alone, as `raysweep crosscheck` does."""
+
+    def __init__(self, work: Workload) -> None:
+        self.work = work
+        self.c = work.c
+        self.servers = Servers(work)
+        self.points = PointRunner(work)
+        self.offline = OfflinePoints(work, self.servers, self.points)
+        self.searches = SlaSearches(work, self.points)
+
+    def new_run(self, serve: ServeConfig, layout: placement.Layout, node_ids: list[str]) -> ConfigRun:
+        """A configuration about to run on these nodes, with its bench backend's client side (server mode)."""
+        run = ConfigRun(serve, layout, node_ids)
+        if not self.work.plan.spec.offline:
+            run.bench = backend_for(self.c.bench, self.work.plan.spec.bench_env)
+        return run
+
+    def main(self, run: ConfigRun) -> None:
+        """The whole life of `run`; its outcome is left in `run.outcome` (never raises)."""
+        try:
+            try:
+                run.res = placement.reserve(run.serve, run.layout, run.node_ids)
+            except placement.NotPlaced as exc:
+                log.info("server config %s not placed yet: %s", run.serve.id, exc)
+                run.outcome = "not placed"
+                return
+            try:
+                run.outcome = self._run_config(run)
+            finally:
+                run.drop_client()
+                placement.release(run.res)
+        except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which stops the campaign
+            log.exception("server config %s", run.serve.id)
+            run.outcome = f"error: {type(exc).__name__}: {exc}"
+
+    def _run_config(self, run: ConfigRun) -> str:
+        w = self.work
+        if w.plan.spec.offline:
+            return self.offline.run(run)
+        while not run.abort and not w.stopping():
+            runnable = w.ledger.runnable(run.serve.id, self.c.max_attempts)
+            if not w.work_left(run.serve.id):
+                return "finished"
+            server = self.servers.start(run, runnable)
+            if server is None:
+                if run.abort:
+                    break
+                if run.outcome == "host lost":
+                    return run.outcome
+                continue
+            try:
+                self._run_points(run, server, runnable)
+            finally:
+                why = server.down()
+                self.servers.stop(server, state="stopped" if why is None else f"died ({why})")
+            if server.host_lost and not run.abort:  # an actor lost without its node: place it again
+                return "host lost"
+        return "aborted" if run.abort else "stopped"
+
+    def _run_points(self, run: ConfigRun, server: Server, runnable: list[PointRow]) -> None:
+        w = self.work
+        points = [p for p in (w.plan.point(r.point_id) for r in runnable) if p is not None]
+        if self.c.warmup and (points or self.c.sla is not None):
+            self.points.warmup(run, server, (points or w.plan.points_of(run.serve.id))[0])
+        refused = self.servers.check_transport(run, server)
+        if refused is not None:
+            w.give_up(run.serve, refused, search_state="transport refused")
+            return
+        if self.c.sla is not None:
+            self.searches.run(run, server)
+            return
+        reset = self.points.reset(run, server)
+        for point in points:
+            if run.abort or w.stopping():
+                return
+            ok = self.points.run(run, server, point, reset)
+            if not ok and not self.c.continue_on_error and not run.abort:
+                w.stop_reason = f"point {point.id} failed and continue_on_error is false"
+            if run.abort or w.stopping() or server.down() is not None:
+                return
+            reset = self.points.reset(run, server)

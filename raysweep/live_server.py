@@ -1,0 +1,341 @@
+"""A live server: every node's part of one server configuration, seen from the driver.
+
+`ConfigRun` is one configuration being run on the nodes the scheduler chose (its placement group, its
+client side, the scheduler's abort request); its `wait` awaits Ray calls while watching for an abort and
+for ranks that end. `Server` is one start of its server: a `ServerHost` actor per node (`raysweep.server`),
+where each rank runs and what it reported. `Servers` starts one (host actors in the placement group, the
+command on every rank with vLLM's multi-node flags, readiness), checks how its GPUs talk (NCCL transport,
+refusing a multi-node server slower than `transport.require`) and stops it, recording each step in the
+ledger and announcing it as an event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from raysweep import placement, procs, transport
+from raysweep.grid import shell_join
+from raysweep.ledger import Ledger, PointRow
+from raysweep.plan import ServeConfig
+from raysweep.server import ServerHost, expected_model, rank_argv
+from raysweep.workload import Workload
+
+__all__ = ["Aborted", "ConfigRun", "Server", "Servers", "new_server_id", "process_columns",
+           "resolve_provenance", "server_process_fields", "transport_fields", "warn_niced"]
+
+log = logging.getLogger(__name__)
+
+
+class Aborted(Exception):
+    """The scheduler asked a configuration to stop (node lost, interrupted)."""
+
+
+@dataclass
+class Server:
+    server_id: str
+    hosts: list[Any]                 # one ServerHost actor per rank; rank 0 serves HTTP
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+    host_lost: bool = False          # a host actor (or its node) went away, not just the server process
+    transport: dict[str, Any] | None = None  # the NCCL transport verdict (raysweep.transport.server_verdict)
+    facts: list[dict[str, Any]] = field(default_factory=list)  # per rank: the process's nice and CPU affinity
+    provenance: dict[str, Any] | None = None  # versions, GPUs, model, hostnames (raysweep.provenance)
+
+    def down(self) -> str | None:
+        """None while every rank's process runs; otherwise what ended it."""
+        refs = [h.exit_code.remote() for h in self.hosts]
+        for rank, ref in enumerate(refs):
+            try:
+                code = ray.get(ref, timeout=30)
+            except ray.exceptions.RayError as exc:
+                self.host_lost = True
+                return f"the host actor of rank {rank} was lost ({type(exc).__name__})"
+            if code is not None:
+                return f"exit code {code}" if len(self.hosts) == 1 else f"rank {rank} exited with code {code}"
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        tails = []
+        for rank, h in enumerate(self.hosts):
+            try:
+                tail = ray.get(h.log_tail.remote(lines), timeout=30)
+            except ray.exceptions.RayError:
+                path = self.infos[rank].get("log_path", "") if rank < len(self.infos) else ""
+                tail = procs.tail(path, lines) if path else ""
+            tails.append(tail if len(self.hosts) == 1 else f"== rank {rank} ==\n{tail}")
+        return "\n".join(tails)
+
+    def rank_rows(self) -> list[dict[str, Any]]:
+        return [{"rank": r, "hostname": n.get("hostname"), "node_id": n.get("node_id"), "node_ip": n.get("node_ip"),
+                 "gpu_ids": n.get("gpu_ids"), "pid": i.get("pid"), "pid_create_time": i.get("pid_create_time"),
+                 "log_path": i.get("log_path")} for r, (n, i) in enumerate(zip(self.nodes, self.infos))]
+
+
+@dataclass
+class ConfigRun:
+    """One server configuration being run in its own thread, on the nodes the packer chose for it."""
+
+    serve: ServeConfig
+    layout: placement.Layout
+    node_ids: list[str]
+    res: placement.Reservation | None = None
+    abort: str | None = None         # set by the scheduler: stop now (node lost, interrupted)
+    outcome: str = "running"
+    bench: Any = None                # the bench backend's client side (its actors stay warm between points)
+    helper: Any = None               # runs after_bench_cmd
+
+    def drop_client(self) -> None:
+        """Stop the client actors (a point was abandoned); the next point starts fresh ones."""
+        for b in (self.bench, self.helper):
+            if b is not None:
+                b.close()
+
+    def wait(self, ref: Any, timeout_s: float, server: Server | None = None) -> Any:
+        """Wait for a Ray call (or a list of them), checking every second whether the run was aborted and
+        (with `server`) every few seconds whether any of the server's ranks ended. Raises Aborted, or
+        returns `("down", why)` for a server that went down, `("ok", value(s))` otherwise."""
+        refs = ref if isinstance(ref, list) else [ref]
+        deadline, next_check = time.monotonic() + timeout_s, time.monotonic() + 3
+        while True:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+            if len(done) == len(refs):
+                values = ray.get(refs)
+                return "ok", values if isinstance(ref, list) else values[0]
+            if self.abort:
+                raise Aborted(self.abort)
+            if server is not None and time.monotonic() >= next_check:
+                why = server.down()
+                if why is not None:
+                    return "down", why
+                next_check = time.monotonic() + 3
+            if time.monotonic() > deadline:
+                raise ray.exceptions.GetTimeoutError(f"no answer after {timeout_s:.0f} s")
+
+
+def new_server_id(serve_id: str) -> str:
+    """A fresh id for one start of a configuration's server."""
+    return f"{serve_id}-{uuid.uuid4().hex[:6]}"
+
+
+def transport_fields(verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """The `transport_*` columns of a result from its server's verdict."""
+    if verdict is None:
+        return {}
+    one_node = int(verdict.get("nnodes") or 1) < 2
+    return {"transport_inter": "n/a" if one_node else verdict["inter"], "transport_intra": verdict["intra"],
+            "transport_plugins": ",".join(verdict.get("plugins") or []),
+            "transport_ib_devices": ",".join(verdict.get("ib_devices") or []),
+            "transport_nccl": ",".join(verdict.get("versions") or []), "transport": transport.describe(verdict)}
+
+
+def process_columns(nodes: list[dict[str, Any]], facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ledger's `nice` (the highest of the ranks) and `cpu_affinity` ("ip=cpus;...") of a server."""
+    nices = [f["nice"] for f in facts if f.get("nice") is not None]
+    return {"nice": str(max(nices)) if nices else None,
+            "cpu_affinity": ";".join(f"{n.get('node_ip')}={f.get('cpu_affinity') or '?'}" for n, f in zip(nodes, facts))}
+
+
+def server_process_fields(nodes: list[dict[str, Any]], facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `server_nice` and `server_cpu_affinity` columns of a result (rank 0's affinity; per node too)."""
+    if not facts:
+        return {}
+    cols = process_columns(nodes, facts)
+    renice = facts[0].get("renice") or {}
+    return {"server_nice": int(cols["nice"]) if cols["nice"] is not None else None,
+            "server_cpu_affinity": facts[0].get("cpu_affinity"), "server_cpu_affinity_per_node": cols["cpu_affinity"],
+            "server_renice_error": renice.get("error") or None}
+
+
+_NICE_WARNED: set[str] = set()
+
+
+def warn_niced(server: Server) -> None:
+    """Warn once per node when a server process runs niced (the guard could not lower it)."""
+    for node, f in zip(server.nodes, server.facts):
+        host = str(node.get("hostname"))
+        if (f.get("nice") or 0) > 0 and host not in _NICE_WARNED:
+            _NICE_WARNED.add(host)
+            why = (f.get("renice") or {}).get("error") or "the server's niceness could not be lowered"
+            log.warning("servers on %s run at niceness %s, not 0: %s. Their numbers are marked 'niced'; start Ray "
+                        "there with RAY_worker_niceness=0 in the environment of `ray start`", host, f["nice"], why)
+
+
+def resolve_provenance(server: Server, ledger: Ledger) -> dict[str, Any] | None:
+    """The server's provenance from its rank 0 host (gathered while it started), stored with the server."""
+    if server.provenance is None and server.hosts:
+        try:
+            prov = ray.get(server.hosts[0].provenance.remote(), timeout=180)
+        except ray.exceptions.RayError as exc:
+            log.info("server %s: provenance not read (%s)", server.server_id, exc)
+            return None
+        if prov is None:
+            return None
+        server.provenance = {**prov, "hostnames": [n.get("hostname") or "" for n in server.nodes]}
+        ledger.update_server(server.server_id, provenance=json.dumps(server.provenance))
+    return server.provenance
+
+
+class Servers:
+    """Starts, checks and stops the servers of configuration runs (see the module docstring)."""
+
+    def __init__(self, work: Workload) -> None:
+        self.work = work
+        self.c = work.c
+
+    def start(self, run: ConfigRun, runnable: list[PointRow]) -> Server | None:
+        """A ready server for the run, or None: aborted, its host actors lost (`run.outcome` says so), or it
+        failed to start (its `runnable` points and open searches fail with the reason)."""
+        w, serve, lay, res = self.work, run.serve, run.layout, run.res
+        assert res is not None
+        server_id = new_server_id(serve.id)
+        w.emit("server_starting", serve=serve, server_id=server_id, layout=lay)
+        server = self.hosts(run, server_id)
+        run.bench.warm()  # its worker process starts while the server does
+        t0 = time.monotonic()
+        try:
+            self.launch(run, server, serve.argv, serve_http=True)
+            head = server.infos[0]
+            server.url = f"http://{head['host']}:{head['port']}"
+            ready = self._wait_ready(run, server)
+        except Aborted as exc:
+            ready = {"ok": False, "error": f"stopped while starting: {exc}", "aborted": True}
+        except ray.exceptions.RayError as exc:
+            server.host_lost = True
+            ready = {"ok": False, "error": f"host actor failed: {type(exc).__name__}: {exc}"}
+        if ready["ok"]:
+            w.ledger.update_server(server_id, state="ready", ready_at=time.time())
+            resolve_provenance(server, w.ledger)
+            w.emit("server_ready", serve=serve, server_id=server_id, elapsed=time.monotonic() - t0)
+            return server
+        tail = server.log_tail()
+        w.ledger.update_server(server_id, state="failed", error=ready["error"], log_tail=tail)
+        self.stop(server, state="failed")
+        w.emit("server_failed", serve=serve, server_id=server_id, error=ready["error"], log_tail=tail)
+        if ready.get("aborted"):
+            return None
+        if server.host_lost:  # not the server's fault: the scheduler places the configuration again
+            run.outcome = "host lost"
+            return None
+        for p in runnable:
+            w.ledger.mark_failed(p.point_id, f"server failed to start: {ready['error']}", tail, started=False)
+        w.close_searches(serve.id, "server failed", f"server failed to start: {ready['error']}")
+        if not self.c.continue_on_error:
+            w.stop_reason = f"server config {serve.id} failed to start and continue_on_error is false"
+        return None
+
+    def hosts(self, run: ConfigRun, server_id: str) -> Server:
+        """One host actor per node of the configuration's placement group, and the server's ledger row."""
+        lay, res = run.layout, run.res
+        assert res is not None
+        hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(
+            server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.work.log_dir))
+            for r in range(lay.nnodes)]
+        self.work.ledger.add_server(server_id, run.serve.id, shell_join(run.serve.display_argv()))
+        return Server(server_id, hosts)
+
+    def launch(self, run: ConfigRun, server: Server, argv: list[str], serve_http: bool,
+               follower_argv: list[str] | None = None) -> None:
+        """Start the command on every rank (the multi-node flags added; ranks > 0 run `follower_argv` when
+        given) and record where each runs. Raises Aborted or a RayError."""
+        lay = run.layout
+        server.nodes = [run.wait(h.node_info.remote(), 300)[1] for h in server.hosts]
+        master = server.nodes[0]["node_ip"]
+        port = run.wait(server.hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
+        for r, h in enumerate(server.hosts):
+            base = follower_argv if r and follower_argv is not None else argv
+            ref = h.start.remote(rank_argv(base, lay, r, master, port), run.serve.env, serve_http and r == 0,
+                                 self.c.transport.nccl_debug)
+            server.infos.append(run.wait(ref, 120)[1])
+        head = server.infos[0]
+        server.facts = run.wait([h.process_facts.remote() for h in server.hosts], 60)[1]
+        warn_niced(server)
+        self.work.ledger.update_server(
+            server.server_id, command=head["command"], hostname=server.nodes[0]["hostname"],
+            node_id=server.nodes[0]["node_id"], node_ip=master, port=head["port"], pid=head["pid"],
+            pid_create_time=head["pid_create_time"], gpu_ids=server.nodes[0]["gpu_ids"], log_path=head["log_path"],
+            ranks=json.dumps(server.rank_rows()), **process_columns(server.nodes, server.facts))
+
+    def _wait_ready(self, run: ConfigRun, server: Server) -> dict[str, Any]:
+        """Rank 0 answers /health and /v1/models, while every other rank still runs."""
+        limit = self.c.serve.ready_timeout_s
+        model = expected_model(run.serve.argv)
+        t0 = time.monotonic()
+        while True:
+            left = limit - (time.monotonic() - t0)
+            step = min(5.0, max(left, 0.5))
+            _, ans = run.wait(server.hosts[0].wait_ready.remote(step, model), step + 60)
+            if ans["ok"] or not ans.get("timeout"):
+                return ans
+            why = server.down() if len(server.hosts) > 1 else None
+            if why is not None:
+                return {"ok": False, "error": f"a rank ended before the server was ready: {why}"}
+            if left <= step:
+                return {"ok": False, "error": f"server not ready after {limit:.0f} s (/health and /v1/models)"}
+
+    def check_transport(self, run: ConfigRun, server: Server) -> str | None:
+        """Read NCCL's lines from every rank and store the verdict with the server. A multi-node config whose
+        cross-node links are slower than `transport.require` is refused (the reason, with the evidence):
+        its lines are awaited up to `transport.wait_s`, since NCCL may connect channels lazily."""
+        cfg = self.c.transport
+        gated = len(server.hosts) > 1 and cfg.require != "any"
+        deadline = time.monotonic() + (cfg.wait_s if gated else 0.0)
+        while True:
+            verdict = self.read_transport(run, server)
+            if verdict is None:
+                return None
+            if not gated or transport.meets(verdict, cfg.require) or time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        refused = transport.refusal(verdict, cfg.require)
+        if refused:
+            log.error("server config %s: %s", run.serve.id, refused)
+        self.work.emit("transport", serve=run.serve, server_id=server.server_id, verdict=verdict, refused=refused)
+        return refused
+
+    def read_transport(self, run: ConfigRun | None, server: Server) -> dict[str, Any] | None:
+        """The server's NCCL transport verdict from every rank's lines now (None when they cannot be read)."""
+        refs = [h.nccl_lines.remote() for h in server.hosts]
+        try:
+            lines = run.wait(refs, 120)[1] if run is not None else ray.get(refs, timeout=60)
+        except ray.exceptions.RayError as exc:
+            log.info("server %s: NCCL lines not read (%s)", server.server_id, exc)
+            return None
+        server.transport = transport.server_verdict(lines)
+        self.work.ledger.update_server(server.server_id, transport=json.dumps(server.transport))
+        return server.transport
+
+    def stop(self, server: Server, state: str = "stopped") -> None:
+        """Stop every rank through its host (no process left behind), keep its log, kill the host actors."""
+        if server.transport is not None:  # channels connected after the check (lazily) count too
+            self.read_transport(None, server)
+        refs = [h.stop.remote() for h in server.hosts]
+        left: list[int] = []
+        for rank, (h, ref) in enumerate(zip(server.hosts, refs)):
+            try:
+                left += ray.get(ref, timeout=120).get("left", [])
+                path = server.infos[rank]["log_path"] if rank < len(server.infos) else ""
+                local = self.work.log_dir / Path(path).name
+                if path and not local.exists():  # the server ran where our output dir is not visible
+                    local.write_text(ray.get(h.read_log.remote(), timeout=60))
+            except ray.exceptions.RayError as exc:
+                log.info("server %s rank %d: stop through its host failed (%s)", server.server_id, rank, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    ray.kill(h)
+        fields: dict[str, Any] = {"stopped_at": time.time()}
+        if state != "failed":
+            fields["state"] = state
+        if left:
+            fields["error"] = f"processes still alive after stop: {left}"
+        self.work.ledger.update_server(server.server_id, **fields)
+        self.work.emit("server_stopped", server_id=server.server_id, left=left)

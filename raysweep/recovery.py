@@ -1,0 +1,99 @@
+"""Recovery of what a dead driver left: its points, its servers on every node, its embedded Ray.
+
+A driver records its pid (and start time) and the processes of its embedded Ray in the ledger. The next
+driver puts the points a dead one left running back to pending, kills what is left of the servers it never
+stopped (every rank, on every node, matched by pid and start time), stops the processes of its embedded
+Ray and removes their session directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import socket
+from typing import Any
+
+import psutil
+import ray
+
+from raysweep import placement, procs
+from raysweep.ledger import Ledger, ServerRow
+
+__all__ = ["driver_alive", "embedded_temp_dir", "helper_processes", "reap_lost", "reap_lost_drivers", "recover"]
+
+log = logging.getLogger(__name__)
+
+
+def embedded_temp_dir(pid: int) -> str:
+    """Where the embedded Ray of driver `pid` keeps its session (short: AF_UNIX paths are limited)."""
+    return f"/tmp/rs-{pid}"
+
+
+def driver_alive(hostname: str, pid: int, create_time: float) -> bool:
+    """Whether a driver recorded in the ledger still runs (one on another host is assumed to)."""
+    if hostname != socket.gethostname():
+        return True
+    return procs.is_alive(pid, create_time)
+
+
+def helper_processes(me: psutil.Process) -> list[tuple[int, float]]:
+    """The processes this driver started on its host: the embedded Ray's GCS, raylet, agents and workers."""
+    found = []
+    for p in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            found.append((p.pid, p.create_time()))
+    return found
+
+
+def recover(ledger: Ledger, retry_failed: bool) -> None:
+    """Before a run: fresh attempts for failed points (`retry_failed`), and what dead drivers left."""
+    if retry_failed:
+        log.info("%d failed point(s) get a fresh set of attempts", ledger.retry_failed())
+    requeued, lost = ledger.recover()
+    if requeued:
+        log.info("%d point(s) of an earlier driver went back to pending", requeued)
+    reap_lost(lost)
+    reap_lost_drivers(ledger.lost_drivers())
+
+
+def reap_lost_drivers(drivers: list[dict[str, Any]]) -> None:
+    """Stop what killed drivers on this host left behind (their embedded Ray outlives them by a minute or
+    more: its agents wait on the dead GCS before exiting) and remove their session directories."""
+    for d in drivers:
+        if d["hostname"] != socket.gethostname() or procs.is_alive(d["pid"], d["pid_create_time"]):
+            continue
+        for pid, created in json.loads(d.get("helpers") or "[]"):
+            if procs.is_alive(pid, created):
+                log.info("stopping pid %d left by driver %d", pid, d["pid"])
+                procs.kill_tree(pid, grace_s=5)
+        if not procs.is_alive(d["pid"], None):
+            shutil.rmtree(embedded_temp_dir(d["pid"]), ignore_errors=True)
+
+
+@ray.remote(num_cpus=0)
+def _reap_on_node(pid: int, create_time: float) -> list[int]:
+    return procs.kill_tree(pid) if procs.is_alive(pid, create_time) else []
+
+
+def reap_lost(servers: list[ServerRow]) -> None:
+    """Kill what is left of servers a dead driver never stopped, every node's part of them (matched by
+    pid and start time)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    alive = {n.node_id for n in placement.cluster_nodes()}
+    for s in servers:
+        for r in s.rank_list():
+            if not r.get("pid"):
+                continue
+            if r.get("hostname") == socket.gethostname():
+                if procs.is_alive(r["pid"], r["pid_create_time"]):
+                    log.warning("stopping server %s rank %s (pid %d) left by an earlier driver", s.server_id,
+                                r["rank"], r["pid"])
+                    procs.kill_tree(r["pid"])
+            elif r.get("node_id") in alive:
+                strategy = NodeAffinitySchedulingStrategy(r["node_id"], soft=False)
+                with contextlib.suppress(Exception):
+                    ray.get(_reap_on_node.options(scheduling_strategy=strategy).remote(r["pid"], r["pid_create_time"]),
+                            timeout=60)

@@ -1,0 +1,186 @@
+"""What starts where and when: server configurations packed onto free GPUs, stepped one event at a time.
+
+Each `step` looks at the cluster's nodes, tears down configurations whose nodes were lost, collects the
+ones that ended (a configuration not placed yet waits `NOT_PLACED_RETRY_S` before it is tried again; one
+whose host actors keep getting lost is given up after `HOST_LOSS_LIMIT` starts; an error stops the
+campaign), and starts what fits: most work first, largest shapes first among equals, smaller ones filling
+the gaps (`placement.choose_starts`), never more than `max_servers` at once.
+
+The scheduler knows nothing of how a server or a benchmark works inside. It talks to two small
+interfaces: a `Cluster` (nodes, start a configuration, the ones that ended, abort; Ray in production, a
+fake in tests) and a `Work` (which configurations have work left, and giving one up).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from raysweep import placement
+from raysweep.placement import Layout, NodeInfo
+from raysweep.plan import ServeConfig
+
+__all__ = ["Cluster", "HOST_LOSS_LIMIT", "INTERRUPTED", "NOT_PLACED_RETRY_S", "Running", "Scheduler", "Work"]
+
+log = logging.getLogger(__name__)
+
+INTERRUPTED = "interrupted"  # the abort reason when the campaign itself stops: the running point does not count
+HOST_LOSS_LIMIT = 3          # starts lost to host actors before a configuration's points fail
+NOT_PLACED_RETRY_S = 10.0    # how long a configuration Ray could not place waits before it is tried again
+
+
+class Cluster(Protocol):
+    """Where configurations run. `start` returns at once; the configuration runs until it ends by itself
+    (its outcome: "finished", "stopped", "aborted", "not placed", "host lost" or "error: ...") or is aborted."""
+
+    def nodes(self) -> list[NodeInfo]:
+        """The nodes alive now, with their GPUs and CPUs."""
+        ...
+
+    def start(self, serve: ServeConfig, layout: Layout, node_ids: list[str]) -> None:
+        """Start running a configuration on these nodes."""
+        ...
+
+    def finished(self) -> list[tuple[str, str]]:
+        """(configuration id, outcome) of each configuration that ended since the last call."""
+        ...
+
+    def abort(self, serve_id: str, reason: str) -> None:
+        """Ask a running configuration to stop now."""
+        ...
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a configuration ends, or `timeout_s` passes."""
+        ...
+
+    def join(self) -> None:
+        """Until every configuration started has ended."""
+        ...
+
+
+class Work(Protocol):
+    """What the campaign still has to do, and why it stops (None while it goes on)."""
+
+    stop_reason: str | None
+
+    @property
+    def serves(self) -> list[ServeConfig]:
+        """Every configuration of the plan, in plan order."""
+        ...
+
+    def work_left(self, serve_id: str) -> int:
+        """How much a configuration still has to run (0: nothing)."""
+        ...
+
+    def give_up(self, serve: ServeConfig, reason: str) -> None:
+        """Fail a configuration's remaining work for good."""
+        ...
+
+
+@dataclass
+class Running:
+    """A configuration started on the cluster and not yet seen to end."""
+
+    serve: ServeConfig
+    layout: Layout
+    node_ids: list[str]
+    abort: str | None = None
+
+
+class Scheduler:
+    """Decides which configurations run where; `run` steps until nothing is left to start or running."""
+
+    def __init__(self, cluster: Cluster, work: Work, emit: Callable[..., None], max_servers: int | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cluster, self.work, self.emit, self.max_servers, self.clock = cluster, work, emit, max_servers, clock
+        self.running: dict[str, Running] = {}
+        self.not_before: dict[str, float] = {}
+        self.host_losses: dict[str, int] = {}
+        self.node_ips: dict[str, str] = {}
+
+    def run(self) -> None:
+        """Step until done; whatever still runs at the end (an exception, an interrupt) is aborted and awaited."""
+        try:
+            while self.step():
+                self.cluster.wait(1.0)
+        finally:
+            for key, r in self.running.items():
+                if not r.abort:
+                    r.abort = INTERRUPTED
+                    self.cluster.abort(key, INTERRUPTED)
+            self.cluster.join()
+
+    def step(self) -> bool:
+        """One look at the cluster: lost nodes, ended configurations, new starts. False when done."""
+        nodes = self.cluster.nodes()
+        self.node_ips.update({n.node_id: n.ip for n in nodes})
+        self._notice_lost_nodes({n.node_id for n in nodes})
+        self._collect_finished()
+        pending = [] if self.work.stop_reason else self._pending()
+        if not pending and not self.running:
+            return False
+        now = self.clock()
+        self._start_what_fits([(s, w) for s, w in pending if self.not_before.get(s.id, 0) <= now], nodes)
+        return True
+
+    def _pending(self) -> list[tuple[ServeConfig, int]]:
+        out = []
+        for s in self.work.serves:
+            if s.id not in self.running:
+                n = self.work.work_left(s.id)
+                if n:
+                    out.append((s, n))
+        return out
+
+    def _notice_lost_nodes(self, alive: set[str]) -> None:
+        for key, r in self.running.items():
+            lost = [n for n in r.node_ids if n not in alive]
+            if lost and not r.abort:
+                where = ", ".join(f"{n[:12]} ({self.node_ips.get(n, '?')})" for n in lost)
+                r.abort = f"node {where} was lost"
+                self.cluster.abort(key, r.abort)
+                log.warning("server config %s: %s; tearing its server down", key, r.abort)
+                self.emit("node_lost", serve=r.serve, nodes=lost, reason=r.abort)
+
+    def _collect_finished(self) -> None:
+        for sid, outcome in self.cluster.finished():
+            r = self.running.pop(sid)
+            if outcome == "not placed":
+                self.not_before[sid] = self.clock() + NOT_PLACED_RETRY_S
+            elif outcome == "host lost":
+                self.host_losses[sid] = self.host_losses.get(sid, 0) + 1
+                if self.host_losses[sid] >= HOST_LOSS_LIMIT:
+                    self.work.give_up(r.serve,
+                                      f"its host actors were lost {self.host_losses[sid]} times while starting")
+            elif outcome.startswith("error"):
+                self.work.stop_reason = f"server config {sid}: {outcome}"
+
+    def _start_what_fits(self, ready: list[tuple[ServeConfig, int]], nodes: list[NodeInfo]) -> None:
+        demands, by_id = [], {}
+        for serve, work in ready:
+            lay = placement.layout_for(serve.shape, serve.rule, nodes)
+            if isinstance(lay, str):
+                self.work.give_up(serve, f"can no longer be placed on the nodes left: {lay}")
+                continue
+            eligible = tuple(n.node_id for n in placement.eligible_nodes(serve.rule, nodes))
+            demands.append(placement.Demand(serve.id, lay, eligible, float(work)))
+            by_id[serve.id] = serve
+        if not demands:
+            return
+        free = self._free_gpus(nodes)
+        slots = None if self.max_servers is None else max(0, self.max_servers - len(self.running))
+        for d, node_ids in placement.choose_starts(demands, free, slots):
+            self.running[d.key] = Running(by_id[d.key], d.layout, node_ids)
+            self.cluster.start(by_id[d.key], d.layout, node_ids)
+
+    def _free_gpus(self, nodes: list[NodeInfo]) -> dict[str, int]:
+        """GPUs per node less those of the configurations running there."""
+        free = {n.node_id: n.gpus for n in nodes}
+        for r in self.running.values():
+            for n in r.node_ids:
+                if n in free:
+                    free[n] -= r.layout.gpus_per_node
+        return free

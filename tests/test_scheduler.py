@@ -1,0 +1,216 @@
+"""The scheduler against a fake cluster, without Ray: packing, concurrency, retries, node loss, stopping."""
+
+from __future__ import annotations
+
+import pytest
+
+from raysweep.placement import Layout, NodeInfo
+from raysweep.plan import ServeConfig, Shape
+from raysweep.scheduler import HOST_LOSS_LIMIT, INTERRUPTED, NOT_PLACED_RETRY_S, Scheduler
+
+
+def serve(sid: str, gpus: int = 1, tp: int | None = None, pp: int = 1) -> ServeConfig:
+    shape = Shape(tp=tp or gpus, pp=pp)
+    return ServeConfig(sid, {}, ["vllm", "serve", "m"], {}, shape, sid)
+
+
+class FakeCluster:
+    """Nodes that can come and go; configurations that end when the test says so."""
+
+    def __init__(self, **gpus: int) -> None:
+        self.alive = [NodeInfo(name, f"10.0.0.{i}", g, 8.0) for i, (name, g) in enumerate(gpus.items())]
+        self.started: list[tuple[str, tuple[str, ...]]] = []
+        self.running: set[str] = set()
+        self.aborted: dict[str, str] = {}
+        self.ended: list[tuple[str, str]] = []
+        self.joined = False
+
+    def nodes(self) -> list[NodeInfo]:
+        return list(self.alive)
+
+    def start(self, serve: ServeConfig, layout: Layout, node_ids: list[str]) -> None:
+        self.started.append((serve.id, tuple(node_ids)))
+        self.running.add(serve.id)
+
+    def finished(self) -> list[tuple[str, str]]:
+        out, self.ended = self.ended, []
+        return out
+
+    def abort(self, serve_id: str, reason: str) -> None:
+        self.aborted[serve_id] = reason
+
+    def wait(self, timeout_s: float) -> None:
+        pass
+
+    def join(self) -> None:
+        self.joined = True
+
+    # what the test does to it
+    def end(self, serve_id: str, outcome: str) -> None:
+        self.running.discard(serve_id)
+        self.ended.append((serve_id, outcome))
+
+    def lose(self, node_id: str) -> None:
+        self.alive = [n for n in self.alive if n.node_id != node_id]
+
+
+class FakeWork:
+    def __init__(self, *serves: ServeConfig, work: dict[str, int] | None = None) -> None:
+        self._serves = list(serves)
+        self.left = {s.id: (work or {}).get(s.id, 1) for s in serves}
+        self.stop_reason: str | None = None
+        self.given_up: dict[str, str] = {}
+
+    @property
+    def serves(self) -> list[ServeConfig]:
+        return self._serves
+
+    def work_left(self, serve_id: str) -> int:
+        return self.left[serve_id]
+
+    def give_up(self, serve: ServeConfig, reason: str) -> None:
+        self.given_up[serve.id] = reason
+        self.left[serve.id] = 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(cluster: FakeCluster, work: FakeWork, max_servers: int | None = None) -> tuple[Scheduler, list, Clock]:
+    events: list[tuple[str, dict]] = []
+    clock = Clock()
+    sched = Scheduler(cluster, work, lambda kind, **data: events.append((kind, data)), max_servers, clock=clock)
+    return sched, events, clock
+
+
+def finish(cluster: FakeCluster, work: FakeWork, sid: str, outcome: str = "finished") -> None:
+    if outcome == "finished":
+        work.left[sid] = 0
+    cluster.end(sid, outcome)
+
+
+def test_most_work_first_then_largest_then_gap_filling():
+    cluster = FakeCluster(a=4, b=5)
+    work = FakeWork(serve("small", 1), serve("big", 4), serve("mid", 2), serve("busy", 2),
+                    work={"small": 3, "big": 3, "mid": 3, "busy": 9})
+    sched, _, _ = make(cluster, work)
+    assert sched.step() is True
+    # busy (most work) first; among equal work the 4-GPU one before the 2- and 1-GPU ones; all 9 GPUs used
+    assert [sid for sid, _ in cluster.started] == ["busy", "big", "mid", "small"]
+    # each on the node it fills most tightly: busy on a (2 left there), big on b (1 left), then the gaps
+    assert dict(cluster.started) == {"busy": ("a",), "big": ("b",), "mid": ("a",), "small": ("b",)}
+
+
+def test_several_configs_run_at_once_and_the_next_starts_when_gpus_free_up():
+    cluster = FakeCluster(a=2)
+    work = FakeWork(serve("x"), serve("y"), serve("z"))
+    sched, _, _ = make(cluster, work)
+    sched.step()
+    assert [s for s, _ in cluster.started] == ["x", "y"] and set(sched.running) == {"x", "y"}
+    sched.step()  # nothing ended: z still has no GPU
+    assert len(cluster.started) == 2
+    finish(cluster, work, "x")
+    sched.step()
+    assert [s for s, _ in cluster.started] == ["x", "y", "z"] and set(sched.running) == {"y", "z"}
+    finish(cluster, work, "y")
+    finish(cluster, work, "z")
+    assert sched.step() is False
+
+
+def test_max_servers_caps_how_many_run_at_once():
+    cluster = FakeCluster(a=8)
+    work = FakeWork(serve("x"), serve("y"), serve("z"))
+    sched, _, _ = make(cluster, work, max_servers=1)
+    sched.step()
+    assert [s for s, _ in cluster.started] == ["x"]
+    finish(cluster, work, "x")
+    sched.step()
+    assert [s for s, _ in cluster.started] == ["x", "y"]
+
+
+def test_a_config_not_placed_waits_before_it_is_tried_again():
+    cluster = FakeCluster(a=1)
+    work = FakeWork(serve("x"))
+    sched, _, clock = make(cluster, work)
+    sched.step()
+    cluster.end("x", "not placed")
+    sched.step()
+    assert len(cluster.started) == 1 and sched.running == {}     # not yet: it waits
+    clock.t += NOT_PLACED_RETRY_S - 1
+    assert sched.step() is True and len(cluster.started) == 1
+    clock.t += 1
+    sched.step()
+    assert [s for s, _ in cluster.started] == ["x", "x"]
+
+
+def test_a_lost_node_tears_the_config_down_and_it_is_placed_again_on_the_nodes_left():
+    cluster = FakeCluster(a=2, b=2)
+    work = FakeWork(serve("x", 2), work={"x": 5})
+    sched, events, _ = make(cluster, work)
+    sched.step()
+    [(_, first)] = cluster.started
+    cluster.lose(first[0])
+    sched.step()
+    assert "was lost" in cluster.aborted["x"] and first[0] in cluster.aborted["x"]
+    assert [k for k, _ in events] == ["node_lost"] and events[0][1]["nodes"] == [first[0]]
+    sched.step()  # still tearing down: not aborted twice, not started twice
+    assert len(events) == 1 and len(cluster.started) == 1
+    cluster.end("x", "aborted")
+    sched.step()
+    assert len(cluster.started) == 2 and cluster.started[1][1] != first
+
+
+def test_a_config_that_no_node_left_can_hold_is_given_up():
+    cluster = FakeCluster(a=2, b=1)
+    work = FakeWork(serve("x", 2))
+    sched, _, _ = make(cluster, work)
+    sched.step()
+    cluster.lose("a")
+    sched.step()
+    cluster.end("x", "aborted")
+    sched.step()                          # it had work left: given up rather than started
+    assert sched.step() is False
+    assert "can no longer be placed" in work.given_up["x"] and len(cluster.started) == 1
+
+
+def test_host_actors_lost_again_and_again_give_the_config_up():
+    cluster = FakeCluster(a=1)
+    work = FakeWork(serve("x"))
+    sched, _, _ = make(cluster, work)
+    for _ in range(HOST_LOSS_LIMIT):
+        sched.step()
+        cluster.end("x", "host lost")
+    assert sched.step() is False
+    assert len(cluster.started) == HOST_LOSS_LIMIT and f"lost {HOST_LOSS_LIMIT} times" in work.given_up["x"]
+
+
+def test_an_error_stops_the_campaign_after_the_running_configs_end():
+    cluster = FakeCluster(a=1, b=1)
+    work = FakeWork(serve("x"), serve("y"), serve("z"))
+    sched, _, _ = make(cluster, work)
+    sched.step()
+    cluster.end("x", "error: RuntimeError: boom")
+    assert sched.step() is True           # y still runs; z never starts
+    assert work.stop_reason == "server config x: error: RuntimeError: boom"
+    assert [s for s, _ in cluster.started] == ["x", "y"]
+    finish(cluster, work, "y")
+    assert sched.step() is False and [s for s, _ in cluster.started] == ["x", "y"]
+
+
+def test_run_interrupts_what_still_runs_and_waits_for_it():
+    cluster = FakeCluster(a=2, b=2)
+    work = FakeWork(serve("x", 2), serve("y", 2))
+
+    def interrupted(timeout_s: float) -> None:
+        raise KeyboardInterrupt
+
+    cluster.wait = interrupted  # type: ignore[method-assign]
+    sched, _, _ = make(cluster, work)
+    with pytest.raises(KeyboardInterrupt):
+        sched.run()
+    assert cluster.aborted == {"x": INTERRUPTED, "y": INTERRUPTED} and cluster.joined
