@@ -192,25 +192,6 @@ class _Target:
     describe: str
 
 
-def _reset_url(url: str) -> str:
-    """Reset the caches of a server given by URL (the same endpoints a campaign's reset calls)."""
-    from raysweep.server import RESET_ENDPOINTS
-
-    try:
-        req = urllib.request.Request(url.rstrip("/") + RESET_ENDPOINTS[0], method="POST", data=b"")
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            body = json.loads(resp.read() or b"{}")
-        for ep in RESET_ENDPOINTS[1:]:
-            try:
-                urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + ep, method="POST", data=b""),
-                                       timeout=30).read()
-            except OSError:
-                pass
-        return "reset" if isinstance(body, dict) and body.get("success") is True else f"reset failed: {body}"
-    except (OSError, ValueError) as exc:
-        return f"reset failed: {exc} (start the server with VLLM_SERVER_DEV_MODE=1)"
-
-
 def _check_served(url: str, expected: str | None) -> None:
     """A server given by URL must serve the model of the chosen server config."""
     try:
@@ -247,7 +228,9 @@ def _one_run(life: Any, run: Any, target: _Target, point: Any, tool: str, rnd: i
         point = vllm_point(point)
     run.bench = backends[tool]
     t0 = time.monotonic()
-    status, out = life.points.bench_point(run, target.server, point)
+    # one run per turn, as `vllm bench serve` gets: a client-limited native run is named, never re-run with
+    # more actors (that would change the load between the two tools' turns)
+    status, out = life.points.bench(run, target.server, point)
     res = out.get("result") if status == "ok" and out.get("ok") else None
     error = None if res is not None else (f"server down: {out}" if status != "ok" else out.get("error") or "no result")
     if res is not None and not res.get("completed"):
@@ -323,7 +306,8 @@ def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Toler
     try:
         if url:
             run = ConfigRun(serve, None, [])  # type: ignore[arg-type]  # no placement: the server is not ours
-            target = _Target(url, Server("given", [], url=url), lambda: _reset_url(url), f"{url} (given)")
+            given = Server("given", [], url=url)
+            target = _Target(url, given, lambda: life.points.reset(run, given), f"{url} (given)")
         else:
             run, server = _start(life, serve, nodes, backends["native"])
             target = _Target(server.url, server, lambda: life.points.reset(run, server),

@@ -26,7 +26,7 @@ from raysweep.live_server import (Aborted, ConfigRun, Server, resolve_provenance
 from raysweep.plan import PointRun
 from raysweep.results import write_samples
 from raysweep.scheduler import INTERRUPTED
-from raysweep.server import expected_model
+from raysweep.server import expected_model, reset_caches
 from raysweep.workload import Workload
 
 __all__ = ["PointRunner", "client_room"]
@@ -74,7 +74,10 @@ class PointRunner:
                 _, out = run.wait(run.helper.run_plain(spec.after_bench_argv, spec.bench_env, self.c.bench.timeout_s),
                                   self.c.bench.timeout_s + 120)
                 return "after_bench_cmd" if out.get("ok") else f"after_bench_cmd failed: {out.get('error')}"
-            _, out = run.wait(server.hosts[0].reset_caches.remote(), 120)
+            if server.hosts:
+                _, out = run.wait(server.hosts[0].reset_caches.remote(), 120)
+            else:  # a server given by URL (crosscheck --url): no host actor of ours
+                out = reset_caches(server.url)
         except Aborted:
             return "aborted"
         except ray.exceptions.RayError as exc:

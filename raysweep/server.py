@@ -40,7 +40,7 @@ from raysweep import grid, guard, procs, provenance
 from raysweep.validity import cpu_text
 from raysweep.placement import Layout
 
-__all__ = ["RESET_ENDPOINTS", "ServerHost", "expected_model", "rank_argv", "server_argv"]
+__all__ = ["RESET_ENDPOINTS", "ServerHost", "expected_model", "rank_argv", "reset_caches", "server_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -255,20 +255,7 @@ class ServerHost:
         return bool(ids) and (model is None or model in ids)
 
     def reset_caches(self, attempts: int = 5) -> dict[str, Any]:
-        """POST the cache-reset endpoints; the prefix-cache reset must answer {"success": true}."""
-        detail = ""
-        for i in range(attempts):
-            status, body = _http("POST", self.url() + RESET_ENDPOINTS[0] + ("?reset_running_requests=true" if i >= 2 else ""))
-            ok = status == 200 and _success(body)
-            detail = f"{RESET_ENDPOINTS[0]}: HTTP {status} {body.strip()[:200]}"
-            if ok:
-                for ep in RESET_ENDPOINTS[1:]:
-                    _http("POST", self.url() + ep)
-                return {"ok": True, "detail": detail}
-            if status == 404:
-                break
-            time.sleep(0.5 * (i + 1))
-        return {"ok": False, "detail": detail}
+        return reset_caches(self.url(), attempts)
 
     def log_tail(self, lines: int = 40) -> str:
         return procs.tail(self.log_path, lines)
@@ -322,6 +309,25 @@ class ServerHost:
         shutil.rmtree(self.state_dir, ignore_errors=True)
         port_free = self.port is None or procs.wait_for(lambda: procs.port_is_free(self.ip, self.port), 15)
         return {"exit_code": code, "left": left, "port_free": port_free}
+
+
+def reset_caches(url: str, attempts: int = 5) -> dict[str, Any]:
+    """POST the cache-reset endpoints of the server at `url`; the prefix-cache reset must answer
+    {"success": true} (vLLM serves them with VLLM_SERVER_DEV_MODE=1)."""
+    detail = ""
+    for i in range(attempts):
+        status, body = _http("POST", url + RESET_ENDPOINTS[0] + ("?reset_running_requests=true" if i >= 2 else ""))
+        ok = status == 200 and _success(body)
+        detail = f"{RESET_ENDPOINTS[0]}: HTTP {status} {body.strip()[:200]}"
+        if ok:
+            for ep in RESET_ENDPOINTS[1:]:
+                _http("POST", url + ep)
+            return {"ok": True, "detail": detail}
+        if status == 404:
+            detail += " (vLLM serves the reset endpoints with VLLM_SERVER_DEV_MODE=1)"
+            break
+        time.sleep(0.5 * (i + 1))
+    return {"ok": False, "detail": detail}
 
 
 def _success(body: str) -> bool:
