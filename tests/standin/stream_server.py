@@ -6,7 +6,8 @@ delays it is the zero-work stub of the client capacity benchmark. `/metrics` cou
 in flight like vLLM's Prometheus endpoint; `/health`, `/v1/models` and the cache resets answer as vLLM's.
 Flags bend the stream the way servers do: `--tokens-per-chunk` packs several tokens in one chunk,
 `--short-by` stops that many tokens early (as an EOS would), `--tail-delay` waits before the usage chunk and
-`[DONE]`, `--no-usage` and `--no-done` leave those events out.
+`[DONE]`, `--no-usage` and `--no-done` leave those events out, `--reasoning-chunks N` streams N chunks of
+`reasoning_content` before the content (chat). A chat prompt's token count is the words of every message.
 `/timings` gives the server's own clock for every streamed request (from the arrival of its bytes to each
 chunk written), the truth the client's measurements are checked against.
 
@@ -41,6 +42,8 @@ def main() -> None:
     ap.add_argument("--tail-delay", type=float, default=0.0, help="seconds between the last token and the usage")
     ap.add_argument("--no-usage", action="store_true", help="stream no usage chunk")
     ap.add_argument("--no-done", action="store_true", help="end the stream without [DONE]")
+    ap.add_argument("--reasoning-chunks", type=int, default=0, help="chat: stream this many chunks of "
+                                                                      "reasoning_content before the content")
     ap.add_argument("--reuse-port", action="store_true", help="let several of these processes share the port")
     args, _ = ap.parse_known_args()
     model = args.model_opt or args.model or "standin"
@@ -123,15 +126,18 @@ def main() -> None:
                 self._reply(500, b'{"error": "failing on purpose"}')
                 return
             chat = "messages" in body
-            prompt = body["messages"][-1]["content"] if chat else body.get("prompt")
-            if chat and isinstance(prompt, list):  # content parts, as vllm bench serve sends them
-                prompt = " ".join(p.get("text", "") for p in prompt if isinstance(p, dict))
+            prompt = body.get("prompt")
+            if chat:  # every message counts (a multi-turn request carries the conversation so far)
+                prompt = " ".join(_text(m.get("content")) for m in body["messages"])
             n_in = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
             n_out = max(int(body.get("max_tokens") or body.get("max_completion_tokens") or 16) - args.short_by, 1)
             n_chunks = -(-n_out // args.tokens_per_chunk)
             data = (b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n' if chat
                     else b'data: {"choices":[{"index":0,"text":"x"}]}\n\n')
             chunk = b"%x\r\n%s\r\n" % (len(data), data)
+            think = b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"r"}}]}\n\n'
+            thinking = min(args.reasoning_chunks if chat else 0, n_chunks - 1)
+            chunks = [b"%x\r\n%s\r\n" % (len(think), think)] * thinking + [chunk] * (n_chunks - thinking)
             usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
             tail_data = (b"" if args.no_usage else b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
                          + b"\n\n") + (b"" if args.no_done else b"data: [DONE]\n\n")
@@ -141,7 +147,7 @@ def main() -> None:
             state["prompt"] += n_in
             try:
                 if args.ttft_delay == 0 and args.itl_delay == 0 and args.tail_delay == 0:  # zero work: one write
-                    self.t.write(head + chunk * n_chunks + tail)
+                    self.t.write(head + b"".join(chunks) + tail)
                     return
                 self.t.write(head)
                 marks = []
@@ -150,7 +156,7 @@ def main() -> None:
                         slots.append(asyncio.Semaphore(args.slots))
                     await slots[0].acquire()
                 try:
-                    await self._generate(chunk, n_chunks, marks)
+                    await self._generate(chunks, marks)
                 finally:
                     if args.slots:
                         slots[0].release()
@@ -163,9 +169,9 @@ def main() -> None:
                 state["running"] -= 1
                 state["generation"] += n_out
 
-        async def _generate(self, chunk: bytes, n_out: int, marks: list[float]) -> None:
+        async def _generate(self, chunks: list[bytes], marks: list[float]) -> None:
             await asyncio.sleep(args.ttft_delay)
-            for i in range(n_out):
+            for i, chunk in enumerate(chunks):
                 if i:
                     await asyncio.sleep(args.itl_delay)
                 self.t.write(chunk)
@@ -186,6 +192,13 @@ def main() -> None:
         uvloop.run(serve())
     except ImportError:
         asyncio.run(serve())
+
+
+def _text(content: object) -> str:
+    """A chat message's text: a string, or content parts as vllm bench serve sends them."""
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content or "")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,154 @@
+"""Multi-turn sessions: `--dataset-name multi_turn` (chat API only).
+
+A session is a conversation of N turns. Each turn's request carries the conversation so far: every earlier
+user message and the answer the server really gave to it (the client keeps the history), then the new user
+message, so the server sees the growing shared prefix that prefix caching serves. A session's turns are
+sent in order by one client slot, `--multi-turn-think-time` seconds after the previous answer ended; a
+failed turn ends its session. `--num-prompts` counts sessions. With `--max-concurrency C`, C sessions run at
+once over the client actors (a free slot takes the next session); otherwise sessions start at the
+`--request-rate` arrival times (Poisson, `--burstiness`) and run side by side.
+
+Conversations come from a file or are synthetic:
+- `--dataset-path FILE`: ShareGPT-style JSON (a list of `{"conversations": [{"from": "human"|"gpt", "value":
+  ...}, ...]}`) or JSONL, or OpenAI-style `{"messages": [{"role": "user"|"assistant", "content": ...}]}`.
+  Each user message is a turn; its output length is `--sharegpt-output-len`, else the token count of the
+  file's answer to it (the model's tokenizer is needed). At most `--multi-turn-turns` turns per session
+  (default: all); shuffled with the seed unless `--disable-shuffle`; oversampled to `--num-prompts` unless
+  `--no-oversample`.
+- synthetic (no `--dataset-path`): `--multi-turn-turns` turns (default 4), user messages of
+  `--random-input-len` tokens and answers of `--random-output-len` (both drawn with `--random-range-ratio`),
+  random text fitted to its length as the random set's; `--random-prefix-len` tokens of shared text open
+  every session's first message (a system prompt).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysweep.bench.options import LoadOptions
+from raysweep.errors import CampaignError
+
+__all__ = ["DEFAULT_TURNS", "Conversations", "conversations", "with_history"]
+
+DEFAULT_TURNS = 4
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """The turns of every session, flattened in session order, and where each session's turns are."""
+
+    messages: list[str]                 # the user message of each turn
+    output_lens: list[int]              # the answer's length of each turn (max tokens)
+    spans: list[tuple[int, int]]        # (index of the first turn, number of turns) per session
+
+
+def conversations(opts: LoadOptions, tok: Any) -> Conversations:
+    """The point's sessions (--num-prompts of them), from the file or synthetic."""
+    if tok is None:
+        raise CampaignError("bench.cmd", "--dataset-name multi_turn sends text to the chat API and needs the model's "
+                                         "tokenizer: give --tokenizer (a local tokenizer folder)")
+    sessions = _from_file(opts, tok) if opts.dataset_path else _synthetic(opts, tok)
+    messages, outs, spans = [], [], []
+    for turns in sessions:
+        spans.append((len(messages), len(turns)))
+        for text, out in turns:
+            messages.append(text)
+            outs.append(out)
+    return Conversations(messages, outs, spans)
+
+
+def _synthetic(opts: LoadOptions, tok: Any) -> list[list[tuple[str, int]]]:
+    from raysweep.bench.datasets import _fit_text, _length_range, _vocab
+
+    rng = np.random.default_rng(opts.seed)
+    vocab = _vocab(opts, need_tokenizer=True)
+    turns = opts.multi_turn_turns or DEFAULT_TURNS
+    in_lo, in_hi = _length_range(opts.random_input_len, opts.random_range_ratio, 1)
+    out_lo, out_hi = _length_range(opts.random_output_len, opts.random_range_ratio, 1)
+
+    def text(n: int) -> str:
+        ids = vocab.allowed[rng.integers(0, len(vocab.allowed), size=n)].tolist()
+        return _fit_text(vocab, ids, n, rng)[0]
+
+    prefix = text(opts.random_prefix_len) + " " if opts.random_prefix_len else ""
+    sessions = []
+    for _ in range(opts.num_prompts):
+        conv = []
+        for t in range(turns):
+            msg = text(int(rng.integers(in_lo, in_hi + 1)))
+            conv.append(((prefix if t == 0 else "") + msg, int(rng.integers(out_lo, out_hi + 1))))
+        sessions.append(conv)
+    return sessions
+
+
+_USER, _ASSISTANT = ("human", "user"), ("gpt", "assistant", "model", "chatgpt")
+
+
+def _turns_of(entry: Any) -> list[tuple[str, str | None]]:
+    """(user message, the file's answer or None) of one conversation of either layout."""
+    if not isinstance(entry, dict):
+        return []
+    raw = entry.get("conversations") if "conversations" in entry else entry.get("messages")
+    if not isinstance(raw, list):
+        return []
+    turns: list[tuple[str, str | None]] = []
+    for m in raw:
+        if not isinstance(m, dict):
+            continue
+        who = str(m.get("from") or m.get("role") or "").lower()
+        text = m.get("value") if "value" in m else m.get("content")
+        if not isinstance(text, str):
+            continue
+        if who in _USER:
+            turns.append((text, None))
+        elif who in _ASSISTANT and turns and turns[-1][1] is None:
+            turns[-1] = (turns[-1][0], text)
+    return turns
+
+
+def _read(path: Path) -> list[Any]:
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+        return data if isinstance(data, list) else [data]
+    except ValueError:
+        pass
+    try:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError:
+        raise CampaignError("bench.cmd", f"--dataset-path {path} is neither JSON nor JSONL") from None
+
+
+def _from_file(opts: LoadOptions, tok: Any) -> list[list[tuple[str, int]]]:
+    path = Path(opts.dataset_path or "")
+    if not path.is_file():
+        raise CampaignError("bench.cmd", f"--dataset-path {opts.dataset_path!r} is not a file on this machine")
+    convs = [t for t in (_turns_of(e) for e in _read(path)) if t]
+    if not convs:
+        raise CampaignError("bench.cmd", f"{path} has no conversation with a user turn (\"conversations\" with "
+                                         "from/value, or \"messages\" with role/content)")
+    if not opts.disable_shuffle:
+        random.Random(opts.seed).shuffle(convs)
+    fixed = opts.sharegpt_output_len
+    sessions = []
+    for conv in convs[:opts.num_prompts]:
+        turns = conv[:opts.multi_turn_turns] if opts.multi_turn_turns else conv
+        sessions.append([(msg, fixed if fixed is not None else
+                          max(1, len(tok(answer or "", add_special_tokens=False).input_ids))) for msg, answer in turns])
+    if len(sessions) < opts.num_prompts and not opts.no_oversample:
+        pick = random.Random(opts.seed)
+        sessions += [pick.choice(sessions) for _ in range(opts.num_prompts - len(sessions))]
+    return sessions
+
+
+def with_history(body: bytes, history: list[dict[str, Any]]) -> bytes:
+    """A turn's chat body with the conversation so far in front of its user message."""
+    obj = json.loads(body)
+    obj["messages"] = history + obj["messages"]
+    return json.dumps(obj, separators=(",", ":")).encode()
