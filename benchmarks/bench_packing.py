@@ -14,8 +14,13 @@ the last start to the end: the cluster finishing its last configurations with no
 
 `--compare` also runs every scenario under "gpu-count-first", the policy's previous order (largest GPU
 count first, remaining work only breaking ties; the same best fit), and prints the two side by side.
+`--safeguards` runs two more for the starvation question of one-wave campaigns: "reserve-300s" (once the
+first configuration in order that does not fit has waited 300 s, the nodes with the most free GPUs are
+held for it: nothing else starts there) and "exact-lpt", an oracle that knows every configuration's true
+duration and starts the longest first (the same best fit): what any order could gain against this bound.
 
-    .venv/bin/python benchmarks/bench_packing.py [--seed N] [--seeds 20] [--quick] [--compare] [--json FILE]
+    .venv/bin/python benchmarks/bench_packing.py [--seed N] [--seeds 20] [--quick] [--compare] [--safeguards]
+                                                 [--json FILE]
 """
 
 from __future__ import annotations
@@ -87,7 +92,49 @@ def gpu_count_first(demands: list[Demand], free: dict[str, int]) -> list[tuple[D
     return chosen
 
 
+class ReserveAfter:
+    """choose_starts' order, with a reservation for the first configuration that does not fit once it has
+    waited `after_s` (every configuration waits from the campaign's start here): the nodes with the most free
+    GPUs are held for it."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s, self.now = after_s, 0.0
+
+    def __call__(self, demands: list[Demand], free: dict[str, int]) -> list[tuple[Demand, list[str]]]:
+        chosen, held = [], False
+        for d in sorted(demands, key=lambda d: (-d.work, -d.layout.gpu_count)):
+            nodes = fit_nodes(d.layout, d.eligible, free)
+            if nodes is None:
+                if not held and self.now >= self.after_s:
+                    for n in sorted(d.eligible, key=lambda n: -free.get(n, 0))[:d.layout.nnodes]:
+                        free[n] = 0
+                    held = True
+                continue
+            for n in nodes:
+                free[n] -= d.layout.gpus_per_node
+            chosen.append((d, nodes))
+        return chosen
+
+
+class ExactLpt:
+    """An oracle, for comparison only: the true durations known, the longest configuration first."""
+
+    def __init__(self) -> None:
+        self.duration: dict[str, float] = {}
+
+    def __call__(self, demands: list[Demand], free: dict[str, int]) -> list[tuple[Demand, list[str]]]:
+        chosen = []
+        for d in sorted(demands, key=lambda d: -self.duration[d.key]):
+            nodes = fit_nodes(d.layout, d.eligible, free)
+            if nodes is not None:
+                for n in nodes:
+                    free[n] -= d.layout.gpus_per_node
+                chosen.append((d, nodes))
+        return chosen
+
+
 POLICIES: dict[str, Policy] = {"choose_starts": choose_starts, "gpu-count-first": gpu_count_first}
+SAFEGUARDS: dict[str, Callable[[], Policy]] = {"reserve-300s": lambda: ReserveAfter(300.0), "exact-lpt": ExactLpt}
 
 
 def make_nodes(sc: Scenario) -> list[NodeInfo]:
@@ -121,6 +168,8 @@ def layout_of(c: Config, nodes: list[NodeInfo]) -> Layout:
 def simulate(configs: list[Config], nodes: list[NodeInfo], policy: Policy = choose_starts) -> tuple[float, float]:
     """Run the campaign under `policy`; return its makespan and the time of its last start, in seconds."""
     layouts = {c.key: layout_of(c, nodes) for c in configs}
+    if isinstance(policy, ExactLpt):
+        policy.duration = {c.key: c.duration_s for c in configs}
     eligible = tuple(n.node_id for n in eligible_nodes(RULE, nodes))
     waiting = {c.key: c for c in configs}
     running: list[tuple[float, str, list[str]]] = []  # heap of (end time, key, node ids)
@@ -131,6 +180,8 @@ def simulate(configs: list[Config], nodes: list[NodeInfo], policy: Policy = choo
             for n in ids:
                 free[n] -= layouts[key].gpus_per_node
         demands = [Demand(k, layouts[k], eligible, float(c.points)) for k, c in waiting.items()]
+        if isinstance(policy, ReserveAfter):
+            policy.now = now
         for d, ids in policy(demands, free):
             last_start = now
             heapq.heappush(running, (now + waiting.pop(d.key).duration_s, d.key, ids))
@@ -198,16 +249,19 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20, help="seeds for the ratio's median, min and max")
     ap.add_argument("--quick", action="store_true", help="5 seeds instead of --seeds")
     ap.add_argument("--compare", action="store_true", help="also run the previous order, gpu-count-first")
+    ap.add_argument("--safeguards", action="store_true", help="also run reserve-300s and the exact-lpt oracle")
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write every figure to FILE as JSON")
     args = ap.parse_args()
     n_seeds = min(args.seeds, 5) if args.quick else args.seeds
-    policies = POLICIES if args.compare else {"choose_starts": choose_starts}
+    policies = dict(POLICIES) if args.compare else {"choose_starts": choose_starts}
+    if args.safeguards:
+        policies.update({name: make() for name, make in SAFEGUARDS.items()})
     by_policy = {name: [run_scenario(sc, sc.seed if args.seed is None else args.seed, n_seeds, policy)
                         for sc in SCENARIOS] for name, policy in policies.items()}
     for name, results in by_policy.items():
         print(f"## {name}\n\n{table(results)}\n")
-    if args.compare:
-        print(f"## choose_starts vs gpu-count-first\n\n{compare_table(by_policy)}")
+    if len(by_policy) > 1:
+        print(f"## {' vs '.join(by_policy)}\n\n{compare_table(by_policy)}")
     if args.json:
         args.json.write_text(json.dumps(by_policy, indent=2) + "\n")
 

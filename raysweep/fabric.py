@@ -1,0 +1,189 @@
+"""The fabric a configuration got: an all-reduce bus-bandwidth probe across its placement group's GPUs and nodes.
+
+`probe(res, mib, iters)` runs, before a multi-node server starts, one `ProbeRank` actor per GPU of the
+placement group (one per node on a cluster without GPUs), each in its bundle, so the probe crosses exactly
+the nodes and GPUs the server will use. They form one `torch.distributed` group (NCCL where torch sees CUDA,
+gloo otherwise), all-reduce a `mib` MiB float32 tensor once to warm up, then `iters` times timed; the slowest rank's
+time is the time. As nccl-tests reports it: algorithm bandwidth = bytes / time, bus bandwidth = algbw x
+2 (n - 1) / n, in GB/s (10^9 bytes). The actors are gone before the server's host actors take the bundles.
+
+`bandwidth_baseline(nodes)` is `raysweep preflight --bandwidth`: the probe between neighbouring pairs of
+nodes (a ring: node i with node i+1), each node's baseline the slowest pair it is in. `gate(result, cfg,
+baseline)` is the check of `transport.min_busbw_gbps` and `transport.min_busbw_fraction` (of the smallest
+baseline among the configuration's nodes); it returns why a configuration is refused, or None.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from raysweep import procs
+
+__all__ = ["ProbeRank", "bandwidth_baseline", "bus_bandwidth", "gate", "load_baseline", "probe", "probe_nodes"]
+
+log = logging.getLogger(__name__)
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s of one all-reduce of `nbytes` over `world` ranks that took `seconds`."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return algbw, algbw * 2 * (world - 1) / world if world > 1 else algbw
+
+
+@ray.remote(max_restarts=0, num_cpus=0)
+class ProbeRank:
+    """One rank of the probe's process group."""
+
+    def where(self) -> dict[str, Any]:
+        ip = ray.util.get_node_ip_address()
+        return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "port": procs.free_port(ip)}
+
+    def run(self, rank: int, world: int, master: str, port: int, nbytes: int, iters: int,
+            timeout_s: float) -> dict[str, Any]:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        iface = _iface_of(ray.util.get_node_ip_address())
+        if backend == "gloo" and iface:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+            x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+            dist.all_reduce(x)
+            _sync(backend)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            _sync(backend)
+            took = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            return {"rank": rank, "seconds": float(took.item()), "ip": ray.util.get_node_ip_address(),
+                    "backend": backend}
+        finally:
+            dist.destroy_process_group()
+
+
+def _sync(backend: str) -> None:
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _iface_of(ip: str) -> str:
+    """The network interface that holds `ip` (gloo binds there), or `lo` for loopback."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    return "lo" if ip.startswith("127.") else ""
+
+
+def probe_nodes(bundles: list[tuple[Any, int]], gpus_per_node: int, mib: float = 64.0, iters: int = 5,
+                timeout_s: float = 300.0) -> dict[str, Any]:
+    """The probe over the ranks given as (scheduling options, GPUs of that bundle): one rank per GPU (or one
+    per bundle without GPUs). Never raises: a probe that failed says why in `error`."""
+    opts = [o for o, g in bundles for _ in range(max(g, 1))]
+    actors = [ProbeRank.options(num_gpus=1 if gpus_per_node else 0, **o).remote() for o in opts]
+    nbytes = int(mib * 2**20) // 4 * 4
+    out: dict[str, Any] = {"backend": None, "world": len(actors), "nnodes": len(bundles), "bytes": nbytes,
+                           "iters": iters}
+    try:
+        where = ray.get([a.where.remote() for a in actors], timeout=timeout_s)
+        master = where[0]
+        refs = [a.run.remote(r, len(actors), master["ip"], master["port"], nbytes, iters, timeout_s)
+                for r, a in enumerate(actors)]
+        ranks = ray.get(refs, timeout=timeout_s + 60)
+        seconds = max(r["seconds"] for r in ranks)
+        algbw, busbw = bus_bandwidth(nbytes, seconds, len(actors))
+        out.update(backend=",".join(sorted({r["backend"] for r in ranks})), seconds=seconds, algbw_gbps=algbw,
+                   busbw_gbps=busbw, error=None, node_ids=sorted({w["node_id"] for w in where}, key=[w["node_id"] for w in where].index))
+    except Exception as exc:  # noqa: BLE001 - a failed probe is recorded, the gate decides
+        last = (str(exc).strip().splitlines() or [""])[-1]  # a remote traceback ends with its error
+        out.update(busbw_gbps=None, error=f"{type(exc).__name__}: {last}"[:300])
+        log.warning("fabric probe failed: %s", out["error"])
+    finally:
+        for a in actors:
+            ray.kill(a)
+    return out
+
+
+def probe(res: Any, mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0) -> dict[str, Any]:
+    """The probe across a configuration's placement group (`placement.Reservation`), recorded with its nodes."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundles = [({"scheduling_strategy": PlacementGroupSchedulingStrategy(res.pg, placement_group_bundle_index=i)},
+                res.layout.gpus_per_node) for i in range(len(res.bundles))]
+    out = probe_nodes(bundles, res.layout.gpus_per_node, mib, iters, timeout_s)
+    out.setdefault("node_ids", list(res.node_ids))
+    return out
+
+
+def bandwidth_baseline(nodes: list[Any], mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0) -> dict[str, Any]:
+    """`raysweep preflight --bandwidth`: the probe between neighbouring pairs of the nodes with GPUs (all nodes
+    when none has GPUs), each pinned to its node; per node, the slowest pair it is in."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    gpu_nodes = [n for n in nodes if n.gpus > 0] or list(nodes)
+    gpus = min((n.gpus for n in gpu_nodes), default=0)
+    pairs = [(gpu_nodes[i], gpu_nodes[(i + 1) % len(gpu_nodes)]) for i in range(len(gpu_nodes) if len(gpu_nodes) > 2
+                                                                                  else len(gpu_nodes) - 1)]
+    rows = []
+    for a, b in pairs:
+        ranks = [({"scheduling_strategy": NodeAffinitySchedulingStrategy(n.node_id, soft=False)}, gpus) for n in (a, b)]
+        r = probe_nodes(ranks, gpus, mib, iters, timeout_s)
+        rows.append({"nodes": [a.node_id, b.node_id], "ips": [a.ip, b.ip], "busbw_gbps": r.get("busbw_gbps"),
+                     "algbw_gbps": r.get("algbw_gbps"), "backend": r["backend"], "world": r["world"],
+                     "error": r.get("error")})
+    per_node: dict[str, float] = {}
+    for row in rows:
+        for n in row["nodes"]:
+            if row["busbw_gbps"] is not None:
+                per_node[n] = min(per_node.get(n, float("inf")), float(row["busbw_gbps"]))
+    return {"measured_at": time.time(), "mib": mib, "iters": iters, "pairs": rows, "per_node": per_node}
+
+
+def load_baseline(path: str | None) -> dict[str, Any] | None:
+    """The baseline in the report of `raysweep preflight --bandwidth --out FILE` (None: no path)."""
+    if not path:
+        return None
+    data = json.loads(Path(path).expanduser().read_text())
+    return data.get("bandwidth", data)
+
+
+def gate(result: dict[str, Any], min_gbps: float | None, min_fraction: float | None,
+         baseline: dict[str, Any] | None) -> str | None:
+    """Why a configuration's probe fails `transport.min_busbw_gbps` / `min_busbw_fraction`, or None."""
+    if min_gbps is None and min_fraction is None:
+        return None
+    bw = result.get("busbw_gbps")
+    if bw is None:
+        return f"transport.probe: the fabric probe failed ({result.get('error')}), so the bandwidth cannot be confirmed"
+    if min_gbps is not None and bw < min_gbps:
+        return f"transport.min_busbw_gbps {min_gbps:g}: the fabric probe measured {bw:.2f} GB/s bus bandwidth"
+    if min_fraction is not None:
+        per_node = (baseline or {}).get("per_node") or {}
+        known = [float(per_node[n]) for n in result.get("node_ids") or [] if n in per_node]
+        if not known:
+            return (f"transport.min_busbw_fraction {min_fraction:g}: the baseline has no measurement for the nodes "
+                    f"{[str(n)[:8] for n in result.get('node_ids') or []]}; run `raysweep preflight --bandwidth` again")
+        base = min(known)
+        result["baseline_gbps"] = base
+        if bw < min_fraction * base:
+            return (f"transport.min_busbw_fraction {min_fraction:g}: the fabric probe measured {bw:.2f} GB/s, "
+                    f"{bw / base:.0%} of the {base:.2f} GB/s baseline of its nodes")
+    return None

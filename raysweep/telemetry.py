@@ -1,0 +1,284 @@
+"""GPU telemetry during a point, through NVML (`nvidia-ml-py`), sampled on each node by the server's host actor.
+
+`Sampler` runs in the `ServerHost` actor of every node of a server, on the GPUs Ray gave that actor (the
+server's own): every `interval_s` it reads each GPU's utilisation, memory used, power draw, SM clock and
+current clock-event (throttle) reasons, and keeps the samples (a bounded ring). `window(t0, t1)` returns
+the samples of a point's time window; the driver pools those of every node and `summarise` turns them into
+the `gpu_*` columns of the result. `throttled(reasons)` keeps the reasons that lower the clock against
+the user's will (power cap, thermal, hardware slowdown, power brake); idle, application clocks and sync
+boost are not throttling.
+
+Without NVML (a CPU node, no driver, `nvidia-ml-py` missing) the sampler records why (`gpu_telemetry`
+says `unavailable: ...`), never an error. `FileNvml` is an NVML stand-in that replays GPUs described in a
+JSON file (named by `RAYSWEEP_FAKE_NVML` in the environment, or in a campaign's `serve.env`): for tests and
+demos on machines without GPUs.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any
+
+__all__ = ["FAKE_ENV", "THROTTLE_REASONS", "THROTTLED_FRACTION", "FileNvml", "Sampler", "load_nvml", "summarise",
+           "throttled"]
+
+log = logging.getLogger(__name__)
+
+from raysweep.validity import THROTTLED_FRACTION  # a point is marked `throttled` above this fraction of samples
+
+FAKE_ENV = "RAYSWEEP_FAKE_NVML"
+MAX_SAMPLES = 20_000       # per node: about 2.8 h at the default 0.5 s per sample for 1 GPU
+# NVML's clock-event reason bits (nvmlClocksEventReason*): those that are throttling, with short names
+THROTTLE_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                    0x80: "hw_power_brake"}
+NVML_CLOCK_SM = 1
+
+
+def throttled(reasons: int) -> list[str]:
+    """The throttling reasons set in an NVML clock-event bitmask, by name."""
+    return [name for bit, name in THROTTLE_REASONS.items() if reasons & bit]
+
+
+class FileNvml:
+    """An NVML stand-in reading `{"gpus": [{"util": 90, "mem_used_mib": 1000, "power_w": 300, "sm_mhz": 1980,
+    "reasons": 4}, ...]}` from a file at every call (so a test can change it while sampling)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _gpu(self, handle: int) -> dict[str, Any]:
+        with open(self.path) as f:
+            return dict(json.load(f)["gpus"][handle])
+
+    def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
+        self._gpu(0)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return int(index)
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:  # noqa: N802
+        return type("Util", (), {"gpu": self._gpu(h).get("util", 0)})()
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:  # noqa: N802
+        return type("Mem", (), {"used": int(self._gpu(h).get("mem_used_mib", 0)) * 2**20})()
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+        return int(float(self._gpu(h).get("power_w", 0)) * 1000)
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
+        return int(self._gpu(h).get("sm_mhz", 0))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802
+        return int(self._gpu(h).get("reasons", 0))
+
+
+def load_nvml() -> tuple[Any, str]:
+    """NVML initialised (or the file stand-in when `RAYSWEEP_FAKE_NVML` names one), and its source; (None,
+    why) when there is none."""
+    fake = os.environ.get(FAKE_ENV)
+    try:
+        if fake:
+            nvml: Any = FileNvml(fake)
+            source = "fake NVML"
+        else:
+            import pynvml as nvml  # nvidia-ml-py
+
+            source = "nvml"
+        nvml.nvmlInit()
+        return nvml, source
+    except Exception as exc:  # noqa: BLE001 - no library, no driver, no GPU: recorded, not an error
+        return None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
+
+
+def _physical_indices(gpu_ids: list[str]) -> list[int | str]:
+    return [int(g) if str(g).isdigit() else str(g) for g in gpu_ids]
+
+
+class Sampler:
+    """Samples a node's GPUs in a thread (see the module docstring)."""
+
+    def __init__(self, gpu_ids: list[str], interval_s: float = 0.5, nvml: Any = None, source: str = "") -> None:
+        self.interval_s = interval_s
+        self.nvml, self.source = (nvml, source or "nvml") if nvml is not None else load_nvml()
+        self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_SAMPLES)
+        self.handles: list[tuple[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.nvml is not None:
+            try:
+                self.handles = [(str(g), self._handle(g)) for g in _physical_indices(gpu_ids)]
+            except Exception as exc:  # noqa: BLE001
+                self.nvml, self.source = None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
+        if self.nvml is not None and not self.handles:
+            self.nvml, self.source = None, "unavailable: no GPU assigned to this server"
+
+    def _handle(self, gpu: int | str) -> Any:
+        if isinstance(gpu, int):
+            return self.nvml.nvmlDeviceGetHandleByIndex(gpu)
+        return self.nvml.nvmlDeviceGetHandleByUUID(gpu)
+
+    def sample(self) -> list[dict[str, Any]]:
+        """One reading of every GPU (a value NVML cannot give is None)."""
+        now, out = time.time(), []
+        for gpu, h in self.handles:
+            out.append({"t": now, "gpu": gpu, "util": self._read(lambda: self.nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                        "mem_mib": self._read(lambda: self.nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20),
+                        "power_w": self._read(lambda: self.nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                        "sm_mhz": self._read(lambda: self.nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
+                        "reasons": self._read(lambda: self._reasons(h))})
+        return out
+
+    def _reasons(self, h: Any) -> int:
+        get = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # drivers before 535
+        return int(get(h))
+
+    @staticmethod
+    def _read(fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - e.g. NVML_ERROR_NOT_SUPPORTED for power on some boards
+            return None
+
+    def start(self) -> Sampler:
+        if self.nvml is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="gpu-telemetry", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.extend(self.sample())
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def window(self, t0: float, t1: float) -> dict[str, Any]:
+        """The samples taken between t0 and t1, and where they come from."""
+        return {"source": self.source, "samples": [s for s in list(self.samples) if t0 <= s["t"] <= t1]}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarise(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `gpu_*` columns of a point from the windows of every node (see docs/multinode.md)."""
+    sources = sorted({str(w.get("source")) for w in windows if w})
+    samples = [s for w in windows if w for s in w.get("samples") or []]
+    out: dict[str, Any] = {"gpu_telemetry": ", ".join(sources) or "off", "gpu_telemetry_samples": len(samples)}
+    if not samples:
+        return out
+
+    def col(key: str) -> list[float]:
+        return [float(s[key]) for s in samples if isinstance(s.get(key), (int, float)) and math.isfinite(s[key])]
+
+    util, mem, power, sm = col("util"), col("mem_mib"), col("power_w"), col("sm_mhz")
+    reasons = [int(s["reasons"]) for s in samples if isinstance(s.get("reasons"), int)]
+    hot = [throttled(r) for r in reasons]
+    names = sorted({n for h in hot for n in h})
+    out.update(gpu_util_mean_pct=_mean(util), gpu_mem_used_max_mib=max(mem) if mem else None,
+               gpu_power_mean_w=_mean(power), gpu_power_max_w=max(power) if power else None,
+               gpu_sm_clock_mean_mhz=_mean(sm), gpu_sm_clock_min_mhz=min(sm) if sm else None,
+               gpu_throttled_fraction=(sum(1 for h in hot if h) / len(hot)) if hot else None,
+               gpu_throttle_reasons=",".join(names))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The report's multi-node section
+# ---------------------------------------------------------------------------------------------------
+
+def _telemetry_figure(df: Any) -> Any:
+    """Utilisation, power and SM clock per point (throttled points in red), one colour per server config."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [("gpu_util_mean_pct", "GPU utilisation %"), ("gpu_power_mean_w", "power W (mean)"),
+            ("gpu_sm_clock_mean_mhz", "SM clock MHz (mean)")]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, (col, title) in zip(axes, cols):
+        for i, (label, g) in enumerate(df.groupby("serve_label", sort=False)):
+            ax.plot(range(len(g)), g[col], "o-", label=str(label)[:40], color=f"C{i % 10}", ms=4)
+            hot = g["gpu_throttled_fraction"].fillna(0).to_numpy() > THROTTLED_FRACTION
+            if hot.any():
+                ax.plot([j for j, h in enumerate(hot) if h], g[col].to_numpy()[hot], "x", color="red", ms=9)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("point (in run order)", fontsize=8)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def report_section(output_dir: Any) -> str | None:
+    """The report's multi-node section: per server, its node-pair links and fabric probe, GPU topology
+    warnings, the cluster events (node losses, re-placements), and the GPU telemetry of every point (a
+    figure; throttled points crossed in red). None when there is nothing of the kind."""
+    import base64
+    import html
+    from pathlib import Path
+
+    from raysweep import transport
+    from raysweep.ledger import Ledger
+    from raysweep.plots import figure_bytes
+    from raysweep.results import results_table
+
+    e = html.escape
+    ledger = Ledger.open_existing(Path(output_dir))
+    try:
+        servers, events = ledger.servers(), ledger.events()
+    finally:
+        ledger.close()
+    parts: list[str] = []
+    rows = []
+    for s in servers:
+        v, probe, topo = s.transport_verdict() or {}, s.fabric_record(), s.topology_record() or []
+        names = [str(r.get("node_ip") or "?") for r in s.rank_list()]
+        links = transport.describe_links(v, names)
+        warnings = [w for t in topo for w in t.get("warnings") or []]
+        if not (links or probe or warnings) and int(v.get("nnodes", 1) or 1) < 2:
+            continue
+        bw = ("" if probe is None else f"{probe['busbw_gbps']:.2f} GB/s ({probe.get('backend')}, {probe.get('world')} "
+              f"ranks)" if probe.get("busbw_gbps") is not None else f"failed: {probe.get('error')}")
+        rows.append(f"<tr><td>{e(s.serve_id)}</td><td>{e(s.server_id)}</td><td>{'<br>'.join(e(x) for x in links) or '-'}"
+                    f"</td><td>{e(bw or '-')}</td><td>{e('; '.join(warnings) or '-')}</td></tr>")
+    if rows:
+        parts.append("<p>Per server: the links NCCL chose between each pair of nodes, the all-reduce bus bandwidth "
+                     "the fabric probe measured before it started, and GPU topology warnings.</p><table><tr>"
+                     "<th>server config</th><th>server</th><th>node-pair links</th><th>fabric probe</th>"
+                     "<th>topology</th></tr>" + "".join(rows) + "</table>")
+    if events:
+        import datetime
+
+        parts.append("<h3>Cluster events</h3><table><tr><th>time</th><th>event</th><th>server config</th>"
+                     "<th>nodes</th><th>detail</th></tr>" + "".join(
+                         f"<tr><td>{datetime.datetime.fromtimestamp(ev['at']):%Y-%m-%d %H:%M:%S}</td>"
+                         f"<td>{e(ev['kind'])}</td><td>{e(','.join(ev['serve_ids']))}</td>"
+                         f"<td>{e(', '.join(n[:12] for n in ev['nodes']))}</td><td>{e(str(ev['detail']))}</td></tr>"
+                         for ev in events) + "</table>")
+    try:
+        df = results_table(Path(output_dir))
+    except Exception:  # noqa: BLE001 - no results yet
+        df = None
+    if df is not None and "gpu_util_mean_pct" in df.columns and df["gpu_util_mean_pct"].notna().any():
+        df = df[df["gpu_util_mean_pct"].notna()].sort_values("started_at")
+        if "gpu_throttled_fraction" not in df.columns:
+            df["gpu_throttled_fraction"] = 0.0
+        png = base64.b64encode(figure_bytes(_telemetry_figure(df), "png", dpi=90)).decode()
+        hot = int((df["gpu_throttled_fraction"].fillna(0) > THROTTLED_FRACTION).sum())
+        parts.append(f'<h3>GPU telemetry</h3><figure><img alt="GPU telemetry" src="data:image/png;base64,{png}">'
+                     f"<figcaption>NVML samples of each server's own GPUs during every point; {hot} point(s) "
+                     "throttled (red crosses).</figcaption></figure>")
+    elif df is not None and "gpu_telemetry" in df.columns and len(df):
+        sources = sorted({str(x) for x in df["gpu_telemetry"].dropna()})
+        parts.append(f'<p class="muted">GPU telemetry: {e(", ".join(sources))}.</p>')
+    return "\n".join(parts) or None
