@@ -1,0 +1,504 @@
+"""Aggregates per point over its runs: mean, median, spread and confidence interval of the headline metrics.
+
+A point is one server configuration x one bench point (`serve_id`, `bench_id`); its runs are the rows of
+the results table that share them. For each headline metric M (`HEADLINE_RATES` and the mean, median and
+percentile columns of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`,
+`M_median`, `M_std` (sample standard deviation over the runs), `M_cv` (std / |mean|) and `M_ci_low`,
+`M_ci_high`:
+
+- a Student t-interval of the mean over the runs (`confidence`, two-sided); one run has no interval;
+- for the percentile columns (`median_*`, `p<P>_*`) of points whose runs all kept their raw samples (the
+  native backend), the percentile of the requests of all runs pooled, `M_pooled`, and its percentile
+  bootstrap interval (requests resampled within each run; for ITL, whole requests with their gaps). The
+  column `ci_method` says which a row got.
+
+A point is `noisy` when the coefficient of variation of one of its `NOISE_METRICS` exceeds `threshold`
+(default 5 %; `noisy_metrics` names them), and `runs_needed` is the number of runs that would bring the
+t-interval's half-width of every one of them under `threshold` of its mean (estimated from the spread
+seen; empty with one run). `lead_is_significant` tells whether two points differ by more than the noise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from raysweep.errors import UserError
+from raysweep.files import write_bytes_atomic, write_text_atomic
+
+__all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "headline_metrics", "lead_is_significant",
+           "point_keys", "runs_needed", "summarize", "summary_params", "summary_table", "t_quantile", "write_summary"]
+
+log = logging.getLogger(__name__)
+
+HEADLINE_RATES = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
+                  "output_throughput_per_gpu")
+NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms",
+                 "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms",
+                 "mean_e2el_ms", "median_e2el_ms")
+STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
+SUMMARY_FORMATS = ("parquet", "csv")
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_RESAMPLES = 1000
+_LATENCY = re.compile(r"^(mean|median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
+_LATENCY_ORDER = ("ttft", "tpot", "itl", "e2el")
+_MAX_BOOTSTRAP_VALUES = 5_000_000    # resamples x pooled ITL gaps at most per point (200 resamples of 25k gaps)
+_MIN_RESAMPLES = 100
+# Columns that differ from run to run of one point, or say where it ran: never point parameters.
+_RUN_COLUMNS = {"point_id", "run_number", "server_id", "attempt", "started_at", "ended_at", "bench_wall_s",
+                "cache_state_before", "bench_command", "date", "node_id", "node_ip", "hostname", "gpu_ids",
+                "node_ids", "node_ips", "gpu_ids_per_node", "samples_path", "result_path", "combo_dir"}
+_KEYS = ("serve_id", "bench_id")
+_LABELS = ("campaign", "serve_label", "bench_label")
+_SHAPE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "gpu_count", "num_nodes")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Student t quantiles (no scipy): the regularized incomplete beta function, then bisection
+# ---------------------------------------------------------------------------------------------------
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def _t_cdf(t: float, dof: float) -> float:
+    tail = 0.5 * _betainc(dof / 2.0, 0.5, dof / (dof + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, dof: float) -> float:
+    """The p-quantile of Student's t distribution with `dof` degrees of freedom (0 < p < 1)."""
+    if not 0.0 < p < 1.0 or dof <= 0:
+        raise ValueError(f"t_quantile: p must be in (0, 1) and dof > 0, got p={p}, dof={dof}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, dof)
+    lo, hi = 0.0, 1.0
+    while _t_cdf(hi, dof) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _t_cdf(mid, dof) < p else (lo, mid)
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+def runs_needed(cv: float, threshold: float, confidence: float = 0.95, limit: int = 100_000) -> int | None:
+    """The fewest runs whose t-interval half-width is at most `threshold` of the mean, for a spread `cv`."""
+    if not math.isfinite(cv) or threshold <= 0:
+        return None
+    q = 0.5 + confidence / 2.0
+    n = max(2, math.ceil((1.959963984540054 * cv / threshold) ** 2))   # the normal bound, t only adds
+    while n < limit and t_quantile(q, n - 1) * cv / math.sqrt(n) > threshold:
+        n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which columns
+# ---------------------------------------------------------------------------------------------------
+
+def headline_metrics(df: pd.DataFrame) -> list[str]:
+    """The headline metric columns the table has (with a value): throughputs, then per latency metric its
+    mean, median and percentiles."""
+    def has(col: str) -> bool:
+        return col in df.columns and pd.to_numeric(df[col], errors="coerce").notna().any()
+
+    latency = [c for c in df.columns if _LATENCY.match(str(c)) and has(c)]
+
+    def order(col: str) -> tuple[int, float]:
+        m = _LATENCY.match(col)
+        assert m is not None
+        stat = {"mean": -2.0, "median": -1.0}.get(m.group(1), float(m.group(2) or 0))
+        return _LATENCY_ORDER.index(m.group(3)), stat
+
+    return [c for c in HEADLINE_RATES if has(c)] + sorted(latency, key=order)
+
+
+def point_keys(df: pd.DataFrame, params: Sequence[str] | None = None) -> list[str]:
+    """The columns that identify a point: `serve_id` and `bench_id`, else the parameters, else every
+    column that is neither a metric nor a fact of one run."""
+    if all(k in df.columns for k in _KEYS):
+        return list(_KEYS)
+    if params:
+        return [p for p in params if p in df.columns]
+    metrics = set(headline_metrics(df))
+    return [c for c in df.columns if c not in metrics and c not in _RUN_COLUMNS and not _is_measurement(c)
+            and not pd.api.types.is_bool_dtype(df[c])]
+
+
+def _param_columns(df: pd.DataFrame, keys: list[str], params: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """The parameter columns of the points: those given (that the table has), else the columns that are
+    constant within every point and differ between points; and the GPU shape columns besides them."""
+    if params is not None:
+        names = [p for p in params if p in df.columns]
+    elif list(keys) != list(_KEYS):  # points told apart by their parameters
+        names = [k for k in keys if k not in _LABELS and k not in _SHAPE]
+    else:
+        metrics = set(headline_metrics(df))
+        skip = metrics | _RUN_COLUMNS | set(keys) | set(_LABELS)
+        grouped = df.groupby(keys, dropna=False, sort=False)
+        names = [c for c in df.columns if c not in skip and not _is_measurement(c)
+                 and df[c].astype(str).nunique() > 1 and (grouped[c].nunique(dropna=False) <= 1).all()]
+    return names, [c for c in _SHAPE if c in df.columns and c not in names and c not in keys]
+
+
+_MEASURED = re.compile(r"^((mean|median|std|p\d+(\.\d+)?)_\w+_ms|duration|completed|failed|total_\w+_tokens|"
+                       r"\w+_throughput(_per_gpu)?|request_goodput|max_output_tokens_per_s|max_concurrent_requests|"
+                       r"peak_\w+|rtfx|error_rate|shared_cpus|client_limited\w*|errors_sample|"
+                       r"(server|provenance|transport|validity|steady_state|spec_decode|probe|client)_?\w*)$")
+
+
+def _is_measurement(col: str) -> bool:
+    """A field a run measures or records about itself (vLLM's result fields and raysweep's own), never a
+    parameter of its point."""
+    return bool(_MEASURED.match(str(col)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The summary
+# ---------------------------------------------------------------------------------------------------
+
+def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: float = DEFAULT_THRESHOLD,
+              params: Sequence[str] | None = None, noise_metrics: Sequence[str] | None = None,
+              samples: Mapping[str, Mapping[str, Any]] | None = None,
+              resamples: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
+    """One row per point (see the module docstring): its keys, labels and parameter columns, `runs`,
+    `runs_flagged` (runs failing a validity check), `client_limited_runs`, `noisy`, `noisy_metrics`,
+    `runs_needed`, `ci_method`, then `M_mean, M_median, M_std, M_cv, M_ci_low, M_ci_high` per headline
+    metric (and `M_pooled` for percentiles bootstrapped from raw samples).
+
+    :param params: the parameter columns (default: inferred, see `_param_columns`).
+    :param samples: raw per-request samples by `point_id` (one run), as `results.read_samples` returns.
+    :raises UserError: a confidence or threshold out of range, or a noise metric the table lacks.
+    """
+    _check(confidence, threshold)
+    df = _with_per_gpu(results)
+    metrics = headline_metrics(df)
+    if df.empty:
+        return pd.DataFrame(columns=["runs", "noisy", "runs_needed"])
+    judged = _noise_metrics(noise_metrics, metrics)
+    keys = point_keys(df, params)
+    names, shape = _param_columns(df, keys, params)
+    rows = [_point_row(group, keys, names + shape, metrics, judged, confidence, threshold, samples, resamples)
+            for _, group in df.groupby(keys, dropna=False, sort=True)]
+    out = pd.DataFrame.from_records(rows)
+    out["runs_needed"] = out["runs_needed"].astype("Int64")
+    out["noisy"] = out["noisy"].astype(bool)
+    out.attrs.update(keys=keys, params=names,
+                     confidence=confidence, threshold=threshold)
+    return out
+
+
+def summary_params(summary: pd.DataFrame) -> list[str]:
+    """The parameter columns of a summary: as `summarize` recorded them (kept in parquet), else the columns
+    before `runs` that are neither keys, labels nor the GPU shape."""
+    if summary.attrs.get("params") is not None:
+        return [p for p in summary.attrs["params"] if p in summary.columns]
+    lead = list(summary.columns[: list(summary.columns).index("runs")]) if "runs" in summary.columns else []
+    return [c for c in lead if c not in (*_KEYS, *_LABELS, *_SHAPE)]
+
+
+def _check(confidence: float, threshold: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise UserError(f"--confidence {confidence}: accepted: a number between 0 and 1 (exclusive), e.g. 0.95")
+    if not threshold > 0.0:
+        raise UserError(f"--noise-threshold {threshold}: accepted: a positive fraction of the mean, e.g. 0.05")
+
+
+def _noise_metrics(given: Sequence[str] | None, metrics: list[str]) -> list[str]:
+    if given is None:
+        return [m for m in NOISE_METRICS if m in metrics]
+    missing = [m for m in given if m not in metrics]
+    if missing:
+        raise UserError(f"--noise-metrics {','.join(missing)}: not a headline metric of these results; accepted: "
+                        f"{', '.join(metrics)}")
+    return list(given)
+
+
+def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
+    """The table with `output_throughput_per_gpu`: GPUs counted as the Pareto plot counts them (gpu_count,
+    else tensor x pipeline x data parallel size from the record)."""
+    if df.empty or "output_throughput" not in df.columns or "output_throughput_per_gpu" in df.columns:
+        return df
+    from raysweep import plots
+
+    try:
+        gpus = plots.gpu_counts(df, "gpu_count")[0]
+    except UserError:
+        return df
+    thr = pd.to_numeric(df["output_throughput"], errors="coerce")
+    return df.copy().assign(output_throughput_per_gpu=thr / gpus)  # copy: one block, not many inserts
+
+
+def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
+               confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
+               resamples: int) -> dict[str, Any]:
+    first = group.iloc[0]
+    row: dict[str, Any] = {c: first[c] for c in (*keys, *_LABELS, *names) if c in group.columns}
+    row["runs"] = len(group)
+    if "validity_ok" in group.columns:
+        row["runs_flagged"] = int((group["validity_ok"] == False).sum())  # noqa: E712 (None is not flagged)
+    if "client_limited" in group.columns:
+        row["client_limited_runs"] = int((group["client_limited"] == True).sum())  # noqa: E712
+    stats = {m: _stats(pd.to_numeric(group[m], errors="coerce"), confidence) for m in metrics}
+    noisy = [m for m in judged if stats[m]["cv"] > threshold]
+    needed = [runs_needed(stats[m]["cv"], threshold, confidence) for m in judged]
+    known = [n for n in needed if n is not None]
+    row.update(noisy=bool(noisy), noisy_metrics=",".join(noisy), runs_needed=max(known) if known else None,
+               ci_method="t")
+    pooled = _bootstrap(group, metrics, confidence, samples, resamples)
+    if pooled:
+        row["ci_method"] = f"t; bootstrap for percentiles ({pooled.pop('_requests')} pooled requests)"
+    for m in metrics:
+        row.update({f"{m}_{k}": v for k, v in stats[m].items()})
+        if m in pooled:
+            row[f"{m}_pooled"], row[f"{m}_ci_low"], row[f"{m}_ci_high"] = pooled[m]
+    return row
+
+
+def _stats(values: pd.Series, confidence: float) -> dict[str, float]:
+    """Mean, median, std, cv and the t-interval of the mean of one metric over the runs of a point."""
+    v = values.dropna().to_numpy(dtype=float)
+    n = v.size
+    nan = math.nan
+    if n == 0:
+        return dict.fromkeys(STATS, nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean, median = float(np.mean(v)), float(np.median(v))
+        std = float(np.std(v, ddof=1)) if n > 1 else nan
+        cv = std / abs(mean) if n > 1 and math.isfinite(mean) and mean != 0 and math.isfinite(std) else nan
+        half = t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n) if n > 1 else nan
+    low, high = (mean - half, mean + half) if math.isfinite(half) else (nan, nan)
+    return {"mean": mean, "median": median, "std": std, "cv": cv, "ci_low": low, "ci_high": high}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bootstrap of the percentiles of the pooled requests
+# ---------------------------------------------------------------------------------------------------
+
+def _bootstrap(group: pd.DataFrame, metrics: list[str], confidence: float,
+               samples: Mapping[str, Mapping[str, Any]] | None, resamples: int) -> dict[str, Any]:
+    """{metric: (pooled percentile, ci low, ci high)} for the percentile metrics, when every run of the
+    point has its raw samples; empty otherwise. The percentiles of one latency share their resamples."""
+    if not samples or "point_id" not in group.columns or resamples < 1:
+        return {}
+    runs = [samples.get(str(pid)) for pid in group["point_id"]]
+    if any(r is None for r in runs):
+        return {}
+    per_run = [_request_values(r) for r in runs if r is not None]
+    rng = np.random.default_rng(0)
+    wanted: dict[str, list[tuple[str, float]]] = {}
+    for m in metrics:
+        match = _LATENCY.match(m)
+        if match is not None and match.group(1) != "mean":
+            q = 50.0 if match.group(1) == "median" else float(match.group(2))
+            wanted.setdefault(match.group(3), []).append((m, q))
+    out: dict[str, Any] = {}
+    for name, asked in wanted.items():
+        parts = [r[name] for r in per_run]
+        flat = [np.concatenate(p) if len(p) else np.zeros(0) for p in parts] if name == "itl" else parts
+        pooled = np.concatenate(flat)
+        if pooled.size == 0:
+            continue
+        qs = [q for _, q in asked]
+        draws = _itl_draws(parts, qs, resamples, rng) if name == "itl" else _draws(parts, qs, resamples, rng)
+        for i, (m, q) in enumerate(asked):
+            lo, hi = np.percentile(draws[:, i], [50.0 - 50.0 * confidence, 50.0 + 50.0 * confidence])
+            out[m] = (float(np.percentile(pooled, q)), float(lo), float(hi))
+    if out:
+        out["_requests"] = sum(int(r["n"]) for r in per_run)
+    return out
+
+
+def _request_values(s: Mapping[str, Any]) -> dict[str, Any]:
+    """Per successful request, in ms: TTFT, TPOT (outputs longer than one token, as vLLM), E2EL, and the
+    list of its ITL gaps, as `bench.stats.point_metrics` defines them."""
+    ok = np.asarray(s["ok"], dtype=bool)
+    begin_col = s.get("begin")
+    begin = np.asarray(begin_col if begin_col is not None and len(begin_col) == ok.size else s["sent"], dtype=float)
+    first, end = np.asarray(s["first"], dtype=float), np.asarray(s["end"], dtype=float)
+    outs = np.asarray(s["out_tok"], dtype=float)
+    e2el, ttft = ((end - begin) * 1000.0)[ok], ((first - begin) * 1000.0)[ok]
+    multi = outs[ok] > 1
+    tpot = (e2el[multi] - ttft[multi]) / (outs[ok][multi] - 1)
+    itl = [np.diff(np.asarray(c, dtype=float)) * 1000.0 for c, good in zip(s["chunks"], ok) if good]
+    return {"n": int(ok.sum()), "ttft": ttft, "tpot": tpot, "e2el": e2el, "itl": itl}
+
+
+def _draws(parts: list[np.ndarray], qs: list[float], resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """The `qs` percentiles (columns) of `resamples` resamples (rows) of the pooled values, each run
+    resampled within itself."""
+    out = np.empty((resamples, len(qs)))
+    block = max(1, 2_000_000 // max(1, sum(len(p) for p in parts)))
+    for start in range(0, resamples, block):
+        b = min(block, resamples - start)
+        drawn = np.concatenate([p[rng.integers(0, len(p), (b, len(p)))] for p in parts if len(p)], axis=1)
+        out[start:start + b] = np.percentile(drawn, qs, axis=1).T
+    return out
+
+
+def _itl_draws(parts: list[list[np.ndarray]], qs: list[float], resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """As `_draws` for ITL: whole requests (with all their gaps) resampled within each run; fewer resamples
+    (never under `_MIN_RESAMPLES`) when the gaps are many. A resample repeats each gap as often as its
+    request was drawn, so its percentiles are read from the gaps sorted once, weighted by those counts
+    (numpy's linear interpolation on the repeated values, without building them)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return np.zeros((0, len(qs)))
+    gaps = np.concatenate([np.concatenate(p) if p else np.zeros(0) for p in parts])
+    sizes = [len(p) for p in parts]
+    first = np.cumsum([0, *sizes[:-1]])  # the requests of all runs, numbered in one sequence
+    owner = np.concatenate([f + np.repeat(np.arange(len(p)), [len(g) for g in p]) for f, p in zip(first, parts)])
+    order = np.argsort(gaps, kind="stable")
+    gaps, owner = gaps[order], owner[order]
+    total = max(1, gaps.size)
+    resamples = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // total))
+    out = np.full((resamples, len(qs)), math.nan)
+    block = max(1, 4_000_000 // total)
+    for start in range(0, resamples, block):
+        b = min(block, resamples - start)
+        counts = np.concatenate([np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(b)])
+                                 if n else np.zeros((b, 0), dtype=int) for n in sizes], axis=1)
+        out[start:start + b] = _weighted_percentiles(gaps, counts[:, owner], qs)
+    return out[np.isfinite(out).all(axis=1)]
+
+
+def _weighted_percentiles(sorted_values: np.ndarray, weights: np.ndarray, qs: list[float]) -> np.ndarray:
+    """Per row of `weights`, the `qs` percentiles (numpy's linear method) of `sorted_values` each repeated
+    its weight's number of times: rows x len(qs)."""
+    rows, n = weights.shape
+    cum = np.cumsum(weights, axis=1)
+    count = cum[:, -1]
+    out = np.full((rows, len(qs)), math.nan)
+    live = count > 0
+    if not live.any():
+        return out
+    span = int(count.max()) + 1  # rows laid end to end: one search finds the k-th value of every row
+    flat = (cum + span * np.arange(rows)[:, None]).ravel()
+
+    def kth(k: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(flat, k + span * np.arange(rows), side="right") - n * np.arange(rows)
+        return sorted_values[np.clip(pos, 0, n - 1)]
+
+    for j, q in enumerate(qs):
+        h = (count - 1) * q / 100.0
+        lo = np.floor(h)
+        a, b = kth(lo.astype(np.int64)), kth(np.minimum(lo + 1, count - 1).astype(np.int64))
+        out[live, j] = (a + (h - lo) * (b - a))[live]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Significance
+# ---------------------------------------------------------------------------------------------------
+
+def lead_is_significant(a_row: Mapping[str, Any], b_row: Mapping[str, Any], metric: str) -> bool:
+    """Whether the confidence intervals of `metric` in two summary rows do not overlap (False when either
+    has no interval: one run)."""
+    a_lo, a_hi = float(a_row[f"{metric}_ci_low"]), float(a_row[f"{metric}_ci_high"])
+    b_lo, b_hi = float(b_row[f"{metric}_ci_low"]), float(b_row[f"{metric}_ci_high"])
+    if not all(math.isfinite(v) for v in (a_lo, a_hi, b_lo, b_hi)):
+        return False
+    return a_lo > b_hi or b_lo > a_hi
+
+
+# ---------------------------------------------------------------------------------------------------
+# An output dir's summary
+# ---------------------------------------------------------------------------------------------------
+
+def summary_table(output_dir: str | Path, confidence: float = 0.95, threshold: float = DEFAULT_THRESHOLD,
+                  results: pd.DataFrame | None = None, **kw: Any) -> pd.DataFrame:
+    """`summarize` of a raysweep output dir (parameters from its ledger, raw samples from its result
+    files), a vLLM sweep dir or an imported dir."""
+    from raysweep.importer import read_table
+
+    path = Path(output_dir)
+    df = results if results is not None else read_table(path).df
+    params, samples = _dir_params(path), _dir_samples(path, df)
+    return summarize(df, confidence, threshold=threshold, params=params, samples=samples, **kw)
+
+
+def _dir_params(output_dir: Path) -> list[str] | None:
+    """The serve and bench parameter names of a raysweep output dir's plan (None elsewhere)."""
+    from raysweep.ledger import LEDGER_FILE, Ledger
+
+    if not (output_dir / LEDGER_FILE).is_file():
+        return None
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        points = ledger.points()
+    finally:
+        ledger.close()
+    return list(dict.fromkeys(k for p in points for k in (*p.serve_params, *p.bench_params)))
+
+
+def _dir_samples(output_dir: Path, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """The raw samples of the runs that kept them, by point id (runs whose file cannot be read are left
+    out: their point gets t-intervals only)."""
+    from raysweep.results import read_samples
+
+    if "samples_path" not in df.columns or "point_id" not in df.columns:
+        return {}
+    out = {}
+    for pid, rel in zip(df["point_id"], df["samples_path"]):
+        if not isinstance(rel, str) or not rel:
+            continue
+        try:
+            out[str(pid)] = read_samples(output_dir / rel)
+        except (OSError, ValueError) as exc:
+            log.warning("run %s: its raw samples %s cannot be read (%s); its point gets t-intervals only", pid,
+                        rel, exc)
+    return out
+
+
+def write_summary(output_dir: str | Path, formats: Sequence[str] = SUMMARY_FORMATS,
+                  results: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> list[Path]:
+    """Write `summary.<format>` (parquet, csv) beside `results.*`, each whole or not at all: `summary` as
+    given, else `summary_table` of the output dir (of `results` when given) with the default settings."""
+    output_dir = Path(output_dir)
+    df = summary if summary is not None else summary_table(output_dir, results=results)
+    written = []
+    for fmt in formats:
+        path = output_dir / f"summary.{fmt}"
+        if fmt == "csv":
+            written.append(write_text_atomic(path, df.to_csv(index=False)))
+        elif fmt == "parquet":
+            written.append(write_bytes_atomic(path, df.to_parquet(index=False)))
+        else:
+            raise ValueError(f"unknown summary format {fmt!r}; accepted: {', '.join(SUMMARY_FORMATS)}")
+    return written

@@ -1,0 +1,438 @@
+"""Comparing campaigns: the points of one or more campaigns against a baseline, matched by their parameters.
+
+A side is a raysweep output dir, a `vllm bench sweep` dir, a dir written by `raysweep import`, or a file: a
+`summary.parquet/csv` (aggregates per point) or a `results.parquet/csv` (one row per run), read through
+`raysweep.aggregate`. Points are matched on the parameter columns both sides have (or `--match-on`); the
+baseline must hold one point per matched value, the other side may hold several (several server configs
+against one baseline point). Per metric a comparison gives the baseline and the other mean, their ratio
+(other / baseline) and a verdict: `better` or `worse` when the confidence intervals do not overlap
+(`aggregate.lead_is_significant`; higher is better for throughputs, lower for latencies), `within noise`
+when they overlap, `not judged` when a side has a single run. `comparison_figure` draws the curves of all
+sides in one figure.
+
+`raysweep compare` writes `comparison.csv`, `comparison_totals.csv` and `COMPARE.png`, and records the
+baseline in every compared raysweep output dir (`compare/baseline.json`), where `report_section` finds it:
+the report of that dir then shows the comparison.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from raysweep import aggregate, plots
+from raysweep.errors import UserError
+from raysweep.files import write_json_atomic, write_text_atomic
+
+__all__ = ["BASELINE_FILE", "COMPARE_DIR", "Comparison", "DEFAULT_METRICS", "Side", "common_params", "compare",
+           "comparison_figure", "distinct_names", "higher_is_better", "load_side", "record_baseline",
+           "report_section", "totals", "write_comparison"]
+
+log = logging.getLogger(__name__)
+
+COMPARE_DIR = "compare"
+BASELINE_FILE = "baseline.json"
+DEFAULT_METRICS = ("output_throughput", "output_throughput_per_gpu", "request_throughput", "median_ttft_ms",
+                   "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
+FIGURE_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
+_LABELS = ("serve_label", "bench_label")
+_COLORS = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+@dataclass
+class Side:
+    """One campaign's aggregates per point: its name, where it came from and its parameter columns."""
+
+    name: str
+    source: Path
+    summary: pd.DataFrame
+    params: list[str]
+
+
+@dataclass
+class Comparison:
+    """The points of `other` matched against `baseline` on the columns `on`, one row per point of `other`
+    that has a baseline point: the matched values, labels, and per metric `M_a` (baseline mean; for a
+    percentile bootstrapped on both sides, its pooled value), `M_b`, `M_ratio` (b / a), `M_verdict`."""
+
+    baseline: Side
+    other: Side
+    on: list[str]
+    metrics: list[str]
+    table: pd.DataFrame
+    unmatched_baseline: int = 0
+    unmatched_other: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def higher_is_better(metric: str) -> bool:
+    """Throughputs are better higher, latencies (`*_ms`) lower."""
+    return not metric.endswith("_ms")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading a side
+# ---------------------------------------------------------------------------------------------------
+
+def load_side(path: str | Path, option: str = "DIR", confidence: float = 0.95) -> Side:
+    """The aggregates of a directory or file (see the module docstring).
+
+    :raises UserError: the path is none of them (naming `option`).
+    """
+    p = Path(path)
+    if p.is_file():
+        df = _read_file(p, option)
+        summary = df if _is_summary(df) else aggregate.summarize(df, confidence)
+        name = _campaign_name(summary) or p.stem
+    elif p.is_dir():
+        summary = aggregate.summary_table(p, confidence)
+        name = _campaign_name(summary) or p.name
+    else:
+        raise UserError(f"{option} {path}: no such file or directory; accepted: a raysweep output dir, a `vllm bench "
+                        "sweep` dir, a dir written by `raysweep import`, or a summary/results .parquet or .csv file")
+    if summary.empty:
+        raise UserError(f"{option} {path}: no finished run to compare")
+    return Side(name, p, summary, aggregate.summary_params(summary))
+
+
+def distinct_names(sides: list[Side]) -> list[Side]:
+    """The sides, those that share a name told apart by their path."""
+    names = [s.name for s in sides]
+    short = [s.source.name for s in sides]
+    for s in sides:
+        if names.count(s.name) > 1:
+            s.name = f"{s.name} ({s.source.name if short.count(s.source.name) == 1 else s.source})"
+    return sides
+
+
+def common_params(sides: Sequence[Side]) -> list[str]:
+    """The parameter columns every side has, in the order of the first."""
+    return [p for p in sides[0].params if all(p in s.params for s in sides[1:])]
+
+
+def _read_file(path: Path, option: str) -> pd.DataFrame:
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        if path.suffix == ".csv":
+            return pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{option} {path}: cannot be read ({exc})") from exc
+    raise UserError(f"{option} {path}: a file must be .parquet or .csv (a summary.* or results.* table)")
+
+
+def _is_summary(df: pd.DataFrame) -> bool:
+    return "runs" in df.columns and any(str(c).endswith("_mean") for c in df.columns)
+
+
+def _campaign_name(summary: pd.DataFrame) -> str | None:
+    if "campaign" not in summary.columns:
+        return None
+    names = summary["campaign"].dropna().astype(str).unique()
+    return names[0] if len(names) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Matching and comparing
+# ---------------------------------------------------------------------------------------------------
+
+def _norm(value: Any) -> Any:
+    """A value as matching sees it: numbers (and "inf") as floats, missing as None, the rest as text."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
+            metrics: Sequence[str] | None = None) -> Comparison:
+    """Match the points of `other` against `baseline` and compare them metric by metric.
+
+    :raises UserError: no parameter to match on, a `--match-on` or `--metrics` name a side lacks, or a
+        baseline with several points for one matched value.
+    """
+    keys = _match_columns(baseline, other, on)
+    names = _metrics(baseline, other, metrics)
+    base_keys = [tuple(_norm(v) for v in row) for row in baseline.summary[keys].itertuples(index=False)]
+    _check_unique(baseline, keys, base_keys)
+    index = {k: i for i, k in enumerate(base_keys)}
+    rows, matched = [], set()
+    for _, b in other.summary.iterrows():
+        key = tuple(_norm(b[k]) for k in keys)
+        if key not in index:
+            continue
+        matched.add(key)
+        rows.append(_row(baseline.summary.iloc[index[key]], b, keys, names))
+    table = pd.DataFrame.from_records(rows)
+    notes = []
+    if not rows:
+        notes.append(f"no point of {other.name} has the parameters of a point of {baseline.name} "
+                     f"(matched on {', '.join(keys)})")
+    return Comparison(baseline, other, keys, names, table, len(set(base_keys) - matched),
+                      len(other.summary) - len(rows), notes)
+
+
+def _match_columns(baseline: Side, other: Side, on: Sequence[str] | None) -> list[str]:
+    if on:
+        for side in (baseline, other):
+            missing = [c for c in on if c not in side.summary.columns]
+            if missing:
+                raise UserError(f"--match-on {','.join(missing)}: not a column of {side.name} ({side.source}); "
+                                f"its parameters: {', '.join(side.params) or 'none'}")
+        return list(on)
+    keys = [p for p in baseline.params if p in other.params]
+    if not keys:
+        raise UserError(f"{baseline.name} and {other.name} have no parameter in common to match points on "
+                        f"({', '.join(baseline.params) or 'none'} vs {', '.join(other.params) or 'none'}); "
+                        "name the columns with --match-on")
+    return keys
+
+
+def _metrics(baseline: Side, other: Side, metrics: Sequence[str] | None) -> list[str]:
+    def has(side: Side, m: str) -> bool:
+        return f"{m}_mean" in side.summary.columns
+
+    if metrics:
+        missing = [m for m in metrics if not (has(baseline, m) and has(other, m))]
+        if missing:
+            both = [c[:-5] for c in baseline.summary.columns if c.endswith("_mean") and has(other, c[:-5])]
+            raise UserError(f"--metrics {','.join(missing)}: not aggregated on both sides; accepted: {', '.join(both)}")
+        return list(metrics)
+    return [m for m in DEFAULT_METRICS if has(baseline, m) and has(other, m)]
+
+
+def _check_unique(baseline: Side, keys: list[str], base_keys: list[tuple[Any, ...]]) -> None:
+    seen: dict[tuple[Any, ...], int] = {}
+    for i, k in enumerate(base_keys):
+        if k in seen:
+            a, b = baseline.summary.iloc[seen[k]], baseline.summary.iloc[i]
+            differ = [c for c in baseline.params if c not in keys and _norm(a.get(c)) != _norm(b.get(c))]
+            hint = (f"; add {', '.join(differ)} to --match-on" if differ else "")
+            raise UserError(f"the baseline {baseline.name} has several points with "
+                            f"{', '.join(f'{c}={plots.fmt_value(v)}' for c, v in zip(keys, k))}: a point to compare "
+                            f"with must be one{hint}")
+        seen[k] = i
+
+
+def _row(a: pd.Series, b: pd.Series, keys: list[str], metrics: list[str]) -> dict[str, Any]:
+    row: dict[str, Any] = {k: b[k] for k in keys}
+    for lab in _LABELS:
+        row[f"{lab}_a"], row[f"{lab}_b"] = a.get(lab), b.get(lab)
+    row["runs_a"], row["runs_b"] = a.get("runs"), b.get("runs")
+    for m in metrics:
+        stat = "pooled" if all(_has(r, f"{m}_pooled") for r in (a, b)) else "mean"   # what the intervals are about
+        va, vb = float(a[f"{m}_{stat}"]), float(b[f"{m}_{stat}"])
+        row[f"{m}_a"], row[f"{m}_b"] = va, vb
+        row[f"{m}_ratio"] = vb / va if va and math.isfinite(va) else math.nan
+        row[f"{m}_verdict"] = _verdict(a, b, m)
+    return row
+
+
+def _has(row: pd.Series, col: str) -> bool:
+    value = row.get(col)
+    return value is not None and not pd.isna(value)
+
+
+def _verdict(a: pd.Series, b: pd.Series, metric: str) -> str:
+    bounds = [a.get(f"{metric}_ci_low"), a.get(f"{metric}_ci_high"), b.get(f"{metric}_ci_low"),
+              b.get(f"{metric}_ci_high")]
+    if not all(v is not None and math.isfinite(float(v)) for v in bounds):
+        return "not judged"
+    if not aggregate.lead_is_significant(a, b, metric):
+        return "within noise"
+    up = float(b[f"{metric}_ci_low"]) > float(a[f"{metric}_ci_high"])
+    return "better" if up == higher_is_better(metric) else "worse"
+
+
+def totals(cmp: Comparison) -> pd.DataFrame:
+    """Per metric over the matched points: their number, the geometric mean, lowest and highest ratio, and
+    how many are better, worse, within noise or not judged."""
+    rows = []
+    for m in cmp.metrics:
+        if cmp.table.empty:
+            break
+        ratios = pd.to_numeric(cmp.table[f"{m}_ratio"], errors="coerce")
+        good = ratios[np.isfinite(ratios) & (ratios > 0)]
+        verdicts = cmp.table[f"{m}_verdict"].value_counts()
+        rows.append({"metric": m, "points": len(cmp.table),
+                     "ratio_geomean": float(np.exp(np.log(good).mean())) if len(good) else math.nan,
+                     "ratio_min": float(good.min()) if len(good) else math.nan,
+                     "ratio_max": float(good.max()) if len(good) else math.nan,
+                     **{v.replace(" ", "_"): int(verdicts.get(v, 0))
+                        for v in ("better", "worse", "within noise", "not judged")}})
+    return pd.DataFrame.from_records(rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------------------------------
+
+def _x_column(on: list[str], summaries: list[pd.DataFrame]) -> str | None:
+    """The load variable when it is matched on and varies, else the first numeric matched column that
+    varies (None: the points are drawn one after another)."""
+    def varies(c: str) -> bool:
+        values = pd.concat([pd.to_numeric(s[c], errors="coerce") for s in summaries if c in s.columns])
+        return bool(values.notna().all() and values[np.isfinite(values)].nunique() > 1)
+
+    for c in ("max_concurrency", "request_rate", *on):
+        if c in on and varies(c):
+            return c
+    return None
+
+
+@plots.styled
+def comparison_figure(comparisons: Sequence[Comparison], metrics: Sequence[str] | None = None,
+                      fig_height: float = 3.2) -> Figure:
+    """One panel per metric (default `FIGURE_METRICS` that both sides have) against the load variable: a
+    curve per side and server config, the baseline dashed, error bars from the confidence intervals."""
+    first = comparisons[0]
+    names = [m for m in (metrics or FIGURE_METRICS) if m in first.metrics] or first.metrics[:4]
+    sides = [first.baseline, *(c.other for c in comparisons)]
+    x = _x_column(first.on, [s.summary for s in sides])
+    others = [c for c in first.on if c != x]
+    fig = Figure(figsize=(fig_height * 1.35 * len(names) + 2.6, fig_height + 0.6), layout="constrained")
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    keys = _curve_keys(sides, comparisons, others)
+    colors = {k: _COLORS[i % len(_COLORS)] for i, k in enumerate(dict.fromkeys(group for _, group, _ in keys))}
+    for ax, m in zip(axes, names):
+        for n, group, pts in keys:
+            label = " · ".join(p for p in (sides[n].name, group) if p)
+            _draw_curve(ax, pts, x, m, (colors[group], _MARKERS[n % len(_MARKERS)]), dashed=n == 0, label=label)
+        ax.set_title(m)
+        ax.set_xlabel(plots.axis_label(x) if x else "point")
+        ax.set_ylabel(plots.axis_label(m))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", title="baseline dashed")
+    fig.suptitle(" vs ".join(s.name for s in sides))
+    return fig
+
+
+def _curve_keys(sides: list[Side], comparisons: Sequence[Comparison],
+                others: list[str]) -> list[tuple[int, str, pd.DataFrame]]:
+    """(side number, group label, its points) per curve: one per side, server config and value of the other
+    matched columns (the group, coloured alike on every side); only points that take part in a comparison
+    are drawn."""
+    on = comparisons[0].on
+    out = []
+    for n, side in enumerate(sides):
+        tables = [c.table for c in comparisons] if n == 0 else [comparisons[n - 1].table]
+        wanted = {tuple(_norm(v) for v in r) for t in tables if not t.empty for r in t[on].itertuples(index=False)}
+        df = side.summary
+        df = df[[tuple(_norm(v) for v in r) in wanted for r in df[on].itertuples(index=False)]]
+        group_by = [c for c in others if c in df.columns] or [c for c in ("serve_label",) if c in df.columns]
+        for values, pts in (df.groupby(group_by, dropna=False, sort=True) if group_by else [((), df)]):
+            values = values if isinstance(values, tuple) else (values,)
+            out.append((n, " · ".join(f"{c}={plots.fmt_value(v)}" if c in others else plots.fmt_value(v)
+                                      for c, v in zip(group_by, values)), pts))
+    return out
+
+
+def _draw_curve(ax: Any, pts: pd.DataFrame, x: str | None, metric: str, style: tuple[Any, str], dashed: bool,
+                label: str) -> None:
+    if f"{metric}_mean" not in pts.columns or pts.empty:
+        return
+    xs = pd.to_numeric(pts[x], errors="coerce") if x else pd.Series(range(len(pts)), index=pts.index, dtype=float)
+    order = np.argsort(xs.to_numpy(), kind="stable")
+    xs = xs.to_numpy()[order]
+    y = pd.to_numeric(pts[f"{metric}_mean"], errors="coerce")
+    if f"{metric}_pooled" in pts.columns:  # a bootstrapped percentile: the value its interval is about
+        y = pd.to_numeric(pts[f"{metric}_pooled"], errors="coerce").fillna(y)
+    y = y.to_numpy()[order]
+    lo = pd.to_numeric(pts.get(f"{metric}_ci_low"), errors="coerce").to_numpy()[order]
+    hi = pd.to_numeric(pts.get(f"{metric}_ci_high"), errors="coerce").to_numpy()[order]
+    color, marker = style
+    ax.plot(xs, y, linestyle="--" if dashed else "-", marker=marker, color=color, label=label,
+            markerfacecolor="none" if dashed else color)
+    has = np.isfinite(lo) & np.isfinite(hi)
+    if has.any():
+        ax.errorbar(xs[has], y[has], yerr=[y[has] - lo[has], hi[has] - y[has]], fmt="none", ecolor=color, capsize=3,
+                    alpha=0.7)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Writing, recording the baseline, the report section
+# ---------------------------------------------------------------------------------------------------
+
+def write_comparison(comparisons: Sequence[Comparison], out_dir: str | Path, fmt: str = "png",
+                     dpi: int = 150) -> list[Path]:
+    """comparison.csv (every compared pair, with `campaign_a`, `campaign_b`), comparison_totals.csv and
+    COMPARE.<fmt>, each whole or not at all."""
+    out = Path(out_dir)
+    tables = [c.table.assign(campaign_a=c.baseline.name, campaign_b=c.other.name) for c in comparisons]
+    sums = [totals(c).assign(campaign_a=c.baseline.name, campaign_b=c.other.name) for c in comparisons]
+    paths = [write_text_atomic(out / "comparison.csv", pd.concat(tables).to_csv(index=False)),
+             write_text_atomic(out / "comparison_totals.csv", pd.concat(sums).to_csv(index=False))]
+    if any(not c.table.empty for c in comparisons):
+        paths.append(plots.save_figure(comparison_figure(comparisons), out / f"COMPARE.{fmt}", fmt, dpi))
+    return paths
+
+
+def record_baseline(output_dir: str | Path, baseline: str | Path, on: Sequence[str] | None = None,
+                    metrics: Sequence[str] | None = None) -> Path:
+    """Remember the baseline of a raysweep output dir, for its report (`report_section`)."""
+    return write_json_atomic(Path(output_dir) / COMPARE_DIR / BASELINE_FILE,
+                             {"baseline": str(Path(baseline).resolve()), "match_on": list(on or []),
+                              "metrics": list(metrics or [])})
+
+
+def report_section(output_dir: Path) -> str | None:
+    """The comparison of this output dir with its recorded baseline (`raysweep compare BASELINE OUTPUT_DIR`):
+    totals per metric, the figure and the matched points; None when no baseline is recorded."""
+    path = Path(output_dir) / COMPARE_DIR / BASELINE_FILE
+    if not path.is_file():
+        return None
+    meta = json.loads(path.read_text())
+    try:
+        base = load_side(meta["baseline"], "baseline")
+    except UserError as exc:
+        return f'<p class="note">The recorded baseline cannot be read: {html.escape(str(exc))}</p>'
+    cmp = compare(base, load_side(output_dir), meta.get("match_on") or None, meta.get("metrics") or None)
+    head = (f"<p>Against the baseline <b>{html.escape(base.name)}</b> ({html.escape(str(base.source))}), matched "
+            f"on {html.escape(', '.join(cmp.on))}: {len(cmp.table)} point(s) compared, "
+            f"{cmp.unmatched_other} here and {cmp.unmatched_baseline} in the baseline without a match. Ratio = "
+            "this campaign / baseline; better or worse only when the confidence intervals do not overlap.</p>")
+    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in cmp.notes)
+    if cmp.table.empty:
+        return head + notes
+    png = base64.b64encode(plots.figure_bytes(comparison_figure([cmp]), "png", dpi=110)).decode()
+    figure = (f'<figure><img alt="comparison with the baseline" src="data:image/png;base64,{png}">'
+              "<figcaption>this campaign (solid) and the baseline (dashed), mean and confidence interval per "
+              "point</figcaption></figure>")
+    return head + notes + _html_table(totals(cmp)) + figure + _html_table(_point_view(cmp))
+
+
+def _point_view(cmp: Comparison) -> pd.DataFrame:
+    """The matched points with, per metric, `ratio (verdict)`."""
+    view = cmp.table[[*cmp.on, "serve_label_b"]].copy()
+    for m in cmp.metrics:
+        view[m] = [f"{r:.3f} ({v})" if math.isfinite(r) else v
+                   for r, v in zip(cmp.table[f"{m}_ratio"], cmp.table[f"{m}_verdict"])]
+    return view
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_text(v))}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.4g}"
+    return plots.fmt_value(value) if value is not None else ""

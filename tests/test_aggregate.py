@@ -1,0 +1,238 @@
+"""Unit tests for raysweep.aggregate (aggregates per point) and `raysweep results --aggregate`.
+
+Result tables and output dirs are made here (through the ledger API); raw samples are built by hand in the
+form the native backend writes them. No Ray, no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from raysweep import aggregate
+from raysweep.bench import stats
+from raysweep.bench.options import parse_load_options
+from raysweep.cli import main
+from raysweep.errors import UserError
+from raysweep.files import write_json_atomic
+from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.results import write_results
+
+T2_975 = 4.302652729911275  # Student t, 2 degrees of freedom, 97.5 %
+
+
+def run_row(sid: str, conc: int, run: int, thr: float, ttft: float, **extra: Any) -> dict[str, Any]:
+    """One run as the results table has it: ids, labels, parameters, metrics."""
+    return {"campaign": "c", "serve_id": sid, "bench_id": f"b{conc}", "point_id": f"{sid}-b{conc}-{run}",
+            "run_number": run, "serve_label": f"max_num_seqs={sid[1:]}", "bench_label": f"max_concurrency={conc}",
+            "max_num_seqs": int(sid[1:]), "max_concurrency": conc, "tensor_parallel_size": 1,
+            "pipeline_parallel_size": 1, "data_parallel_size": 1, "gpu_count": 2, "hostname": f"host{run}",
+            "output_throughput": thr, "request_throughput": thr / 10, "median_ttft_ms": ttft, "p99_ttft_ms": ttft * 2,
+            "mean_tpot_ms": 5.0, "validity_ok": True, "client_limited": False, **extra}
+
+
+def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame.from_records(rows)
+
+
+def test_t_quantile_matches_the_tables():
+    assert aggregate.t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
+    assert aggregate.t_quantile(0.975, 2) == pytest.approx(T2_975, abs=1e-6)
+    assert aggregate.t_quantile(0.975, 30) == pytest.approx(2.0423, abs=1e-4)
+    assert aggregate.t_quantile(0.995, 10) == pytest.approx(3.1693, abs=1e-4)
+    assert aggregate.t_quantile(0.025, 5) == pytest.approx(-2.5706, abs=1e-4)
+
+
+def test_runs_needed_is_the_fewest_runs_that_tighten_the_interval():
+    # 18 runs: t(17) * 0.1 / sqrt(18) = 0.0497 <= 0.05; 17 runs: t(16) * 0.1 / sqrt(17) = 0.0514
+    assert aggregate.runs_needed(0.1, 0.05) == 18
+    # 2 runs: t(1) * 0.01 / sqrt(2) = 0.090; 3 runs: t(2) * 0.01 / sqrt(3) = 0.025
+    assert aggregate.runs_needed(0.01, 0.05) == 3
+    assert aggregate.runs_needed(0.0, 0.05) == 2
+    assert aggregate.runs_needed(math.nan, 0.05) is None
+
+
+def test_summary_statistics_of_a_point_over_its_runs():
+    rows = [run_row("s8", 1, r, thr, 10.0 + r) for r, thr in enumerate((100.0, 110.0, 120.0))]
+    rows += [run_row("s8", 2, r, 200.0, 20.0) for r in range(3)]
+    s = aggregate.summarize(table(rows))
+    assert list(s["bench_id"]) == ["b1", "b2"] and list(s["runs"]) == [3, 3]
+    p = s.iloc[0]
+    assert p["output_throughput_mean"] == pytest.approx(110.0)
+    assert p["output_throughput_median"] == pytest.approx(110.0)
+    assert p["output_throughput_std"] == pytest.approx(10.0)
+    assert p["output_throughput_cv"] == pytest.approx(10.0 / 110.0)
+    half = T2_975 * 10.0 / math.sqrt(3)
+    assert p["output_throughput_ci_low"] == pytest.approx(110.0 - half)
+    assert p["output_throughput_ci_high"] == pytest.approx(110.0 + half)
+    assert p["ci_method"] == "t"
+    # per GPU: gpu_count is 2
+    assert p["output_throughput_per_gpu_mean"] == pytest.approx(55.0)
+    # the parameters that differ between points stay, the facts of one run do not
+    assert {"max_concurrency", "serve_label", "bench_label", "gpu_count"} <= set(s.columns)
+    assert "hostname" not in s.columns and "point_id" not in s.columns and "max_num_seqs" not in s.columns
+    assert "max_num_seqs" in aggregate.summarize(table(rows), params=["max_num_seqs", "max_concurrency"]).columns
+    # noisy: cv 9 % of throughput; the point without spread is not noisy
+    assert bool(p["noisy"]) and "output_throughput" in p["noisy_metrics"]
+    assert p["runs_needed"] == aggregate.runs_needed(10.0 / 110.0, 0.05)
+    q = s.iloc[1]
+    assert not q["noisy"] and q["output_throughput_std"] == 0.0 and q["runs_needed"] == 2
+
+
+def test_threshold_and_noise_metrics_are_options():
+    rows = [run_row("s8", 1, r, thr, 10.0) for r, thr in enumerate((100.0, 110.0, 120.0))]
+    assert not aggregate.summarize(table(rows), threshold=0.2)["noisy"].iloc[0]
+    judged = aggregate.summarize(table(rows), noise_metrics=["median_ttft_ms"])
+    assert not judged["noisy"].iloc[0] and judged["noisy_metrics"].iloc[0] == ""
+    with pytest.raises(UserError, match="--noise-metrics nope.*accepted: .*output_throughput"):
+        aggregate.summarize(table(rows), noise_metrics=["nope"])
+    with pytest.raises(UserError, match="--confidence"):
+        aggregate.summarize(table(rows), confidence=95)
+
+
+def test_one_run_has_no_interval_and_no_verdict():
+    s = aggregate.summarize(table([run_row("s8", 1, 0, 100.0, 10.0), run_row("s16", 1, 0, 300.0, 9.0)]))
+    assert s["output_throughput_ci_low"].isna().all() and s["output_throughput_cv"].isna().all()
+    assert not s["noisy"].any() and s["runs_needed"].isna().all()
+    assert not aggregate.lead_is_significant(s.iloc[0], s.iloc[1], "output_throughput")
+
+
+def test_lead_is_significant_when_intervals_do_not_overlap():
+    a = {"m_ci_low": 10.0, "m_ci_high": 12.0}
+    assert aggregate.lead_is_significant(a, {"m_ci_low": 12.5, "m_ci_high": 14.0}, "m")
+    assert aggregate.lead_is_significant({"m_ci_low": 12.5, "m_ci_high": 14.0}, a, "m")
+    assert not aggregate.lead_is_significant(a, {"m_ci_low": 11.5, "m_ci_high": 14.0}, "m")
+
+
+def test_flagged_and_client_limited_runs_are_counted():
+    rows = [run_row("s8", 1, 0, 100.0, 10.0), run_row("s8", 1, 1, 100.0, 10.0, validity_ok=False,
+                                                       client_limited=True)]
+    p = aggregate.summarize(table(rows)).iloc[0]
+    assert p["runs_flagged"] == 1 and p["client_limited_runs"] == 1
+
+
+def test_a_table_without_ids_is_grouped_by_its_parameters():
+    rows = [run_row("s8", c, r, 100.0 * c + r, 10.0) for c in (1, 2) for r in range(2)]
+    df = table(rows).drop(columns=["serve_id", "bench_id", "point_id", "serve_label", "bench_label"])
+    s = aggregate.summarize(df)
+    assert sorted(s["max_concurrency"]) == [1, 2] and list(s["runs"]) == [2, 2]
+    assert s.attrs["params"] == ["max_num_seqs", "max_concurrency"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# percentiles bootstrapped from raw samples
+# ---------------------------------------------------------------------------------------------------
+
+def samples(seed: int, n: int = 60) -> dict[str, Any]:
+    """Raw samples of one native run: n requests, TTFT 10-30 ms, 5 chunks each, one failed request."""
+    rng = np.random.default_rng(seed)
+    begin = np.sort(rng.uniform(0, 1, n))
+    ttft = rng.uniform(0.010, 0.030, n)
+    gaps = rng.uniform(0.002, 0.004, (n, 4))
+    chunks = [list(np.concatenate([[t], t + np.cumsum(g)])) for t, g in zip(ttft, gaps)]
+    end = begin + np.array([c[-1] for c in chunks])
+    ok = [True] * (n - 1) + [False]
+    return {"index": list(range(n)), "actor": [0] * n, "due": list(begin), "ready": list(begin), "sent": list(begin),
+            "begin": list(begin), "first": list(begin + ttft), "end": list(end), "done": list(end),
+            "in_tok": [32] * n, "out_tok": [5] * n, "ok": ok, "error": [None] * (n - 1) + ["boom"],
+            "chunks": chunks, "text": [None] * n}
+
+
+def test_percentiles_of_the_pooled_requests_are_bootstrapped():
+    runs = {f"s8-b1-{r}": samples(r) for r in range(2)}
+    opts = parse_load_options([])
+    metrics = [stats.point_metrics(s, opts) for s in runs.values()]
+    rows = [run_row("s8", 1, r, 100.0 + r, m["median_ttft_ms"], p99_ttft_ms=m["p99_ttft_ms"],
+                    median_itl_ms=m["median_itl_ms"], mean_ttft_ms=m["mean_ttft_ms"]) for r, m in enumerate(metrics)]
+    s = aggregate.summarize(table(rows), samples=runs, resamples=300)
+    p = s.iloc[0]
+    pooled = stats.point_metrics(stats.pool(list(runs.values())), opts)
+    assert "bootstrap" in p["ci_method"] and "118 pooled requests" in p["ci_method"]
+    for m in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms"):  # the pooled value as bench.stats computes it
+        assert p[f"{m}_pooled"] == pytest.approx(pooled[m])
+        assert p[f"{m}_ci_low"] < p[f"{m}_pooled"] < p[f"{m}_ci_high"]
+    # the t-interval of two runs would be far wider than the bootstrap of 118 requests
+    t_half = aggregate.t_quantile(0.975, 1) * np.std([m["median_ttft_ms"] for m in metrics], ddof=1) / math.sqrt(2)
+    assert p["median_ttft_ms_ci_high"] - p["median_ttft_ms_ci_low"] < 2 * t_half
+    # means keep the t-interval
+    assert "mean_ttft_ms_pooled" not in s.columns
+    # a point with a run without samples gets t-intervals only
+    partial = aggregate.summarize(table(rows), samples={"s8-b1-0": runs["s8-b1-0"]})
+    assert partial["ci_method"].iloc[0] == "t"
+
+
+# ---------------------------------------------------------------------------------------------------
+# summary files and the CLI
+# ---------------------------------------------------------------------------------------------------
+
+def build_dir(out: Path, rows: list[dict[str, Any]], name: str = "c") -> Path:
+    """A raysweep output dir with these runs done (their params: max_num_seqs and max_concurrency)."""
+    out.mkdir(parents=True)
+    led = Ledger(out / LEDGER_FILE)
+    try:
+        led.sync(name=name, fingerprint="fp", meaning={}, campaign={"name": name}, campaign_file="c.yaml",
+                 points=[(r["point_id"], r["serve_id"], r["bench_id"], r["run_number"],
+                          {"max_num_seqs": r["max_num_seqs"]}, {"max_concurrency": r["max_concurrency"]})
+                         for r in rows])
+        for r in rows:
+            rel = f"points/{r['serve_id']}/{r['bench_id']}/run={r['run_number']}.json"
+            write_json_atomic(out / rel, {**r, "campaign": name})
+            led.mark_running(r["point_id"], "srv")
+            led.mark_done(r["point_id"], rel)
+    finally:
+        led.close()
+    return out
+
+
+@pytest.fixture
+def outdir(tmp_path: Path) -> Path:
+    rows = [run_row(sid, c, r, base * c * (1 + 0.1 * r), 10.0 * c) for sid, base in (("s8", 100.0), ("s16", 150.0))
+            for c in (1, 2) for r in range(3)]
+    return build_dir(tmp_path / "out", rows)
+
+
+def test_summary_is_written_beside_the_results(outdir):
+    write_results(outdir)
+    for fmt, read in (("parquet", pd.read_parquet), ("csv", pd.read_csv)):
+        s = read(outdir / f"summary.{fmt}")
+        assert len(s) == 4 and list(s["runs"]) == [3, 3, 3, 3], fmt
+        assert {"output_throughput_mean", "output_throughput_ci_low", "noisy", "runs_needed"} <= set(s.columns)
+    # the parquet file keeps which columns are the parameters (from the ledger)
+    assert pd.read_parquet(outdir / "summary.parquet").attrs["params"] == ["max_num_seqs", "max_concurrency"]
+
+
+def test_results_aggregate_prints_and_writes_with_its_settings(outdir):
+    res = CliRunner().invoke(main, ["results", str(outdir), "--aggregate", "--noise-threshold", "0.5",
+                                    "--confidence", "0.9"])
+    assert res.exit_code == 0, res.output
+    assert "4 point(s); noisy" in res.output and "90%" in res.output and "summary.csv" in res.output
+    s = pd.read_csv(outdir / "summary.csv")
+    assert not s["noisy"].any()   # cv 10 % is under 50 %
+    p = s.iloc[0]
+    half = aggregate.t_quantile(0.95, 2) * p["output_throughput_std"] / math.sqrt(3)
+    assert p["output_throughput_ci_high"] - p["output_throughput_mean"] == pytest.approx(half)
+    strict = CliRunner().invoke(main, ["results", str(outdir), "--aggregate"])
+    assert strict.exit_code == 0 and pd.read_csv(outdir / "summary.csv")["noisy"].all()
+    bad = CliRunner().invoke(main, ["results", str(outdir), "--aggregate", "--confidence", "1.5"])
+    assert bad.exit_code == 2 and "--confidence" in bad.output
+
+
+def test_summary_json_is_not_written_for_json_results(outdir):
+    write_results(outdir, ("json",))
+    assert not (outdir / "summary.parquet").exists() and not (outdir / "summary.csv").exists()
+    assert json.loads((outdir / "results.json").read_text())
+
+
+def test_a_vllm_sweep_dir_is_summarized_by_its_swept_parameters(tmp_path):
+    from test_plots import build_vllm_dir
+
+    s = aggregate.summary_table(build_vllm_dir(tmp_path / "vllm"))
+    assert sorted(s.attrs["params"]) == ["max_concurrency", "tensor_parallel_size"]
+    assert len(s) == 4 and set(s["runs"]) == {2}

@@ -1,0 +1,146 @@
+"""Unit tests for raysweep.compare and `raysweep compare`: campaigns built here (output dirs through the
+ledger API, or summary/results files), compared point by point. No Ray, no vLLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from raysweep import aggregate, compare
+from raysweep.cli import main
+from raysweep.errors import UserError
+from test_aggregate import build_dir, run_row
+
+CONCS = (1, 2, 4)
+
+
+def rows(name: str, thr: float, ttft: float, configs: tuple[str, ...] = ("s8",), jitter: float = 0.01,
+         noisy_at: int | None = None) -> list[dict]:
+    """Three runs per point: throughput thr * conc and TTFT ttft * conc, each within +-jitter; at
+    `noisy_at` the runs spread by 50 %."""
+    out = []
+    for sid in configs:
+        for c in CONCS:
+            for r in range(3):
+                spread = 0.5 if c == noisy_at else jitter
+                f = 1.0 + spread * (r - 1)
+                out.append(run_row(sid, c, r, thr * c * f, ttft * c * f, campaign=name))
+    return out
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    a = build_dir(tmp_path / "a", rows("base", 100.0, 10.0), name="base")
+    b = build_dir(tmp_path / "b", rows("new", 120.0, 12.0, noisy_at=4), name="new")
+    return a, b
+
+
+def test_points_matched_by_parameters_with_ratio_and_verdict(dirs):
+    a, b = (compare.load_side(d) for d in dirs)
+    assert (a.name, b.name) == ("base", "new")
+    cmp = compare.compare(a, b)
+    assert cmp.on == ["max_num_seqs", "max_concurrency"]
+    t = cmp.table.set_index("max_concurrency")
+    assert t.loc[1, "output_throughput_ratio"] == pytest.approx(1.2)
+    assert t.loc[1, "output_throughput_a"] == pytest.approx(100.0)
+    assert t.loc[1, "output_throughput_verdict"] == "better"     # more throughput, intervals apart
+    assert t.loc[2, "median_ttft_ms_verdict"] == "worse"         # a higher latency, intervals apart
+    assert t.loc[4, "output_throughput_verdict"] == "within noise"   # 50 % spread: the intervals overlap
+    tot = compare.totals(cmp).set_index("metric")
+    assert tot.loc["output_throughput", "better"] == 2 and tot.loc["output_throughput", "within_noise"] == 1
+    assert tot.loc["output_throughput", "ratio_geomean"] == pytest.approx(1.2)
+
+
+def test_a_single_run_is_not_judged(tmp_path):
+    one = [r for r in rows("one", 100.0, 10.0) if r["run_number"] == 0]
+    a = compare.load_side(build_dir(tmp_path / "a", one, name="one"))
+    b = compare.load_side(build_dir(tmp_path / "b", rows("new", 200.0, 10.0), name="new"))
+    assert set(compare.compare(a, b).table["output_throughput_verdict"]) == {"not judged"}
+
+
+def test_several_configs_against_one_baseline_point_and_unmatched_points(tmp_path):
+    base = [r for r in rows("base", 100.0, 10.0) if r["max_concurrency"] != 4]
+    a = pd.DataFrame.from_records(base)
+    a_file = tmp_path / "base_results.parquet"
+    a.drop(columns=["max_num_seqs"]).to_parquet(a_file)            # the baseline swept no server parameter
+    b = compare.load_side(build_dir(tmp_path / "b", rows("new", 120.0, 12.0, configs=("s8", "s16")), name="new"))
+    side_a = compare.load_side(a_file)
+    assert side_a.name == "base"
+    cmp = compare.compare(side_a, b)
+    assert cmp.on == ["max_concurrency"]
+    assert len(cmp.table) == 4 and cmp.unmatched_other == 2 and cmp.unmatched_baseline == 0
+    assert sorted(cmp.table["serve_label_b"]) == ["max_num_seqs=16"] * 2 + ["max_num_seqs=8"] * 2
+
+
+def test_an_ambiguous_baseline_or_nothing_in_common_is_refused(tmp_path):
+    a = compare.load_side(build_dir(tmp_path / "a", rows("a", 100.0, 10.0, configs=("s8", "s16")), name="a"))
+    b = compare.load_side(build_dir(tmp_path / "b", rows("b", 100.0, 10.0), name="b"))
+    with pytest.raises(UserError, match="several points with max_concurrency=1.*add max_num_seqs to --match-on"):
+        compare.compare(a, b, on=["max_concurrency"])
+    b.params = ["other"]
+    with pytest.raises(UserError, match="no parameter in common.*--match-on"):
+        compare.compare(a, b)
+    with pytest.raises(UserError, match="--match-on nope"):
+        compare.compare(a, b, on=["nope"])
+    with pytest.raises(UserError, match="--metrics nope.*accepted: .*output_throughput"):
+        compare.compare(a, b, on=["max_num_seqs", "max_concurrency"], metrics=["nope"])
+
+
+def test_a_summary_file_is_a_baseline(dirs, tmp_path):
+    a, b = dirs
+    aggregate.write_summary(a)
+    side = compare.load_side(a / "summary.csv")    # csv keeps no parameter list: read from its columns
+    assert side.params == ["max_num_seqs", "max_concurrency"] and side.name == "base"
+    cmp = compare.compare(side, compare.load_side(b))
+    assert len(cmp.table) == 3 and cmp.on == ["max_num_seqs", "max_concurrency"]
+
+
+def test_figure_has_both_campaigns_baseline_dashed(dirs):
+    a, b = (compare.load_side(d) for d in dirs)
+    fig = compare.comparison_figure([compare.compare(a, b)])
+    axes = fig.get_axes()
+    assert [ax.get_title() for ax in axes] == ["output_throughput", "median_ttft_ms"]
+    lines = [ln for ln in axes[0].get_lines() if ln.get_label() in ("base · max_num_seqs=8", "new · max_num_seqs=8")]
+    assert sorted(ln.get_linestyle() for ln in lines) == ["-", "--"]
+    dashed = next(ln for ln in lines if ln.get_linestyle() == "--")
+    assert list(dashed.get_xdata()) == [1, 2, 4] and list(dashed.get_ydata()) == pytest.approx([100, 200, 400])
+    assert axes[0].get_xlabel() == "max_concurrency"
+
+
+def test_cli_writes_the_comparison_and_the_report_shows_it(dirs, tmp_path):
+    a, b = dirs
+    res = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert res.exit_code == 0, res.output
+    assert "new against base: 3 point(s) matched" in res.output
+    written = pd.read_csv(b / "compare" / "comparison.csv")
+    assert list(written["campaign_a"].unique()) == ["base"] and len(written) == 3
+    assert (b / "compare" / "COMPARE.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((b / "compare" / "baseline.json").read_text())["baseline"] == str(a.resolve())
+    html = compare.report_section(b)
+    assert html is not None and "data:image/png;base64," in html and "base" in html and "better" in html
+    assert compare.report_section(a) is None    # the baseline itself has no baseline
+    # with --baseline and --no-record, into --out
+    out = tmp_path / "cmp"
+    res = CliRunner().invoke(main, ["compare", str(b), "--baseline", str(a), "--out", str(out), "--no-record",
+                                    "--metrics", "output_throughput"])
+    assert res.exit_code == 0, res.output
+    assert list(pd.read_csv(out / "comparison_totals.csv")["metric"]) == ["output_throughput"]
+
+
+def test_cli_refuses_one_side(dirs):
+    res = CliRunner().invoke(main, ["compare", str(dirs[0])])
+    assert res.exit_code == 2 and "at least two campaigns" in res.output
+
+
+def test_the_report_of_a_compared_dir_has_the_comparison(dirs):
+    from raysweep.report import build_report
+
+    a, b = dirs
+    compare.record_baseline(b, a)
+    page = build_report(b)
+    assert '<section id="comparison">' in page and "Against the baseline <b>base</b>" in page
+    assert page.index('id="comparison"') < page.index('id="figures"')
