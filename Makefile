@@ -17,6 +17,7 @@ demo: setup
 	RAYSWEEP_DEMO_MODEL=$(MODEL) $(BIN)/raysweep run configs/demo-cpu.yaml
 
 test: setup
+	bash scripts/install-browser.sh
 	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 clean-demo:

@@ -7,9 +7,22 @@ pinned to one core; `raysweep crosscheck --url` runs pinned to another, with its
 100 prompts, concurrency 16, `--ignore-eos`, temperature 0), with the caches reset before every run.
 Targets: output throughput within 5 %, median TTFT and TPOT within 10 % (crosscheck's defaults).
 
-    .venv/bin/python benchmarks/bench_parity.py [--runs 5] [--server-cpus 0] [--client-cpus 1]
+Cases (`--case`):
+- `random` (the default): the workload above.
+- `trace`: a timed trace replayed by both clients (`--dataset-name timed_trace`, vLLM's plain format: 100
+  lines at 8 req/s Poisson, 128 input tokens in 8 blocks of 16 of which the first 4 are shared by groups of
+  10 lines, 32 output tokens), on its own timeline.
+- `multi_turn`: `vllm bench serve` has no multi-turn sessions, so the native client is checked against the
+  server's own counters instead: 16 synthetic sessions of 4 turns (64 in / 32 out per turn, concurrency 8),
+  per run the client's input and output tokens and completed requests against the deltas of
+  `vllm:prompt_tokens`, `vllm:generation_tokens` and `vllm:request_success` (exact: equal), with the
+  per-turn input length, TTFT and the prefix-cache hit rate.
 
-Writes benchmarks/results/parity.md (and the crosscheck JSON beside it); exits with crosscheck's code.
+    .venv/bin/python benchmarks/bench_parity.py [--case random|trace|multi_turn] [--runs 5] [--server-cpus 0]
+        [--client-cpus 1]
+
+Writes benchmarks/results/parity.md (parity-trace.md, parity-multi-turn.md; the JSON beside each); exits with
+crosscheck's code (multi_turn: 0 when every count is equal, else 1).
 """
 
 from __future__ import annotations
@@ -33,20 +46,87 @@ OUT = REPO / "benchmarks" / "results"
 SERVE = "--load-format dummy --max-model-len 1024 --dtype bfloat16 --gpu-memory-utilization 0.2 --enforce-eager"
 LOAD = ("--dataset-name random --random-input-len 128 --random-output-len 32 --num-prompts {prompts} "
         "--max-concurrency 16 --ignore-eos --temperature 0")
+TRACE_LOAD = "--dataset-name timed_trace --dataset-path {trace} --num-prompts {prompts} --ignore-eos --temperature 0"
+SESSIONS_LOAD = ("--backend openai-chat --dataset-name multi_turn --num-prompts 16 --multi-turn-turns 4 "
+                 "--random-input-len 64 --random-output-len 32 --max-concurrency 8 --ignore-eos --temperature 0")
+RESULT_FILE = {"random": "parity", "trace": "parity-trace", "multi_turn": "parity-multi-turn"}
 
 
-def campaign(model: Path, prompts: int, work: Path) -> Path:
+def campaign(model: Path, prompts: int, work: Path, load: str = LOAD) -> Path:
     """The one-point campaign both clients run (the command crosscheck hands to `vllm bench serve`)."""
     f = work / "parity.yaml"
     f.write_text(yaml.safe_dump({
         "name": "parity", "output_dir": str(work / "out"), "warmup": 16,
         "serve": {"cmd": f"vllm serve {model} {SERVE}"},
-        "bench": {"cmd": f"vllm bench serve --model {model} {LOAD.format(prompts=prompts)}", "client_cpus": 0.5}}))
+        "bench": {"cmd": f"vllm bench serve --model {model} {load.format(prompts=prompts, trace=work / 'trace.jsonl')}",
+                  "client_cpus": 0.5}}))
     return f
+
+
+def write_trace(path: Path, n: int = 100, rate: float = 8.0, seed: int = 0) -> Path:
+    """A timed trace in vLLM's plain format: Poisson arrivals, 128 input tokens as 8 blocks of 16 (the first 4
+    shared by groups of 10 lines), 32 output tokens."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    at = np.cumsum(rng.exponential(1 / rate, n))
+    lines = [{"timestamp": round(float(t), 4), "input_length": 128, "output_length": 32,
+              "hash_ids": [1000 * (i // 10) + b for b in range(4)] + [10**6 + 8 * i + b for b in range(4)]}
+             for i, t in enumerate(at)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def sessions_check(model: Path, url: str, runs: int) -> tuple[int, str, list[dict]]:
+    """The multi-turn case: the native client's counts against the server's counters, run by run."""
+    import ray
+
+    from raysweep import metrics
+    from raysweep.bench.native import NativeBench
+    from raysweep.server import reset_caches
+
+    ray.init(include_dashboard=False, log_to_driver=False)
+    nb = NativeBench(cpus=0.5)
+    rows: list[dict] = []
+    try:
+        for rnd in range(runs):
+            reset_caches(url)
+            scraper = metrics.Scraper(url, 0.5).start()
+            try:
+                job = nb.submit(["vllm", "bench", "serve", "--model", str(model), *SESSIONS_LOAD.split()], url,
+                                str(model))
+                out = nb.finish(job, ray.get(job.refs))
+            finally:
+                scraper.stop()
+            r = out["result"]
+            r.update(scraper.summary((r["start_time"], r["end_time"])))
+            rows.append({"run": rnd, **{k: r.get(k) for k in (
+                "completed", "server_request_success", "total_input_tokens", "server_prompt_tokens",
+                "total_output_tokens", "server_generation_tokens", "server_prefix_cache_hit_rate",
+                "output_throughput", "median_ttft_ms", "per_turn")}})
+    finally:
+        nb.close()
+        ray.shutdown()
+    exact = all(r["completed"] == r["server_request_success"] and r["total_input_tokens"] == r["server_prompt_tokens"]
+                and r["total_output_tokens"] == r["server_generation_tokens"] for r in rows)
+    md = ["| run | completed / server | input tokens / server | output tokens / server | prefix-cache hit rate "
+          "| output tok/s | median TTFT ms |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['run']} | {r['completed']} / {r['server_request_success']:.0f} | {r['total_input_tokens']} / "
+                  f"{r['server_prompt_tokens']:.0f} | {r['total_output_tokens']} / {r['server_generation_tokens']:.0f} "
+                  f"| {r['server_prefix_cache_hit_rate']:.3f} | {r['output_throughput']:.1f} | "
+                  f"{r['median_ttft_ms']:.1f} |")
+    md += ["", "Per turn (last run): turn, mean input tokens (the conversation so far), mean TTFT ms", "",
+           "| turn | mean input tokens | mean TTFT ms | p99 TTFT ms |", "|---|---|---|---|"]
+    md += [f"| {t['turn']} | {t['mean_input_tokens']:.1f} | {t['mean_ttft_ms']:.1f} | {t['p99_ttft_ms']:.1f} |"
+           for t in rows[-1]["per_turn"]]
+    md += ["", f"Counts equal to the server's counters in every run: **{'yes' if exact else 'NO'}**."]
+    return (0 if exact else 1), "\n".join(md) + "\n", rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", choices=sorted(RESULT_FILE), default="random")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--prompts", type=int, default=100)
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list of the server")
@@ -67,11 +147,33 @@ def main() -> int:
                               work / "vllm.log")
         ready_s = time.monotonic() - t0
         env = {**ENV, "RAY_worker_niceness": "0", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+        name = RESULT_FILE[args.case]
+        if args.case == "multi_turn":
+            try:
+                os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
+                t0 = time.monotonic()
+                code, table, rows = sessions_check(model, url, args.runs)
+                wall = time.monotonic() - t0
+            finally:
+                stop_server(server)
+            head = (f"<!-- {time.strftime('%Y-%m-%d %H:%M')} -->\n# Parity: multi-turn sessions against the "
+                    f"server's counters\n\nServer pinned to CPU(s) {args.server_cpus} (ready in {ready_s:.0f} s); "
+                    f"the native client pinned to CPU(s) {args.client_cpus}, {args.runs} runs of `{SESSIONS_LOAD}` "
+                    f"in {wall:.0f} s, caches reset before each.\n\n")
+            OUT.mkdir(parents=True, exist_ok=True)
+            (OUT / f"{name}.md").write_text(head + table)
+            (OUT / f"{name}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+            print(head + table, flush=True)
+            return code
+        load = LOAD
+        if args.case == "trace":
+            write_trace(work / "trace.jsonl", n=args.prompts)
+            load = TRACE_LOAD
         try:
             t0 = time.monotonic()
             proc = subprocess.run(["taskset", "-c", args.client_cpus, str(BIN / "raysweep"), "crosscheck",
-                                   str(campaign(model, args.prompts, work)), "--url", url, "-n", str(args.runs),
-                                   "--out", str(work / "xc"), "--json"],
+                                   str(campaign(model, args.prompts, work, load)), "--url", url, "-n",
+                                   str(args.runs), "--out", str(work / "xc"), "--json"],
                                   env=env, capture_output=True, text=True)
             wall = time.monotonic() - t0
         finally:
@@ -82,15 +184,16 @@ def main() -> int:
         report = json.loads(proc.stdout)
         md = Path(report["report_dir"]) / "crosscheck.md"
         head = (f"<!-- {time.strftime('%Y-%m-%d %H:%M')} -->\n"
-                f"# Parity: native client vs `vllm bench serve` on one real vLLM CPU server\n\n"
+                f"# Parity{' (timed trace)' if args.case == 'trace' else ''}: native client vs `vllm bench serve` "
+                f"on one real vLLM CPU server\n\n"
                 f"Server pinned to CPU(s) {args.server_cpus} (ready in {ready_s:.0f} s); crosscheck, its embedded "
                 f"Ray and both clients pinned to CPU(s) {args.client_cpus}, Ray workers at niceness 0. "
                 f"Crosscheck took {wall:.0f} s.\n"
                 f"Command: `taskset -c {args.client_cpus} raysweep crosscheck parity.yaml --url {url} "
                 f"-n {args.runs}`\n\n")
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "parity.md").write_text(head + md.read_text().replace("# raysweep crosscheck", "## raysweep crosscheck", 1))
-        (OUT / "parity.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (OUT / f"{name}.md").write_text(head + md.read_text().replace("# raysweep crosscheck", "## raysweep crosscheck", 1))
+        (OUT / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(head + md.read_text(), flush=True)
         return proc.returncode
 

@@ -110,6 +110,10 @@ class PlacementSpec(NodeRule):
     max_servers: int | None = Field(None, ge=1, description="servers running at the same time (default: as many "
                                     "as free GPUs allow; 1 on a cluster without GPUs)")
     pins: list[Pin] = Field(default_factory=list, description="node rules for some configurations")
+    layout: Literal["pack", "spread"] | list[Literal["pack", "spread"]] = Field(
+        "pack", description="pack: each configuration on as few nodes as it fits; spread: across as many nodes "
+        "as its pipeline stages or data-parallel replicas allow (tensor parallelism stays inside a node); a "
+        "list sweeps it: every serve combination once per layout (the `placement_layout` result column)")
 
 
 class ClientGuardSpec(_Strict):
@@ -164,6 +168,80 @@ class BenchSpec(_Strict):
         return self
 
 
+# -- tune: search the serve parameters instead of running their whole grid (raysweep.tune) -----------------
+
+class TuneParam(_Strict):
+    """One dimension of the search space: `choices`, or a range `low`..`high` (integers when both are)."""
+
+    choices: list[Any] | None = Field(None, description="the values to choose from")
+    low: float | None = Field(None, description="lower end of a range (inclusive)")
+    high: float | None = Field(None, description="upper end of a range (inclusive)")
+    log: bool = Field(False, description="sample the range on a log scale (low > 0)")
+    step: float | None = Field(None, gt=0, description="spacing of the values of a range")
+    type: Literal["int", "float"] | None = Field(None, description="int or float (default: int when low, high "
+                                                 "and step are whole numbers)")
+
+
+class TuneObjective(_Strict):
+    """What a candidate is judged by: a result field (or `sla_capacity`) over its bench points."""
+
+    metric: str = Field(description="a result field (e.g. output_throughput, median_ttft_ms) or sla_capacity (the "
+                        "largest load meeting sla.targets)")
+    direction: Literal["maximize", "minimize"] = Field("maximize", description="maximize or minimize")
+    per: Literal["none", "gpu", "user"] = Field("none", description="divide by the configuration's GPUs, or by the "
+                                                "bench point's max_concurrency (per user)")
+    aggregate: Literal["best", "worst", "mean"] = Field("best", description="over the bench points of a candidate")
+
+
+class TuneBudget(_Strict):
+    """When no new candidate is started (candidates running then are finished)."""
+
+    candidates: int | None = Field(None, ge=1, description="server configurations tried")
+    gpu_hours: float | None = Field(None, gt=0, description="GPU-hours held by the candidates' servers")
+    wall_hours: float | None = Field(None, gt=0, description="hours since the first candidate was asked")
+
+    @model_validator(mode="after")
+    def _some(self) -> TuneBudget:
+        if self.candidates is None and self.gpu_hours is None and self.wall_hours is None:
+            raise ValueError("give at least one of candidates, gpu_hours, wall_hours")
+        return self
+
+
+class TuneEarlyStop(_Strict):
+    """Successive halving over each candidate's bench points (single objective only)."""
+
+    enabled: bool = Field(True, description="stop candidates clearly beaten at a rung")
+    eta: int = Field(3, ge=2, description="only the best 1/eta of the candidates at a rung go on")
+    min_peers: int = Field(3, ge=2, description="candidates that must have reached a rung before one is stopped there")
+
+
+class TuneSpec(_Strict):
+    """Search the serve parameters with an Optuna sampler, asked and told by the driver."""
+
+    space: dict[str, TuneParam] = Field(description="serve parameter -> {choices: [...]} or {low, high, log, step}")
+    exclude: list[dict[str, Any]] = Field(default_factory=list, description="candidates matching one of these "
+                                          "mappings are refused, as serve.params exclude does")
+    objective: TuneObjective | None = Field(None, description="one objective")
+    pareto: list[TuneObjective] | None = Field(None, description="two objectives: a Pareto front of candidates")
+    budget: TuneBudget = Field(description="when to stop asking for candidates")
+    parallel: int | None = Field(None, ge=1, description="candidates at once (default: as many as free GPUs allow)")
+    sampler: Literal["tpe", "random", "grid", "nsga2"] = Field("tpe", description="Optuna sampler")
+    seed: int | None = Field(None, description="the sampler's seed")
+    early_stop: TuneEarlyStop = Field(default_factory=TuneEarlyStop, description="successive halving")
+
+    @model_validator(mode="after")
+    def _one_goal(self) -> TuneSpec:
+        if (self.objective is None) == (self.pareto is None):
+            raise ValueError("give exactly one of objective (one) or pareto (two objectives)")
+        if self.pareto is not None and len(self.pareto) != 2:
+            raise ValueError(f"pareto takes exactly two objectives, got {len(self.pareto)}")
+        return self
+
+    @property
+    def objectives(self) -> list[TuneObjective]:
+        return [self.objective] if self.objective is not None else list(self.pareto or [])
+
+
 class SlaSpec(_Strict):
     """The SLA search: per server config and bench point, the largest load that meets each target."""
 
@@ -189,12 +267,35 @@ class SlaSpec(_Strict):
 class TransportSpec(_Strict):
     """The NCCL transport check of every server: its log is read, its links classified."""
 
-    require: Literal["any", "ib", "gdr"] = Field(
-        "any", description="the slowest cross-node link accepted for a multi-node config: any, ib (InfiniBand) "
-        "or gdr (InfiniBand with GPUDirect RDMA); a slower config is stopped before benchmarking")
+    require: Literal["any", "rdma", "ib", "gdr"] = Field(
+        "any", description="the cross-node links accepted for a multi-node config (every node pair): any, rdma "
+        "(InfiniBand or OFI/EFA), ib (InfiniBand) or gdr (GPUDirect RDMA over IB or OFI); a config with a "
+        "slower link is stopped before benchmarking")
     nccl_debug: bool = Field(True, description="start servers with NCCL_DEBUG=INFO (unless their env sets it)")
     wait_s: float = Field(30.0, ge=0, description="seconds to wait after ready for the NCCL lines of a "
                           "multi-node config before judging it")
+    probe: bool = Field(False, description="before a multi-node server starts, measure the all-reduce bus "
+                        "bandwidth across its placement group's GPUs and nodes (NCCL on GPUs, gloo on CPU)")
+    probe_mib: float = Field(64.0, gt=0, description="MiB all-reduced by each probe iteration")
+    probe_iters: int = Field(5, ge=1, description="timed all-reduce iterations of the probe (after one warmup)")
+    min_busbw_gbps: float | None = Field(None, gt=0, description="refuse a multi-node config whose probe measured "
+                                         "less bus bandwidth (GB/s) than this")
+    min_busbw_fraction: float | None = Field(None, gt=0, le=1, description="refuse a multi-node config whose "
+                                             "probe measured less than this fraction of the baseline of its nodes "
+                                             "(`raysweep preflight --bandwidth --out FILE`, named by `baseline`)")
+    baseline: str | None = Field(None, description="the report JSON written by `raysweep preflight --bandwidth "
+                                 "--out FILE` (its per-node bus bandwidth)")
+    telemetry: bool = Field(True, description="sample the server's GPUs through NVML during every point "
+                            "(utilisation, memory, power, SM clock, throttle reasons); no NVML is recorded, "
+                            "not an error")
+    telemetry_interval_s: float = Field(0.5, gt=0, description="seconds between GPU telemetry samples")
+
+    @model_validator(mode="after")
+    def _fraction_needs_baseline(self) -> TransportSpec:
+        if self.min_busbw_fraction is not None and not self.baseline:
+            raise ValueError("min_busbw_fraction needs `baseline`: the file `raysweep preflight --bandwidth "
+                             "--out FILE` wrote")
+        return self
 
 
 class Campaign(_Strict):
@@ -220,6 +321,8 @@ class Campaign(_Strict):
                                 "and results are mirrored to after every point")
     report: bool = Field(False, description="when `raysweep run` ends, write the HTML report and the default "
                                             "figures into the output dir and print their paths")
+    tune: TuneSpec | None = Field(None, description="search the serve parameters (Optuna) instead of running "
+                                  "their whole grid")
 
     @field_validator("storage")
     @classmethod
@@ -228,6 +331,16 @@ class Campaign(_Strict):
         if v is not None and ("://" not in v or v.split("://", 1)[0] not in schemes):
             raise ValueError(f"{v!r} is not a filesystem URI; accepted schemes: {', '.join(f'{s}://' for s in schemes)}")
         return v
+
+
+def _with_layouts(combos: list[dict[str, Any]], layout: str | list[str]) -> list[dict[str, Any]]:
+    """Every serve combination once per `placement.layout` (`pack` alone, the default, adds nothing, so the
+    ids of existing campaigns stay; a combination that sets `placement_layout` itself keeps it)."""
+    layouts = [layout] if isinstance(layout, str) else list(dict.fromkeys(layout))
+    if layouts == ["pack"]:
+        return combos
+    return [c if grid.LAYOUT_KEY in c else {**c, grid.LAYOUT_KEY: lay} for c in combos for lay in
+            ([layouts[0]] if grid.LAYOUT_KEY in c else layouts)]
 
 
 def _has_masked_secret(argv: list[str]) -> bool:
@@ -336,7 +449,8 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         if cmd and _has_masked_secret(shlex.split(cmd)):
             raise CampaignError(fld, "a secret flag's value was masked when the campaign was stored; write it as "
                                      "${VAR} or resume with `raysweep run CAMPAIGN.yaml`")
-    serve_combos = _resolve_params(campaign.serve.params, "serve.params", base_dir)
+    serve_combos = _with_layouts(_resolve_params(campaign.serve.params, "serve.params", base_dir),
+                                 campaign.placement.layout)
     bench_combos, bench_origins = _resolve_with_origins(campaign.bench.params, "bench.params", base_dir)
     _check_links(campaign.link, serve_combos, bench_combos)
     after = campaign.bench.after_bench_cmd
@@ -346,6 +460,10 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         _check_native(bench_argv, bench_combos, bench_origins)
     if campaign.sla is not None:
         _check_sla(campaign, bench_combos)
+    if campaign.tune is not None:
+        from raysweep.tune import check_tune
+
+        check_tune(campaign, serve_combos, bench_combos)
     return CampaignSpec(
         campaign=campaign,
         serve_argv=shlex.split(_expand(campaign.serve.cmd, "serve.cmd", env)),
@@ -374,7 +492,7 @@ def _check_mode(campaign: Campaign) -> None:
     if campaign.offline is None:
         raise CampaignError("offline", "is required (mode: offline): e.g. `offline: {cmd: vllm bench throughput "
                                        "--model MODEL --dataset-name random}`")
-    for part in ("serve", "bench", "sla"):
+    for part in ("serve", "bench", "sla", "tune"):
         if getattr(campaign, part) is not None:
             raise CampaignError(part, "has no meaning in mode offline (no server runs); remove it, or use mode serve")
     if campaign.link:

@@ -69,6 +69,10 @@ class ConfigLife:
         w = self.work
         if w.plan.spec.offline:
             return self.offline.run(run)
+        refused = self.servers.probe_fabric(run)  # transport.probe: before the server takes the GPUs
+        if refused is not None:
+            w.give_up(run.serve, refused, search_state="transport refused")
+            return "finished"
         while not run.abort and not w.stopping():
             runnable = w.ledger.runnable(run.serve.id, self.c.max_attempts)
             if not w.work_left(run.serve.id):
@@ -92,6 +96,8 @@ class ConfigLife:
     def _run_points(self, run: ConfigRun, server: Server, runnable: list[PointRow]) -> None:
         w = self.work
         points = [p for p in (w.plan.point(r.point_id) for r in runnable) if p is not None]
+        if hasattr(w, "in_order"):  # a tuning candidate: its most informative points first
+            points = w.in_order(points)
         if self.c.warmup and (points or self.c.sla is not None):
             self.points.warmup(run, server, (points or w.plan.points_of(run.serve.id))[0])
         refused = self.servers.check_transport(run, server)

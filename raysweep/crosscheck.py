@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 THROUGHPUTS = ("output_throughput", "request_throughput")
 LATENCIES = ("median_ttft_ms", "median_tpot_ms")
 JUDGED = THROUGHPUTS + LATENCIES
-METRICS = JUDGED + ("median_itl_ms", "median_e2el_ms", "total_input_tokens", "total_output_tokens")
+# client_cpu_s: CPU seconds the client took over the load (its cores are the server's on a shared machine)
+METRICS = JUDGED + ("median_itl_ms", "median_e2el_ms", "total_input_tokens", "total_output_tokens", "client_cpu_s")
 RUN_FIELDS = METRICS + ("completed", "failed", "duration", "client_limited")
 TOOLS = ("native", "vllm")
 
@@ -204,7 +205,9 @@ def _check_served(url: str, expected: str | None) -> None:
                         f"server config's model {expected!r}")
 
 
-NATIVE_ONLY_FLAGS = ("clients", "vocab_size")  # options raysweep's client adds to `vllm bench serve`'s
+NATIVE_ONLY_FLAGS = ("clients", "vocab_size", "prompt_format",  # options raysweep's client adds to `vllm bench serve`'s
+                     "duration", "trace_format", "trace_speedup", "multi_turn_turns", "multi_turn_think_time",
+                     "timeseries_interval")
 
 
 def vllm_point(point: Any) -> Any:

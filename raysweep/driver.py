@@ -35,7 +35,7 @@ from raysweep.live_server import ConfigRun
 from raysweep.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.recovery import driver_alive, embedded_temp_dir
 from raysweep.results import write_results
-from raysweep.scheduler import Scheduler
+from raysweep.scheduler import Scheduler, with_event_log
 from raysweep.server import rank_argv
 from raysweep.workload import EventSink, Workload
 
@@ -97,6 +97,10 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> 
     output_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(output_dir / LEDGER_FILE)
     try:
+        if spec.campaign.tune is not None:  # the candidates tried so far are part of the plan
+            from raysweep.tune import restore_plan
+
+            restore_plan(plan, ledger)
         ledger.sync(name=spec.campaign.name, fingerprint=plan.fingerprint, meaning=meaning(spec),
                     campaign=spec.stored_form(), campaign_file=spec.source_path,
                     points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points],
@@ -232,9 +236,17 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     """Run the pending points of a plan: as many server configurations at once as free GPUs allow (most
     work first, largest first among equals, smaller ones filling the gaps), each in its own thread with
     its own client actors. Returns why it stopped early, or None when it went through."""
-    work = Workload(plan, ledger, output_dir, emit, with_gpus)
     c = plan.spec.campaign
-    scheduler = Scheduler(RayCluster(ConfigLife(work)), work, emit,
+    cluster: Any
+    if c.tune is not None:  # candidates asked as GPUs free up, stopped early, told when they end
+        from raysweep.tune import TunedCluster, TuneWork
+
+        work = TuneWork(plan, ledger, output_dir, emit, with_gpus)
+        cluster = TunedCluster(RayCluster(ConfigLife(work)), work)
+    else:
+        work = Workload(plan, ledger, output_dir, emit, with_gpus)
+        cluster = RayCluster(ConfigLife(work))
+    scheduler = Scheduler(cluster, work, with_event_log(emit, ledger.add_event),  # node losses: ledger rows
                           max_servers=c.placement.max_servers or (None if with_gpus else 1))
     emit("campaign_start", total=len(plan.points), counts=ledger.counts())
     scheduler.run()

@@ -114,6 +114,9 @@ def guess_point_s(argv: list[str], offline: bool = False, defaults: Defaults = D
         return defaults.server_start_s + waves * request_s + defaults.point_overhead_s
     rate = _number(argv, "--request-rate", "--request_rate")
     concurrency = _number(argv, "--max-concurrency", "--max_concurrency")
+    duration = _number(argv, "--duration")  # a duration-bounded point (docs/workloads.md) runs that long
+    if duration:
+        return duration + request_s + defaults.point_overhead_s
     waves = math.ceil(prompts / (concurrency or defaults.unbounded_concurrency))
     by_concurrency = waves * request_s
     by_rate = prompts / rate + request_s if rate and math.isfinite(rate) else 0.0

@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 BENCHMARK_NAME_KEY = "_benchmark_name"
+LAYOUT_KEY = "placement_layout"  # a serve parameter of raysweep's own (pack | spread), never a flag
 MASK = "***"
 
 _SECRET_PARTS = {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS",
@@ -279,7 +280,7 @@ def apply_to_cmd(argv: Sequence[str], params: Mapping[str, Any]) -> list[str]:
     """
     out = list(argv)
     for key, value in params.items():
-        if key == BENCHMARK_NAME_KEY:
+        if key in (BENCHMARK_NAME_KEY, LAYOUT_KEY):
             continue
         found = _find_flag(out, key)
         new = [] if value is None else _flag_tokens(key, value)

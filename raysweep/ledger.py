@@ -86,6 +86,21 @@ CREATE TABLE IF NOT EXISTS servers (
   cpu_affinity TEXT,
   provenance TEXT
 );
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  at REAL NOT NULL,
+  kind TEXT NOT NULL,
+  serve_ids TEXT,
+  nodes TEXT,
+  detail TEXT
+);
+CREATE TABLE IF NOT EXISTS attempt_errors (
+  point_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  at REAL NOT NULL,
+  server_id TEXT,
+  error TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS drivers (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   hostname TEXT NOT NULL,
@@ -95,6 +110,19 @@ CREATE TABLE IF NOT EXISTS drivers (
   ended_at REAL,
   outcome TEXT,
   helpers TEXT
+);
+CREATE TABLE IF NOT EXISTS candidates (
+  number INTEGER PRIMARY KEY,
+  serve_id TEXT NOT NULL,
+  params TEXT NOT NULL,
+  state TEXT NOT NULL,
+  objective TEXT,
+  rungs TEXT,
+  reason TEXT,
+  gpu_count INTEGER NOT NULL DEFAULT 0,
+  gpu_s REAL NOT NULL DEFAULT 0,
+  created_at REAL NOT NULL,
+  updated_at REAL NOT NULL
 );
 """
 
@@ -150,9 +178,17 @@ class ServerRow:
     nice: str | None = None  # the server process's niceness (the highest of its ranks)
     cpu_affinity: str | None = None  # its CPU affinity per node: "ip=0-3;ip=0-7"
     provenance: str | None = None  # JSON: versions, GPUs, model, hostnames (raysweep.provenance)
+    fabric: str | None = None  # JSON: the all-reduce bandwidth probe before it started (raysweep.fabric)
+    topology: str | None = None  # JSON: per node, its GPUs' NVLink / PCIe / NUMA topology and the TP warnings
 
     def transport_verdict(self) -> dict[str, Any] | None:
         return dict(json.loads(self.transport)) if self.transport else None
+
+    def fabric_record(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.fabric)) if self.fabric else None
+
+    def topology_record(self) -> list[dict[str, Any]] | None:
+        return list(json.loads(self.topology)) if self.topology else None
 
     def provenance_record(self) -> dict[str, Any] | None:
         return dict(json.loads(self.provenance)) if self.provenance else None
@@ -175,7 +211,7 @@ class SyncReport:
 
 _ADDED_COLUMNS = (("points", "probe_of"), ("servers", "ranks"), ("servers", "log_path"), ("drivers", "helpers"),
                   ("servers", "transport"), ("servers", "nice"), ("servers", "cpu_affinity"),
-                  ("servers", "provenance"))
+                  ("servers", "provenance"), ("servers", "fabric"), ("servers", "topology"))
 
 
 class Ledger:
@@ -349,6 +385,34 @@ class Ledger:
             c.execute("UPDATE points SET state = 'failed', ended_at = ?, error = ?, log_tail = ?, updated_at = ?,"
                       " attempts = attempts + ? WHERE point_id = ?",
                       (time.time(), error, log_tail, time.time(), 0 if started else 1, point_id))
+            self._keep_error(c, point_id, error)
+
+    def _keep_error(self, c: sqlite3.Connection, point_id: str, error: str) -> None:
+        """An attempt's error, kept after the point later succeeds (`attempt_errors`)."""
+        row = c.execute("SELECT attempts, server_id FROM points WHERE point_id = ?", (point_id,)).fetchone()
+        if row is not None:
+            c.execute("INSERT INTO attempt_errors(point_id, attempt, at, server_id, error) VALUES(?, ?, ?, ?, ?)",
+                      (point_id, row["attempts"], time.time(), row["server_id"], error))
+
+    def attempt_errors(self, point_id: str | None = None) -> list[dict[str, Any]]:
+        """The errors of failed attempts, oldest first (of one point, or all)."""
+        sql, args = "SELECT * FROM attempt_errors", ()
+        if point_id is not None:
+            sql, args = sql + " WHERE point_id = ?", (point_id,)
+        with self._lock:
+            return [dict(r) for r in self._conn.execute(sql + " ORDER BY at", args).fetchall()]
+
+    def add_event(self, kind: str, serve_ids: list[str], nodes: list[str], detail: str) -> None:
+        """A cluster event (`node_lost`, `replaced`): when, which configurations, which nodes, what."""
+        with self._tx() as c:
+            c.execute("INSERT INTO events(at, kind, serve_ids, nodes, detail) VALUES(?, ?, ?, ?, ?)",
+                      (time.time(), kind, ",".join(serve_ids), ",".join(nodes), detail))
+
+    def events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM events ORDER BY id").fetchall()
+        return [{**dict(r), "serve_ids": [x for x in (r["serve_ids"] or "").split(",") if x],
+                 "nodes": [x for x in (r["nodes"] or "").split(",") if x]} for r in rows]
 
     def requeue(self, point_id: str, error: str, max_attempts: int) -> None:
         """A running point lost to its node or host (not to itself): the attempt counts, and it goes back to
@@ -357,6 +421,7 @@ class Ledger:
             c.execute("UPDATE points SET state = CASE WHEN attempts < ? THEN 'pending' ELSE 'failed' END, ended_at = ?,"
                       " error = ?, updated_at = ? WHERE point_id = ?",
                       (max_attempts, time.time(), error, time.time(), point_id))
+            self._keep_error(c, point_id, error)
 
     def give_up(self, point_id: str, error: str, max_attempts: int) -> None:
         """Fail a point for good (its configuration can no longer run): no attempts left, the reason kept."""
@@ -439,6 +504,51 @@ class Ledger:
         sql = "SELECT * FROM servers" + (" WHERE stopped_at IS NULL" if active_only else "") + " ORDER BY started_at"
         with self._lock:
             return [_server_row(r) for r in self._conn.execute(sql).fetchall()]
+
+
+    # -- tuning candidates (raysweep.tune) ------------------------------------------------------------
+
+    def add_points(self, points: list[tuple[str, str, str, int, dict[str, Any], dict[str, Any]]]) -> None:
+        """Points added to the plan while the campaign runs (a tuning candidate's); kept if already there."""
+        now = time.time()
+        with self._tx() as c:
+            c.executemany(
+                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params, updated_at)"
+                " VALUES(?, ?, ?, ?, ?, ?, ?)",
+                [(pid, sid, bid, run, json.dumps(sp), json.dumps(bp), now) for pid, sid, bid, run, sp, bp in points])
+            c.executemany("UPDATE points SET in_plan = 1 WHERE point_id = ?", [(p[0],) for p in points])
+
+    def drop_unfinished(self, serve_id: str) -> int:
+        """Take a configuration's points that will not run (a stopped candidate's) out of the plan."""
+        with self._tx() as c:
+            return c.execute("UPDATE points SET in_plan = 0, updated_at = ? WHERE serve_id = ? AND state IN "
+                             "('pending', 'failed')", (time.time(), serve_id)).rowcount
+
+    def save_candidate(self, number: int, *, serve_id: str, params: dict[str, Any], state: str,
+                       objective: list[float] | None = None, rungs: dict[str, Any] | None = None,
+                       reason: str | None = None, gpu_count: int = 0, gpu_s: float = 0.0) -> None:
+        """Insert or update one tuning candidate (its number is the sampler's trial number)."""
+        now = time.time()
+        with self._tx() as c:
+            c.execute("INSERT INTO candidates(number, serve_id, params, state, objective, rungs, reason, gpu_count, "
+                      "gpu_s, created_at, updated_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(number) DO "
+                      "UPDATE SET state = excluded.state, objective = excluded.objective, rungs = excluded.rungs, "
+                      "reason = excluded.reason, gpu_s = excluded.gpu_s, updated_at = excluded.updated_at",
+                      (number, serve_id, json.dumps(params), state, None if objective is None else json.dumps(objective),
+                       json.dumps(rungs or {}), reason, gpu_count, gpu_s, now, now))
+
+    def candidates(self) -> list[dict[str, Any]]:
+        """Every tuning candidate, by number: params, state, objective (list or None), rungs, reason, GPU-seconds."""
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM candidates ORDER BY number").fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["params"] = json.loads(d["params"])
+            d["objective"] = None if d["objective"] is None else json.loads(d["objective"])
+            d["rungs"] = json.loads(d["rungs"] or "{}")
+            out.append(d)
+        return out
 
 
 def _finite(v: float | None) -> float | None:

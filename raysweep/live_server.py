@@ -22,15 +22,15 @@ from typing import Any
 
 import ray
 
-from raysweep import placement, procs, transport
+from raysweep import fabric, placement, preflight, procs, telemetry, transport
 from raysweep.grid import shell_join
 from raysweep.ledger import Ledger, PointRow
 from raysweep.plan import ServeConfig
 from raysweep.server import ServerHost, expected_model, rank_argv
 from raysweep.workload import Workload
 
-__all__ = ["Aborted", "ConfigRun", "Server", "Servers", "new_server_id", "process_columns",
-           "resolve_provenance", "server_process_fields", "transport_fields", "warn_niced"]
+__all__ = ["Aborted", "ConfigRun", "Server", "Servers", "fabric_fields", "new_server_id", "process_columns",
+           "resolve_provenance", "server_process_fields", "telemetry_fields", "transport_fields", "warn_niced"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class Server:
     transport: dict[str, Any] | None = None  # the NCCL transport verdict (raysweep.transport.server_verdict)
     facts: list[dict[str, Any]] = field(default_factory=list)  # per rank: the process's nice and CPU affinity
     provenance: dict[str, Any] | None = None  # versions, GPUs, model, hostnames (raysweep.provenance)
+    fabric: dict[str, Any] | None = None  # the bandwidth probe of its placement group (raysweep.fabric)
 
     def down(self) -> str | None:
         """None while every rank's process runs; otherwise what ended it."""
@@ -93,6 +94,7 @@ class ConfigRun:
     outcome: str = "running"
     bench: Any = None                # the bench backend's client side (its actors stay warm between points)
     helper: Any = None               # runs after_bench_cmd
+    fabric: dict[str, Any] | None = None  # the fabric probe of its placement group (transport.probe)
 
     def drop_client(self) -> None:
         """Stop the client actors (a point was abandoned); the next point starts fresh ones."""
@@ -136,6 +138,25 @@ def transport_fields(verdict: dict[str, Any] | None) -> dict[str, Any]:
             "transport_plugins": ",".join(verdict.get("plugins") or []),
             "transport_ib_devices": ",".join(verdict.get("ib_devices") or []),
             "transport_nccl": ",".join(verdict.get("versions") or []), "transport": transport.describe(verdict)}
+
+
+def fabric_fields(probe: dict[str, Any] | None) -> dict[str, Any]:
+    """The `fabric_*` columns of a result from its server's bandwidth probe."""
+    if probe is None:
+        return {}
+    return {"fabric_busbw_gbps": probe.get("busbw_gbps"), "fabric_backend": probe.get("backend"),
+            "fabric_baseline_gbps": probe.get("baseline_gbps"), "fabric_error": probe.get("error")}
+
+
+def telemetry_fields(server: Server, t0: float, t1: float, enabled: bool) -> dict[str, Any]:
+    """The `gpu_*` columns of a point: the NVML samples of every node of the server between t0 and t1."""
+    if not enabled:
+        return {"gpu_telemetry": "off"}
+    try:
+        windows = ray.get([h.telemetry_window.remote(t0, t1) for h in server.hosts], timeout=60)
+    except ray.exceptions.RayError as exc:
+        return {"gpu_telemetry": f"unavailable: {type(exc).__name__}"}
+    return telemetry.summarise(windows)
 
 
 def process_columns(nodes: list[dict[str, Any]], facts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -200,6 +221,9 @@ class Servers:
         server_id = new_server_id(serve.id)
         w.emit("server_starting", serve=serve, server_id=server_id, layout=lay)
         server = self.hosts(run, server_id)
+        if run.fabric is not None:
+            server.fabric = run.fabric
+            w.ledger.update_server(server_id, fabric=json.dumps(run.fabric))
         run.bench.warm()  # its worker process starts while the server does
         t0 = time.monotonic()
         try:
@@ -259,11 +283,42 @@ class Servers:
         head = server.infos[0]
         server.facts = run.wait([h.process_facts.remote() for h in server.hosts], 60)[1]
         warn_niced(server)
+        if self.c.transport.telemetry:
+            fake = run.serve.env.get(telemetry.FAKE_ENV)  # an NVML stand-in named in serve.env (tests, demos)
+            run.wait([h.telemetry_start.remote(self.c.transport.telemetry_interval_s, str(fake) if fake else None)
+                      for h in server.hosts], 60)
+        if self.work.with_gpus:
+            self._topology(run, server)
         self.work.ledger.update_server(
             server.server_id, command=head["command"], hostname=server.nodes[0]["hostname"],
             node_id=server.nodes[0]["node_id"], node_ip=master, port=head["port"], pid=head["pid"],
             pid_create_time=head["pid_create_time"], gpu_ids=server.nodes[0]["gpu_ids"], log_path=head["log_path"],
             ranks=json.dumps(server.rank_rows()), **process_columns(server.nodes, server.facts))
+
+    def _topology(self, run: ConfigRun, server: Server) -> None:
+        """Record `nvidia-smi topo -m` of every node with the server and warn about its tensor-parallel groups
+        (GPUs without NVLink between them, or across NUMA nodes)."""
+        topo = run.wait([h.gpu_topology.remote() for h in server.hosts], 60)[1]
+        tp = run.serve.shape.tp
+        for node, t in zip(server.nodes, topo):
+            t["warnings"] = preflight.tp_group_warnings(t.get("topology") or {}, list(t.get("gpus") or []), tp)
+            for warning in t["warnings"]:
+                log.warning("server config %s on %s: %s", run.serve.id, node.get("hostname"), warning)
+                self.work.emit("topology_warning", serve=run.serve, server_id=server.server_id, warning=warning)
+        self.work.ledger.update_server(server.server_id, topology=json.dumps(topo))
+
+    def probe_fabric(self, run: ConfigRun) -> str | None:
+        """With `transport.probe`, measure the all-reduce bandwidth across a multi-node configuration's
+        placement group before its server starts; why it is refused by the bandwidth gate, or None."""
+        cfg = self.c.transport
+        if not cfg.probe or run.layout.nnodes < 2 or run.res is None:
+            return None
+        run.fabric = fabric.probe(run.res, cfg.probe_mib, cfg.probe_iters)
+        refused = fabric.gate(run.fabric, cfg.min_busbw_gbps, cfg.min_busbw_fraction, fabric.load_baseline(cfg.baseline))
+        self.work.emit("fabric", serve=run.serve, probe=run.fabric, refused=refused)
+        if refused:
+            log.error("server config %s: %s", run.serve.id, refused)
+        return refused
 
     def _wait_ready(self, run: ConfigRun, server: Server) -> dict[str, Any]:
         """Rank 0 answers /health and /v1/models, while every other rank still runs."""

@@ -8,6 +8,10 @@ data-parallel replicas (`--data-parallel-size-local`, mode `dp`) cross nodes. Ea
 node the packer chose (by Ray's `ray.io/node-id` label), so what raysweep believes is free is what Ray
 has free. On a cluster without GPUs every configuration takes one bundle of CPU.
 
+A configuration with `placement_layout: spread` (`placement.layout`) is spread instead: one pipeline stage
+or one data-parallel replica per node, even where it would fit one node, so a campaign can sweep pack
+against spread and measure what the fabric costs.
+
 `choose_starts` is the packing policy, shared by the driver and the packing benchmark: the configurations
 with the most work left first (remaining points), the largest shapes first among equals (so with equal
 grids, largest first), each on the nodes it fits most tightly (best fit, which keeps whole nodes free
@@ -162,6 +166,8 @@ def layout_for(shape: Shape, rule: NodeRule, nodes: list[NodeInfo]) -> Layout | 
     caps = sorted((n.gpus for n in pool), reverse=True)
     need, biggest = shape.gpu_count, caps[0]
     where = f" matching {rule_text(rule)}" if rule.node_labels or rule.resources else ""
+    if shape.spread:
+        return _spread(shape, caps, where)
     if need <= biggest:
         return Layout(1, need)
     if need > sum(caps):
@@ -192,6 +198,26 @@ def layout_for(shape: Shape, rule: NodeRule, nodes: list[NodeInfo]) -> Layout | 
             return Layout(n, g, "nnodes")
     return (f"tp={shape.tp} x pp={shape.pp} = {replica} GPUs cannot be split evenly over the nodes{where} "
             f"(GPUs per node: {caps}): the nodes must each hold tp x pp / N GPUs with N dividing pp")
+
+
+def _spread(shape: Shape, caps: list[int], where: str) -> Layout | str:
+    """`placement_layout: spread`: one data-parallel replica per node, or one pipeline stage (its TP group)
+    per node, so that the same shape measures what crossing the fabric costs."""
+    replica = shape.replica_gpus
+    if shape.dp > 1:
+        if replica <= caps[0] and sum(1 for c in caps if c >= replica) >= shape.dp:
+            return Layout(shape.dp, replica, "dp", 1)
+        return (f"placement_layout spread: {shape.dp} data-parallel replicas of {replica} GPUs need {shape.dp} "
+                f"nodes{where} with {replica} GPUs each (GPUs per node: {caps})")
+    if shape.pp > 1 and not shape.per_replica:
+        for n in sorted(_divisors(shape.pp), reverse=True):
+            g = replica // n
+            if n > 1 and sum(1 for c in caps if c >= g) >= n:
+                return Layout(n, g, "nnodes")
+        return (f"placement_layout spread: tp={shape.tp} x pp={shape.pp} cannot be split over the nodes{where} "
+                f"(GPUs per node: {caps})")
+    return (f"placement_layout spread: {shape.describe()} has nothing to spread (tensor parallelism never crosses "
+            "nodes): give it pipeline_parallel_size or data_parallel_size > 1")
 
 
 def _divisors(n: int) -> list[int]:

@@ -19,7 +19,7 @@ from raysweep.campaign import CampaignSpec, NodeRule, PlacementSpec
 from raysweep.errors import CampaignError
 
 __all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "fingerprint",
-           "meaning", "point_id", "probe_bench", "probe_runs", "rule_for", "shape_of"]
+           "make_serve", "meaning", "point_id", "probe_bench", "probe_runs", "rule_for", "serve_points", "shape_of"]
 
 _SHAPE_FLAGS = {
     "tp": ("tensor_parallel_size", ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")),
@@ -36,6 +36,7 @@ class Shape:
     pp: int = 1
     dp: int = 1
     per_replica: int | None = None  # serve.gpus_per_replica, for commands that are not `vllm serve`
+    spread: bool = False            # `placement_layout: spread`: across as many nodes as the shape allows
 
     @property
     def replica_gpus(self) -> int:
@@ -47,7 +48,8 @@ class Shape:
 
     def describe(self) -> str:
         text = f"tp={self.tp} pp={self.pp} dp={self.dp}"
-        return text + (f" gpus_per_replica={self.per_replica}" if self.per_replica else "")
+        return text + (f" gpus_per_replica={self.per_replica}" if self.per_replica else "") + (
+            " spread" if self.spread else "")
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,13 @@ class Plan:
     def point(self, point_id: str) -> PointRun | None:
         return next((p for p in self.points if p.id == point_id), None)
 
+    def add(self, serve: ServeConfig, points: list[PointRun], searches: list[tuple[str, str]]) -> None:
+        """A configuration added while the campaign runs (a tuning candidate)."""
+        self.serves.append(serve)
+        self.points.extend(points)
+        self.searches.extend(searches)
+        self._by_serve.setdefault(serve.id, []).extend(points)
+
 
 def point_id(serve_id: str, bench_id: str, run: int) -> str:
     return hashlib.sha256(f"{serve_id}/{bench_id}/{run}".encode()).hexdigest()[:16]
@@ -130,7 +139,11 @@ def shape_of(params: dict[str, Any], argv: list[str], gpus_per_replica: int | No
             where = f"serve.params ({grid.combo_label(params)})" if key in norm else "serve.cmd"
             raise CampaignError(where, f"{key} must be a positive integer, got {value!r}")
         sizes[short] = size
-    return Shape(**sizes, per_replica=gpus_per_replica)
+    layout = norm.get(grid.LAYOUT_KEY, "pack")
+    if layout not in ("pack", "spread"):
+        raise CampaignError(f"serve.params ({grid.combo_label(params)})",
+                            f"{grid.LAYOUT_KEY} must be pack or spread, got {layout!r}")
+    return Shape(**sizes, per_replica=gpus_per_replica, spread=layout == "spread")
 
 
 def rule_for(params: dict[str, Any], placement: PlacementSpec) -> NodeRule:
@@ -185,32 +198,45 @@ def fingerprint(spec: CampaignSpec) -> str:
 
 
 def build_plan(spec: CampaignSpec) -> Plan:
-    """Expand a campaign into server configs, bench points and runs (linked pairs only)."""
-    serves = []
+    """Expand a campaign into server configs, bench points and runs (linked pairs only). A `tune:` campaign
+    starts with no server config: the tuner adds its candidates (`make_serve`, `serve_points`, `Plan.add`)."""
     c = spec.campaign
     _check_pins(c.placement, spec.serve_combos)
-    for combo in spec.serve_combos:
-        argv = grid.apply_to_cmd(spec.serve_argv, combo)
-        serves.append(ServeConfig(id=grid.params_id(_no_name(combo)), params=combo, argv=argv,
-                                  env=dict(spec.serve_env), shape=shape_of(combo, spec.serve_argv,
-                                                                           spec.gpus_per_replica),
-                                  label=grid.combo_label(combo), rule=rule_for(combo, c.placement)))
+    serves = [] if c.tune is not None else [make_serve(spec, combo) for combo in spec.serve_combos]
     benches = [BenchPoint(id=grid.params_id(_no_name(c)), params=c, argv=grid.apply_to_cmd(spec.bench_argv, c),
                           label=grid.combo_label(c)) for c in spec.bench_combos]
     points, skipped, searches = [], 0, []
     for s in serves:
-        for b in benches:
-            if not grid.link_matches(s.params, b.params, spec.campaign.link):
-                skipped += 1
-                continue
-            if c.sla is not None:  # the search always starts at unbounded load; it adds the other probes itself
-                searches.append((s.id, b.id))
-                points.extend(probe_runs(spec, s, b, math.inf))
-            else:
-                points.extend(PointRun(id=point_id(s.id, b.id, r), serve=s, bench=b, run=r)
-                              for r in range(spec.campaign.runs))
+        pts, srch, skip = serve_points(spec, s, benches)
+        points, searches, skipped = points + pts, searches + srch, skipped + skip
     return Plan(spec=spec, serves=serves, benches=benches, points=points, fingerprint=fingerprint(spec),
                 skipped_pairs=skipped, searches=searches)
+
+
+def make_serve(spec: CampaignSpec, combo: dict[str, Any]) -> ServeConfig:
+    """The server configuration of one combination of serve parameters."""
+    argv = grid.apply_to_cmd(spec.serve_argv, combo)
+    return ServeConfig(id=grid.params_id(_no_name(combo)), params=combo, argv=argv, env=dict(spec.serve_env),
+                       shape=shape_of(combo, spec.serve_argv, spec.gpus_per_replica), label=grid.combo_label(combo),
+                       rule=rule_for(combo, spec.campaign.placement))
+
+
+def serve_points(spec: CampaignSpec, s: ServeConfig, benches: list[BenchPoint]
+                 ) -> tuple[list[PointRun], list[tuple[str, str]], int]:
+    """A configuration's runs, its SLA searches (serve id, bench id) and the pairs its link skips."""
+    points: list[PointRun] = []
+    searches, skipped = [], 0
+    for b in benches:
+        if not grid.link_matches(s.params, b.params, spec.campaign.link):
+            skipped += 1
+            continue
+        if spec.campaign.sla is not None:  # the search always starts at unbounded load; it adds the other probes
+            searches.append((s.id, b.id))
+            points.extend(probe_runs(spec, s, b, math.inf))
+        else:
+            points.extend(PointRun(id=point_id(s.id, b.id, r), serve=s, bench=b, run=r)
+                          for r in range(spec.campaign.runs))
+    return points, searches, skipped
 
 
 def probe_bench(spec: CampaignSpec, base: BenchPoint, value: float) -> BenchPoint:
@@ -247,6 +273,9 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
     lines = [f"Campaign {c.name}: {len(plan.serves)} server config(s) x {len(plan.benches)} bench point(s) "
              f"x {c.runs} run(s) = {len(plan.points)} run(s)"
              + (f" ({plan.skipped_pairs} pair(s) skipped by link)" if plan.skipped_pairs else "")]
+    if c.tune is not None:  # candidates come from the sampler (raysweep.tune.dry_run_lines)
+        lines = [f"Campaign {c.name}: tuning; each candidate runs {len(plan.benches)} bench point(s) x {c.runs} run(s)"
+                 + (f" ({len(plan.serves)} candidate(s) already in the ledger)" if plan.serves else "")]
     if plan.spec.offline:
         lines.append("Mode: offline (each run is the command below, to its end, with --output-json added)")
     else:

@@ -41,9 +41,10 @@ from raysweep.errors import UserError
 from raysweep.files import write_bytes_atomic, write_text_atomic
 
 __all__ = ["FigurePlan", "ParetoResult", "PlotSpec", "SERVER_METRICS", "SLA_COLUMNS", "apply_filters",
-           "axis_label", "check_columns", "describe", "figure_bytes", "fmt_value", "load_variable", "pareto",
-           "pareto_figure", "plan_curves", "plan_server_metrics", "render", "save_figure", "sla_figure",
-           "split_list", "styled", "write_pareto", "write_plots"]
+           "axis_label", "check_columns", "client_limited_mask", "describe", "figure_bytes", "fmt_value",
+           "gpu_counts", "load_linked", "load_variable", "pareto", "pareto_figure", "plan_curves",
+           "plan_server_metrics", "render", "save_figure", "sla_figure", "sort_key", "split_list", "styled",
+           "write_pareto", "write_plots"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,7 +61,8 @@ _STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.font
           "savefig.facecolor": "white"}
 _UNITS = {"request_throughput": "req/s", "request_rate": "req/s", "request_goodput": "req/s",
           "output_throughput": "tok/s", "total_token_throughput": "tok/s", "max_output_tokens_per_s": "tok/s",
-          "duration": "s", "server_kv_cache_usage_perc_peak": "1 = full", "server_kv_cache_usage_perc_mean": "1 = full"}
+          "output_throughput_per_gpu": "tok/s", "duration": "s", "server_kv_cache_usage_perc_peak": "1 = full",
+          "server_kv_cache_usage_perc_mean": "1 = full"}
 _FILTER = re.compile(r"^\s*([^<>=!]+?)\s*(==|!=|<=|>=|<|>)\s*(.*?)\s*$")  # longest operator first
 _OPS: dict[str, Callable[[Any, Any], Any]] = {"==": operator.eq, "!=": operator.ne, "<=": operator.le,
                                               ">=": operator.ge, "<": operator.lt, ">": operator.gt}
@@ -183,7 +185,7 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
-def _sort_key(value: Any) -> tuple[int, float, str]:
+def sort_key(value: Any) -> tuple[int, float, str]:
     """Numbers in numeric order, then text, then missing values."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return (2, 0.0, "")
@@ -208,7 +210,7 @@ def _groups(df: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.Series, list[str]
     first: dict[str, tuple[Any, ...]] = {}
     for label, t in zip(labels, tuples, strict=True):
         first.setdefault(label, t)
-    order = sorted(first, key=lambda lab: tuple(_sort_key(v) for v in first[lab]))
+    order = sorted(first, key=lambda lab: tuple(sort_key(v) for v in first[lab]))
     return pd.Series(labels, index=df.index, dtype=object), order
 
 
@@ -216,7 +218,7 @@ def _curve_title(keys: Sequence[str]) -> str:
     return "server config" if tuple(keys) == ("serve_label",) else ", ".join(keys)
 
 
-def _client_limited(df: pd.DataFrame) -> pd.Series:
+def client_limited_mask(df: pd.DataFrame) -> pd.Series:
     if "client_limited" not in df.columns:
         return pd.Series(False, index=df.index)
     return df["client_limited"].map(lambda v: v is True or v == 1 or str(v).lower() == "true")
@@ -321,7 +323,7 @@ def _flagged(df: pd.DataFrame) -> pd.Series:
     if "validity_ok" not in df.columns:
         return pd.Series(False, index=df.index)
     bad = df["validity_ok"].map(lambda v: v is False or v == 0 or str(v).lower() == "false")
-    return bad & ~_client_limited(df)
+    return bad & ~client_limited_mask(df)
 
 
 def _flagged_note(df: pd.DataFrame) -> list[str]:
@@ -334,7 +336,7 @@ def _curves(df: pd.DataFrame, x: str, y: str, labels: pd.Series) -> list[Curve]:
     """The curves of one panel: per label, the mean and SD over the runs at each x (client-limited apart).
     When x is itself measured (a throughput, say), the runs of one point are its repeats: they make one
     point at their mean x and mean y, rather than one point each."""
-    limited = _client_limited(df)
+    limited = client_limited_mask(df)
     by_point = _measured_x(df, x)
     curves = []
     for label in dict.fromkeys(labels):
@@ -369,7 +371,7 @@ def _mixing_note(df: pd.DataFrame, keys: list[pd.Series], x: str) -> list[str]:
 
 
 def _limited_note(df: pd.DataFrame, where: str = "in the curves") -> list[str]:
-    n = int(_client_limited(df).sum())
+    n = int(client_limited_mask(df).sum())
     return [f"{n} client-limited run(s) drawn hollow, not {where}"] if n else []
 
 
@@ -426,8 +428,18 @@ def default_layout(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> PlotSpec:
             key = part.split("=", 1)[0]
             if "=" in part and key in df.columns and key not in (load_var, spec.var_x, spec.var_y):
                 bench_keys[key] = None
-    cols = tuple(k for k in bench_keys if df[k].astype(str).nunique() > 1)
-    return replace(spec, curve_by=curve, col_by=cols)
+    varying = [k for k in bench_keys if df[k].astype(str).nunique() > 1]
+    linked = set(load_linked(df, load_var, varying))  # a num_prompts that follows the load is no shape
+    return replace(spec, curve_by=curve, col_by=tuple(k for k in varying if k not in linked))
+
+
+def load_linked(df: pd.DataFrame, load: str | None, names: Iterable[str]) -> list[str]:
+    """The parameters among `names` that only follow the load: one value per load value (a num_prompts
+    scaled with max_concurrency); they tell nothing apart that the load does not."""
+    if not load or load not in df.columns:
+        return []
+    return [n for n in names if n != load and n in df.columns
+            and df.groupby(df[load].astype(str))[n].agg(lambda s: s.astype(str).nunique()).max() <= 1]
 
 
 def load_variable(df: pd.DataFrame, fallback: str) -> str:
@@ -623,7 +635,7 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
     check_columns(df, ["output_throughput"], "(needed by the Pareto plot)")
     df = apply_filters(df, filter_by)
     users, user_from = _user_counts(df, user_count_var)
-    gpus, gpus_from, notes = _gpu_counts(df, gpu_count_var)
+    gpus, gpus_from, notes = gpu_counts(df, gpu_count_var)
     pts = df.assign(user_count=users, user_count_from=user_from, gpus=gpus, gpus_from=gpus_from)
     usable = np.isfinite(pts["user_count"]) & (pts["user_count"] > 0)
     if (~usable).any():
@@ -632,7 +644,7 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
     pts = pts[usable]
     thr = pd.to_numeric(pts["output_throughput"], errors="coerce")
     pts = pts.assign(tokens_per_user=thr / pts["user_count"], tokens_per_gpu=thr / pts["gpus"],
-                     client_limited=_client_limited(pts))
+                     client_limited=client_limited_mask(pts))
     notes += _limited_note(pts, "on the front") + _flagged_note(pts)
     return ParetoResult(pts.reset_index(drop=True), pareto_front(pts[~pts["client_limited"]]), notes)
 
@@ -644,7 +656,7 @@ def _user_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series]:
     return given.where(ok, seen), pd.Series(np.where(ok, var, "max_concurrent_requests (observed)"), index=df.index)
 
 
-def _gpu_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series, list[str]]:
+def gpu_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series, list[str]]:
     """GPUs per run as recorded in `var`, else TP x PP x DP from the record (see `pareto`)."""
     if var != "gpu_count":
         check_columns(df, [var], "--gpu-count-var")

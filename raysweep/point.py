@@ -19,10 +19,11 @@ from typing import Any
 import ray
 
 from raysweep import metrics, placement, provenance, validity
+from raysweep.bench import timeseries
 from raysweep.bench.command import CommandBench, result_record
 from raysweep.files import write_json_atomic
-from raysweep.live_server import (Aborted, ConfigRun, Server, resolve_provenance, server_process_fields,
-                                  transport_fields)
+from raysweep.live_server import (Aborted, ConfigRun, Server, fabric_fields, resolve_provenance,
+                                  server_process_fields, telemetry_fields, transport_fields)
 from raysweep.plan import PointRun
 from raysweep.results import write_samples
 from raysweep.scheduler import INTERRUPTED
@@ -118,6 +119,7 @@ class PointRunner:
             end = res.get("end_time") or returned
             start = res.get("start_time") or end - float(res.get("duration") or 0.0)
             res.update(scraper.summary((start, end)))
+            timeseries.attach(out, scraper.samples)  # per-bin series and the steady-state window (native)
             out["clients"] = job.clients
         return status, out
 
@@ -206,6 +208,9 @@ class PointRunner:
                 samples = base / f"run={point.run}.samples.parquet"
                 write_samples(samples, out["samples"])
                 result["samples_path"] = str(samples.relative_to(self.work.output_dir))
+            if out.get("timeseries") is not None:
+                series = timeseries.write_timeseries(base / f"run={point.run}.timeseries.parquet", out["timeseries"])
+                result["timeseries_path"] = str(series.relative_to(self.work.output_dir))
             self.finish(run, server, point, result, attempt, started, reset, out)
             return True
         ledger.mark_failed(point.id, error or "unknown failure", tail)
@@ -239,6 +244,7 @@ class PointRunner:
             "tensor_parallel_size": sh.tp, "pipeline_parallel_size": sh.pp, "data_parallel_size": sh.dp,
             "gpu_count": lay.gpu_count if self.work.with_gpus else 0, "num_nodes": lay.nnodes,
             "gpus_per_node": lay.gpus_per_node if self.work.with_gpus else 0, "placement_mode": lay.mode,
+            "placement_layout": "spread" if sh.spread else "pack",
             "node_id": head.get("node_id"), "node_ip": head.get("node_ip"), "hostname": head.get("hostname"),
             "gpu_ids": head.get("gpu_ids"),
             "node_ids": ",".join(n.get("node_id") or "" for n in server.nodes),
@@ -248,7 +254,8 @@ class PointRunner:
             "attempt": attempt, "started_at": started,
             "ended_at": time.time(), "bench_wall_s": out.get("duration_s"), "cache_state_before": reset,
             "bench_command": out.get("command"),
-            **transport_fields(server.transport),
+            **transport_fields(server.transport), **fabric_fields(server.fabric),
+            **telemetry_fields(server, started, time.time(), self.c.transport.telemetry),
             **server_process_fields(server.nodes, server.facts),
             **provenance.result_fields(resolve_provenance(server, self.work.ledger),
                                        [n.get("hostname") or "" for n in server.nodes]),

@@ -3,11 +3,12 @@
 `run_preflight()` runs one Ray task on every alive node, pinned to it (NodeAffinitySchedulingStrategy,
 soft=False) and holding no CPU, so that it runs on a node busy with servers too. The task only gathers, as
 raw text: `nvidia-smi --query-gpu=...`, the InfiniBand port files under /sys/class/infiniband, `ibv_devinfo`,
-the NCCL-related environment of Ray's workers there (what a server inherits before `serve.env`), and the
+`nvidia-smi topo -m` (the NVLink / PCIe links
+between the GPUs and their CPU and NUMA affinity), the NCCL-related environment of Ray's workers there (what a server inherits before `serve.env`), and the
 Python, Ray, vLLM and torch versions. `gather_node` and its helpers use the standard library only and are shipped to the nodes by
 value, so a node whose Python lacks raysweep answers as well (a likely mistake that preflight should show).
 
-The driver parses that with pure functions (`parse_nvidia_smi`, `parse_ib_sysfs`, `parse_ibv_devinfo`),
+The driver parses that with pure functions (`parse_nvidia_smi`, `parse_topo`, `parse_ib_sysfs`, `parse_ibv_devinfo`),
 adds Ray's view of the node (GPU count, resources, labels: `node_report`) and compares the nodes
 (`compare`): on every field a node whose value differs from the most common value is a `Finding`, and
 `NodeWarning`s say what is wrong on one node by itself (a GPU node without an active InfiniBand port, Ray
@@ -38,7 +39,8 @@ from typing import Any
 
 __all__ = ["IB_SYSFS", "NO_NVIDIA_SMI", "Finding", "NodeWarning", "Preflight", "compare", "describe_node",
            "gather_node", "gpu_node", "nccl_env", "node_label", "node_report", "parse_ib_port", "parse_ib_sysfs",
-           "parse_ibv_devinfo", "parse_nvidia_smi", "read_ib_sysfs", "run_preflight"]
+           "parse_ibv_devinfo", "parse_nvidia_smi", "parse_topo", "read_ib_sysfs", "run_preflight", "topo_facts",
+           "tp_group_warnings"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ IB_SYSFS = "/sys/class/infiniband"
 NO_NVIDIA_SMI = "no nvidia-smi"
 NOT_INSTALLED = "not installed"
 GPU_QUERY = ("nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader")
+TOPO_QUERY = ("nvidia-smi", "topo", "-m")
 IB_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 ENV_NAMES = ("GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "FI_PROVIDER")  # besides every NCCL_* variable
 OUTPUT_LIMIT = 20_000  # characters kept of a command's stdout and stderr
@@ -159,6 +162,7 @@ def gather_node(sysfs_root: str = IB_SYSFS, timeout_s: float = 20.0) -> dict[str
         pass
     t0 = time.monotonic()
     facts["nvidia_smi"] = run_command(GPU_QUERY, timeout_s)
+    facts["topo"] = run_command(TOPO_QUERY, timeout_s)
     facts["ib_sysfs"] = read_ib_sysfs(sysfs_root)
     facts["ibv_devinfo"] = run_command(("ibv_devinfo",), timeout_s)
     facts["env"] = nccl_env(os.environ)
@@ -207,6 +211,64 @@ def gpu_facts(result: dict[str, Any] | None) -> dict[str, Any]:
     if result.get("error"):
         return {"status": "error", "devices": [], "error": result["error"], "unparsed": []}
     return parse_nvidia_smi(result.get("stdout", ""), result.get("rc"), result.get("stderr", ""))
+
+
+_TOPO_SPLIT = re.compile(r"\t+|\s{2,}")
+_ANSI_TOPO = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def parse_topo(text: str) -> dict[str, Any]:
+    """`nvidia-smi topo -m`: per GPU index, its link to every other GPU (`NV#` NVLink with # links, `PIX`,
+    `PXB`, `PHB`, `NODE`, `SYS`), its CPU affinity and NUMA node; `{}` when there is no GPU matrix."""
+    lines = [_ANSI_TOPO.sub("", ln).rstrip() for ln in text.splitlines()]
+    head = next((i for i, ln in enumerate(lines) if re.search(r"\bGPU0\b", ln) and not ln.lstrip().startswith("GPU0 ")
+                 and not re.match(r"^\s*GPU0\s+X\b", ln)), None)
+    if head is None:
+        return {}
+    cols = [c for c in _TOPO_SPLIT.split(lines[head].strip()) if c]
+    gpus: dict[str, dict[str, Any]] = {}
+    for ln in lines[head + 1:]:
+        if not ln.strip() or ln.lstrip().startswith("Legend"):
+            break
+        cells = [c for c in _TOPO_SPLIT.split(ln.strip()) if c]
+        name, values = cells[0], cells[1:]
+        if not re.fullmatch(r"GPU\d+", name):
+            continue
+        row = dict(zip(cols, values))
+        gpus[name[3:]] = {"links": {c[3:]: row[c] for c in cols if re.fullmatch(r"GPU\d+", c) and c != name and c in row},
+                          "cpu_affinity": row.get("CPU Affinity"), "numa": row.get("NUMA Affinity")}
+    return {"gpus": gpus} if gpus else {}
+
+
+def topo_facts(result: dict[str, Any] | None) -> dict[str, Any]:
+    """The topology part of a node report from the gathered `nvidia-smi topo -m` (None: not on PATH)."""
+    if result is None:
+        return {"topology": {}, "topology_status": NO_NVIDIA_SMI}
+    if result.get("error") or result.get("rc"):
+        return {"topology": {}, "topology_status": "error: " + (result.get("error") or result.get("stderr") or
+                                                                 f"exit code {result.get('rc')}").strip()[:200]}
+    topo = parse_topo(result.get("stdout", ""))
+    return {"topology": topo, "topology_status": "ok" if topo else "no GPU matrix in the output"}
+
+
+def tp_group_warnings(topo: Mapping[str, Any], gpu_ids: list[str], tp: int) -> list[str]:
+    """Warnings for the tensor-parallel groups of a server's GPUs on one node (consecutive groups of `tp` of
+    `gpu_ids`, as vLLM forms them): a pair of GPUs without NVLink between them, a group across NUMA nodes."""
+    gpus = (topo or {}).get("gpus") or {}
+    if tp < 2 or not gpus:
+        return []
+    out = []
+    for start in range(0, len(gpu_ids) - tp + 1, tp):
+        group = [str(g) for g in gpu_ids[start:start + tp]]
+        slow = [(a, b, gpus.get(a, {}).get("links", {}).get(b)) for i, a in enumerate(group) for b in group[i + 1:]]
+        slow = [(a, b, link) for a, b, link in slow if link is not None and not str(link).startswith("NV")]
+        if slow:
+            pairs = ", ".join(f"GPU{a}-GPU{b} {link}" for a, b, link in slow[:4])
+            out.append(f"tensor-parallel group of GPUs {','.join(group)} has no NVLink between {pairs}")
+        numa = sorted({str(gpus[g].get("numa")) for g in group if g in gpus and gpus[g].get("numa") not in (None, "N/A")})
+        if len(numa) > 1:
+            out.append(f"tensor-parallel group of GPUs {','.join(group)} spans NUMA nodes {','.join(numa)}")
+    return out
 
 
 def parse_ib_port(files: Mapping[str, str]) -> dict[str, Any]:
@@ -288,6 +350,7 @@ def node_report(node: Mapping[str, Any], facts: Mapping[str, Any] | None, error:
     rep["ran_on"] = facts.get("node_id")  # the node the task ran on, as it saw it: the pin held if equal
     ib = parse_ib_sysfs(facts.get("ib_sysfs") or {})
     ib["ibv_devinfo"] = ibv_facts(facts.get("ibv_devinfo"))
+    rep.update(topo_facts(facts.get("topo")))
     rep.update(gpu=gpu_facts(facts.get("nvidia_smi")), infiniband=ib, env=dict(facts.get("env") or {}),
                versions=dict(facts.get("versions") or {}), gather_s=facts.get("gather_s"))
     return rep
@@ -455,6 +518,8 @@ def describe_node(rep: Mapping[str, Any]) -> list[tuple[str, str]]:
         else:
             rows.append(("InfiniBand", "no device"))
         rows.append(("ibv_devinfo", _ibv_text(ib["ibv_devinfo"])))
+        if rep.get("topology_status", NO_NVIDIA_SMI) != NO_NVIDIA_SMI:
+            rows.append(("GPU topology", topo_text(rep.get("topology") or {}) or str(rep.get("topology_status"))))
         rows.append(("NCCL env", ", ".join(f"{k}={val}" for k, val in rep["env"].items()) or "none set"))
         torch = v.get("torch")
         if v.get("torch_cuda") or v.get("torch_nccl"):
@@ -465,6 +530,13 @@ def describe_node(rep: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows.append(("resources", ", ".join(f"{k} {_num(val)}" for k, val in sorted(ray_view["resources"].items())
                                         if not k.startswith("node:"))))
     return rows
+
+
+def topo_text(topo: Mapping[str, Any]) -> str:
+    """`GPU0: GPU1 NV18, GPU2 SYS (NUMA 0); ...`"""
+    return "; ".join(f"GPU{g}: " + ", ".join(f"GPU{o} {link}" for o, link in info["links"].items())
+                     + (f" (NUMA {info['numa']})" if info.get("numa") not in (None, "N/A") else "")
+                     for g, info in (topo.get("gpus") or {}).items())
 
 
 def _ibv_text(ibv: Mapping[str, Any]) -> str:

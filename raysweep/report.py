@@ -1,19 +1,31 @@
 """The HTML report of a raysweep output dir: one self-contained file (figures embedded, no network).
 
-Sections: the validity warnings (runs that fail a check of their validity record, see `raysweep.validity`),
-the campaign as stored in the ledger, the plan (points by state, per server config), the figures
-(curves of the main metrics against the load, server-side metrics, the Pareto front, SLA bars), the results
-table (sortable by a small inline script), the SLA table, the transport per server config, the failures with
-their log tails, and the environment: the provenance each server recorded when it started (versions, GPUs
-and driver, model path and revision, hosts) and the nodes; never what is installed where the report is made.
-Flagged runs carry a mark in the results table and a red cross in the figures. A figure that cannot be drawn
-costs only itself: its place says why.
+It leads with the answer and ends with the record. In order (`SECTIONS`):
+- Conclusions (`raysweep.conclusions`): per bench shape, the best configuration for the objective (default
+  output tokens/s per GPU) and the load it reaches it at, its lead over the best other configuration and
+  whether that lead exceeds the noise (95% confidence intervals over the runs overlap or not), the ranking
+  of the configurations, the Pareto front of the point means; the SLA capacities when the campaign searched
+  for them; the points too noisy to trust and how many runs would tighten them.
+- Warnings: the runs that fail a check of their validity record (client-limited, niced, shared CPUs,
+  throttled, transport, ..., see `raysweep.validity`).
+- Figures: latency against throughput per server config, the main metrics and the server-side metrics
+  against the load, the Pareto front, SLA bars.
+- The results table (sortable by a small inline script), the SLA table, the transport per server config,
+  the failures with their log tails.
+- The campaign as stored in the ledger, the plan (points by state, per server config), and the
+  environment: the provenance each server recorded when it started (versions, GPUs and driver, model path
+  and revision, hosts) and the nodes; never what is installed where the report is made.
+Flagged runs carry a mark in the results table and a red cross in the figures. A figure or a section that
+cannot be made costs only itself: its place says why. Other modules add sections with one entry in
+`SECTIONS`: `Section(id, title, "package.module:function")`, the function taking the output dir and
+returning the section's HTML (without its heading), or None to leave it out.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import importlib
 import logging
 import math
 import time
@@ -27,7 +39,8 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
-from raysweep import plots, transport
+from raysweep import aggregate, conclusions, plots, transport
+from raysweep.errors import UserError
 from raysweep.grid import combo_label
 from raysweep.files import write_text_atomic
 from raysweep.ledger import Ledger, PointRow, PointState, ServerRow
@@ -35,32 +48,36 @@ from raysweep.importer import read_sla
 from raysweep.results import flagged, load_records, records_table
 from raysweep.validity import CHECKS, unknown_checks
 
-__all__ = ["REPORT_FILE", "build_report", "write_report"]
+__all__ = ["REPORT_FILE", "SECTIONS", "Section", "build_report", "write_report", "write_report_with_headlines"]
 
 log = logging.getLogger(__name__)
 
 REPORT_FILE = "report.html"
 CURVE_METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
+LATENCY_THROUGHPUT = ("output_throughput", "median_ttft_ms")  # x, y of the first figure
 TABLE_METRICS = ("gpu_count", "num_nodes", "client_limited", "completed", "failed", "request_throughput",
                  "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
                  "median_e2el_ms", "p99_e2el_ms", *plots.SERVER_METRICS,
                  *(m for ms in plots.OFFLINE_METRICS.values() for m in ms if m not in ("request_throughput",
                                                                                      "output_throughput")),
                  "total_input_tokens", "total_output_tokens", "duration")
-_SECTIONS = (("validity", "Validity"), ("campaign", "Campaign"), ("plan", "Plan"), ("figures", "Figures"), ("results", "Results"),
-             ("sla", "SLA"), ("transport", "Transport"), ("failures", "Failures"), ("environment", "Environment"))
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222}
-h1{margin-bottom:.2em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
-nav a{margin-right:1em} pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px}
+body{font-family:system-ui,sans-serif;margin:1em auto;max-width:1400px;padding:0 1em;color:#222}
+h1{margin:.2em 0 .1em;font-size:1.6em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.4em}
+h3{margin:.2em 0 .4em;font-size:1.05em}
+nav{margin:.4em 0 .6em} nav a{margin-right:1em} pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px}
 table{border-collapse:collapse;font-size:12px} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
 th{background:#f0f0f0;position:sticky;top:0} td.t,th.t{text-align:left}
 table.sortable th{cursor:pointer} .wide{overflow-x:auto;max-height:70vh}
 figure{margin:1em 0} figcaption{font-size:12px;color:#555} img{max-width:100%}
 .note{color:#7a5a00} .muted{color:#777} .flag{color:#b00;font-weight:bold}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(430px,1fr));gap:1em;margin-bottom:1em}
+.card{border:1px solid #cfd8e3;border-radius:6px;padding:.7em .9em;background:#f8fbff}
+.win{font-size:1.1em;margin:.2em 0} .win b{color:#0b5394}
+.sig{color:#1e7b34;font-weight:bold} .insig{color:#9a6700;font-weight:bold}
+.card figure{margin:.3em 0} .card table{margin:.4em 0} .card td{white-space:nowrap} .card .wide{max-height:none}
 """
-
 _SORT_JS = """
 document.querySelectorAll('table.sortable').forEach(function(t){
   t.querySelectorAll('th').forEach(function(th,i){
@@ -93,9 +110,11 @@ class _Data:
     sla: pd.DataFrame
     sla_variable: str
     records: list[dict[str, Any]]
+    objective: str | None = None
+    answer: conclusions.Conclusions | None = None  # made once, by `_conclusions_of`
 
 
-def _read(output_dir: Path) -> _Data:
+def _read(output_dir: Path, objective: str | None = None) -> _Data:
     ledger = Ledger.open_existing(output_dir)
     try:
         campaign = ledger.stored_campaign()
@@ -105,25 +124,83 @@ def _read(output_dir: Path) -> _Data:
         ledger.close()
     sla, variable = read_sla(output_dir)
     records = load_records(output_dir)
-    return _Data(output_dir, name, campaign, points, servers, extra, records_table(records), sla, variable, records)
+    return _Data(output_dir, name, campaign, points, servers, extra, records_table(records), sla, variable, records,
+                 objective)
 
 
-def write_report(output_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report to `out` (default OUTPUT_DIR/report.html), whole or not at all."""
-    return write_text_atomic(Path(out) if out else Path(output_dir) / REPORT_FILE, build_report(output_dir))
+@dataclass(frozen=True)
+class Section:
+    """One section of the report: its anchor, its title, and what makes its HTML (without the heading):
+    a function of the report's data in this module, or `"package.module:function"`, a function of the
+    output dir (a `Path`) returning the HTML, or None to leave the section out."""
+
+    sid: str
+    title: str
+    make: Callable[[_Data], str | None] | str
 
 
-def build_report(output_dir: str | Path) -> str:
-    """The report of a raysweep output dir as one HTML document."""
-    data = _read(Path(output_dir))
-    body = [_validity(data), _campaign(data), _plan(data), _figures(data), _results(data), _sla(data), _transport(data),
-            _failures(data), _environment(data)]
-    nav = "".join(f'<a href="#{sid}">{title}</a>' for sid, title in _SECTIONS)
-    made = time.strftime("%Y-%m-%d %H:%M:%S")
+def write_report(output_dir: str | Path, out: str | Path | None = None, objective: str | None = None) -> Path:
+    """Write the report to `out` (default OUTPUT_DIR/report.html), whole or not at all.
+
+    :raises UserError: `objective` is not an aggregated metric (see `raysweep.conclusions`).
+    """
+    return write_report_with_headlines(output_dir, out, objective)[0]
+
+
+def write_report_with_headlines(output_dir: str | Path, out: str | Path | None = None,
+                                objective: str | None = None) -> tuple[Path, list[str]]:
+    """`write_report`, and the conclusions in one line per bench shape (`conclusions.headlines`; empty when
+    there is nothing to conclude or they could not be made)."""
+    data = _read(Path(output_dir), objective)
+    text = _build(data)
+    try:
+        lines = conclusions.headlines(_conclusions_of(data)) if not data.df.empty else []
+    except Exception as exc:  # the report says why; the lines are a courtesy
+        log.warning("conclusions not made: %s", exc)
+        lines = []
+    return write_text_atomic(Path(out) if out else Path(output_dir) / REPORT_FILE, text), lines
+
+
+def build_report(output_dir: str | Path, objective: str | None = None) -> str:
+    """The report of a raysweep output dir as one HTML document; `objective` as `raysweep.conclusions` reads it
+    (default output_throughput_per_gpu).
+
+    :raises UserError: `objective` is not an aggregated metric.
+    """
+    return _build(_read(Path(output_dir), objective))
+
+
+def _build(data: _Data) -> str:
+    if data.objective and not data.df.empty:
+        _conclusions_of(data)  # a wrong --objective is the user's error, not a section that failed
+    made = [(sec, body) for sec in SECTIONS if (body := _make(sec, data)) is not None]
+    nav = "".join(f'<a href="#{sec.sid}">{_e(sec.title)}</a>' for sec, _ in made)
+    body = "\n".join(f'<section id="{sec.sid}"><h2>{_e(sec.title)}</h2>\n{inner}\n</section>' for sec, inner in made)
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>raysweep report: {_e(data.name)}</title>"
             f"<style>{_CSS}</style></head><body>\n<h1>raysweep report: {_e(data.name)}</h1>"
-            f'<p class="muted">{_e(str(data.output_dir))} · made {made}</p><nav>{nav}</nav>\n'
-            + "\n".join(body) + f"\n<script>{_SORT_JS}</script></body></html>\n")
+            f'<p class="muted">{_e(_overview(data))} · {_e(str(data.output_dir))} · made {when}</p><nav>{nav}</nav>\n'
+            + body + f"\n<script>{_SORT_JS}</script></body></html>\n")
+
+
+def _make(sec: Section, data: _Data) -> str | None:
+    """A section's HTML; what went wrong instead when it cannot be made (it costs only itself)."""
+    try:
+        if isinstance(sec.make, str):
+            module, _, func = sec.make.partition(":")
+            return getattr(importlib.import_module(module), func)(data.output_dir)
+        return sec.make(data)
+    except Exception as exc:
+        log.warning("report section %r not made: %s", sec.sid, exc)
+        log.debug("report section %r", sec.sid, exc_info=True)
+        return f'<p class="note">This section could not be made: {_e(type(exc).__name__)}: {_e(exc)}</p>'
+
+
+def _overview(data: _Data) -> str:
+    serves = len({p.serve_id for p in data.points})
+    benches = len({p.bench_id for p in data.points})
+    return (f"{len(data.df)} finished run(s) of {len(data.points)} planned: {serves} server config(s) x "
+            f"{benches} bench point(s)")
 
 
 # -- small HTML helpers ----------------------------------------------------------------------------------
@@ -131,10 +208,6 @@ def build_report(output_dir: str | Path) -> str:
 def _e(value: Any) -> str:
     return html.escape(str(value))
 
-
-def _section(sid: str, inner: str) -> str:
-    title = dict(_SECTIONS)[sid]
-    return f'<section id="{sid}"><h2>{title}</h2>\n{inner}\n</section>'
 
 
 def _cell(value: Any) -> str:
@@ -170,25 +243,24 @@ def _validity(data: _Data) -> str:
     """The runs that fail a check of their validity record, and the checks nothing could judge."""
     recs = data.records
     if not recs:
-        return _section("validity", "<p>No finished run yet.</p>")
+        return "<p>No finished run yet.</p>"
     checks = ", ".join(CHECKS)
     unknown = Counter(c for r in recs for c in unknown_checks(r))
     gaps = ("<p class=\"muted\">Not judged (nothing recorded): "
             + "; ".join(f"{c} for {n} run(s)" for c, n in unknown.items()) + ".</p>") if unknown else ""
     bad = flagged(recs)
     if not bad:
-        return _section("validity", f"<p>All {len(recs)} run(s) pass every check ({_e(checks)}).</p>{gaps}")
+        return f"<p>All {len(recs)} run(s) pass every check ({_e(checks)}).</p>{gaps}"
     rows = [[r.get("serve_label", r.get("serve_id")), r.get("bench_label", r.get("bench_id")), r.get("run_number"),
              r.get("validity_issues")] for r in bad]
-    return _section("validity", f'<p class="flag">{len(bad)} of {len(recs)} run(s) fail a check '
-                                f"({_e(checks)}); their numbers may not be the server's. They are marked "
-                                "&#9888; in the results table and with a red cross in the figures.</p>"
-                                + _table(["server config", "bench point", "run", "failed checks"], rows) + gaps)
+    return (f'<p class="flag">{len(bad)} of {len(recs)} run(s) fail a check ({_e(checks)}); their numbers may '
+            "not be the server's. They are marked &#9888; in the results table and with a red cross in the "
+            "figures.</p>" + _table(["server config", "bench point", "run", "failed checks"], rows) + gaps)
 
 
 def _campaign(data: _Data) -> str:
     text = yaml.safe_dump(data.campaign, sort_keys=False, default_flow_style=False)
-    return _section("campaign", f"<p>As stored in the ledger (secrets masked).</p><pre>{_e(text)}</pre>")
+    return f"<p>As stored in the ledger (secrets masked).</p><pre>{_e(text)}</pre>"
 
 
 def _plan(data: _Data) -> str:
@@ -206,9 +278,8 @@ def _plan(data: _Data) -> str:
     extra = (f"<p>{probes} of the points are SLA search probes.</p>" if probes else "") + (
         f"<p>{data.out_of_plan} point(s) in the ledger are no longer in the campaign (not shown).</p>"
         if data.out_of_plan else "")
-    return _section("plan", f"<p>{len(_by_serve(data.points))} server config(s), "
-                            f"{len({p.bench_id for p in data.points})} bench point(s), "
-                            f"{len({p.run for p in data.points})} run(s) each.</p>{counts}{configs}{extra}")
+    return (f"<p>{len(_by_serve(data.points))} server config(s), {len({p.bench_id for p in data.points})} bench "
+            f"point(s), {len({p.run for p in data.points})} run(s) each.</p>{counts}{configs}{extra}")
 
 
 def _by_serve(points: list[PointRow]) -> dict[str, list[PointRow]]:
@@ -236,9 +307,8 @@ def _param_names(points: list[PointRow], df: pd.DataFrame) -> tuple[list[str], l
 
 def _figures(data: _Data) -> str:
     if data.df.empty:
-        return _section("figures", "<p>No finished run yet.</p>")
-    parts = [_figure(title, draw) for title, draw in _figure_list(data)]
-    return _section("figures", "\n".join(parts))
+        return "<p>No finished run yet.</p>"
+    return "\n".join(_figure(title, draw) for title, draw in _figure_list(data))
 
 
 def _figure_list(data: _Data) -> list[tuple[str, Callable[[], tuple[Figure | None, list[str]]]]]:
@@ -250,8 +320,14 @@ def _figure_list(data: _Data) -> list[tuple[str, Callable[[], tuple[Figure | Non
                 for spec in plots.offline_specs(df, base)]
     serve_vars, bench_vars = _param_names(data.points, df)
     load = plots.load_variable(df, "total_token_throughput")
-    cols = tuple(v for v in bench_vars if v not in (load, data.sla_variable))
+    cols = tuple(conclusions.shape_keys(df, bench_vars, load, data.sla_variable))
     out: list[tuple[str, Callable[[], tuple[Figure | None, list[str]]]]] = []
+    x, y = LATENCY_THROUGHPUT
+    if {x, y} <= set(df.columns):
+        spec = plots.PlotSpec(var_x=x, var_y=y, col_by=cols, curve_by=tuple(serve_vars), fig_height=3.2)
+        out.append((f"latency against throughput: {y} against {x}, one point per {load} (mean of its runs)"
+                    if load != "total_token_throughput" else f"{y} against {x}",
+                    lambda spec=spec: _one(plots.plan_curves(df, spec), spec)))
     for metric in (m for m in CURVE_METRICS if m in df.columns):
         spec = plots.PlotSpec(var_x=load, var_y=metric, col_by=cols, curve_by=tuple(serve_vars), fig_height=3.2)
         out.append((f"{metric} against {load}", lambda spec=spec: _one(plots.plan_curves(df, spec), spec)))
@@ -285,7 +361,12 @@ def _figure(caption: str, draw: Callable[[], tuple[Figure | None, list[str]]]) -
         return f'<p class="note">{_e(caption)}: not drawn ({_e(exc)})</p>'
     if fig is None:
         return f'<p class="muted">{_e(caption)}: no data for it in these results.</p>'
-    png = base64.b64encode(plots.figure_bytes(fig, "png", dpi=110)).decode()
+    return _img(fig, caption, notes)
+
+
+def _img(fig: Figure, caption: str, notes: Sequence[str] = (), dpi: int = 110) -> str:
+    """The figure as an embedded PNG with its caption and notes."""
+    png = base64.b64encode(plots.figure_bytes(fig, "png", dpi=dpi)).decode()
     note = "".join(f'<br><span class="note">{_e(n)}</span>' for n in notes)
     return (f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,{png}">'
             f"<figcaption>{_e(caption)}{note}</figcaption></figure>")
@@ -294,7 +375,7 @@ def _figure(caption: str, draw: Callable[[], tuple[Figure | None, list[str]]]) -
 def _results(data: _Data) -> str:
     df = data.df
     if df.empty:
-        return _section("results", "<p>No finished run yet.</p>")
+        return "<p>No finished run yet.</p>"
     params = [k for p in data.points for k in (*p.serve_params, *p.bench_params)]
     if "validity_ok" in df.columns:
         issues = df["validity_issues"] if "validity_issues" in df.columns else pd.Series([""] * len(df))
@@ -303,22 +384,21 @@ def _results(data: _Data) -> str:
         df = df.assign(validity=mark)
     cols = [c for c in dict.fromkeys(["serve_label", "bench_label", "run_number", "validity", *params,
                                       *TABLE_METRICS]) if c in df.columns]
-    return _section("results", f"<p>{len(df)} run(s); click a column to sort. Every column is in "
-                               f"results.csv / results.parquet.</p>{_frame_table(df[cols], sortable=True)}")
+    return (f"<p>{len(df)} run(s); click a column to sort. Every column is in results.csv / results.parquet; "
+            f"the per-point aggregates are in summary.csv.</p>{_frame_table(df[cols], sortable=True)}")
 
 
 def _sla(data: _Data) -> str:
     if data.sla.empty:
-        return _section("sla", '<p class="muted">No SLA search in this campaign.</p>')
-    return _section("sla", _frame_table(data.sla, sortable=True))
+        return '<p class="muted">No SLA search in this campaign.</p>'
+    return _frame_table(data.sla, sortable=True)
 
 
 def _transport(data: _Data) -> str:
     """Per server config, the NCCL verdict of its latest server: links, gate, and the evidence lines."""
     latest = {s.serve_id: s for s in data.servers if s.transport}
     if not latest:
-        return _section("transport", '<p class="muted">Not checked: no server of this campaign has a transport '
-                                     "verdict.</p>")
+        return '<p class="muted">Not checked: no server of this campaign has a transport verdict.</p>'
     require = (data.campaign.get("transport") or {}).get("require", "any")
     labels = {p.serve_id: combo_label(p.serve_params) for p in data.points}
     rows, evidence = [], []
@@ -335,20 +415,20 @@ def _transport(data: _Data) -> str:
                         f"<pre>{_e(lines)}</pre></details>")
     table = _table(["server config", "server", "nodes", "inter-node", "intra-node", "NET plugins", "IB devices",
                     "NCCL", f"gate ({require})"], rows)
-    return _section("transport", table + "\n".join(evidence))
+    return table + "\n".join(evidence)
 
 
 def _failures(data: _Data) -> str:
     failed = [p for p in data.points if p.state == PointState.FAILED]
     if not failed:
-        return _section("failures", "<p>No failed point.</p>")
+        return "<p>No failed point.</p>"
     items = []
     for p in failed:
         tail = f"<pre>{_e(p.log_tail)}</pre>" if p.log_tail else '<p class="muted">no log tail recorded</p>'
         items.append(f'<div class="failure"><h3>{_e(combo_label(p.serve_params))} / '
                      f"{_e(combo_label(p.bench_params))}, run {p.run}</h3><p>point {_e(p.point_id)}, "
                      f"{p.attempts} attempt(s): {_e(p.error or '')}</p>{tail}</div>")
-    return _section("failures", f"<p>{len(failed)} failed point(s).</p>" + "\n".join(items))
+    return f"<p>{len(failed)} failed point(s).</p>" + "\n".join(items)
 
 
 _PROVENANCE = (("vLLM", "vllm"), ("torch", "torch"), ("NCCL", "nccl"), ("Ray", "ray"), ("raysweep", "raysweep"),
@@ -373,7 +453,7 @@ def _environment(data: _Data) -> str:
     if not parts:
         parts.append('<p class="muted">No provenance was recorded with these runs (their servers started before '
                      "raysweep recorded it).</p>")
-    return _section("environment", "".join(parts) + _nodes(data.servers))
+    return "".join(parts) + _nodes(data.servers)
 
 
 def _nodes(servers: list[ServerRow]) -> str:
@@ -396,3 +476,149 @@ def _nodes(servers: list[ServerRow]) -> str:
 
 def _gpu_key(gpu: str) -> tuple[int, str]:
     return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+
+
+# -- conclusions -------------------------------------------------------------------------------------------
+
+def _conclusions_of(data: _Data) -> conclusions.Conclusions:
+    """The conclusions of the report's results (made once per report)."""
+    if data.answer is None:
+        _, bench_vars = _param_names(data.points, data.df)
+        params = list(dict.fromkeys(k for p in data.points for k in (*p.serve_params, *p.bench_params)))
+        # t-intervals over the runs (the raw-sample bootstrap of summary.csv would cost seconds per point)
+        summary = aggregate.summarize(data.df, confidence=conclusions.CONFIDENCE, params=params)
+        data.answer = conclusions.conclude(data.df, bench_vars, data.objective, data.sla, data.sla_variable,
+                                           summary=summary)
+    return data.answer
+
+
+def _conclusions(data: _Data) -> str:
+    """The answer first: the best configuration per bench shape, its lead and the noise, the Pareto fronts,
+    the SLA capacities and the noisy points."""
+    if data.df.empty:
+        return "<p>No finished run yet.</p>"
+    try:
+        c = _conclusions_of(data)
+    except UserError as exc:  # the default objective does not fit these results (a latency-only sweep)
+        return f'<p class="muted">No conclusions: {_e(exc)}</p>'
+    pct = f"{conclusions.CONFIDENCE:.0%}"
+    head = (f'<p class="muted">Objective: <b>{_e(c.objective.text)}</b> (<code>raysweep report --objective</code> '
+            f"chooses another). A point is a server config at one bench point; its value is the mean over its "
+            f"runs, with a {pct} confidence interval. Load: {_e(c.load or 'not swept')}; bench shape: "
+            f"{_e(', '.join(c.shape_keys) or 'one')}.</p>")
+    cards = "".join(_shape_card(data, c, v) for v in c.verdicts)
+    if not cards:
+        cards = f'<p class="note">No point has a value of {_e(c.objective.name)}.</p>'
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in dict.fromkeys([*c.notes, *c.front_notes]))
+    return head + f'<div class="cards">{cards}</div>' + _sla_capacities(c) + _noise(c) + notes
+
+
+def _shape_card(data: _Data, c: conclusions.Conclusions, v: conclusions.ShapeVerdict) -> str:
+    lead = v.leader
+    value = (f"{_e(c.objective.name)} {conclusions.fmt(lead['objective_mean'])} {_e(c.objective.unit)} "
+             f"({_interval(lead)}, {_runs(lead)})")
+    parts = [f"<h3>{_e(v.shape)}</h3>",
+             f'<p class="win">Best: <b>{_e(conclusions.at_load(lead, c.load))}</b>: {value}</p>']
+    if v.runner_up is not None:
+        cls = "sig" if v.significant else "insig"
+        amount = f"{v.lead:+.1%}" if v.lead is not None else "ahead"
+        parts.append(f"<p>{_e(amount)} over {_e(conclusions.at_load(v.runner_up, c.load))} "
+                     f"({conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}): "
+                     f'<span class="{cls}">{_e(conclusions.noise_text(v))}</span>.</p>')
+    parts.append(_card_figure(data, c, v))
+    rows = [[i + 1, r.get("serve_label"), *([r.get(c.load)] if c.load else []),
+             conclusions.rounded(r["objective_mean"]), _interval(r, bare=True), r.get("runs")]
+            for i, (_, r) in enumerate(v.ranking.iterrows())]
+    unit = f" ({c.objective.unit})" if c.objective.unit else ""
+    cols = ["#", "server config", *([f"at {c.load}"] if c.load else []), f"mean{unit}",
+            f"{conclusions.CONFIDENCE:.0%} CI", "runs"]
+    parts.append(_table(cols, rows))
+    front = c.fronts.get(v.shape)
+    if front is not None and len(front):
+        frows = [[r.get("serve_label"), r.get("max_concurrency"), conclusions.rounded(r["tokens_per_user"]),
+                  conclusions.rounded(r["tokens_per_gpu"])] for _, r in front.iterrows()]
+        parts.append(f"<p>Pareto front ({len(front)} point(s), none better on both):</p>"
+                     + _table(["server config", "max_concurrency", "output tok/s per user", "output tok/s per GPU"],
+                              frows))
+    return f'<div class="card">{"".join(parts)}</div>'
+
+
+def _card_figure(data: _Data, c: conclusions.Conclusions, v: conclusions.ShapeVerdict) -> str:
+    """Latency against throughput of one bench shape: a curve per server config, a point per load value (the
+    mean of its runs), the best point starred. Empty without those metrics; the reason when it fails."""
+    x, y = LATENCY_THROUGHPUT
+    if not {x, y, "serve_label"} <= set(data.df.columns):
+        return ""
+    caption = f"{y} against {x}, one point per {c.load or 'bench point'}; \u2605 the best point"
+    try:
+        mine = c.points.loc[c.points["shape"] == v.shape, ["serve_id", "bench_id"]]
+        # no validity crosses here: the Warnings section lists those runs, the Figures mark them
+        rows = data.df.merge(mine, on=["serve_id", "bench_id"]).drop(columns=["validity_ok"], errors="ignore")
+        spec = plots.PlotSpec(var_x=x, var_y=y, curve_by=("serve_label",), fig_height=2.3)
+        fig = plots.render(plots.plan_curves(rows, spec)[0], spec)
+        best = rows[(rows["serve_id"] == v.leader["serve_id"]) & (rows["bench_id"] == v.leader["bench_id"])
+                    & ~plots.client_limited_mask(rows)]
+        fig.axes[0].scatter(best[x].mean(), best[y].mean(), marker="*", s=200, color="gold", edgecolors="black",
+                            linewidths=0.8, zorder=5)
+    except Exception as exc:  # the card stays without its figure
+        log.warning("conclusions figure of %s not drawn: %s", v.shape, exc)
+        return f'<p class="note">{_e(caption)}: not drawn ({_e(exc)})</p>'
+    return _img(fig, caption, dpi=90)
+
+
+def _interval(row: Any, bare: bool = False) -> str:
+    low, high = row.get("objective_ci_low"), row.get("objective_ci_high")
+    if not (conclusions.finite(low) and conclusions.finite(high)):
+        return "no interval: one run" if not bare else "n/a"
+    text = f"{conclusions.fmt(low)} to {conclusions.fmt(high)}"
+    return text if bare else f"{conclusions.CONFIDENCE:.0%} CI {text}"
+
+
+def _runs(row: Any) -> str:
+    n = row.get("runs")
+    return f"{int(n)} run(s)" if conclusions.finite(n) else "runs unknown"
+
+
+def _sla_capacities(c: conclusions.Conclusions) -> str:
+    if c.sla.empty:
+        return ""
+    rows = [[r["bench_label"], r["target"], r["serve_label"], r["largest_pass"], r["state"]]
+            for _, r in c.sla.iterrows()]
+    return ("<h3>SLA capacities</h3><p>Per bench point and target, the largest load each server config meets it "
+            "at, best first (inf: met at every load tried).</p>"
+            + _table(["bench point", "target", "server config", "largest passing value", "search"], rows))
+
+
+def _noise(c: conclusions.Conclusions) -> str:
+    noisy = c.noisy
+    if not len(c.points):
+        return ""
+    if not len(noisy):
+        return (f'<p class="muted">Noise: no point has a spread above the threshold over its runs '
+                f"({len(c.points)} point(s)).</p>")
+    rows = [[r.get("serve_label"), r.get("bench_label"), r.get("runs"), r.get("noisy_metrics", ""),
+             r.get("runs_needed")] for _, r in noisy.iterrows()]
+    return (f'<details><summary class="note">Noise: {len(noisy)} of {len(c.points)} point(s) are noisy (a '
+            "coefficient of variation over their runs above the threshold); more runs would tighten them."
+            "</summary>" + _table(["server config", "bench point", "runs", "noisy metrics", "runs needed"], rows)
+            + "</details>")
+
+
+# -- the sections, in order ----------------------------------------------------------------------------------
+
+SECTIONS: list[Section] = [
+    Section("conclusions", "Conclusions", _conclusions),
+    Section("validity", "Warnings", _validity),
+    Section("comparison", "Comparison with the baseline", "raysweep.compare:report_section"),
+    Section("figures", "Figures", _figures),
+    Section("timeseries", "Time series", "raysweep.bench.timeseries:report_section"),
+    Section("results", "Results", _results),
+    Section("sla", "SLA", _sla),
+    Section("tuning", "Tuning", "raysweep.tune:report_section"),
+    Section("transport", "Transport", _transport),
+    Section("multinode", "Multi-node and GPUs", "raysweep.telemetry:report_section"),
+    Section("failures", "Failures", _failures),
+    Section("campaign", "Campaign", _campaign),
+    Section("plan", "Plan", _plan),
+    Section("environment", "Environment", _environment),
+]

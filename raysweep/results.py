@@ -95,7 +95,8 @@ def _clean_column(col: pd.Series) -> pd.Series:
 
 
 def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet", "csv")) -> list[Path]:
-    """Write the table as results.<format> in the output directory (each file whole or not at all)."""
+    """Write the table as results.<format> in the output directory (each file whole or not at all), and
+    beside it the aggregates per point as summary.parquet / summary.csv (`raysweep.aggregate`)."""
     output_dir = Path(output_dir)
     df = results_table(output_dir)
     written = []
@@ -111,6 +112,12 @@ def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet",
         else:
             raise ValueError(f"unknown format {fmt!r}; accepted: {', '.join(FORMATS)}")
         written.append(path)
+    from raysweep.aggregate import SUMMARY_FORMATS, write_summary  # the aggregates per point, beside them
+
+    try:
+        write_summary(output_dir, [f for f in formats if f in SUMMARY_FORMATS], results=df)
+    except Exception as exc:  # the results stand without their summary
+        log.warning("summary.* not written: %s: %s", type(exc).__name__, exc, exc_info=True)
     return written
 
 

@@ -23,7 +23,8 @@ from raysweep import placement
 from raysweep.placement import Layout, NodeInfo
 from raysweep.plan import ServeConfig
 
-__all__ = ["Cluster", "HOST_LOSS_LIMIT", "INTERRUPTED", "NOT_PLACED_RETRY_S", "Running", "Scheduler", "Work"]
+__all__ = ["Cluster", "HOST_LOSS_LIMIT", "INTERRUPTED", "NOT_PLACED_RETRY_S", "Running", "Scheduler", "Work",
+           "with_event_log"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,20 @@ class Work(Protocol):
         ...
 
 
+def with_event_log(emit: Callable[..., None], add_event: Callable[[str, list[str], list[str], str], None]
+                   ) -> Callable[..., None]:
+    """The event sink that also records node losses and re-placements (`add_event(kind, serve ids, nodes,
+    detail)`, e.g. `Ledger.add_event`) before passing every event on."""
+    def sink(kind: str, **data: object) -> None:
+        if kind == "node_lost":
+            add_event(kind, [data["serve"].id], list(data["nodes"]), str(data["reason"]))  # type: ignore[attr-defined,call-overload]
+        elif kind == "replaced":
+            add_event(kind, [data["serve"].id], list(data["nodes"]),  # type: ignore[attr-defined,call-overload]
+                      f"placed again after losing {', '.join(n[:12] for n in data['lost'])}")  # type: ignore[attr-defined]
+        emit(kind, **data)
+    return sink
+
+
 @dataclass
 class Running:
     """A configuration started on the cluster and not yet seen to end."""
@@ -100,6 +115,7 @@ class Scheduler:
         self.not_before: dict[str, float] = {}
         self.host_losses: dict[str, int] = {}
         self.node_ips: dict[str, str] = {}
+        self.lost_from: dict[str, list[str]] = {}  # configurations torn down by a node loss: the nodes lost
 
     def run(self) -> None:
         """Step until done; whatever still runs at the end (an exception, an interrupt) is aborted and awaited."""
@@ -144,6 +160,7 @@ class Scheduler:
                 self.cluster.abort(key, r.abort)
                 log.warning("server config %s: %s; tearing its server down", key, r.abort)
                 self.emit("node_lost", serve=r.serve, nodes=lost, reason=r.abort)
+                self.lost_from[key] = lost
 
     def _collect_finished(self) -> None:
         for sid, outcome in self.cluster.finished():
@@ -174,6 +191,8 @@ class Scheduler:
         slots = None if self.max_servers is None else max(0, self.max_servers - len(self.running))
         for d, node_ids in placement.choose_starts(demands, free, slots):
             self.running[d.key] = Running(by_id[d.key], d.layout, node_ids)
+            if d.key in self.lost_from:  # placed again after a node loss
+                self.emit("replaced", serve=by_id[d.key], nodes=node_ids, lost=self.lost_from.pop(d.key))
             self.cluster.start(by_id[d.key], d.layout, node_ids)
 
     def _free_gpus(self, nodes: list[NodeInfo]) -> dict[str, int]:

@@ -187,6 +187,29 @@ class ServerHost:
         self._provenance_thread = threading.Thread(target=gather, name="provenance", daemon=True)
         self._provenance_thread.start()
 
+    def telemetry_start(self, interval_s: float, fake: str | None = None) -> str:
+        """Start sampling this node's GPUs of the server through NVML (`raysweep.telemetry`; `fake`: the JSON
+        file of an NVML stand-in); its source."""
+        from raysweep import telemetry
+
+        if getattr(self, "_telemetry", None) is None:
+            gpus = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+            nvml = telemetry.FileNvml(fake) if fake else None
+            self._telemetry = telemetry.Sampler(gpus, interval_s, nvml, "fake NVML" if fake else "").start()
+        return str(self._telemetry.source)
+
+    def telemetry_window(self, t0: float, t1: float) -> dict[str, Any]:
+        """The GPU samples taken between t0 and t1 (empty before `telemetry_start`)."""
+        sampler = getattr(self, "_telemetry", None)
+        return sampler.window(t0, t1) if sampler is not None else {}
+
+    def gpu_topology(self) -> dict[str, Any]:
+        """`nvidia-smi topo -m` on this node, parsed, with this server's GPUs (`raysweep.preflight.parse_topo`)."""
+        from raysweep import preflight
+
+        gpus = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+        return {"gpus": gpus, **preflight.topo_facts(preflight.run_command(preflight.TOPO_QUERY, 20.0))}
+
     def provenance(self, timeout_s: float = 120.0) -> dict[str, Any] | None:
         """What the server runs with on this node (gathered while it started); None before `start`."""
         if self._provenance_thread is not None:

@@ -8,18 +8,25 @@ It keeps every channel's transport (`P2P/CUMEM`, `P2P/IPC`, `SHM`, `NET/<plugin>
 `GDR 0|1` of the connected rings.
 
 `classify(report)` turns that into a verdict: the intra-node links (`P2P`, `SHM`, `none`) and the
-inter-node links, the slowest seen: `IB+GDR`, `IB`, `Socket` or `none`, with the evidence lines.
-`meets(verdict, require)` is the gate of `transport.require: ib | gdr | any`; `refusal` words it.
-`server_verdict(lines_per_rank)` does all of it for the ranks of one server.
+inter-node links, the slowest seen: `IB+GDR`, `IB`, `OFI+GDR`, `OFI` (libfabric, e.g. AWS EFA), `Socket`
+or `none`, with the evidence lines. `link_table(lines_per_rank)` is the per-link table: one row per pair
+of NCCL ranks that NCCL connected (the node of each rank, the class of the link, how many channels), and
+one per pair of nodes. `meets(verdict, require)` is the gate of `transport.require: any | rdma | ib | gdr`,
+which every cross-node link of the table must pass; `refusal` words it. `server_verdict(lines_per_rank)`
+does all of it for the ranks of one server (one list of lines per node).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["Link", "Report", "classify", "describe", "meets", "parse_nccl", "refusal", "server_verdict"]
+__all__ = ["ACCEPTED", "Link", "Report", "classify", "describe", "describe_links", "link_class", "link_table", "meets",
+           "parse_nccl", "recorded_lines", "refusal", "server_verdict"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|ESC\[[0-9;]*m")
 _RAY_PREFIX = re.compile(r"^(?:\((?:[^()]|\([^()]*\))*\)\s*)+")
@@ -33,11 +40,17 @@ _COLLNET = re.compile(r"NCCL INFO CollNet \d+/\d+ : \d+ \[(?:send|receive)\] via
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$")
 _NET_USING = re.compile(r"NCCL INFO NET/(?P<net>IB|Socket) : Using(?P<devs>.*?)(?:; OOB .*)?$")
 _NO_IB = re.compile(r"NCCL INFO NET/IB : No device found")
+_HOST = re.compile(r"(?:^|\s)(?P<host>[^\s:\[\]]+):\d+:\d+ \[\d+\] NCCL INFO")
 _RINGS = re.compile(r"NCCL INFO Connected all rings(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?")
 _VERSION = re.compile(r"NCCL version (?P<v>[0-9][0-9.]*\S*)")
 _IB_DEV = re.compile(r"\[\d+\]\s*(?P<dev>[A-Za-z0-9_]+):\d+/(?P<link>IB|RoCE)")
 _SOCK_DEV = re.compile(r"\[\d+\](?P<dev>[A-Za-z0-9_.-]+):(?P<addr>[0-9a-fA-F.:%]+)<\d+>")
-RANK = {"none": 0, "Socket": 1, "IB": 2, "IB+GDR": 3}
+RANK = {"none": 0, "Socket": 1, "NET": 1, "OFI": 2, "IB": 2, "OFI+GDR": 3, "IB+GDR": 3}
+# the cross-node classes each `transport.require` accepts
+ACCEPTED: dict[str, frozenset[str]] = {
+    "rdma": frozenset({"IB", "IB+GDR", "OFI", "OFI+GDR"}), "ib": frozenset({"IB", "IB+GDR"}),
+    "gdr": frozenset({"IB+GDR", "OFI+GDR"})}
+_OFI_PLUGINS = ("libfabric", "ofi", "efa")
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,13 @@ class Link:
     detail: str         # the part after "via", e.g. NET/IB/0/GDRDMA
     plugin: str = ""    # NET: IB, IBext_v8, Socket, AWS Libfabric, ...
     gdr: bool = False
+    direction: str = ""  # send / receive (the local rank is dst on a receive line, src otherwise)
+    host: str = ""       # the host NCCL named at the start of the line (`host:pid:tid [dev] NCCL INFO`)
+
+    @property
+    def local(self) -> int:
+        """The rank that printed the line."""
+        return self.dst if self.direction == "receive" else self.src
 
 
 @dataclass
@@ -78,7 +98,8 @@ def parse_nccl(lines: Iterable[str]) -> Report:
         line = _clean(raw)
         kept = True
         if m := _CHANNEL.search(line):
-            rep.links.append(_link(m))
+            h = _HOST.search(line)
+            rep.links.append(dataclasses.replace(_link(m), host=h.group("host") if h else ""))
         elif m := _COLLNET.search(line):
             rep.links.append(Link(0, 0, 0, "COLLNET", m.group("via")))
         elif m := _USING_NETWORK.search(line):
@@ -109,17 +130,27 @@ def _link(m: re.Match[str]) -> Link:
     if via.startswith("NET/"):
         n = _NET.match(via)
         plugin = n.group("plugin") if n else via.split("/")[1]
-        return Link(chan, src, dst, "NET", via, plugin, bool(n and n.group("gdr")))
+        return Link(chan, src, dst, "NET", via, plugin, bool(n and n.group("gdr")), m.group("dir") or "")
     kind = "P2P" if via.startswith("P2P/") else "SHM" if via.startswith(("SHM/", "direct shared memory")) else via
-    return Link(chan, src, dst, kind, via)
+    return Link(chan, src, dst, kind, via, direction=m.group("dir") or "")
 
 
 def _net_kind(link: Link) -> str:
-    if link.plugin.startswith("IB"):
+    plugin = link.plugin.lower()
+    if plugin.startswith("ib"):
         return "IB+GDR" if link.gdr else "IB"
-    if link.plugin == "Socket":
+    if plugin == "socket":
         return "Socket"
-    return "IB+GDR" if link.gdr else "IB"  # other RDMA plugins (e.g. AWS Libfabric): RDMA, GDR as they say
+    if any(p in plugin for p in _OFI_PLUGINS):  # libfabric (AWS EFA and others): RDMA, not InfiniBand
+        return "OFI+GDR" if link.gdr else "OFI"
+    return "NET"  # a plugin not known to be RDMA (e.g. TCPX): accepted only by `any`
+
+
+def link_class(link: Link) -> str:
+    """The class of one channel's link: P2P, SHM, IB, IB+GDR, OFI, OFI+GDR, Socket, NET, CollNet."""
+    if link.transport == "NET":
+        return _net_kind(link)
+    return "CollNet" if link.transport == "COLLNET" else link.transport
 
 
 def classify(rep: Report) -> dict[str, object]:
@@ -127,34 +158,116 @@ def classify(rep: Report) -> dict[str, object]:
     none), the plugins seen, and the evidence lines."""
     nets = [lk for lk in rep.links if lk.transport == "NET"]
     kinds = {_net_kind(lk) for lk in nets}
-    if "IB+GDR" in kinds and 0 in rep.ring_gdr:  # the rings themselves were connected without GPUDirect
-        kinds = (kinds - {"IB+GDR"}) | {"IB"}
+    if 0 in rep.ring_gdr:  # the rings themselves were connected without GPUDirect
+        kinds = {k.removesuffix("+GDR") for k in kinds}
     inter = min(kinds, key=RANK.__getitem__) if kinds else ("Socket" if rep.networks == {"Socket"} and rep.links
                                                             else "none")
     local = {lk.transport for lk in rep.links if lk.transport in ("P2P", "SHM")}
     intra = "P2P" if "P2P" in local else "SHM" if "SHM" in local else "none"
-    return {"intra": intra, "inter": inter, "plugins": sorted({lk.plugin for lk in nets}),
-            "networks": sorted(rep.networks), "ib_devices": list(dict.fromkeys(rep.ib_devices)), "versions": sorted(rep.versions),
+    return {"intra": intra, "inter": inter, "inter_kinds": sorted(kinds, key=RANK.__getitem__),
+            "plugins": sorted({lk.plugin for lk in nets}), "networks": sorted(rep.networks),
+            "ib_devices": list(dict.fromkeys(rep.ib_devices)), "versions": sorted(rep.versions),
             "channels": len(rep.links), "evidence": rep.evidence[:40]}
 
 
+def _cross_kinds(verdict: dict[str, object]) -> set[str]:
+    """Every cross-node class of a verdict: from its node-pair table, else its kinds, else its slowest."""
+    pairs = [r for r in verdict.get("node_links") or [] if r["src_node"] != r["dst_node"]]  # type: ignore[attr-defined]
+    if pairs:
+        return {str(k) for r in pairs for k in r["kinds"]}
+    return {str(k) for k in verdict.get("inter_kinds") or [verdict["inter"]]}  # type: ignore[attr-defined]
+
+
 def meets(verdict: dict[str, object], require: str) -> bool:
-    """Whether the cross-node links are at least what `transport.require` asks (`any`, `ib`, `gdr`)."""
+    """Whether every cross-node link is of a class `transport.require` accepts (`any`, `rdma`, `ib`, `gdr`)."""
     if require == "any":
         return True
-    need = {"ib": RANK["IB"], "gdr": RANK["IB+GDR"]}[require]
-    return RANK.get(str(verdict["inter"]), 0) >= need
+    kinds = _cross_kinds(verdict) - {"none"}
+    return bool(kinds) and kinds <= ACCEPTED[require]
 
 
-REQUIRED = {"ib": "IB", "gdr": "IB+GDR"}
+REQUIRED = {"rdma": "RDMA (IB or OFI)", "ib": "IB", "gdr": "GPUDirect RDMA (IB+GDR or OFI+GDR)"}
+
+
+def _rank_nodes(per_node: list[list[Link]]) -> dict[int, int]:
+    """The node (index into the logs) of every rank that printed a channel line. A line's node is that of
+    the host it names (NCCL_DEBUG_FILE on a shared filesystem lets one node read another's lines): each log's
+    most common host not taken by an earlier log is that log's node; a line without a host belongs to the log
+    it came from."""
+    index: dict[str, int] = {}
+    for node, links in enumerate(per_node):
+        hosts = Counter(lk.host for lk in links if lk.host and lk.host not in index)
+        if hosts:  # the most common host not yet given to an earlier log
+            index[hosts.most_common(1)[0][0]] = node
+    node_of: dict[int, int] = {}
+    for node, links in enumerate(per_node):
+        for lk in links:
+            if lk.host and lk.host not in index:
+                index[lk.host] = len(per_node) + len({i for i in index.values() if i >= len(per_node)})
+            node_of.setdefault(lk.local, index[lk.host] if lk.host else node)
+    return node_of
+
+
+def link_table(lines_per_rank: list[list[str]]) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The links of one server, from the NCCL lines of each node (index = node rank): one row per pair of
+    NCCL ranks (`src`, `dst`, `src_node`, `dst_node` (None when no line of that rank was seen), `kind`:
+    the slowest class over its channels, `channels`, `detail`: the `via` texts), and one row per pair of
+    nodes (`src_node`, `dst_node`, `kinds`, `rank_pairs`)."""
+    per_node = [[lk for lk in parse_nccl(lines).links if lk.transport != "COLLNET"] for lines in lines_per_rank]
+    node_of = _rank_nodes(per_node)
+    pairs: dict[tuple[int, int], dict[str, object]] = {}
+    for links in per_node:
+        for lk in links:
+            row = pairs.setdefault((lk.src, lk.dst), {"src": lk.src, "dst": lk.dst, "src_node": node_of.get(lk.src),
+                                                       "dst_node": node_of.get(lk.dst), "kinds": set(), "detail": set(),
+                                                       "channels": set()})
+            row["kinds"].add(link_class(lk))  # type: ignore[attr-defined]
+            row["detail"].add(lk.detail)  # type: ignore[attr-defined]
+            row["channels"].add(lk.channel)  # type: ignore[attr-defined]
+    rank_rows = []
+    for (src, dst), row in sorted(pairs.items()):
+        kinds = sorted(row.pop("kinds"), key=lambda k: RANK.get(k, 4))  # type: ignore[call-overload]
+        rank_rows.append({**row, "kind": kinds[0], "channels": len(row["channels"]),  # type: ignore[arg-type]
+                          "detail": ", ".join(sorted(row["detail"]))})  # type: ignore[call-overload]
+    nodes: dict[tuple[object, object], dict[str, object]] = {}
+    for r in rank_rows:
+        n = nodes.setdefault((r["src_node"], r["dst_node"]), {"src_node": r["src_node"], "dst_node": r["dst_node"],
+                                                              "kinds": set(), "rank_pairs": 0})
+        n["kinds"].add(r["kind"])  # type: ignore[attr-defined]
+        n["rank_pairs"] = int(n["rank_pairs"]) + 1  # type: ignore[call-overload]
+    node_rows = [{**n, "kinds": sorted(n["kinds"], key=lambda k: RANK.get(k, 4))}  # type: ignore[call-overload]
+                 for _, n in sorted(nodes.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))]
+    return rank_rows, node_rows
 
 
 def server_verdict(lines_per_rank: list[list[str]]) -> dict[str, object]:
-    """The verdict of one server from the NCCL lines of each of its ranks (one rank per node)."""
-    verdict = classify(parse_nccl(line for lines in lines_per_rank for line in lines))
+    """The verdict of one server from the NCCL lines of each of its ranks (one rank per node), with its
+    per-link tables (`links`: rank pairs, `node_links`: node pairs)."""
+    rep = parse_nccl(line for lines in lines_per_rank for line in lines)
+    verdict = classify(rep)
     verdict["nnodes"] = len(lines_per_rank)
     verdict["ranks_with_nccl"] = sum(1 for lines in lines_per_rank if lines)
+    verdict["links"], verdict["node_links"] = link_table(lines_per_rank)
+    pairs: list[dict[str, Any]] = verdict["node_links"]  # type: ignore[assignment]
+    cross = [str(k) for r in pairs if r["src_node"] != r["dst_node"] and None not in (r["src_node"], r["dst_node"])
+             for k in r["kinds"]]
+    if 0 in rep.ring_gdr:  # the rings themselves were connected without GPUDirect
+        cross = [k.removesuffix("+GDR") for k in cross]
+    if cross:  # the slowest cross-node link as the node-pair table saw it
+        verdict["inter"] = min(cross, key=lambda k: RANK.get(k, 0))
+        verdict["inter_kinds"] = sorted(set(cross), key=lambda k: RANK.get(k, 0))
     return verdict
+
+
+def describe_links(verdict: dict[str, object], node_names: list[str] | None = None) -> list[str]:
+    """One line per pair of nodes: `node 0 (10.0.0.1) -> node 1 (10.0.0.2): IB+GDR (4 rank pairs)`."""
+    def name(i: object) -> str:
+        if i is None:
+            return "node ?"
+        known = node_names and int(i) < len(node_names)  # type: ignore[call-overload]
+        return f"node {i}" + (f" ({node_names[int(i)]})" if known else "")  # type: ignore[call-overload,index]
+    return [f"{name(r['src_node'])} -> {name(r['dst_node'])}: {', '.join(r['kinds'])} ({r['rank_pairs']} rank pair"
+            f"{'s' if r['rank_pairs'] != 1 else ''})" for r in verdict.get("node_links") or []]  # type: ignore[attr-defined]
 
 
 def describe(verdict: dict[str, object]) -> str:
@@ -182,7 +295,27 @@ def refusal(verdict: dict[str, object], require: str) -> str | None:
         why = (f"no cross-node NCCL link was seen in the logs of its {verdict['nnodes']} ranks "
                f"({verdict.get('ranks_with_nccl', 0)} printed NCCL lines), so {REQUIRED[require]} cannot be confirmed")
     else:
-        why = f"its cross-node links are {verdict['inter']}, slower than the {REQUIRED[require]} required"
+        bad = sorted(_cross_kinds(verdict) - ACCEPTED[require] - {"none"}) or [str(verdict["inter"])]
+        why = f"its cross-node links include {', '.join(bad)}, not the {REQUIRED[require]} required"
         if verdict["inter"] == "Socket":
             why += " (NCCL fell back to TCP sockets)"
-    return f"transport.require {require}: {why}" + ("; evidence:\n" + "\n".join(evidence) if evidence else "")
+    links = describe_links(verdict)
+    return (f"transport.require {require}: {why}" + ("; links:\n" + "\n".join(links) if links else "")
+            + ("; evidence:\n" + "\n".join(evidence) if evidence else ""))
+
+
+def recorded_lines(servers: list[Any]) -> list[str]:
+    """What the latest server of each configuration got (ledger `ServerRow`s): its links per node pair and its
+    fabric probe, for the dry run of a campaign being resumed."""
+    latest = {s.serve_id: s for s in servers if s.transport or s.fabric}
+    out = []
+    for serve_id, s in latest.items():
+        v = s.transport_verdict() or {}
+        names = [str(r.get("node_ip") or "?") for r in s.rank_list()]
+        out.append(f"  {serve_id} (server {s.server_id}): " + (describe(v) if v else "no transport verdict"))
+        out += [f"    {line}" for line in describe_links(v, names)]
+        probe = s.fabric_record()
+        if probe:
+            out.append("    fabric probe: " + (f"{probe['busbw_gbps']:.2f} GB/s bus bandwidth ({probe.get('backend')})"
+                                               if probe.get("busbw_gbps") is not None else f"failed: {probe.get('error')}"))
+    return out

@@ -13,7 +13,8 @@ The checks: `client-limited` (the client could not send the load asked: `client_
 (the server process or a client actor ran at a niceness above 0), `shared CPUs`, `errors` (any request
 failed), `not steady` (the per-second throughput still drifted: `steady_state` false; absent means unknown
 and fails nothing), `socket transport` (a multi-node server whose cross-node traffic went over TCP
-sockets). `unknown_checks(record)` names the checks that had nothing to judge.
+sockets), `throttled` (the server's GPUs were throttled, by power cap, heat or a hardware slowdown, in
+more than 5 % of the point's NVML samples: `gpu_throttled_fraction`). `unknown_checks(record)` names the checks that had nothing to judge.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any
 
 __all__ = ["CHECKS", "cpu_set", "cpu_text", "shared_cpus", "unknown_checks", "validity_fields"]
 
-CHECKS = ("client-limited", "niced", "shared CPUs", "errors", "not steady", "socket transport")
+CHECKS = ("client-limited", "niced", "shared CPUs", "errors", "not steady", "socket transport", "throttled")
+THROTTLED_FRACTION = 0.05  # more throttled NVML samples than this: the point is marked `throttled`
 _SPLIT_ACTORS = re.compile(r"[;|]")
 
 
@@ -159,6 +161,9 @@ def _issues(r: dict[str, Any], shared: bool | None, errors: float | None) -> lis
         issues.append("not steady" + (f" (slope {float(slope):+.1f} %/s)" if isinstance(slope, (int, float)) else ""))
     if str(r.get("transport_inter") or "") == "Socket":
         issues.append("socket transport")
+    hot = r.get("gpu_throttled_fraction")
+    if isinstance(hot, (int, float)) and hot > THROTTLED_FRACTION:
+        issues.append(f"throttled ({r.get('gpu_throttle_reasons') or '?'} in {100 * hot:.0f} % of samples)")
     return issues
 
 

@@ -7,8 +7,10 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from raysweep.bench import command
-from raysweep.bench.command import bench_argv
+from raysweep.bench.command import bench_argv, load_window_cpu
 
 
 def test_bench_command_points_at_the_server_and_asks_for_every_percentile():
@@ -33,3 +35,13 @@ def test_directories_of_killed_clients_are_removed_and_live_ones_kept(tmp_path, 
         (d / "result.json").write_text("{}")
     command._remove_stale_dirs()
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_the_commands_cpu_is_counted_over_its_load_window_only():
+
+    # 10 s of import at 1 core, then a 4 s load at half a core: the window is the last 4 s
+    samples = [(float(t), float(t)) for t in range(0, 11)] + [(12.0, 11.0), (14.0, 12.0)]
+    assert load_window_cpu(samples, 4.0) == pytest.approx(2.0)
+    assert load_window_cpu(samples, 3.0) == pytest.approx(1.5)
+    assert load_window_cpu(samples, 100.0) == pytest.approx(12.0)  # longer than the samples: all of it
+    assert load_window_cpu([], 4.0) is None and load_window_cpu(samples, 0.0) is None

@@ -41,7 +41,8 @@ def test_options_follow_vllm_bench_serve_defaults_and_spellings():
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--num-warmups", "3"], ["unrecognized", "--num-warmups", "--random-input-len"]),
+    (["--num-warmups", "3"], ["--num-warmups", "warmup", "bench.backend: command"]),
+    (["--bogus-flag", "3"], ["unrecognized", "--bogus-flag", "--random-input-len"]),
     (["--request-rate", "0"], ["--request-rate", "positive"]),
     (["--burstiness", "-1"], ["--burstiness"]),
     (["--goodput", "latency:5"], ["--goodput", "ttft, tpot, e2el"]),
@@ -49,7 +50,7 @@ def test_options_follow_vllm_bench_serve_defaults_and_spellings():
     (["--ramp-up-strategy", "linear", "--request-rate", "5"], ["exclude each other"]),
     (["--ramp-up-strategy", "linear"], ["--ramp-up-start-rps"]),
     (["--dataset-name", "sharegpt"], ["--dataset-path", "required"]),
-    (["--dataset-name", "hf"], ["--dataset-name", "invalid choice"]),
+    (["--dataset-name", "hf"], ["--dataset-name hf", "bench.backend: command"]),
     (["--extra-body", "[1]"], ["--extra-body", "JSON object"]),
     (["--max-concurrency", "0"], ["--max-concurrency", "at least 1"]),
 ])

@@ -131,7 +131,7 @@ def test_vllm_runs_the_campaigns_command_without_native_only_options():
     from raysweep.plan import BenchPoint, PointRun
 
     point = PointRun("p", None, BenchPoint("b", {}, ["--dataset-name", "random", "--clients", "2", "--vocab-size",
-                                                     "100", "--num-prompts", "5"], ""), 0)
+                                                     "100", "--prompt-format", "text", "--num-prompts", "5"], ""), 0)
     assert xc.vllm_point(point).bench.argv == ["vllm", "bench", "serve", "--dataset-name", "random",
                                                "--num-prompts", "5"]
     full = PointRun("p", None, BenchPoint("b", {}, ["vllm", "bench", "serve", "--model", "m"], ""), 0)
@@ -173,6 +173,8 @@ def test_crosscheck_alternates_both_clients_on_the_real_server(vllm_server, tmp_
                                                                  ("vllm", 1)]
     assert all(r["ok"] and r["reset"] == "reset" for r in report["runs"]), report["runs"]
     assert all(r["completed"] == 8 for r in report["runs"])
+    # each tool's CPU over its load is measured: on shared cores, what it took from the server
+    assert all(r["client_cpu_s"] > 0 for r in report["runs"]), report["runs"]
     vllm_cmd = [r["command"] for r in report["runs"] if r["tool"] == "vllm"]
     assert all(c.split()[1:3] == ["bench", "serve"] and "--base-url" in c for c in vllm_cmd)
     tput = next(r for r in report["comparison"] if r["metric"] == "output_throughput")

@@ -55,7 +55,7 @@ def test_chat_random_prompts_with_a_range_stay_in_the_range(tiny_model, tok):
 
 def test_random_ids_are_runs_of_consecutive_allowed_ids(tiny_model, tok):
     """vLLM's RandomDataset: allowed[(offset + index + arange(len)) % len(allowed)], no special id."""
-    o = opts("--num-prompts", "20", "--random-input-len", "50", model=str(tiny_model))
+    o = opts("--num-prompts", "20", "--random-input-len", "50", "--prompt-format", "token_ids", model=str(tiny_model))
     allowed = _allowed(tok)
     pos = {int(t): i for i, t in enumerate(allowed)}
     for r in make_requests(o):
@@ -63,6 +63,26 @@ def test_random_ids_are_runs_of_consecutive_allowed_ids(tiny_model, tok):
         assert not set(r.prompt) & set(tok.all_special_ids)
         steps = {(pos[b] - pos[a]) % len(allowed) for a, b in zip(r.prompt, r.prompt[1:])}
         assert steps == {1}
+
+
+def test_completions_random_prompts_go_as_text_as_vllm_sends_them(tiny_model, tok):
+    """With the tokenizer at hand, the default sends text (the server tokenizes, as for `vllm bench serve`),
+    one special token short of the asked length: the server adds BOS."""
+    reqs = make_requests(opts("--num-prompts", "20", "--random-input-len", "50", model=str(tiny_model)))
+    assert all(isinstance(r.prompt, str) for r in reqs)
+    assert {len(tok(r.prompt).input_ids) for r in reqs} == {50}
+    # the same ids as the token-id form, decoded: the two formats send one workload
+    ids = make_requests(opts("--num-prompts", "20", "--random-input-len", "50", "--prompt-format", "token_ids",
+                             model=str(tiny_model)))
+    assert [r.output_len for r in reqs] == [r.output_len for r in ids]
+
+
+def test_text_prompts_without_a_tokenizer_are_refused_and_auto_falls_back_to_ids():
+    with pytest.raises(CampaignError, match="--prompt-format text"):
+        make_requests(opts("--num-prompts", "2", "--prompt-format", "text"))
+    assert all(isinstance(r.prompt, list) for r in make_requests(opts("--num-prompts", "2")))
+    with pytest.raises(CampaignError, match="--prompt-format"):
+        opts("--prompt-format", "bytes")
 
 
 def test_random_ids_without_a_tokenizer_are_consecutive_runs_too():

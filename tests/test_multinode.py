@@ -161,6 +161,20 @@ def test_node_loss_tears_the_server_down_and_places_it_again_on_the_nodes_left(g
         assert len(servers) == 2 and servers[0].node_id == removed[0] and servers[1].node_id != removed[0]
         assert servers[0].state.startswith("died") and servers[1].state == "stopped"
         assert set(results_table(out)["node_id"]) == {servers[1].node_id}
+        # node loss as data: the loss and the re-placement are ledger rows; the spoiled attempt keeps its error
+        led = Ledger.open_existing(out)
+        events, earlier, points = led.events(), led.attempt_errors(), led.points()
+        led.close()
+        assert [e["kind"] for e in events] == ["node_lost", "replaced"]
+        assert events[0]["nodes"] == [removed[0]] and events[0]["serve_ids"] == [servers[0].serve_id]
+        assert servers[1].node_id in events[1]["nodes"] and events[0]["at"] <= events[1]["at"]
+        retried = next(p for p in points if p.attempts == 2)
+        assert retried.state == "done" and retried.error is None
+        assert [(e["point_id"], e["attempt"]) for e in earlier] == [(retried.point_id, 1)]
+        assert "was lost" in earlier[0]["error"]
+        status = CliRunner().invoke(main, ["status", str(out)]).output
+        assert "cluster events" in status and "node lost" in status and "replaced" in status
+        assert "1 point(s) done after failed attempts" in status
         _assert_no_orphans(out)
     finally:
         remove_nodes(gpu_cluster, pool)

@@ -161,3 +161,35 @@ def test_gpus_per_replica_sizes_commands_that_are_not_vllm(tmp_path):
     assert sorted(s.shape.gpu_count for s in plan.serves) == [3, 6]
     with pytest.raises(CampaignError, match="serve.gpus_per_replica"):
         load_campaign(standin_campaign(tmp_path, serve={"gpus_per_replica": 0}))
+
+
+@pytest.mark.parametrize("shape, expect", [
+    (Shape(2, 2, spread=True), Layout(2, 2, "nnodes")),      # fits one node packed; spread: a stage per node
+    (Shape(1, dp=2, spread=True), Layout(2, 1, "dp", 1)),    # one replica per node
+    (Shape(2, 4, spread=True), Layout(2, 4, "nnodes")),      # 4 stages: as many nodes as there are (3 < 4)
+    (Shape(4, spread=True), "has nothing to spread"),        # TP never crosses nodes
+    (Shape(1, dp=4, spread=True), "need 4 nodes"),
+])
+def test_spread_places_the_same_shape_across_nodes(shape, expect):
+    got = layout_for(shape, ANY, nodes(4, 4, 4))
+    assert got == expect if isinstance(expect, Layout) else (isinstance(got, str) and expect in got)
+
+
+def test_placement_layout_list_sweeps_every_config_packed_and_spread(tmp_path):
+    f = standin_campaign(tmp_path, serve_params=[{"tensor_parallel_size": 2, "pipeline_parallel_size": 2}],
+                         placement={"layout": ["pack", "spread"]})
+    plan = build_plan(load_campaign(f))
+    assert [(s.params["placement_layout"], s.shape.spread) for s in plan.serves] == [("pack", False), ("spread", True)]
+    assert len({s.id for s in plan.serves}) == 2
+    assert all("placement" not in " ".join(s.argv) for s in plan.serves)  # raysweep's own, never a flag
+    assert [layout_for(s.shape, ANY, nodes(4, 4)) for s in plan.serves] == [Layout(1, 4), Layout(2, 2, "nnodes")]
+    default = build_plan(load_campaign(standin_campaign(tmp_path, serve_params=[{"tensor_parallel_size": 2}])))
+    assert "placement_layout" not in default.serves[0].params  # pack alone keeps the ids of existing campaigns
+
+
+def test_a_bad_layout_names_the_field(tmp_path):
+    with pytest.raises(CampaignError, match="placement.layout"):
+        load_campaign(standin_campaign(tmp_path, placement={"layout": "scatter"}))
+    f = standin_campaign(tmp_path, serve_params=[{"tensor_parallel_size": 2, "placement_layout": "wide"}])
+    with pytest.raises(CampaignError, match="placement_layout must be pack or spread"):
+        build_plan(load_campaign(f))

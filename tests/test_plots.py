@@ -278,6 +278,18 @@ def test_default_layout_never_joins_unrelated_configurations(table):
     assert plots.default_layout(table, mine, "max_concurrency") == mine  # the user's layout is kept
 
 
+def test_a_parameter_that_follows_the_load_is_not_a_bench_shape(table):
+    """A num_prompts scaled with max_concurrency (part of every bench label) takes one value per load: the
+    default layout keeps one column per input length, not one per num_prompts."""
+    linked = table.assign(num_prompts=table["max_concurrency"] * 10)
+    linked["bench_label"] = linked["bench_label"] + "-num_prompts=" + linked["num_prompts"].astype(str)
+    assert plots.load_linked(linked, "max_concurrency", ["num_prompts", "random_input_len"]) == ["num_prompts"]
+    spec = plots.default_layout(linked, plots.PlotSpec(), "max_concurrency")
+    assert spec.col_by == ("random_input_len",)
+    [plan] = plots.plan_curves(linked, spec)
+    assert len(plan.panels[0]) == 2 and all(len(c.points) == 4 for p in plan.panels[0] for c in p.curves)
+
+
 def test_server_metric_figure(table):
     spec = plots.PlotSpec(row_by=("random_input_len",))
     assert plots.load_variable(table, "x") == "max_concurrency"

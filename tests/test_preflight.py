@@ -317,3 +317,43 @@ def test_nodes_that_fail_or_do_not_answer_are_reported_not_fatal(gpu_cluster, mo
     monkeypatch.undo()
     pre = preflight.run_preflight(timeout_s=0.001)
     assert [n["error"] for n in pre.nodes] == ["no answer within 0.001 s"] * 4 and pre.findings == []
+
+
+# -- GPU topology (`nvidia-smi topo -m`, fixtures of an NVLink node across 2 NUMA nodes and a PCIe node) ------
+
+def _topo(name: str) -> str:
+    return (Path(__file__).parent / "fixtures" / name).read_text()
+
+
+def test_topo_matrix_is_parsed_with_links_cpu_and_numa_affinity():
+    from raysweep.preflight import parse_topo
+
+    t = parse_topo(_topo("topo_nvlink_2numa.txt"))
+    assert sorted(t["gpus"]) == ["0", "1", "2", "3"]
+    assert t["gpus"]["0"]["links"] == {"1": "NV18", "2": "NV18", "3": "NV18"}  # the NIC column is not a GPU
+    assert t["gpus"]["2"]["numa"] == "1" and t["gpus"]["0"]["cpu_affinity"] == "0-55,112-167"
+    assert parse_topo("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.") == {}
+
+
+@pytest.mark.parametrize("fixture, gpus, tp, words", [
+    ("topo_nvlink_2numa.txt", ["0", "1", "2", "3"], 4, ["GPUs 0,1,2,3 spans NUMA nodes 0,1"]),
+    ("topo_nvlink_2numa.txt", ["0", "1", "2", "3"], 2, []),           # each pair on NVLink and one NUMA node
+    ("topo_pcie.txt", ["0", "1"], 2, ["GPUs 0,1 has no NVLink between GPU0-GPU1 PIX"]),
+    ("topo_pcie.txt", ["1", "2"], 2, ["GPU1-GPU2 SYS", "spans NUMA nodes 0,1"]),
+    ("topo_pcie.txt", ["0", "1"], 1, []),                              # no tensor parallelism: nothing to say
+])
+def test_tensor_parallel_groups_without_nvlink_or_across_numa_are_warned(fixture, gpus, tp, words):
+    from raysweep.preflight import parse_topo, tp_group_warnings
+
+    got = " | ".join(tp_group_warnings(parse_topo(_topo(fixture)), gpus, tp))
+    assert all(w in got for w in words) and (bool(got) == bool(words))
+
+
+def test_topology_facts_without_nvidia_smi_or_with_an_error():
+    from raysweep.preflight import NO_NVIDIA_SMI, topo_facts
+
+    assert topo_facts(None) == {"topology": {}, "topology_status": NO_NVIDIA_SMI}
+    bad = topo_facts({"rc": 9, "stdout": "", "stderr": "driver not loaded", "error": ""})
+    assert bad["topology"] == {} and bad["topology_status"] == "error: driver not loaded"
+    ok = topo_facts({"rc": 0, "stdout": _topo("topo_pcie.txt"), "stderr": "", "error": ""})
+    assert ok["topology_status"] == "ok" and ok["topology"]["gpus"]["3"]["links"]["2"] == "PIX"

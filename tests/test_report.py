@@ -6,6 +6,7 @@ import base64
 import json
 import re
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -14,6 +15,10 @@ from raysweep.cli import main
 from raysweep.files import write_json_atomic
 from raysweep.ledger import Ledger
 from test_plots import PNG, build_output_dir
+
+
+BUILT_IN = ("conclusions", "validity", "figures", "results", "sla", "transport", "failures", "campaign", "plan",
+            "environment")
 
 
 def sections(html: str) -> list[str]:
@@ -30,12 +35,17 @@ def test_cli_report_is_one_self_contained_file(tmp_path):
     assert result.exit_code == 0, result.output
     html = (out / "report.html").read_text()
     assert str(out / "report.html") in result.output
-    assert sections(html) == ["validity", "campaign", "plan", "figures", "results", "sla", "transport", "failures",
-                              "environment"]
+    # the answer first, the warnings next, then the figures; the record (campaign, plan, environment) last
+    # (sections that other modules register may come between)
+    assert [sid for sid in sections(html) if sid in BUILT_IN] == list(BUILT_IN)
+    assert sections(html)[:2] == ["conclusions", "validity"] and sections(html)[-3:] == list(BUILT_IN[-3:])
     assert "http://" not in html and "https://" not in html and "<link" not in html  # nothing to fetch
-    # figures: 3 metric curves, the server metrics, the Pareto front, the SLA bars, all embedded PNGs
+    # figures: latency against throughput, 3 metric curves, the server metrics, the Pareto front, the SLA bars,
+    # all embedded PNGs
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', section(html, "figures"))
     assert [alt for alt, _ in images] == [
+        "latency against throughput: median_ttft_ms against output_throughput, one point per max_concurrency "
+        "(mean of its runs)",
         "output_throughput against max_concurrency", "median_ttft_ms against max_concurrency",
         "p99_ttft_ms against max_concurrency", "server-side metrics against max_concurrency",
         "Pareto front (every run; front without dominated ties)",
@@ -68,8 +78,9 @@ def test_cli_report_is_one_self_contained_file(tmp_path):
 
 @pytest.fixture
 def no_figures(monkeypatch):
-    """The report without its figures (they are checked above), to keep these tests fast."""
+    """The report without its figures (they are checked above and below), to keep these tests fast."""
     monkeypatch.setattr(report, "_figure_list", lambda data: [])
+    monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
 
 
 def test_transport_verdict_per_server_config_with_evidence_and_recorded_versions(tmp_path, no_figures):
@@ -151,7 +162,7 @@ def test_runs_failing_a_validity_check_are_listed_marked_and_crossed(tmp_path, n
     out = build_output_dir(tmp_path / "out")
     _flag_one_run(out)
     html = report.build_report(out)
-    assert sections(html)[0] == "validity"
+    assert sections(html)[:2] == ["conclusions", "validity"]  # the warnings right after the answer
     warn = section(html, "validity")
     assert "fail a check" in warn and "niced (server 15)" in warn
     flagged_count = int(re.search(r"(\d+) of (\d+) run\(s\) fail a check", warn).group(1))
@@ -199,3 +210,120 @@ def test_plots_cross_flagged_runs_but_not_client_limited_ones(tmp_path):
     fig = plots.render(next(p for p in plans if any(len(c.flagged) for row in p.panels for pa in row
                                                     for c in pa.curves)), spec)
     assert "fails a validity check" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# conclusions: the best config per bench shape, its lead against the noise, fronts, SLA capacities
+# ---------------------------------------------------------------------------------------------------------
+
+def _runs_table() -> pd.DataFrame:
+    """Three runs per point: config A (2 GPUs) and B (1 GPU), two input lengths, loads 1, 4 and 16, and a
+    num_prompts that follows the load; throughput grows as the square root of the load. In shape 128 A makes
+    3x B's throughput (1.5x B's per GPU) with a spread of 1 %; in shape 256 both make the same per GPU with a
+    spread of 10 %."""
+    rows = []
+    for sid, gpus in (("A", 2), ("B", 1)):
+        for length in (128, 256):
+            for conc in (1, 4, 16):
+                base = 100.0 * conc ** 0.5 * (3 if sid == "A" and length == 128 else 1) * (gpus if length == 256 else 1)
+                spread = 0.01 if length == 128 else 0.10
+                for run, wobble in enumerate((-1, 0, 1)):
+                    rows.append({
+                        "serve_id": sid, "bench_id": f"{length}-{conc}", "point_id": f"{sid}-{length}-{conc}-{run}",
+                        "run_number": run, "serve_label": f"cfg={sid}", "bench_label": f"len={length}-c={conc}",
+                        "random_input_len": length, "max_concurrency": conc, "num_prompts": 8 * conc,
+                        "gpu_count": gpus, "tensor_parallel_size": gpus,
+                        "output_throughput": base * (1 + spread * wobble),
+                        "median_ttft_ms": 10.0 * conc * (1 + spread * wobble), "client_limited": False})
+    return pd.DataFrame(rows)
+
+
+def test_conclusions_name_the_best_config_per_shape_and_judge_its_lead():
+    from raysweep import conclusions
+
+    df = _runs_table()
+    c = conclusions.conclude(df, ["random_input_len", "max_concurrency", "num_prompts"])
+    assert c.load == "max_concurrency"
+    assert c.shape_keys == ["random_input_len"]  # num_prompts follows the load: not a shape
+    verdicts = {v.shape: v for v in c.verdicts}
+    assert set(verdicts) == {"random_input_len=128", "random_input_len=256"}
+    clear = verdicts["random_input_len=128"]
+    assert clear.leader["serve_id"] == "A" and clear.leader["max_concurrency"] == 16
+    assert clear.runner_up["serve_id"] == "B" and clear.runner_up["max_concurrency"] == 16
+    assert clear.leader["objective_mean"] == pytest.approx(1200 / 2)  # per GPU: A has 2
+    assert clear.lead == pytest.approx(0.5) and clear.significant is True
+    tied = verdicts["random_input_len=256"]
+    assert tied.lead == pytest.approx(0.0, abs=1e-9) and tied.significant is False
+    assert "beyond the noise" in conclusions.noise_text(clear) and "within the noise" in conclusions.noise_text(tied)
+    lines = conclusions.headlines(c)
+    assert lines[0].startswith("Best for random_input_len=128: cfg=A at max_concurrency=16, "
+                               "output_throughput_per_gpu 600")
+    assert "+50.0% over cfg=B at max_concurrency=16" in lines[0] and "beyond the noise" in lines[0]
+    # the Pareto front of each shape, from the point means: per user falls as per GPU rises with the load
+    front = c.fronts["random_input_len=128"]
+    assert list(front["serve_label"]) == ["cfg=A"] * 3 and list(front["max_concurrency"]) == [16, 4, 1]
+
+
+def test_conclusions_for_another_objective_and_with_one_run():
+    from raysweep import conclusions
+
+    df = _runs_table()
+    raw = conclusions.conclude(df, ["random_input_len", "max_concurrency"], objective="output_throughput")
+    clear = {v.shape: v for v in raw.verdicts}["random_input_len=128"]
+    assert clear.lead == pytest.approx(2.0)  # 3x B's throughput when GPUs are not counted
+    fast = conclusions.conclude(df, ["random_input_len", "max_concurrency"], objective="median_ttft_ms")
+    assert not fast.objective.maximize  # a latency: lower is better
+    assert all(v.leader["max_concurrency"] == 1 for v in fast.verdicts)
+    one = conclusions.conclude(df[df["run_number"] == 0], ["random_input_len", "max_concurrency"])
+    assert all(v.significant is None for v in one.verdicts)
+    assert "not judged" in conclusions.noise_text(one.verdicts[0])
+
+
+@pytest.mark.parametrize("objective, words", [
+    ("throughput", ["--objective throughput", "not an aggregated metric", "output_throughput_per_gpu"]),
+    ("sideways:output_throughput", ["--objective sideways:output_throughput", "max:METRIC or min:METRIC"]),
+])
+def test_a_wrong_objective_is_a_user_error(tmp_path, no_figures, objective, words):
+    out = build_output_dir(tmp_path / "out")
+    result = CliRunner().invoke(main, ["report", str(out), "--objective", objective])
+    assert result.exit_code == 2, result.output
+    assert all(w in result.output for w in words), result.output
+    assert not (out / "report.html").exists()
+
+
+def test_report_leads_with_the_conclusions_and_prints_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])
+    out = build_output_dir(tmp_path / "out", sla=True)
+    result = CliRunner().invoke(main, ["report", str(out), "--objective", "output_throughput"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].endswith("report.html")
+    assert [ln.split(":")[0] for ln in lines[1:]] == ["Best for random_input_len=128", "Best for random_input_len=256"]
+    html = (out / "report.html").read_text()
+    top = section(html, "conclusions")
+    assert top.count('class="card"') == 2 and "Best: <b>max_num_seqs=16 at max_concurrency=8</b>" in top
+    assert top.count('<img alt="median_ttft_ms against output_throughput') == 2  # a curve figure per card
+    assert "Pareto front" in top and "SLA capacities" in top
+    # SLA capacities: per bench point and target, the unbounded config first, the one that never met it last
+    sla_rows = top.split("SLA capacities", 1)[1]
+    assert sla_rows.index("above max") < sla_rows.index("found")
+
+
+def fragment_section(output_dir):
+    return f"<p>made from {output_dir.name}</p>"
+
+
+def test_sections_registered_by_other_modules(tmp_path, no_figures, monkeypatch):
+    out = build_output_dir(tmp_path / "out")
+    extra = [report.Section("extra", "Extra", "test_report:fragment_section"),
+             report.Section("absent", "Absent", "raysweep.report:_no_such_function"),
+             report.Section("nothing", "Nothing", lambda data: None)]
+    mine = [sec for sec in report.SECTIONS if sec.sid in BUILT_IN]
+    monkeypatch.setattr(report, "SECTIONS", [*mine[:3], *extra, *mine[3:]])
+    html = report.build_report(out)
+    assert sections(html)[:5] == ["conclusions", "validity", "figures", "extra", "absent"]
+    assert "nothing" not in sections(html) and '<a href="#nothing">' not in html  # None: left out
+    assert "<p>made from out</p>" in section(html, "extra") and '<a href="#extra">Extra</a>' in html
+    assert "This section could not be made: AttributeError" in section(html, "absent")  # costs only itself
+    assert sections(html)[-1] == "environment"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raysweep.transport import classify, meets, parse_nccl, server_verdict
+from raysweep.transport import classify, meets, parse_nccl, refusal, server_verdict
 
 REAL = {
     "ib_gdr_old_busid": "10-90-43-152:120890:121560 [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/5/GDRDMA",
@@ -88,3 +88,55 @@ def test_verdicts(keys, intra, inter):
 def test_gate(inter, ib, gdr):
     v = {"inter": inter}
     assert meets(v, "any") and meets(v, "ib") is ib and meets(v, "gdr") is gdr
+
+
+def _two_node_lines(via: str, rank: int) -> list[str]:
+    """A 2-node pipeline of 2 GPUs per node as each node's NCCL prints it: ranks 2r and 2r+1 live on node r."""
+    head = f"node{rank}:1:1 [0] NCCL INFO"
+    return [f"{head} Channel 00/0 : {2 * rank}[0] -> {2 * rank + 1}[1] via P2P/CUMEM/read",
+            f"{head} Channel 00/0 : {2 * rank + 1}[1] -> {2 * (1 - rank)}[0] [send] via {via}",
+            f"{head} Channel 01/0 : {2 * (1 - rank) + 1}[1] -> {2 * rank}[0] [receive] via {via}"]
+
+
+def test_the_per_link_table_has_each_rank_pair_on_its_nodes_and_each_node_pair():
+    v = server_verdict([_two_node_lines("NET/IB/0/GDRDMA", 0), _two_node_lines("NET/IB/0/GDRDMA", 1)])
+    pairs = {(r["src"], r["dst"]): (r["src_node"], r["dst_node"], r["kind"]) for r in v["links"]}
+    assert pairs == {(0, 1): (0, 0, "P2P"), (1, 2): (0, 1, "IB+GDR"), (3, 0): (1, 0, "IB+GDR"),
+                     (2, 3): (1, 1, "P2P")}
+    nodes = {(r["src_node"], r["dst_node"]): r["kinds"] for r in v["node_links"]}
+    assert nodes == {(0, 0): ["P2P"], (0, 1): ["IB+GDR"], (1, 0): ["IB+GDR"], (1, 1): ["P2P"]}
+    assert v["inter"] == "IB+GDR" and meets(v, "gdr")
+
+
+def test_one_slow_node_pair_fails_the_gate_even_when_another_is_fast():
+    v = server_verdict([_two_node_lines("NET/IB/0/GDRDMA", 0), _two_node_lines("NET/Socket/0", 1)])
+    nodes = {(r["src_node"], r["dst_node"]): r["kinds"] for r in v["node_links"]}
+    assert nodes[(1, 0)] == ["Socket"] and nodes[(0, 1)] == ["Socket"]  # a pair takes its slowest channel
+    assert v["inter"] == "Socket" and not meets(v, "ib") and meets(v, "any")
+    why = refusal(v, "ib")
+    assert "include Socket" in why and "node 1 -> node 0: Socket (1 rank pair)" in why
+
+
+@pytest.mark.parametrize("via, kind, gates", [
+    ("NET/AWS Libfabric/0/GDRDMA", "OFI+GDR", {"rdma", "gdr"}), ("NET/AWS Libfabric/0", "OFI", {"rdma"}),
+    ("NET/OFI/1", "OFI", {"rdma"}), ("NET/IB/0", "IB", {"rdma", "ib"}),
+    ("NET/IB/0/GDRDMA", "IB+GDR", {"rdma", "ib", "gdr"}), ("NET/Socket/0", "Socket", set()),
+    ("NET/GPUDirectTCPX/0", "NET", set()),
+])
+def test_efa_is_its_own_class_not_infiniband(via, kind, gates):
+    v = server_verdict([_two_node_lines(via, 0), _two_node_lines(via, 1)])
+    assert v["inter"] == kind and {g for g in ("rdma", "ib", "gdr") if meets(v, g)} == gates
+
+
+def test_a_verdict_stored_before_the_table_still_gates_on_its_slowest_link():
+    assert meets({"inter": "IB"}, "ib") and not meets({"inter": "IB"}, "gdr") and not meets({"inter": "none"}, "ib")
+
+
+def test_each_line_counts_for_the_host_it_names_even_when_read_by_another_node():
+    """With NCCL_DEBUG_FILE on a shared filesystem every node reads every rank's file: node 0's log then
+    holds node 1's lines too, which still count for node 1."""
+    both = _two_node_lines("NET/IB/0", 0) + _two_node_lines("NET/IB/0", 1)
+    v = server_verdict([both, both])
+    nodes = {(r["src_node"], r["dst_node"]): r["kinds"] for r in v["node_links"]}
+    assert nodes == {(0, 0): ["P2P"], (0, 1): ["IB"], (1, 0): ["IB"], (1, 1): ["P2P"]}
+    assert "node 0 -> node 1: IB (1 rank pair)" in refusal(v, "gdr")

@@ -50,7 +50,7 @@ def test_a_config_on_tcp_sockets_is_refused_before_benchmarking_and_the_fast_one
     refused = [p for p in points if p.serve_id == socket_id]
     assert len(refused) == 2 and all(p.state == "failed" and p.attempts == 2 for p in refused)
     err = refused[0].error
-    assert "transport.require ib" in err and "cross-node links are Socket" in err and "TCP sockets" in err
+    assert "transport.require ib" in err and "cross-node links include Socket" in err and "TCP sockets" in err
     assert "via NET/Socket/0" in err  # the evidence
     assert len(env_file.read_text().splitlines()) == 4  # the refused config never benchmarked
     assert len([s for s in servers if s.serve_id == socket_id]) == 1  # and was not started again
@@ -66,6 +66,9 @@ def test_a_config_on_tcp_sockets_is_refused_before_benchmarking_and_the_fast_one
     status = CliRunner().invoke(main, ["status", str(out)])
     assert "transport (require: ib)" in status.output and "refused" in status.output
     assert "inter-node IB+GDR" in status.output
+    assert "node 0 (127.0.0.1) -> node 1 (127.0.0.1): IB+GDR" in status.output  # the node-pair table
+    dry = CliRunner().invoke(main, ["run", str(f), "--dry-run", "--address", gpu_cluster.address])
+    assert "Links recorded so far" in dry.output and "node 1 (127.0.0.1) -> node 0 (127.0.0.1): IB+GDR" in dry.output
     _no_orphans(servers)
 
 
@@ -84,7 +87,8 @@ def test_lines_from_nccl_debug_file_and_late_lines_are_read_and_silence_is_not_a
     summary, out = run_file(f)
     points, servers = _ledger(out)
     ib = next(p for p in points if p.serve_params.get("nccl_net") == "ib")
-    assert ib.state == "failed" and "cross-node links are IB, slower than the IB+GDR required" in ib.error
+    assert ib.state == "failed" and "cross-node links include IB, not the GPUDirect RDMA" in ib.error
+    assert "node 0 -> node 1: IB (1 rank pair)" in ib.error  # the per-link table
     gdr = next(p for p in points if p.serve_params.get("nccl_net") == "gdr")
     assert gdr.state == "done", gdr.error
     assert len(list(nccl_dir.glob("nccl.node*.log"))) == 4  # 2 ranks x 2 servers wrote there, not to stdout

@@ -1,7 +1,7 @@
 """Integration with the real vLLM CPU build: `vllm serve` with the tiny dummy-weight model and the real
 `vllm bench serve`, through `raysweep run` on an embedded Ray, exactly as `make demo` runs it.
 
-The demo campaign (configs/demo-cpu.yaml, 2 serve x 2 bench x 2 runs) is SIGKILLed in the middle (the
+The demo campaign (configs/demo-cpu.yaml, 2 serve x 6 bench x 3 runs) is SIGKILLed in the middle (the
 driver process), then `raysweep resume` finishes it: every point done exactly once, finished results
 untouched, no process left.
 """
@@ -92,30 +92,34 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     first = _killed_then_resumed(tmp_path, "configs/demo-cpu.yaml", out, tiny_model,
                                  lambda: len(list((out / "points").rglob("*.json"))) >= 3 if out.exists() else False,
                                  420)
-    assert 3 <= len(first) < 8
+    assert 3 <= len(first) < 36
 
     led = Ledger.open_existing(out)
     points, servers = led.points(), led.servers()
     led.close()
-    assert len(points) == 8 and all(p.state == "done" and p.attempts == 1 for p in points)
+    assert len(points) == 36 and all(p.state == "done" and p.attempts == 1 for p in points)
     assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
     assert {s.state for s in servers} <= {"stopped", "lost"} and sum(s.state == "lost" for s in servers) == 1
 
     df = results_table(out)
-    assert len(df) == 8
-    assert set(df["completed"]) == {100} and set(df["failed"]) == {0}
-    assert set(df["max_num_seqs"]) == {16, 64} and set(df["random_input_len"]) == {128, 256}
-    assert sorted(df["run_number"].tolist()) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len(df) == 36
+    assert set(df["completed"]) == {24} and set(df["failed"]) == {0}
+    assert set(df["max_num_seqs"]) == {4, 32} and set(df["random_input_len"]) == {128, 256}
+    assert set(df["max_concurrency"]) == {4, 12, 24}
+    assert sorted(df["run_number"].tolist()) == [0] * 12 + [1] * 12 + [2] * 12
     assert (df["request_throughput"] > 0).all() and (df["p99_ttft_ms"] > 0).all()
     for col in ("p50_e2el_ms", "p90_tpot_ms", "p95_itl_ms", "median_ttft_ms", "total_token_throughput"):
         assert col in df.columns
     assert set(df["cache_state_before"]) == {"reset"}  # the real server answered {"success": true}
-    # the native client: exact prompt lengths (token ids), and the server counted what was sent and received
+    # the native client: exact prompt lengths (text fitted as vLLM fits it, BOS added by the server), and the
+    # server counted what was sent and received
     assert set(df["bench_backend"]) == {"native"} and df["client_limited"].dtype == bool
-    assert set(df["total_input_tokens"]) == {100 * 128, 100 * 256} and set(df["total_output_tokens"]) == {100 * 32, 100 * 64}
+    assert set(df["prompt_format"]) == {"text"}  # as `vllm bench serve` sends the random set
+    assert set(df["total_input_tokens"]) == {24 * 128, 24 * 256} and set(df["total_output_tokens"]) == {24 * 16}
     assert (df["server_prompt_tokens"] == df["total_input_tokens"]).all(), df[["server_prompt_tokens", "total_input_tokens"]]
     assert (df["server_generation_tokens"] == df["total_output_tokens"]).all()
-    assert (df["server_num_requests_running_peak"] >= 1).all() and (df["server_num_requests_running_peak"] <= 16).all()
+    assert (df["server_num_requests_running_peak"] >= 1).all()
+    assert (df["server_num_requests_running_peak"] <= df[["max_num_seqs", "max_concurrency"]].min(axis=1)).all()
     assert (df["server_kv_cache_usage_perc_peak"] > 0).all() and (df["server_kv_cache_usage_perc_peak"] <= 1).all()
     assert (df["median_ttft_ms"] > 0).all() and (df["median_tpot_ms"] > 0).all()
     assert all((out / p).is_file() for p in df["samples_path"])
@@ -146,6 +150,8 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
                              "--max-concurrency 4 --random-input-len 32 --random-output-len 16 --temperature 0",
                       "env": {MARK: str(tmp_path)}},
             "placement": {"node_labels": {"pool": "vllm-mn"}},
+            # the fabric probe (gloo on CPU) across exactly the server's two bundles, gated on a minimum
+            "transport": {"probe": True, "probe_mib": 4, "probe_iters": 2, "min_busbw_gbps": 0.001},
         }
         summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
         led = Ledger.open_existing(out)
@@ -166,6 +172,12 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
         # the transport check read both ranks: the CPU build talks over gloo, so NCCL says nothing
         verdict = servers[0].transport_verdict()
         assert verdict["nnodes"] == 2 and verdict["inter"] == "none" and row["transport_inter"] == "none"
+        assert verdict["links"] == [] and verdict["node_links"] == []  # the per-link table: no NCCL link on CPU
+        probe = servers[0].fabric_record()
+        assert probe["error"] is None and probe["backend"] == "gloo" and probe["world"] == 2 and probe["nnodes"] == 2
+        assert sorted(probe["node_ids"]) == sorted(set(row["node_ids"].split(",")))  # the server's own nodes
+        assert row["fabric_busbw_gbps"] == probe["busbw_gbps"] > 0.001 and row["fabric_backend"] == "gloo"
+        assert row["placement_layout"] == "pack" and str(row["gpu_telemetry"]).startswith("unavailable")
         assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60), \
             f"left running: {[(p.pid, p.name()) for p in _ours(str(tmp_path))]}"
     finally:

@@ -1,7 +1,7 @@
 """Benchmark clients.
 
 - `native` (the default): raysweep's own streaming client in warm Ray actors (`native`, with `options`,
-  `datasets`, `arrivals` and `stats`).
+  `datasets`, `arrivals` and `stats`; the workloads `sessions`, `trace` and `timeseries`).
 - `command`: runs a benchmark command such as `vllm bench serve` in a Ray actor and reads its JSON (`command`).
 
 - `offline`: the offline sweeps' `vllm bench throughput|latency` commands and their JSON (no client: the

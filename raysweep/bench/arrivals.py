@@ -8,6 +8,8 @@
   ramp over the request index (vLLM's `_get_current_request_rate`); no rescaling. The rate a ramp really asks
   for is N over the span of its due times, near the harmonic mean of the per-request rates (a linear 1 to 10
   ramp runs at 3.9 req/s, not 5.5).
+- `--dataset-name timed_trace` (self-timed): the trace's own timestamps over `--trace-speedup`.
+- `--duration S`: see `for_duration`.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import numpy as np
 
 from raysweep.bench.options import LoadOptions
 
-__all__ = ["due_times", "asked_rate"]
+__all__ = ["due_times", "asked_rate", "for_duration"]
 
 
 def asked_rate(opts: LoadOptions, due: np.ndarray | None = None) -> float:
     """The rate the point asks for: inf for a burst or a closed loop; for a ramp, N over the span of its due
     times when they are given, else the rate its schedule tends to (the harmonic mean over the index)."""
+    if opts.timed and due is not None and due.size and due[-1] > 0:
+        return float(due.size / due[-1])
     if not opts.ramp_up_strategy:
         return opts.request_rate
     if due is not None and due.size and due[-1] > 0:
@@ -36,11 +40,25 @@ def asked_rate(opts: LoadOptions, due: np.ndarray | None = None) -> float:
     return s * e * math.log(e / s) / (e - s)  # exponential: 1 / mean of 1 / (s (e/s)^p)
 
 
+def for_duration(opts: LoadOptions) -> tuple[LoadOptions, bool]:
+    """A duration-bounded point as requests: with a finite rate, the requests (or sessions) due within the
+    duration (rate x duration of them); a closed loop keeps --num-prompts as the pool it cycles through until
+    the duration is over (the bool: whether the client cycles); a timed trace keeps the lines due within it."""
+    if opts.duration is None or opts.timed:
+        return opts, False
+    if math.isfinite(opts.request_rate):
+        return opts.with_prompts(max(1, round(opts.request_rate * opts.duration))), False
+    return opts, True
+
+
 def due_times(n: int, opts: LoadOptions, seed: int | None = None) -> np.ndarray:
     """Offsets (s) from the start at which each of the n requests is due, non-decreasing."""
     rng = np.random.default_rng(opts.seed if seed is None else seed)
     if n == 0:
         return np.zeros(0)
+    if opts.timed:  # a replayed trace keeps its own timeline (raysweep.bench.trace)
+        from raysweep.bench.trace import trace_due
+        return trace_due(opts)[:n]
     if opts.ramp_up_strategy:
         s, e = float(opts.ramp_up_start_rps or 0.0), float(opts.ramp_up_end_rps or 0.0)
         progress = np.arange(n) / max(n - 1, 1)

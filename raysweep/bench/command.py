@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 
 from raysweep import grid, procs
@@ -75,17 +77,22 @@ class CommandClient:
         with tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{os.getpid()}-") as tmp:
             full = procs.resolve_executable(bench_argv(argv, base_url, tmp, num_prompts=num_prompts))
             out = _run(full, env, timeout_s, cwd=tmp)
+            samples = out.pop("cpu_samples", [])
             path = Path(tmp) / RESULT_FILE
             if out["ok"]:
                 try:
                     out["result"] = json.loads(path.read_text())
+                    out["result"]["client_cpu_s"] = load_window_cpu(samples,
+                                                                    float(out["result"].get("duration") or 0))
                 except (OSError, ValueError) as exc:
                     out.update(ok=False, error=f"no readable result JSON from the benchmark command: {exc}")
         out["command"] = grid.shell_join(grid.mask_argv(full))
         return out
 
     def run_plain(self, argv: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
-        return _run(procs.resolve_executable(argv), env, timeout_s, cwd=None)
+        out = _run(procs.resolve_executable(argv), env, timeout_s, cwd=None)
+        out.pop("cpu_samples", None)
+        return out
 
 
 @dataclass
@@ -133,7 +140,7 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None
         except OSError as exc:
             return {"ok": False, "error": f"cannot start {argv[0]!r}: {exc}", "output_tail": "", "duration_s": 0.0}
         try:
-            code = proc.wait(timeout=timeout_s)
+            code, cpu = _wait_sampling_cpu(proc, timeout_s)
             error = None if code == 0 else f"benchmark command exited with code {code}"
         except subprocess.TimeoutExpired:
             procs.kill_tree(proc.pid, grace_s=5)
@@ -142,5 +149,51 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None
         logf.seek(0)
         text = logf.read().decode(errors="replace")
     tail = grid.mask_text("\n".join(text.splitlines()[-40:]), grid.secret_values(argv, procs.child_env(env)))
-    return {"ok": error is None, "error": error, "returncode": code, "output_tail": tail,
-            "duration_s": time.monotonic() - t0}
+    out = {"ok": error is None, "error": error, "returncode": code, "output_tail": tail,
+           "duration_s": time.monotonic() - t0}
+    if error is None:
+        out["cpu_samples"] = cpu
+    return out
+
+
+_CPU_SAMPLE_S = 0.25
+
+
+def _wait_sampling_cpu(proc: subprocess.Popen, timeout_s: float) -> tuple[int, list[tuple[float, float]]]:
+    """Wait for the command, sampling its CPU time (user + system, children included) every 0.25 s:
+    (monotonic time, CPU seconds) pairs, the last one at its exit from the kernel's exact count."""
+    before = _children_cpu()
+    deadline, samples = time.monotonic() + timeout_s, []
+    ps = psutil.Process(proc.pid)
+    while True:
+        try:
+            code = proc.wait(timeout=min(_CPU_SAMPLE_S, max(deadline - time.monotonic(), 0.0)))
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            with contextlib.suppress(psutil.Error):
+                t = ps.cpu_times()
+                samples.append((time.monotonic(), t.user + t.system + t.children_user + t.children_system))
+    samples.append((time.monotonic(), _children_cpu() - before))
+    return code, samples
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def load_window_cpu(samples: list[tuple[float, float]], duration_s: float) -> float | None:
+    """The command's CPU seconds over the last `duration_s` before it exited (its benchmark's load window;
+    the import and data-set work before it excluded), interpolated between samples."""
+    if not samples or not duration_s > 0:
+        return None
+    end_t, end_cpu = samples[-1]
+    start = end_t - duration_s
+    earlier = [(t, c) for t, c in samples if t <= start]
+    later = [(t, c) for t, c in samples if t > start]
+    if not earlier:
+        return end_cpu
+    (t0, c0), (t1, c1) = earlier[-1], later[0]
+    return end_cpu - (c0 + (c1 - c0) * (start - t0) / (t1 - t0))

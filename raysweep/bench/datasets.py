@@ -2,9 +2,11 @@
 
 - `random`: as vLLM's random set: per request a run of consecutive allowed token ids (the vocabulary less
   the special ids) from a random offset, after a shared random `--random-prefix-len`; lengths drawn around
-  the asked ones with `--random-range-ratio` (output lengths at least 1); sent as token ids to the
-  completions API (exact lengths, no tokenizer needed), or, for the chat API, decoded to text and fitted
-  back to the asked length by decoding and re-encoding (the model's tokenizer is needed).
+  the asked ones with `--random-range-ratio` (output lengths at least 1); decoded to text and fitted back to
+  the asked length by decoding and re-encoding, as `vllm bench serve` sends them (the model's tokenizer is
+  needed; the server adds its special tokens). raysweep's own `--prompt-format token_ids` sends the ids
+  themselves to the completions API instead (exact lengths, no tokenizer needed, no tokenizer work on the
+  server); the default `auto` sends text when the tokenizer is readable locally, else token ids.
 - `prefix_repetition` (alias `prefix`): as vLLM's, `--prefix-repetition-num-prefixes` random prefixes, each
   followed by `num_prompts // num_prefixes` random suffixes (suffix length 0 gives fully duplicated
   prompts), shuffled unless `--disable-shuffle`: the prefix-cache studies.
@@ -93,9 +95,10 @@ def _vocab(opts: LoadOptions, need_tokenizer: bool) -> _Vocab:
     tok = tokenizer_for(opts)
     if tok is None:
         if need_tokenizer:
-            raise CampaignError("bench.cmd", f"the chat API takes text, and --dataset-name {opts.dataset_name} "
-                                             "makes token ids: give --tokenizer (a local tokenizer folder) or use "
-                                             "--backend openai (completions)")
+            why = "the chat API takes text" if opts.chat else "--prompt-format text sends text"
+            raise CampaignError("bench.cmd", f"{why}, and --dataset-name {opts.dataset_name} makes token ids: give "
+                                             "--tokenizer (a local tokenizer folder), or use --backend openai "
+                                             "(completions) with --prompt-format token_ids")
         lo, hi = _id_range(opts)
         return _Vocab(vocab_size(opts), np.arange(lo, hi))
     size = int(tok.vocab_size)
@@ -177,6 +180,10 @@ def make_requests(opts: LoadOptions) -> list[Request]:
         reqs = _prefix_repetition(opts)
     elif name == "sharegpt":
         reqs = _sharegpt(opts)
+    elif name == "timed_trace":
+        reqs = _timed_trace(opts)
+    elif name == "multi_turn":
+        reqs = _multi_turn(opts)
     elif name == "custom" and ":" in (opts.dataset_path or "") and ".py" in (opts.dataset_path or ""):
         reqs = _hook(opts)
     else:
@@ -186,19 +193,45 @@ def make_requests(opts: LoadOptions) -> list[Request]:
     return reqs
 
 
+def _timed_trace(opts: LoadOptions) -> list[Request]:
+    """The requests of a replayed trace (raysweep.bench.trace): ids, or text with --prompt-format text."""
+    from raysweep.bench.trace import trace_prompts
+
+    vocab = _vocab(opts, need_tokenizer=opts.chat or opts.prompt_format == "text")
+    reqs = [Request(ids, out) for ids, out in trace_prompts(opts, vocab.allowed)]
+    if opts.prompt_format == "text" and not opts.chat:
+        reqs = [Request(vocab.tok.decode(r.prompt), r.output_len) for r in reqs]
+    return reqs
+
+
+def _multi_turn(opts: LoadOptions) -> list[Request]:
+    """Every turn of every session, in session order (raysweep.bench.sessions); `session_spans` says which."""
+    from raysweep.bench.sessions import conversations
+
+    conv = conversations(opts, tokenizer_for(opts))
+    return [Request(m, o) for m, o in zip(conv.messages, conv.output_lens)]
+
+
 def _length_range(length: int, ratio: float, floor_at: int) -> tuple[int, int]:
     """vLLM's integer range around a length: [floor(L(1-r)), ceil(L(1+r))], both ends at least `floor_at`."""
     return max(math.floor(length * (1 - ratio)), floor_at), max(math.ceil(length * (1 + ratio)), floor_at)
+
+
+def _random_vocab(opts: LoadOptions) -> tuple[_Vocab, bool]:
+    """The vocabulary of a random set, and whether its prompts go as text (see --prompt-format)."""
+    vocab = _vocab(opts, need_tokenizer=opts.chat or opts.prompt_format == "text")
+    text = opts.chat or opts.prompt_format == "text" or (opts.prompt_format == "auto" and vocab.tok is not None)
+    return vocab, text
 
 
 def _random(opts: LoadOptions) -> list[Request]:
     """vLLM's RandomDataset: lengths, then offsets, then a prefix from one seeded generator; each prompt
     is the shared prefix and `input_len` consecutive allowed ids from `offset + index`."""
     rng = np.random.default_rng(opts.seed)
-    vocab = _vocab(opts, need_tokenizer=opts.chat)
+    vocab, text = _random_vocab(opts)
     n, ratio, prefix_len = opts.num_prompts, opts.random_range_ratio, opts.random_prefix_len
     # text gets the tokenizer's special tokens (BOS) added by the server; token ids are sent as they are
-    real_input_len = max(0, opts.random_input_len - (vocab.num_special if opts.chat else 0))
+    real_input_len = max(0, opts.random_input_len - (vocab.num_special if text else 0))
     in_lo, in_hi = _length_range(real_input_len, ratio, 0)
     if prefix_len + in_lo < 1:
         raise CampaignError("bench.cmd", f"--random-input-len {opts.random_input_len} is too small: with range "
@@ -210,13 +243,13 @@ def _random(opts: LoadOptions) -> list[Request]:
     offsets = rng.integers(0, vocab.size, size=n)
     allowed = vocab.allowed
     prefix = allowed[rng.integers(0, len(allowed), size=prefix_len)].tolist()
-    if opts.chat and prefix:
+    if text and prefix:
         prefix = _fit_text(vocab, prefix, prefix_len, rng)[1]
     reqs, mismatch = [], 0
     for i in range(n):
         ids = prefix + allowed[(int(offsets[i]) + i + np.arange(int(in_lens[i]))) % len(allowed)].tolist()
         prompt: list[int] | str = ids
-        if opts.chat:
+        if text:
             target = prefix_len + int(in_lens[i])
             prompt, fitted = _fit_text(vocab, ids, target, rng)
             mismatch += len(fitted) - target
@@ -230,7 +263,7 @@ def _prefix_repetition(opts: LoadOptions) -> list[Request]:
     `num_prompts // num_prefixes` random suffixes, then shuffled (unless --disable-shuffle). With fewer
     prompts than prefixes (warmup), each prompt gets its own prefix."""
     rng = np.random.default_rng(opts.seed)
-    vocab = _vocab(opts, need_tokenizer=opts.chat)
+    vocab, text = _random_vocab(opts)
     k = min(opts.prefix_repetition_num_prefixes, opts.num_prompts)
     per = opts.num_prompts // k
     mismatch = 0
@@ -238,7 +271,7 @@ def _prefix_repetition(opts: LoadOptions) -> list[Request]:
     def draw(length: int) -> list[int]:
         nonlocal mismatch
         ids = vocab.allowed[rng.integers(0, len(vocab.allowed), size=length)].tolist()
-        if opts.chat and ids:
+        if text and ids:
             ids = _fit_text(vocab, ids, length, rng)[1]
             mismatch += len(ids) - length
         return ids
@@ -248,7 +281,7 @@ def _prefix_repetition(opts: LoadOptions) -> list[Request]:
         prefix = draw(opts.prefix_repetition_prefix_len)
         for _ in range(per):
             ids = prefix + draw(opts.prefix_repetition_suffix_len)
-            reqs.append(Request(vocab.tok.decode(ids) if opts.chat else ids, opts.prefix_repetition_output_len))
+            reqs.append(Request(vocab.tok.decode(ids) if text else ids, opts.prefix_repetition_output_len))
     _log_mismatch(mismatch, "--dataset-name prefix_repetition")
     if len(reqs) < opts.num_prompts:
         log.info("prefix_repetition: %d prompts (%d prefixes x %d), as vllm bench serve makes them",

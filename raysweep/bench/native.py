@@ -9,6 +9,9 @@ a little ahead and makes one Ray call per actor. The load is one load across act
   every free slot of any actor takes the next request from a shared `Dispenser`, so the limit holds across
   all actors to the last request; a request is begun at its due time or when a slot frees, whichever is later;
 - without it (open loop or burst), requests are dealt round robin and sent at their absolute due times.
+A unit of work is one request, or with `--dataset-name multi_turn` one session whose turns a slot sends in
+order, each carrying the conversation so far (`sessions`); with `--duration` no unit begins after it, and a
+closed loop cycles through its requests until then (`arrivals.for_duration`).
 Each `NativeClient` actor waits for the start, sends from its own event loop over aiohttp (SSE streaming,
 usage included) and returns raw per-request samples, timed as vLLM times them (from just before the post),
 plus the time each request went on the wire. The driver pools the samples and computes every metric from
@@ -20,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -34,8 +38,9 @@ import aiohttp
 import ray
 
 from raysweep.bench import arrivals, stats
-from raysweep.bench.datasets import make_requests, payload, tokenizer_for
+from raysweep.bench.datasets import Request, make_requests, payload, tokenizer_for
 from raysweep.bench.options import LoadOptions, parse_load_options
+from raysweep.bench.sessions import conversations, with_history
 
 __all__ = ["NativeBench", "NativeClient", "Dispenser", "Job", "cpu_list"]
 
@@ -149,28 +154,41 @@ class NativeClient:
 
     async def _run(self, url: str, rank: int, bodies: list[bytes], due: list[float], share: list[int] | None,
                    slots: int | None, t0: float, timeout_s: float, headers: dict[str, str],
-                   dispenser: Any = None, epoch: int = 0) -> dict[str, Any]:
+                   dispenser: Any = None, epoch: int = 0, work: dict[str, Any] | None = None) -> dict[str, Any]:
         """Send this actor's requests: its `share` at their due times (open loop, burst), or with `slots`
         in-flight requests taking indices from `dispenser` (or from `share` alone) until none is left.
-        `t0` is the common start in this actor's clock."""
+        `t0` is the common start in this actor's clock. `work` (made by `NativeBench.submit`) shapes the units of work:
+        `spans` makes each unit a multi-turn session (its turns in order, each with the conversation so far,
+        `think_s` after the previous answer); `duration_s` stops taking new units after that long; `cycle`
+        lets a closed loop take unit numbers past the pool (unit k sends body k % pool)."""
+        cpu0 = time.process_time()  # this actor's CPU time over the point: what the client took from its cores
+        work = work or {}
+        spans, think_s = work.get("spans"), float(work.get("think_s") or 0.0)
+        duration, cycle = work.get("duration_s"), bool(work.get("cycle"))
+        pool_n = len(spans) if spans else len(bodies)
         session = await self._client(timeout_s)
         hdrs = {"Content-Type": "application/json", **headers}
-        cols: dict[str, list[Any]] = {c: [] for c in stats.COLUMNS}
+        cols: dict[str, list[Any]] = {c: [] for c in (*stats.COLUMNS, *stats.WORKLOAD_COLUMNS)}
         clock = time.perf_counter
         base = clock() + (t0 - time.time())   # perf_counter value of the common start
         late = clock() - base
 
-        async def send(k: int, ready: float) -> None:
+        async def send(k: int, ready: float, body: bytes | None = None, due_at: float | None = None,
+                       unit: int = -1, turn: int = -1) -> str | None:
+            """One request; its generated text (None when it failed)."""
             chunks: list[float] = []
             texts: list[str] = []
             in_tok = out_tok = -1
             t_last = 0.0
+            first_out = math.nan
+            reasoning = False
             err = None
             got_done = got_usage = False
             begin = clock()               # vLLM's start: before the post
             mark = [begin]
             try:
-                async with session.post(url, data=bodies[k], headers=hdrs, trace_request_ctx=mark) as resp:
+                async with session.post(url, data=body if body is not None else bodies[k % len(bodies)],
+                                        headers=hdrs, trace_request_ctx=mark) as resp:
                     if resp.status != 200:
                         err = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                     else:
@@ -189,7 +207,12 @@ class NativeClient:
                                 chunks.append(now - begin)
                                 t_last = now
                                 c = choices[0]
-                                texts.append(c.get("text") or (c.get("delta") or {}).get("content") or "")
+                                delta = c.get("delta") or {}
+                                piece = c.get("text") or delta.get("content") or ""
+                                texts.append(piece)
+                                if piece and first_out != first_out:  # the first output (not reasoning) token
+                                    first_out = now - begin
+                                reasoning = reasoning or bool(delta.get("reasoning_content") or delta.get("reasoning"))
                             if usage := obj.get("usage"):
                                 got_usage = True
                                 in_tok = _count(usage.get("prompt_tokens"))
@@ -202,7 +225,7 @@ class NativeClient:
             if err is None:
                 err = _incomplete(bool(chunks), got_usage, got_done)
             cols["index"].append(k)
-            cols["due"].append(due[k])
+            cols["due"].append(due[k % len(due)] if due_at is None else due_at)
             cols["ready"].append(ready)
             cols["begin"].append(begin - base)
             cols["sent"].append(mark[0] - base)
@@ -215,6 +238,33 @@ class NativeClient:
             cols["error"].append(err)
             cols["chunks"].append(chunks)
             cols["text"].append("".join(texts) if out_tok <= 0 and err is None else None)
+            cols["first_out"].append(begin - base + first_out)
+            cols["reasoning"].append(reasoning)
+            cols["session"].append(unit)
+            cols["turn"].append(turn)
+            return "".join(texts) if err is None else None
+
+        async def run_unit(u: int, ready: float) -> None:
+            """One unit of work: a request, or a session's turns in order."""
+            if not spans:
+                await send(u, ready)
+                return
+            first, turns = spans[u % pool_n]
+            offset = (u // pool_n) * len(bodies)  # a cycled session's requests get indices of their own
+            history: list[dict[str, Any]] = []
+            for t in range(turns):
+                k = first + t
+                if t:
+                    ready = clock() - base + think_s
+                    await wait_until(ready)
+                body = bodies[k] if not history else with_history(bodies[k], history)
+                text = await send(offset + k, ready, body, due_at=ready if t else due[u % len(due)], unit=u, turn=t)
+                if text is None:
+                    return
+                history += [json.loads(bodies[k])["messages"][-1], {"role": "assistant", "content": text}]
+
+        def over() -> bool:
+            return duration is not None and clock() - base >= duration
 
         async def wait_until(offset: float) -> None:
             delay = base + offset - clock()
@@ -233,7 +283,7 @@ class NativeClient:
         await wait_until(0.0)
         prober = asyncio.create_task(probe())
         if slots:
-            local = iter(share or [])
+            local = itertools.count() if cycle else iter(share or [])
 
             async def take() -> int | None:
                 if dispenser is not None:
@@ -241,25 +291,30 @@ class NativeClient:
                 return next(local, None)
 
             async def slot() -> None:
-                while True:
+                while not over():
                     free = clock() - base
                     k = await take()
                     if k is None:
                         return
-                    await wait_until(due[k])
-                    await send(k, max(due[k], free))
+                    await wait_until(due[k % len(due)])
+                    if over():
+                        return
+                    await run_unit(k, max(due[k % len(due)], free))
 
             await asyncio.gather(*(slot() for _ in range(slots)))
         else:
             tasks = []
             for k in share or []:
                 await wait_until(due[k])
-                tasks.append(asyncio.create_task(send(k, due[k])))
+                if over():
+                    break
+                tasks.append(asyncio.create_task(run_unit(k, due[k])))
             await asyncio.gather(*tasks)
         stop.set()
         await prober
         cols["actor"] = [rank] * len(cols["index"])
-        return {**cols, "loop_lag": lags, "start_late_s": max(late, 0.0), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        return {**cols, "loop_lag": lags, "start_late_s": max(late, 0.0), "cpu_s": time.process_time() - cpu0,
+                "nice": os.getpriority(os.PRIO_PROCESS, 0),
                 "affinity": sorted(os.sched_getaffinity(0)), "nice_failure": self._nice_failure}
 
 
@@ -383,29 +438,34 @@ class NativeBench:
     def submit(self, argv: list[str], base_url: str, model: str, num_prompts: int | None = None,
                clients: int | None = None) -> Job:
         opts = parse_load_options(argv)
-        if num_prompts is not None:
-            opts = opts.with_prompts(num_prompts)
+        if num_prompts is not None:  # a warmup: that many requests (or sessions), never a duration
+            opts = replace(opts.with_prompts(num_prompts), duration=None)
+        opts, cycle = arrivals.for_duration(opts)
         model = opts.served_name or model
         n = _cap_clients(clients, opts) if clients else self.clients_for(opts)
         self._ensure(n)
         n = min(n, len(self.actors))
-        reqs = make_requests(opts)
+        reqs, spans = _requests(opts)
+        units = len(spans) if spans else len(reqs)
         bodies = [payload(r, opts, model) for r in reqs]
-        due_arr = arrivals.due_times(len(reqs), opts)
+        due_arr = arrivals.due_times(units, opts)
         due = due_arr.tolist()
         url = base_url.rstrip("/") + opts.path
         conc = opts.max_concurrency
         actors = self.actors[:n]
         offsets = [self.clock_offset(a) for a in actors]
         shipped = ray.put(bodies)
-        dispenser, epoch = self._dispense(len(reqs)) if conc and n > 1 else (None, 0)
+        dispenser, epoch = self._dispense(_UNBOUNDED if cycle else units) if conc and n > 1 else (None, 0)
+        # only a cycling closed loop is stopped by the clock: an open loop's requests are all due within it
+        work = {"spans": spans, "think_s": opts.multi_turn_think_time, "duration_s": opts.duration if cycle else None,
+                "cycle": cycle}
         t0 = time.time() + _START_LEAD_S + sum(len(b) for b in bodies) / _SHIP_BYTES_PER_S + 0.002 * n
         refs = []
         for a, actor in enumerate(actors):
-            share = None if dispenser is not None else list(range(a, len(reqs), n))
+            share = None if dispenser is not None else list(range(a, units, n))
             slots = conc // n + (1 if a < conc % n else 0) if conc else None
             refs.append(actor.run.remote(url, a, shipped, due, share, slots, t0 + offsets[a][0], self.timeout_s,
-                                         opts.headers, dispenser, epoch))
+                                         opts.headers, dispenser, epoch, work))
         fmt = "token_ids" if reqs and all(isinstance(r.prompt, list) for r in reqs) else "text"
         return Job(refs, opts, model, n, arrivals.asked_rate(opts, due_arr), t0, self.nodes[:n],
                    prompt_lens=[r.prompt_len for r in reqs], max_tokens=[r.output_len for r in reqs],
@@ -435,6 +495,7 @@ class NativeBench:
                       client_start_late_ms=1000 * max(a.get("start_late_s", 0.0) for a in answers),
                       start_time=job.started, end_time=job.started + result["duration"])
         result.update(_client_fields(answers, job.clock_offsets))
+        result.update(_workload_fields(opts))
         return {"ok": True, "error": None, "result": result, "samples": samples, "output_tail": "",
                 "duration_s": time.time() - job.started, "command": None}
 
@@ -445,10 +506,32 @@ class NativeBench:
         self.actors, self.nodes, self._starting, self._dispenser = [], [], [], None
 
 
+_UNBOUNDED = 2**62  # units a cycling closed loop may take: it stops at its duration
+
+
+def _requests(opts: LoadOptions) -> tuple[list[Request], list[tuple[int, int]] | None]:
+    """The point's requests, and for multi-turn sessions the (first turn, turns) span of each session."""
+    if opts.dataset_name != "multi_turn":
+        return make_requests(opts), None
+    conv = conversations(opts, tokenizer_for(opts))
+    return [Request(m, o) for m, o in zip(conv.messages, conv.output_lens)], conv.spans
+
+
 def _cap_clients(n: int, opts: LoadOptions) -> int:
     """Never more actors than requests, nor than --max-concurrency slots (an actor needs one slot at least)."""
     n = min(n, opts.num_prompts)
     return max(1, min(n, opts.max_concurrency) if opts.max_concurrency else n)
+
+
+def _workload_fields(opts: LoadOptions) -> dict[str, Any]:
+    """What shaped the point's workload (docs/workloads.md): its duration bound, the trace's speed-up, the
+    time series' bin, the multi-turn think time."""
+    out: dict[str, Any] = {"duration_limit_s": opts.duration, "timeseries_interval_s": opts.timeseries_interval}
+    if opts.dataset_name == "timed_trace":
+        out.update(trace_speedup=opts.trace_speedup, trace_self_timed=opts.timed)
+    if opts.dataset_name == "multi_turn":
+        out["multi_turn_think_time_s"] = opts.multi_turn_think_time
+    return out
 
 
 def _client_fields(answers: list[dict[str, Any]], offsets: list[tuple[float, float]]) -> dict[str, Any]:
@@ -456,7 +539,8 @@ def _client_fields(answers: list[dict[str, Any]], offsets: list[tuple[float, flo
     nice = [a["nice"] for a in answers if a.get("nice") is not None]
     cpus = sorted({cpu_list(a["affinity"]) for a in answers if a.get("affinity")})
     failures = [a["nice_failure"] for a in answers if a.get("nice_failure")]
+    cpu = [a["cpu_s"] for a in answers if a.get("cpu_s") is not None]
     return {"client_nice": max(nice) if nice else None, "client_cpu_affinity": ";".join(cpus) or None,
-            "client_nice_lowering_failed": bool(failures),
+            "client_nice_lowering_failed": bool(failures), "client_cpu_s": sum(cpu) if cpu else None,
             "client_clock_offset_ms_max": 1000 * max((abs(o) for o, _ in offsets), default=0.0),
             "client_clock_offset_uncertainty_ms_max": 1000 * max((u for _, u in offsets), default=0.0)}

@@ -20,7 +20,31 @@ from raysweep.errors import CampaignError
 __all__ = ["DATASETS", "LoadOptions", "parse_load_options", "PROGRAM"]
 
 PROGRAM = ("vllm", "bench", "serve")
-DATASETS = ("random", "sharegpt", "custom", "jsonl", "prefix_repetition", "prefix")
+DATASETS = ("random", "sharegpt", "custom", "jsonl", "prefix_repetition", "prefix", "timed_trace", "multi_turn")
+# `vllm bench serve` data sets the native client does not build: refused, naming `backend: command`
+VLLM_ONLY_DATASETS = ("burstgpt", "random-mm", "random-rerank", "hf", "custom_audio", "custom_image", "spec_bench",
+                      "speed_bench", "sonnet")
+# `vllm bench serve` options the native client does not implement, each refused with what to do instead
+VLLM_ONLY_OPTIONS = {
+    "num_warmups": "use the campaign's `warmup`", "profile": None, "use_beam_search": None, "logprobs": None,
+    "no_stream": None, "insecure": None, "lora_modules": None, "lora_assignment": None,
+    "chat_template_kwargs": None, "skip_chat_template": None, "enable_multimodal_chat": None,
+    "plot_dataset_stats": None, "plot_timeline": None, "timeline_itl_thresholds": None,
+    "probe_request_rate": None, "custom_ensure_client_side_data": None, "no_reranker": None,
+    "random_batch_size": None, "random_mm_base_items_per_request": None, "random_mm_bucket_config": None,
+    "random_mm_limit_mm_per_prompt": None, "random_mm_num_mm_items_range_ratio": None,
+    "hf_name": None, "hf_split": None, "hf_subset": None, "hf_output_len": None,
+    "spec_bench_category": None, "spec_bench_output_len": None, "speed_bench_category": None,
+    "speed_bench_dataset_subset": None, "speed_bench_output_len": None, "asr_max_audio_len_sec": None,
+    "asr_min_audio_len_sec": None, "bfcl_categories": None, "blazedit_max_distance": None,
+    "blazedit_min_distance": None,
+}
+# what the timed_trace data set reads, as vLLM names it; `--trace-format mooncake` presets Mooncake's units
+TRACE_FORMATS = {"vllm": (16, 1.0), "mooncake": (512, 0.001)}  # (hash block size in tokens, s per time unit)
+# raysweep's own --prompt-format: how the random sets' prompts go to the completions API. `text` is what
+# `vllm bench serve` sends (the server tokenizes); `token_ids` skips the tokenizer; `auto` is text when the
+# model's tokenizer is readable locally, else token ids.
+PROMPT_FORMATS = ("auto", "text", "token_ids")
 BACKENDS = {"openai": "/v1/completions", "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
@@ -71,6 +95,25 @@ class LoadOptions:
     goodput: dict[str, float] = field(default_factory=dict)
     vocab_size: int | None = None
     clients: int | None = None
+    prompt_format: str = "auto"   # raysweep's own: how random prompts are sent (see datasets.py)
+    # workloads (raysweep/bench/trace.py, sessions.py, timeseries.py): see docs/workloads.md
+    duration: float | None = None           # raysweep's own: the point sends for this long, not N requests
+    timed_trace_chunk_hash_size: int = 16   # vLLM's timed_trace options
+    timed_trace_sec_multiplier: float = 1.0
+    timed_trace_label_timestamp: str = "timestamp"
+    timed_trace_label_input_length: str = "input_length"
+    timed_trace_label_output_length: str = "output_length"
+    timed_trace_label_hash_ids: str = "hash_ids"
+    self_timed: bool | None = None
+    trace_speedup: float = 1.0              # raysweep's own: the trace's timeline runs this many times faster
+    multi_turn_turns: int | None = None     # raysweep's own multi-turn options
+    multi_turn_think_time: float = 0.0
+    timeseries_interval: float = 1.0        # raysweep's own: the time series' bin, s
+
+    @property
+    def timed(self) -> bool:
+        """Whether the requests keep the trace's own timestamps (vLLM's --self-timed; on for timed_trace)."""
+        return self.dataset_name == "timed_trace" and self.self_timed is not False
 
     @property
     def path(self) -> str:
@@ -110,6 +153,18 @@ def _build_parser() -> _Parser:
         _opt(p, name)
     _opt(p, "backend", choices=sorted(BACKENDS))
     _opt(p, "dataset_name", choices=DATASETS)
+    _opt(p, "prompt_format", choices=PROMPT_FORMATS)
+    _opt(p, "trace_format", choices=sorted(TRACE_FORMATS))
+    for name in ("timed_trace_label_timestamp", "timed_trace_label_input_length", "timed_trace_label_output_length",
+                 "timed_trace_label_hash_ids"):
+        _opt(p, name)
+    for name in ("duration", "timed_trace_sec_multiplier", "trace_speedup", "multi_turn_think_time",
+                 "timeseries_interval"):
+        _opt(p, name, type=float)
+    for name in ("timed_trace_chunk_hash_size", "multi_turn_turns"):
+        _opt(p, name, type=int)
+    p.add_argument("--self-timed", "--self_timed", dest="self_timed", action=argparse.BooleanOptionalAction,
+                   default=None)
     for name in ("num_prompts", "seed", "random_input_len", "random_output_len", "random_prefix_len",
                  "sharegpt_output_len", "custom_output_len", "prefix_repetition_prefix_len",
                  "prefix_repetition_suffix_len", "prefix_repetition_num_prefixes", "prefix_repetition_output_len",
@@ -136,6 +191,16 @@ def _build_parser() -> _Parser:
 _PARSER = _build_parser()
 
 
+def _value_of(argv: list[str], name: str) -> str | None:
+    """The value given to an option in an argv (either spelling, `--x v` or `--x=v`), or None."""
+    flags = (f"--{name.replace('_', '-')}", f"--{name}")
+    for i, token in enumerate(argv):
+        key, eq, value = token.partition("=")
+        if key in flags:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
 def accepted_options() -> list[str]:
     return sorted(o for a in _PARSER._actions for o in a.option_strings if "_" not in o)
 
@@ -155,6 +220,15 @@ def parse_load_options(argv: list[str], fld: str = "bench.cmd") -> LoadOptions:
         ns = _PARSER.parse_args(args_list)
     except _Refused as exc:
         msg = str(exc)
+        for token in args_list:
+            if token.startswith("--") and (why := refusal(token)):
+                raise CampaignError(fld, why) from None
+        if "--dataset-name" in msg or "--dataset_name" in msg:
+            given = _value_of(args_list, "dataset_name")
+            if given in VLLM_ONLY_DATASETS:
+                raise CampaignError(fld, f"--dataset-name {given} is a `vllm bench serve` data set the native "
+                                         f"client does not build (it builds {', '.join(DATASETS)}); set "
+                                         "bench.backend: command to run `vllm bench serve` itself") from None
         if "unrecognized arguments" in msg:
             msg += ("; the native backend accepts: " + " ".join(accepted_options())
                     + " (or set bench.backend: command to run `vllm bench serve` itself)")
@@ -172,7 +246,7 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
                  "sharegpt_output_len", "custom_output_len", "prefix_repetition_prefix_len",
                  "prefix_repetition_suffix_len", "prefix_repetition_num_prefixes", "prefix_repetition_output_len",
                  "max_concurrency", "request_rate", "burstiness", "ramp_up_strategy", "ramp_up_start_rps",
-                 "ramp_up_end_rps", "vocab_size", "clients"):
+                 "ramp_up_end_rps", "vocab_size", "clients", "prompt_format", *_WORKLOAD_OPTIONS):
         if a.get(name) is not None:
             kw[name] = a[name]
     if a.get("input_len") is not None:
@@ -268,4 +342,63 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
     if name in ("sharegpt", "custom", "jsonl") and not kw.get("dataset_path"):
         raise bad("dataset_path", f"is required by --dataset-name {name}"
                   + (" (a .jsonl file, or FILE.py:FUNCTION for a Python hook)" if name == "custom" else ""))
+    _check_workload(kw, a, bad)
     return LoadOptions(**kw)
+
+
+_WORKLOAD_OPTIONS = ("duration", "timed_trace_chunk_hash_size", "timed_trace_sec_multiplier",
+                     "timed_trace_label_timestamp", "timed_trace_label_input_length",
+                     "timed_trace_label_output_length", "timed_trace_label_hash_ids", "self_timed", "trace_speedup",
+                     "multi_turn_turns", "multi_turn_think_time", "timeseries_interval")
+
+
+def _check_workload(kw: dict[str, Any], a: dict[str, Any], bad: Any) -> None:
+    """The workload options (duration, timed traces, multi-turn sessions, time series), checked in place."""
+    name = kw.get("dataset_name", "random")
+    if a.get("trace_format"):
+        size, mult = TRACE_FORMATS[a["trace_format"]]
+        kw.setdefault("timed_trace_chunk_hash_size", size)
+        kw.setdefault("timed_trace_sec_multiplier", mult)
+    for opt in ("duration", "trace_speedup", "timeseries_interval", "timed_trace_sec_multiplier"):
+        if opt in kw and not (kw[opt] > 0 and math.isfinite(kw[opt])):
+            raise bad(opt, f"must be a positive number, got {kw[opt]}")
+    if kw.get("timed_trace_chunk_hash_size", 1) < 1:
+        raise bad("timed_trace_chunk_hash_size", f"must be at least 1, got {kw['timed_trace_chunk_hash_size']}")
+    if kw.get("multi_turn_turns", 1) < 1:
+        raise bad("multi_turn_turns", f"must be at least 1, got {kw['multi_turn_turns']}")
+    if kw.get("multi_turn_think_time", 0.0) < 0:
+        raise bad("multi_turn_think_time", f"must be 0 or more seconds, got {kw['multi_turn_think_time']}")
+    if kw.get("self_timed") is not None and name != "timed_trace":
+        raise bad("self_timed", "is only supported with --dataset-name timed_trace (as in vllm bench serve)")
+    if name == "timed_trace" and not kw.get("dataset_path"):
+        raise bad("dataset_path", "is required by --dataset-name timed_trace (a JSONL trace)")
+    if name == "multi_turn" and not str(kw.get("endpoint") or BACKENDS[kw.get("backend", "openai")]).rstrip(
+            "/").endswith("chat/completions"):
+        raise bad("dataset_name", "multi_turn sends each turn with the conversation so far, which needs the chat "
+                                  "API: add --backend openai-chat")
+    for opt in ("trace_speedup",):
+        if opt in kw and name != "timed_trace":
+            raise bad(opt, "is only for --dataset-name timed_trace")
+    for opt in ("multi_turn_turns", "multi_turn_think_time"):
+        if opt in kw and name != "multi_turn":
+            raise bad(opt, "is only for --dataset-name multi_turn")
+    if kw.get("duration") is not None:
+        timed = name == "timed_trace" and kw.get("self_timed") is not False
+        if kw.get("ramp_up_strategy"):
+            raise bad("duration", "and --ramp-up-strategy exclude each other (a ramp is defined over its requests)")
+        if not timed and math.isinf(kw.get("request_rate", math.inf)) and not kw.get("max_concurrency"):
+            raise bad("duration", "needs --max-concurrency (a closed loop) or a finite --request-rate: a burst "
+                                  "sends everything at once")
+
+
+def refusal(option: str) -> str | None:
+    """Why a `vllm bench serve` option is refused by the native client, or None when it is not one of those."""
+    name = option.lstrip("-").split("=", 1)[0].replace("-", "_")
+    if name.startswith("no_") and name[3:] in VLLM_ONLY_OPTIONS and name not in VLLM_ONLY_OPTIONS:
+        name = name[3:]
+    if name not in VLLM_ONLY_OPTIONS:
+        return None
+    instead = VLLM_ONLY_OPTIONS[name]
+    return (f"--{name.replace('_', '-')} is a `vllm bench serve` option the native client does not implement"
+            + (f" ({instead})" if instead else "") + "; set bench.backend: command to run `vllm bench serve` "
+            "itself with it")

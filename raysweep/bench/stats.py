@@ -18,7 +18,9 @@ vllm/benchmarks/lib/endpoint_request_func.py):
 - `max_output_tokens_per_s` and `max_concurrent_requests`: vLLM's 1-s buckets from the first successful
   start (a chunk is one token there); `peak_in_flight_requests` is the exact peak of requests in flight.
 - Extra fields with their own names: `*_ttft_on_wire_ms`, `*_e2el_on_wire_ms` (timed from aiohttp's
-  "request headers sent", after a connection is obtained), `peak_in_flight_requests`, the steady-state test.
+  "request headers sent", after a connection is obtained), `peak_in_flight_requests`, the steady-state test,
+  `*_ttfot_ms` (time to the first output token, not reasoning content) and, for multi-turn sessions, the
+  per-turn metrics (`turn_metrics`).
 
 `client_check` is the client-bottleneck guard: how late requests were begun against when they could have
 been (due, and a slot free), the actors' event-loop lag, and the achieved vs the asked rate.
@@ -33,7 +35,7 @@ import numpy as np
 
 from raysweep.bench.options import PERCENTILE_METRICS, LoadOptions
 
-__all__ = ["COLUMNS", "MAX_LOOP_LAG_MS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION", "STEADY_MAX_DRIFT_PCT",
+__all__ = ["COLUMNS", "WORKLOAD_COLUMNS", "MAX_LOOP_LAG_MS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION", "STEADY_MAX_DRIFT_PCT",
            "client_check", "empty_samples", "peak_in_flight", "per_request", "per_second_throughput",
            "point_metrics", "pool", "settle", "steady_state", "vllm_buckets"]
 
@@ -44,6 +46,10 @@ __all__ = ["COLUMNS", "MAX_LOOP_LAG_MS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION",
 # held no completion_tokens (else None).
 COLUMNS = ("index", "actor", "due", "ready", "sent", "first", "end", "in_tok", "out_tok", "ok", "error", "chunks",
            "begin", "done", "text")
+# Workload columns (samples written before them lack them): the first chunk with output, not reasoning, text
+# (first_out, NaN when none), whether any chunk carried reasoning content, and the multi-turn session and
+# turn of the request (-1 outside sessions).
+WORKLOAD_COLUMNS = ("first_out", "reasoning", "session", "turn")
 MAX_SEND_LAG_MS = 10.0
 MIN_RATE_FRACTION = 0.95
 MAX_LOOP_LAG_MS = 20.0        # p99 of the client event loop's lag beyond which the client is the bottleneck
@@ -53,7 +59,7 @@ STEADY_MAX_DRIFT_PCT = 10.0   # steady: the fitted output throughput changes by 
 
 
 def empty_samples() -> dict[str, Any]:
-    return {c: [] for c in COLUMNS} | {"loop_lag": []}
+    return {c: [] for c in (*COLUMNS, *WORKLOAD_COLUMNS)} | {"loop_lag": []}
 
 
 def pool(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -85,6 +91,7 @@ def settle(s: dict[str, Any], prompt_lens: list[int | None], max_tokens: list[in
     is the known prompt length; an output count missing is the tokenized text (vLLM's tokenizer rule), or 1
     with no tokenizer. With `ignore_eos`, a request whose output count differs from its max_tokens failed."""
     for i, k in enumerate(s["index"]):
+        k %= max(len(prompt_lens), 1)  # a cycled request (duration-bounded closed loop) reuses a body
         if s["in_tok"][i] is None or s["in_tok"][i] < 0:
             s["in_tok"][i] = prompt_lens[k] if prompt_lens[k] is not None else -1
         if not s["ok"][i]:
@@ -179,10 +186,52 @@ def point_metrics(s: dict[str, Any], opts: LoadOptions) -> dict[str, Any]:
     for name, values in extra.items():
         out.update({k: v for k, v in _summary(values, name, (99.0,)).items() if not k.startswith("std")})
     out.update(steady_state(s))
+    out.update(_reasoning(s, ok, begin, pcts))
+    if any(t is not None and t >= 0 for t in s.get("turn") or []):
+        out.update(turn_metrics(s))
     errors = [e for e in s["error"] if e]
     if errors:
         out["errors_sample"] = sorted(set(errors))[:5]
     return out
+
+
+def _reasoning(s: dict[str, Any], ok: np.ndarray, begin: np.ndarray, pcts: tuple[float, ...]) -> dict[str, Any]:
+    """Time to first output token (`*_ttfot_ms`): from the start to the first chunk with output text, not
+    reasoning content (TTFT counts any chunk, as vLLM); equal to TTFT where nothing streams reasoning.
+    Requests that streamed no output text are left out; `reasoning_requests` counts those with reasoning."""
+    n = ok.size
+    first_out = _arr(s, "first_out") if len(s.get("first_out") or []) == n else np.full(n, np.nan)
+    has = ok & ~np.isnan(first_out)
+    out = {k: v for k, v in _summary((first_out - begin)[has], "ttfot", pcts).items() if not k.startswith("std")}
+    reasoning = s.get("reasoning") or []
+    out["reasoning_requests"] = int(np.sum(np.asarray(reasoning, dtype=bool) & ok)) if len(reasoning) == n else 0
+    return out
+
+
+def turn_metrics(s: dict[str, Any]) -> dict[str, Any]:
+    """Multi-turn sessions: their count, how many ran every turn without a failure, and per turn index
+    (`per_turn`) the requests, completed ones, their mean input tokens (the conversation so far), mean and p99
+    TTFT, mean TPOT and mean E2EL."""
+    ok, turn, sess = _arr(s, "ok", bool), _arr(s, "turn", np.int64), _arr(s, "session", np.int64)
+    req, in_tok = per_request(s), _arr(s, "in_tok", float)
+
+    def stat(fn: Any, values: np.ndarray) -> float | None:
+        return float(fn(values)) if values.size else None
+
+    rows = []
+    for t in sorted(set(turn[turn >= 0].tolist())):
+        good = (turn == t) & ok
+        rows.append({"turn": t, "requests": int((turn == t).sum()), "completed": int(good.sum()),
+                     "mean_input_tokens": stat(np.mean, in_tok[good]),
+                     "mean_ttft_ms": stat(np.mean, req["ttft"][good]),
+                     "p99_ttft_ms": stat(lambda v: np.percentile(v, 99), req["ttft"][good]),
+                     "mean_tpot_ms": stat(np.mean, req["tpot"][good]),
+                     "mean_e2el_ms": stat(np.mean, req["e2el"][good])})
+    sessions = sorted(set(sess[sess >= 0].tolist()))
+    failed = set(sess[(sess >= 0) & ~ok].tolist())
+    done = [int(((sess == u) & ok).sum()) for u in sessions]
+    return {"num_sessions": len(sessions), "sessions_failed": len(failed),
+            "mean_turns_per_session": float(np.mean(done)) if done else 0.0, "per_turn": rows}
 
 
 def per_request(s: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -261,7 +310,8 @@ def client_check(s: dict[str, Any], opts: LoadOptions, rate: float, max_send_lag
     free; in a burst, where all are due at once, an actor's gap between beginning one request and the next),
     the event loop's lag (which also delays seeing a slot free), and the achieved open-loop rate."""
     begin, ready = _begin(s), _arr(s, "ready")
-    if math.isinf(rate) and not opts.max_concurrency:
+    sessions = opts.dataset_name == "multi_turn"  # later turns are ready when the think time is over
+    if math.isinf(rate) and not opts.max_concurrency and not sessions:
         ready = _previous_begin(begin, _arr(s, "actor", np.int64))
     lag = (begin - ready) * 1000.0  # the client's own lateness; opening a connection is not counted
     loop = np.asarray(s.get("loop_lag") or [0.0], dtype=float) * 1000.0
@@ -276,12 +326,14 @@ def client_check(s: dict[str, Any], opts: LoadOptions, rate: float, max_send_lag
     }
     reasons = []
     if math.isfinite(rate) and begin.size and not opts.max_concurrency:
-        span = float(np.max(begin))
-        achieved = begin.size / span if span > 0 else rate
+        starts = begin[_arr(s, "turn", np.int64) <= 0] if sessions else begin  # sessions arrive at the rate
+        span = float(np.max(starts))
+        achieved = starts.size / span if span > 0 else rate
         fields["achieved_request_rate"] = achieved
         if achieved < min_rate_fraction * rate:
             reasons.append(f"sent {achieved:.1f} req/s of the {rate:g} asked")
     late = int((lag > max_send_lag_ms).sum())
+    fields["client_late_sends"] = late  # begun over max_send_lag_ms after they could be (a trace: its schedule)
     if late > max(1, 0.01 * lag.size):  # the p99 over the threshold, and never one hiccup alone
         reasons.append(f"send lag p99 {fields['client_send_lag_p99_ms']:.1f} ms > {max_send_lag_ms:g} ms "
                        f"({late} of {lag.size} requests)")

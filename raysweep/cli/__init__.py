@@ -2,7 +2,7 @@
 
 Commands by what the user is doing: running a campaign (`running`: run, resume; `jobs`: submit, jobs,
 stop; `crosscheck`), inspecting one (`status`; `inspecting`: results, sla), analysing results (`analysing`:
-plot, pareto, report, import), checking a campaign file (`campaign_file`: schema, validate) and cluster
+plot, pareto, report, import; `comparing`: compare; `exporting`: export), checking a campaign file (`campaign_file`: schema, validate) and cluster
 operations (`cluster`: preflight, tiny-model).
 
 Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing
@@ -11,5 +11,7 @@ was started); 130 interrupted (finished points are kept; `raysweep resume` conti
 
 from raysweep.cli._common import main
 from raysweep.cli import analysing, campaign_file, cluster, crosscheck, inspecting, jobs, running, status  # noqa: F401
+from raysweep.cli import comparing, exporting  # noqa: F401
+from raysweep.cli import tuning  # noqa: F401
 
 __all__ = ["main"]

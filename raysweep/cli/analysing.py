@@ -120,13 +120,20 @@ def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count
 @main.command()
 @click.argument("output_dir", type=EXISTING_OUTPUT_DIR)
 @click.option("--out", "out_path", default=None, help="The HTML file to write (default OUTPUT_DIR/report.html).")
-def report(output_dir: str, out_path: str | None) -> None:
-    """One self-contained HTML report: campaign, plan, figures, results, SLA, transport, failures, environment."""
+@click.option("--objective", default=None, help="What the conclusions rank by: [max:|min:]METRIC[_per_gpu], METRIC "
+              "an aggregated metric (default output_throughput_per_gpu).")
+def report(output_dir: str, out_path: str | None, objective: str | None) -> None:
+    """One self-contained HTML report: conclusions (best config per bench shape, its lead against the noise,
+    Pareto front, SLA capacities), warnings, figures, results, SLA, transport, failures, campaign, plan,
+    environment. Prints its path and the conclusions."""
     from raysweep.ledger import Ledger
-    from raysweep.report import write_report
+    from raysweep.report import write_report_with_headlines
 
     Ledger.open_existing(output_dir).close()
-    out.print(str(write_report(output_dir, out_path)), highlight=False)
+    path, lines = write_report_with_headlines(output_dir, out_path, objective)
+    out.print(str(path), highlight=False)
+    for line in lines:
+        out.print(escape(line), highlight=False)
 
 
 @main.command("import")

@@ -19,7 +19,12 @@ from raysweep.cli._common import _say, console, main, out
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Also write the whole report as JSON to this file.")
 @click.option("--strict", is_flag=True, help="Exit 1 when nodes differ or a node has a warning (default: exit 0).")
-def preflight(address: str | None, as_json: bool, out_path: str | None, strict: bool) -> None:
+@click.option("--bandwidth", is_flag=True, help="Also measure the all-reduce bus bandwidth between neighbouring "
+              "pairs of GPU nodes (NCCL; gloo without GPUs): the baseline of `transport.min_busbw_fraction`.")
+@click.option("--bandwidth-mib", default=64.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="MiB all-reduced per iteration of the bandwidth probe.")
+def preflight(address: str | None, as_json: bool, out_path: str | None, strict: bool, bandwidth: bool,
+              bandwidth_mib: float) -> None:
     """Check every node before a sweep: GPUs and driver, InfiniBand ports, NCCL environment, Python, Ray and
     vLLM versions; flag the nodes that differ from the others."""
     import json
@@ -30,7 +35,13 @@ def preflight(address: str | None, as_json: bool, out_path: str | None, strict: 
 
     with logs.routed(), ray_session(address):
         pre = run_preflight()
+        if bandwidth:
+            from raysweep import fabric, placement
+
+            base = fabric.bandwidth_baseline(placement.cluster_nodes(), bandwidth_mib)
     data = pre.to_dict()
+    if bandwidth:
+        data["bandwidth"] = base
     if out_path:
         write_json_atomic(out_path, data)
     if as_json:
@@ -50,6 +61,13 @@ def preflight(address: str | None, as_json: bool, out_path: str | None, strict: 
             out.print(table)
         for w in pre.warnings:
             out.print(f"[yellow]warning[/] {escape(w.node)}: {escape(w.message)}", highlight=False)
+        if bandwidth:
+            table = Table("nodes", "backend", "ranks", "bus bandwidth", title="fabric bandwidth (all-reduce)")
+            for row in base["pairs"]:
+                bw = f"{row['busbw_gbps']:.2f} GB/s" if row["busbw_gbps"] is not None else f"failed: {row['error']}"
+                table.add_row(" <-> ".join(row["ips"]) + "\n" + " ".join(n[:8] for n in row["nodes"]),
+                              str(row["backend"]), str(row["world"]), escape(bw))
+            out.print(table)
         _say(f"{len(pre.nodes)} node(s), {len(pre.findings)} finding(s), {len(pre.warnings)} warning(s)")
     if out_path:
         console.print(f"report: {out_path}", highlight=False)

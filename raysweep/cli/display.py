@@ -15,12 +15,14 @@ from raysweep.cli._common import console
 # Every event the driver emits, by what the display does with it: a line of its own (or, for point_done,
 # the bar advanced with it), or nothing (a later event or the final summary says it).
 SHOWN = frozenset({"server_starting", "server_ready", "server_failed", "transport", "node_lost", "config_failed",
-                   "point_done", "point_failed", "sla_done"})
+                   "point_done", "point_failed", "sla_done", "candidate_start", "candidate_done", "fabric",
+                   "topology_warning"})
 SILENT = frozenset({"campaign_start", "campaign_end", "server_stopped", "warmup_done", "client_limited",
-                    "point_start"})
+                    "point_start", "replaced"})
 # The driver's log records that an event line already says (they still go to the log file).
 _TOLD = frozenset({"server config %s: %s; tearing its server down",  # node_lost
-                   "server config %s: %s"})  # config_failed, and transport with `refused`
+                   "server config %s: %s",  # config_failed, and transport with `refused`
+                   "candidate %d: %s (%s)", "candidate %d (%s) %s: %s", "candidate %d (%s) stopped: %s"})
 
 
 def told_by_event(record: logging.LogRecord) -> bool:
@@ -79,10 +81,26 @@ class _ProgressDisplay:
             p.console.print(f"server {data['server_id']} transport: {escape(describe(data['verdict']))}"
                             + (f" [red]refused[/] ({escape(refused.splitlines()[0])})" if refused else ""),
                             highlight=False)
+        elif kind == "fabric":
+            probe, refused = data["probe"], data["refused"]
+            bw = (f"{probe['busbw_gbps']:.2f} GB/s bus bandwidth ({probe.get('backend')}, {probe.get('world')} ranks)"
+                  if probe.get("busbw_gbps") is not None else f"failed ({probe.get('error')})")
+            p.console.print(f"server config {data['serve'].id} fabric probe: {escape(bw)}"
+                            + (f" [red]refused[/] ({escape(refused)})" if refused else ""), highlight=False)
+        elif kind == "topology_warning":
+            p.console.print(f"[yellow]server {data['server_id']}:[/] {escape(data['warning'])}", highlight=False)
         elif kind == "config_failed":
             p.console.print(f"[red]server config {data['serve'].id} failed:[/] {escape(data['error'])}", highlight=False)
         elif kind == "server_failed":
             p.console.print(f"[red]server {data['server_id']} failed:[/] {escape(str(data['error']))}", highlight=False)
+        elif kind in ("candidate_start", "candidate_done"):  # a tuning campaign
+            task = next(t for t in p.tasks if t.id == self.task)
+            if kind == "candidate_start":
+                p.update(self.task, total=(task.total or 0) + data["points"])
+            what = data.get("state", "started") + (f": {', '.join(f'{v:.4g}' for v in data['objective'])}"
+                                                   if data.get("objective") else
+                                                   f" ({data['reason']})" if data.get("reason") else "")
+            p.console.print(f"candidate {data['number']} {escape(data['serve'].label)} {escape(what)}", highlight=False)
         if kind in ("server_ready", "server_stopped"):
             p.update(self.task, description=f"{len(self.running)} server(s) running")
         elif kind == "point_done":

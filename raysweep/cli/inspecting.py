@@ -17,8 +17,18 @@ from raysweep.errors import UserError
 @click.argument("output_dir", type=OUTPUT_DIR)
 @click.option("--format", "formats", type=click.Choice(["csv", "parquet", "json"]), multiple=True,
               help="Format(s) to write (default: parquet and csv).")
-def results(output_dir: str, formats: tuple[str, ...]) -> None:
-    """Write the merged results table (one row per run) and print where it is."""
+@click.option("--aggregate", is_flag=True, help="Print the aggregates per point (mean, confidence interval, "
+                                                "noisy points) and write summary.parquet/csv with these settings.")
+@click.option("--confidence", type=float, default=0.95, show_default=True, help="With --aggregate: the "
+                                                                              "confidence level of the intervals.")
+@click.option("--noise-threshold", type=float, default=0.05, show_default=True,
+              help="With --aggregate: a point is noisy above this coefficient of variation.")
+@click.option("--noise-metrics", default=None, help="With --aggregate: comma list of the metrics judged for noise "
+                                                    "(default: throughputs, mean and median latencies).")
+def results(output_dir: str, formats: tuple[str, ...], aggregate: bool, confidence: float, noise_threshold: float,
+            noise_metrics: str | None) -> None:
+    """Write the merged results table (one row per run) and the aggregates per point (summary.*), and print
+    where they are."""
     from raysweep.ledger import Ledger
     from raysweep.results import results_table, write_results
 
@@ -28,6 +38,10 @@ def results(output_dir: str, formats: tuple[str, ...]) -> None:
     out.print(f"{len(df)} row(s), {len(df.columns)} column(s)")
     for p in paths:
         out.print(str(p), highlight=False)
+    if aggregate:
+        from raysweep.cli.comparing import print_aggregates
+
+        print_aggregates(output_dir, df, formats or ("parquet", "csv"), confidence, noise_threshold, noise_metrics)
 
 
 @main.command()

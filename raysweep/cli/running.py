@@ -66,10 +66,37 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
             return bench_argv(argv, "http://<node ip>:<port>", "<result dir>")
     text = dry_run_text(plan, render,
                         lambda s: placement_lines(s, layouts[s.id], spec.offline))
+    if spec.campaign.tune is not None:  # the space, budget and first candidates instead of a server list
+        from raysweep.tune import dry_run_lines
+
+        text += "\n".join(dry_run_lines(plan, nodes, lambda s, lay: placement_lines(s, lay)))
     gpus = sum(n.gpus for n in nodes)
     _say(f"{text}\n\nPlaced for {where}: {len(nodes)} node(s), {gpus} GPU(s)"
          f"\nResults would go to {output_dir}")
+    if links := _recorded_links(output_dir):  # a campaign being resumed
+        _say(links)
+    if spec.campaign.tune is not None:
+        from raysweep.estimate import measured_from
+        from raysweep.tune import dry_run_estimate
+
+        _say(dry_run_estimate(plan, measured_from(*estimate_from)))
+        return
     _say(_estimate_text(plan, output_dir, estimate_from, layouts, gpus, spec.campaign.placement.max_servers))
+
+
+def _recorded_links(output_dir: Path) -> str:
+    """For a campaign being resumed: the links and fabric probe its servers got so far (empty otherwise)."""
+    from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.transport import recorded_lines
+
+    if not (output_dir / LEDGER_FILE).is_file():
+        return ""
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        lines = recorded_lines(ledger.servers())
+    finally:
+        ledger.close()
+    return "Links recorded so far (latest server of each configuration):\n" + "\n".join(lines) if lines else ""
 
 
 def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], layouts: dict[str, Any], gpus: int,
@@ -156,8 +183,11 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
 def _write_report(output_dir: Path) -> None:
     """`report: true`: the HTML report and the default figures, with their paths."""
     from raysweep.cli.analysing import default_figures
-    from raysweep.report import write_report
+    from raysweep.report import write_report_with_headlines
 
     figures, _ = default_figures(output_dir)  # their notes are in the report
-    console.print(f"Report: {write_report(output_dir)}", highlight=False)
+    path, lines = write_report_with_headlines(output_dir)
+    console.print(f"Report: {path}", highlight=False)
     console.print(f"Figures: {', '.join(str(p) for p in figures)}", highlight=False)
+    for line in lines:  # the report's conclusions, one line per bench shape
+        console.print(escape(line), highlight=False)

@@ -55,6 +55,7 @@ def _show(output_dir: str) -> bool:
         counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
         name, extra, driver = ledger.meta("name"), ledger.out_of_plan(), ledger.last_driver()
         stored = ledger.stored_campaign()
+        events, earlier = ledger.events(), ledger.attempt_errors()
     finally:
         ledger.close()
     active = [s for s in servers if s.stopped_at is None]
@@ -86,8 +87,15 @@ def _show(output_dir: str) -> bool:
         for s in active:
             _say(f"{s.server_id}: {s.command}")
     _transport_table(servers, (stored.get("transport") or {}).get("require", "any"))
+    _events_table(events)
     if counts.get("done"):
         _validity_lines(output_dir)
+    retried = {e["point_id"] for e in earlier} & {p.point_id for p in points if p.state == PointState.DONE}
+    if retried:
+        last = {e["point_id"]: e for e in earlier}
+        _say(f"{len(retried)} point(s) done after failed attempts (the last error of each):")
+        for pid in sorted(retried)[:10]:
+            out.print(f"  {pid} attempt {last[pid]['attempt']}: {escape(str(last[pid]['error']))[:200]}", highlight=False)
     for p in points:
         if p.state == PointState.FAILED:
             out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "
@@ -158,8 +166,35 @@ def _transport_table(servers: list[Any], require: str) -> None:
     for serve_id, s in latest.items():
         v = s.transport_verdict()
         refused = transport.refusal(v, require)
-        table.add_row(serve_id, s.server_id, str(v.get("nnodes", 1)), transport.describe(v),
+        links = transport.describe(v)
+        probe = s.fabric_record()
+        if probe:
+            links += "\nfabric probe: " + (f"{probe['busbw_gbps']:.2f} GB/s bus bandwidth ({probe.get('backend')}, "
+                                            f"{probe.get('world')} ranks)" if probe.get("busbw_gbps") is not None
+                                            else f"failed: {probe.get('error')}")
+        table.add_row(serve_id, s.server_id, str(v.get("nnodes", 1)), escape(links),
                       "[red]refused[/]" if refused else "ok")
+    out.print(table)
+    for serve_id, s in latest.items():  # the node-pair table of each multi-node server
+        names = [str(r.get("node_ip") or r.get("hostname") or "?") for r in s.rank_list()]
+        pairs = transport.describe_links(s.transport_verdict() or {}, names)
+        if int((s.transport_verdict() or {}).get("nnodes", 1) or 1) > 1 and pairs:
+            _say(f"links of {s.server_id}:\n  " + "\n  ".join(pairs))
+
+
+def _events_table(events: list[dict[str, Any]]) -> None:
+    """Node losses and re-placements, with when, which nodes and which configurations."""
+    if not events:
+        return
+    import datetime
+
+    table = Table(title="cluster events")
+    for col in ("time", "event", "server config", "nodes", "detail"):
+        table.add_column(col)
+    for e in events:
+        when = datetime.datetime.fromtimestamp(e["at"]).strftime("%H:%M:%S")
+        table.add_row(when, e["kind"].replace("_", " "), ",".join(e["serve_ids"]),
+                      "\n".join(n[:12] for n in e["nodes"]), escape(str(e["detail"] or "")))
     out.print(table)
 
 
