@@ -82,8 +82,13 @@ SCENARIOS = (
 def gpu_count_first(demands: list[Demand], free: dict[str, int]) -> list[tuple[Demand, list[str]]]:
     """The previous order, for comparison only: largest GPU count first, remaining work breaking ties, then
     the same best fit (`fit_nodes`) as `choose_starts`."""
+    return _first_fit(sorted(demands, key=lambda d: (-d.layout.gpu_count, -d.work)), free)
+
+
+def _first_fit(ordered: list[Demand], free: dict[str, int]) -> list[tuple[Demand, list[str]]]:
+    """Start, in the given order, every configuration that fits (best fit), taking its GPUs from `free`."""
     chosen = []
-    for d in sorted(demands, key=lambda d: (-d.layout.gpu_count, -d.work)):
+    for d in ordered:
         nodes = fit_nodes(d.layout, d.eligible, free)
         if nodes is not None:
             for n in nodes:
@@ -123,14 +128,7 @@ class ExactLpt:
         self.duration: dict[str, float] = {}
 
     def __call__(self, demands: list[Demand], free: dict[str, int]) -> list[tuple[Demand, list[str]]]:
-        chosen = []
-        for d in sorted(demands, key=lambda d: -self.duration[d.key]):
-            nodes = fit_nodes(d.layout, d.eligible, free)
-            if nodes is not None:
-                for n in nodes:
-                    free[n] -= d.layout.gpus_per_node
-                chosen.append((d, nodes))
-        return chosen
+        return _first_fit(sorted(demands, key=lambda d: -self.duration[d.key]), free)
 
 
 POLICIES: dict[str, Policy] = {"choose_starts": choose_starts, "gpu-count-first": gpu_count_first}

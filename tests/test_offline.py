@@ -233,7 +233,7 @@ def test_multi_node_offline_ranks_and_the_transport_gate(gpu_cluster, tmp_path):
     points = {p.serve_params["nccl_net"]: p for p in led.points()}
     led.close()
     assert points["gdr"].state == "done", points["gdr"].error
-    assert points["socket"].state == "failed" and "cross-node links are Socket" in points["socket"].error
+    assert points["socket"].state == "failed" and "cross-node links include Socket" in points["socket"].error
     row = results_table(out).iloc[0]
     assert (row["num_nodes"], row["transport_inter"], row["gpu_count"]) == (2, "IB+GDR", 8)
     argvs = {a["rank"]: a["argv"] for a in map(json.loads, env_file.read_text().splitlines()) if "gdr" in a["argv"]}
