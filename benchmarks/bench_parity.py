@@ -10,8 +10,9 @@ Targets: output throughput within 5 %, median TTFT and TPOT within 10 % (crossch
 Cases (`--case`):
 - `random` (the default): the workload above.
 - `trace`: a timed trace replayed by both clients (`--dataset-name timed_trace`, vLLM's plain format: 100
-  lines at 8 req/s Poisson, 128 input tokens in 8 blocks of 16 of which the first 4 are shared by groups of
-  10 lines, 32 output tokens), on its own timeline.
+  lines at 4 req/s Poisson, 128 input tokens in 8 blocks of 16 of which the first 4 are shared by groups of
+  10 lines, 32 output tokens), on its own timeline at `--trace-speedup 2` (8 req/s), which crosscheck hands
+  `vllm bench serve` as `--timed-trace-sec-multiplier 0.5`.
 - `multi_turn`: `vllm bench serve` has no multi-turn sessions, so the native client is checked against the
   server's own counters instead: 16 synthetic sessions of 4 turns (64 in / 32 out per turn, concurrency 8),
   per run the client's input and output tokens and completed requests against the deltas of
@@ -46,7 +47,8 @@ OUT = REPO / "benchmarks" / "results"
 SERVE = "--load-format dummy --max-model-len 1024 --dtype bfloat16 --gpu-memory-utilization 0.2 --enforce-eager"
 LOAD = ("--dataset-name random --random-input-len 128 --random-output-len 32 --num-prompts {prompts} "
         "--max-concurrency 16 --ignore-eos --temperature 0")
-TRACE_LOAD = "--dataset-name timed_trace --dataset-path {trace} --num-prompts {prompts} --ignore-eos --temperature 0"
+TRACE_LOAD = ("--dataset-name timed_trace --dataset-path {trace} --trace-speedup 2 --num-prompts {prompts} --ignore-eos "
+              "--temperature 0")
 SESSIONS_LOAD = ("--backend openai-chat --dataset-name multi_turn --num-prompts 16 --multi-turn-turns 4 "
                  "--random-input-len 64 --random-output-len 32 --max-concurrency 8 --ignore-eos --temperature 0")
 RESULT_FILE = {"random": "parity", "trace": "parity-trace", "multi_turn": "parity-multi-turn"}
@@ -63,15 +65,18 @@ def campaign(model: Path, prompts: int, work: Path, load: str = LOAD) -> Path:
     return f
 
 
-def write_trace(path: Path, n: int = 100, rate: float = 8.0, seed: int = 0) -> Path:
-    """A timed trace in vLLM's plain format: Poisson arrivals, 128 input tokens as 8 blocks of 16 (the first 4
-    shared by groups of 10 lines), 32 output tokens."""
+def write_trace(path: Path, n: int = 100, rate: float = 8.0, seed: int = 0, blocks: int = 8, shared: int = 4,
+                output_len: int = 32) -> Path:
+    """A timed trace in vLLM's plain format: Poisson arrivals, `blocks` blocks of 16 input tokens (the first
+    `shared` shared by groups of 10 lines), `output_len` output tokens (default: 128 in as 8 blocks, 4 shared,
+    32 out)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     at = np.cumsum(rng.exponential(1 / rate, n))
-    lines = [{"timestamp": round(float(t), 4), "input_length": 128, "output_length": 32,
-              "hash_ids": [1000 * (i // 10) + b for b in range(4)] + [10**6 + 8 * i + b for b in range(4)]}
+    lines = [{"timestamp": round(float(t), 4), "input_length": 16 * blocks, "output_length": output_len,
+              "hash_ids": [1000 * (i // 10) + b for b in range(shared)]
+              + [10**6 + blocks * i + b for b in range(blocks - shared)]}
              for i, t in enumerate(at)]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
@@ -167,7 +172,7 @@ def main() -> int:
             return code
         load = LOAD
         if args.case == "trace":
-            write_trace(work / "trace.jsonl", n=args.prompts)
+            write_trace(work / "trace.jsonl", n=args.prompts, rate=4.0)  # replayed at --trace-speedup 2: 8 req/s
             load = TRACE_LOAD
         try:
             t0 = time.monotonic()

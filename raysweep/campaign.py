@@ -208,7 +208,7 @@ class TuneBudget(_Strict):
 
 
 class TuneEarlyStop(_Strict):
-    """Successive halving over each candidate's bench points (single objective only)."""
+    """Successive halving over each candidate's bench points (Pareto: by domination; not for sla_capacity)."""
 
     enabled: bool = Field(True, description="stop candidates clearly beaten at a rung")
     eta: int = Field(3, ge=2, description="only the best 1/eta of the candidates at a rung go on")

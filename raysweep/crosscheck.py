@@ -210,9 +210,38 @@ NATIVE_ONLY_FLAGS = ("clients", "vocab_size", "prompt_format",  # options rayswe
                      "timeseries_interval")
 
 
+def _trace_units(argv: list[str]) -> dict[str, Any]:
+    """raysweep's `--trace-format` and `--trace-speedup` as vLLM's own timed_trace units: the format's preset
+    block size and seconds per time unit (where vLLM's options do not set them), the multiplier divided by the
+    speed-up, so that `vllm bench serve` replays the same timeline."""
+    from raysweep import grid
+    from raysweep.bench.options import TRACE_FORMATS
+
+    def value(name: str) -> str | None:
+        return grid.find_flag_value(argv, f"--{name.replace('_', '-')}", f"--{name}")
+
+    fmt, speedup = value("trace_format"), value("trace_speedup")
+    if fmt is None and speedup is None:
+        return {}
+    size, mult = TRACE_FORMATS.get(fmt or "", (None, 1.0))
+    given_size, given_mult = value("timed_trace_chunk_hash_size"), value("timed_trace_sec_multiplier")
+    out: dict[str, Any] = {}
+    if size is not None and given_size is None:
+        out["timed_trace_chunk_hash_size"] = size
+    mult = float(given_mult) if given_mult is not None else mult
+    try:
+        mult /= float(speedup) if speedup is not None else 1.0
+    except (ValueError, ZeroDivisionError):
+        raise UserError(f"--trace-speedup {speedup!r}: must be a positive number") from None
+    if speedup is not None or given_mult is None:
+        out["timed_trace_sec_multiplier"] = format(mult, ".15g")
+    return out
+
+
 def vllm_point(point: Any) -> Any:
     """The point as `vllm bench serve` runs it: the campaign's bench command (`vllm bench serve` put in front
-    of options given alone), without the options only the native client knows."""
+    of options given alone), without the options only the native client knows; a trace's `--trace-format` and
+    `--trace-speedup` become vLLM's `--timed-trace-chunk-hash-size` and `--timed-trace-sec-multiplier`."""
     from dataclasses import replace
 
     from raysweep import grid
@@ -220,7 +249,8 @@ def vllm_point(point: Any) -> Any:
     argv = list(point.bench.argv)
     if not argv or argv[0].startswith("-"):
         argv = ["vllm", "bench", "serve", *argv]
-    argv = grid.apply_to_cmd(argv, {k: None for k in NATIVE_ONLY_FLAGS})
+    units = _trace_units(argv)
+    argv = grid.apply_to_cmd(argv, {**{k: None for k in NATIVE_ONLY_FLAGS}, **units})
     return replace(point, bench=replace(point.bench, argv=argv))
 
 

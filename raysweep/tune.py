@@ -6,7 +6,9 @@ plan and the ledger, placed, packed and run by the scheduler like any other, wit
 points. When a candidate ends, its objective (a result field over its bench points, per GPU or per user,
 or the SLA capacity its searches found) is told to the sampler. Candidates run their most informative bench
 points first; with early stopping (successive halving, asynchronous) one that ranks outside the best 1/eta
-of its peers at a rung is stopped and its GPUs go to the next candidate.
+of its peers at a rung is stopped and its GPUs go to the next candidate. With two objectives (Pareto), each
+bench point of a candidate is one point of the trade-off: the sampler learns every one, candidates run both
+ends of the load first, and one whose every point is dominated by other candidates' points at a rung stops.
 
 Every candidate is a ledger row (`candidates`: number, parameters, state, objective, rung values, reason,
 GPU-seconds); a resumed campaign rebuilds the plan and the sampler from those rows, so no finished
@@ -228,6 +230,29 @@ class Tuner:
             else:
                 self.study.tell(trial, state=TrialState.FAIL)
 
+    def tell_points(self, trial: int, points: list[list[float]]) -> None:
+        """Pareto: a candidate's bench points, each a pair of objective values. The trial is told the first;
+        each other pair goes in as one more finished trial of the same parameters, so that the sampler
+        learns the whole trade-off a configuration spans, not only its best value of each objective."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.study.tell(trial, points[0])
+        self._copies(trial, points[1:])
+
+    def add_points(self, params: dict[str, Any], points: list[list[float]]) -> int:
+        """A Pareto candidate known from the ledger, with its bench points' pairs; returns its study number."""
+        number = self.add(params, "complete", points[0])
+        self._copies(number, points[1:])
+        return number
+
+    def _copies(self, trial: int, points: list[list[float]]) -> None:
+        done = self.study.trials[trial]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for values in points:
+                self.study.add_trial(create_trial(params=done.params, distributions=done.distributions,
+                                                  values=values))
+
     def add(self, params: dict[str, Any], state: str, values: list[float] | None = None,
             rungs: dict[str, float | None] | None = None) -> int:
         """A candidate known from the ledger; returns its study number (a running one is told later)."""
@@ -347,7 +372,9 @@ class TuneWork(Workload):
             serve = serves.get(row["serve_id"]) or candidate_serve(self.plan.spec, row["params"])
             cand = Candidate(row["number"], serve, row["params"], row["state"], row["objective"], row["rungs"],
                              row["reason"], row["gpu_s"], gpus=row["gpu_count"], created_at=row["created_at"])
-            cand.trial = self.tuner.add(cand.params, cand.state, cand.objective, cand.rungs)
+            points = self._points(cand) if cand.state in ("complete", "pruned") and self._by_points() else []
+            cand.trial = (self.tuner.add_points(cand.params, points) if points else
+                          self.tuner.add(cand.params, cand.state, cand.objective, cand.rungs))
             self.cands[cand.number] = cand
             if cand.state != "refused":
                 self.by_serve[serve.id] = cand
@@ -387,7 +414,13 @@ class TuneWork(Workload):
 
     def in_order(self, points: list[PointRun]) -> list[PointRun]:
         """A candidate's points, most informative first: the highest load first when maximizing a throughput
-        (lowest first for a latency, or per user), so the first rungs already say much."""
+        (lowest first for a latency, or per user), so the first rungs already say much. Pareto: both ends of
+        the load first (highest, lowest), then the rest from the high end down."""
+        if len(self.objectives) == 2:
+            loads = sorted({_load_key(p.bench.params) for p in points})
+            ends = [loads[-1], loads[0]] + loads[-2:0:-1] if loads else []
+            rank = {load: ends.index(load) for load in loads}
+            return sorted(points, key=lambda p: (rank[_load_key(p.bench.params)], p.bench.id, p.run))
         high_first = self.objectives[0].direction == "maximize" and self.objectives[0].per != "user"
         return sorted(points, key=lambda p: (tuple(-v if high_first else v for v in _load_key(p.bench.params)),
                                              p.bench.id, p.run))
@@ -440,7 +473,15 @@ class TuneWork(Workload):
         if cand.trial is None:
             return
         if self.tuner.study.trials[cand.trial].state == TrialState.RUNNING:
-            self.tuner.tell(cand.trial, cand.state, cand.objective, cand.rungs)
+            self._tell_trial(cand.trial, cand)
+
+    def _tell_trial(self, trial: int, cand: Candidate) -> None:
+        """Tell a trial the outcome of this candidate (Pareto: the pairs of each of its bench points)."""
+        points = self._points(cand) if cand.state in ("complete", "pruned") and self._by_points() else []
+        if points:
+            self.tuner.tell_points(trial, points)
+        else:
+            self.tuner.tell(trial, cand.state if cand.state != "running" else "failed", cand.objective, cand.rungs)
 
     # -- objective ---------------------------------------------------------------------------------------
 
@@ -468,7 +509,23 @@ class TuneWork(Workload):
                     per_bench.setdefault(r["bench_id"], []).append(cap)
             caps = [min(v) for v in per_bench.values()]  # every target must hold
             return _aggregate([c / (gpus if o.per == "gpu" else 1) for c in caps], o) if caps else None
-        for row in self.ledger.points(serve_id=serve_id):
+        per = self._per_bench(cand, o, bench_ids)
+        return _aggregate(list(per.values()), o) if per else None
+
+    def _by_points(self) -> bool:
+        """Pareto over result fields: each bench point of a candidate is one point of the trade-off."""
+        return len(self.objectives) == 2 and all(o.metric != SLA_CAPACITY for o in self.objectives)
+
+    def _points(self, cand: Candidate, bench_ids: Sequence[str] | None = None) -> list[list[float]]:
+        """Pareto: the pair of objective values of each bench point the candidate finished."""
+        a, b = (self._per_bench(cand, o, bench_ids) for o in self.objectives)
+        return [[a[k], b[k]] for k in a if k in b]
+
+    def _per_bench(self, cand: Candidate, o: TuneObjective, bench_ids: Sequence[str] | None) -> dict[str, float]:
+        """One objective at each bench point the candidate finished (mean over its runs)."""
+        gpus = max(1, cand.serve.shape.gpu_count)
+        per_bench: dict[str, list[float]] = {}
+        for row in self.ledger.points(serve_id=cand.serve.id):
             if row.state != PointState.DONE or (bench_ids is not None and row.bench_id not in bench_ids):
                 continue
             rec = self._record(row)
@@ -483,18 +540,19 @@ class TuneWork(Workload):
                     continue
                 v = v / users
             per_bench.setdefault(row.bench_id, []).append(float(v))
-        return _aggregate([sum(v) / len(v) for v in per_bench.values()], o) if per_bench else None
+        return {b: sum(v) / len(v) for b, v in per_bench.items()}
 
     # -- early stopping ----------------------------------------------------------------------------------
 
     def review(self) -> list[tuple[str, str]]:
         """Judge running candidates at the rungs they reached; (serve id, reason) of each to stop now."""
         es = self.t.early_stop
-        if not es.enabled or len(self.objectives) != 1 or self.objectives[0].metric == SLA_CAPACITY:
+        if not es.enabled or any(o.metric == SLA_CAPACITY for o in self.objectives):
             return []
+        judge = self._judge if len(self.objectives) == 1 else self._judge_front
         stop = []
         for cand in self.live():
-            reason = self._judge(cand, es.eta, es.min_peers)
+            reason = judge(cand, es.eta, es.min_peers)
             if reason:
                 cand.state, cand.reason = "pruned", reason
                 self._save(cand)
@@ -506,13 +564,7 @@ class TuneWork(Workload):
         return stop
 
     def _judge(self, cand: Candidate, eta: int, min_peers: int) -> str | None:
-        order = self.bench_order(cand.serve.id)
-        done = self._done_benches(cand.serve.id)
-        reached = 0
-        for b in order:
-            if b not in done:
-                break
-            reached += 1
+        order, reached = self._reached(cand)
         o = self.objectives[0]
         for r in rung_sizes(len(order), eta):
             if r > reached or str(r) in cand.rungs:
@@ -531,6 +583,37 @@ class TuneWork(Workload):
                 what = o.metric + {"none": "", "gpu": " per GPU", "user": " per user"}[o.per]
                 return (f"rung {r} of {len(order)} bench point(s): {what} {v:.4g} ranks {better + 1} of "
                         f"{len(peers)}; only the best {keep} go on (eta {eta})")
+        return None
+
+    def _reached(self, cand: Candidate) -> tuple[list[str], int]:
+        """The candidate's bench ids in run order, and how many of them in a row it finished."""
+        order = self.bench_order(cand.serve.id)
+        done = self._done_benches(cand.serve.id)
+        reached = 0
+        for b in order:
+            if b not in done:
+                break
+            reached += 1
+        return order, reached
+
+    def _judge_front(self, cand: Candidate, eta: int, min_peers: int) -> str | None:
+        """Pareto: at a rung, a candidate none of whose points is off the others' dominated area stops.
+        Its rung value is how many of its points no other candidate's point dominates."""
+        order, reached = self._reached(cand)
+        dirs = [o.direction for o in self.objectives]
+        for r in rung_sizes(len(order), eta):
+            if r > reached or str(r) in cand.rungs:
+                continue
+            mine = self._points(cand, order[:r])
+            others = [q for c in self.cands.values() if c is not cand and c.state != "refused"
+                      for q in self._points(c)]
+            alive = [p for p in mine if not any(_dominates(q, p, dirs) for q in others)]
+            cand.rungs[str(r)] = float(len(alive))
+            self._save(cand)
+            peers = sum(1 for c in self.cands.values() if c is not cand and str(r) in c.rungs)
+            if mine and not alive and peers >= min_peers:
+                return (f"rung {r} of {len(order)} bench point(s): each of its {len(mine)} point(s) is dominated "
+                        f"by another candidate's")
         return None
 
     def _done_benches(self, serve_id: str) -> set[str]:
@@ -608,7 +691,7 @@ class TuneWork(Workload):
             return False
         known = self.by_serve.get(serve.id)
         if known is not None:  # the sampler proposed a configuration already tried: it learns its outcome
-            self.tuner.tell(trial, known.state if known.state != "running" else "failed", known.objective, known.rungs)
+            self._tell_trial(trial, known)
             return False
         number = max(self.cands, default=-1) + 1
         cand = Candidate(number, serve, params, trial=trial, created_at=time.time())
@@ -702,12 +785,15 @@ class TunedCluster:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _dominates(q: Sequence[float], p: Sequence[float], directions: Sequence[str]) -> bool:
+    """q is at least as good as p in both objectives, and not the same point."""
+    sign = [1 if d == "maximize" else -1 for d in directions]
+    return all(a * s >= b * s for a, b, s in zip(q, p, sign)) and list(q) != list(p)
+
+
 def pareto_front(points: list[tuple[float, float]], directions: Sequence[str]) -> list[int]:
     """Indices of the points no other point dominates."""
-    sign = [1 if d == "maximize" else -1 for d in directions]
-    s = [(a * sign[0], b * sign[1]) for a, b in points]
-    return [i for i, p in enumerate(s)
-            if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in s)]
+    return [i for i, p in enumerate(points) if not any(_dominates(q, p, directions) for q in points)]
 
 
 def leaderboard(campaign: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

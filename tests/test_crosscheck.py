@@ -138,6 +138,28 @@ def test_vllm_runs_the_campaigns_command_without_native_only_options():
     assert xc.vllm_point(full).bench.argv == ["vllm", "bench", "serve", "--model", "m"]
 
 
+@pytest.mark.parametrize("given, expected", [
+    (["--trace-format", "mooncake", "--trace-speedup", "4"],
+     ["--timed-trace-chunk-hash-size", "512", "--timed-trace-sec-multiplier", "0.00025"]),
+    (["--trace-format", "mooncake"], ["--timed-trace-chunk-hash-size", "512", "--timed-trace-sec-multiplier", "0.001"]),
+    (["--trace_speedup=2"], ["--timed-trace-sec-multiplier", "0.5"]),
+    (["--trace-format", "vllm"], ["--timed-trace-chunk-hash-size", "16", "--timed-trace-sec-multiplier", "1"]),
+    # vLLM's own options override the preset, and the speed-up divides the given multiplier
+    (["--timed-trace-sec-multiplier", "0.01", "--trace-format", "mooncake", "--timed-trace-chunk-hash-size", "64",
+      "--trace-speedup", "2"], ["--timed-trace-sec-multiplier", "0.005", "--timed-trace-chunk-hash-size", "64"]),
+])
+def test_vllm_gets_the_trace_format_and_speedup_as_its_own_timed_trace_units(given, expected):
+    from raysweep.plan import BenchPoint, PointRun
+
+    head = ["vllm", "bench", "serve", "--dataset-name", "timed_trace", "--dataset-path", "t.jsonl"]
+    point = PointRun("p", None, BenchPoint("b", {}, [*head, *given, "--num-prompts", "5"], ""), 0)
+    argv = xc.vllm_point(point).bench.argv
+    assert argv[:len(head)] == head and "--num-prompts" in argv
+    rest = [t for t in argv[len(head):] if t not in ("--num-prompts", "5")]
+    assert dict(zip(rest[::2], rest[1::2])) == dict(zip(expected[::2], expected[1::2]))
+    assert len(rest) == len(expected)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--serve-index", "5"], "--serve-index '5'"),
     (["--point", "zz"], "--point 'zz'"),

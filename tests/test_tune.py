@@ -210,21 +210,59 @@ def test_an_interrupted_tuning_campaign_resumes_without_running_a_finished_candi
 
 def test_a_pareto_campaign_tells_two_objectives_and_marks_the_front(tmp_path, monkeypatch):
     data = bench.campaign("pareto", 4, 1.0)
-    data["tune"]["budget"] = {"candidates": 12}
+    data["tune"]["budget"] = {"candidates": 24}
     work, ledger, _ = simulate(tmp_path, data, seed=4)
     rows = ledger.candidates()
-    assert all(r["state"] == "complete" and len(r["objective"]) == 2 for r in rows)  # no early stopping
+    done = [r for r in rows if r["state"] == "complete"]
+    assert {r["state"] for r in rows} == {"complete", "pruned"} and all(len(r["objective"]) == 2 for r in done)
+    # both ends of the load run first (512, then 8): a candidate stopped at its first rungs ran 512 and not all
+    points = ledger.points()
+    by_serve: dict[str, set[int]] = {}
+    for p in points:
+        by_serve.setdefault(p.serve_id, set()).add(int(p.bench_params["max_concurrency"]))
+    pruned = [r for r in rows if r["state"] == "pruned"]
+    assert pruned and all(512 in by_serve[r["serve_id"]] and len(by_serve[r["serve_id"]]) < 4 for r in pruned)
+    # a pruned candidate: every point it ran is dominated by another candidate's point
+    measured = _measured(tmp_path, points)
+    pairs = {sid: [(v / c, v / g) for v, c, g in vals] for sid, vals in measured.items()}
+    for r in pruned:
+        assert "is dominated by another candidate's" in r["reason"] and r["rungs"]
+        rung = [512, 8][:int(r["reason"].split()[1])]    # the loads its rung held
+        judged = [(v / c, v / g) for v, c, g in measured[r["serve_id"]] if c in rung]
+        assert judged and all(any(q[0] >= a and q[1] >= b and q != (a, b) for sid, qs in pairs.items()
+                                  if sid != r["serve_id"] for q in qs) for a, b in judged)
+    # the sampler learned every bench point of every candidate that ran, not one value per candidate
+    told = [tuple(t.values) for t in work.tuner.study.trials if t.state.name == "COMPLETE"]
+    assert set(told) <= {xy for xys in pairs.values() for xy in xys}
+    assert all(set(pairs[r["serve_id"]]) <= set(told) and len(pairs[r["serve_id"]]) == 4 for r in done)
     board = leaderboard(ledger.stored_campaign(), rows)
-    front = [r for r in board if r["on_front"]]
+    front = [r for r in board if r.get("on_front")]
     assert front and board[:len(front)] == front
-    pts = [tuple(r["objective"]) for r in rows]
+    pts = [tuple(r["objective"]) for r in done]
     for r in front:   # nothing dominates a front candidate
         assert not any(p[0] >= r["objective"][0] and p[1] >= r["objective"][1] and list(p) != r["objective"]
                        for p in pts)
     ledger.close()
+    # rebuilt from the ledger, the sampler knows the same points
+    work, ledger, started = simulate(tmp_path, data, seed=5)
+    again = [tuple(t.values) for t in work.tuner.study.trials if t.state.name == "COMPLETE"]
+    assert not started and sorted(again) == sorted(xy for xys in pairs.values() for xy in xys)
+    ledger.close()
     buf = wide(monkeypatch)
     res = CliRunner().invoke(main, ["tune", str(tmp_path / "out")])
     assert res.exit_code == 0 and "Pareto front" in buf.getvalue()
+
+
+def _measured(root: Path, points: list[Any]) -> dict[str, list[tuple[float, int, int]]]:
+    """serve id -> (output_throughput, max_concurrency, GPUs) of each finished point."""
+    import json
+
+    out: dict[str, list[tuple[float, int, int]]] = {}
+    for p in points:
+        rec = json.loads((root / "out" / p.result_path).read_text())
+        out.setdefault(p.serve_id, []).append((rec["output_throughput"], rec["max_concurrency"],
+                                               int(p.serve_params["tensor_parallel_size"])))
+    return out
 
 
 def test_excluded_and_unplaceable_candidates_are_refused_with_the_reason(tmp_path):
@@ -257,25 +295,66 @@ def test_dry_run_shows_the_space_the_budget_and_the_first_candidates(tmp_path):
 
 
 @pytest.mark.vllm
-def test_a_real_vllm_tuning_campaign_killed_mid_way_then_resumed(tiny_model, tmp_path, monkeypatch):
-    """configs/tune-cpu.yaml (3 candidates of the tiny model) SIGKILLed once the first candidate's point is
-    done, then resumed: every candidate complete, the first one never run again."""
-    from test_vllm_integration import _killed_then_resumed
+def test_a_real_vllm_tuning_campaign_killed_mid_way_then_resumed(tiny_model, gpu_cluster, tmp_path, monkeypatch):
+    """configs/tune-cpu.yaml (3 candidates of the tiny model, one at a time) on the session's simulated cluster
+    (`raysweep run --address`): its driver SIGKILLed once the first candidate's point is done, every server
+    gone with it and every GPU free again; `raysweep resume` then completes every candidate, the first one
+    never run again."""
+    import os
+    import signal
+    import subprocess
 
+    from test_vllm_integration import MARK, REPO, _ours, _sha
+
+    from raysweep import procs
     from raysweep.ledger import Ledger
 
-    out = tmp_path / "tune"
-    first = _killed_then_resumed(tmp_path, "configs/tune-cpu.yaml", out, tiny_model,
-                                 lambda: len(list((out / "points").rglob("*.json"))) >= 1 if out.exists() else False,
-                                 300)
-    assert 1 <= len(first) < 3
+    data = yaml.safe_load((REPO / "configs/tune-cpu.yaml").read_text())
+    data["serve"]["env"][MARK] = str(tmp_path)     # marks the servers (and their children) as this test's
+    data["tune"]["parallel"] = 1
+    cfg, out = tmp_path / "tune.yaml", tmp_path / "tune"
+    cfg.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "RAYSWEEP_DEMO_MODEL": str(tiny_model), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1"}
+    cli = [sys.executable, "-m", "raysweep"]
+    with (tmp_path / "run.log").open("w") as log:
+        proc = subprocess.Popen([*cli, "run", str(cfg), "--output-dir", str(out), "--address", gpu_cluster.address],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def second_starting() -> bool:   # the first candidate's point is done and the next server is starting
+            return (out.exists() and len(list((out / "points").rglob("*.json"))) == 1
+                    and len(list((out / "logs").glob("server-*.log"))) >= 2 and bool(_ours(str(tmp_path))))
+
+        assert procs.wait_for(second_starting, 300, 0.2), \
+            (tmp_path / "run.log").read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = {p: _sha(p) for p in (out / "points").rglob("*.json")}
+    assert len(first) == 1
+    # the killed driver's servers go with it, and the cluster takes its GPUs back
+    import ray
+
+    assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60), f"left running: {_ours(str(tmp_path))}"
+    assert procs.wait_for(lambda: ray.available_resources().get("GPU", 0) == ray.cluster_resources()["GPU"], 60)
+    done = subprocess.run([*cli, "resume", str(out), "--address", gpu_cluster.address], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert not _ours(str(tmp_path)), "a server outlived the campaign"
+    assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
     led = Ledger.open_existing(out)
-    rows, points = led.candidates(), led.points()
+    rows, points, servers = led.candidates(), led.points(), led.servers()
     led.close()
     assert [r["state"] for r in rows] == ["complete"] * 3
     assert sorted(r["params"]["max_num_seqs"] for r in rows) == [2, 4, 8]
-    assert all(r["objective"][0] > 0 and r["gpu_s"] == 0 for r in rows)   # no GPU on this machine
+    assert all(r["objective"][0] > 0 and r["gpu_count"] == 1 and r["gpu_s"] > 0 for r in rows)
     assert len(points) == 3 and all(p.state == "done" and p.attempts == 1 for p in points)
+    # the server running at the kill is recorded lost, every other one stopped
+    assert {s.state for s in servers} <= {"stopped", "lost"} and 1 <= sum(s.state == "lost" for s in servers) <= 2
+    assert {s.serve_id for s in servers} == {r["serve_id"] for r in rows} and len(servers) == 4
     buf = wide(monkeypatch)
     res = CliRunner().invoke(main, ["tune", str(out)])
     assert res.exit_code == 0 and buf.getvalue().count("complete") == 3
