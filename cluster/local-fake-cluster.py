@@ -226,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{stop.signal_name} during start-up: stopping.", file=sys.stderr, flush=True)
             return 0
         address = cluster.address
+        # Ray records the address in <system temp>/ray/ray_current_cluster, which every Ray on this machine
+        # rewrites; the job supervisor resolves a job's RAY_ADDRESS from <temp dir>/ray_current_cluster, and
+        # without that file it joins any Ray it finds on the machine. Recorded here, jobs stay on this cluster.
+        write_text_atomic(os.path.join(args.temp_dir, "ray_current_cluster"), address)
         if args.address_file:
             write_text_atomic(args.address_file, address)
         print(describe(cluster, args), flush=True)
