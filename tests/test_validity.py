@@ -1,4 +1,5 @@
-"""The validity record of a point (pure checks), and one real-vLLM campaign that records it."""
+"""The validity record of a point (pure checks). The real demo campaign's records are checked in
+tests/test_vllm_integration.py (test_demo_campaign_killed_mid_run_then_resumed)."""
 
 from __future__ import annotations
 
@@ -125,80 +126,6 @@ def test_a_niced_server_is_warned_about_once_per_node(caplog):
 
 
 @pytest.mark.vllm
-def test_a_real_vllm_campaign_runs_at_nice_0_and_records_validity_and_provenance(tiny_model, tmp_path):
-    """One real `vllm serve` (CPU, eager) through `raysweep run` on an embedded Ray: the vllm process runs at
-    niceness 0 (read while it runs, and as recorded), its provenance is the installed vLLM, and every row
-    carries its validity record."""
-    import importlib.metadata
-    import os
-    import subprocess
-    import sys
-
-    import psutil
-    import yaml
-
-    from raysweep import procs
-    from raysweep.ledger import Ledger
-    from raysweep.results import results_table
-
-    out = tmp_path / "out"
-    campaign = {
-        "name": "validity", "output_dir": str(out), "runs": 1, "warmup": 0,
-        "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
-                         "--gpu-memory-utilization 0.2 --enforce-eager",
-                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"}, "ready_timeout_s": 300},
-        "bench": {"backend": "native",
-                  "cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 8 "
-                         "--max-concurrency 4 --random-input-len 32 --random-output-len 8 --temperature 0"},
-    }
-    f = tmp_path / "campaign.yaml"
-    f.write_text(yaml.safe_dump(campaign))
-    mark = f"validity-{tmp_path.name}"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_worker_niceness", "RAY_ADDRESS")}
-    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", VLLM_HOST_IP="127.0.0.1",
-               RAYSWEEP_TEST_MARK=mark)
-    proc = subprocess.Popen([sys.executable, "-m", "raysweep", "run", str(f)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    seen: dict[int, int] = {}
-
-    def vllm_nices() -> bool:
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get("RAYSWEEP_TEST_MARK") == mark and "serve" in p.cmdline() \
-                        and any("vllm" in a for a in p.cmdline()[:2]):
-                    seen[p.pid] = p.nice()
-            except psutil.Error:
-                continue
-        return bool(seen) or proc.poll() is not None
-
-    try:
-        procs.wait_for(vllm_nices, 240, 0.5)
-        output, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output[-3000:]
-    assert seen and set(seen.values()) == {0}, seen  # the real vllm process, read while it ran
-    df = results_table(out)
-    assert len(df) == 1
-    row = df.iloc[0]
-    assert row["server_nice"] == 0 and row["server_cpu_affinity"]
-    assert row["provenance_vllm"] == importlib.metadata.version("vllm")
-    assert row["provenance_model_path"] == str(tiny_model.resolve())
-    assert row["provenance_model_revision"].startswith("local config.json sha256:")
-    for col in ("validity_ok", "validity_issues", "shared_cpus", "error_rate", "client_limited",
-                "client_send_lag_p99_ms", "provenance_torch", "provenance_nccl", "provenance_gpu"):
-        assert col in df.columns, col
-    assert row["error_rate"] == 0.0 and "niced" not in (row["validity_issues"] or "")
-    led = Ledger.open_existing(out)
-    try:
-        [server] = led.servers()
-    finally:
-        led.close()
-    assert server.nice == "0" and server.provenance_record()["vllm"] == importlib.metadata.version("vllm")
-
-
 def test_numpy_booleans_count_like_pythons():
     import numpy as np
 

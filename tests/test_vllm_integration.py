@@ -50,13 +50,22 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _is_vllm_serve(p: psutil.Process) -> bool:
+    try:
+        argv = p.cmdline()
+    except psutil.Error:
+        return False
+    return "serve" in argv and any("vllm" in a for a in argv[:2])
+
+
 def _killed_then_resumed(tmp_path: Path, config: str, out: Path, tiny_model: Path,
                          kill_when: Callable[[], bool], limit_s: float) -> dict[Path, str]:
     """`raysweep run CONFIG` on its own embedded Ray, SIGKILLed once `kill_when()`; checks that the server and
     bench processes went with it, then `raysweep resume` must finish. Returns the hashes of the result files
     that existed at the kill."""
-    env = {**os.environ, "RAYSWEEP_DEMO_MODEL": str(tiny_model), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-           "RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)}
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_worker_niceness", "RAY_ADDRESS")}  # Ray's defaults
+    env.update({"RAYSWEEP_DEMO_MODEL": str(tiny_model), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                "RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)})
     cli = [sys.executable, "-m", "raysweep"]
     log = (tmp_path / "run.log").open("w")
     proc = subprocess.Popen([*cli, "run", str(REPO / config), "--output-dir", str(out)],
@@ -88,11 +97,30 @@ def _killed_then_resumed(tmp_path: Path, config: str, out: Path, tiny_model: Pat
 
 
 def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
+    """The demo, killed once its first server config is done and the second one's server is starting (so the
+    resume starts only the server it lost); every finished result survives and nothing is run twice. Its
+    `vllm serve` runs at niceness 0 (read while it runs, and as recorded, with Ray's default worker
+    niceness), its provenance is the installed vLLM, and every row carries its validity record."""
+    import importlib.metadata
+
     out = tmp_path / "demo"
-    first = _killed_then_resumed(tmp_path, "configs/demo-cpu.yaml", out, tiny_model,
-                                 lambda: len(list((out / "points").rglob("*.json"))) >= 3 if out.exists() else False,
-                                 420)
-    assert 3 <= len(first) < 36
+    nices: dict[int, int] = {}
+
+    def second_server_starting() -> bool:
+        if not nices:  # the first server's niceness, read from the running process
+            nices.update({p.pid: p.nice() for p in _ours(str(tmp_path)) if _is_vllm_serve(p)})
+        if not (out / "ledger.sqlite").exists():
+            return False
+        led = Ledger.open_existing(out)
+        try:
+            states = [s.state for s in led.servers()]
+        finally:
+            led.close()
+        return states.count("stopped") == 1 and states.count("starting") == 1
+
+    first = _killed_then_resumed(tmp_path, "configs/demo-cpu.yaml", out, tiny_model, second_server_starting, 420)
+    assert len(first) == 18  # the first server config's 2 shapes x 3 loads x 3 runs
+    assert nices and set(nices.values()) == {0}, nices
 
     led = Ledger.open_existing(out)
     points, servers = led.points(), led.servers()
@@ -128,6 +156,17 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     logs = list((out / "logs").glob("server-*.log"))
     assert logs and any("Application startup complete" in p.read_text() or "Started server process" in p.read_text()
                         for p in logs)
+    # the validity record and the provenance, as recorded by the servers that ran
+    assert (df["server_nice"] == 0).all() and df["server_cpu_affinity"].astype(bool).all()
+    assert set(df["provenance_vllm"]) == {importlib.metadata.version("vllm")}
+    assert set(df["provenance_model_path"]) == {str(tiny_model.resolve())}
+    assert df["provenance_model_revision"].str.startswith("local config.json sha256:").all()
+    for col in ("validity_ok", "validity_issues", "shared_cpus", "error_rate", "client_limited",
+                "client_send_lag_p99_ms", "provenance_torch", "provenance_nccl", "provenance_gpu"):
+        assert col in df.columns, col
+    assert set(df["error_rate"]) == {0.0} and not df["validity_issues"].fillna("").str.contains("niced").any()
+    assert all(s.nice == "0" and s.provenance_record()["vllm"] == importlib.metadata.version("vllm")
+               for s in servers if s.state == "stopped")
 
 
 def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, tmp_path):

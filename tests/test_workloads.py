@@ -398,7 +398,10 @@ def test_real_server_runs_sessions_a_trace_and_a_duration_point(gpu_cluster, vll
                      "--multi-turn-turns", "3", "--random-input-len", "150", "--random-output-len", "4",
                      "--max-concurrency", "2", "--ignore-eos"],
         "trace": ["--dataset-name", "timed_trace", "--dataset-path", str(trace), "--ignore-eos"],
-        "duration": ["--random-input-len", "16", "--random-output-len", "4", "--max-concurrency", "2",
+        # With the tiny model, the engine holds a request for only a third or so of its time in flight (HTTP,
+        # tokenizing and streaming take the rest), so at concurrency 2 its running-requests gauge often
+        # reads 0; at 8 the engine always holds some, and the gauge's samples must show them.
+        "duration": ["--random-input-len", "16", "--random-output-len", "16", "--max-concurrency", "8",
                      "--num-prompts", "4", "--duration", "2", "--timeseries-interval", "0.5"],
     }
     nb = NativeBench(cpus=0.5)
