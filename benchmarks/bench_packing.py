@@ -18,9 +18,14 @@ count first, remaining work only breaking ties; the same best fit), and prints t
 first configuration in order that does not fit has waited 300 s, the nodes with the most free GPUs are
 held for it: nothing else starts there) and "exact-lpt", an oracle that knows every configuration's true
 duration and starts the longest first (the same best fit): what any order could gain against this bound.
+`--estimates` runs `choose_starts` fed estimated seconds instead of points, with the running configurations'
+estimated time left, so that the first configuration that does not fit holds the nodes where it will fit
+soonest (`Estimated`): estimates from what this campaign has measured so far ("est-campaign"), from an
+earlier campaign's ledger of the same configurations with per-point times off by up to 10, 20 or 40 %
+("est-history-N%"), and the true durations ("exact+hold", an oracle).
 
     .venv/bin/python benchmarks/bench_packing.py [--seed N] [--seeds 20] [--quick] [--compare] [--safeguards]
-                                                 [--json FILE]
+                                                 [--estimates] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.campaign import NodeRule
-from raysweep.placement import Demand, Layout, NodeInfo, choose_starts, eligible_nodes, fit_nodes, layout_for
+from raysweep.placement import Busy, Demand, Layout, NodeInfo, choose_starts, eligible_nodes, fit_nodes, layout_for
 from raysweep.plan import Shape
 
 Policy = Callable[[list[Demand], dict[str, int]], list[tuple[Demand, list[str]]]]
@@ -66,6 +71,8 @@ class Config:
     shape: Shape
     points: int
     duration_s: float  # modeled server start + points x point time; unknown to the policy
+    start_s: float = 0.0  # its server start, and the time of each of its points (duration_s is their sum)
+    point_s: float = 0.0
 
 
 SCENARIOS = (
@@ -131,8 +138,94 @@ class ExactLpt:
         return _first_fit(sorted(demands, key=lambda d: -self.duration[d.key]), free)
 
 
+class Estimated:
+    """choose_starts fed estimated seconds instead of points, and the running configurations' estimated time
+    left (`busy`), so the first configuration that does not fit holds the nodes where it fits soonest.
+
+    Where the estimates come from (`source`):
+    - "campaign": only what this campaign has measured by now, as the driver could read it from its ledger:
+      the server starts seen so far, and the point times of every finished point, averaged per GPU count
+      (then over all sizes while a size has none). A running configuration with a finished point uses its
+      own point time. Before the first point ends the estimates are points (1 s a point, no start).
+    - "history": a ledger of an earlier campaign of the same configurations: each one's point time as it was
+      then, off by up to `spread` (uniform); server starts averaged (this campaign's once seen, the earlier
+      campaign's before). A running configuration with a finished point uses its own point time.
+    - "exact": an oracle, the true remaining durations.
+    """
+
+    def __init__(self, source: str, spread: float = 0.0) -> None:
+        self.source, self.spread = source, spread
+        self.now = 0.0
+        self.configs: dict[str, Config] = {}
+        self.started: dict[str, tuple[float, list[str]]] = {}  # key: start time, node ids (running or ended)
+        self.layouts: dict[str, Layout] = {}
+        self.earlier: dict[str, tuple[float, float]] = {}  # history: key -> (start, point time) then
+
+    def bind(self, configs: list[Config], layouts: dict[str, Layout], seed: int) -> None:
+        rng = random.Random(seed * 7919 + 1)
+        self.configs, self.layouts, self.started = {c.key: c for c in configs}, layouts, {}
+        self.earlier = {c.key: (rng.uniform(60, 180), c.point_s * rng.uniform(1 - self.spread, 1 + self.spread))
+                        for c in configs}
+
+    def __call__(self, demands: list[Demand], free: dict[str, int]) -> list[tuple[Demand, list[str]]]:
+        per_size, starts, own = self._measured()
+        every = [t for ts in per_size.values() for t in ts]
+
+        def point_s(key: str) -> float:
+            if self.source == "history":
+                return self.earlier[key][1]
+            ts = per_size.get(self.layouts[key].gpu_count) or every
+            return statistics.fmean(ts) if ts else 1.0
+
+        if self.source == "history":  # server starts: this campaign's once seen, the earlier campaign's before
+            start_s = statistics.fmean(starts or [t for t, _ in self.earlier.values()])
+        else:
+            start_s = statistics.fmean(starts) if starts and every else 0.0
+
+        def waiting(key: str) -> float:
+            c = self.configs[key]
+            if self.source == "exact":
+                return c.duration_s
+            return start_s + c.points * point_s(key)
+
+        def left(key: str, t0: float) -> float:
+            c = self.configs[key]
+            if self.source == "exact" or key in own:
+                return t0 + c.duration_s - self.now
+            if self.now >= t0 + c.start_s:
+                return t0 + c.start_s + c.points * point_s(key) - self.now
+            return t0 + max(waiting(key) - c.points * point_s(key), self.now - t0) + c.points * point_s(key) - self.now
+
+        busy = [Busy(tuple(ids), self.layouts[k].gpus_per_node, max(0.0, left(k, t0)))
+                for k, (t0, ids) in self.started.items() if t0 + self.configs[k].duration_s > self.now]
+        ds = [Demand(d.key, d.layout, d.eligible, waiting(d.key)) for d in demands]
+        return choose_starts(ds, free, busy=busy)
+
+    def _measured(self) -> tuple[dict[int, list[float]], list[float], set[str]]:
+        """By now: point times of finished points per GPU count, server starts, configurations with a point."""
+        per_size: dict[int, list[float]] = {}
+        starts, own = [], set()
+        for k, (t0, _) in self.started.items():
+            c = self.configs[k]
+            if self.now < t0 + c.start_s:
+                continue
+            starts.append(c.start_s)
+            done = min(c.points, int((self.now - t0 - c.start_s) // c.point_s))
+            if done > 0:
+                per_size.setdefault(self.layouts[k].gpu_count, []).extend([c.point_s] * done)
+                own.add(k)
+        return per_size, starts, own
+
+
 POLICIES: dict[str, Policy] = {"choose_starts": choose_starts, "gpu-count-first": gpu_count_first}
 SAFEGUARDS: dict[str, Callable[[], Policy]] = {"reserve-300s": lambda: ReserveAfter(300.0), "exact-lpt": ExactLpt}
+ESTIMATES: dict[str, Callable[[], Policy]] = {
+    "est-campaign+hold": lambda: Estimated("campaign"),
+    "est-history-20%+hold": lambda: Estimated("history", 0.2),
+    "est-history-10%+hold": lambda: Estimated("history", 0.1),
+    "est-history-40%+hold": lambda: Estimated("history", 0.4),
+    "exact+hold": lambda: Estimated("exact"),
+}
 
 
 def make_nodes(sc: Scenario) -> list[NodeInfo]:
@@ -151,7 +244,8 @@ def make_campaign(sc: Scenario, seed: int) -> list[Config]:
     for i, gpus in enumerate(sizes):
         points = sc.long_points if i == long_at else rng.randint(*sc.points)
         point_s = 40.0 * (1 + math.log2(gpus) / 4) * rng.uniform(0.5, 1.5)  # bigger models: slower points
-        out.append(Config(f"c{i:03d}", rng.choice(SHAPES[gpus]), points, rng.uniform(60, 180) + points * point_s))
+        shape, start_s = rng.choice(SHAPES[gpus]), rng.uniform(60, 180)
+        out.append(Config(f"c{i:03d}", shape, points, start_s + points * point_s, start_s, point_s))
     return out
 
 
@@ -163,11 +257,14 @@ def layout_of(c: Config, nodes: list[NodeInfo]) -> Layout:
     raise ValueError(f"{c.key} ({c.shape.describe()}) cannot be placed: {lay}")
 
 
-def simulate(configs: list[Config], nodes: list[NodeInfo], policy: Policy = choose_starts) -> tuple[float, float]:
+def simulate(configs: list[Config], nodes: list[NodeInfo], policy: Policy = choose_starts,
+             seed: int = 0) -> tuple[float, float]:
     """Run the campaign under `policy`; return its makespan and the time of its last start, in seconds."""
     layouts = {c.key: layout_of(c, nodes) for c in configs}
     if isinstance(policy, ExactLpt):
         policy.duration = {c.key: c.duration_s for c in configs}
+    if isinstance(policy, Estimated):
+        policy.bind(configs, layouts, seed)
     eligible = tuple(n.node_id for n in eligible_nodes(RULE, nodes))
     waiting = {c.key: c for c in configs}
     running: list[tuple[float, str, list[str]]] = []  # heap of (end time, key, node ids)
@@ -178,10 +275,12 @@ def simulate(configs: list[Config], nodes: list[NodeInfo], policy: Policy = choo
             for n in ids:
                 free[n] -= layouts[key].gpus_per_node
         demands = [Demand(k, layouts[k], eligible, float(c.points)) for k, c in waiting.items()]
-        if isinstance(policy, ReserveAfter):
+        if isinstance(policy, (ReserveAfter, Estimated)):
             policy.now = now
         for d, ids in policy(demands, free):
             last_start = now
+            if isinstance(policy, Estimated):
+                policy.started[d.key] = (now, ids)
             heapq.heappush(running, (now + waiting.pop(d.key).duration_s, d.key, ids))
         if not running:
             raise RuntimeError(f"policy started nothing on an idle cluster; {len(waiting)} configs left")
@@ -197,7 +296,7 @@ def measure(sc: Scenario, seed: int, policy: Policy = choose_starts) -> dict[str
     gpus = sc.nodes * sc.gpus_per_node
     gpu_s = sum(c.shape.gpu_count * c.duration_s for c in configs)
     bound = max(gpu_s / gpus, max(c.duration_s for c in configs))
-    (makespan, last_start), sequential = simulate(configs, nodes, policy), sum(c.duration_s for c in configs)
+    (makespan, last_start), sequential = simulate(configs, nodes, policy, seed), sum(c.duration_s for c in configs)
     return {"seed": seed, "makespan_s": makespan, "lower_bound_s": bound, "ratio": makespan / bound,
             "utilisation": gpu_s / (gpus * makespan), "drain_s": makespan - last_start, "sequential_s": sequential,
             "sequential_ratio": sequential / bound, "sequential_utilisation": gpu_s / (gpus * sequential)}
@@ -248,12 +347,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="5 seeds instead of --seeds")
     ap.add_argument("--compare", action="store_true", help="also run the previous order, gpu-count-first")
     ap.add_argument("--safeguards", action="store_true", help="also run reserve-300s and the exact-lpt oracle")
+    ap.add_argument("--estimates", action="store_true",
+                    help="also run choose_starts fed estimated seconds and holding nodes (Estimated)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write every figure to FILE as JSON")
     args = ap.parse_args()
     n_seeds = min(args.seeds, 5) if args.quick else args.seeds
     policies = dict(POLICIES) if args.compare else {"choose_starts": choose_starts}
     if args.safeguards:
         policies.update({name: make() for name, make in SAFEGUARDS.items()})
+    if args.estimates:
+        policies.update({name: make() for name, make in ESTIMATES.items()})
     by_policy = {name: [run_scenario(sc, sc.seed if args.seed is None else args.seed, n_seeds, policy)
                         for sc in SCENARIOS] for name, policy in policies.items()}
     for name, results in by_policy.items():

@@ -11,8 +11,12 @@ with each client, so that it is always clear which client a figure comes from:
 raysweep's Ray workers run at niceness 0 (`RAY_worker_niceness=0`), as the servers vLLM's sweep starts do.
 
 Reported: the wall time of each tool and where it went, the medians per (server config, bench point) of
-request and output throughput and median TTFT and TPOT, and the ratios to vLLM's sweep. Prints Markdown
-and writes benchmarks/results/vs_vllm_sweep-<order>.md.
+request and output throughput and median TTFT and TPOT, and the ratios to vLLM's sweep. Also where each
+tool's CPU time went: every process of the tool's tree is sampled every 0.5 s and its CPU seconds are
+counted as the server's (`vllm serve` and its engine), the clients' (`vllm bench serve`, raysweep's client
+actors) or the rest (vLLM's sweep driver; raysweep's driver, Ray's GCS, raylet, agents and idle workers).
+On 2 shared cores, CPU the rest takes is CPU the server does not get. Prints Markdown and writes
+benchmarks/results/vs_vllm_sweep-<order>.md.
 
     .venv/bin/python benchmarks/bench_vs_vllm_sweep.py [--order vllm-first|raysweep-first] [--tools ...]
 """
@@ -28,10 +32,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,20 +64,100 @@ def _medians(runs: list[dict[str, Any]]) -> dict[tuple[int, int, int], dict[str,
             for k, rs in sorted(by.items())}
 
 
+def _kind(argv: list[str]) -> str | None:
+    """`server` or `client` for the processes that start those trees; None for anything else."""
+    if argv and argv[0].startswith(("ray::NativeClient", "ray::Dispenser", "ray::CommandClient")):
+        return "client"
+    head = " ".join(argv[:3])
+    if "vllm" in head and "bench" in argv[:4] and "serve" in argv[:4]:
+        return "client"
+    if "vllm" in head and "serve" in argv[:3] and "bench" not in argv[:4]:
+        return "server"
+    return None
+
+
+class CpuSampler:
+    """CPU seconds of every process under `root`, by kind (server, client, rest), sampled every `every` s: a
+    process's last sample counts, so one that ends between samples loses at most `every` s of its time."""
+
+    def __init__(self, root: int, every: float = 0.5) -> None:
+        self.root, self.every = root, every
+        self.seen: dict[tuple[int, float], tuple[str, float]] = {}
+        self.kinds: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.every)
+
+    def sample(self) -> None:
+        try:
+            root = psutil.Process(self.root)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                self.seen[(p.pid, p.create_time())] = (self._kind_of(p), t.user + t.system)
+            except psutil.Error:
+                continue
+
+    def _kind_of(self, p: psutil.Process) -> str:
+        """A process's kind, else its parent's (server and client trees), else rest. Ray workers are read
+        again every time: an idle worker becomes an actor's."""
+        if p.pid in self.kinds:
+            return self.kinds[p.pid]
+        argv = p.cmdline()
+        kind = _kind(argv)
+        if kind is None:
+            parent = p.parent()
+            kind = "rest" if parent is None or parent.pid == self.root else self._kind_of(parent)
+            kind = kind if kind in ("server", "client") else "rest"
+        if not (argv and argv[0].startswith("ray::")):
+            self.kinds[p.pid] = kind
+        return kind
+
+    def totals(self) -> dict[str, float]:
+        out = {"server": 0.0, "client": 0.0, "rest": 0.0}
+        for kind, cpu in self.seen.values():
+            out[kind] += cpu
+        return out
+
+
+def _cpu_fields(cpu: dict[str, float], wall: float) -> dict[str, Any]:
+    return {"cpu_server_s": cpu["server"], "cpu_client_s": cpu["client"], "cpu_rest_s": cpu["rest"],
+            "rest_cores": cpu["rest"] / wall}
+
+
 def run_vllm_sweep(model: Path, work: Path, env: dict[str, str]) -> dict[str, Any]:
     port = 18431
     t0 = time.monotonic()
-    subprocess.run([str(BIN / "vllm"), "bench", "sweep", "serve",
-                    "--serve-cmd", f"{BIN / 'vllm'} serve {model} {SERVE} --host 127.0.0.1 --port {port}",
-                    "--bench-cmd", f"{BIN / 'vllm'} bench serve --model {model} {BENCH} --host 127.0.0.1 --port {port}",
-                    "--serve-params", str(SERVE_PARAMS), "--bench-params", str(BENCH_PARAMS),
-                    "--num-runs", "2", "-o", str(work), "-e", "vllm"],
-                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=(work / "vllm-sweep.log").open("w"))
+    with subprocess.Popen([str(BIN / "vllm"), "bench", "sweep", "serve",
+                           "--serve-cmd", f"{BIN / 'vllm'} serve {model} {SERVE} --host 127.0.0.1 --port {port}",
+                           "--bench-cmd", f"{BIN / 'vllm'} bench serve --model {model} {BENCH} --host 127.0.0.1 "
+                                          f"--port {port}",
+                           "--serve-params", str(SERVE_PARAMS), "--bench-params", str(BENCH_PARAMS),
+                           "--num-runs", "2", "-o", str(work), "-e", "vllm"],
+                          env=env, stdout=subprocess.DEVNULL, stderr=(work / "vllm-sweep.log").open("w")) as proc, \
+            CpuSampler(proc.pid) as cpu:
+        if proc.wait():
+            raise subprocess.CalledProcessError(proc.returncode, "vllm bench sweep serve")
     wall = time.monotonic() - t0
     runs = [json.loads(p.read_text()) for p in (work / "vllm").rglob("run=*.json")]  # with the overrides
     bench = sum(r["duration"] for r in runs)
     return {"wall_s": wall, "runs": len(runs), "benchmarks_s": bench, "other_s": wall - bench,
-            "points": _medians(runs)}
+            "points": _medians(runs), **_cpu_fields(cpu.totals(), wall)}
 
 
 def run_raysweep(model: Path, work: Path, env: dict[str, str], backend: str) -> dict[str, Any]:
@@ -86,8 +172,10 @@ def run_raysweep(model: Path, work: Path, env: dict[str, str], backend: str) -> 
     f = work / f"campaign-{backend}.yaml"
     f.write_text(yaml.safe_dump(campaign))
     t0 = time.monotonic()
-    subprocess.run([str(BIN / "raysweep"), "run", str(f)], env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=(work / f"raysweep-{backend}.log").open("w"))
+    with subprocess.Popen([str(BIN / "raysweep"), "run", str(f)], env=env, stdout=subprocess.DEVNULL,
+                          stderr=(work / f"raysweep-{backend}.log").open("w")) as proc, CpuSampler(proc.pid) as cpu:
+        if proc.wait():
+            raise subprocess.CalledProcessError(proc.returncode, "raysweep run")
     wall = time.monotonic() - t0
     db = sqlite3.connect(out / "ledger.sqlite")
     servers = db.execute("SELECT started_at, ready_at FROM servers").fetchall()
@@ -100,7 +188,8 @@ def run_raysweep(model: Path, work: Path, env: dict[str, str], backend: str) -> 
     return {"wall_s": wall, "runs": len(runs), "benchmarks_s": bench, "server_starts_s": server_start,
             "bench_client_overhead_s": bench_procs, "ray_and_cli_s": wall - driver_span,
             "other_s": wall - bench - server_start - bench_procs, "points": _medians(runs),
-            "client_limited_runs": sum(1 for r in runs if r.get("client_limited"))}
+            "client_limited_runs": sum(1 for r in runs if r.get("client_limited")),
+            **_cpu_fields(cpu.totals(), wall)}
 
 
 def _fmt(x: Any) -> str:
@@ -115,8 +204,10 @@ def report(results: dict[str, dict[str, Any]], order: str) -> str:
              "order of the columns.", "",
              "| seconds | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for key in ("wall_s", "runs", "benchmarks_s", "server_starts_s", "bench_client_overhead_s", "ray_and_cli_s",
-                "other_s", "client_limited_runs"):
-        lines.append(f"| {key} | " + " | ".join(_fmt(results[n].get(key)) for n in names) + " |")
+                "other_s", "client_limited_runs", "cpu_server_s", "cpu_client_s", "cpu_rest_s", "rest_cores"):
+        cells = [f"{v:.2f}" if key == "rest_cores" and v is not None else _fmt(v)
+                 for v in (results[n].get(key) for n in names)]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     base = results.get(VLLM)
     if base:
         lines += [""] + [f"Wall time {n} / vllm sweep: **{results[n]['wall_s'] / base['wall_s']:.2f}**"

@@ -17,6 +17,9 @@ with the most work left first (remaining points), the largest shapes first among
 grids, largest first), each on the nodes it fits most tightly (best fit, which keeps whole nodes free
 for the large ones), smaller ones filling the gaps. Work first keeps a long small configuration from
 being left alone on an emptying cluster at the end (benchmarks/results/packing.md measures both orders).
+Given estimated seconds and the running configurations' time left (`Busy`), it also holds nodes for the
+first configuration that does not fit (benchmarks/results/packing-estimates.md: this needs accurate
+per-configuration durations to pay off).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from raysweep.campaign import NodeRule
 from raysweep.plan import ServeConfig, Shape
 
-__all__ = ["HOST_CPUS", "NODE_ID_LABEL", "Demand", "Layout", "NodeInfo", "NotPlaced", "Reservation",
+__all__ = ["HOST_CPUS", "NODE_ID_LABEL", "Busy", "Demand", "Layout", "NodeInfo", "NotPlaced", "Reservation",
            "actor_options", "bundles_for", "rule_text", "choose_starts", "cluster_nodes", "eligible_nodes", "fit_nodes",
            "has_gpus", "layout_for", "local_nodes", "release", "reserve"]
 
@@ -85,6 +88,16 @@ class Demand:
     layout: Layout
     eligible: tuple[str, ...]   # node ids it may use, in cluster order
     work: float = 1.0           # remaining work (points): who goes first
+
+
+@dataclass(frozen=True)
+class Busy:
+    """A running configuration as the packer sees it: its nodes, its GPUs on each, and its estimated time
+    left (the unit of `Demand.work`)."""
+
+    nodes: tuple[str, ...]
+    gpus_per_node: int
+    left: float
 
 
 class NotPlaced(RuntimeError):
@@ -237,23 +250,47 @@ def fit_nodes(layout: Layout, eligible: Iterable[str], free: dict[str, int]) -> 
     return room[:layout.nnodes]
 
 
-def choose_starts(demands: list[Demand], free: dict[str, int], slots: int | None = None) -> list[tuple[Demand, list[str]]]:
+def choose_starts(demands: list[Demand], free: dict[str, int], slots: int | None = None,
+                  busy: list[Busy] | None = None) -> list[tuple[Demand, list[str]]]:
     """Which waiting configurations to start now, and on which nodes: most work first, largest shapes first
     among equals, then gap filling.
 
     `free` is GPUs free per node (updated in place); `slots` caps how many may start (None: no cap).
+    `busy`, the running configurations with their estimated time left (the unit of `Demand.work`, which
+    is then estimated time too), turns on a reservation: the first configuration in order that does not
+    fit holds the nodes where it will fit soonest, and a later one may use those nodes only if its work
+    ends before then. Without `busy` every gap is filled.
     """
-    chosen = []
+    chosen: list[tuple[Demand, list[str]]] = []
+    held: set[str] = set()
+    until: float | None = None
     for d in sorted(demands, key=lambda d: (-d.work, -d.layout.gpu_count)):
         if slots is not None and len(chosen) >= slots:
             break
-        nodes = fit_nodes(d.layout, d.eligible, free)
+        nodes = fit_nodes(d.layout, [n for n in d.eligible if n not in held], free)
+        if nodes is None and until is not None and d.work <= until:
+            nodes = fit_nodes(d.layout, d.eligible, free)
         if nodes is None:
+            if busy is not None and until is None:
+                until, held = _soonest_fit(d, free, busy + [Busy(tuple(n), c.layout.gpus_per_node, c.work)
+                                                            for c, n in chosen])
             continue
         for n in nodes:
             free[n] -= d.layout.gpus_per_node
         chosen.append((d, nodes))
     return chosen
+
+
+def _soonest_fit(d: Demand, free: dict[str, int], busy: list[Busy]) -> tuple[float | None, set[str]]:
+    """When a configuration that does not fit now will fit as the busy ones end, and on which nodes."""
+    room = dict(free)
+    for b in sorted(busy, key=lambda b: b.left):
+        for n in b.nodes:
+            room[n] = room.get(n, 0) + b.gpus_per_node
+        nodes = fit_nodes(d.layout, d.eligible, room)
+        if nodes is not None:
+            return b.left, set(nodes)
+    return None, set()
 
 
 # ---------------------------------------------------------------------------------------------------

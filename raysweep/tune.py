@@ -8,7 +8,8 @@ or the SLA capacity its searches found) is told to the sampler. Candidates run t
 points first; with early stopping (successive halving, asynchronous) one that ranks outside the best 1/eta
 of its peers at a rung is stopped and its GPUs go to the next candidate. With two objectives (Pareto), each
 bench point of a candidate is one point of the trade-off: the sampler learns every one, candidates run both
-ends of the load first, and one whose every point is dominated by other candidates' points at a rung stops.
+ends of the load first, and one whose every point is dominated by other candidates' points at a rung stops;
+the end of the budget goes to configurations one step from those on or near the front.
 
 Every candidate is a ledger row (`candidates`: number, parameters, state, objective, rung values, reason,
 GPU-seconds); a resumed campaign rebuilds the plan and the sampler from those rows, so no finished
@@ -42,7 +43,8 @@ from raysweep.plan import Plan, PointRun, ServeConfig, make_serve, serve_points
 from raysweep.workload import EventSink, Workload
 
 __all__ = ["STATES", "TuneWork", "TunedCluster", "Tuner", "candidate_serve", "check_tune", "distribution", "refusal",
-           "dry_run_estimate", "dry_run_lines", "leaderboard", "pareto_front", "report_section", "restore_plan", "rung_sizes"]
+           "beaten", "dry_run_estimate", "dry_run_lines", "hypervolume", "leaderboard", "pareto_front", "report_section",
+           "restore_plan", "rung_sizes"]
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -52,6 +54,12 @@ SHAPE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_s
 SLA_CAPACITY = "sla_capacity"
 MAX_ASKS = 50      # proposals in a row that bring nothing new before the sampler counts as exhausted
 GRID_LIMIT = 100_000
+# Pareto: a bench point is beaten only by one that stays better when it is this much better (the noise of one
+# measurement is a few %); the last POLISH_SHARE of the budget goes to neighbours of the configurations whose
+# points, each LIFT better, would add to the front
+FRONT_MARGIN = 0.03
+POLISH_SHARE = 0.15
+LIFT = 0.03
 
 # ---------------------------------------------------------------------------------------------------
 # The space and its checks
@@ -208,12 +216,31 @@ class Tuner:
         self.grid_size = math.prod(len(_grid_values(d, k)) for k, d in self.dists.items()) \
             if t.sampler == "grid" else None
 
-    def ask(self) -> tuple[int, dict[str, Any]]:
-        """A new trial: its study number and its parameters."""
+    def ask(self, params: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """A new trial: its study number and its parameters (`params` when given, else the sampler's)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if params is not None:
+                self.study.enqueue_trial(self._ranked(params))
             trial = self.study.ask(self.search)
         return trial.number, {k: self.scales[k][v] if k in self.scales else v for k, v in trial.params.items()}
+
+    def _ranked(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {k: self.scales[k].index(v) if k in self.scales and v in self.scales[k] else v
+                for k, v in params.items() if k in self.search}
+
+    def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The configurations one step away from `params` in one dimension: the next value up and down of an
+        ordered scale (a quarter of a range), every other value of unordered choices. Unordered choices come
+        first: the sampler cannot learn them from neighbouring values, as it does an ordered scale."""
+        out = []
+        for key, d in self.dists.items():
+            if key not in params:
+                continue
+            ordered = key in self.scales or not isinstance(d, CategoricalDistribution)
+            for v in _steps_from(self.scales.get(key), d, params[key]):
+                out.append((ordered, len(out), {**params, key: v}))
+        return [p for _, _, p in sorted(out, key=lambda x: x[:2])]
 
     def tell(self, trial: int, state: str, values: list[float] | None = None,
              rungs: dict[str, float | None] | None = None) -> None:
@@ -261,9 +288,7 @@ class Tuner:
         st = _TO_OPTUNA[state]
         if st == TrialState.PRUNED and not self.single:
             st = TrialState.FAIL
-        ranked = {k: self.scales[k].index(v) if k in self.scales and v in self.scales[k] else v
-                  for k, v in params.items() if k in self.search}
-        kwargs: dict[str, Any] = {"params": ranked, "distributions": self.search, "state": st}
+        kwargs: dict[str, Any] = {"params": self._ranked(params), "distributions": self.search, "state": st}
         if st == TrialState.COMPLETE:
             kwargs["values"] = values
         if st == TrialState.PRUNED:
@@ -272,6 +297,31 @@ class Tuner:
             warnings.simplefilter("ignore")
             self.study.add_trial(create_trial(**kwargs))
         return self.study.trials[-1].number
+
+
+def _steps_from(scale: list[Any] | None, d: BaseDistribution, v: Any) -> list[Any]:
+    """The values one step from v in one dimension (see `Tuner.neighbours`)."""
+    if scale is not None:
+        i = scale.index(v) if v in scale else None
+        return [] if i is None else [scale[j] for j in (i - 1, i + 1) if 0 <= j < len(scale)]
+    if isinstance(d, CategoricalDistribution):
+        return [c for c in d.choices if repr(c) != repr(v)]
+    if not isinstance(d, (IntDistribution, FloatDistribution)) or not isinstance(v, (int, float)):
+        return []
+    if d.log:
+        f = (d.high / d.low) ** 0.25
+        near = [v / f, v * f]
+    else:
+        near = [v - (d.high - d.low) / 4, v + (d.high - d.low) / 4]
+    out = []
+    for w in near:
+        w = min(d.high, max(d.low, w))
+        if d.step is not None:
+            w = d.low + round((w - d.low) / d.step) * d.step
+        w = int(round(w)) if isinstance(d, IntDistribution) else float(w)
+        if w != v and w not in out:
+            out.append(w)
+    return out
 
 
 def _steps(rungs: dict[str, float | None] | None) -> list[tuple[int, float]]:
@@ -361,6 +411,7 @@ class TuneWork(Workload):
         self.exhausted: str | None = None
         self._records: dict[str, dict[str, Any]] = {}
         self.refused: set[str] = set()  # configurations refused once: a proposal of one again is not recorded
+        self.polished: dict[int, int] = {}  # candidate -> the front configuration it is one step from
         self.t0 = clock()
         self._restore()
 
@@ -607,7 +658,7 @@ class TuneWork(Workload):
             mine = self._points(cand, order[:r])
             others = [q for c in self.cands.values() if c is not cand and c.state != "refused"
                       for q in self._points(c)]
-            alive = [p for p in mine if not any(_dominates(q, p, dirs) for q in others)]
+            alive = [p for p in mine if not beaten(p, others, dirs, FRONT_MARGIN)]
             cand.rungs[str(r)] = float(len(alive))
             self._save(cand)
             peers = sum(1 for c in self.cands.values() if c is not cand and str(r) in c.rungs)
@@ -683,8 +734,54 @@ class TuneWork(Workload):
                 return
             misses = 0 if self._new_candidate() else misses + 1
 
+    def _polishing(self) -> bool:
+        """Pareto: the last POLISH_SHARE of the budget (of whichever limit is nearest) goes to neighbours of
+        the configurations on or near the front, instead of the sampler's proposals."""
+        if not self._by_points() or POLISH_SHARE <= 0 or self.t.sampler == "grid":
+            return False
+        b, spent = self.t.budget, []
+        if b.candidates is not None:
+            spent.append(sum(1 for c in self.cands.values() if c.state != "refused") / b.candidates)
+        if b.gpu_hours is not None:
+            spent.append((self.gpu_hours() + self._committed_hours()) / b.gpu_hours)
+        if b.wall_hours is not None:
+            spent.append((self.clock() - self.t0) / 3600 / b.wall_hours)
+        return max(spent, default=0.0) >= 1 - POLISH_SHARE
+
+    def front_owners(self) -> list[tuple[Candidate, float]]:
+        """The candidates whose bench points, each LIFT better, would add to the hypervolume of every point
+        run (those on or near the front), with what they would add, the most first."""
+        dirs = [o.direction for o in self.objectives]
+        pts = [(c, p) for c in self.cands.values() if c.state != "refused" for p in self._points(c)]
+        if not pts:
+            return []
+        every = [p for _, p in pts]
+        worst = [min(v) if d == "maximize" else max(v) for v, d in zip(zip(*every), dirs)]
+        whole = hypervolume(every, dirs, worst)
+        gain: dict[int, float] = {}
+        for c in {id(c): c for c, _ in pts}.values():
+            mine = [_lifted(p, dirs, LIFT) for p in self._points(c)]
+            g = hypervolume(every + mine, dirs, worst) - whole
+            if g > 0:
+                gain[c.number] = g
+        return sorted(((self.cands[n], g) for n, g in gain.items()), key=lambda x: (-x[1], x[0].number))
+
+    def polish_next(self) -> tuple[Candidate, dict[str, Any]] | None:
+        """The next neighbour not tried yet of a configuration on or near the front, and that configuration:
+        the one whose lifted points add the most, divided by one more than its neighbours tried so far."""
+        best: tuple[float, Candidate, dict[str, Any]] | None = None
+        for owner, gain in self.front_owners():
+            near = self.tuner.neighbours(owner.params)
+            ids = [candidate_serve(self.plan.spec, p).id for p in near]
+            left = [p for p, sid in zip(near, ids) if sid not in self.by_serve and sid not in self.refused]
+            score = gain / (1 + len(near) - len(left))
+            if left and (best is None or score > best[0]):
+                best = (score, owner, left[0])
+        return None if best is None else best[1:]
+
     def _new_candidate(self) -> bool:
-        trial, params = self.tuner.ask()
+        polish = self.polish_next() if self._polishing() else None
+        trial, params = self.tuner.ask(polish[1] if polish else None)
         serve = candidate_serve(self.plan.spec, params)
         if serve.id in self.refused:
             self.tuner.tell(trial, "refused")
@@ -719,6 +816,9 @@ class TuneWork(Workload):
         self.by_serve[serve.id] = cand
         self._save(cand)
         log.info("candidate %d: %s (%s)", number, serve.label, serve.shape.describe())
+        if polish:
+            self.polished[number] = polish[0].number
+            log.info("candidate %d: one step from candidate %d, on or near the front", number, polish[0].number)
         self.emit("candidate_start", number=number, serve=serve, points=len(points))
         return True
 
@@ -789,6 +889,30 @@ def _dominates(q: Sequence[float], p: Sequence[float], directions: Sequence[str]
     """q is at least as good as p in both objectives, and not the same point."""
     sign = [1 if d == "maximize" else -1 for d in directions]
     return all(a * s >= b * s for a, b, s in zip(q, p, sign)) and list(q) != list(p)
+
+
+def _lifted(p: Sequence[float], directions: Sequence[str], margin: float) -> list[float]:
+    """p made `margin` (a fraction of each value) better in each objective: larger when maximized, else smaller."""
+    return [v + abs(v) * margin if d == "maximize" else v - abs(v) * margin for v, d in zip(p, directions)]
+
+
+def beaten(p: Sequence[float], others: Sequence[Sequence[float]], directions: Sequence[str], margin: float) -> bool:
+    """Some point of `others` dominates p even when p is `margin` better in each objective."""
+    lifted = _lifted(p, directions, margin)
+    return any(_dominates(q, lifted, directions) for q in others)
+
+
+def hypervolume(points: Sequence[Sequence[float]], directions: Sequence[str], ref: Sequence[float]) -> float:
+    """The area two-objective points dominate, bounded by the reference point `ref`."""
+    sx, sy = (1 if d == "maximize" else -1 for d in directions)
+    flat = [(sx * (p[0] - ref[0]), sy * (p[1] - ref[1])) for p in points]  # both maximized from (0, 0)
+    flat = [q for q in flat if q[0] > 0 and q[1] > 0]
+    area, top = 0.0, 0.0
+    for x, y in sorted(flat, reverse=True):
+        if y > top:
+            area += x * (y - top)
+            top = y
+    return area
 
 
 def pareto_front(points: list[tuple[float, float]], directions: Sequence[str]) -> list[int]:

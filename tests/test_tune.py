@@ -19,7 +19,8 @@ from raysweep.cli import main
 from raysweep.driver import open_campaign
 from raysweep.errors import CampaignError
 from raysweep.scheduler import Scheduler
-from raysweep.tune import TunedCluster, Tuner, TuneWork, leaderboard, pareto_front, report_section, rung_sizes
+from raysweep.tune import (TunedCluster, Tuner, TuneWork, beaten, hypervolume, leaderboard, pareto_front, report_section,
+                           rung_sizes)
 
 _spec = importlib.util.spec_from_file_location("bench_tune", Path(__file__).parent.parent / "benchmarks" / "bench_tune.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -102,6 +103,54 @@ def test_rungs_and_the_pareto_front():
     pts = [(1.0, 5.0), (2.0, 4.0), (1.5, 3.0), (3.0, 1.0), (2.0, 4.0)]
     assert pareto_front(pts, ["maximize", "maximize"]) == [0, 1, 3, 4]
     assert pareto_front(pts, ["minimize", "maximize"]) == [0]
+
+
+def test_neighbours_are_one_step_in_one_dimension_unordered_choices_first():
+    spec = campaign_from_dict(campaign(space={"max_num_seqs": {"choices": [64, 128, 256, 512]},
+                                              "kv_cache_dtype": {"choices": ["auto", "fp8", "fp8_e5m2"]},
+                                              "block_size": {"low": 8, "high": 64, "log": True},
+                                              "gpu_memory_utilization": {"low": 0.8, "high": 0.96}}), Path("."))
+    tuner = Tuner(spec.campaign.tune)
+    at = {"max_num_seqs": 64, "kv_cache_dtype": "fp8", "block_size": 16, "gpu_memory_utilization": 0.94}
+    near = tuner.neighbours(at)
+    changed = [[(k, p[k]) for k in at if p[k] != at[k]] for p in near]
+    assert changed == [[("kv_cache_dtype", "auto")], [("kv_cache_dtype", "fp8_e5m2")],   # unordered: every other
+                       [("max_num_seqs", 128)],                                          # a scale's end: one way
+                       [("block_size", 10)], [("block_size", 27)],                       # log range: x/÷ 8^(1/4)
+                       [("gpu_memory_utilization", pytest.approx(0.90))],                # range: a quarter of it,
+                       [("gpu_memory_utilization", 0.96)]]                               # kept inside
+    # the sampler's trial holds the parameters it is given
+    number, params = tuner.ask(near[2])
+    assert params == near[2] and tuner.study.trials[number].params["max_num_seqs"] == 1   # its rank on the scale
+
+
+def test_a_point_is_beaten_only_beyond_the_margin_and_the_hypervolume_it_spans():
+    up = ["maximize", "maximize"]
+    assert beaten((100.0, 100.0), [(104.0, 104.0)], up, 0.03)
+    assert not beaten((100.0, 100.0), [(102.0, 102.0)], up, 0.03) and beaten((100.0, 100.0), [(102.0, 102.0)], up, 0.0)
+    assert not beaten((100.0, 10.0), [(104.0, 9.0)], up, 0.0)
+    assert beaten((100.0, 10.0), [(104.0, 9.0)], ["maximize", "minimize"], 0.03)
+    assert hypervolume([(1, 3), (2, 2), (3, 1), (1, 1)], up, (0, 0)) == 6
+    assert hypervolume([(1, 3), (2, 2), (3, 1)], ["maximize", "minimize"], (0, 4)) == 3 * 3   # (3, 1) holds the rest
+    assert hypervolume([], up, (0, 0)) == 0
+
+
+def test_a_pareto_campaign_spends_the_end_of_its_budget_on_neighbours_of_the_front(tmp_path):
+    import math
+
+    from raysweep import tune
+
+    data = bench.campaign("pareto", 6, 1.0)
+    data["tune"]["budget"] = {"candidates": 24}
+    work, ledger, started = simulate(tmp_path, data, seed=6)
+    rows = {r["number"]: r for r in ledger.candidates()}
+    assert len(rows) == 24 and len(started) == len(set(started)) == 24     # every configuration once
+    # in the last share of the budget, each candidate is one step from a configuration on or near the front
+    first = math.ceil(24 * (1 - tune.POLISH_SHARE) - 1e-9)
+    assert 0 < first < 24 and sorted(work.polished) == list(range(first, 24))
+    for number, owner in work.polished.items():
+        assert owner < number and rows[number]["params"] in work.tuner.neighbours(rows[owner]["params"])
+    ledger.close()
 
 
 def wide(monkeypatch):
