@@ -12,11 +12,11 @@ raysweep's Ray workers run at niceness 0 (`RAY_worker_niceness=0`), as the serve
 
 Reported: the wall time of each tool and where it went, the medians per (server config, bench point) of
 request and output throughput and median TTFT and TPOT, and the ratios to vLLM's sweep. Also where each
-tool's CPU time went: every process of the tool's tree is sampled every 0.5 s and its CPU seconds are
-counted as the server's (`vllm serve` and its engine), the clients' (`vllm bench serve`, raysweep's client
-actors) or the rest (vLLM's sweep driver; raysweep's driver, Ray's GCS, raylet, agents and idle workers).
-On 2 shared cores, CPU the rest takes is CPU the server does not get. Prints Markdown and writes
-benchmarks/results/vs_vllm_sweep-<order>.md.
+tool's CPU time went: every process the tool starts (found by a variable in its environment) is sampled
+every second, and its CPU seconds are counted as the server's (`vllm serve` and its engine), the clients'
+(`vllm bench serve`, raysweep's client actors) or the rest (vLLM's sweep driver; raysweep's driver, Ray's
+GCS, raylet, agents and idle workers). On 2 shared cores, CPU the rest takes is CPU the server does not
+get. Prints Markdown and writes benchmarks/results/vs_vllm_sweep-<order>.md.
 
     .venv/bin/python benchmarks/bench_vs_vllm_sweep.py [--order vllm-first|raysweep-first] [--tools ...]
 """
@@ -76,14 +76,21 @@ def _kind(argv: list[str]) -> str | None:
     return None
 
 
-class CpuSampler:
-    """CPU seconds of every process under `root`, by kind (server, client, rest), sampled every `every` s: a
-    process's last sample counts, so one that ends between samples loses at most `every` s of its time."""
+MARK = "RS_ANCHOR_TOOL"  # in each tool's environment: every process it starts inherits it, Ray's daemons too
 
-    def __init__(self, root: int, every: float = 0.5) -> None:
-        self.root, self.every = root, every
+
+class CpuSampler:
+    """CPU seconds of every process whose environment holds `MARK=tag`, by kind (server, client, rest),
+    sampled every `every` s: a process's last sample counts, so one that ends between samples loses at most
+    `every` s of its time. (Ray's GCS and raylet are not children of the driver, so the process tree would
+    miss them and everything they start; the environment reaches them all.)"""
+
+    def __init__(self, tag: str, every: float = 1.0) -> None:
+        self.tag, self.every = tag, every
         self.seen: dict[tuple[int, float], tuple[str, float]] = {}
         self.kinds: dict[int, str] = {}
+        self.ours: set[int] = set()
+        self.others: set[tuple[int, float]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -101,15 +108,18 @@ class CpuSampler:
             self._stop.wait(self.every)
 
     def sample(self) -> None:
-        try:
-            root = psutil.Process(self.root)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return
-        for p in procs:
+        for p in psutil.process_iter():
             try:
+                key = (p.pid, p.create_time())
+                if key in self.others:
+                    continue
+                if p.pid not in self.ours:
+                    if p.environ().get(MARK) != self.tag:
+                        self.others.add(key)
+                        continue
+                    self.ours.add(p.pid)
                 t = p.cpu_times()
-                self.seen[(p.pid, p.create_time())] = (self._kind_of(p), t.user + t.system)
+                self.seen[key] = (self._kind_of(p), t.user + t.system)
             except psutil.Error:
                 continue
 
@@ -122,7 +132,7 @@ class CpuSampler:
         kind = _kind(argv)
         if kind is None:
             parent = p.parent()
-            kind = "rest" if parent is None or parent.pid == self.root else self._kind_of(parent)
+            kind = self._kind_of(parent) if parent is not None and parent.pid in self.ours else "rest"
             kind = kind if kind in ("server", "client") else "rest"
         if not (argv and argv[0].startswith("ray::")):
             self.kinds[p.pid] = kind
@@ -149,8 +159,8 @@ def run_vllm_sweep(model: Path, work: Path, env: dict[str, str]) -> dict[str, An
                                           f"--port {port}",
                            "--serve-params", str(SERVE_PARAMS), "--bench-params", str(BENCH_PARAMS),
                            "--num-runs", "2", "-o", str(work), "-e", "vllm"],
-                          env=env, stdout=subprocess.DEVNULL, stderr=(work / "vllm-sweep.log").open("w")) as proc, \
-            CpuSampler(proc.pid) as cpu:
+                          env={**env, MARK: "vllm"}, stdout=subprocess.DEVNULL,
+                          stderr=(work / "vllm-sweep.log").open("w")) as proc, CpuSampler("vllm") as cpu:
         if proc.wait():
             raise subprocess.CalledProcessError(proc.returncode, "vllm bench sweep serve")
     wall = time.monotonic() - t0
@@ -172,8 +182,9 @@ def run_raysweep(model: Path, work: Path, env: dict[str, str], backend: str) -> 
     f = work / f"campaign-{backend}.yaml"
     f.write_text(yaml.safe_dump(campaign))
     t0 = time.monotonic()
-    with subprocess.Popen([str(BIN / "raysweep"), "run", str(f)], env=env, stdout=subprocess.DEVNULL,
-                          stderr=(work / f"raysweep-{backend}.log").open("w")) as proc, CpuSampler(proc.pid) as cpu:
+    with subprocess.Popen([str(BIN / "raysweep"), "run", str(f)], env={**env, MARK: backend},
+                          stdout=subprocess.DEVNULL, stderr=(work / f"raysweep-{backend}.log").open("w")) as proc, \
+            CpuSampler(backend) as cpu:
         if proc.wait():
             raise subprocess.CalledProcessError(proc.returncode, "raysweep run")
     wall = time.monotonic() - t0

@@ -2,8 +2,10 @@
 
 One server configuration of a campaign is started the way a campaign starts it (placement group, host
 actor(s), `vllm serve`, readiness), or an already running server is given by URL. Then, for each chosen
-bench point, the two clients take turns N times each (native, vllm, native, vllm, ...), with the caches
-reset before every run, both in Ray actors and with the campaign's own bench command and parameters.
+bench point, the two clients take turns N times each, the first of a round alternating (native, vllm, then
+vllm, native, ...: a drift of the server's pace, or a cost of going first after the reset, falls on both
+alike), with the caches reset before every run, both in Ray actors and with the campaign's own bench
+command and parameters.
 The medians of each client's runs are compared metric by metric (ratio native / vllm) and judged
 against tolerances: throughputs within 5 % and median TTFT and TPOT within 10 % by default.
 
@@ -25,16 +27,18 @@ from typing import Any
 
 from raysweep.errors import UserError
 
-__all__ = ["CompareRow", "JUDGED", "METRICS", "Tolerances", "compare", "markdown", "run_crosscheck", "select",
-           "verdict"]
+__all__ = ["CompareRow", "JUDGED", "METRICS", "Tolerances", "compare", "markdown", "round_order", "run_crosscheck",
+           "select", "verdict"]
 
 log = logging.getLogger(__name__)
 
 THROUGHPUTS = ("output_throughput", "request_throughput")
 LATENCIES = ("median_ttft_ms", "median_tpot_ms")
 JUDGED = THROUGHPUTS + LATENCIES
-# client_cpu_s: CPU seconds the client took over the load (its cores are the server's on a shared machine)
-METRICS = JUDGED + ("median_itl_ms", "median_e2el_ms", "total_input_tokens", "total_output_tokens", "client_cpu_s")
+# client_cpu_s: CPU seconds the client took over the load (its cores are the server's on a shared machine);
+# mean TTFT as the client and as the server timed it: their difference is the wire and the client
+METRICS = JUDGED + ("median_itl_ms", "median_e2el_ms", "total_input_tokens", "total_output_tokens", "client_cpu_s",
+                    "mean_ttft_ms", "server_mean_ttft_ms")
 RUN_FIELDS = METRICS + ("completed", "failed", "duration", "client_limited")
 TOOLS = ("native", "vllm")
 
@@ -117,7 +121,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# raysweep crosscheck: {report['campaign']}, server config {report['serve_id']} "
              f"({report['serve_label'] or 'base command'})", "",
              f"- server: {report['server']}",
-             f"- {n} runs of each client per bench point, alternating (native first), caches reset before each run",
+             f"- {n} runs of each client per bench point, in turns (native first in even rounds, vllm first in "
+             "odd ones), caches reset before each run",
              f"- tolerances: throughput {report['tolerances']['throughput']:.0%}, median TTFT/TPOT "
              f"{report['tolerances']['latency']:.0%}",
              f"- native client: {report['bench']['native']}",
@@ -254,6 +259,11 @@ def vllm_point(point: Any) -> Any:
     return replace(point, bench=replace(point.bench, argv=argv))
 
 
+def round_order(rnd: int) -> tuple[str, ...]:
+    """Which client goes first in round `rnd`: native in even rounds, vllm in odd ones."""
+    return TOOLS if rnd % 2 == 0 else TOOLS[::-1]
+
+
 def _one_run(life: Any, run: Any, target: _Target, point: Any, tool: str, rnd: int,
              backends: dict[str, Any]) -> dict[str, Any]:
     reset = target.reset()
@@ -355,7 +365,7 @@ def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Toler
         for bench in benches:
             point = PointRun(point_id(serve.id, bench.id, 0), serve, bench, 0)
             for rnd in range(n):
-                for tool in TOOLS:
+                for tool in round_order(rnd):
                     rec = _one_run(life, run, target, point, tool, rnd, backends)
                     runs.append(rec)
                     if on_run is not None:

@@ -4,7 +4,10 @@ A `Scraper` thread reads `/metrics` every `interval_s`, from a baseline taken be
 (retried until one succeeds, a few times at most) to one taken after the load has ended. Per point it gives
 the peak and mean of the gauges (KV cache usage, running and waiting requests) over the point's window, and
 the deltas of the counters (preemptions, prompt and generation tokens, prefix-cache queries and hits)
-between the last sample at or before the start and the first at or after the end. Without both bracketing
+between the last sample at or before the start and the first at or after the end, and over the same
+samples the means of the latencies the server timed itself from each request's arrival
+(`server_mean_ttft_ms`, `server_mean_queue_ms`, `server_mean_e2el_ms`): set beside the client's means,
+the difference is the time on the wire and in the client. Without both bracketing
 samples the counters would cover a shorter window: they are left out, and `server_metrics_complete` is
 false with `server_metrics_incomplete_reason`. With data parallelism each engine has its own series: KV
 cache usage takes the fullest engine, requests and counters are summed. These are the numbers one
@@ -24,7 +27,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["COUNTERS", "FIELDS", "GAUGES", "Scraper", "combine", "parse_metrics", "summarize"]
+__all__ = ["COUNTERS", "FIELDS", "GAUGES", "HISTOGRAMS", "Scraper", "combine", "parse_metrics", "summarize"]
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +38,15 @@ COUNTERS = ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_token
 _FIELD = {"vllm:kv_cache_usage_perc": "kv_cache_usage_perc", "vllm:num_requests_running": "num_requests_running",
           "vllm:num_requests_waiting": "num_requests_waiting"}
 _COUNTER_FIELDS = tuple(f"server_{name.split(':', 1)[1]}" for name in COUNTERS)
+# histograms whose mean over the window the server measured itself (from its arrival of a request): the
+# server's side of the client's TTFT, queueing and E2EL, so that a client's overhead shows as the difference
+HISTOGRAMS = {"vllm:time_to_first_token_seconds": "server_mean_ttft_ms",
+              "vllm:request_queue_time_seconds": "server_mean_queue_ms",
+              "vllm:e2e_request_latency_seconds": "server_mean_e2el_ms"}
+_HIST_SERIES = tuple(f"{name}{part}" for name in HISTOGRAMS for part in ("_sum", "_count"))
 # every numeric server field a result (and so an SLA target) can carry
 FIELDS = (*(f"server_{short}_{kind}" for short in _FIELD.values() for kind in ("peak", "mean")), *_COUNTER_FIELDS,
-          "server_prefix_cache_hit_rate")
+          "server_prefix_cache_hit_rate", *HISTOGRAMS.values())
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -46,7 +55,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             name = s.name[:-len("_total")] if s.name.endswith("_total") else s.name
-            if name in GAUGES or name in COUNTERS:
+            if name in GAUGES or name in COUNTERS or name in _HIST_SERIES:
                 per.setdefault(name, []).append(float(s.value))
     out = {}
     for name, values in per.items():
@@ -143,6 +152,10 @@ def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, fl
         if name in first and name in last:
             out[fld] = last[name] - first[name]
     _hit_rate(out)
+    for name, fld in HISTOGRAMS.items():
+        total, count = (last.get(name + part, 0.0) - first.get(name + part, 0.0) for part in ("_sum", "_count"))
+        if count > 0 and name + "_sum" in last:
+            out[fld] = 1000.0 * total / count
     return out
 
 
@@ -164,7 +177,7 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         if fld.endswith("_peak"):
             out[fld] = max(values)
-        elif fld.endswith("_mean"):
+        elif fld.endswith("_mean") or fld in HISTOGRAMS.values():
             out[fld] = sum(values) / len(values)
         elif fld in _COUNTER_FIELDS and len(values) == len(summaries):
             out[fld] = sum(values)

@@ -191,8 +191,9 @@ def test_crosscheck_alternates_both_clients_on_the_real_server(vllm_server, tmp_
                            "-n", "2", "--json"], capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode in (0, 1) and proc.stdout, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    assert [(r["tool"], r["round"]) for r in report["runs"]] == [("native", 0), ("vllm", 0), ("native", 1),
-                                                                 ("vllm", 1)]
+    # the first of a round alternates, so that a drift of the server, or going first, falls on both alike
+    assert [(r["tool"], r["round"]) for r in report["runs"]] == [("native", 0), ("vllm", 0), ("vllm", 1),
+                                                                 ("native", 1)]
     assert all(r["ok"] and r["reset"] == "reset" for r in report["runs"]), report["runs"]
     assert all(r["completed"] == 8 for r in report["runs"])
     # each tool's CPU over its load is measured: on shared cores, what it took from the server

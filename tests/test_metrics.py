@@ -26,6 +26,28 @@ def test_counter_deltas_run_between_the_samples_that_bracket_the_load():
     assert out["server_num_requests_running_peak"] == 8
 
 
+def test_the_servers_own_latency_means_come_from_its_histograms_over_the_bracketed_window():
+    """Two engines' histogram series (sums and counts) are summed, and the mean is over the requests the
+    window added: (2.0 + 1.0 - 0.5) s over (6 + 4 - 1) requests, whatever came before the load."""
+    body = "\n".join([
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 6.0',
+        'vllm:time_to_first_token_seconds_sum{engine="0"} 2.0',
+        'vllm:time_to_first_token_seconds_count{engine="0"} 6.0',
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 4.0',
+        'vllm:time_to_first_token_seconds_sum{engine="1"} 1.0',
+        'vllm:time_to_first_token_seconds_count{engine="1"} 4.0', ""])
+    after = metrics.parse_metrics(body)
+    assert after["vllm:time_to_first_token_seconds_sum"] == 3.0
+    assert after["vllm:time_to_first_token_seconds_count"] == 10.0
+    before = {"vllm:time_to_first_token_seconds_sum": 0.5, "vllm:time_to_first_token_seconds_count": 1.0}
+    out = metrics.summarize([S(0.0, before), S(5.0, after)], [], (1.0, 4.0))
+    assert out["server_mean_ttft_ms"] == pytest.approx(1000 * 2.5 / 9)
+    assert "server_mean_queue_ms" not in out  # no such series: no field, rather than a 0
+    runs = [{"server_mean_ttft_ms": 200.0}, {"server_mean_ttft_ms": 300.0}]
+    assert metrics.combine(runs)["server_mean_ttft_ms"] == 250.0
+
+
 @pytest.mark.parametrize("samples, words", [
     ([_counters(1.2, 40), _counters(3.5, 100)], "at or before the start"),    # baseline after the load began
     ([_counters(0.5, 40), _counters(2.5, 100)], "at or after its end"),       # last scrape before the load ended
