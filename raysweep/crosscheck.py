@@ -39,7 +39,7 @@ JUDGED = THROUGHPUTS + LATENCIES
 # mean TTFT as the client and as the server timed it: their difference is the wire and the client
 METRICS = JUDGED + ("median_itl_ms", "median_e2el_ms", "total_input_tokens", "total_output_tokens", "client_cpu_s",
                     "mean_ttft_ms", "server_mean_ttft_ms")
-RUN_FIELDS = METRICS + ("completed", "failed", "duration", "client_limited")
+RUN_FIELDS = METRICS + ("completed", "failed", "duration", "client_limited", "client_nice", "client_cpu_affinity")
 TOOLS = ("native", "vllm")
 
 

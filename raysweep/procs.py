@@ -45,6 +45,23 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def niceness_zero() -> str | None:
+    """Niceness 0 for every thread of this process (Linux keeps it per thread, and a child starts at its
+    parent thread's), where the OS allows; the reason it could not be lowered otherwise."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    failure = None
+    for tid in tids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) > 0:
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+        except OSError as exc:
+            failure = failure or f"{type(exc).__name__}: {exc}"
+    return failure
+
+
 def is_alive(pid: int | None, create_time: float | None) -> bool:
     """True if `pid` runs and is the same process (same start time) as when it was recorded."""
     if not pid:

@@ -1,4 +1,4 @@
-"""The `command` bench backend without Ray: the command it runs and the directories it cleans."""
+"""The `command` bench backend: the command it runs, the directories it cleans, the priority it runs at."""
 
 from __future__ import annotations
 
@@ -45,3 +45,27 @@ def test_the_commands_cpu_is_counted_over_its_load_window_only():
     assert load_window_cpu(samples, 3.0) == pytest.approx(1.5)
     assert load_window_cpu(samples, 100.0) == pytest.approx(12.0)  # longer than the samples: all of it
     assert load_window_cpu([], 4.0) is None and load_window_cpu(samples, 0.0) is None
+
+
+@pytest.mark.ray
+def test_the_benchmark_process_runs_at_niceness_0_though_rays_workers_are_niced(gpu_cluster, tmp_path):
+    """The test cluster's workers run at Ray's default niceness (15); the command the client actor starts
+    runs at 0, and its niceness, CPUs and node are recorded with the result."""
+    import ray
+
+    script = tmp_path / "bench.py"
+    script.write_text("import json, os, sys\n"
+                      "d = sys.argv[sys.argv.index('--result-dir') + 1]\n"
+                      "json.dump({'completed': 1, 'duration': 0.1, 'own_nice': os.nice(0)},"
+                      " open(os.path.join(d, 'result.json'), 'w'))\n")
+    worker_nice = ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote())
+    assert worker_nice > 0  # otherwise this test would prove nothing
+    actor = command.CommandClient.remote()
+    try:
+        out = ray.get(actor.run.remote([sys.executable, str(script)], "http://127.0.0.1:9", {}, 60.0), timeout=60)
+    finally:
+        ray.kill(actor)
+    assert out["ok"], out
+    res = out["result"]
+    assert res["own_nice"] == 0 and res["client_nice"] == 0 and res["client_nice_lowering_failed"] is False
+    assert res["client_cpu_affinity"] and res["client_node_ips"] == "127.0.0.1"

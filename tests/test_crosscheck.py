@@ -198,6 +198,8 @@ def test_crosscheck_alternates_both_clients_on_the_real_server(vllm_server, tmp_
     assert all(r["completed"] == 8 for r in report["runs"])
     # each tool's CPU over its load is measured: on shared cores, what it took from the server
     assert all(r["client_cpu_s"] > 0 for r in report["runs"]), report["runs"]
+    # and both run at niceness 0 (the `vllm bench serve` process too, started from a Ray worker), on CPUs named
+    assert all(r["client_nice"] == 0 and r["client_cpu_affinity"] for r in report["runs"]), report["runs"]
     vllm_cmd = [r["command"] for r in report["runs"] if r["tool"] == "vllm"]
     assert all(c.split()[1:3] == ["bench", "serve"] and "--base-url" in c for c in vllm_cmd)
     tput = next(r for r in report["comparison"] if r["metric"] == "output_throughput")

@@ -48,6 +48,25 @@ def test_the_servers_own_latency_means_come_from_its_histograms_over_the_bracket
     assert metrics.combine(runs)["server_mean_ttft_ms"] == 250.0
 
 
+def test_mean_running_requests_is_the_servers_inference_time_over_the_load_when_the_gauge_missed_it():
+    """Requests that ran between two samples leave the sampled gauge at 0; their inference times (6 s of
+    running, summed over two engines, within a 4 s load) say 1.5 requests ran on average."""
+    before = {"vllm:request_inference_time_seconds_sum": 10.0, "vllm:num_requests_running": 0.0}
+    body = "\n".join([
+        "# TYPE vllm:request_inference_time_seconds histogram",
+        'vllm:request_inference_time_seconds_sum{engine="0"} 12.0',
+        'vllm:request_inference_time_seconds_count{engine="0"} 7.0',
+        'vllm:request_inference_time_seconds_sum{engine="1"} 4.0',
+        'vllm:request_inference_time_seconds_count{engine="1"} 2.0', ""])
+    after = {**metrics.parse_metrics(body), "vllm:num_requests_running": 0.0}
+    out = metrics.summarize([S(0.0, before), S(3.0, {"vllm:num_requests_running": 0.0}), S(6.0, after)], [], (1.0, 5.0))
+    assert out["server_num_requests_running_peak"] == 0.0
+    assert out["server_mean_running_requests"] == pytest.approx(6.0 / 4.0)
+    assert "server_mean_running_requests" not in metrics.summarize([S(0.0, before), S(6.0, after)], [], None)
+    runs = [{"server_mean_running_requests": 1.0}, {"server_mean_running_requests": 2.0}]
+    assert metrics.combine(runs)["server_mean_running_requests"] == 1.5
+
+
 @pytest.mark.parametrize("samples, words", [
     ([_counters(1.2, 40), _counters(3.5, 100)], "at or before the start"),    # baseline after the load began
     ([_counters(0.5, 40), _counters(2.5, 100)], "at or after its end"),       # last scrape before the load ended

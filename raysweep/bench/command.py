@@ -23,6 +23,7 @@ import psutil
 import ray
 
 from raysweep import grid, procs
+from raysweep.validity import cpu_text
 
 __all__ = ["CommandBench", "CommandClient", "PERCENTILE_METRICS", "METRIC_PERCENTILES", "bench_argv", "result_record"]
 
@@ -69,27 +70,33 @@ def result_record(result: dict[str, Any], serve_params: dict[str, Any], bench_pa
 
 @ray.remote(num_cpus=0.1, max_restarts=0)
 class CommandClient:
-    """Runs benchmark commands (and `after_bench_cmd`) as child processes on its node."""
+    """Runs benchmark commands (and `after_bench_cmd`) as child processes on its node, at niceness 0 where
+    the OS allows (Ray starts workers niced, and a child starts at its parent's niceness)."""
 
     def run(self, argv: list[str], base_url: str, env: dict[str, str], timeout_s: float,
             num_prompts: int | None = None) -> dict[str, Any]:
         _remove_stale_dirs()
+        nice_failure = procs.niceness_zero()
         with tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{os.getpid()}-") as tmp:
             full = procs.resolve_executable(bench_argv(argv, base_url, tmp, num_prompts=num_prompts))
             out = _run(full, env, timeout_s, cwd=tmp)
             samples = out.pop("cpu_samples", [])
+            client = out.pop("client", {})
             path = Path(tmp) / RESULT_FILE
             if out["ok"]:
                 try:
                     out["result"] = json.loads(path.read_text())
                     out["result"]["client_cpu_s"] = load_window_cpu(samples,
                                                                     float(out["result"].get("duration") or 0))
+                    out["result"].update(client, client_nice_lowering_failed=nice_failure is not None,
+                                         client_node_ips=ray.util.get_node_ip_address())
                 except (OSError, ValueError) as exc:
                     out.update(ok=False, error=f"no readable result JSON from the benchmark command: {exc}")
         out["command"] = grid.shell_join(grid.mask_argv(full))
         return out
 
     def run_plain(self, argv: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+        procs.niceness_zero()
         out = _run(procs.resolve_executable(argv), env, timeout_s, cwd=None)
         out.pop("cpu_samples", None)
         return out
@@ -139,6 +146,7 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None
                                     env=procs.child_env(env), cwd=cwd)
         except OSError as exc:
             return {"ok": False, "error": f"cannot start {argv[0]!r}: {exc}", "output_tail": "", "duration_s": 0.0}
+        client = _process_fields(proc.pid)
         try:
             code, cpu = _wait_sampling_cpu(proc, timeout_s)
             error = None if code == 0 else f"benchmark command exited with code {code}"
@@ -152,8 +160,17 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None
     out = {"ok": error is None, "error": error, "returncode": code, "output_tail": tail,
            "duration_s": time.monotonic() - t0}
     if error is None:
-        out["cpu_samples"] = cpu
+        out.update(cpu_samples=cpu, client=client)
     return out
+
+
+def _process_fields(pid: int) -> dict[str, Any]:
+    """`client_nice` and `client_cpu_affinity` of the benchmark process, read as it starts."""
+    try:
+        p = psutil.Process(pid)
+        return {"client_nice": p.nice(), "client_cpu_affinity": cpu_text(p.cpu_affinity() or [])}
+    except (psutil.Error, AttributeError):  # gone already, or no affinity on this OS
+        return {}
 
 
 _CPU_SAMPLE_S = 0.25

@@ -37,12 +37,14 @@ from typing import Any
 import aiohttp
 import ray
 
+from raysweep import procs
 from raysweep.bench import arrivals, stats
 from raysweep.bench.datasets import Request, make_requests, payload, tokenizer_for
 from raysweep.bench.options import LoadOptions, parse_load_options
 from raysweep.bench.sessions import conversations, with_history
+from raysweep.validity import cpu_text
 
-__all__ = ["NativeBench", "NativeClient", "Dispenser", "Job", "cpu_list"]
+__all__ = ["NativeBench", "NativeClient", "Dispenser", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -61,34 +63,6 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return uvloop.new_event_loop()
     except ImportError:
         return asyncio.new_event_loop()
-
-
-def cpu_list(cpus: set[int] | list[int]) -> str:
-    """CPU numbers as a Linux CPU list: {0, 1, 2, 5} -> "0-2,5"."""
-    out: list[str] = []
-    for c in sorted(cpus):
-        if out and int(out[-1].split("-")[-1]) == c - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{c}"
-        else:
-            out.append(str(c))
-    return ",".join(out)
-
-
-def _niceness_zero() -> str | None:
-    """Niceness 0 for every thread of this process (Linux keeps it per thread), where the OS allows; the
-    reason it could not be lowered otherwise."""
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    failure = None
-    for tid in tids:
-        try:
-            if os.getpriority(os.PRIO_PROCESS, tid) > 0:
-                os.setpriority(os.PRIO_PROCESS, tid, 0)
-        except OSError as exc:
-            failure = failure or f"{type(exc).__name__}: {exc}"
-    return failure
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -117,7 +91,7 @@ class NativeClient:
     its niceness to 0 where the OS allows (Ray starts workers niced)."""
 
     def __init__(self) -> None:
-        self._nice_failure = _niceness_zero()
+        self._nice_failure = procs.niceness_zero()
         self._session: aiohttp.ClientSession | None = None
         self._blocking = False
         self._loop = _new_loop()
@@ -537,7 +511,7 @@ def _workload_fields(opts: LoadOptions) -> dict[str, Any]:
 def _client_fields(answers: list[dict[str, Any]], offsets: list[tuple[float, float]]) -> dict[str, Any]:
     """The actors' priority, CPUs and clock offsets to the driver, over all actors."""
     nice = [a["nice"] for a in answers if a.get("nice") is not None]
-    cpus = sorted({cpu_list(a["affinity"]) for a in answers if a.get("affinity")})
+    cpus = sorted({cpu_text(a["affinity"]) for a in answers if a.get("affinity")})
     failures = [a["nice_failure"] for a in answers if a.get("nice_failure")]
     cpu = [a["cpu_s"] for a in answers if a.get("cpu_s") is not None]
     return {"client_nice": max(nice) if nice else None, "client_cpu_affinity": ";".join(cpus) or None,
