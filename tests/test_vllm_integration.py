@@ -146,13 +146,19 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     assert set(df["total_input_tokens"]) == {24 * 128, 24 * 256} and set(df["total_output_tokens"]) == {24 * 16}
     assert (df["server_prompt_tokens"] == df["total_input_tokens"]).all(), df[["server_prompt_tokens", "total_input_tokens"]]
     assert (df["server_generation_tokens"] == df["total_output_tokens"]).all()
-    # the sampled gauge can miss a short point's bursts (0 in every sample); the server's own inference
-    # times cannot: every point ran requests, never more at once than the client had in flight
-    assert df["server_num_requests_running_peak"].notna().all()
-    assert (df["server_num_requests_running_peak"] <= df[["max_num_seqs", "max_concurrency"]].min(axis=1)).all()
+    # the server's own inference times: every point ran requests, never more at once than the client had in flight
     assert (df["server_mean_running_requests"] > 0).all()
     assert (df["server_mean_running_requests"] <= df["max_concurrency"]).all()
-    assert (df["server_kv_cache_usage_perc_peak"] > 0).all() and (df["server_kv_cache_usage_perc_peak"] <= 1).all()
+    # the gauges, sampled every 0.2 s, are read on every point and within their bounds; a point of about a
+    # second whose engine runs in bursts between samples can read 0 in all of them (seen in 1 of 36 points
+    # of some runs, with the server's counters proving all 24 requests ran in it), so under load they must
+    # show up on each server config's points, not on every point
+    running, kv = df["server_num_requests_running_peak"], df["server_kv_cache_usage_perc_peak"]
+    assert running.notna().all() and kv.notna().all()
+    assert (running <= df[["max_num_seqs", "max_concurrency"]].min(axis=1)).all() and kv.between(0, 1).all()
+    by_config = df.groupby("max_num_seqs")
+    assert (by_config["server_num_requests_running_peak"].max() >= 1).all()
+    assert (by_config["server_kv_cache_usage_perc_peak"].max() > 0).all()
     assert (df["median_ttft_ms"] > 0).all() and (df["median_tpot_ms"] > 0).all()
     assert all((out / p).is_file() for p in df["samples_path"])
     assert set(df["gpu_count"]) == {0} and set(df["tensor_parallel_size"]) == {1}
