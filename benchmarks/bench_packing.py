@@ -23,15 +23,20 @@ estimated time left, so that the first configuration that does not fit holds the
 soonest (`Estimated`): estimates from what this campaign has measured so far ("est-campaign"), from an
 earlier campaign's ledger of the same configurations with per-point times off by up to 10, 20 or 40 %
 ("est-history-N%"), and the true durations ("exact+hold", an oracle).
+`--tail-replicas N` runs the driver's order with `placement.tail_replicas: N` ("tail-replicas-N"), simulated
+point by point (`simulate_shared`): once nothing waits, GPUs that would idle start further servers of running
+configurations (`placement.tail_starts`), which share their unclaimed points. It also prints how many further
+servers started and what their starts cost, in GPU-seconds against the campaign's.
 
     .venv/bin/python benchmarks/bench_packing.py [--seed N] [--seeds 20] [--quick] [--compare] [--safeguards]
-                                                 [--estimates] [--json FILE]
+                                                 [--estimates] [--tail-replicas N] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import math
 import random
@@ -42,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.campaign import NodeRule
-from raysweep.placement import Busy, Demand, Layout, NodeInfo, choose_starts, eligible_nodes, fit_nodes, layout_for
+from raysweep.placement import (Busy, Demand, Layout, NodeInfo, Share, choose_starts, eligible_nodes, fit_nodes,
+                                layout_for, tail_starts)
 from raysweep.plan import Shape
 
 Policy = Callable[[list[Demand], dict[str, int]], list[tuple[Demand, list[str]]]]
@@ -217,6 +223,83 @@ class Estimated:
         return per_size, starts, own
 
 
+class TailReplicas:
+    """choose_starts, and at the tail (nothing waiting) `placement.tail_starts` with up to `extra` more servers
+    per configuration, as the driver runs `placement.tail_replicas`. Simulated point by point
+    (`simulate_shared`): each server takes its configuration's next unclaimed point when it is free."""
+
+    def __init__(self, extra: int) -> None:
+        self.extra = extra
+        self.extra_servers = 0     # started in the last campaign simulated
+        self.extra_gpu_s = 0.0     # the GPU-seconds of their starts (not in the lower bound's area)
+
+
+def simulate_shared(configs: list[Config], nodes: list[NodeInfo], policy: TailReplicas,
+                    seed: int = 0) -> tuple[float, float]:
+    """Point by point: every server pulls its configuration's points one at a time until none is left, then
+    frees its GPUs. At every such end the real `choose_starts` starts what fits; once nothing waits, the real
+    `tail_starts` gets each running configuration's unclaimed points and, once measured (a point done on it,
+    so its own point time and server start are known, as `Workload.pace` reads them from the ledger), its
+    pace. A further server's start is drawn like any other (60-180 s), unknown to the policy. With
+    `extra` = 0 this is the same campaign as `simulate` (same makespan). Returns the makespan and last start."""
+    rng = random.Random(seed * 7919 + 3)
+    layouts = {c.key: layout_of(c, nodes) for c in configs}
+    eligible = tuple(n.node_id for n in eligible_nodes(RULE, nodes))
+    by_key = {c.key: c for c in configs}
+    waiting = dict(by_key)
+    unclaimed: dict[str, int] = {}
+    servers: dict[int, tuple[str, list[str]]] = {}  # server number -> configuration, node ids
+    measured: set[str] = set()                      # configurations with a point done
+    events: list[tuple[float, int, int, bool]] = []  # (time, order, server, a point just ended there)
+    order = itertools.count()
+    policy.extra_servers, policy.extra_gpu_s = 0, 0.0
+    now = last_start = 0.0
+
+    def start(key: str, ids: list[str], start_s: float) -> None:
+        n = next(order)
+        servers[n] = (key, ids)
+        heapq.heappush(events, (now + start_s, n, n, False))
+
+    while True:
+        free = {n.node_id: n.gpus for n in nodes}
+        for key, ids in servers.values():
+            for n in ids:
+                free[n] -= layouts[key].gpus_per_node
+        demands = [Demand(k, layouts[k], eligible, float(c.points)) for k, c in waiting.items()]
+        for d, ids in choose_starts(demands, free):
+            c = waiting.pop(d.key)
+            unclaimed[d.key], last_start = c.points, now
+            start(d.key, ids, c.start_s)
+        if not waiting and policy.extra:
+            count: dict[str, int] = {}
+            for key, _ in servers.values():
+                count[key] = count.get(key, 0) + 1
+            shares = [Share(k, layouts[k], eligible, n, unclaimed[k], by_key[k].point_s, by_key[k].start_s,
+                            1 + policy.extra) for k, n in count.items() if k in measured and unclaimed[k]]
+            for key, ids in tail_starts(shares, free):
+                start_s = rng.uniform(60, 180)
+                start(key, ids, start_s)
+                policy.extra_servers += 1
+                policy.extra_gpu_s += layouts[key].gpu_count * start_s
+                last_start = now
+        if not events:
+            if waiting:
+                raise RuntimeError(f"policy started nothing on an idle cluster; {len(waiting)} configs left")
+            return now, last_start
+        freed = False
+        while events and not freed:  # to the next server that frees its GPUs
+            now, _, n, after_point = heapq.heappop(events)
+            key = servers[n][0]
+            if after_point:
+                measured.add(key)
+            if unclaimed[key]:
+                unclaimed[key] -= 1
+                heapq.heappush(events, (now + by_key[key].point_s, next(order), n, True))
+            else:
+                del servers[n]
+                freed = True
+
+
 POLICIES: dict[str, Policy] = {"choose_starts": choose_starts, "gpu-count-first": gpu_count_first}
 SAFEGUARDS: dict[str, Callable[[], Policy]] = {"reserve-300s": lambda: ReserveAfter(300.0), "exact-lpt": ExactLpt}
 ESTIMATES: dict[str, Callable[[], Policy]] = {
@@ -296,19 +379,31 @@ def measure(sc: Scenario, seed: int, policy: Policy = choose_starts) -> dict[str
     gpus = sc.nodes * sc.gpus_per_node
     gpu_s = sum(c.shape.gpu_count * c.duration_s for c in configs)
     bound = max(gpu_s / gpus, max(c.duration_s for c in configs))
-    (makespan, last_start), sequential = simulate(configs, nodes, policy, seed), sum(c.duration_s for c in configs)
-    return {"seed": seed, "makespan_s": makespan, "lower_bound_s": bound, "ratio": makespan / bound,
-            "utilisation": gpu_s / (gpus * makespan), "drain_s": makespan - last_start, "sequential_s": sequential,
-            "sequential_ratio": sequential / bound, "sequential_utilisation": gpu_s / (gpus * sequential)}
+    if isinstance(policy, TailReplicas):
+        makespan, last_start = simulate_shared(configs, nodes, policy, seed)
+    else:
+        makespan, last_start = simulate(configs, nodes, policy, seed)
+    sequential = sum(c.duration_s for c in configs)
+    out = {"seed": seed, "makespan_s": makespan, "lower_bound_s": bound, "ratio": makespan / bound,
+           "utilisation": gpu_s / (gpus * makespan), "drain_s": makespan - last_start, "sequential_s": sequential,
+           "sequential_ratio": sequential / bound, "sequential_utilisation": gpu_s / (gpus * sequential)}
+    if isinstance(policy, TailReplicas):  # what the further servers cost: their starts, outside the area bound
+        out.update(extra_servers=policy.extra_servers, extra_start_gpu_fraction=policy.extra_gpu_s / gpu_s)
+    return out
 
 
 def run_scenario(sc: Scenario, seed: int, n_seeds: int, policy: Policy = choose_starts) -> dict[str, Any]:
     """The figures of seed `seed`, and the ratio's spread over seeds seed .. seed + n_seeds - 1."""
     one = measure(sc, seed, policy)
-    ratios = [measure(sc, s, policy)["ratio"] for s in range(seed, seed + n_seeds)]
-    return {"scenario": asdict(sc), "seed": seed, "run": one, "seeds": n_seeds,
-            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "seeds_within_1_1": sum(r <= 1.1 for r in ratios)}
+    runs = [measure(sc, s, policy) for s in range(seed, seed + n_seeds)]
+    ratios = [r["ratio"] for r in runs]
+    out = {"scenario": asdict(sc), "seed": seed, "run": one, "seeds": n_seeds,
+           "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+           "seeds_within_1_1": sum(r <= 1.1 for r in ratios), "ratios": ratios}
+    if isinstance(policy, TailReplicas):
+        out["extra_servers_median"] = statistics.median(r["extra_servers"] for r in runs)
+        out["extra_start_gpu_fraction_median"] = statistics.median(r["extra_start_gpu_fraction"] for r in runs)
+    return out
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -349,6 +444,8 @@ def main() -> None:
     ap.add_argument("--safeguards", action="store_true", help="also run reserve-300s and the exact-lpt oracle")
     ap.add_argument("--estimates", action="store_true",
                     help="also run choose_starts fed estimated seconds and holding nodes (Estimated)")
+    ap.add_argument("--tail-replicas", type=int, default=0, metavar="N",
+                    help="also run choose_starts with placement.tail_replicas N (point by point)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write every figure to FILE as JSON")
     args = ap.parse_args()
     n_seeds = min(args.seeds, 5) if args.quick else args.seeds
@@ -357,10 +454,16 @@ def main() -> None:
         policies.update({name: make() for name, make in SAFEGUARDS.items()})
     if args.estimates:
         policies.update({name: make() for name, make in ESTIMATES.items()})
+    if args.tail_replicas:
+        policies[f"tail-replicas-{args.tail_replicas}"] = TailReplicas(args.tail_replicas)
     by_policy = {name: [run_scenario(sc, sc.seed if args.seed is None else args.seed, n_seeds, policy)
                         for sc in SCENARIOS] for name, policy in policies.items()}
     for name, results in by_policy.items():
         print(f"## {name}\n\n{table(results)}\n")
+        if "extra_servers_median" in results[0]:
+            print("further servers at the tail, median over seeds (their starts' GPU-seconds / the campaign's): "
+                  + ", ".join(f"{r['scenario']['name']} {r['extra_servers_median']:g} "
+                              f"({r['extra_start_gpu_fraction_median']:.1%})" for r in results) + "\n")
     if len(by_policy) > 1:
         print(f"## {' vs '.join(by_policy)}\n\n{compare_table(by_policy)}")
     if args.json:

@@ -19,12 +19,14 @@ Single objective: maximize output_throughput per GPU (best over the bench points
 GPU-hours (the dry run's estimate of the grid gives it), early stopping eta 3. Success: the configuration
 the tuner ranks first has a true objective within 5 % of the true objective of the grid's first. Pareto:
 tokens/s/user (output_throughput / max_concurrency) against tokens/s/GPU, budget 26 %, early stopping by
-domination (eta 3: rungs of 1 and 2 bench points, both ends of the load first), the last 15 % of the
+domination (eta 3: rungs of 1 and 2 bench points, both ends of the load first), after 16 start-up candidates
+the surrogate's proposals (`tune.pareto_model`; `--no-pareto-model`: the sampler's), the last 15 % of the
 budget on neighbours of the front; the hypervolume of the (configuration, bench point) pairs actually run
 (`hv_ratio_measured`: a stopped candidate did not run all of its points) against the grid's (true values,
 reference point 0, 0). `hv_ratio` is looser: every pair of every configuration the tuner tried.
 
-    .venv/bin/python benchmarks/bench_tune.py [--seeds 20] [--first-seed 0] [--mode single|pareto|both] [--json FILE]
+    .venv/bin/python benchmarks/bench_tune.py [--seeds 20] [--first-seed 0] [--mode single|pareto|both]
+                                              [--no-pareto-model] [--json FILE]
 """
 
 from __future__ import annotations
@@ -147,9 +149,11 @@ class SimCluster:
         pass
 
 
-def campaign(mode: str, seed: int, budget_gpu_h: float) -> dict[str, Any]:
+def campaign(mode: str, seed: int, budget_gpu_h: float, pareto_model: bool = True) -> dict[str, Any]:
     tune: dict[str, Any] = {"space": {k: {"choices": v} for k, v in SPACE.items()},
                             "budget": {"gpu_hours": budget_gpu_h}, "seed": seed}
+    if not pareto_model:
+        tune["pareto_model"] = False
     if mode == "single":
         tune["objective"] = {"metric": "output_throughput", "per": "gpu"}
     else:
@@ -181,11 +185,11 @@ def hypervolume(points: list[tuple[float, float]]) -> float:
     return tune_hypervolume(points, ["maximize", "maximize"], (0.0, 0.0))
 
 
-def tune_once(mode: str, seed: int, fraction: float) -> dict[str, Any]:
+def tune_once(mode: str, seed: int, fraction: float, pareto_model: bool = True) -> dict[str, Any]:
     rng = random.Random(seed)
     grid_h = grid_gpu_hours(random.Random(seed + 10_000))
     root = Path(tempfile.mkdtemp(prefix="bench-tune-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-    spec = campaign_from_dict(campaign(mode, seed, fraction * grid_h), base_dir=root)
+    spec = campaign_from_dict(campaign(mode, seed, fraction * grid_h, pareto_model), base_dir=root)
     plan, ledger = open_campaign(spec, root / "out")
     sim = SimCluster(nodes=4, gpus=8, rng=rng)
     work = sim.work = TuneWork(plan, ledger, root / "out", lambda kind, **d: None, with_gpus=True, clock=sim.clock)
@@ -241,6 +245,8 @@ def main() -> None:
     ap.add_argument("--mode", choices=["single", "pareto", "both"], default="both")
     ap.add_argument("--single-budget", type=float, default=0.26, help="GPU-hours budget as a fraction of the grid's")
     ap.add_argument("--pareto-budget", type=float, default=0.26, help="GPU-hours budget as a fraction of the grid's")
+    ap.add_argument("--no-pareto-model", action="store_true",
+                    help="Pareto: every candidate from the sampler (tune.pareto_model false), for comparison")
     ap.add_argument("--json", type=Path, metavar="FILE")
     args = ap.parse_args()
     modes = ["single", "pareto"] if args.mode == "both" else [args.mode]
@@ -248,7 +254,8 @@ def main() -> None:
     t0 = time.monotonic()
     for mode in modes:
         budget = args.single_budget if mode == "single" else args.pareto_budget
-        results[mode] = [tune_once(mode, s, budget) for s in range(args.first_seed, args.first_seed + args.seeds)]
+        results[mode] = [tune_once(mode, s, budget, not args.no_pareto_model)
+                         for s in range(args.first_seed, args.first_seed + args.seeds)]
         print(summary(mode, results[mode]) + "\n", flush=True)
     print(f"({time.monotonic() - t0:.0f} s)")
     if args.json:

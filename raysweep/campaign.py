@@ -114,6 +114,10 @@ class PlacementSpec(NodeRule):
         "pack", description="pack: each configuration on as few nodes as it fits; spread: across as many nodes "
         "as its pipeline stages or data-parallel replicas allow (tensor parallelism stays inside a node); a "
         "list sweeps it: every serve combination once per layout (the `placement_layout` result column)")
+    tail_replicas: int = Field(0, ge=0, description="at the campaign's tail (no configuration left waiting), up to "
+                               "this many more servers of a running configuration start on GPUs that would idle and "
+                               "share its unclaimed points, while each server's share takes longer than a server "
+                               "start (0: off). Each point still runs alone on one server; `server_id` says which")
 
 
 class ClientGuardSpec(_Strict):
@@ -226,6 +230,10 @@ class TuneSpec(_Strict):
     budget: TuneBudget = Field(description="when to stop asking for candidates")
     parallel: int | None = Field(None, ge=1, description="candidates at once (default: as many as free GPUs allow)")
     sampler: Literal["tpe", "random", "grid", "nsga2"] = Field("tpe", description="Optuna sampler")
+    pareto_model: bool = Field(True, description="pareto over result fields: after the sampler's 16 start-up "
+                               "candidates, each next one is the untried configuration whose optimistic predicted "
+                               "bench points (a Gaussian process over the parameters and the load) add the most "
+                               "hypervolume; false: the sampler proposes them all (not with sampler grid)")
     seed: int | None = Field(None, description="the sampler's seed")
     early_stop: TuneEarlyStop = Field(default_factory=TuneEarlyStop, description="successive halving")
 
@@ -441,6 +449,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         raise _campaign_error(exc) from None
     env = dict(os.environ if env is None else env)
     _check_mode(campaign)
+    _check_tail_replicas(campaign)
     if campaign.offline is not None:
         return _offline_spec(campaign, base_dir, source_path, env)
     assert campaign.serve is not None and campaign.bench is not None
@@ -497,6 +506,19 @@ def _check_mode(campaign: Campaign) -> None:
             raise CampaignError(part, "has no meaning in mode offline (no server runs); remove it, or use mode serve")
     if campaign.link:
         raise CampaignError("link", "has no meaning in mode offline (there are no bench parameters to link to)")
+
+
+def _check_tail_replicas(campaign: Campaign) -> None:
+    """More servers of one configuration share its points: not SLA searches (a search's probes follow one
+    another on one server), tuning candidates (stopped by rung) or offline runs."""
+    if not campaign.placement.tail_replicas:
+        return
+    for part, why in (("sla", "an SLA search's probes follow one another on one server"),
+                      ("tune", "tuning candidates are stopped early by rung, one server each"),
+                      ("offline", "offline runs have no server to share points between")):
+        if getattr(campaign, part) is not None:
+            raise CampaignError("placement.tail_replicas", f"cannot be used with `{part}:` ({why}); set it to 0 "
+                                                            "or remove it")
 
 
 def _offline_spec(campaign: Campaign, base_dir: Path, source_path: str, env: dict[str, str]) -> CampaignSpec:

@@ -40,9 +40,11 @@ class ConfigLife:
         self.offline = OfflinePoints(work, self.servers, self.points)
         self.searches = SlaSearches(work, self.points)
 
-    def new_run(self, serve: ServeConfig, layout: placement.Layout, node_ids: list[str]) -> ConfigRun:
-        """A configuration about to run on these nodes, with its bench backend's client side (server mode)."""
-        run = ConfigRun(serve, layout, node_ids)
+    def new_run(self, serve: ServeConfig, layout: placement.Layout, node_ids: list[str],
+                replica: int = 0) -> ConfigRun:
+        """A configuration about to run on these nodes, with its bench backend's client side (server mode);
+        `replica` > 0: one more server of a running configuration, sharing its points."""
+        run = ConfigRun(serve, layout, node_ids, replica=replica)
         if not self.work.plan.spec.offline:
             run.bench = backend_for(self.c.bench, self.work.plan.spec.bench_env)
         return run
@@ -51,7 +53,7 @@ class ConfigLife:
         """The whole life of `run`; its outcome is left in `run.outcome` (never raises)."""
         try:
             try:
-                run.res = placement.reserve(run.serve, run.layout, run.node_ids)
+                run.res = placement.reserve(run.serve, run.layout, run.node_ids, replica=run.replica)
             except placement.NotPlaced as exc:
                 log.info("server config %s not placed yet: %s", run.serve.id, exc)
                 run.outcome = "not placed"
@@ -111,7 +113,11 @@ class ConfigLife:
         for point in points:
             if run.abort or w.stopping():
                 return
-            ok = self.points.run(run, server, point, reset)
+            # each point goes to one server: several of one configuration share them (placement.tail_replicas)
+            attempt = w.ledger.claim(point.id, server.server_id, self.c.max_attempts)
+            if attempt is None:
+                continue
+            ok = self.points.run(run, server, point, reset, attempt)
             if not ok and not self.c.continue_on_error and not run.abort:
                 w.stop_reason = f"point {point.id} failed and continue_on_error is false"
             if run.abort or w.stopping() or server.down() is not None:

@@ -35,7 +35,7 @@ from raysweep.live_server import ConfigRun
 from raysweep.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.recovery import driver_alive, embedded_temp_dir
 from raysweep.results import write_results
-from raysweep.scheduler import Scheduler, with_event_log
+from raysweep.scheduler import Scheduler, replica_key, with_event_log
 from raysweep.server import rank_argv
 from raysweep.workload import EventSink, Workload
 
@@ -201,10 +201,11 @@ class RayCluster:
     def nodes(self) -> list[placement.NodeInfo]:
         return placement.cluster_nodes()
 
-    def start(self, serve: ServeConfig, layout: placement.Layout, node_ids: list[str]) -> None:
-        run = self.life.new_run(serve, layout, node_ids)
-        thread = threading.Thread(target=self._main, args=(run,), name=f"config-{serve.id}", daemon=True)
-        self._runs[serve.id] = (run, thread)
+    def start(self, serve: ServeConfig, layout: placement.Layout, node_ids: list[str], replica: int = 0) -> None:
+        key = replica_key(serve.id, replica)
+        run = self.life.new_run(serve, layout, node_ids, replica)
+        thread = threading.Thread(target=self._main, args=(run,), name=f"config-{key}", daemon=True)
+        self._runs[key] = (run, thread)
         thread.start()
 
     def _main(self, run: ConfigRun) -> None:
@@ -247,7 +248,8 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
         work = Workload(plan, ledger, output_dir, emit, with_gpus)
         cluster = RayCluster(ConfigLife(work))
     scheduler = Scheduler(cluster, work, with_event_log(emit, ledger.add_event),  # node losses: ledger rows
-                          max_servers=c.placement.max_servers or (None if with_gpus else 1))
+                          max_servers=c.placement.max_servers or (None if with_gpus else 1),
+                          tail_replicas=c.placement.tail_replicas)
     emit("campaign_start", total=len(plan.points), counts=ledger.counts())
     scheduler.run()
     emit("campaign_end", counts=ledger.counts(), stopped=work.stop_reason)

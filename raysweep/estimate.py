@@ -13,11 +13,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from raysweep import grid
 from raysweep.plan import Plan, PointRun
 
-__all__ = ["DEFAULTS", "Defaults", "Estimate", "Measured", "estimate", "eta_s", "format_duration", "guess_point_s",
-           "measured_from"]
+__all__ = ["DEFAULTS", "Defaults", "Estimate", "Measured", "add_recorded", "estimate", "eta_s", "format_duration",
+           "guess_point_s", "measured_from"]
 
 
 @dataclass(frozen=True)
@@ -232,15 +233,10 @@ def measured_from(*output_dirs: str | Path) -> Measured:
     return m
 
 
-def _measure(output_dir: str | Path, m: Measured) -> None:
-    from raysweep.ledger import Ledger, PointState
-    from raysweep.results import load_records
+def add_recorded(m: Measured, servers: list[Any], points: list[Any]) -> set[str]:
+    """Add the server starts and done points' durations of ledger rows to `m`; returns the points timed."""
+    from raysweep.ledger import PointState
 
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        servers, points = ledger.servers(), ledger.points(in_plan_only=False)
-    finally:
-        ledger.close()
     for s in servers:
         if s.ready_at is not None:
             m.add_start(s.serve_id, s.ready_at - s.started_at)
@@ -249,6 +245,18 @@ def _measure(output_dir: str | Path, m: Measured) -> None:
         if p.state == PointState.DONE and p.started_at is not None and p.ended_at is not None:
             m.add_point(p.serve_id, p.bench_id, p.ended_at - p.started_at)
             timed.add(p.point_id)
+    return timed
+
+
+def _measure(output_dir: str | Path, m: Measured) -> None:
+    from raysweep.ledger import Ledger
+    from raysweep.results import load_records
+
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        timed = add_recorded(m, ledger.servers(), ledger.points(in_plan_only=False))
+    finally:
+        ledger.close()
     try:
         records = load_records(output_dir)
     except (OSError, ValueError):

@@ -366,6 +366,19 @@ class Ledger:
         return [p for p in self.points(serve_id=serve_id)
                 if p.state == PointState.PENDING or (p.state == PointState.FAILED and p.attempts < max_attempts)]
 
+    def claim(self, point_id: str, server_id: str, max_attempts: int) -> int | None:
+        """Mark a point running on a server only if it is still to run (pending, or failed with attempts
+        left), in one transaction: of several servers of one configuration, one takes each point. Returns
+        its attempt number, or None when another server has it (or it is done)."""
+        with self._tx() as c:
+            cur = c.execute("UPDATE points SET state = 'running', attempts = attempts + 1, started_at = ?, "
+                            "ended_at = NULL, server_id = ?, updated_at = ? WHERE point_id = ? AND "
+                            "(state = 'pending' OR (state = 'failed' AND attempts < ?))",
+                            (time.time(), server_id, time.time(), point_id, max_attempts))
+            if cur.rowcount != 1:
+                return None
+            return int(c.execute("SELECT attempts FROM points WHERE point_id = ?", (point_id,)).fetchone()[0])
+
     def mark_running(self, point_id: str, server_id: str) -> int:
         with self._tx() as c:
             c.execute("UPDATE points SET state = 'running', attempts = attempts + 1, started_at = ?, ended_at = NULL,"
@@ -403,7 +416,7 @@ class Ledger:
             return [dict(r) for r in self._conn.execute(sql + " ORDER BY at", args).fetchall()]
 
     def add_event(self, kind: str, serve_ids: list[str], nodes: list[str], detail: str) -> None:
-        """A cluster event (`node_lost`, `replaced`): when, which configurations, which nodes, what."""
+        """A cluster event (`node_lost`, `replaced`, `replica`): when, which configurations, which nodes, what."""
         with self._tx() as c:
             c.execute("INSERT INTO events(at, kind, serve_ids, nodes, detail) VALUES(?, ?, ?, ?, ?)",
                       (time.time(), kind, ",".join(serve_ids), ",".join(nodes), detail))

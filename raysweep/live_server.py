@@ -95,6 +95,7 @@ class ConfigRun:
     bench: Any = None                # the bench backend's client side (its actors stay warm between points)
     helper: Any = None               # runs after_bench_cmd
     fabric: dict[str, Any] | None = None  # the fabric probe of its placement group (transport.probe)
+    replica: int = 0                 # > 0: one more server of a running configuration (placement.tail_replicas)
 
     def drop_client(self) -> None:
         """Stop the client actors (a point was abandoned); the next point starts fresh ones."""

@@ -20,6 +20,12 @@ being left alone on an emptying cluster at the end (benchmarks/results/packing.m
 Given estimated seconds and the running configurations' time left (`Busy`), it also holds nodes for the
 first configuration that does not fit (benchmarks/results/packing-estimates.md: this needs accurate
 per-configuration durations to pay off).
+
+`tail_starts` is the campaign's tail (`placement.tail_replicas`): once no configuration is waiting, GPUs
+that would idle start more servers of running configurations, which share their unclaimed points, the one
+whose points would end last first, while each server's share takes longer than a server start (one more
+server then ends them sooner). A configuration started late or longer than it looked no longer sets the
+end alone (benchmarks/results/packing-tail.md).
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from raysweep.campaign import NodeRule
 from raysweep.plan import ServeConfig, Shape
 
 __all__ = ["HOST_CPUS", "NODE_ID_LABEL", "Busy", "Demand", "Layout", "NodeInfo", "NotPlaced", "Reservation",
-           "actor_options", "bundles_for", "rule_text", "choose_starts", "cluster_nodes", "eligible_nodes", "fit_nodes",
-           "has_gpus", "layout_for", "local_nodes", "release", "reserve"]
+           "Share", "actor_options", "bundles_for", "rule_text", "choose_starts", "cluster_nodes", "eligible_nodes", "fit_nodes",
+           "has_gpus", "layout_for", "local_nodes", "release", "reserve", "tail_starts"]
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +299,40 @@ def _soonest_fit(d: Demand, free: dict[str, int], busy: list[Busy]) -> tuple[flo
     return None, set()
 
 
+@dataclass(frozen=True)
+class Share:
+    """A running configuration whose unclaimed points more servers of it could share, as `tail_starts` sees
+    it: its measured seconds per point and per server start."""
+
+    key: str
+    layout: Layout
+    eligible: tuple[str, ...]
+    servers: int        # servers of it running now
+    points_left: int    # points no server has claimed yet
+    point_s: float
+    start_s: float
+    max_servers: int    # 1 + placement.tail_replicas
+
+
+def tail_starts(shares: list[Share], free: dict[str, int]) -> list[tuple[str, list[str]]]:
+    """More servers for running configurations, on GPUs nothing waits for: the configuration whose unclaimed
+    points take longest per server first, one more server while each server's share of them takes longer
+    than a server start (n servers end them in points_left x point_s / n; n + 1, of which one starts first,
+    in (points_left x point_s + start_s) / (n + 1), sooner exactly then). `free` is updated in place."""
+    chosen: list[tuple[str, list[str]]] = []
+    for s in sorted(shares, key=lambda s: (-s.points_left * s.point_s / s.servers, s.key)):
+        n = s.servers
+        while n < s.max_servers and s.points_left * s.point_s / n > s.start_s:
+            nodes = fit_nodes(s.layout, s.eligible, free)
+            if nodes is None:
+                break
+            for node in nodes:
+                free[node] -= s.layout.gpus_per_node
+            chosen.append((s.key, nodes))
+            n += 1
+    return chosen
+
+
 # ---------------------------------------------------------------------------------------------------
 # Placement groups
 # ---------------------------------------------------------------------------------------------------
@@ -305,10 +345,13 @@ def bundles_for(layout: Layout, rule: NodeRule) -> tuple[list[dict[str, float]],
     return [dict(bundle) for _ in range(layout.nnodes)], "STRICT_PACK" if layout.nnodes == 1 else "STRICT_SPREAD"
 
 
-def reserve(serve: ServeConfig, layout: Layout, node_ids: list[str], timeout_s: float = 60.0) -> Reservation:
-    """Create the configuration's placement group on the chosen nodes and wait until Ray has placed it."""
+def reserve(serve: ServeConfig, layout: Layout, node_ids: list[str], timeout_s: float = 60.0,
+            replica: int = 0) -> Reservation:
+    """Create the configuration's placement group on the chosen nodes and wait until Ray has placed it
+    (`replica` > 0: a further server of it at the campaign's tail, in a group of its own)."""
     bundles, strategy = bundles_for(layout, serve.rule)
-    pg = placement_group(bundles, strategy=strategy, name=f"raysweep-{serve.id}",
+    name = f"raysweep-{serve.id}" + (f"-r{replica}" if replica else "")
+    pg = placement_group(bundles, strategy=strategy, name=name,
                          bundle_label_selector=[{NODE_ID_LABEL: n} for n in node_ids])
     t0 = time.monotonic()
     while not pg.wait(timeout_seconds=2):

@@ -167,10 +167,12 @@ class PointRunner:
                                reason=res.get("client_limited_reason"), stop=stop)
         return status, out
 
-    def run(self, run: ConfigRun, server: Server, point: PointRun, reset: str) -> bool:
-        """Run one point and record it in the ledger (done, failed, or back to pending); True when done."""
+    def run(self, run: ConfigRun, server: Server, point: PointRun, reset: str, attempt: int | None = None) -> bool:
+        """Run one point and record it in the ledger (done, failed, or back to pending); True when done.
+        `attempt`: the point was claimed already (`Ledger.claim`) as this attempt."""
         ledger, emit = self.work.ledger, self.work.emit
-        attempt = ledger.mark_running(point.id, server.server_id)
+        if attempt is None:
+            attempt = ledger.mark_running(point.id, server.server_id)
         emit("point_start", point=point, attempt=attempt, server_id=server.server_id)
         started = time.time()
         try:

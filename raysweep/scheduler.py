@@ -4,7 +4,9 @@ Each `step` looks at the cluster's nodes, tears down configurations whose nodes 
 ones that ended (a configuration not placed yet waits `NOT_PLACED_RETRY_S` before it is tried again; one
 whose host actors keep getting lost is given up after `HOST_LOSS_LIMIT` starts; an error stops the
 campaign), and starts what fits: most work first, largest shapes first among equals, smaller ones filling
-the gaps (`placement.choose_starts`), never more than `max_servers` at once.
+the gaps (`placement.choose_starts`), never more than `max_servers` at once. With `tail_replicas`, once
+nothing is waiting, GPUs that would idle start more servers of running configurations to share their
+unclaimed points (`placement.tail_starts`, from each one's measured pace: `Work.pace`).
 
 The scheduler knows nothing of how a server or a benchmark works inside. It talks to two small
 interfaces: a `Cluster` (nodes, start a configuration, the ones that ended, abort; Ray in production, a
@@ -24,7 +26,7 @@ from raysweep.placement import Layout, NodeInfo
 from raysweep.plan import ServeConfig
 
 __all__ = ["Cluster", "HOST_LOSS_LIMIT", "INTERRUPTED", "NOT_PLACED_RETRY_S", "Running", "Scheduler", "Work",
-           "with_event_log"]
+           "replica_key", "with_event_log"]
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +43,17 @@ class Cluster(Protocol):
         """The nodes alive now, with their GPUs and CPUs."""
         ...
 
-    def start(self, serve: ServeConfig, layout: Layout, node_ids: list[str]) -> None:
-        """Start running a configuration on these nodes."""
+    def start(self, serve: ServeConfig, layout: Layout, node_ids: list[str], replica: int = 0) -> None:
+        """Start running a configuration on these nodes (`replica` > 0: one more server of a running one,
+        known as `replica_key(serve.id, replica)`, sharing its unclaimed points)."""
         ...
 
     def finished(self) -> list[tuple[str, str]]:
-        """(configuration id, outcome) of each configuration that ended since the last call."""
+        """(configuration id or replica key, outcome) of each run that ended since the last call."""
         ...
 
     def abort(self, serve_id: str, reason: str) -> None:
-        """Ask a running configuration to stop now."""
+        """Ask a running configuration (or replica key) to stop now."""
         ...
 
     def wait(self, timeout_s: float) -> None:
@@ -80,14 +83,28 @@ class Work(Protocol):
         """Fail a configuration's remaining work for good."""
         ...
 
+    def pace(self, serve_id: str) -> tuple[float, float] | None:
+        """Its measured seconds per point and per server start, or None (not measured yet, or its work
+        cannot be shared between servers). Asked only with `tail_replicas`."""
+        ...
+
+
+def replica_key(serve_id: str, replica: int) -> str:
+    """How the scheduler and the cluster know a configuration's further server at the tail."""
+    return f"{serve_id}~{replica}" if replica else serve_id
+
 
 def with_event_log(emit: Callable[..., None], add_event: Callable[[str, list[str], list[str], str], None]
                    ) -> Callable[..., None]:
-    """The event sink that also records node losses and re-placements (`add_event(kind, serve ids, nodes,
-    detail)`, e.g. `Ledger.add_event`) before passing every event on."""
+    """The event sink that also records node losses, re-placements and tail replicas (`add_event(kind, serve
+    ids, nodes, detail)`, e.g. `Ledger.add_event`) before passing every event on."""
     def sink(kind: str, **data: object) -> None:
         if kind == "node_lost":
             add_event(kind, [data["serve"].id], list(data["nodes"]), str(data["reason"]))  # type: ignore[attr-defined,call-overload]
+        elif kind == "replica":
+            add_event(kind, [data["serve"].id], list(data["nodes"]),  # type: ignore[attr-defined,call-overload]
+                      f"one more server of it (replica {data['replica']}) to share its {data['points_left']} "
+                      "points left")
         elif kind == "replaced":
             add_event(kind, [data["serve"].id], list(data["nodes"]),  # type: ignore[attr-defined,call-overload]
                       f"placed again after losing {', '.join(n[:12] for n in data['lost'])}")  # type: ignore[attr-defined]
@@ -103,14 +120,17 @@ class Running:
     layout: Layout
     node_ids: list[str]
     abort: str | None = None
+    replica: int = 0  # > 0: a further server of a running configuration, at the campaign's tail
 
 
 class Scheduler:
     """Decides which configurations run where; `run` steps until nothing is left to start or running."""
 
     def __init__(self, cluster: Cluster, work: Work, emit: Callable[..., None], max_servers: int | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tail_replicas: int = 0) -> None:
         self.cluster, self.work, self.emit, self.max_servers, self.clock = cluster, work, emit, max_servers, clock
+        self.tail_replicas = tail_replicas
+        self.replicas: dict[str, int] = {}  # further servers started per configuration, for their keys
         self.running: dict[str, Running] = {}
         self.not_before: dict[str, float] = {}
         self.host_losses: dict[str, int] = {}
@@ -140,6 +160,8 @@ class Scheduler:
             return False
         now = self.clock()
         self._start_what_fits([(s, w) for s, w in pending if self.not_before.get(s.id, 0) <= now], nodes)
+        if self.tail_replicas and not pending and not self.work.stop_reason:
+            self._start_tail_replicas(nodes)
         return True
 
     def _pending(self) -> list[tuple[ServeConfig, int]]:
@@ -160,11 +182,16 @@ class Scheduler:
                 self.cluster.abort(key, r.abort)
                 log.warning("server config %s: %s; tearing its server down", key, r.abort)
                 self.emit("node_lost", serve=r.serve, nodes=lost, reason=r.abort)
-                self.lost_from[key] = lost
+                if not r.replica:  # a replica is not placed again: the configuration's other servers go on
+                    self.lost_from[key] = lost
 
     def _collect_finished(self) -> None:
         for sid, outcome in self.cluster.finished():
             r = self.running.pop(sid)
+            if r.replica:
+                if outcome.startswith("error"):
+                    self.work.stop_reason = f"server config {r.serve.id} (replica {r.replica}): {outcome}"
+                continue
             if outcome == "not placed":
                 self.not_before[sid] = self.clock() + NOT_PLACED_RETRY_S
             elif outcome == "host lost":
@@ -194,6 +221,34 @@ class Scheduler:
             if d.key in self.lost_from:  # placed again after a node loss
                 self.emit("replaced", serve=by_id[d.key], nodes=node_ids, lost=self.lost_from.pop(d.key))
             self.cluster.start(by_id[d.key], d.layout, node_ids)
+
+    def _start_tail_replicas(self, nodes: list[NodeInfo]) -> None:
+        """Nothing waits: more servers of running configurations on the GPUs left free (see the module)."""
+        servers: dict[str, int] = {}
+        for r in self.running.values():
+            servers[r.serve.id] = servers.get(r.serve.id, 0) + 1
+        shares, by_id = [], {}
+        for key, r in self.running.items():
+            if r.replica or r.abort:
+                continue
+            left = self.work.work_left(key)
+            pace = self.work.pace(key) if left else None
+            if pace is None:
+                continue
+            eligible = tuple(n.node_id for n in placement.eligible_nodes(r.serve.rule, nodes))
+            shares.append(placement.Share(key, r.layout, eligible, servers[key], left, pace[0], pace[1],
+                                          1 + self.tail_replicas))
+            by_id[key] = r
+        if not shares:
+            return
+        free = self._free_gpus(nodes)
+        slots = None if self.max_servers is None else max(0, self.max_servers - len(self.running))
+        for sid, node_ids in placement.tail_starts(shares, free)[:slots]:
+            r = by_id[sid]
+            n = self.replicas[sid] = self.replicas.get(sid, 0) + 1
+            self.running[replica_key(sid, n)] = Running(r.serve, r.layout, node_ids, replica=n)
+            self.emit("replica", serve=r.serve, nodes=node_ids, replica=n, points_left=self.work.work_left(sid))
+            self.cluster.start(r.serve, r.layout, node_ids, replica=n)
 
     def _free_gpus(self, nodes: list[NodeInfo]) -> dict[str, int]:
         """GPUs per node less those of the configurations running there."""

@@ -221,8 +221,8 @@ def _telemetry_figure(df: Any) -> Any:
 
 def report_section(output_dir: Any) -> str | None:
     """The report's multi-node section: per server, its node-pair links and fabric probe, GPU topology
-    warnings, the cluster events (node losses, re-placements), and the GPU telemetry of every point (a
-    figure; throttled points crossed in red). None when there is nothing of the kind."""
+    warnings, the cluster events (node losses, re-placements, tail replicas), and the GPU telemetry of every
+    point (a figure; throttled points crossed in red). None when there is nothing of the kind."""
     import base64
     import html
     from pathlib import Path

@@ -9,7 +9,9 @@ points first; with early stopping (successive halving, asynchronous) one that ra
 of its peers at a rung is stopped and its GPUs go to the next candidate. With two objectives (Pareto), each
 bench point of a candidate is one point of the trade-off: the sampler learns every one, candidates run both
 ends of the load first, and one whose every point is dominated by other candidates' points at a rung stops;
-the end of the budget goes to configurations one step from those on or near the front.
+after the sampler's start-up candidates, each next one is the untried configuration whose optimistic
+predicted points add the most hypervolume (`raysweep.surrogate`, `tune.pareto_model`), and the end of the
+budget goes to configurations one step from those on or near the front.
 
 Every candidate is a ledger row (`candidates`: number, parameters, state, objective, rung values, reason,
 GPU-seconds); a resumed campaign rebuilds the plan and the sampler from those rows, so no finished
@@ -20,9 +22,11 @@ its `Cluster` to see starts and ends; the sampler side (`Tuner`) and the objecti
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import logging
 import math
+import random
 import shlex
 import time
 import warnings
@@ -35,7 +39,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from raysweep import grid, placement
+from raysweep import grid, placement, surrogate
 from raysweep.campaign import Campaign, CampaignSpec, TuneObjective, TuneParam, TuneSpec
 from raysweep.errors import CampaignError
 from raysweep.ledger import Ledger, PointState
@@ -60,6 +64,10 @@ GRID_LIMIT = 100_000
 FRONT_MARGIN = 0.03
 POLISH_SHARE = 0.15
 LIFT = 0.03
+# candidates drawn by the sampler (TPE: at random) before its model, or in Pareto mode `raysweep.surrogate`,
+# proposes; the surrogate scores a finite space whole up to MODEL_CANDIDATES configurations, else as many drawn
+STARTUP = 16
+MODEL_CANDIDATES = 1024
 
 # ---------------------------------------------------------------------------------------------------
 # The space and its checks
@@ -112,6 +120,22 @@ def _grid_values(d: BaseDistribution, fld: str) -> list[Any]:
         n = int(round((d.high - d.low) / d.step))
         return [round(d.low + i * d.step, 12) for i in range(n + 1)]
     raise CampaignError(fld, "sampler grid needs choices, an integer range or a float range with step")
+
+
+def _finite(d: BaseDistribution) -> bool:
+    return isinstance(d, (CategoricalDistribution, IntDistribution)) or (
+        isinstance(d, FloatDistribution) and d.step is not None)
+
+
+def _draw(d: BaseDistribution, rng: random.Random) -> Any:
+    """One value of a distribution, uniform (in log where asked)."""
+    if isinstance(d, CategoricalDistribution):
+        return rng.choice(list(d.choices))
+    if isinstance(d, (IntDistribution, FloatDistribution)):
+        if _finite(d):
+            return rng.choice(_grid_values(d, ""))
+        return math.exp(rng.uniform(math.log(d.low), math.log(d.high))) if d.log else rng.uniform(d.low, d.high)
+    raise TypeError(f"no values to draw from {d!r}")
 
 
 def distributions(t: TuneSpec) -> dict[str, BaseDistribution]:
@@ -190,7 +214,8 @@ def _sampler(t: TuneSpec, dists: dict[str, BaseDistribution]) -> optuna.samplers
             return optuna.samplers.GridSampler(space, seed=t.seed)
         if t.sampler == "nsga2":
             return optuna.samplers.NSGAIISampler(seed=t.seed, population_size=8)
-        return optuna.samplers.TPESampler(seed=t.seed, multivariate=True, constant_liar=True, n_startup_trials=16)
+        return optuna.samplers.TPESampler(seed=t.seed, multivariate=True, constant_liar=True,
+                                           n_startup_trials=STARTUP)
 
 
 _TO_OPTUNA = {"running": TrialState.RUNNING, "complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED,
@@ -412,6 +437,7 @@ class TuneWork(Workload):
         self._records: dict[str, dict[str, Any]] = {}
         self.refused: set[str] = set()  # configurations refused once: a proposal of one again is not recorded
         self.polished: dict[int, int] = {}  # candidate -> the front configuration it is one step from
+        self.modelled: set[int] = set()     # candidates the surrogate proposed (Pareto, after the start-up)
         self.t0 = clock()
         self._restore()
 
@@ -779,9 +805,85 @@ class TuneWork(Workload):
                 best = (score, owner, left[0])
         return None if best is None else best[1:]
 
+    def model_next(self) -> dict[str, Any] | None:
+        """Pareto over result fields, after the sampler's start-up candidates: the untried configuration
+        whose optimistic predicted bench points add the most hypervolume to the points run
+        (`raysweep.surrogate`); None before there is enough to go on, or when every configuration is tried."""
+        tried = [c for c in self.cands.values() if c.state != "refused"]
+        if not self.t.pareto_model or self.t.sampler == "grid" or len(tried) < STARTUP:
+            return None
+        loads = {b.id: _load_key(b.params) for b in self.plan.benches}
+        xs, ys, run = [], [], []
+        for c in tried:
+            a, b = (self._per_bench(c, o, None) for o in self.objectives)
+            for bid in a:
+                if bid in b:
+                    run.append([a[bid], b[bid]])
+                    if a[bid] > 0 and b[bid] > 0:
+                        xs.append(self._features(c.params, loads[bid], loads))
+                        ys.append([a[bid], b[bid]])
+        untried = self._untried()
+        found = surrogate.best_addition(xs, ys, [[self._features(p, loads[bid], loads) for bid in loads]
+                                                 for p in untried], run,
+                                        [o.direction for o in self.objectives], hypervolume)
+        return None if found is None else untried[found[0]]
+
+    def _features(self, params: dict[str, Any], load: tuple[float, float],
+                  loads: dict[str, tuple[float, float]]) -> list[float]:
+        """A configuration at a bench load, each parameter and each varying part of the load in [0, 1]:
+        ordered scales by rank, ranges by value (log where asked), unordered choices one-hot."""
+        out: list[float] = []
+        for key, d in self.tuner.dists.items():
+            v = params[key]
+            scale = self.tuner.scales.get(key)
+            if scale is not None:
+                out.append(scale.index(v) / max(1, len(scale) - 1))
+            elif isinstance(d, CategoricalDistribution):
+                i = [repr(c) for c in d.choices].index(repr(v))
+                out.extend([float(i)] if len(d.choices) == 2 else [float(i == j) for j in range(len(d.choices))])
+            elif isinstance(d, (IntDistribution, FloatDistribution)):
+                lo, hi, x = (math.log(d.low), math.log(d.high), math.log(v)) if d.log else (d.low, d.high, v)
+                out.append((x - lo) / (hi - lo) if hi > lo else 0.0)
+        for part in range(2):  # max_concurrency, request_rate where they vary: log scale, unbounded at 1
+            values = {v[part] for v in loads.values()}
+            if len(values) < 2:
+                continue
+            finite = sorted(v for v in values if math.isfinite(v) and v > 0)
+            x = load[part]
+            if not math.isfinite(x):
+                out.append(1.0)
+            elif len(finite) < 2 or x <= 0:
+                out.append(0.0)
+            else:
+                top = 0.8 if len(finite) < len(values) else 1.0  # room above for the unbounded load
+                out.append(top * (math.log(x) - math.log(finite[0])) / (math.log(finite[-1]) - math.log(finite[0])))
+        return out
+
+    def _untried(self) -> list[dict[str, Any]]:
+        """Configurations not tried, refused or excluded: all of a finite space up to MODEL_CANDIDATES, else
+        that many drawn at random."""
+        dists = self.tuner.dists
+        values = {k: _grid_values(d, k) if _finite(d) else None for k, d in dists.items()}
+        size = math.prod(len(v) for v in values.values()) if all(v is not None for v in values.values()) else None
+        if size is not None and size <= MODEL_CANDIDATES:
+            combos = [dict(zip(values, c)) for c in itertools.product(*values.values())]  # type: ignore[arg-type]
+        else:
+            rng = random.Random(f"{self.t.seed}-{len(self.cands)}")
+            combos = [{k: _draw(d, rng) for k, d in dists.items()} for _ in range(MODEL_CANDIDATES)]
+        out, seen = [], set()
+        for params in combos:
+            serve = candidate_serve(self.plan.spec, params)
+            if serve.id in seen or serve.id in self.by_serve or serve.id in self.refused:
+                continue
+            seen.add(serve.id)
+            if refusal(self.t, serve, self.nodes_now) is None:
+                out.append(params)
+        return out
+
     def _new_candidate(self) -> bool:
         polish = self.polish_next() if self._polishing() else None
-        trial, params = self.tuner.ask(polish[1] if polish else None)
+        chosen = polish[1] if polish else self.model_next() if self._by_points() else None
+        trial, params = self.tuner.ask(chosen)
         serve = candidate_serve(self.plan.spec, params)
         if serve.id in self.refused:
             self.tuner.tell(trial, "refused")
@@ -819,6 +921,9 @@ class TuneWork(Workload):
         if polish:
             self.polished[number] = polish[0].number
             log.info("candidate %d: one step from candidate %d, on or near the front", number, polish[0].number)
+        elif chosen is not None:
+            self.modelled.add(number)
+            log.info("candidate %d: its predicted points add the most to the front", number)
         self.emit("candidate_start", number=number, serve=serve, points=len(points))
         return True
 

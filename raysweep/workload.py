@@ -2,17 +2,19 @@
 
 `Workload` holds the plan, the ledger, the output and log directories, the event sink and why the campaign
 stops (None while it goes on). It answers the scheduler's `Work` questions: how much a configuration has
-left (its runnable points, or with SLA searches one probe's runs per open search) and giving one up.
+left (its runnable points, or with SLA searches one probe's runs per open search), its measured pace
+(for more servers of it at the campaign's tail), and giving one up.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from raysweep import sla
+from raysweep import estimate, sla
 from raysweep.ledger import Ledger
 from raysweep.plan import Plan, ServeConfig
 
@@ -49,6 +51,20 @@ class Workload:
         if self.c.sla is not None:
             return self.c.runs * len(self.open_searches(serve_id))
         return len(self.ledger.runnable(serve_id, self.c.max_attempts))
+
+    def pace(self, serve_id: str) -> tuple[float, float] | None:
+        """Its median seconds per done point and per server start, as the ledger recorded them; None before
+        both are known, and with SLA searches (a search's probes run one after another on one server)."""
+        if self.c.sla is not None or self.plan.spec.offline:
+            return None
+        m = estimate.Measured()
+        estimate.add_recorded(m, [s for s in self.ledger.servers() if s.serve_id == serve_id],
+                              self.ledger.points(serve_id=serve_id))
+        points = [t for (sid, _), ts in m.point_s.items() if sid == serve_id for t in ts]
+        starts = m.server_start_s.get(serve_id)
+        if not points or not starts:
+            return None
+        return statistics.median(points), statistics.median(starts)
 
     def open_searches(self, serve_id: str) -> list[tuple[str, Any]]:
         """The (bench id, target) SLA searches of a config without a recorded outcome."""

@@ -385,3 +385,40 @@ def test_a_ledger_from_before_provenance_gets_the_new_server_columns(tmp_path):
         assert row.provenance_record() == {"vllm": "0.32.0", "hostname": "h"}
     finally:
         led.close()
+
+
+def test_claim_gives_each_point_to_one_server_of_several(ledger):
+    """Servers of one configuration share its points (placement.tail_replicas): a point goes to one."""
+    import threading
+
+    ids = [f"p{i}" for i in range(120)]
+    sync(ledger, pts(*ids))
+    taken: dict[str, list[str]] = {f"srv{k}": [] for k in range(4)}
+
+    def server(name: str) -> None:
+        for pid in ids:  # every server walks the whole list, as each starts with the runnable points it read
+            if ledger.claim(pid, name, max_attempts=2) is not None:
+                taken[name].append(pid)
+                ledger.mark_done(pid, f"points/{pid}.json")
+
+    threads = [threading.Thread(target=server, args=(n,)) for n in taken]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(p for ps in taken.values() for p in ps) == sorted(ids)      # each once
+    assert all(p.attempts == 1 and p.server_id in taken for p in ledger.points())
+
+
+def test_claim_takes_a_failed_point_with_attempts_left_but_not_one_running_or_done(ledger):
+    sync(ledger, pts("failed", "running", "done", "spent"))
+    for pid in ("failed", "running", "done", "spent"):
+        ledger.mark_running(pid, "srv")
+    ledger.mark_failed("failed", "x")
+    ledger.mark_done("done", "r.json")
+    ledger.mark_failed("spent", "x")
+    assert ledger.claim("failed", "srv2", max_attempts=2) == 2
+    assert ledger.claim("running", "srv2", max_attempts=2) is None
+    assert ledger.claim("done", "srv2", max_attempts=2) is None
+    assert ledger.claim("spent", "srv2", max_attempts=1) is None
+    assert state(ledger, "running") == (PointState.RUNNING, 1) and state(ledger, "spent") == (PointState.FAILED, 1)

@@ -1,10 +1,13 @@
 """Packing and node loss as data, without Ray: the scheduler's re-placement after a node loss recorded as
-events, and the safeguard policies of the packing simulation (benchmarks/bench_packing.py)."""
+events, the safeguard policies of the packing simulation (benchmarks/bench_packing.py), and its point-by-point
+simulation of tail replicas."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import pytest
 
 from test_scheduler import FakeCluster, FakeWork, serve
 
@@ -79,3 +82,20 @@ def test_the_ledger_keeps_events_and_every_failed_attempts_error_after_success(t
     assert [(e["kind"], e["serve_ids"], e["nodes"]) for e in events] == [
         ("node_lost", ["s1"], ["n1"]), ("replaced", ["s1"], ["n2", "n3"])]
     led.close()
+
+
+def test_the_point_by_point_simulation_without_tail_replicas_is_the_same_campaign():
+    sc = bench_packing.SCENARIOS[3]   # one wave
+    nodes, configs = bench_packing.make_nodes(sc), bench_packing.make_campaign(sc, sc.seed)
+    plain = bench_packing.simulate(configs, nodes)
+    shared = bench_packing.simulate_shared(configs, nodes, bench_packing.TailReplicas(0), sc.seed)
+    assert shared == pytest.approx(plain, rel=1e-12)
+
+
+def test_tail_replicas_shorten_a_campaign_held_up_by_one_long_configuration():
+    sc = bench_packing.SCENARIOS[2]   # 8 configurations, one of 60 points: it alone sets the end
+    nodes, configs = bench_packing.make_nodes(sc), bench_packing.make_campaign(sc, sc.seed)
+    policy = bench_packing.TailReplicas(3)
+    shared, _ = bench_packing.simulate_shared(configs, nodes, policy, sc.seed)
+    longest = max(c.duration_s for c in configs)
+    assert policy.extra_servers >= 1 and shared < 0.8 * longest   # up to four servers share its points

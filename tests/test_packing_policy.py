@@ -1,10 +1,11 @@
 """The packer's reservation (`choose_starts` given the running configurations' time left): the first
 configuration in order that does not fit holds the nodes where it will fit soonest; later ones use those
-nodes only when they end before it can start."""
+nodes only when they end before it can start. And the tail (`tail_starts`): more servers of a running
+configuration while each server's share of its points takes longer than a server start."""
 
 from __future__ import annotations
 
-from raysweep.placement import Busy, Demand, Layout, choose_starts
+from raysweep.placement import Busy, Demand, Layout, Share, choose_starts, tail_starts
 
 NODES = ("a", "b", "c")
 
@@ -68,3 +69,29 @@ def test_the_simulation_estimates_from_measured_points_only_once_they_exist():
     history = bp.Estimated("history")
     history.bind(configs, layouts, seed=1)
     assert [d.key for d, _ in history(demands, {"a": 2})] == ["few-slow"]
+
+
+def share(key: str, gpus: int, servers: int, left: int, point_s: float, start_s: float, most: int = 4) -> Share:
+    return Share(key, Layout(1, gpus, "single"), ("a", "b"), servers, left, point_s, start_s, most)
+
+
+def test_tail_servers_start_while_each_share_takes_longer_than_a_server_start():
+    # 10 points of 30 s left: 300 s for one server, 150 each for two, 100 for three; a start takes 120 s:
+    # one server's 300 > 120 adds a second, two servers' 150 > 120 a third, three servers' 100 < 120 stops
+    free = {"a": 4, "b": 4}
+    assert tail_starts([share("x", 2, 1, 10, 30.0, 120.0)], free) == [("x", ["a"]), ("x", ["a"])]   # best fit
+    assert free == {"a": 0, "b": 4}
+    # at 90 s a start: 300 / 3 = 100 > 90 -> a fourth server, but max_servers stops it at 3
+    assert len(tail_starts([share("x", 1, 1, 10, 30.0, 90.0, most=3)], {"a": 4, "b": 4})) == 2
+    # a share shorter than a start: nothing
+    assert tail_starts([share("x", 1, 1, 3, 30.0, 120.0)], {"a": 4, "b": 4}) == []
+
+
+def test_the_configuration_whose_points_end_last_gets_the_free_gpus_first():
+    free = {"a": 2, "b": 0}
+    got = tail_starts([share("soon", 2, 1, 10, 30.0, 60.0), share("late", 2, 2, 40, 30.0, 60.0)], free)
+    assert got == [("late", ["a"])] and free == {"a": 0, "b": 0}   # 40 x 30 / 2 = 600 s before 300 s
+
+
+def test_a_tail_server_that_fits_nowhere_is_not_started():
+    assert tail_starts([share("x", 4, 1, 20, 30.0, 60.0)], {"a": 3, "b": 2}) == []

@@ -362,3 +362,31 @@ def test_embedded_ray_starts_its_workers_at_niceness_0(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180,
                           cwd=tmp_path)
     assert "NICE 0" in done.stdout, done.stdout + done.stderr
+
+
+def test_tail_replicas_share_a_configurations_points_each_run_once(gpu_cluster, tmp_path):
+    """Nothing else waits: once its first point and server start are measured, more servers of the one
+    configuration start on the free GPUs and take its points, each point run exactly once."""
+    from click.testing import CliRunner
+
+    from raysweep.cli import main
+
+    f = standin_campaign(tmp_path, bench_args="--sleep 2", placement={"tail_replicas": 2},
+                         bench_params={"grid": {"random_input_len": list(range(16, 28))}})
+    summary, out = run_file(f)
+    assert summary.counts == {"pending": 0, "running": 0, "done": 12, "failed": 0}
+    led = _ledger(out)
+    try:
+        points, servers, events = led.points(), led.servers(), led.events()
+    finally:
+        led.close()
+    assert all(p.attempts == 1 for p in points)
+    replicas = [e for e in events if e["kind"] == "replica"]
+    assert 1 <= len(replicas) <= 2 and len(servers) == 1 + len(replicas)
+    assert {s.state for s in servers} == {"stopped"} and len({s.serve_id for s in servers}) == 1
+    df = results_table(out)
+    assert len(df) == 12 and df["server_id"].nunique() >= 2          # a further server ran some of its points
+    assert set(df["server_id"]) <= {s.server_id for s in servers}
+    assert all("to share its" in e["detail"] and e["serve_ids"] == [servers[0].serve_id] for e in replicas)
+    shown = CliRunner().invoke(main, ["status", str(out)])
+    assert shown.exit_code == 0 and "replica" in shown.output

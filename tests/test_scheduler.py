@@ -6,7 +6,7 @@ import pytest
 
 from raysweep.placement import Layout, NodeInfo
 from raysweep.plan import ServeConfig, Shape
-from raysweep.scheduler import HOST_LOSS_LIMIT, INTERRUPTED, NOT_PLACED_RETRY_S, Scheduler
+from raysweep.scheduler import HOST_LOSS_LIMIT, INTERRUPTED, NOT_PLACED_RETRY_S, Scheduler, replica_key
 
 
 def serve(sid: str, gpus: int = 1, tp: int | None = None, pp: int = 1) -> ServeConfig:
@@ -28,9 +28,9 @@ class FakeCluster:
     def nodes(self) -> list[NodeInfo]:
         return list(self.alive)
 
-    def start(self, serve: ServeConfig, layout: Layout, node_ids: list[str]) -> None:
-        self.started.append((serve.id, tuple(node_ids)))
-        self.running.add(serve.id)
+    def start(self, serve: ServeConfig, layout: Layout, node_ids: list[str], replica: int = 0) -> None:
+        self.started.append((replica_key(serve.id, replica), tuple(node_ids)))
+        self.running.add(replica_key(serve.id, replica))
 
     def finished(self) -> list[tuple[str, str]]:
         out, self.ended = self.ended, []
@@ -72,6 +72,11 @@ class FakeWork:
         self.given_up[serve.id] = reason
         self.left[serve.id] = 0
 
+    paces: dict[str, tuple[float, float]] = {}
+
+    def pace(self, serve_id: str) -> tuple[float, float] | None:
+        return self.paces.get(serve_id)
+
 
 class Clock:
     def __init__(self) -> None:
@@ -81,10 +86,12 @@ class Clock:
         return self.t
 
 
-def make(cluster: FakeCluster, work: FakeWork, max_servers: int | None = None) -> tuple[Scheduler, list, Clock]:
+def make(cluster: FakeCluster, work: FakeWork, max_servers: int | None = None,
+         tail_replicas: int = 0) -> tuple[Scheduler, list, Clock]:
     events: list[tuple[str, dict]] = []
     clock = Clock()
-    sched = Scheduler(cluster, work, lambda kind, **data: events.append((kind, data)), max_servers, clock=clock)
+    sched = Scheduler(cluster, work, lambda kind, **data: events.append((kind, data)), max_servers, clock=clock,
+                      tail_replicas=tail_replicas)
     return sched, events, clock
 
 
@@ -214,3 +221,58 @@ def test_run_interrupts_what_still_runs_and_waits_for_it():
     with pytest.raises(KeyboardInterrupt):
         sched.run()
     assert cluster.aborted == {"x": INTERRUPTED, "y": INTERRUPTED} and cluster.joined
+
+
+def test_tail_replicas_start_only_once_nothing_waits_and_share_the_points_of_the_slowest():
+    cluster = FakeCluster(a=2, b=2)
+    work = FakeWork(serve("long", 1), serve("short", 1), serve("next", 2), work={"long": 20, "short": 2, "next": 2})
+    work.paces = {"long": (30.0, 100.0), "short": (30.0, 100.0)}
+    sched, events, _ = make(cluster, work, tail_replicas=2)
+    sched.step()
+    assert [k for k, _ in cluster.started] == ["long", "next", "short"]   # 2 GPUs on b for next, a shared
+    sched.step()
+    assert len(cluster.started) == 3                        # nothing waits, but no GPU is free either
+    finish(cluster, work, "next")
+    sched.step()                                            # b is free and nothing waits: long's 20 x 30 s
+    assert cluster.started[3:] == [("long~1", ("b",)), ("long~2", ("b",))]   # 600 > 100, 300 > 100: cap 1 + 2
+    assert [(k, d["replica"], d["points_left"]) for k, d in events if k == "replica"] == [("replica", 1, 20),
+                                                                                          ("replica", 2, 20)]
+    sched.step()
+    assert len(cluster.started) == 5                        # no more than the cap, no GPU left
+    cluster.end("long~1", "finished")                       # a replica ending leaves the configuration running
+    sched.step()
+    assert "long" in sched.running and "long~1" not in sched.running
+    assert cluster.started[5:] == [("long~3", ("b",))]     # its GPU goes to a new replica while worth it
+
+
+def test_without_tail_replicas_or_a_measured_pace_no_further_server_starts():
+    for tail, paces in ((0, {"x": (30.0, 10.0)}), (2, {})):
+        cluster = FakeCluster(a=4)
+        work = FakeWork(serve("x", 1), work={"x": 50})
+        work.paces = paces
+        sched, _, _ = make(cluster, work, tail_replicas=tail)
+        sched.step()
+        sched.step()
+        assert [k for k, _ in cluster.started] == ["x"]
+
+
+def test_a_replica_is_not_placed_again_after_a_node_loss_and_its_error_stops_the_campaign():
+    cluster = FakeCluster(a=1, b=1)
+    work = FakeWork(serve("x", 1), work={"x": 50})
+    work.paces = {"x": (30.0, 10.0)}
+    sched, _, _ = make(cluster, work, tail_replicas=1)
+    sched.step()
+    sched.step()
+    assert cluster.started == [("x", ("a",)), ("x~1", ("b",))]
+    cluster.lose("b")
+    sched.step()
+    assert "was lost" in cluster.aborted["x~1"] and "x" not in cluster.aborted
+    cluster.end("x~1", "aborted")
+    sched.step()
+    assert sched.lost_from == {} and set(sched.running) == {"x"}
+    cluster.alive.append(cluster.alive[0].__class__("b", "10.0.0.9", 1, 8.0))
+    sched.step()
+    assert cluster.started[-1] == ("x~2", ("b",))
+    cluster.end("x~2", "error: RuntimeError: boom")
+    sched.step()
+    assert work.stop_reason == "server config x (replica 2): error: RuntimeError: boom"

@@ -460,3 +460,21 @@ def test_a_candidate_no_node_can_hold_any_more_fails_and_frees_its_place(tmp_pat
     assert work.cands[first.number].state == "failed" and "can no longer be placed" in work.cands[first.number].reason
     assert not work.live() or work.live()[0].number != first.number
     ledger.close()
+
+
+def test_after_the_start_up_a_pareto_campaign_takes_the_surrogates_proposals(tmp_path):
+    import math
+
+    from raysweep import tune
+
+    data = bench.campaign("pareto", 6, 1.0)
+    data["tune"]["budget"] = {"candidates": 24}
+    work, ledger, started = simulate(tmp_path, data, seed=6)
+    first_polish = math.ceil(24 * (1 - tune.POLISH_SHARE) - 1e-9)
+    # the sampler's start-up, then the surrogate's proposals until the polishing share, each once
+    assert work.modelled == set(range(tune.STARTUP, first_polish)) and len(started) == len(set(started)) == 24
+    ledger.close()
+    data["tune"]["pareto_model"] = False
+    work, ledger, started = simulate(tmp_path / "off", data, seed=6)
+    assert work.modelled == set() and len(started) == 24
+    ledger.close()

@@ -16,7 +16,7 @@ from raysweep.cli._common import console
 # the bar advanced with it), or nothing (a later event or the final summary says it).
 SHOWN = frozenset({"server_starting", "server_ready", "server_failed", "transport", "node_lost", "config_failed",
                    "point_done", "point_failed", "sla_done", "candidate_start", "candidate_done", "fabric",
-                   "topology_warning"})
+                   "topology_warning", "replica"})
 SILENT = frozenset({"campaign_start", "campaign_end", "server_stopped", "warmup_done", "client_limited",
                     "point_start", "replaced"})
 # The driver's log records that an event line already says (they still go to the log file).
@@ -72,6 +72,9 @@ class _ProgressDisplay:
         elif kind == "node_lost":
             p.console.print(f"[yellow]{escape(data['reason'])}[/]: server config {data['serve'].id} is torn down "
                             "and placed again", highlight=False)
+        elif kind == "replica":
+            p.console.print(f"server config {data['serve'].id}: one more server (replica {data['replica']}) to share "
+                            f"its {data['points_left']} points left", highlight=False)
         elif kind == "transport":
             from raysweep.transport import describe
 

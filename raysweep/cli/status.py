@@ -183,7 +183,7 @@ def _transport_table(servers: list[Any], require: str) -> None:
 
 
 def _events_table(events: list[dict[str, Any]]) -> None:
-    """Node losses and re-placements, with when, which nodes and which configurations."""
+    """Node losses, re-placements and tail replicas, with when, which nodes and which configurations."""
     if not events:
         return
     import datetime
