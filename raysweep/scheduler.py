@@ -181,7 +181,7 @@ class Scheduler:
                 r.abort = f"node {where} was lost"
                 self.cluster.abort(key, r.abort)
                 log.warning("server config %s: %s; tearing its server down", key, r.abort)
-                self.emit("node_lost", serve=r.serve, nodes=lost, reason=r.abort)
+                self.emit("node_lost", serve=r.serve, nodes=lost, reason=r.abort, replica=r.replica)
                 if not r.replica:  # a replica is not placed again: the configuration's other servers go on
                     self.lost_from[key] = lost
 

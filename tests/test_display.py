@@ -59,6 +59,8 @@ def _events():
         ("point_failed", {"point": point, "error": "server died", "attempt": 1}),
         ("sla_done", {"serve": serve, "bench_id": "b1", "target": "p99_ttft_ms<=200", "outcome": outcome}),
         ("node_lost", {"serve": serve, "nodes": ["n1"], "reason": "node n1 was lost"}),
+        ("replica", {"serve": serve, "nodes": ["n2"], "replica": 1, "points_left": 9}),
+        ("node_lost", {"serve": serve, "nodes": ["n2"], "reason": "node n2 was lost", "replica": 1}),
         ("server_failed", {"serve": serve, "server_id": "cfg1-c", "error": "exit code 1", "log_tail": ""}),
         ("config_failed", {"serve": serve, "error": "gave up"}),
         ("server_stopped", {"server_id": "cfg1-a", "left": 0}),
@@ -78,6 +80,8 @@ def test_one_line_per_shown_event_and_none_twice(shown):
     assert not any("intra-node none" in line for line in lines)  # one node, no NCCL: nothing to report
     assert any("inter-node IB" in line for line in lines)
     assert sum("client-limited" in line for line in lines) == 1  # on the point's line, not a line of its own
+    assert any("one more server (replica 1) to share its 9 points left" in line for line in lines)
+    assert any("replica 1 of server config cfg1 is torn down (its other servers go on)" in line for line in lines)
 
 
 def test_nothing_is_drawn_before_the_campaign_starts(shown):

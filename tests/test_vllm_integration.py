@@ -235,9 +235,11 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
 
 def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_model, gpu_cluster, tmp_path):
     """placement.tail_replicas with the real server: nothing else waits, so once the first point and the
-    server's start are measured (24 points of about 6.5 s against a start of 40 to 100 s), a second
+    server's start are measured (24 points of about 6.5 s against a start of about 40 s), a second
     `vllm serve` of the same configuration starts on a free simulated GPU and takes some of the points; each
-    point runs once, on one server, and neither server outlives the campaign."""
+    point runs once, on one server, and neither server outlives the campaign. The points are a light open
+    loop (2 requests/s): on 2 cores, a first server kept saturated slowed the second one's start to 65-148 s,
+    and at 148 s it came up after the last point."""
     from raysweep.campaign import campaign_from_dict
     from raysweep.driver import run_campaign
 
@@ -249,7 +251,7 @@ def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_mo
                   "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)},
                   "ready_timeout_s": 400},
         "bench": {"cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --random-output-len 8 "
-                         "--max-concurrency 2 --num-prompts 4 --duration 6 --temperature 0",
+                         "--request-rate 2 --num-prompts 4 --duration 6 --temperature 0",
                   "params": {"grid": {"random_input_len": list(range(16, 64, 2))}},
                   "client_cpus": 0.5, "client_guard": {"max_send_lag_ms": 500}},
         "placement": {"tail_replicas": 1},

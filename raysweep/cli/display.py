@@ -70,8 +70,9 @@ class _ProgressDisplay:
         elif kind == "server_stopped":
             self.running.discard(data["server_id"])
         elif kind == "node_lost":
-            p.console.print(f"[yellow]{escape(data['reason'])}[/]: server config {data['serve'].id} is torn down "
-                            "and placed again", highlight=False)
+            what = (f"replica {data['replica']} of server config {data['serve'].id} is torn down (its other servers go "
+                    "on)" if data.get("replica") else f"server config {data['serve'].id} is torn down and placed again")
+            p.console.print(f"[yellow]{escape(data['reason'])}[/]: {what}", highlight=False)
         elif kind == "replica":
             p.console.print(f"server config {data['serve'].id}: one more server (replica {data['replica']}) to share "
                             f"its {data['points_left']} points left", highlight=False)
