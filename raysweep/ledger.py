@@ -222,13 +222,39 @@ class Ledger:
         self._lock = threading.RLock()
         self._conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
         self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._wal()
         self._conn.execute("PRAGMA synchronous=FULL")
         with self._tx() as c:
             c.executescript(_SCHEMA)
-            for table, column in _ADDED_COLUMNS:  # a ledger written before these columns existed
-                if column not in {r[1] for r in c.execute(f"PRAGMA table_info({table})")}:
-                    c.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+        if self._missing_columns():  # a ledger written before these columns existed
+            with self._lock:
+                # one opener at a time looks and adds: another connection may be opening it too (a driver
+                # creating it while `raysweep status` reads it), and two additions of one column fail
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for table, column in self._missing_columns():
+                        self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+                except BaseException:
+                    self._conn.rollback()
+                    raise
+                self._conn.commit()
+
+    def _wal(self, timeout_s: float = 30.0) -> None:
+        """Switch to WAL. On a new ledger another connection may be switching it at the same moment, which
+        SQLite answers at once with "database is locked" (no busy wait): try again until one has."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def _missing_columns(self) -> list[tuple[str, str]]:
+        return [(table, column) for table, column in _ADDED_COLUMNS
+                if column not in {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}]
 
     @classmethod
     def open_existing(cls, output_dir: str | Path) -> Ledger:

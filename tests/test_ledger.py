@@ -422,3 +422,29 @@ def test_claim_takes_a_failed_point_with_attempts_left_but_not_one_running_or_do
     assert ledger.claim("done", "srv2", max_attempts=2) is None
     assert ledger.claim("spent", "srv2", max_attempts=1) is None
     assert state(ledger, "running") == (PointState.RUNNING, 1) and state(ledger, "spent") == (PointState.FAILED, 1)
+
+
+def test_connections_opening_a_new_ledger_at_once_all_succeed(tmp_path):
+    """A driver creates its ledger while another process (`raysweep status`, a test's watcher) opens it: the
+    columns added to older ledgers are added once, and no opener fails on another's addition."""
+    import threading
+
+    for attempt in range(15):
+        path = tmp_path / f"l{attempt}" / LEDGER_FILE
+        path.parent.mkdir()
+        errors: list[BaseException] = []
+        go = threading.Barrier(6)
+
+        def open_it() -> None:
+            try:
+                go.wait()
+                Ledger(path).close()
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
