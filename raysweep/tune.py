@@ -40,7 +40,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import TrialState, create_trial
 
 from raysweep import grid, placement, surrogate
-from raysweep.campaign import Campaign, CampaignSpec, TuneObjective, TuneParam, TuneSpec
+from raysweep.campaign import Campaign, CampaignSpec, TuneObjective, TuneParam, TuneSpec, register_check
 from raysweep.errors import CampaignError
 from raysweep.ledger import Ledger, PointState
 from raysweep.plan import Plan, PointRun, ServeConfig, make_serve, serve_points
@@ -188,6 +188,9 @@ def check_tune(campaign: Campaign, serve_combos: list[dict[str, Any]], bench_com
         if o.per == "user" and not all(_concurrency(b, bench_cmd) for b in bench_combos):
             raise CampaignError(f"{fld}.per", "per user divides by max_concurrency; give it in every bench point "
                                               "(bench.params or --max-concurrency in bench.cmd)")
+
+
+register_check("tune", check_tune)
 
 
 def _concurrency(bench: dict[str, Any], cmd: list[str]) -> float | None:

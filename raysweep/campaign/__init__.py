@@ -1,0 +1,37 @@
+"""The campaign file: its YAML schema, validation with field-path errors, and parameter resolution.
+
+`load_campaign(path)` reads a YAML file and returns a `CampaignSpec`: the validated model, the resolved
+parameter sets (files read, grids expanded, exclusions applied) and `${VAR}` references expanded.
+Every problem raises `CampaignError` naming the field path and what would be accepted.
+
+Rooms: `models` (the schema, each field with its own rule), `loading` (the file, parameter files and grids,
+`${VAR}` expansion, `CampaignSpec`), `checks` (rules spanning several fields, and the registry through which
+an owning layer such as tuning adds its own), `messages` (pydantic errors as field paths).
+"""
+
+from raysweep.campaign.checks import register_check
+from raysweep.campaign.loading import CampaignSpec, campaign_from_dict, load_campaign
+from raysweep.campaign.models import (
+    NATIVE_DEFAULT_CMD,
+    BenchSpec,
+    Campaign,
+    ClientGuardSpec,
+    EnvValue,
+    NodeRule,
+    OfflineSpec,
+    Pin,
+    PlacementSpec,
+    ServeSpec,
+    SlaSpec,
+    TransportSpec,
+    TuneBudget,
+    TuneEarlyStop,
+    TuneObjective,
+    TuneParam,
+    TuneSpec,
+)
+
+__all__ = ["NATIVE_DEFAULT_CMD", "BenchSpec", "Campaign", "CampaignSpec", "ClientGuardSpec", "EnvValue", "NodeRule",
+           "OfflineSpec", "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "TransportSpec", "TuneBudget",
+           "TuneEarlyStop", "TuneObjective", "TuneParam", "TuneSpec", "campaign_from_dict", "load_campaign",
+           "register_check"]

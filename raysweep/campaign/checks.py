@@ -1,0 +1,161 @@
+"""Checks of a campaign that span several fields or need the resolved parameters (the rules of one field
+sit beside it, in `raysweep.campaign.models`).
+
+Each raises `CampaignError` naming the field at fault. A layer that owns a section (tuning) registers its
+own check with `register_check`, so the schema knows nothing of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from raysweep import grid
+from raysweep.campaign.messages import _did_you_mean
+from raysweep.campaign.models import Campaign
+from raysweep.errors import CampaignError
+
+Origins = list[str | None]  # per combination: the parameter file entry it comes from, if any
+
+
+Check = Callable[[Campaign, list[dict[str, Any]], list[dict[str, Any]]], None]
+
+# section -> the module that owns its checks and registers them when imported; the loader imports it by name
+# when the section is set, so the schema depends on no owner
+SECTION_OWNERS = {"tune": "raysweep.tune"}
+_CHECKS: dict[str, list[Check]] = {}
+
+
+def register_check(section: str, check: Check) -> None:
+    """Run `check(campaign, serve_combos, bench_combos)` on every campaign that sets `section`."""
+    if check not in _CHECKS.setdefault(section, []):
+        _CHECKS[section].append(check)
+
+
+def run_registered_checks(campaign: Campaign, serve_combos: list[dict[str, Any]],
+                          bench_combos: list[dict[str, Any]]) -> None:
+    """The owning layers' checks of the sections this campaign sets (serve and bench combos resolved)."""
+    for section, owner in SECTION_OWNERS.items():
+        if getattr(campaign, section) is not None and section not in _CHECKS:
+            importlib.import_module(owner)
+    for section, checks in _CHECKS.items():
+        if getattr(campaign, section, None) is not None:
+            for check in checks:
+                check(campaign, serve_combos, bench_combos)
+
+
+def _reraise_at(check: Any, origin: str | None) -> Any:
+    """Run a check; a refusal names the parameter file entry the combination comes from."""
+    try:
+        return check()
+    except CampaignError as exc:
+        if origin is None or origin in exc.message:
+            raise
+        raise CampaignError(exc.field, f"{origin}: {exc.message}") from None
+
+
+def _refuse(fld: str, message: str) -> None:
+    raise CampaignError(fld, message)
+
+
+def _check_mode(campaign: Campaign) -> None:
+    """Each mode has its own sections: serve + bench, or offline."""
+    if campaign.mode == "serve":
+        for part in ("serve", "bench"):
+            if getattr(campaign, part) is None:
+                raise CampaignError(part, "is required (mode: serve); for a sweep without a server write "
+                                          "`mode: offline` and an `offline:` section")
+        if campaign.offline is not None:
+            raise CampaignError("offline", "is only for `mode: offline`; add `mode: offline` (and drop serve and "
+                                           "bench) or remove it")
+        return
+    if campaign.offline is None:
+        raise CampaignError("offline", "is required (mode: offline): e.g. `offline: {cmd: vllm bench throughput "
+                                       "--model MODEL --dataset-name random}`")
+    for part in ("serve", "bench", "sla", "tune"):
+        if getattr(campaign, part) is not None:
+            raise CampaignError(part, "has no meaning in mode offline (no server runs); remove it, or use mode serve")
+    if campaign.link:
+        raise CampaignError("link", "has no meaning in mode offline (there are no bench parameters to link to)")
+
+
+def _check_tail_replicas(campaign: Campaign) -> None:
+    """More servers of one configuration share its points: not SLA searches (a search's probes follow one
+    another on one server), tuning candidates (stopped by rung) or offline runs."""
+    if not campaign.placement.tail_replicas:
+        return
+    for part, why in (("sla", "an SLA search's probes follow one another on one server"),
+                      ("tune", "tuning candidates are stopped early by rung, one server each"),
+                      ("offline", "offline runs have no server to share points between")):
+        if getattr(campaign, part) is not None:
+            raise CampaignError("placement.tail_replicas", f"cannot be used with `{part}:` ({why}); set it to 0 "
+                                                            "or remove it")
+
+
+def _check_sla(campaign: Campaign, bench_combos: list[dict[str, Any]]) -> None:
+    from raysweep.sla import parse_targets
+
+    sla = campaign.sla
+    assert sla is not None
+    if campaign.bench.backend != "native":
+        raise CampaignError("sla", "needs bench.backend: native (it judges the pooled requests of every run)")
+    parse_targets(sla.targets)
+    for i, combo in enumerate(bench_combos):
+        if any(grid.normalize_key(k) == sla.variable for k in combo):
+            raise CampaignError(f"bench.params[{i}].{sla.variable}", "is what the SLA search sets; remove it "
+                                                                     "(or search the other variable)")
+    if campaign.link and sla.variable in {grid.normalize_key(v) for v in campaign.link.values()}:
+        raise CampaignError("link", f"links to {sla.variable}, which the SLA search sets")
+
+
+def _check_native(argv: list[str], combos: list[dict[str, Any]], origins: Origins) -> None:
+    """Every bench point must be load options the native client runs, with its data set on this machine."""
+    from raysweep.bench.options import parse_load_options
+
+    parse_load_options(argv, "bench.cmd")
+    for i, combo in enumerate(combos):
+        fld = f"bench.params[{i}]" if combo else "bench.cmd"
+        opts = _reraise_at(lambda: parse_load_options(grid.apply_to_cmd(argv, combo), fld), origins[i])
+        path = (opts.dataset_path or "")
+        if opts.dataset_name == "custom" and ".py:" in path:
+            path = path.rsplit(":", 1)[0]
+        if opts.dataset_name in ("sharegpt", "custom", "jsonl") and not Path(path).is_file():
+            in_params = "dataset_path" in str(combo)
+            _reraise_at(lambda: _refuse(f"bench.params[{i}]" if in_params else "bench.cmd",
+                                        f"--dataset-path {opts.dataset_path!r} is not a file on this machine"),
+                        origins[i] if in_params else None)
+
+
+def _check_percentiles(argv: list[str], combos: list[dict[str, Any]], origins: Origins) -> None:
+    """`--metric-percentiles` (either backend) must be comma-separated numbers from 0 to 100."""
+    points = [("bench.cmd", argv, None)] + [(f"bench.params[{i}]", grid.apply_to_cmd(argv, c), origins[i])
+                                             for i, c in enumerate(combos) if c]
+    for fld, cmd, origin in points:
+        value = grid.find_flag_value(cmd, "--metric-percentiles", "--metric_percentiles")
+        if value is None or (fld != "bench.cmd" and value == grid.find_flag_value(
+                argv, "--metric-percentiles", "--metric_percentiles")):
+            continue
+        try:
+            bad = [p for p in value.split(",") if p.strip() and not 0 <= float(p) <= 100]
+        except ValueError:
+            bad = [value]
+        if bad or not value.strip():
+            _reraise_at(lambda: _refuse(fld, f"--metric-percentiles takes comma-separated percentiles from 0 to "
+                                             f"100, got {value!r}"), origin)
+
+
+def _check_links(links: dict[str, str], serve: list[dict[str, Any]], bench: list[dict[str, Any]]) -> None:
+    serve_keys = {grid.normalize_key(k) for c in serve for k in c}
+    bench_keys = {grid.normalize_key(k) for c in bench for k in c}
+    for sk, bk in links.items():
+        if grid.normalize_key(sk) not in serve_keys:
+            raise CampaignError(f"link.{sk}", f"is not a serve parameter{_did_you_mean(sk, serve_keys)}; "
+                                              f"serve parameters: {', '.join(sorted(serve_keys)) or '(none)'}")
+        if grid.normalize_key(bk) not in bench_keys:
+            raise CampaignError(f"link.{sk}", f"links to {bk!r}, which is not a bench parameter"
+                                              f"{_did_you_mean(bk, bench_keys)}; bench parameters: "
+                                              f"{', '.join(sorted(bench_keys)) or '(none)'}")
+    if links and not any(grid.link_matches(s, b, links) for s in serve for b in bench):
+        raise CampaignError("link", "no serve/bench pair has equal values for the linked parameters; nothing would run")

@@ -1,0 +1,275 @@
+"""Loading a campaign: the YAML file, its parameter files and grids resolved, `${VAR}` references expanded.
+
+`load_campaign(path)` reads a YAML file and returns a `CampaignSpec`: the validated model, the resolved
+parameter sets (files read, grids expanded, exclusions applied) and `${VAR}` references expanded.
+Every problem raises `CampaignError` naming the field path and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from raysweep import grid
+from raysweep.campaign.checks import (
+    Origins,
+    _check_links,
+    _check_mode,
+    _check_native,
+    _check_percentiles,
+    _check_sla,
+    _check_tail_replicas,
+    _reraise_at,
+    run_registered_checks,
+)
+from raysweep.campaign.messages import _campaign_error, _did_you_mean
+from raysweep.campaign.models import NATIVE_DEFAULT_CMD, Campaign, EnvValue
+from raysweep.errors import CampaignError
+
+
+def _with_layouts(combos: list[dict[str, Any]], layout: str | list[str]) -> list[dict[str, Any]]:
+    """Every serve combination once per `placement.layout` (`pack` alone, the default, adds nothing, so the
+    ids of existing campaigns stay; a combination that sets `placement_layout` itself keeps it)."""
+    layouts = [layout] if isinstance(layout, str) else list(dict.fromkeys(layout))
+    if layouts == ["pack"]:
+        return combos
+    return [c if grid.LAYOUT_KEY in c else {**c, grid.LAYOUT_KEY: lay} for c in combos for lay in
+            ([layouts[0]] if grid.LAYOUT_KEY in c else layouts)]
+
+
+def _has_masked_secret(argv: list[str]) -> bool:
+    """Whether a secret flag of a stored command holds `***` instead of its value."""
+    for i, tok in enumerate(argv):
+        name, eq, value = tok[2:].partition("=")
+        if tok.startswith("--") and grid.is_secret_name(name):
+            if (value if eq else (argv[i + 1] if i + 1 < len(argv) else "")) == grid.MASK:
+                return True
+    return False
+
+
+def _env_str(v: EnvValue) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+@dataclass(frozen=True)
+class CampaignSpec:
+    """A validated campaign with everything resolved, ready to become a plan."""
+
+    campaign: Campaign
+    serve_argv: list[str]
+    serve_env: dict[str, str]
+    bench_argv: list[str]
+    bench_env: dict[str, str]
+    after_bench_argv: list[str] | None
+    serve_combos: list[dict[str, Any]]
+    bench_combos: list[dict[str, Any]]
+    source_path: str = ""
+    base_dir: Path = field(default_factory=Path.cwd)
+
+    @property
+    def offline(self) -> bool:
+        """An offline sweep: each point runs `serve_argv` (the offline command) to its end, no server."""
+        return self.campaign.mode == "offline"
+
+    @property
+    def gpus_per_replica(self) -> int | None:
+        c = self.campaign
+        return c.offline.gpus_per_point if c.offline is not None else c.serve.gpus_per_replica if c.serve else None
+
+    def stored_form(self) -> dict[str, Any]:
+        """The campaign as kept in the ledger: parameters resolved, `${VAR}` kept, literal secrets masked."""
+        data = self.campaign.model_dump(mode="json")
+        for part in ("serve", "bench", "offline"):
+            if data.get(part) is None:
+                data.pop(part, None)
+        if self.offline:
+            data["offline"]["params"] = self.serve_combos
+        else:
+            data["serve"]["params"] = self.serve_combos
+            data["bench"]["params"] = self.bench_combos
+        for part in ("serve", "bench", "offline"):
+            if part in data:
+                data[part]["env"] = grid.mask_env({k: _env_str(v) for k, v in data[part]["env"].items()})
+        for part, key in (("serve", "cmd"), ("bench", "cmd"), ("bench", "after_bench_cmd"), ("offline", "cmd")):
+            cmd = (data.get(part) or {}).get(key)
+            if cmd and grid.mask_argv(shlex.split(cmd)) != shlex.split(cmd):
+                data[part][key] = grid.shell_join(grid.mask_argv(shlex.split(cmd)))
+        return data
+
+
+def load_campaign(path: str | Path, env: dict[str, str] | None = None) -> CampaignSpec:
+    """Read, validate and resolve a campaign YAML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CampaignError("", f"campaign file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CampaignError("", f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise CampaignError("", f"{path} must hold a mapping of campaign fields (name, serve, bench, ...)")
+    return campaign_from_dict(data, base_dir=path.resolve().parent, source_path=str(path.resolve()), env=env)
+
+
+def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = "",
+                       env: dict[str, str] | None = None) -> CampaignSpec:
+    """Validate a campaign given as a dict (from YAML, or as stored in a ledger)."""
+    try:
+        campaign = Campaign.model_validate(data)
+    except ValidationError as exc:
+        raise _campaign_error(exc) from None
+    env = dict(os.environ if env is None else env)
+    _check_mode(campaign)
+    _check_tail_replicas(campaign)
+    if campaign.offline is not None:
+        return _offline_spec(campaign, base_dir, source_path, env)
+    assert campaign.serve is not None and campaign.bench is not None
+    for fld, cmd in (("serve.cmd", campaign.serve.cmd), ("bench.cmd", campaign.bench.cmd),
+                     ("bench.after_bench_cmd", campaign.bench.after_bench_cmd)):
+        if cmd and _has_masked_secret(shlex.split(cmd)):
+            raise CampaignError(fld, "a secret flag's value was masked when the campaign was stored; write it as "
+                                     "${VAR} or resume with `raysweep run CAMPAIGN.yaml`")
+    serve_combos = _with_layouts(_resolve_params(campaign.serve.params, "serve.params", base_dir),
+                                 campaign.placement.layout)
+    bench_combos, bench_origins = _resolve_with_origins(campaign.bench.params, "bench.params", base_dir)
+    _check_links(campaign.link, serve_combos, bench_combos)
+    after = campaign.bench.after_bench_cmd
+    bench_argv = shlex.split(_expand(campaign.bench.cmd or NATIVE_DEFAULT_CMD, "bench.cmd", env))
+    _check_percentiles(bench_argv, bench_combos, bench_origins)
+    if campaign.bench.backend == "native":
+        _check_native(bench_argv, bench_combos, bench_origins)
+    if campaign.sla is not None:
+        _check_sla(campaign, bench_combos)
+    run_registered_checks(campaign, serve_combos, bench_combos)
+    return CampaignSpec(
+        campaign=campaign,
+        serve_argv=shlex.split(_expand(campaign.serve.cmd, "serve.cmd", env)),
+        serve_env=_expand_env(campaign.serve.env, "serve.env", env),
+        bench_argv=bench_argv,
+        bench_env=_expand_env(campaign.bench.env, "bench.env", env),
+        after_bench_argv=shlex.split(_expand(after, "bench.after_bench_cmd", env)) if after else None,
+        serve_combos=serve_combos,
+        bench_combos=bench_combos,
+        source_path=source_path,
+        base_dir=base_dir,
+    )
+
+
+def _offline_spec(campaign: Campaign, base_dir: Path, source_path: str, env: dict[str, str]) -> CampaignSpec:
+    off = campaign.offline
+    assert off is not None
+    if _has_masked_secret(shlex.split(off.cmd)):
+        raise CampaignError("offline.cmd", "a secret flag's value was masked when the campaign was stored; write it "
+                                           "as ${VAR} or resume with `raysweep run CAMPAIGN.yaml`")
+    combos = _resolve_params(off.params, "offline.params", base_dir)
+    for i, combo in enumerate(combos):
+        for key in combo:
+            if grid.normalize_key(key) == "output_json":
+                raise CampaignError(f"offline.params[{i}].{key}", "is set by raysweep (each point's JSON goes to "
+                                                                  "the output dir); remove it")
+    return CampaignSpec(
+        campaign=campaign,
+        serve_argv=shlex.split(_expand(off.cmd, "offline.cmd", env)),
+        serve_env=_expand_env(off.env, "offline.env", env),
+        bench_argv=[],
+        bench_env={},
+        after_bench_argv=None,
+        serve_combos=combos,
+        bench_combos=[{}],
+        source_path=source_path,
+        base_dir=base_dir,
+    )
+
+
+def _resolve_params(spec: Any, fld: str, base_dir: Path) -> list[dict[str, Any]]:
+    return _resolve_with_origins(spec, fld, base_dir)[0]
+
+
+def _resolve_with_origins(spec: Any, fld: str, base_dir: Path) -> tuple[list[dict[str, Any]], Origins]:
+    """The parameter combinations of a section, and for each the file entry it was read from (errors name
+    the file and the entry)."""
+    origins: Origins
+    if spec is None:
+        return [{}], [None]
+    if isinstance(spec, str):
+        p = Path(spec)
+        path = p if p.is_absolute() else base_dir / p
+        combos = grid.load_param_file(path, fld)
+        origins = [grid.file_entry(path, c.get(grid.BENCHMARK_NAME_KEY, i)) for i, c in enumerate(combos)]
+    elif isinstance(spec, list):
+        combos = []
+        for i, item in enumerate(spec):
+            if not isinstance(item, dict):
+                raise CampaignError(f"{fld}[{i}]", f"must be a mapping of parameter -> value, got {type(item).__name__}")
+            combos.append(dict(item))
+        origins = [None] * len(combos)
+    elif isinstance(spec, dict):
+        combos, origins = _resolve_grid(spec, fld, base_dir)
+    else:
+        raise CampaignError(fld, "accepted: a path to a vLLM JSON parameter file, a list of mappings, "
+                                 "or a mapping with `grid:` (and optional `exclude:`)")
+    if not combos:
+        raise CampaignError(fld, "yields no combination; give at least one")
+    for i, combo in enumerate(combos):
+        for key in combo:
+            _reraise_at(lambda: grid.check_flag_key(key, f"{fld}[{i}]"), origins[i])
+    grid.check_unique(combos, fld, origins)
+    return combos, origins
+
+
+def _resolve_grid(spec: dict[str, Any], fld: str, base_dir: Path) -> tuple[list[dict[str, Any]], Origins]:
+    allowed = {"grid", "file", "exclude"}
+    for key in spec:
+        if key not in allowed:
+            raise CampaignError(f"{fld}.{key}", f"unknown key{_did_you_mean(key, allowed)}; accepted: exclude, file, grid")
+    if ("grid" in spec) == ("file" in spec):
+        raise CampaignError(fld, "give exactly one of `grid:` (a mapping of parameter -> list of values) or `file:`")
+    if "grid" in spec:
+        if not isinstance(spec["grid"], dict):
+            raise CampaignError(f"{fld}.grid", "must be a mapping of parameter -> list of values")
+        combos = grid.expand_grid(spec["grid"], f"{fld}.grid")
+        origins: Origins = [None] * len(combos)
+    else:
+        combos, origins = _resolve_with_origins(str(spec["file"]), f"{fld}.file", base_dir)
+    exclude = spec.get("exclude") or []
+    if not isinstance(exclude, list) or not all(isinstance(e, dict) for e in exclude):
+        raise CampaignError(f"{fld}.exclude", "must be a list of mappings (parameter -> value)")
+    kept = grid.exclude_combos(combos, exclude, f"{fld}.exclude")
+    kept_ids = {id(c) for c in kept}
+    return kept, [o for c, o in zip(combos, origins) if id(c) in kept_ids]
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(text: str, fld: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise CampaignError(fld, f"refers to ${{{name}}}, but the environment variable {name} is not set "
+                                 f"(set it, or write ${{{name}:-default}})")
+    return _VAR.sub(sub, text)
+
+
+def _expand_env(values: dict[str, EnvValue], fld: str, env: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for k, v in values.items():
+        s = _env_str(v)
+        ref = _VAR.fullmatch(s)
+        masked_default = ref is not None and ref.group(2) == grid.MASK and ref.group(1) not in env
+        if grid.is_secret_name(k) and (s == grid.MASK or masked_default):
+            raise CampaignError(f"{fld}.{k}", "was masked when the campaign was stored; write it as ${VAR} "
+                                              "or resume with `raysweep run CAMPAIGN.yaml`")
+        out[k] = _expand(s, f"{fld}.{k}", env)
+    return out
