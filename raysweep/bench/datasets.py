@@ -24,24 +24,28 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import math
 import random
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raysweep.bench.options import LoadOptions
+from raysweep.bench.text import (
+    Vocab,
+    fit_text,
+    length_range,
+    load_vocab,
+    log_mismatch,
+    tokenizer_for,
+    vocab_size,
+)
 from raysweep.errors import CampaignError
 
 __all__ = ["Request", "make_requests", "payload", "vocab_size"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_VOCAB = 32000
-_MAX_RANDOM_ID = 30000  # stay below the special tokens that large vocabularies keep at the top
 
 
 @dataclass(frozen=True)
@@ -53,122 +57,6 @@ class Request:
     def prompt_len(self) -> int | None:
         return len(self.prompt) if isinstance(self.prompt, list) else None
 
-
-def vocab_size(opts: LoadOptions) -> int:
-    """The model's vocabulary: --vocab-size, else config.json of a local model or tokenizer folder."""
-    if opts.vocab_size:
-        return opts.vocab_size
-    for name in (opts.tokenizer, opts.model):
-        if name and (Path(name) / "config.json").is_file():
-            try:
-                cfg = json.loads((Path(name) / "config.json").read_text())
-            except (OSError, ValueError):
-                continue
-            v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
-            if isinstance(v, int) and v > 0:
-                return v
-    return DEFAULT_VOCAB
-
-
-def _id_range(opts: LoadOptions) -> tuple[int, int]:
-    v = vocab_size(opts)
-    hi = min(v, _MAX_RANDOM_ID) if v > _MAX_RANDOM_ID else v
-    lo = min(1000, max(4, v // 10))
-    return lo, hi
-
-
-@dataclass(frozen=True)
-class _Vocab:
-    """Where random prompts draw their ids: vLLM's `allowed_tokens` (every id below the tokenizer's
-    vocab_size that is not special) with a tokenizer, else a safe middle range of the vocabulary."""
-
-    size: int
-    allowed: np.ndarray
-    tok: Any = None
-
-    @property
-    def num_special(self) -> int:
-        return int(self.tok.num_special_tokens_to_add()) if self.tok is not None else 0
-
-
-def _vocab(opts: LoadOptions, need_tokenizer: bool) -> _Vocab:
-    tok = tokenizer_for(opts)
-    if tok is None:
-        if need_tokenizer:
-            why = "the chat API takes text" if opts.chat else "--prompt-format text sends text"
-            raise CampaignError("bench.cmd", f"{why}, and --dataset-name {opts.dataset_name} makes token ids: give "
-                                             "--tokenizer (a local tokenizer folder), or use --backend openai "
-                                             "(completions) with --prompt-format token_ids")
-        lo, hi = _id_range(opts)
-        return _Vocab(vocab_size(opts), np.arange(lo, hi))
-    size = int(tok.vocab_size)
-    allowed = np.setdiff1d(np.arange(size), np.asarray(tok.all_special_ids, dtype=int))
-    return _Vocab(size, allowed, tok)
-
-
-_FIT_RETRIES = 10  # vLLM's max_retry of gen_prompt_decode_to_target_len
-
-
-def _fit_text(vocab: _Vocab, ids: list[int], target: int, rng: np.random.Generator) -> tuple[str, list[int]]:
-    """Text whose re-encoding (without special tokens) has `target` ids: decode, re-encode, then cut or
-    pad with random allowed ids, up to vLLM's number of tries (a remaining mismatch is kept, as vLLM does)."""
-    tok, last = vocab.tok, None
-    for attempt in range(_FIT_RETRIES + 1):
-        text = tok.decode(ids)
-        ids = tok.encode(text, add_special_tokens=False)
-        if len(ids) == target or attempt == _FIT_RETRIES or ids == last:  # done, out of tries, or stuck
-            break
-        last = ids
-        if len(ids) < target:
-            ids = ids + vocab.allowed[rng.integers(0, len(vocab.allowed), size=target - len(ids))].tolist()
-        else:
-            ids = ids[:target]
-    return _repair_tail(vocab, text, ids, target, rng) if len(ids) != target else (text, ids)
-
-
-def _repair_tail(vocab: _Vocab, text: str, ids: list[int], target: int,
-                 rng: np.random.Generator) -> tuple[str, list[int]]:
-    """Where vLLM's loop keeps a mismatch (a cut inside a multi-byte character decodes to U+FFFD, which
-    re-encodes longer), cut back to whole characters and pad with ids that decode and re-encode to
-    themselves. Keeps the best text found."""
-    tok, best = vocab.tok, (text, ids)
-    for _ in range(_FIT_RETRIES):
-        ids = ids[:target]
-        while ids and tok.decode(ids).endswith("\ufffd"):
-            ids = ids[:-1]
-        while len(ids) < target:
-            cand = int(vocab.allowed[rng.integers(0, len(vocab.allowed))])
-            if tok.encode(tok.decode([cand]), add_special_tokens=False) == [cand]:
-                ids.append(cand)
-        text = tok.decode(ids)
-        ids = tok.encode(text, add_special_tokens=False)
-        if abs(len(ids) - target) < abs(len(best[1]) - target):
-            best = (text, ids)
-        if len(ids) == target:
-            break
-    return best
-
-
-def _log_mismatch(total: int, what: str) -> None:
-    if total:
-        log.warning("%s: the prompts have %d token(s) %s than asked after decoding and re-encoding (vLLM's "
-                    "random sets have the same imprecision)", what, abs(total), "more" if total > 0 else "fewer")
-
-
-@lru_cache(maxsize=4)
-def _tokenizer(name: str | None) -> Any:
-    if not name:
-        return None
-    try:
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure means "no tokenizer here"
-        log.info("no local tokenizer for %s (%s)", name, exc)
-        return None
-
-
-def tokenizer_for(opts: LoadOptions) -> Any:
-    return _tokenizer(opts.tokenizer or opts.model)
 
 
 def make_requests(opts: LoadOptions) -> list[Request]:
@@ -197,7 +85,7 @@ def _timed_trace(opts: LoadOptions) -> list[Request]:
     """The requests of a replayed trace (raysweep.bench.trace): ids, or text with --prompt-format text."""
     from raysweep.bench.trace import trace_prompts
 
-    vocab = _vocab(opts, need_tokenizer=opts.chat or opts.prompt_format == "text")
+    vocab = load_vocab(opts, need_tokenizer=opts.chat or opts.prompt_format == "text")
     reqs = [Request(ids, out) for ids, out in trace_prompts(opts, vocab.allowed)]
     if opts.prompt_format == "text" and not opts.chat:
         reqs = [Request(vocab.tok.decode(r.prompt), r.output_len) for r in reqs]
@@ -212,14 +100,9 @@ def _multi_turn(opts: LoadOptions) -> list[Request]:
     return [Request(m, o) for m, o in zip(conv.messages, conv.output_lens)]
 
 
-def _length_range(length: int, ratio: float, floor_at: int) -> tuple[int, int]:
-    """vLLM's integer range around a length: [floor(L(1-r)), ceil(L(1+r))], both ends at least `floor_at`."""
-    return max(math.floor(length * (1 - ratio)), floor_at), max(math.ceil(length * (1 + ratio)), floor_at)
-
-
-def _random_vocab(opts: LoadOptions) -> tuple[_Vocab, bool]:
+def _random_vocab(opts: LoadOptions) -> tuple[Vocab, bool]:
     """The vocabulary of a random set, and whether its prompts go as text (see --prompt-format)."""
-    vocab = _vocab(opts, need_tokenizer=opts.chat or opts.prompt_format == "text")
+    vocab = load_vocab(opts, need_tokenizer=opts.chat or opts.prompt_format == "text")
     text = opts.chat or opts.prompt_format == "text" or (opts.prompt_format == "auto" and vocab.tok is not None)
     return vocab, text
 
@@ -232,29 +115,29 @@ def _random(opts: LoadOptions) -> list[Request]:
     n, ratio, prefix_len = opts.num_prompts, opts.random_range_ratio, opts.random_prefix_len
     # text gets the tokenizer's special tokens (BOS) added by the server; token ids are sent as they are
     real_input_len = max(0, opts.random_input_len - (vocab.num_special if text else 0))
-    in_lo, in_hi = _length_range(real_input_len, ratio, 0)
+    in_lo, in_hi = length_range(real_input_len, ratio, 0)
     if prefix_len + in_lo < 1:
         raise CampaignError("bench.cmd", f"--random-input-len {opts.random_input_len} is too small: with range "
                                          f"ratio {ratio} and --random-prefix-len {prefix_len} a prompt could be "
                                          "empty (vllm bench serve refuses it too)")
-    out_lo, out_hi = _length_range(opts.random_output_len, ratio, 1)
+    out_lo, out_hi = length_range(opts.random_output_len, ratio, 1)
     in_lens = rng.integers(in_lo, in_hi + 1, size=n)
     out_lens = rng.integers(out_lo, out_hi + 1, size=n)
     offsets = rng.integers(0, vocab.size, size=n)
     allowed = vocab.allowed
     prefix = allowed[rng.integers(0, len(allowed), size=prefix_len)].tolist()
     if text and prefix:
-        prefix = _fit_text(vocab, prefix, prefix_len, rng)[1]
+        prefix = fit_text(vocab, prefix, prefix_len, rng)[1]
     reqs, mismatch = [], 0
     for i in range(n):
         ids = prefix + allowed[(int(offsets[i]) + i + np.arange(int(in_lens[i]))) % len(allowed)].tolist()
         prompt: list[int] | str = ids
         if text:
             target = prefix_len + int(in_lens[i])
-            prompt, fitted = _fit_text(vocab, ids, target, rng)
+            prompt, fitted = fit_text(vocab, ids, target, rng)
             mismatch += len(fitted) - target
         reqs.append(Request(prompt, int(out_lens[i])))
-    _log_mismatch(mismatch, "--dataset-name random")
+    log_mismatch(mismatch, "--dataset-name random")
     return reqs
 
 
@@ -272,7 +155,7 @@ def _prefix_repetition(opts: LoadOptions) -> list[Request]:
         nonlocal mismatch
         ids = vocab.allowed[rng.integers(0, len(vocab.allowed), size=length)].tolist()
         if text and ids:
-            ids = _fit_text(vocab, ids, length, rng)[1]
+            ids = fit_text(vocab, ids, length, rng)[1]
             mismatch += len(ids) - length
         return ids
 
@@ -282,7 +165,7 @@ def _prefix_repetition(opts: LoadOptions) -> list[Request]:
         for _ in range(per):
             ids = prefix + draw(opts.prefix_repetition_suffix_len)
             reqs.append(Request(vocab.tok.decode(ids) if text else ids, opts.prefix_repetition_output_len))
-    _log_mismatch(mismatch, "--dataset-name prefix_repetition")
+    log_mismatch(mismatch, "--dataset-name prefix_repetition")
     if len(reqs) < opts.num_prompts:
         log.info("prefix_repetition: %d prompts (%d prefixes x %d), as vllm bench serve makes them",
                  len(reqs), k, per)

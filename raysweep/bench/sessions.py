@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from raysweep.bench.options import LoadOptions
+from raysweep.bench.text import fit_text, length_range, load_vocab
 from raysweep.errors import CampaignError
 
 __all__ = ["DEFAULT_TURNS", "Conversations", "conversations", "with_history"]
@@ -64,17 +65,15 @@ def conversations(opts: LoadOptions, tok: Any) -> Conversations:
 
 
 def _synthetic(opts: LoadOptions, tok: Any) -> list[list[tuple[str, int]]]:
-    from raysweep.bench.datasets import _fit_text, _length_range, _vocab
-
     rng = np.random.default_rng(opts.seed)
-    vocab = _vocab(opts, need_tokenizer=True)
+    vocab = load_vocab(opts, need_tokenizer=True)
     turns = opts.multi_turn_turns or DEFAULT_TURNS
-    in_lo, in_hi = _length_range(opts.random_input_len, opts.random_range_ratio, 1)
-    out_lo, out_hi = _length_range(opts.random_output_len, opts.random_range_ratio, 1)
+    in_lo, in_hi = length_range(opts.random_input_len, opts.random_range_ratio, 1)
+    out_lo, out_hi = length_range(opts.random_output_len, opts.random_range_ratio, 1)
 
     def text(n: int) -> str:
         ids = vocab.allowed[rng.integers(0, len(vocab.allowed), size=n)].tolist()
-        return _fit_text(vocab, ids, n, rng)[0]
+        return fit_text(vocab, ids, n, rng)[0]
 
     prefix = text(opts.random_prefix_len) + " " if opts.random_prefix_len else ""
     sessions = []
