@@ -10,26 +10,17 @@ value with a band of ± one standard deviation. Two things differ on purpose:
 - what would silently change a figure is said in its notes: rows left out for a non-finite value, and
   means that pool runs of several configurations at one x.
 
-The Pareto front follows `plot_pareto` (x = output tokens/s per user, y = output tokens/s per GPU) without
-its dominated ties (vLLM issue #55561), and takes the GPU count as recorded (see `pareto`).
-Every figure is a `matplotlib.figure.Figure` built inside one style (`styled`), so tests can inspect it
-and the report can embed it.
+Every figure is a `matplotlib.figure.Figure` built inside one style (`raysweep.plots.style.styled`), so tests
+can inspect it and the report can embed it.
 """
 
 from __future__ import annotations
 
-import functools
-import io
-import math
-import operator
-import re
-import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
-import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
@@ -38,193 +29,24 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from raysweep.errors import UserError
-from raysweep.files import write_bytes_atomic, write_text_atomic
+from raysweep.plots.style import _FLAG_STYLE, _curve_styles, _file_stem, axis_label, save_figure, styled
+from raysweep.plots.table import (
+    _POINT,
+    _apply_bins,
+    _curve_title,
+    _flagged,
+    _flagged_note,
+    _groups,
+    _limited_note,
+    _measured_x,
+    _numeric,
+    apply_filters,
+    check_columns,
+    client_limited_mask,
+)
 
-__all__ = ["FigurePlan", "ParetoResult", "PlotSpec", "SERVER_METRICS", "SLA_COLUMNS", "apply_filters",
-           "axis_label", "check_columns", "client_limited_mask", "describe", "figure_bytes", "fmt_value",
-           "gpu_counts", "load_linked", "load_variable", "pareto", "pareto_figure", "plan_curves",
-           "plan_server_metrics", "render", "save_figure", "sla_figure", "sort_key", "split_list", "styled",
-           "write_pareto", "write_plots"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-SERVER_METRICS = ("server_kv_cache_usage_perc_peak", "server_num_requests_waiting_peak", "server_num_preemptions")
-_LATENCY_PANEL = ("p99_ttft_ms", "median_ttft_ms")  # the latency beside the server metrics, first present
-SLA_COLUMNS = ("serve_label", "bench_label", "target", "state", "largest_pass")
-_PARALLEL = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-_COLORS = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
-_STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8, "figure.titlesize": 11,
-          "axes.grid": True, "grid.linestyle": "--", "grid.alpha": 0.5, "axes.spines.top": False,
-          "axes.spines.right": False, "lines.linewidth": 1.6, "lines.markersize": 5, "figure.facecolor": "white",
-          "savefig.facecolor": "white"}
-_UNITS = {"request_throughput": "req/s", "request_rate": "req/s", "request_goodput": "req/s",
-          "output_throughput": "tok/s", "total_token_throughput": "tok/s", "max_output_tokens_per_s": "tok/s",
-          "output_throughput_per_gpu": "tok/s", "duration": "s", "server_kv_cache_usage_perc_peak": "1 = full",
-          "server_kv_cache_usage_perc_mean": "1 = full"}
-_FILTER = re.compile(r"^\s*([^<>=!]+?)\s*(==|!=|<=|>=|<|>)\s*(.*?)\s*$")  # longest operator first
-_OPS: dict[str, Callable[[Any, Any], Any]] = {"==": operator.eq, "!=": operator.ne, "<=": operator.le,
-                                              ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 _SCALES = ("linear", "log", "symlog", "logit", "asinh")
 
-
-# -- style and output ----------------------------------------------------------------------------------
-
-def styled(fn: Callable[P, R]) -> Callable[P, R]:
-    """Run a figure-building function inside raysweep's one figure style (fonts, grid, spines)."""
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        with matplotlib.rc_context(_STYLE):
-            return fn(*args, **kwargs)
-    return wrapper
-
-
-def axis_label(column: str) -> str:
-    """A column name with its unit, e.g. `median_ttft_ms (ms)`; the name stays so users can filter by it."""
-    unit = _UNITS.get(column) or ("ms" if column.endswith("_ms") else None)
-    return f"{column} ({unit})" if unit else column
-
-
-def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 150) -> bytes:
-    """The figure encoded as `fmt` (png, svg, pdf)."""
-    buf = io.BytesIO()
-    with matplotlib.rc_context(_STYLE):
-        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
-
-
-def save_figure(fig: Figure, path: str | Path, fmt: str = "png", dpi: int = 150) -> Path:
-    """Write the figure whole or not at all."""
-    return write_bytes_atomic(path, figure_bytes(fig, fmt, dpi))
-
-
-def _file_stem(text: str) -> str:
-    """vLLM's `sanitize_filename`, plus characters no file system likes."""
-    return re.sub(r"[\\/:*?\"<>|\s]", "_", text.replace("..", "__")).strip("'\"")
-
-
-# -- options shared by the commands --------------------------------------------------------------------
-
-def split_list(text: str | Iterable[str] | None) -> tuple[str, ...]:
-    """A comma list option (`a,b`), or several of them, as a tuple of names."""
-    parts = [text] if isinstance(text, str) else list(text or ())
-    return tuple(n.strip() for p in parts for n in p.split(",") if n.strip())
-
-
-def _columns_text(df: pd.DataFrame) -> str:
-    return ", ".join(map(str, df.columns))
-
-
-def check_columns(df: pd.DataFrame, names: Iterable[str], option: str) -> None:
-    """:raises UserError: a name is not a column (naming `option` and listing the columns)."""
-    missing = [n for n in names if n not in df.columns]
-    if missing:
-        raise UserError(f"{option} {','.join(missing)}: no such column; available columns: {_columns_text(df)}")
-
-
-def apply_filters(df: pd.DataFrame, exprs: Iterable[str], option: str = "--filter-by") -> pd.DataFrame:
-    """Keep the rows that meet every `column<op>value` (ops `==, !=, <, <=, >, >=`), as vLLM's plot does:
-    `==`/`!=` compare as booleans on a boolean column, as numbers when the value is one, else as text;
-    the ordering operators always compare numbers."""
-    for expr in split_list(exprs):
-        m = _FILTER.match(expr)
-        if not m:
-            raise UserError(f"{option} {expr!r}: expected COLUMN<op>VALUE with op one of ==, !=, <, <=, >, >=")
-        name, op, raw = m.groups()
-        check_columns(df, [name], f"{option} {expr!r}:")
-        df = df[_compare(df[name], op, raw, f"{option} {expr!r}")]
-    return df
-
-
-def _compare(col: pd.Series, op: str, raw: str, where: str) -> pd.Series:
-    number = _number(raw)
-    if op in ("==", "!=") and _is_bool(col) and raw.lower() in ("true", "false", "1", "0"):
-        return _OPS[op](col.fillna(False).astype(bool), raw.lower() in ("true", "1"))
-    if number is not None:
-        return _OPS[op](pd.to_numeric(col, errors="coerce"), number)
-    if op in ("==", "!="):
-        return _OPS[op](col.map(fmt_value), raw)
-    raise UserError(f"{where}: {op} needs a number, not {raw!r}")
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _is_bool(col: pd.Series) -> bool:
-    values = col.dropna()
-    return len(values) > 0 and all(isinstance(v, (bool, np.bool_)) for v in values)
-
-
-def _apply_bins(df: pd.DataFrame, exprs: Iterable[str]) -> pd.DataFrame:
-    """vLLM's `--bin-by var%size`: the column becomes floor(v / size) * size, pooling nearby x values."""
-    for expr in split_list(exprs):
-        name, _, size = expr.partition("%")
-        step = _number(size)
-        if not step or step <= 0:
-            raise UserError(f"--bin-by {expr!r}: expected COLUMN%SIZE with a positive SIZE")
-        check_columns(df, [name], f"--bin-by {expr!r}:")
-        df = df.assign(**{name: np.floor(pd.to_numeric(df[name], errors="coerce") / step) * step})
-    return df
-
-
-# -- grouping ------------------------------------------------------------------------------------------
-
-def fmt_value(value: Any) -> str:
-    """A value as a label shows it: whole floats as integers, missing values as `none`."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "none"
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        return f"{float(value):g}"
-    return str(value)
-
-
-def sort_key(value: Any) -> tuple[int, float, str]:
-    """Numbers in numeric order, then text, then missing values."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return (2, 0.0, "")
-    if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
-        return (0, float(value), "")
-    return (1, 0.0, str(value))
-
-
-def _label(keys: Sequence[str], values: Sequence[Any]) -> str:
-    """`k=v, k2=v2`; a label column alone (`serve_label`, itself `k=v-...`) shows its value only."""
-    if len(keys) == 1 and keys[0].endswith("_label"):
-        return fmt_value(values[0])
-    return ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True))
-
-
-def _groups(df: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.Series, list[str]]:
-    """Each row's group label (`k=v, k2=v2`, or `(all)` without keys) and the labels in natural order."""
-    if not keys:
-        return pd.Series("(all)", index=df.index, dtype=object), ["(all)"]
-    tuples = list(df[list(keys)].itertuples(index=False, name=None))
-    labels = [_label(keys, t) for t in tuples]
-    first: dict[str, tuple[Any, ...]] = {}
-    for label, t in zip(labels, tuples, strict=True):
-        first.setdefault(label, t)
-    order = sorted(first, key=lambda lab: tuple(sort_key(v) for v in first[lab]))
-    return pd.Series(labels, index=df.index, dtype=object), order
-
-
-def _curve_title(keys: Sequence[str]) -> str:
-    return "server config" if tuple(keys) == ("serve_label",) else ", ".join(keys)
-
-
-def client_limited_mask(df: pd.DataFrame) -> pd.Series:
-    if "client_limited" not in df.columns:
-        return pd.Series(False, index=df.index)
-    return df["client_limited"].map(lambda v: v is True or v == 1 or str(v).lower() == "true")
-
-
-# -- curves --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class PlotSpec:
@@ -299,39 +121,6 @@ def _require_numeric(df: pd.DataFrame, options: dict[str, str]) -> None:
             raise UserError(f"{option} {name}: not a numeric column")
 
 
-def _numeric(df: pd.DataFrame, names: Sequence[str]) -> tuple[pd.DataFrame, list[str]]:
-    """Rows whose `names` are finite numbers (as floats), and a note on the rows left out."""
-    values = {n: pd.to_numeric(df[n], errors="coerce").astype(float) for n in names}
-    finite = np.logical_and.reduce([np.isfinite(v.to_numpy()) for v in values.values()])
-    dropped = int((~finite).sum())
-    notes = [f"{dropped} run(s) with a non-finite or missing {' or '.join(names)} left out"] if dropped else []
-    return df[finite].assign(**{n: v[finite] for n, v in values.items()}), notes
-
-
-_POINT = ["serve_id", "bench_id"]
-
-
-def _measured_x(df: pd.DataFrame, x: str) -> bool:
-    """Whether x is a measurement (it differs between the runs of one point), not a parameter."""
-    if not set(_POINT) <= set(df.columns) or df.empty:
-        return False
-    return bool(df.groupby(_POINT, dropna=False)[x].nunique().max() > 1)
-
-
-def _flagged(df: pd.DataFrame) -> pd.Series:
-    """Runs that fail a validity check, client-limited ones aside (they are drawn hollow)."""
-    if "validity_ok" not in df.columns:
-        return pd.Series(False, index=df.index)
-    bad = df["validity_ok"].map(lambda v: v is False or v == 0 or str(v).lower() == "false")
-    return bad & ~client_limited_mask(df)
-
-
-def _flagged_note(df: pd.DataFrame) -> list[str]:
-    n = int(_flagged(df).sum())
-    return [f"{n} run(s) fail a validity check (niced, shared CPUs, errors, not steady, ...), marked with a red "
-            "cross (validity_issues in the results)"] if n else []
-
-
 def _curves(df: pd.DataFrame, x: str, y: str, labels: pd.Series) -> list[Curve]:
     """The curves of one panel: per label, the mean and SD over the runs at each x (client-limited apart).
     When x is itself measured (a throughput, say), the runs of one point are its repeats: they make one
@@ -368,11 +157,6 @@ def _mixing_note(df: pd.DataFrame, keys: list[pd.Series], x: str) -> list[str]:
         return []
     return [f"{len(mixed)} point(s) average runs of several configurations at one {x} (up to {mixed.max()}); "
             "add what differs to --curve-by, --row-by, --col-by or --fig-by, or narrow with --filter-by"]
-
-
-def _limited_note(df: pd.DataFrame, where: str = "in the curves") -> list[str]:
-    n = int(client_limited_mask(df).sum())
-    return [f"{n} client-limited run(s) drawn hollow, not {where}"] if n else []
 
 
 def _figure_groups(df: pd.DataFrame, spec: PlotSpec, prefix: str) -> list[tuple[str, str, pd.DataFrame]]:
@@ -476,43 +260,6 @@ def offline_specs(df: pd.DataFrame, base: PlotSpec) -> list[PlotSpec]:
             for m in metrics]
 
 
-def plan_server_metrics(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> list[FigurePlan]:
-    """Server-side metrics (KV cache usage peak, waiting requests peak, preemptions) and a latency beside
-    them against the load variable: one column per metric, rows by `row_by` then `col_by`, curves by
-    `curve_by` (by server config when none is given). Empty when the table has none of the server metrics."""
-    metrics = [m for m in SERVER_METRICS if m in df.columns and pd.to_numeric(df[m], errors="coerce").notna().any()]
-    if not metrics:
-        return []
-    metrics += [m for m in _LATENCY_PANEL if m in df.columns][:1]
-    curve_by = spec.curve_by or (("serve_label",) if "serve_label" in df.columns else ())
-    row_by = (*spec.row_by, *spec.col_by)
-    df = _prepare(df, spec, {"--load-var": [load_var], "--row-by": spec.row_by, "--col-by": spec.col_by,
-                             "--curve-by": curve_by, "--fig-by": spec.fig_by})
-    _require_numeric(df, {"--load-var": load_var})
-    plans = []
-    for stem, title, fdf in _figure_groups(df, spec, "SERVER"):
-        rows, row_order = _groups(fdf, row_by)
-        curves, curve_order = _groups(fdf, curve_by)
-        panels, notes = [], _limited_note(fdf) + _flagged_note(fdf)
-        for r in row_order:
-            row = []
-            for metric in metrics:
-                cell, dropped = _numeric(fdf[rows == r], [load_var, metric])
-                notes += dropped
-                row.append(Panel(_panel_title(r, metric), axis_label(load_var), axis_label(metric),
-                                 _curves(cell, load_var, metric, curves[cell.index]), from_zero=True))
-            panels.append(row)
-        notes += _mixing_note(fdf, [rows, curves], load_var)
-        plans.append(FigurePlan(stem, title or "server-side metrics", panels, curve_order, _curve_title(curve_by),
-                                len(fdf), list(dict.fromkeys(notes))))
-    return plans
-
-
-def _curve_styles(labels: Sequence[str]) -> dict[str, tuple[Any, str]]:
-    """A colour and marker per curve label, the same in every panel of a figure."""
-    return {lab: (_COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]) for i, lab in enumerate(labels)}
-
-
 @styled
 def render(plan: FigurePlan, spec: PlotSpec) -> Figure:
     """Draw a planned figure: panels, curves with their bands, hollow client-limited runs, one legend."""
@@ -561,9 +308,6 @@ def _draw_panel(ax: Axes, panel: Panel, styles: dict[str, tuple[Any, str]], band
         ax.set_ylim(bottom=-0.03 * top, top=top)  # a margin, so that a line at 0 is not hidden by the axis
 
 
-_FLAG_STYLE = {"marker": "x", "color": "#d62728", "linewidths": 1.4, "s": 55, "zorder": 4}
-
-
 def _spread(ax: Axes, points: pd.DataFrame, color: Any) -> None:
     """± one SD: a band along a curve, whiskers for a curve of one x value (a band would have no width)."""
     sd = points["sd"].fillna(0)
@@ -603,191 +347,6 @@ def describe(plans: Sequence[FigurePlan], fmt: str = "png") -> str:
         lines += [f"  note: {n}" for n in plan.notes]
     return "\n".join(lines)
 
-
-# -- Pareto --------------------------------------------------------------------------------------------
-
-@dataclass
-class ParetoResult:
-    """Every usable run with `user_count`, `gpus`, `tokens_per_user`, `tokens_per_gpu` (and where the counts
-    came from), the front (a subset, by tokens per user), and notes on what was left out or derived."""
-
-    points: pd.DataFrame
-    front: pd.DataFrame
-    notes: list[str]
-
-
-def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count",
-           filter_by: Sequence[str] = ()) -> ParetoResult:
-    """Tokens/s per user against tokens/s per GPU for every run, and the front of the non-dominated runs.
-
-    - users: `user_count_var`; where it is empty, 0 or infinite (a rate-limited run), the observed
-      `max_concurrent_requests`, as vLLM does. Runs with neither are left out and counted.
-    - GPUs: `gpu_count_var` as recorded. Where it is 0 or missing (a CPU-only cluster reserves no GPU; a
-      vLLM sweep records none), tensor x pipeline x data parallel size from the record (sizes not recorded
-      count as 1, as vLLM's plot_pareto does), said in the notes and in `gpus_from`. A table without either
-      is refused: the GPU count is never guessed.
-    - client-limited runs are kept in `points` but never on the front; ties that another run dominates
-      (same tokens/s per GPU at fewer tokens/s per user) are not on the front.
-    """
-    if df.empty:
-        raise UserError("OUTPUT_DIR: the results table has no finished run")
-    check_columns(df, [user_count_var], "--user-count-var")
-    check_columns(df, ["output_throughput"], "(needed by the Pareto plot)")
-    df = apply_filters(df, filter_by)
-    users, user_from = _user_counts(df, user_count_var)
-    gpus, gpus_from, notes = gpu_counts(df, gpu_count_var)
-    pts = df.assign(user_count=users, user_count_from=user_from, gpus=gpus, gpus_from=gpus_from)
-    usable = np.isfinite(pts["user_count"]) & (pts["user_count"] > 0)
-    if (~usable).any():
-        notes.append(f"{int((~usable).sum())} run(s) without a user count ({user_count_var} or "
-                     "max_concurrent_requests) left out")
-    pts = pts[usable]
-    thr = pd.to_numeric(pts["output_throughput"], errors="coerce")
-    pts = pts.assign(tokens_per_user=thr / pts["user_count"], tokens_per_gpu=thr / pts["gpus"],
-                     client_limited=client_limited_mask(pts))
-    notes += _limited_note(pts, "on the front") + _flagged_note(pts)
-    return ParetoResult(pts.reset_index(drop=True), pareto_front(pts[~pts["client_limited"]]), notes)
-
-
-def _user_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series]:
-    given = pd.to_numeric(df[var], errors="coerce")
-    ok = np.isfinite(given) & (given > 0)
-    seen = pd.to_numeric(df.get("max_concurrent_requests", pd.Series(np.nan, index=df.index)), errors="coerce")
-    return given.where(ok, seen), pd.Series(np.where(ok, var, "max_concurrent_requests (observed)"), index=df.index)
-
-
-def gpu_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series, list[str]]:
-    """GPUs per run as recorded in `var`, else TP x PP x DP from the record (see `pareto`)."""
-    if var != "gpu_count":
-        check_columns(df, [var], "--gpu-count-var")
-    recorded = pd.to_numeric(df[var], errors="coerce") if var in df.columns else pd.Series(np.nan, index=df.index)
-    ok = np.isfinite(recorded) & (recorded > 0)
-    if ok.all():
-        return recorded, pd.Series(var, index=df.index), []
-    sizes = [c for c in _PARALLEL if c in df.columns]
-    if not sizes:
-        raise UserError(f"--gpu-count-var {var}: {int((~ok).sum())} run(s) have no GPU count (0 or missing: a "
-                        f"CPU-only cluster, or a vLLM sweep that did not record it) and the table has none of "
-                        f"{', '.join(_PARALLEL)} to take it from; name a column that holds it. Available columns: "
-                        f"{_columns_text(df)}")
-    product = np.prod([pd.to_numeric(df[c], errors="coerce").fillna(1) for c in sizes], axis=0)
-    source = " x ".join(_PARALLEL[c] for c in sizes) + " (record)"
-    note = (f"{int((~ok).sum())} run(s) have no {var} (0 or missing: no GPU reserved or recorded); their "
-            f"GPUs are {' x '.join(sizes)} from the record" + ("" if len(sizes) == 3 else ", other sizes taken as 1"))
-    return recorded.where(ok, product), pd.Series(np.where(ok, var, source), index=df.index), [note]
-
-
-def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
-    """The runs no other run dominates (at least as good on both axes, better on one), by tokens per user.
-
-    Sorted by tokens per user then per GPU, both descending, a run is on the front only if its tokens per
-    GPU beat every run before it: a tie on tokens per GPU at fewer tokens per user is dominated, and of two
-    identical runs one is kept.
-    """
-    order = points.sort_values(["tokens_per_user", "tokens_per_gpu"], ascending=False, kind="stable")
-    best, keep = -math.inf, []
-    for idx, y in zip(order.index, order["tokens_per_gpu"], strict=True):
-        if y > best:
-            keep.append(idx)
-            best = y
-    return order.loc[keep].sort_values("tokens_per_user", ignore_index=True)
-
-
-@styled
-def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: float = 4.5) -> Figure:
-    """Every run (grey; client-limited hollow), the front (line), front runs labelled by `label_by`."""
-    check_columns(result.points, label_by, "--label-by")
-    fig = Figure(figsize=(fig_height * 1.6, fig_height + 0.4 + 0.18 * len(result.notes)), layout="constrained")
-    ax = fig.subplots()
-    pts, front = result.points, result.front
-    ok = pts[~pts["client_limited"]]
-    ax.scatter(ok["tokens_per_user"], ok["tokens_per_gpu"], color="0.6", alpha=0.6, s=22, label="all runs")
-    lim = pts[pts["client_limited"]]
-    if len(lim):
-        ax.scatter(lim["tokens_per_user"], lim["tokens_per_gpu"], facecolors="none", edgecolors="0.4", s=30,
-                   label="client-limited run (not on the front)")
-    bad = pts[_flagged(pts)]
-    if len(bad):
-        ax.scatter(bad["tokens_per_user"], bad["tokens_per_gpu"], label="fails a validity check", **_FLAG_STYLE)
-    ax.plot(front["tokens_per_user"], front["tokens_per_gpu"], marker="o", color=_COLORS[0], label="Pareto front")
-    for _, row in front.iterrows():
-        text = "\n".join(f"{k}={fmt_value(row[k])}" for k in label_by)
-        ax.annotate(text, (row["tokens_per_user"], row["tokens_per_gpu"]), textcoords="offset points",
-                    xytext=(5, 4), fontsize=7)
-    ax.set_xlabel("output tokens/s per user")
-    ax.set_ylabel("output tokens/s per GPU")
-    ax.legend(frameon=False)
-    fig.suptitle("Pareto front: per-user speed against per-GPU throughput")
-    if result.notes:
-        fig.supxlabel("\n".join(textwrap.fill(n, 120) for n in result.notes), fontsize=7, color="0.3", ha="left",
-                      x=0.01)
-    return fig
-
-
-def write_pareto(result: ParetoResult, label_by: Sequence[str], out_dir: str | Path, fmt: str = "png",
-                 dpi: int = 150) -> list[Path]:
-    """The figure (`PARETO.<fmt>`) and the front as `pareto_front.csv`, in `out_dir`."""
-    out = Path(out_dir)
-    cols = list(dict.fromkeys([*(c for c in ("serve_label", "bench_label", "run_number", "point_id")
-                                 if c in result.front.columns), *label_by, "output_throughput", "user_count",
-                               "user_count_from", "gpus", "gpus_from", "tokens_per_user", "tokens_per_gpu"]))
-    fig = pareto_figure(result, label_by)
-    return [save_figure(fig, out / f"PARETO.{fmt}", fmt, dpi),
-            write_text_atomic(out / "pareto_front.csv", result.front[cols].to_csv(index=False))]
-
-
-# -- SLA -----------------------------------------------------------------------------------------------
-
-@styled
-def sla_figure(sla: pd.DataFrame, variable: str, fig_height: float = 3.0) -> Figure:
-    """The largest passing value of `variable` per server config, one panel per target, one bar per bench
-    point. `sla` has one row per server config x bench point x target with at least `SLA_COLUMNS`
-    (`results.sla_table`): `largest_pass` is inf when the target held at unbounded load, empty when no
-    value passed; any state but `found` is written beside its bar."""
-    check_columns(sla, SLA_COLUMNS, "(SLA table)")
-    targets = list(dict.fromkeys(sla["target"]))
-    configs = list(dict.fromkeys(sla["serve_label"]))
-    benches = list(dict.fromkeys(sla["bench_label"]))
-    finite = pd.to_numeric(sla["largest_pass"], errors="coerce")
-    top = float(finite[np.isfinite(finite)].max()) if np.isfinite(finite).any() else 1.0
-    ncols = min(len(targets), 3)
-    nrows = math.ceil(len(targets) / ncols)
-    height = max(fig_height, 0.35 * len(configs) * len(benches) + 1.2)
-    fig = Figure(figsize=(4.8 * ncols + 2.0, height * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for i, (ax, target) in enumerate(zip(axes, targets, strict=False)):
-        _sla_panel(ax, sla[sla["target"] == target], configs, benches, top)
-        ax.tick_params(labelleft=i % ncols == 0)  # the configs are named once per row of panels
-        ax.set_title(target)
-        ax.set_xlabel(f"largest passing {variable}")
-    for ax in axes[len(targets):]:
-        ax.set_visible(False)
-    handles = [Line2D([], [], color=_COLORS[i % len(_COLORS)], linewidth=6, label=b) for i, b in enumerate(benches)]
-    fig.legend(handles=handles, loc="outside right upper", title="bench point", frameon=False)
-    fig.suptitle(f"SLA: largest {variable} that meets each target")
-    return fig
-
-
-def _sla_panel(ax: Axes, rows: pd.DataFrame, configs: list[str], benches: list[str], top: float) -> None:
-    height = 0.8 / len(benches)
-    for r in rows.itertuples(index=False):
-        b = benches.index(r.bench_label)
-        y = configs.index(r.serve_label) + (b - (len(benches) - 1) / 2) * height
-        value = float(r.largest_pass) if r.largest_pass is not None else math.nan
-        unbounded = math.isinf(value)
-        width = top * 1.1 if unbounded else (0.0 if math.isnan(value) else value)
-        ax.barh(y, width, height=height * 0.9, color=_COLORS[b % len(_COLORS)], hatch="//" if unbounded else None)
-        text = "unbounded" if unbounded else ("none" if math.isnan(value) else fmt_value(value))
-        if r.state != "found":
-            text += f" ({r.state})"
-        ax.text(width, y, f" {text}", va="center", fontsize=7)
-    ax.set_yticks(range(len(configs)), configs)
-    ax.set_xlim(0, top * 1.45)
-    ax.invert_yaxis()
-    ax.grid(axis="y", visible=False)
-
-
-# -- writing a plot command's figures ------------------------------------------------------------------
 
 def write_plots(plans: Sequence[FigurePlan], spec: PlotSpec, out_dir: str | Path, fmt: str = "png",
                 dpi: int = 150) -> list[Path]:

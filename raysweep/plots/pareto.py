@@ -1,0 +1,162 @@
+"""The Pareto front of tokens/s per user against tokens/s per GPU.
+
+It follows `plot_pareto` (x = output tokens/s per user, y = output tokens/s per GPU) without its dominated
+ties (vLLM issue #55561), and takes the GPU count as recorded (see `pareto`).
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from raysweep.errors import UserError
+from raysweep.files import write_text_atomic
+from raysweep.plots.style import _COLORS, _FLAG_STYLE, fmt_value, save_figure, styled
+from raysweep.plots.table import (
+    _columns_text,
+    _flagged,
+    _flagged_note,
+    _limited_note,
+    apply_filters,
+    check_columns,
+    client_limited_mask,
+)
+
+_PARALLEL = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
+
+
+@dataclass
+class ParetoResult:
+    """Every usable run with `user_count`, `gpus`, `tokens_per_user`, `tokens_per_gpu` (and where the counts
+    came from), the front (a subset, by tokens per user), and notes on what was left out or derived."""
+
+    points: pd.DataFrame
+    front: pd.DataFrame
+    notes: list[str]
+
+
+def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count",
+           filter_by: Sequence[str] = ()) -> ParetoResult:
+    """Tokens/s per user against tokens/s per GPU for every run, and the front of the non-dominated runs.
+
+    - users: `user_count_var`; where it is empty, 0 or infinite (a rate-limited run), the observed
+      `max_concurrent_requests`, as vLLM does. Runs with neither are left out and counted.
+    - GPUs: `gpu_count_var` as recorded. Where it is 0 or missing (a CPU-only cluster reserves no GPU; a
+      vLLM sweep records none), tensor x pipeline x data parallel size from the record (sizes not recorded
+      count as 1, as vLLM's plot_pareto does), said in the notes and in `gpus_from`. A table without either
+      is refused: the GPU count is never guessed.
+    - client-limited runs are kept in `points` but never on the front; ties that another run dominates
+      (same tokens/s per GPU at fewer tokens/s per user) are not on the front.
+    """
+    if df.empty:
+        raise UserError("OUTPUT_DIR: the results table has no finished run")
+    check_columns(df, [user_count_var], "--user-count-var")
+    check_columns(df, ["output_throughput"], "(needed by the Pareto plot)")
+    df = apply_filters(df, filter_by)
+    users, user_from = _user_counts(df, user_count_var)
+    gpus, gpus_from, notes = gpu_counts(df, gpu_count_var)
+    pts = df.assign(user_count=users, user_count_from=user_from, gpus=gpus, gpus_from=gpus_from)
+    usable = np.isfinite(pts["user_count"]) & (pts["user_count"] > 0)
+    if (~usable).any():
+        notes.append(f"{int((~usable).sum())} run(s) without a user count ({user_count_var} or "
+                     "max_concurrent_requests) left out")
+    pts = pts[usable]
+    thr = pd.to_numeric(pts["output_throughput"], errors="coerce")
+    pts = pts.assign(tokens_per_user=thr / pts["user_count"], tokens_per_gpu=thr / pts["gpus"],
+                     client_limited=client_limited_mask(pts))
+    notes += _limited_note(pts, "on the front") + _flagged_note(pts)
+    return ParetoResult(pts.reset_index(drop=True), pareto_front(pts[~pts["client_limited"]]), notes)
+
+
+def _user_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series]:
+    given = pd.to_numeric(df[var], errors="coerce")
+    ok = np.isfinite(given) & (given > 0)
+    seen = pd.to_numeric(df.get("max_concurrent_requests", pd.Series(np.nan, index=df.index)), errors="coerce")
+    return given.where(ok, seen), pd.Series(np.where(ok, var, "max_concurrent_requests (observed)"), index=df.index)
+
+
+def gpu_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series, list[str]]:
+    """GPUs per run as recorded in `var`, else TP x PP x DP from the record (see `pareto`)."""
+    if var != "gpu_count":
+        check_columns(df, [var], "--gpu-count-var")
+    recorded = pd.to_numeric(df[var], errors="coerce") if var in df.columns else pd.Series(np.nan, index=df.index)
+    ok = np.isfinite(recorded) & (recorded > 0)
+    if ok.all():
+        return recorded, pd.Series(var, index=df.index), []
+    sizes = [c for c in _PARALLEL if c in df.columns]
+    if not sizes:
+        raise UserError(f"--gpu-count-var {var}: {int((~ok).sum())} run(s) have no GPU count (0 or missing: a "
+                        f"CPU-only cluster, or a vLLM sweep that did not record it) and the table has none of "
+                        f"{', '.join(_PARALLEL)} to take it from; name a column that holds it. Available columns: "
+                        f"{_columns_text(df)}")
+    product = np.prod([pd.to_numeric(df[c], errors="coerce").fillna(1) for c in sizes], axis=0)
+    source = " x ".join(_PARALLEL[c] for c in sizes) + " (record)"
+    note = (f"{int((~ok).sum())} run(s) have no {var} (0 or missing: no GPU reserved or recorded); their "
+            f"GPUs are {' x '.join(sizes)} from the record" + ("" if len(sizes) == 3 else ", other sizes taken as 1"))
+    return recorded.where(ok, product), pd.Series(np.where(ok, var, source), index=df.index), [note]
+
+
+def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
+    """The runs no other run dominates (at least as good on both axes, better on one), by tokens per user.
+
+    Sorted by tokens per user then per GPU, both descending, a run is on the front only if its tokens per
+    GPU beat every run before it: a tie on tokens per GPU at fewer tokens per user is dominated, and of two
+    identical runs one is kept.
+    """
+    order = points.sort_values(["tokens_per_user", "tokens_per_gpu"], ascending=False, kind="stable")
+    best, keep = -math.inf, []
+    for idx, y in zip(order.index, order["tokens_per_gpu"], strict=True):
+        if y > best:
+            keep.append(idx)
+            best = y
+    return order.loc[keep].sort_values("tokens_per_user", ignore_index=True)
+
+
+@styled
+def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: float = 4.5) -> Figure:
+    """Every run (grey; client-limited hollow), the front (line), front runs labelled by `label_by`."""
+    check_columns(result.points, label_by, "--label-by")
+    fig = Figure(figsize=(fig_height * 1.6, fig_height + 0.4 + 0.18 * len(result.notes)), layout="constrained")
+    ax = fig.subplots()
+    pts, front = result.points, result.front
+    ok = pts[~pts["client_limited"]]
+    ax.scatter(ok["tokens_per_user"], ok["tokens_per_gpu"], color="0.6", alpha=0.6, s=22, label="all runs")
+    lim = pts[pts["client_limited"]]
+    if len(lim):
+        ax.scatter(lim["tokens_per_user"], lim["tokens_per_gpu"], facecolors="none", edgecolors="0.4", s=30,
+                   label="client-limited run (not on the front)")
+    bad = pts[_flagged(pts)]
+    if len(bad):
+        ax.scatter(bad["tokens_per_user"], bad["tokens_per_gpu"], label="fails a validity check", **_FLAG_STYLE)
+    ax.plot(front["tokens_per_user"], front["tokens_per_gpu"], marker="o", color=_COLORS[0], label="Pareto front")
+    for _, row in front.iterrows():
+        text = "\n".join(f"{k}={fmt_value(row[k])}" for k in label_by)
+        ax.annotate(text, (row["tokens_per_user"], row["tokens_per_gpu"]), textcoords="offset points",
+                    xytext=(5, 4), fontsize=7)
+    ax.set_xlabel("output tokens/s per user")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.legend(frameon=False)
+    fig.suptitle("Pareto front: per-user speed against per-GPU throughput")
+    if result.notes:
+        fig.supxlabel("\n".join(textwrap.fill(n, 120) for n in result.notes), fontsize=7, color="0.3", ha="left",
+                      x=0.01)
+    return fig
+
+
+def write_pareto(result: ParetoResult, label_by: Sequence[str], out_dir: str | Path, fmt: str = "png",
+                 dpi: int = 150) -> list[Path]:
+    """The figure (`PARETO.<fmt>`) and the front as `pareto_front.csv`, in `out_dir`."""
+    out = Path(out_dir)
+    cols = list(dict.fromkeys([*(c for c in ("serve_label", "bench_label", "run_number", "point_id")
+                                 if c in result.front.columns), *label_by, "output_throughput", "user_count",
+                               "user_count_from", "gpus", "gpus_from", "tokens_per_user", "tokens_per_gpu"]))
+    fig = pareto_figure(result, label_by)
+    return [save_figure(fig, out / f"PARETO.{fmt}", fmt, dpi),
+            write_text_atomic(out / "pareto_front.csv", result.front[cols].to_csv(index=False))]
