@@ -1,21 +1,24 @@
 """Aggregates per point over its runs: mean, median, spread and confidence interval of the headline metrics.
 
 A point is one server configuration x one bench point (`serve_id`, `bench_id`); its runs are the rows of
-the results table that share them. For each headline metric M (`HEADLINE_RATES` and the mean, median and
-percentile columns of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`,
-`M_median`, `M_std` (sample standard deviation over the runs), `M_cv` (std / |mean|) and `M_ci_low`,
-`M_ci_high`:
+the results table that share them. Runs that are client-limited or fail a validity check are left out of
+the statistics (`left_out_mask`; `runs` counts the runs used, `runs_total` all of them, `runs_left_out` and
+`left_out_reasons` the others by check); a point whose runs are all flagged keeps them, and says so in
+`on_flagged_runs`. For each headline metric M (`HEADLINE_RATES` and the mean, median and percentile columns
+of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`, `M_median`, `M_std`
+(sample standard deviation over the runs), `M_cv` (std / |mean|) and `M_ci_low`, `M_ci_high`: the Student
+t-interval of the mean over the runs (`confidence`, two-sided; one run has no interval). For a percentile
+column that is the t-interval of the per-run percentiles, the same quantity the verdicts test.
 
-- a Student t-interval of the mean over the runs (`confidence`, two-sided); one run has no interval;
-- for the percentile columns (`median_*`, `p<P>_*`) of points whose runs all kept their raw samples (the
-  native backend), the percentile of the requests of all runs pooled, `M_pooled`, and its percentile
-  bootstrap interval (requests resampled within each run; for ITL, whole requests with their gaps). The
-  column `ci_method` says which a row got.
+For the percentile columns (`median_*`, `p<P>_*`) of points whose runs all kept their raw samples (the
+native backend), `M_pooled` is the percentile of the requests of all runs pooled, and `M_pooled_ci_low`,
+`M_pooled_ci_high` its two-level bootstrap interval (runs resampled, then requests within each drawn run;
+for ITL, whole requests with their gaps); none for a single run. The column `ci_method` says which a row got.
 
 A point is `noisy` when the coefficient of variation of one of its `NOISE_METRICS` exceeds `threshold`
 (default 5 %; `noisy_metrics` names them), and `runs_needed` is the number of runs that would bring the
 t-interval's half-width of every one of them under `threshold` of its mean (estimated from the spread
-seen; empty with one run). `lead_is_significant` tells whether two points differ by more than the noise.
+seen; empty with one run). `lead_is_significant` is Welch's t-test of two points (`raysweep.verdicts`).
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from raysweep import verdicts
 from raysweep.errors import UserError
 from raysweep.files import write_bytes_atomic, write_text_atomic
+from raysweep.verdicts import t_quantile
 
-__all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "headline_metrics", "lead_is_significant",
-           "point_keys", "runs_needed", "summarize", "summary_params", "summary_table", "t_quantile", "write_summary"]
+__all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "check_names", "headline_metrics",
+           "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed", "summarize", "summary_params", "summary_table", "t_quantile", "write_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -60,72 +65,9 @@ _LABELS = ("campaign", "serve_label", "bench_label")
 _SHAPE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "gpu_count", "num_nodes")
 
 
-# ---------------------------------------------------------------------------------------------------
-# Student t quantiles (no scipy): the regularized incomplete beta function, then bisection
-# ---------------------------------------------------------------------------------------------------
-
-def _beta_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _beta_fraction(a, b, x) / a
-    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
-
-
-def _t_cdf(t: float, dof: float) -> float:
-    tail = 0.5 * _betainc(dof / 2.0, 0.5, dof / (dof + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, dof: float) -> float:
-    """The p-quantile of Student's t distribution with `dof` degrees of freedom (0 < p < 1)."""
-    if not 0.0 < p < 1.0 or dof <= 0:
-        raise ValueError(f"t_quantile: p must be in (0, 1) and dof > 0, got p={p}, dof={dof}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, dof)
-    lo, hi = 0.0, 1.0
-    while _t_cdf(hi, dof) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if _t_cdf(mid, dof) < p else (lo, mid)
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
-
-
 def runs_needed(cv: float, threshold: float, confidence: float = 0.95, limit: int = 100_000) -> int | None:
     """The fewest runs whose t-interval half-width is at most `threshold` of the mean, for a spread `cv`."""
-    if not math.isfinite(cv) or threshold <= 0:
-        return None
-    q = 0.5 + confidence / 2.0
-    n = max(2, math.ceil((1.959963984540054 * cv / threshold) ** 2))   # the normal bound, t only adds
-    while n < limit and t_quantile(q, n - 1) * cv / math.sqrt(n) > threshold:
-        n += 1
-    return n
+    return verdicts.runs_for_half_width(cv, threshold, confidence, limit)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -270,11 +212,15 @@ def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: 
                resamples: int) -> dict[str, Any]:
     first = group.iloc[0]
     row: dict[str, Any] = {c: first[c] for c in (*keys, *_LABELS, *names) if c in group.columns}
-    row["runs"] = len(group)
     if "validity_ok" in group.columns:
         row["runs_flagged"] = int((group["validity_ok"] == False).sum())  # noqa: E712 (None is not flagged)
     if "client_limited" in group.columns:
         row["client_limited_runs"] = int((group["client_limited"] == True).sum())  # noqa: E712
+    left = left_out_mask(group)
+    used = group[~left] if (~left).any() else group
+    row.update(runs=len(used), runs_total=len(group), runs_left_out=int(left.sum()) if (~left).any() else 0,
+               left_out_reasons=left_out_reasons(group[left]), on_flagged_runs=bool(left.all()) and len(group) > 0)
+    group = used
     stats = {m: _stats(pd.to_numeric(group[m], errors="coerce"), confidence) for m in metrics}
     noisy = [m for m in judged if stats[m]["cv"] > threshold]
     needed = [runs_needed(stats[m]["cv"], threshold, confidence) for m in judged]
@@ -283,12 +229,44 @@ def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: 
                ci_method="t")
     pooled = _bootstrap(group, metrics, confidence, samples, resamples)
     if pooled:
-        row["ci_method"] = f"t; bootstrap for percentiles ({pooled.pop('_requests')} pooled requests)"
+        row["ci_method"] = (f"t over runs; pooled percentiles with a two-level bootstrap (runs, then requests; "
+                            f"{pooled.pop('_requests')} requests)")
     for m in metrics:
         row.update({f"{m}_{k}": v for k, v in stats[m].items()})
         if m in pooled:
-            row[f"{m}_pooled"], row[f"{m}_ci_low"], row[f"{m}_ci_high"] = pooled[m]
+            row[f"{m}_pooled"], row[f"{m}_pooled_ci_low"], row[f"{m}_pooled_ci_high"] = pooled[m]
     return row
+
+
+def left_out_mask(runs: pd.DataFrame) -> pd.Series:
+    """The runs left out of every statistic that ranks or compares: client-limited ones (the load was not
+    what was asked) and those failing a validity check (`validity_ok` False)."""
+    mask = pd.Series(False, index=runs.index)
+    for col in ("client_limited", "validity_ok"):
+        if col in runs.columns:
+            mask |= runs[col] == (col == "client_limited")
+    return mask
+
+
+def left_out_reasons(runs: pd.DataFrame) -> str:
+    """`client-limited 2, shared CPUs 3`: how many of these runs each check flagged (a run may count under
+    several)."""
+    counts: dict[str, int] = {}
+    for _, r in runs.iterrows():
+        names = check_names(r.get("validity_issues"))
+        if r.get("client_limited") is True and "client-limited" not in names:
+            names.insert(0, "client-limited")
+        for n in names or ["flagged"]:
+            counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def check_names(issues: Any) -> list[str]:
+    """The names of the checks in a run's `validity_issues` (`shared CPUs; not steady (slope +3 %/s)` gives
+    `shared CPUs`, `not steady`)."""
+    if not isinstance(issues, str) or not issues.strip():
+        return []
+    return list(dict.fromkeys(i.split(" (")[0].strip() for i in issues.split("; ") if i.strip()))
 
 
 def _stats(values: pd.Series, confidence: float) -> dict[str, float]:
@@ -314,7 +292,10 @@ def _stats(values: pd.Series, confidence: float) -> dict[str, float]:
 def _bootstrap(group: pd.DataFrame, metrics: list[str], confidence: float,
                samples: Mapping[str, Mapping[str, Any]] | None, resamples: int) -> dict[str, Any]:
     """{metric: (pooled percentile, ci low, ci high)} for the percentile metrics, when every run of the
-    point has its raw samples; empty otherwise. The percentiles of one latency share their resamples."""
+    point has its raw samples; empty otherwise. The interval is a two-level bootstrap: the runs resampled,
+    then the requests within each drawn run (a run's requests share its server state, so they are not
+    independent draws of the configuration); a single run has no interval. The percentiles of one latency
+    share their resamples."""
     if not samples or "point_id" not in group.columns or resamples < 1:
         return {}
     runs = [samples.get(str(pid)) for pid in group["point_id"]]
@@ -336,13 +317,30 @@ def _bootstrap(group: pd.DataFrame, metrics: list[str], confidence: float,
         if pooled.size == 0:
             continue
         qs = [q for _, q in asked]
-        draws = _itl_draws(parts, qs, resamples, rng) if name == "itl" else _draws(parts, qs, resamples, rng)
+        draws = _two_level(parts, qs, resamples, rng, name == "itl") if len(parts) > 1 else None
         for i, (m, q) in enumerate(asked):
-            lo, hi = np.percentile(draws[:, i], [50.0 - 50.0 * confidence, 50.0 + 50.0 * confidence])
+            lo, hi = (np.percentile(draws[:, i], [50.0 - 50.0 * confidence, 50.0 + 50.0 * confidence])
+                      if draws is not None and len(draws) else (math.nan, math.nan))
             out[m] = (float(np.percentile(pooled, q)), float(lo), float(hi))
     if out:
         out["_requests"] = sum(int(r["n"]) for r in per_run)
     return out
+
+
+def _two_level(parts: list[Any], qs: list[float], resamples: int, rng: np.random.Generator,
+               itl: bool) -> np.ndarray:
+    """`resamples` rows of the `qs` percentiles: each row draws the runs with replacement, then the
+    requests within each drawn run (`_itl_draws` / `_draws` with one resample)."""
+    if itl:
+        gaps = sum(sum(len(g) for g in p) for p in parts)
+        resamples = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // max(1, gaps)))
+    rows = []
+    for _ in range(resamples):
+        drawn = [parts[i] for i in rng.integers(0, len(parts), len(parts))]
+        one = _itl_draws(drawn, qs, 1, rng) if itl else _draws(drawn, qs, 1, rng)
+        if len(one):
+            rows.append(one[0])
+    return np.asarray(rows).reshape(-1, len(qs))
 
 
 def _request_values(s: Mapping[str, Any]) -> dict[str, Any]:
@@ -427,14 +425,12 @@ def _weighted_percentiles(sorted_values: np.ndarray, weights: np.ndarray, qs: li
 # Significance
 # ---------------------------------------------------------------------------------------------------
 
-def lead_is_significant(a_row: Mapping[str, Any], b_row: Mapping[str, Any], metric: str) -> bool:
-    """Whether the confidence intervals of `metric` in two summary rows do not overlap (False when either
-    has no interval: one run)."""
-    a_lo, a_hi = float(a_row[f"{metric}_ci_low"]), float(a_row[f"{metric}_ci_high"])
-    b_lo, b_hi = float(b_row[f"{metric}_ci_low"]), float(b_row[f"{metric}_ci_high"])
-    if not all(math.isfinite(v) for v in (a_lo, a_hi, b_lo, b_hi)):
-        return False
-    return a_lo > b_hi or b_lo > a_hi
+def lead_is_significant(a_row: Mapping[str, Any], b_row: Mapping[str, Any], metric: str,
+                        alpha: float = verdicts.ALPHA) -> bool:
+    """Whether `metric` differs between two summary rows: Welch's t-test on their per-run mean, spread and
+    runs (`verdicts.compare_means`) at level `alpha`; False when either has fewer than 2 runs."""
+    return verdicts.compare_means(verdicts.row_stats(a_row, metric), verdicts.row_stats(b_row, metric),
+                                  alpha=alpha).decided
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,27 +1,59 @@
 """Intervals and verdicts over runs, on `scipy.stats`.
 
-Every comparison raysweep prints rests on a test of the quantity itself. This module holds the shared
-building blocks: the t-interval of a mean over per-run values (used by the per-point aggregates and by
-`bench.precision`'s stopping rule).
+Every comparison raysweep prints rests on a test of the difference itself, with the run as the unit (the
+requests of one run share its server state, its queue and its noisy neighbours, so they are not independent
+samples of the configuration):
+
+- `mean_interval`: the Student t-interval of a mean over per-run values (the per-point aggregates, and
+  `bench.precision`'s stopping rule);
+- `compare_means` (`compare_values` from raw per-run values): Welch's t-test of two means, worded `better`,
+  `worse`, `not shown with N runs` (the data cannot tell them apart, which is not a claim of equality) or
+  `not judged` (fewer than 2 runs on a side). Percentiles are compared the same way, over per-run
+  percentiles (benchmarks/bench_verdicts.py measures its calibration with correlated requests);
+- `tied_with_leader`: which candidates cannot be told apart from the one with the best mean, a Welch test
+  of the leader against each one with Holm's step-down correction over all of them: the leader is picked as
+  the best of many, so its lead over the runner-up alone is tested at a level that accounts for the others;
+- `equivalence`: the ratio of two means with its confidence interval (Welch on the logarithms),
+  `equivalent` only when the whole interval lies within the tolerance, `different` when it lies outside,
+  `not shown` otherwise, with the runs per side that would settle it at the spread seen;
+- `slope_test`: whether a series drifts by more than an allowed fraction of its mean, judged on the
+  confidence interval of the least-squares slope (flagged only when the whole interval lies beyond).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy import stats
 
-__all__ = ["mean_interval", "relative_half_width"]
+__all__ = ["ALPHA", "Equivalence", "Slope", "Verdict", "compare_means", "compare_values", "equivalence",
+           "mean_interval", "relative_half_width", "row_stats", "runs_for_half_width", "slope_test",
+           "t_quantile", "tied_with_leader"]
+
+ALPHA = 0.05   # two-sided level of every test (95 % intervals)
+
+
+def _finite(values: Sequence[float] | Any) -> np.ndarray:
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    return x[np.isfinite(x)]
+
+
+def t_quantile(p: float, dof: float) -> float:
+    """The p-quantile of Student's t distribution with `dof` degrees of freedom (0 < p < 1)."""
+    if not 0.0 < p < 1.0 or dof <= 0:
+        raise ValueError(f"t_quantile: p must be in (0, 1) and dof > 0, got p={p}, dof={dof}")
+    return float(stats.t.ppf(p, dof))
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """(mean, low, high): the Student t-interval of the mean of `values` (NaNs dropped).
 
     With fewer than 2 finite values the interval is (nan, nan) around the mean (nan for none)."""
-    x = np.asarray([v for v in values if v is not None], dtype=float)
-    x = x[np.isfinite(x)]
+    x = _finite(values)
     if x.size == 0:
         return math.nan, math.nan, math.nan
     mean = float(x.mean())
@@ -37,3 +69,244 @@ def relative_half_width(values: Sequence[float], confidence: float = 0.95) -> fl
     if not (math.isfinite(low) and mean):
         return math.nan
     return (high - low) / 2.0 / abs(mean)
+
+
+def runs_for_half_width(cv: float, rel_half_width: float, confidence: float = 0.95,
+                        limit: int = 100_000) -> int | None:
+    """The fewest runs whose t-interval half-width is at most `rel_half_width` of the mean, for a spread
+    (coefficient of variation) `cv`; None for an unknown spread."""
+    if not math.isfinite(cv) or rel_half_width <= 0:
+        return None
+    q = 0.5 + confidence / 2.0
+    n = max(2, math.ceil((float(stats.norm.ppf(q)) * cv / rel_half_width) ** 2))  # the normal bound; t only adds
+    while n < limit and stats.t.ppf(q, n - 1) * cv / math.sqrt(n) > rel_half_width:
+        n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------------------------------
+# Two means: Welch's t
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """B against A: `word` is `better`, `worse`, `not shown` or `not judged`; `ratio` is mean B / mean A."""
+
+    word: str
+    runs_a: int
+    runs_b: int
+    ratio: float = math.nan
+    p_value: float = math.nan
+
+    @property
+    def text(self) -> str:
+        """`better`, `worse`, `not shown with 3 and 3 runs`, `not judged: fewer than 2 runs on a side`."""
+        if self.word == "not shown":
+            runs = (f"{self.runs_a} runs" if self.runs_a == self.runs_b
+                    else f"{self.runs_a} and {self.runs_b} runs")
+            return f"not shown with {runs}"
+        if self.word == "not judged":
+            return "not judged: fewer than 2 runs on a side"
+        return self.word
+
+    @property
+    def decided(self) -> bool:
+        return self.word in ("better", "worse")
+
+
+def compare_means(a: tuple[float, float, int], b: tuple[float, float, int], higher_is_better: bool = True,
+                  alpha: float = ALPHA) -> Verdict:
+    """Welch's two-sided t-test of B's mean against A's, from (mean, sample std, runs) of each side."""
+    (ma, sa, na), (mb, sb, nb) = a, b
+    na, nb = int(na or 0), int(nb or 0)
+    ratio = mb / ma if ma and math.isfinite(ma) and math.isfinite(mb) else math.nan
+    if na < 2 or nb < 2 or not all(math.isfinite(v) for v in (ma, sa, mb, sb)):
+        return Verdict("not judged", na, nb, ratio)
+    p = _welch_p(ma, sa, na, mb, sb, nb)
+    if not p < alpha:
+        return Verdict("not shown", na, nb, ratio, p)
+    up = mb > ma
+    return Verdict("better" if up == higher_is_better else "worse", na, nb, ratio, p)
+
+
+def compare_values(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True,
+                   alpha: float = ALPHA) -> Verdict:
+    """`compare_means` from the per-run values of each side."""
+    return compare_means(_summary(_finite(a)), _summary(_finite(b)), higher_is_better, alpha)
+
+
+def _summary(x: np.ndarray) -> tuple[float, float, int]:
+    if x.size == 0:
+        return math.nan, math.nan, 0
+    return float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else math.nan, int(x.size)
+
+
+def _welch_p(ma: float, sa: float, na: int, mb: float, sb: float, nb: int) -> float:
+    if sa == 0 and sb == 0:   # no spread at all: any difference is certain, none is not shown
+        return 0.0 if ma != mb else 1.0
+    return float(stats.ttest_ind_from_stats(ma, sa, na, mb, sb, nb, equal_var=False).pvalue)
+
+
+def row_stats(row: Mapping[str, Any], metric: str) -> tuple[float, float, int]:
+    """(mean, std, runs) of `metric` in a summary row (`M_mean`, `M_std`, `runs`, or `M_runs` when the
+    metric has its own count)."""
+    def num(key: str) -> float:
+        try:
+            v = row.get(key)
+            return float(v) if v is not None else math.nan
+        except (TypeError, ValueError):
+            return math.nan
+
+    runs = num(f"{metric}_runs")
+    runs = runs if math.isfinite(runs) else num("runs")
+    return num(f"{metric}_mean"), num(f"{metric}_std"), int(runs) if math.isfinite(runs) else 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# The leader of many: which cannot be told apart from it (Holm)
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Leadership:
+    """The candidates (by position) that cannot be told apart from the leader, and each one's verdict
+    against it (Holm-adjusted p-value)."""
+
+    leader: int
+    tied: list[int] = field(default_factory=list)
+    behind: list[int] = field(default_factory=list)
+    not_judged: list[int] = field(default_factory=list)
+    adjusted_p: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def clear(self) -> bool | None:
+        """True: better than every other candidate; False: tied with some; None: none could be judged."""
+        if self.not_judged and not (self.tied or self.behind):
+            return None
+        return not self.tied and not self.not_judged
+
+
+def tied_with_leader(candidates: Sequence[tuple[float, float, int]], higher_is_better: bool = True,
+                     alpha: float = ALPHA) -> Leadership:
+    """The candidate with the best mean, and which of the others it is not shown to beat: Welch's test of the
+    leader against each (two-sided p-values), Holm's step-down correction over the family (a candidate is
+    behind only when its adjusted p-value is under `alpha` and it is worse). A candidate with fewer than 2
+    runs, or a leader with fewer than 2, is `not_judged`."""
+    means = [c[0] if math.isfinite(c[0]) else (-math.inf if higher_is_better else math.inf) for c in candidates]
+    lead = int(np.argmax(means) if higher_is_better else np.argmin(means))
+    out = Leadership(lead)
+    pvals: dict[int, float] = {}
+    for i, c in enumerate(candidates):
+        if i == lead:
+            continue
+        v = compare_means(candidates[lead], c, higher_is_better, alpha=1.0)   # p only
+        if v.word == "not judged":
+            out.not_judged.append(i)
+        else:
+            pvals[i] = v.p_value
+    order = sorted(pvals, key=lambda i: pvals[i])
+    m, running, stopped = len(order), 0.0, False
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (m - k) * pvals[i]))
+        out.adjusted_p[i] = running
+        stopped = stopped or running >= alpha
+        (out.tied if stopped else out.behind).append(i)
+    out.tied.sort(key=lambda i: means[i], reverse=higher_is_better)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Equivalence of two means: the ratio's interval against a tolerance
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Equivalence:
+    """B / A with its confidence interval, and what it shows against a tolerance of +-`tolerance`."""
+
+    word: str          # "equivalent", "different", "not shown", "not judged"
+    ratio: float
+    low: float
+    high: float
+    tolerance: float
+    runs_a: int
+    runs_b: int
+    runs_needed: int | None = None   # per side, at the spread seen, to settle a "not shown"
+
+    @property
+    def text(self) -> str:
+        tol = f"{self.tolerance:.0%}"
+        if self.word == "equivalent":
+            return f"equivalent within {tol}"
+        if self.word == "different":
+            return f"different by more than {tol}"
+        if self.word == "not judged":
+            return "not judged: fewer than 2 runs on a side"
+        more = (f"; about {self.runs_needed} runs per side would settle it at the spread seen"
+                if self.runs_needed else "; the interval straddles the tolerance at the ratio seen")
+        return f"not shown within {tol} with {self.runs_a} and {self.runs_b} runs{more}"
+
+
+def equivalence(a: Sequence[float], b: Sequence[float], tolerance: float = 0.05,
+                confidence: float = 1 - 2 * ALPHA, limit: int = 1000) -> Equivalence:
+    """The ratio of the means of B to A, its interval from Welch's t on the logarithms of the per-run values
+    (`confidence` two-sided: 90 % is the two one-sided tests at 5 %), judged against [1 - tol, 1 + tol]."""
+    xa, xb = _finite(a), _finite(b)
+    xa, xb = xa[xa > 0], xb[xb > 0]
+    na, nb = int(xa.size), int(xb.size)
+    ratio = float(xb.mean() / xa.mean()) if na and nb else math.nan
+    if na < 2 or nb < 2:
+        return Equivalence("not judged", ratio, math.nan, math.nan, tolerance, na, nb)
+    la, lb = np.log(xa), np.log(xb)
+    va, vb = la.var(ddof=1) / na, lb.var(ddof=1) / nb
+    diff = float(lb.mean() - la.mean())
+    se = math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if se > 0 else float(na + nb - 2)
+    q = float(stats.t.ppf(0.5 + confidence / 2.0, dof))
+    low, high = math.exp(diff - q * se), math.exp(diff + q * se)
+    lo_tol, hi_tol = 1.0 - tolerance, 1.0 + tolerance
+    if lo_tol <= low and high <= hi_tol:
+        word = "equivalent"
+    elif high < lo_tol or low > hi_tol:
+        word = "different"
+    else:
+        word = "not shown"
+    needed = None
+    if word == "not shown":
+        room = min(math.log(hi_tol) - diff, diff - math.log(lo_tol))
+        spread = la.var(ddof=1) + lb.var(ddof=1)
+        if room > 0:
+            needed = next((n for n in range(max(na, nb), limit)
+                           if stats.t.ppf(0.5 + confidence / 2.0, 2 * n - 2) * math.sqrt(spread / n) < room), None)
+    return Equivalence(word, float(math.exp(diff)), low, high, tolerance, na, nb, needed)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A drift in a series: the slope's interval against an allowed change
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Slope:
+    """The least-squares slope of a series in % of its mean per step, with its interval; `drifts` is True
+    only when the whole interval of the change over the series lies beyond the allowed drift."""
+
+    pct_per_step: float
+    low: float
+    high: float
+    drifts: bool
+
+
+def slope_test(series: Sequence[float], max_drift_pct: float, confidence: float = 1 - ALPHA) -> Slope | None:
+    """Whether `series` (equally spaced) changes by more than `max_drift_pct` % of its mean over its length:
+    the t-interval of the fitted slope (times the length, in % of the mean) must lie entirely beyond
+    +-`max_drift_pct`. None with fewer than 3 values or a mean that is not positive."""
+    y = _finite(series)
+    if y.size < 3 or not y.mean() > 0:
+        return None
+    x = np.arange(y.size, dtype=float)
+    fit = stats.linregress(x, y)
+    scale = 100.0 / float(y.mean())
+    q = float(stats.t.ppf(0.5 + confidence / 2.0, y.size - 2))
+    pct, half = float(fit.slope) * scale, float(fit.stderr) * scale * q
+    span = y.size - 1
+    low, high = pct - half, pct + half
+    drifts = low * span > max_drift_pct or high * span < -max_drift_pct
+    return Slope(pct, low, high, bool(drifts))

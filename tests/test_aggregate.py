@@ -104,11 +104,14 @@ def test_one_run_has_no_interval_and_no_verdict():
     assert not aggregate.lead_is_significant(s.iloc[0], s.iloc[1], "output_throughput")
 
 
-def test_lead_is_significant_when_intervals_do_not_overlap():
-    a = {"m_ci_low": 10.0, "m_ci_high": 12.0}
-    assert aggregate.lead_is_significant(a, {"m_ci_low": 12.5, "m_ci_high": 14.0}, "m")
-    assert aggregate.lead_is_significant({"m_ci_low": 12.5, "m_ci_high": 14.0}, a, "m")
-    assert not aggregate.lead_is_significant(a, {"m_ci_low": 11.5, "m_ci_high": 14.0}, "m")
+def test_lead_is_significant_is_welchs_test_of_the_runs():
+    a = {"m_mean": 10.0, "m_std": 0.5, "runs": 5}
+    assert aggregate.lead_is_significant(a, {"m_mean": 11.0, "m_std": 0.5, "runs": 5}, "m")   # p ~ 0.01
+    assert aggregate.lead_is_significant({"m_mean": 11.0, "m_std": 0.5, "runs": 5}, a, "m")
+    # intervals that overlap (half-widths 0.62 each around 10 and 10.9) can still be a difference
+    assert aggregate.lead_is_significant(a, {"m_mean": 10.9, "m_std": 0.5, "runs": 5}, "m")
+    assert not aggregate.lead_is_significant(a, {"m_mean": 10.5, "m_std": 0.5, "runs": 5}, "m")   # p ~ 0.15
+    assert not aggregate.lead_is_significant(a, {"m_mean": 20.0, "m_std": 0.5, "runs": 1}, "m")   # not judged
 
 
 def test_flagged_and_client_limited_runs_are_counted():
@@ -154,13 +157,17 @@ def test_percentiles_of_the_pooled_requests_are_bootstrapped():
     s = aggregate.summarize(table(rows), samples=runs, resamples=300)
     p = s.iloc[0]
     pooled = stats.point_metrics(stats.pool(list(runs.values())), opts)
-    assert "bootstrap" in p["ci_method"] and "118 pooled requests" in p["ci_method"]
+    assert "two-level bootstrap" in p["ci_method"] and "118 requests" in p["ci_method"]
     for m in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms"):  # the pooled value as bench.stats computes it
         assert p[f"{m}_pooled"] == pytest.approx(pooled[m])
-        assert p[f"{m}_ci_low"] < p[f"{m}_pooled"] < p[f"{m}_ci_high"]
-    # the t-interval of two runs would be far wider than the bootstrap of 118 requests
-    t_half = aggregate.t_quantile(0.975, 1) * np.std([m["median_ttft_ms"] for m in metrics], ddof=1) / math.sqrt(2)
-    assert p["median_ttft_ms_ci_high"] - p["median_ttft_ms_ci_low"] < 2 * t_half
+        # the interval is about the per-run percentiles, the pooled value has its own two-level interval
+        assert p[f"{m}_pooled_ci_low"] <= p[f"{m}_pooled"] <= p[f"{m}_pooled_ci_high"]
+        half = aggregate.t_quantile(0.975, 1) * p[f"{m}_std"] / math.sqrt(2)
+        assert p[f"{m}_ci_high"] - p[f"{m}_mean"] == pytest.approx(half)
+    # a single run has a pooled value but no interval: its requests are not independent draws of the config
+    one = aggregate.summarize(table(rows[:1]), samples=runs, resamples=300).iloc[0]
+    assert one["median_ttft_ms_pooled"] == pytest.approx(stats.point_metrics(runs["s8-b1-0"], opts)["median_ttft_ms"])
+    assert math.isnan(one["median_ttft_ms_pooled_ci_low"]) and math.isnan(one["median_ttft_ms_ci_low"])
     # means keep the t-interval
     assert "mean_ttft_ms_pooled" not in s.columns
     # a point with a run without samples gets t-intervals only
@@ -253,3 +260,19 @@ def test_weighted_percentiles_equal_numpys_on_the_repeated_values():
             assert np.isnan(row).all()
         else:
             assert np.allclose(row, np.percentile(np.repeat(values, w), [0, 50, 90, 99, 100]))
+
+
+def test_client_limited_and_flagged_runs_are_left_out_of_the_statistics():
+    rows = [run_row("s8", 1, r, 100.0, 10.0) for r in range(3)]
+    rows += [run_row("s8", 1, 3, 10.0, 10.0, client_limited=True, validity_issues="client-limited (loop lag)"),
+             run_row("s8", 1, 4, 500.0, 10.0, validity_ok=False, validity_issues="shared CPUs; not steady (slope +3 %/s)")]
+    p = aggregate.summarize(table(rows)).iloc[0]
+    assert p["output_throughput_mean"] == pytest.approx(100.0) and p["output_throughput_std"] == 0.0
+    assert p["runs"] == 3 and p["runs_total"] == 5 and p["runs_left_out"] == 2 and not p["on_flagged_runs"]
+    assert p["left_out_reasons"] == "client-limited 1, shared CPUs 1, not steady 1"
+    # a point whose runs are all flagged keeps them, and says so
+    all_flagged = [run_row("s8", 1, r, 100.0 + r, 10.0, validity_ok=False, validity_issues="shared CPUs")
+                   for r in range(2)]
+    q = aggregate.summarize(table(all_flagged)).iloc[0]
+    assert q["runs"] == 2 and q["runs_left_out"] == 0 and bool(q["on_flagged_runs"])
+    assert q["output_throughput_mean"] == pytest.approx(100.5)
