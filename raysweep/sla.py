@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import operator
 import re
@@ -40,8 +41,8 @@ import numpy as np
 from raysweep import metrics as server_metrics
 from raysweep.errors import CampaignError
 
-__all__ = ["INFINITE", "Outcome", "Target", "Threshold", "Verdict", "judge_attainment", "judge_percentile",
-           "parse_targets", "pool_runs", "search", "search_key", "wilson"]
+__all__ = ["INFINITE", "Outcome", "Target", "Threshold", "Verdict", "check_metric", "judge_attainment",
+           "judge_percentile", "meets", "parse_slo", "parse_targets", "pool_runs", "search", "search_key", "wilson"]
 
 INFINITE = math.inf
 _OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, "<": operator.lt, ">=": operator.ge,
@@ -93,16 +94,73 @@ def parse_targets(raw: Any, fld: str = "sla.targets") -> list[Target]:
         ths = []
         for metric, expr in item.items():
             where = f"{fld}[{i}].{metric}"
-            if not (_LATENCY.match(str(metric)) or metric in _POINT_METRICS or metric in server_metrics.FIELDS):
-                raise CampaignError(where, "is not a metric the results carry; accepted: {mean,median,pNN}_"
-                                           "{ttft,tpot,itl,e2el}_ms, " + ", ".join(_POINT_METRICS) + ", "
-                                           + ", ".join(server_metrics.FIELDS))
+            check_metric(str(metric), where)
             m = _EXPR.match(str(expr))
             if not m:
                 raise CampaignError(where, f"expression {expr!r} is not one of <=, <, >=, > followed by a number "
                                            "(quote it in YAML: \"<=200\")")
             ths.append(Threshold(str(metric), m.group(1), float(m.group(2))))
         out.append(Target(tuple(ths)))
+    return out
+
+
+def check_metric(metric: str, where: str) -> None:
+    """A metric a target or objective may name: a latency statistic with its percentile within 0 to 100,
+    or a point or server metric; anything else raises naming `where`, with the closest accepted names."""
+    m = _LATENCY.match(metric)
+    if m:
+        stat = m.group(1)
+        if stat.startswith("p") and not 0.0 < float(stat[1:]) < 100.0:
+            raise CampaignError(where, f"percentile {stat[1:]} is outside 0 to 100; accepted: p1 to p99.9 "
+                                       "(e.g. p99_ttft_ms), or median/mean")
+        return
+    if metric in _POINT_METRICS or metric in server_metrics.FIELDS:
+        return
+    known = ["mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+             "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms", *_POINT_METRICS, *server_metrics.FIELDS]
+    close = difflib.get_close_matches(metric, known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise CampaignError(where, f"is not a metric the results carry; {hint}accepted: {{mean,median,pNN}}_"
+                               "{ttft,tpot,itl,e2el}_ms, " + ", ".join(_POINT_METRICS) + ", "
+                               + ", ".join(server_metrics.FIELDS))
+
+
+def parse_slo(raw: Any, fld: str = "slo") -> Target:
+    """A campaign's service-level objective: a mapping of metric to a bound, a bare number meaning `<=`
+    for latencies and `>=` for rates (`{p99_ttft_ms: 500, median_tpot_ms: 50}`), or an expression as in
+    SLA targets (`"<=500"`). Every bound must be a positive number."""
+    if not isinstance(raw, dict) or not raw:
+        raise CampaignError(fld, "must be a mapping of metric -> bound, e.g. {p99_ttft_ms: 500, median_tpot_ms: 50}")
+    ths = []
+    for metric, expr in raw.items():
+        where = f"{fld}.{metric}"
+        check_metric(str(metric), where)
+        if isinstance(expr, (int, float)) and not isinstance(expr, bool):
+            op, bound = ("<=" if _LATENCY.match(str(metric)) else ">="), float(expr)
+        else:
+            m = _EXPR.match(str(expr))
+            if not m:
+                raise CampaignError(where, f"{expr!r} is neither a number nor one of <=, <, >=, > followed by a "
+                                           "number; accepted: e.g. 500 or \"<=500\"")
+            op, bound = m.group(1), float(m.group(2))
+        if not (math.isfinite(bound) and bound > 0):
+            raise CampaignError(where, f"bound {bound:g} must be a positive number (e.g. 500 for 500 ms)")
+        ths.append(Threshold(str(metric), op, bound))
+    return Target(tuple(ths))
+
+
+def meets(values: dict[str, Any], slo: Target) -> bool | None:
+    """Whether a point's values (per metric) meet every threshold of `slo`; None when one is missing."""
+    out = True
+    for t in slo.thresholds:
+        v = values.get(t.metric)
+        try:
+            v = float(v) if v is not None else math.nan
+        except (TypeError, ValueError):
+            v = math.nan
+        if math.isnan(v):
+            return None
+        out = out and t.holds(v)
     return out
 
 
