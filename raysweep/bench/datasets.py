@@ -82,14 +82,24 @@ def make_requests(opts: LoadOptions) -> list[Request]:
 
 
 def _timed_trace(opts: LoadOptions) -> list[Request]:
-    """The requests of a replayed trace (raysweep.bench.trace): ids, or text with --prompt-format text."""
+    """The requests of a replayed trace (raysweep.bench.trace): ids, or with --prompt-format text their text
+    fitted back to the input length, less the special tokens the server adds (as the random set's prompts)."""
     from raysweep.bench.trace import trace_prompts
 
-    vocab = load_vocab(opts, need_tokenizer=opts.chat or opts.prompt_format == "text")
+    text = opts.prompt_format == "text"
+    vocab = load_vocab(opts, need_tokenizer=text)
     reqs = [Request(ids, out) for ids, out in trace_prompts(opts, vocab.allowed)]
-    if opts.prompt_format == "text" and not opts.chat:
-        reqs = [Request(vocab.tok.decode(r.prompt), r.output_len) for r in reqs]
-    return reqs
+    if not text:
+        return reqs
+    fitted, mismatch = [], 0
+    for i, r in enumerate(reqs):
+        assert isinstance(r.prompt, list)
+        target = max(1, len(r.prompt) - vocab.num_special)
+        prompt, ids = fit_text(vocab, r.prompt[:target], target, np.random.default_rng([opts.seed, 1 << 51, i]))
+        mismatch += len(ids) - target
+        fitted.append(Request(prompt, r.output_len))
+    log_mismatch(mismatch, "--dataset-name timed_trace")
+    return fitted
 
 
 def _multi_turn(opts: LoadOptions) -> list[Request]:

@@ -44,7 +44,7 @@ from raysweep.bench.options import LoadOptions, parse_load_options
 from raysweep.bench.sessions import conversations, with_history
 from raysweep.validity import cpu_text
 
-__all__ = ["NativeBench", "NativeClient", "Dispenser", "Job"]
+__all__ = ["Dispenser", "Job", "NativeBench", "NativeClient", "planned_prompts"]
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class NativeClient:
                                 delta = c.get("delta") or {}
                                 piece = c.get("text") or delta.get("content") or ""
                                 texts.append(piece)
-                                if piece and first_out != first_out:  # the first output (not reasoning) token
+                                if piece and math.isnan(first_out):  # the first output (not reasoning) token
                                     first_out = now - begin
                                 reasoning = reasoning or bool(delta.get("reasoning_content") or delta.get("reasoning"))
                             if usage := obj.get("usage"):
@@ -323,6 +323,7 @@ class Job:
     max_tokens: list[int | None] = field(default_factory=list)
     clock_offsets: list[tuple[float, float]] = field(default_factory=list)  # (offset, uncertainty) s per actor
     prompt_format: str = "token_ids"
+    units: int = 0                      # requests (or sessions) made for the point
 
 
 class NativeBench:
@@ -443,7 +444,7 @@ class NativeBench:
         fmt = "token_ids" if reqs and all(isinstance(r.prompt, list) for r in reqs) else "text"
         return Job(refs, opts, model, n, arrivals.asked_rate(opts, due_arr), t0, self.nodes[:n],
                    prompt_lens=[r.prompt_len for r in reqs], max_tokens=[r.output_len for r in reqs],
-                   clock_offsets=offsets, prompt_format=fmt)
+                   clock_offsets=offsets, prompt_format=fmt, units=units)
 
     def finish(self, job: Job, answers: list[dict[str, Any]]) -> dict[str, Any]:
         """The point's result (vLLM's field names), from the pooled samples of every actor."""
@@ -455,7 +456,7 @@ class NativeBench:
         result: dict[str, Any] = {
             "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": opts.backend,
             "backend": opts.backend, "label": None, "model_id": job.model, "tokenizer_id": opts.tokenizer or job.model,
-            "num_prompts": opts.num_prompts,
+            **planned_prompts(opts, job.units),
             "request_rate": "inf" if math.isinf(opts.request_rate) else opts.request_rate,
             "burstiness": opts.burstiness, "max_concurrency": opts.max_concurrency,
         }
@@ -491,6 +492,14 @@ def _requests(opts: LoadOptions) -> tuple[list[Request], list[tuple[int, int]] |
     return [Request(m, o) for m, o in zip(conv.messages, conv.output_lens)], conv.spans
 
 
+def planned_prompts(opts: LoadOptions, units: int) -> dict[str, int]:
+    """`num_prompts` as sent: a file with fewer usable requests (a short trace, --no-oversample) sends fewer
+    than asked, and says both."""
+    if 0 < units < opts.num_prompts:
+        return {"num_prompts": units, "num_prompts_asked": opts.num_prompts}
+    return {"num_prompts": opts.num_prompts}
+
+
 def _cap_clients(n: int, opts: LoadOptions) -> int:
     """Never more actors than requests, nor than --max-concurrency slots (an actor needs one slot at least)."""
     n = min(n, opts.num_prompts)
@@ -502,7 +511,8 @@ def _workload_fields(opts: LoadOptions) -> dict[str, Any]:
     time series' bin, the multi-turn think time."""
     out: dict[str, Any] = {"duration_limit_s": opts.duration, "timeseries_interval_s": opts.timeseries_interval}
     if opts.dataset_name == "timed_trace":
-        out.update(trace_speedup=opts.trace_speedup, trace_self_timed=opts.timed)
+        from raysweep.bench.trace import trace_report
+        out.update(trace_speedup=opts.trace_speedup, trace_self_timed=opts.timed, **trace_report(opts))
     if opts.dataset_name == "multi_turn":
         out["multi_turn_think_time_s"] = opts.multi_turn_think_time
     return out

@@ -17,7 +17,7 @@ from typing import Any
 
 from raysweep.errors import CampaignError
 
-__all__ = ["DATASETS", "LoadOptions", "parse_load_options", "PROGRAM"]
+__all__ = ["DATASETS", "PROGRAM", "LoadOptions", "parse_load_options"]
 
 PROGRAM = ("vllm", "bench", "serve")
 DATASETS = ("random", "sharegpt", "custom", "jsonl", "prefix_repetition", "prefix", "timed_trace", "multi_turn")
@@ -332,8 +332,9 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
     name = kw.get("dataset_name", "random")
     if name == "prefix":
         kw["dataset_name"] = name = "prefix_repetition"
-    # vllm bench serve forces ignore_eos for the random set only (its output lengths are the asked ones)
-    kw["ignore_eos"] = bool(a.get("ignore_eos")) or name == "random"
+    # vllm bench serve forces ignore_eos for the random set and for trace replay (the output lengths are the asked
+    # ones, the trace's own for a trace)
+    kw["ignore_eos"] = bool(a.get("ignore_eos")) or name in ("random", "timed_trace")
     kw["disable_shuffle"], kw["no_oversample"] = bool(a.get("disable_shuffle")), bool(a.get("no_oversample"))
     if name == "prefix_repetition" and kw.get("num_prompts", 1000) < kw.get("prefix_repetition_num_prefixes", 10):
         raise bad("num_prompts", f"({kw.get('num_prompts', 1000)}) must be at least --prefix-repetition-num-prefixes "
@@ -372,6 +373,10 @@ def _check_workload(kw: dict[str, Any], a: dict[str, Any], bad: Any) -> None:
         raise bad("self_timed", "is only supported with --dataset-name timed_trace (as in vllm bench serve)")
     if name == "timed_trace" and not kw.get("dataset_path"):
         raise bad("dataset_path", "is required by --dataset-name timed_trace (a JSONL trace)")
+    if name == "timed_trace" and str(kw.get("endpoint") or BACKENDS[kw.get("backend", "openai")]).rstrip(
+            "/").endswith("chat/completions"):
+        raise bad("dataset_name", "timed_trace replays token ids and needs the completions API, as in vllm bench "
+                                  "serve: use --backend openai (or vllm)")
     if name == "multi_turn" and not str(kw.get("endpoint") or BACKENDS[kw.get("backend", "openai")]).rstrip(
             "/").endswith("chat/completions"):
         raise bad("dataset_name", "multi_turn sends each turn with the conversation so far, which needs the chat "

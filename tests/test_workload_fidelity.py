@@ -1,0 +1,106 @@
+"""The workload a user asked for, request for request, against vLLM 0.32's `vllm bench serve`
+(vllm/benchmarks/serve.py, datasets/datasets.py): trace replay (ignore_eos, prompt lengths, order), the custom
+set's chat template, multi-turn sessions that fail halfway, parameters that shadow measured fields or change
+nothing. Pure tests first (the tiny model's tokenizer, no server)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from raysweep.bench.datasets import make_requests, payload
+from raysweep.bench.options import parse_load_options
+from raysweep.errors import CampaignError
+
+
+def opts(*argv: str, model: str = "m"):
+    return parse_load_options(["--model", model, *argv])
+
+
+def _trace(path: Path, rows: list[dict], blank: str = "") -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + blank)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model), local_files_only=True)
+
+
+# -- trace replay --------------------------------------------------------------------------------------------
+
+def test_trace_replay_sends_ignore_eos_as_vllm_forces_it(tmp_path):
+    f = _trace(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 8, "output_length": 5}])
+    o = opts("--dataset-name", "timed_trace", "--dataset-path", str(f))
+    assert o.ignore_eos
+    body = json.loads(payload(make_requests(o)[0], o, "m"))
+    assert body["ignore_eos"] is True and body["max_tokens"] == 5
+
+
+def test_trace_replay_on_the_chat_api_is_refused_as_vllm_refuses_it(tmp_path):
+    f = _trace(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 8, "output_length": 5}])
+    with pytest.raises(CampaignError, match="completions"):
+        opts("--dataset-name", "timed_trace", "--dataset-path", str(f), "--backend", "openai-chat")
+
+
+def test_trace_prompts_sent_as_text_have_the_traces_input_length(tmp_path, tiny_model, tok):
+    """The server counts the text's tokens plus its special ones (BOS): that must be the trace's length."""
+    rows = [{"timestamp": i, "input_length": n, "output_length": 3, "hash_ids": [7, 8, 9 + i]}
+            for i, n in enumerate((512, 100, 37))]
+    f = _trace(tmp_path / "t.jsonl", rows)
+    o = opts("--dataset-name", "timed_trace", "--dataset-path", str(f), "--prompt-format", "text",
+             "--tokenizer", str(tiny_model), "--timed-trace-chunk-hash-size", "32")
+    reqs = make_requests(o)
+    special = tok.num_special_tokens_to_add()
+    for r, row in zip(reqs, rows):
+        assert isinstance(r.prompt, str)
+        assert len(tok.encode(r.prompt, add_special_tokens=False)) + special == row["input_length"]
+    # equal leading hash ids still give an equal leading text (the shared prefix the cache serves)
+    assert reqs[0].prompt[:40] == reqs[1].prompt[:40]
+
+
+def test_an_unsorted_trace_is_replayed_in_time_order_and_says_so(tmp_path, caplog):
+    from raysweep.bench.trace import trace_due, trace_entries, trace_report
+
+    rows = [{"timestamp": t, "input_length": 4 + i, "output_length": 2} for i, t in enumerate((0, 300, 100, 200, 50))]
+    f = _trace(tmp_path / "t.jsonl", rows)
+    o = opts("--dataset-name", "timed_trace", "--dataset-path", str(f), "--trace-format", "mooncake")
+    with caplog.at_level(logging.WARNING):
+        due = trace_due(o)
+    assert list(due) == sorted(due) and [e.input_len for e in trace_entries(o)] == [4, 8, 6, 7, 5]
+    assert trace_report(o)["trace_lines_out_of_order"] == 3
+    assert "out of time order" in caplog.text and "line 3" in caplog.text
+
+
+def test_a_negative_trace_timestamp_is_refused_naming_the_line(tmp_path):
+    rows = [{"timestamp": 0, "input_length": 4, "output_length": 2}, {"timestamp": -5, "input_length": 4,
+                                                                     "output_length": 2}]
+    f = _trace(tmp_path / "t.jsonl", rows)
+    with pytest.raises(CampaignError, match=r"line 2.*timestamp.*negative"):
+        make_requests(opts("--dataset-name", "timed_trace", "--dataset-path", str(f)))
+
+
+def test_blank_trace_lines_are_reported_once(tmp_path, caplog):
+    from raysweep.bench.trace import read_trace
+
+    f = _trace(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 4, "output_length": 2}], blank="\n  \n\n")
+    o = opts("--dataset-name", "timed_trace", "--dataset-path", str(f))
+    with caplog.at_level(logging.WARNING):
+        read_trace(o)
+        read_trace(o)
+    assert caplog.text.count("blank line") == 1 and "3 blank line" in caplog.text
+
+
+def test_a_trace_shorter_than_num_prompts_records_the_requests_sent(tmp_path):
+    from raysweep.bench.native import planned_prompts
+
+    f = _trace(tmp_path / "t.jsonl", [{"timestamp": i, "input_length": 4, "output_length": 2} for i in range(3)])
+    o = opts("--dataset-name", "timed_trace", "--dataset-path", str(f), "--num-prompts", "10")
+    assert len(make_requests(o)) == 3
+    assert planned_prompts(o, 3) == {"num_prompts": 3, "num_prompts_asked": 10}
+    assert planned_prompts(opts("--num-prompts", "10"), 10) == {"num_prompts": 10}
