@@ -156,6 +156,7 @@ def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: flo
     judged = _noise_metrics(noise_metrics, metrics)
     keys = point_keys(df, params)
     names, shape = _param_columns(df, keys, params)
+    df = df.assign(**{m: pd.to_numeric(df[m], errors="coerce") for m in metrics})  # once, not once per point
     rows = [_point_row(group, keys, names + shape, metrics, judged, confidence, threshold, samples, resamples)
             for _, group in df.groupby(keys, dropna=False, sort=True)]
     out = pd.DataFrame.from_records(rows)
@@ -217,11 +218,12 @@ def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: 
     if "client_limited" in group.columns:
         row["client_limited_runs"] = int((group["client_limited"] == True).sum())  # noqa: E712
     left = left_out_mask(group)
-    used = group[~left] if (~left).any() else group
+    used = group if not left.any() else group[~left] if (~left).any() else group  # no copy when none is left out
     row.update(runs=len(used), runs_total=len(group), runs_left_out=int(left.sum()) if (~left).any() else 0,
                left_out_reasons=left_out_reasons(group[left]), on_flagged_runs=bool(left.all()) and len(group) > 0)
     group = used
-    stats = {m: _stats(pd.to_numeric(group[m], errors="coerce"), confidence) for m in metrics}
+    values = group[metrics].to_numpy(dtype=float)  # numeric already (summarize): one array per point
+    stats = {m: _stats(values[:, i], confidence) for i, m in enumerate(metrics)}
     noisy = [m for m in judged if stats[m]["cv"] > threshold]
     needed = [runs_needed(stats[m]["cv"], threshold, confidence) for m in judged]
     known = [n for n in needed if n is not None]
@@ -252,6 +254,8 @@ def left_out_reasons(runs: pd.DataFrame) -> str:
     """`client-limited 2, shared CPUs 3`: how many of these runs each check flagged (a run may count under
     several)."""
     counts: dict[str, int] = {}
+    if runs.empty:  # the usual case; iterrows would still build the values of every column
+        return ""
     for _, r in runs.iterrows():
         names = check_names(r.get("validity_issues"))
         if r.get("client_limited") is True and "client-limited" not in names:
@@ -269,9 +273,10 @@ def check_names(issues: Any) -> list[str]:
     return list(dict.fromkeys(i.split(" (")[0].strip() for i in issues.split("; ") if i.strip()))
 
 
-def _stats(values: pd.Series, confidence: float) -> dict[str, float]:
+def _stats(values: pd.Series | np.ndarray, confidence: float) -> dict[str, float]:
     """Mean, median, std, cv and the t-interval of the mean of one metric over the runs of a point."""
-    v = values.dropna().to_numpy(dtype=float)
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
     n = v.size
     nan = math.nan
     if n == 0:

@@ -22,6 +22,7 @@ samples of the configuration):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,11 +43,18 @@ def _finite(values: Sequence[float] | Any) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, dof: float) -> float:
-    """The p-quantile of Student's t distribution with `dof` degrees of freedom (0 < p < 1)."""
+    """The p-quantile of Student's t distribution with `dof` degrees of freedom (0 < p < 1); kept once
+    computed (a summary asks for the same few thousands of times)."""
     if not 0.0 < p < 1.0 or dof <= 0:
         raise ValueError(f"t_quantile: p must be in (0, 1) and dof > 0, got p={p}, dof={dof}")
     return float(stats.t.ppf(p, dof))
+
+
+@functools.lru_cache(maxsize=256)
+def _norm_quantile(p: float) -> float:
+    return float(stats.norm.ppf(p))
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -78,8 +86,8 @@ def runs_for_half_width(cv: float, rel_half_width: float, confidence: float = 0.
     if not math.isfinite(cv) or rel_half_width <= 0:
         return None
     q = 0.5 + confidence / 2.0
-    n = max(2, math.ceil((float(stats.norm.ppf(q)) * cv / rel_half_width) ** 2))  # the normal bound; t only adds
-    while n < limit and stats.t.ppf(q, n - 1) * cv / math.sqrt(n) > rel_half_width:
+    n = max(2, math.ceil((_norm_quantile(q) * cv / rel_half_width) ** 2))  # the normal bound; t only adds
+    while n < limit and t_quantile(q, n - 1) * cv / math.sqrt(n) > rel_half_width:
         n += 1
     return n
 

@@ -129,6 +129,10 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     env = dict(os.environ if env is None else env)
     _check_mode(campaign)
     _check_tail_replicas(campaign)
+    if campaign.slo is not None:
+        from raysweep.sla import parse_slo
+
+        parse_slo(campaign.slo)
     if campaign.offline is not None:
         return _offline_spec(campaign, base_dir, source_path, env)
     assert campaign.serve is not None and campaign.bench is not None

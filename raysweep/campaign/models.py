@@ -325,6 +325,11 @@ class Campaign(_Strict):
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="node rules and concurrency cap")
     sla: SlaSpec | None = Field(None, description="search, per config and bench point, the largest load that "
                                 "meets latency targets")
+    slo: dict[str, float | str] | None = Field(None, description="the service-level objective the report, its "
+                                              "conclusions and `compare` rank by: metric -> bound, e.g. "
+                                              "{p99_ttft_ms: 500, median_tpot_ms: 50} (a number is <= for a "
+                                              "latency, >= for a rate; or \"<=500\" as in sla.targets); only "
+                                              "points that meet it are ranked")
     transport: TransportSpec = Field(default_factory=TransportSpec, description="the NCCL transport check")
     storage: str | None = Field(None, description="a filesystem URI (s3://..., gs://..., file:///...) the ledger "
                                 "and results are mirrored to after every point")
