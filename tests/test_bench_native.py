@@ -135,7 +135,8 @@ def test_sharegpt_jsonl_and_hook_data_sets(tmp_path):
     reqs = make_requests(opts("--dataset-name", "jsonl", "--dataset-path", str(lines), "--num-prompts", "4"))
     got = [(r.prompt, r.output_len) for r in reqs]  # the file, then seeded random picks of it (vLLM's oversampling)
     assert len(got) == 4 and got[:2] == [("hello there", 3), ([5, 6, 7], 9)] and all(g in got[:2] for g in got[2:])
-    reqs = make_requests(opts("--dataset-name", "custom", "--dataset-path", str(lines), "--num-prompts", "2"))
+    reqs = make_requests(opts("--dataset-name", "custom", "--dataset-path", str(lines), "--num-prompts", "2",
+                              "--skip-chat-template"))
     assert {r.output_len for r in reqs} == {256}  # vLLM's custom set: --custom-output-len unless -1
 
     hook = tmp_path / "hook.py"

@@ -173,7 +173,7 @@ def test_oversampling_and_no_oversample(tmp_path, tiny_model):
     assert len(full) == 7 and {r.prompt for r in full[3:]} <= {r.prompt for r in full[:3]}
     lines = tmp_path / "c.jsonl"
     lines.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(6)))
-    custom = ("--dataset-name", "custom", "--dataset-path", str(lines), "--num-prompts", "6")
+    custom = ("--dataset-name", "custom", "--dataset-path", str(lines), "--num-prompts", "6", "--skip-chat-template")
     assert [r.prompt for r in make_requests(opts(*custom, "--disable-shuffle"))] == [f"p{i}" for i in range(6)]
     assert [r.prompt for r in make_requests(opts(*custom))] != [f"p{i}" for i in range(6)]
 

@@ -104,3 +104,28 @@ def test_a_trace_shorter_than_num_prompts_records_the_requests_sent(tmp_path):
     assert len(make_requests(o)) == 3
     assert planned_prompts(o, 3) == {"num_prompts": 3, "num_prompts_asked": 10}
     assert planned_prompts(opts("--num-prompts", "10"), 10) == {"num_prompts": 10}
+
+
+# -- the custom set's chat template --------------------------------------------------------------------------
+
+def _custom(path: Path) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p, "output_tokens": 4}) + "\n"
+                            for p in ("What is the capital of India?", "And of Iran?")))
+    return path
+
+
+def test_custom_prompts_are_wrapped_in_the_chat_template_as_vllm_does(tmp_path, tiny_model, tok):
+    f = _custom(tmp_path / "c.jsonl")
+    flags = ("--dataset-name", "custom", "--dataset-path", str(f), "--num-prompts", "2", "--disable-shuffle")
+    reqs = make_requests(opts(*flags, model=str(tiny_model)))
+    want = tok.apply_chat_template([{"role": "user", "content": "What is the capital of India?"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert reqs[0].prompt == want and want != "What is the capital of India?"
+    raw = make_requests(opts(*flags, "--skip-chat-template", model=str(tiny_model)))
+    assert [r.prompt for r in raw] == ["What is the capital of India?", "And of Iran?"]
+
+
+def test_custom_prompts_without_a_local_tokenizer_are_refused_naming_the_way_out(tmp_path):
+    f = _custom(tmp_path / "c.jsonl")
+    with pytest.raises(CampaignError, match="--skip-chat-template"):
+        make_requests(opts("--dataset-name", "custom", "--dataset-path", str(f), "--num-prompts", "2"))

@@ -263,7 +263,25 @@ def _jsonl(opts: LoadOptions) -> list[Request]:
         reqs.append(Request(prompt, out))
     if opts.dataset_name == "custom" and not opts.disable_shuffle:  # vLLM shuffles the custom set with the seed
         random.Random(opts.seed).shuffle(reqs)
+    if opts.dataset_name == "custom" and not opts.skip_chat_template:
+        reqs = _chat_templated(reqs, opts)
     return _oversample(reqs, opts, f"the file {path}")
+
+
+def _chat_templated(reqs: list[Request], opts: LoadOptions) -> list[Request]:
+    """vLLM's custom set: each text prompt as one user message in the tokenizer's chat template, with the
+    generation prompt (token-id prompts, which vLLM does not take, go as they are)."""
+    tok = tokenizer_for(opts)
+    if tok is None or not getattr(tok, "chat_template", None):
+        why = "no local tokenizer loads from " + repr(opts.tokenizer or opts.model) if tok is None else \
+            "the tokenizer has no chat template"
+        raise CampaignError("bench.cmd", f"--dataset-name custom wraps each prompt in the model's chat template, as "
+                                         f"vllm bench serve does, and {why}: give --tokenizer (a local tokenizer "
+                                         "folder with a chat template), or add --skip-chat-template to send the "
+                                         "prompts as they are")
+    return [Request(tok.apply_chat_template([{"role": "user", "content": r.prompt}], add_generation_prompt=True,
+                                            tokenize=False, **opts.chat_template_kwargs), r.output_len)
+            if isinstance(r.prompt, str) else r for r in reqs]
 
 
 def _hook(opts: LoadOptions) -> list[Request]:

@@ -28,7 +28,7 @@ VLLM_ONLY_DATASETS = ("burstgpt", "random-mm", "random-rerank", "hf", "custom_au
 VLLM_ONLY_OPTIONS = {
     "num_warmups": "use the campaign's `warmup`", "profile": None, "use_beam_search": None, "logprobs": None,
     "no_stream": None, "insecure": None, "lora_modules": None, "lora_assignment": None,
-    "chat_template_kwargs": None, "skip_chat_template": None, "enable_multimodal_chat": None,
+    "enable_multimodal_chat": None,
     "plot_dataset_stats": None, "plot_timeline": None, "timeline_itl_thresholds": None,
     "probe_request_rate": None, "custom_ensure_client_side_data": None, "no_reranker": None,
     "random_batch_size": None, "random_mm_base_items_per_request": None, "random_mm_bucket_config": None,
@@ -88,6 +88,8 @@ class LoadOptions:
     ignore_eos: bool = False
     disable_shuffle: bool = False
     no_oversample: bool = False
+    skip_chat_template: bool = False        # vLLM's: the custom set's prompts go without the chat template
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
@@ -174,8 +176,9 @@ def _build_parser() -> _Parser:
                  "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
         _opt(p, name, type=float)
     _opt(p, "random_range_ratio")
-    for name in ("ignore_eos", "disable_shuffle", "no_oversample"):
+    for name in ("ignore_eos", "disable_shuffle", "no_oversample", "skip_chat_template"):
         _opt(p, name, action="store_true")
+    _opt(p, "chat_template_kwargs")
     _opt(p, "header", action="append", default=[])
     _opt(p, "goodput", nargs="+", default=[])
     for name in _IGNORED:
@@ -336,6 +339,15 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
     # ones, the trace's own for a trace)
     kw["ignore_eos"] = bool(a.get("ignore_eos")) or name in ("random", "timed_trace")
     kw["disable_shuffle"], kw["no_oversample"] = bool(a.get("disable_shuffle")), bool(a.get("no_oversample"))
+    kw["skip_chat_template"] = bool(a.get("skip_chat_template"))
+    if a.get("chat_template_kwargs"):
+        try:
+            ctk = json.loads(a["chat_template_kwargs"])
+        except ValueError:
+            ctk = None
+        if not isinstance(ctk, dict):
+            raise bad("chat_template_kwargs", f"must be a JSON object, got {a['chat_template_kwargs']!r}")
+        kw["chat_template_kwargs"] = ctk
     if name == "prefix_repetition" and kw.get("num_prompts", 1000) < kw.get("prefix_repetition_num_prefixes", 10):
         raise bad("num_prompts", f"({kw.get('num_prompts', 1000)}) must be at least --prefix-repetition-num-prefixes "
                                  f"({kw.get('prefix_repetition_num_prefixes', 10)}) for --dataset-name "
