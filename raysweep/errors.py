@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["UserError", "CampaignError", "LedgerError"]
+from collections.abc import Sequence
+
+__all__ = ["UserError", "CampaignError", "LedgerError", "unknown_names"]
 
 
 class UserError(Exception):
@@ -22,3 +24,24 @@ class CampaignError(UserError):
 
 class LedgerError(UserError):
     """The output directory's ledger refuses the operation (fingerprint mismatch, another driver, ...)."""
+
+
+def unknown_names(option: str, missing: Sequence[str], accepted: Sequence[str], what: str = "column",
+                  limit: int = 8) -> str:
+    """The message for names that are not among `accepted`: the closest candidates (did you mean ...?),
+    or every accepted name when there are at most `limit`, never a list longer than that."""
+    import difflib
+
+    accepted = list(dict.fromkeys(accepted))
+    close: list[str] = []
+    for name in missing:
+        low = name.lower()
+        close += difflib.get_close_matches(name, accepted, n=3, cutoff=0.6)
+        close += [a for a in accepted if low and (low in a.lower() or a.lower() in low)][:3]
+    close = list(dict.fromkeys(close))[:limit]
+    head = f"{option} {','.join(missing)}: no such {what}"
+    if len(accepted) <= limit:
+        return f"{head}; accepted: {', '.join(accepted) or 'none'}"
+    if close:
+        return f"{head}; did you mean {', '.join(close)}? ({len(accepted)} {what}s accepted)"
+    return f"{head} ({len(accepted)} {what}s accepted, e.g. {', '.join(accepted[:limit])})"
