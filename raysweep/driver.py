@@ -24,10 +24,11 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import placement, recovery, storage
+from raysweep import endpoint, placement, recovery, sequential, storage
 from raysweep.bench import offline
 from raysweep.campaign import CampaignSpec
 from raysweep.config_life import ConfigLife
+from raysweep.endpoint import is_endpoint_campaign
 from raysweep.errors import UserError
 from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, Ledger, PointRow
@@ -101,6 +102,7 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> 
             from raysweep.tune import restore_plan
 
             restore_plan(plan, ledger)
+        sequential.restore_plan(plan, ledger)  # runs bench.precision added to points before
         ledger.sync(name=spec.campaign.name, fingerprint=plan.fingerprint, meaning=meaning(spec),
                     campaign=spec.stored_form(), campaign_file=spec.source_path,
                     points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points],
@@ -122,14 +124,16 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     plan, ledger = open_campaign(spec, output_dir, force=force)
     try:
         nodes = placement.cluster_nodes()
-        check_placement(plan, nodes)
+        endpoints = is_endpoint_campaign(spec)  # serve.url: nothing is placed, the endpoints run already
+        if not endpoints:
+            check_placement(plan, nodes)
         me = psutil.Process()
         driver_id = ledger.acquire_driver(me.pid, me.create_time(), driver_alive, force=force)
         ledger.record_driver_helpers(driver_id, recovery.helper_processes(me))
         outcome = "interrupted"
         try:
             recovery.recover(ledger, retry_failed)
-            stopped = run_plan(plan, ledger, output_dir, emit, with_gpus=placement.has_gpus(nodes))
+            stopped = run_plan(plan, ledger, output_dir, emit, with_gpus=placement.has_gpus(nodes) and not endpoints)
             outcome = "stopped" if stopped else "finished"
         finally:
             ledger.release_driver(driver_id, outcome)
@@ -239,7 +243,10 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     its own client actors. Returns why it stopped early, or None when it went through."""
     c = plan.spec.campaign
     cluster: Any
-    if c.tune is not None:  # candidates asked as GPUs free up, stopped early, told when they end
+    work: Workload
+    if is_endpoint_campaign(plan.spec):  # serve.url: running endpoints, none started here
+        work, cluster = endpoint.run_parts(plan, ledger, output_dir, emit)
+    elif c.tune is not None:  # candidates asked as GPUs free up, stopped early, told when they end
         from raysweep.tune import TunedCluster, TuneWork
 
         work = TuneWork(plan, ledger, output_dir, emit, with_gpus)
@@ -250,6 +257,7 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     scheduler = Scheduler(cluster, work, with_event_log(emit, ledger.add_event),  # node losses: ledger rows
                           max_servers=c.placement.max_servers or (None if with_gpus else 1),
                           tail_replicas=c.placement.tail_replicas)
+    sequential.settle_all(work)  # a point whose last run ended as the previous driver died
     emit("campaign_start", total=len(plan.points), counts=ledger.counts())
     scheduler.run()
     emit("campaign_end", counts=ledger.counts(), stopped=work.stop_reason)

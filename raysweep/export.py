@@ -12,13 +12,22 @@ What is logged is the same for both (`export_points`):
   has none), `summary.csv` and `results.csv` as artifacts (W&B: the summary also as a table).
 MLflow: the point runs are children of the campaign run (tag `mlflow.parentRunId`) in the experiment
 `experiment` (default: the campaign name). W&B: every run is in `group` = the campaign name, the campaign
-run with `job_type="campaign"`, the points with `job_type="point"`. Every export makes new runs.
+run with `job_type="campaign"`, the points with `job_type="point"`.
 Values that are not finite are left out (trackers refuse them).
+
+Exports are idempotent: every run has a stable key (`raysweep.key`: the campaign's key, from its name and
+output dir, and the point's server config and bench point ids), so exporting again, or logging a resumed
+campaign live (`raysweep.tracking`), updates the same runs instead of making new ones. The aggregates are
+logged at step = the number of runs they cover, and a run's per-run values only once: MLflow keeps the runs
+logged in the tag `raysweep.runs_logged`; W&B (whose offline runs cannot be asked) in the output dir's
+`tracking.json`. A W&B run's id is derived from its key, so `wandb sync` merges its offline parts into one run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import logging
 import math
 import re
@@ -32,9 +41,10 @@ import pandas as pd
 
 from raysweep import aggregate
 from raysweep.errors import UserError
-from raysweep.files import write_text_atomic
+from raysweep.files import write_json_atomic, write_text_atomic
 
-__all__ = ["ExportPoint", "export_mlflow", "export_points", "export_wandb", "tracker_library"]
+__all__ = ["ExportPoint", "campaign_key", "export_mlflow", "export_points", "export_wandb", "mlflow_client",
+           "tracker_library"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,7 @@ _EXTRAS = {"mlflow": ("mlflow", "--mlflow"), "wandb": ("wandb", "--wandb")}
 _TAGS = ("validity_ok", "validity_issues", "runs_flagged", "client_limited_runs", "noisy", "noisy_metrics",
          "ci_method", "campaign")
 _MLFLOW_PARAM_MAX = 6000
+STATE_FILE = "tracking.json"  # per tracker and run key: the run numbers whose values were logged (W&B)
 
 
 @dataclass
@@ -53,6 +64,8 @@ class ExportPoint:
     metrics: dict[str, float]
     runs: list[tuple[int, dict[str, float]]]
     validity: dict[str, Any]
+    key: str = ""       # stable within its campaign: "serve_id/bench_id" (or its parameters)
+    ended_ms: int = 0   # when its latest run ended: the timestamp its values are logged with
 
 
 @dataclass
@@ -65,6 +78,13 @@ class ExportCampaign:
     artifacts: list[Path]
     summary: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    key: str = ""       # stable for a campaign and its output dir (`campaign_key`)
+
+
+def campaign_key(name: str, output_dir: str | Path) -> str:
+    """A campaign's key in a tracker: its name and a hash of its output dir's absolute path."""
+    where = hashlib.sha256(str(Path(output_dir).resolve()).encode()).hexdigest()[:10]
+    return f"{name}@{where}"
 
 
 def tracker_library(name: str) -> ModuleType:
@@ -97,8 +117,10 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str)) else str(value)
 
 
-def export_points(output_dir: str | Path, report: bool = True) -> ExportCampaign:
-    """The points of a raysweep output dir as tracker runs, and its artifacts (see the module docstring).
+def export_points(output_dir: str | Path, report: bool = True, only: set[str] | None = None,
+                  artifacts: bool = True) -> ExportCampaign:
+    """The points of a raysweep output dir as tracker runs, and its artifacts (see the module docstring);
+    `only`: the keys ("serve_id/bench_id") of the points wanted; `artifacts=False`: no files made or listed.
 
     :raises UserError: the dir has no finished run.
     """
@@ -114,10 +136,17 @@ def export_points(output_dir: str | Path, report: bool = True) -> ExportCampaign
                          "num_nodes") if c in summary.columns and c not in names]
     metrics = [str(c)[: -len("_mean")] for c in summary.columns if str(c).endswith("_mean")]
     keys = aggregate.point_keys(results, names)
-    points = [_point(row, names + shape, metrics, _runs_of(results, row, keys)) for _, row in summary.iterrows()]
+    points = [_point(row, names + shape, metrics, _runs_of(results, row, keys)) for _, row in summary.iterrows()
+              if only is None or _point_key(row) in only]
     campaign = _campaign_name(summary, out)
-    artifacts, notes = _artifacts(out, summary, results, report)
-    return ExportCampaign(campaign, out, points, artifacts, summary, notes)
+    files, notes = _artifacts(out, summary, results, report) if artifacts else ([], [])
+    return ExportCampaign(campaign, out, points, files, summary, notes, key=campaign_key(campaign, out))
+
+
+def _point_key(row: pd.Series) -> str:
+    if "serve_id" in row.index and "bench_id" in row.index:
+        return f"{row['serve_id']}/{row['bench_id']}"
+    return ""
 
 
 def _campaign_name(summary: pd.DataFrame, out: Path) -> str:
@@ -153,11 +182,14 @@ def _point(row: pd.Series, params: list[str], metrics: list[str], runs: pd.DataF
         per_run.append((step, {m: v for m in metrics if m in runs.columns and (v := _finite(r[m])) is not None}))
     validity = {k: _plain(row[k]) for k in _TAGS if k in row.index}
     if "validity_ok" in runs.columns:
-        validity["validity_ok"] = bool((runs["validity_ok"] != False).all())  # noqa: E712 (None: not judged)
+        validity["validity_ok"] = bool((runs["validity_ok"] != False).all())  # None: not judged
         issues = [str(i) for i in runs.get("validity_issues", pd.Series(dtype=str)).dropna() if str(i)]
         validity["validity_issues"] = "; ".join(dict.fromkeys(s for i in issues for s in i.split("; ")))
+    ended = [_finite(v) for v in runs["ended_at"]] if "ended_at" in runs.columns else []
+    key = _point_key(row) or ", ".join(f"{p}={row[p]}" for p in params)
     return ExportPoint(name, {k: _plain(v) for k, v in {**ids, **{p: row[p] for p in params}}.items()},
-                       values, per_run, validity)
+                       values, per_run, validity, key=key,
+                       ended_ms=int(1000 * max((e for e in ended if e is not None), default=0.0)))
 
 
 def _artifacts(out: Path, summary: pd.DataFrame, results: pd.DataFrame, report: bool) -> tuple[list[Path], list[str]]:
@@ -171,7 +203,7 @@ def _artifacts(out: Path, summary: pd.DataFrame, results: pd.DataFrame, report: 
 
         try:
             write_report(out)
-        except Exception as exc:  # the export goes on without it, and says so
+        except Exception as exc:  # noqa: BLE001 - the export goes on without it, and says so
             notes.append(f"the report could not be made ({type(exc).__name__}: {exc}); exported without it")
     if report and page.is_file():
         paths.append(page)
@@ -199,51 +231,115 @@ def _key(name: str) -> str:
     return _MLFLOW_KEY.sub("_", str(name))[:250]
 
 
-def export_mlflow(campaign: ExportCampaign, tracking_uri: str, experiment: str | None = None) -> dict[str, Any]:
-    """Log the campaign to MLflow at `tracking_uri`; the experiment id, the campaign run id and the point
-    run ids.
+def mlflow_client(tracking_uri: str, experiment: str, option: str = "--mlflow") -> tuple[Any, str]:
+    """An MLflow client at `tracking_uri` and the id of `experiment` (made when missing).
 
-    :raises UserError: the MLflow library is missing.
+    :raises UserError: the library is missing, or MLflow cannot use the URI (a `file:` store gets a one-line
+        hint to use `sqlite:///...`).
     """
     tracker_library("mlflow")
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from mlflow.exceptions import MlflowException
-
-    name = experiment or campaign.name
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
-        found = client.get_experiment_by_name(name)
-        exp_id = found.experiment_id if found is not None else client.create_experiment(name)
+        found = client.get_experiment_by_name(experiment)
+        exp_id = found.experiment_id if found is not None else client.create_experiment(experiment)
     except MlflowException as exc:  # an unusable URI (MLflow 3 also refuses file stores unless told)
-        raise UserError(f"--mlflow {tracking_uri}: MLflow cannot use it: {exc.message}") from exc
-    parent = client.create_run(exp_id, run_name=campaign.name, tags={
-        "raysweep.kind": "campaign", "raysweep.campaign": campaign.name,
-        "raysweep.output_dir": str(campaign.output_dir.resolve())})
+        if _is_file_store(tracking_uri):
+            raise UserError(f"{option} {tracking_uri}: MLflow no longer writes plain file stores; use a SQLite one "
+                            f"instead, e.g. sqlite:///{_file_path(tracking_uri)}/mlflow.db") from None
+        raise UserError(f"{option} {tracking_uri}: MLflow cannot use it: {exc.message}") from exc
+    return client, exp_id
+
+
+def _is_file_store(uri: str) -> bool:
+    return uri.startswith("file:") or "://" not in uri
+
+
+def _file_path(uri: str) -> str:
+    path = uri.split("://", 1)[1] if "://" in uri else uri.removeprefix("file:")
+    return str(Path(path).resolve())
+
+
+def _existing_runs(client: Any, exp_id: str, key: str) -> dict[str, Any]:
+    """The runs of a campaign already in the experiment, by `raysweep.key`."""
+    found: dict[str, Any] = {}
+    token = None
+    while True:
+        page = client.search_runs([exp_id], filter_string=f"tags.`raysweep.campaign_key` = '{key}'",
+                                  max_results=1000, page_token=token)
+        for run in page:
+            found.setdefault(run.data.tags.get("raysweep.key", ""), run)
+        token = getattr(page, "token", None)
+        if not token:
+            return found
+
+
+def export_mlflow(campaign: ExportCampaign, tracking_uri: str, experiment: str | None = None,
+                  with_artifacts: bool = True) -> dict[str, Any]:
+    """Log the campaign to MLflow at `tracking_uri`, updating its runs when they exist (see the module
+    docstring); the experiment id, the campaign run id and the point run ids.
+
+    :raises UserError: the MLflow library is missing, or the URI cannot be used.
+    """
+    from mlflow.entities import Param, RunTag
+
+    client, exp_id = mlflow_client(tracking_uri, experiment or campaign.name)
+    existing = _existing_runs(client, exp_id, campaign.key)
+    common = {"raysweep.campaign": campaign.name, "raysweep.campaign_key": campaign.key}
+    parent = existing.get(campaign.key)
+    if parent is None:
+        parent = client.create_run(exp_id, run_name=campaign.name, tags={
+            **common, "raysweep.kind": "campaign", "raysweep.key": campaign.key,
+            "raysweep.output_dir": str(campaign.output_dir.resolve())})
     pid = parent.info.run_id
-    for path in campaign.artifacts:
-        client.log_artifact(pid, str(path))
-    client.log_batch(pid, params=[Param("points", str(len(campaign.points)))])
+    if with_artifacts:
+        for path in campaign.artifacts:
+            client.log_artifact(pid, str(path))
+        client.log_batch(pid, tags=[RunTag("raysweep.points", str(len(campaign.points)))])
     children = []
     for point in campaign.points:
-        run = client.create_run(exp_id, run_name=point.name[:250], tags={
-            "mlflow.parentRunId": pid, "raysweep.kind": "point", "raysweep.campaign": campaign.name})
-        rid, now = run.info.run_id, _now_ms()
-        params = [Param(_key(k), str(v)[:_MLFLOW_PARAM_MAX]) for k, v in point.params.items() if v is not None]
-        tags = [RunTag(_key(f"raysweep.{k}"), str(v)) for k, v in point.validity.items() if v is not None]
-        metrics = [Metric(_key(k), v, now, 0) for k, v in point.metrics.items()]
-        metrics += [Metric(_key(k), v, now, step) for step, values in point.runs for k, v in values.items()]
-        for part in _chunks(params, 100):
-            client.log_batch(rid, params=part)
-        for part in _chunks(tags, 100):
-            client.log_batch(rid, tags=part)
-        for part in _chunks(metrics, 1000):
-            client.log_batch(rid, metrics=part)
+        key = f"{campaign.key}/{point.key}"
+        run = existing.get(key)
+        new = run is None
+        if new:
+            run = client.create_run(exp_id, run_name=point.name[:250], tags={
+                **common, "mlflow.parentRunId": pid, "raysweep.kind": "point", "raysweep.key": key})
+        rid = run.info.run_id
+        logged = set() if new else _numbers(run.data.tags.get("raysweep.runs_logged", ""))
+        if new:
+            params = [Param(_key(k), str(v)[:_MLFLOW_PARAM_MAX]) for k, v in point.params.items() if v is not None]
+            for part in _chunks(params, 100):
+                client.log_batch(rid, params=part)
+        _log_point_values(client, rid, point, logged)
         client.set_terminated(rid)
         children.append(rid)
     client.set_terminated(pid)
     return {"experiment_id": exp_id, "campaign_run": pid, "point_runs": children}
+
+
+def _numbers(text: str) -> set[int]:
+    return {int(t) for t in text.split(",") if t.strip().lstrip("-").isdigit()}
+
+
+def _log_point_values(client: Any, rid: str, point: ExportPoint, logged: set[int]) -> None:
+    """Tags always (they are replaced); the aggregates and the per-run values only for runs not logged yet."""
+    from mlflow.entities import Metric, RunTag
+
+    steps = {step for step, _ in point.runs}
+    tags = [RunTag(_key(f"raysweep.{k}"), str(v)) for k, v in point.validity.items() if v is not None]
+    tags.append(RunTag("raysweep.runs_logged", ",".join(str(n) for n in sorted(steps | logged))))
+    metrics: list[Any] = []
+    if steps - logged:
+        ts = point.ended_ms or _now_ms()
+        metrics = [Metric(_key(k), v, ts, len(steps)) for k, v in point.metrics.items()]
+        metrics += [Metric(_key(k), v, ts, step) for step, values in point.runs if step not in logged
+                    for k, v in values.items()]
+    for part in _chunks(metrics, 1000):
+        client.log_batch(rid, metrics=part)
+    for part in _chunks(tags, 100):
+        client.log_batch(rid, tags=part)
 
 
 def _now_ms() -> int:
@@ -259,23 +355,49 @@ def _now_ms() -> int:
 _WANDB_NAME = re.compile(r"[^\w\-.]")
 
 
-def export_wandb(campaign: ExportCampaign, project: str, entity: str | None = None) -> dict[str, Any]:
-    """Log the campaign to the W&B project `project`; the names of the runs made.
+def _wandb_id(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _read_state(out: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((out / STATE_FILE).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def export_wandb(campaign: ExportCampaign, project: str, entity: str | None = None, *, mode: str | None = None,
+                 directory: str | Path | None = None, with_artifacts: bool = True) -> dict[str, Any]:
+    """Log the campaign to the W&B project `project`, resuming its runs when they exist (stable ids, see the
+    module docstring); the names of the runs made. `mode`: W&B's (`online`, `offline`), `directory`: where
+    W&B keeps its files.
 
     :raises UserError: the wandb library is missing.
     """
     wandb = tracker_library("wandb")
-    common = {"project": project, "group": campaign.name, **({"entity": entity} if entity else {})}
+    common: dict[str, Any] = {"project": project, "group": campaign.name, "resume": "allow",
+                              **({"entity": entity} if entity else {}), **({"mode": mode} if mode else {}),
+                              **({"dir": str(directory)} if directory else {})}
+    state = _read_state(campaign.output_dir)
+    logged_of = state.setdefault(f"wandb:{project}", {})
     names = []
     for point in campaign.points:
-        run = wandb.init(name=point.name, job_type="point", config={k: v for k, v in point.params.items()
-                                                                     if v is not None}, **common)
+        key = f"{campaign.key}/{point.key}"
+        logged = set(logged_of.get(key, []))
+        run = wandb.init(name=point.name, job_type="point", id=_wandb_id(key),
+                         config={k: v for k, v in point.params.items() if v is not None}, **common)
         for step, values in point.runs:
-            run.log({f"run/{k}": v for k, v in values.items()} | {"run_number": step})
-        run.summary.update({**point.metrics, **{k: v for k, v in point.validity.items() if v is not None}})
+            if step not in logged:
+                run.log({f"run/{k}": v for k, v in values.items()} | {"run_number": step})
+        run.summary.update({**point.metrics, **{k: v for k, v in point.validity.items() if v is not None},
+                            "raysweep.key": key})
         run.finish()
+        logged_of[key] = sorted(logged | {step for step, _ in point.runs})
         names.append(point.name)
-    run = wandb.init(name=campaign.name, job_type="campaign",
+    write_json_atomic(campaign.output_dir / STATE_FILE, state)
+    if not with_artifacts:
+        return {"campaign_run": None, "point_runs": names}
+    run = wandb.init(name=campaign.name, job_type="campaign", id=_wandb_id(campaign.key),
                      config={"output_dir": str(campaign.output_dir.resolve()), "points": len(campaign.points)},
                      **common)
     table = campaign.summary.astype(object).where(campaign.summary.notna(), None)

@@ -94,7 +94,9 @@ class Scraper:
         """One sample, stamped when it was asked for; False (and the error kept) when it failed."""
         asked = time.time()
         try:
-            with urllib.request.urlopen(self.base_url.rstrip("/") + "/metrics", timeout=self.timeout_s) as r:
+            url = self.base_url.rstrip("/")  # a server's base URL, or its metrics URL itself
+            with urllib.request.urlopen(url if url.endswith("/metrics") else url + "/metrics",
+                                        timeout=self.timeout_s) as r:
                 text = r.read().decode(errors="replace")
             self.samples.append(_Sample(asked, parse_metrics(text)))
             return True

@@ -99,7 +99,7 @@ class PointRunner:
               num_prompts: int | None = None, clients: int | None = None) -> tuple[str, Any]:
         """One benchmark of a point through the backend, with the server's /metrics scraped meanwhile: the
         baseline before the load is submitted (submit fixes its start), the last scrape after it returned."""
-        scraper = metrics.Scraper(server.url, self.c.bench.metrics_interval_s).start()
+        scraper = metrics.Scraper(getattr(server, "metrics_url", server.url), self.c.bench.metrics_interval_s).start()
         try:
             try:
                 job = run.bench.submit(point.bench.argv, server.url, expected_model(run.serve.argv) or "",

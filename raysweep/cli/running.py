@@ -47,6 +47,8 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
     from raysweep.plan import build_plan, dry_run_text
 
     plan = build_plan(spec)
+    if _endpoint_dry_run(spec, plan, output_dir):
+        return
     if address:
         with logs.routed(), ray_session(address):
             nodes, where = placement.cluster_nodes(), f"the cluster at {address}"
@@ -82,6 +84,20 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
         _say(dry_run_estimate(plan, measured_from(*estimate_from)))
         return
     _say(_estimate_text(plan, output_dir, estimate_from, layouts, gpus, spec.campaign.placement.max_servers))
+
+
+def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path) -> bool:
+    """The dry run of a `serve.url` campaign (nothing is placed: the endpoints run already); False otherwise."""
+    from raysweep.endpoint import endpoint_lines, endpoints_of
+    from raysweep.plan import dry_run_text
+
+    eps = {s.id: ep for s, ep in zip(plan.serves, endpoints_of(spec))}
+    if not eps:
+        return False
+    _say(dry_run_text(plan, lambda argv: argv, lambda s: endpoint_lines(eps[s.id]))
+         + f"\n\nClients: Ray actors (an embedded local Ray here, or the cluster given with --address)"
+         f"\nResults would go to {output_dir}")
+    return True
 
 
 def _recorded_links(output_dir: Path) -> str:
@@ -154,8 +170,11 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
 
 def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False) -> None:
     from raysweep.driver import open_campaign, ray_session, run_campaign
+    from raysweep.endpoint import check_endpoints, is_endpoint_campaign
     from raysweep.results import write_results
 
+    if is_endpoint_campaign(spec):  # serve.url: every endpoint answers with an OpenAI API, before Ray starts
+        check_endpoints(spec)
     _, ledger = open_campaign(spec, output_dir, force=force)  # refuse a changed campaign before starting Ray
     ledger.close()
     _sigterm_to_interrupt()
