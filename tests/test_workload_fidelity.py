@@ -129,3 +129,57 @@ def test_custom_prompts_without_a_local_tokenizer_are_refused_naming_the_way_out
     f = _custom(tmp_path / "c.jsonl")
     with pytest.raises(CampaignError, match="--skip-chat-template"):
         make_requests(opts("--dataset-name", "custom", "--dataset-path", str(f), "--num-prompts", "2"))
+
+
+# -- multi-turn sessions -------------------------------------------------------------------------------------
+
+def test_a_leading_system_message_is_the_sessions_system_prompt_and_a_leading_answer_is_skipped():
+    from raysweep.bench.sessions import system_history, turns_of
+
+    conv = {"messages": [{"role": "assistant", "content": "a follow-up's answer"},
+                         {"role": "system", "content": "be brief"},
+                         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                         {"role": "user", "content": "bye"}]}
+    system, turns = turns_of(conv)
+    assert system == "be brief" and turns == [("hi", "hello"), ("bye", None)]
+    assert system_history(system) == [{"role": "system", "content": "be brief"}] and system_history(None) == []
+    sharegpt = {"conversations": [{"from": "gpt", "value": "x"}, {"from": "human", "value": "q"}]}
+    assert turns_of(sharegpt) == (None, [("q", None)])
+
+
+def test_sessions_from_a_file_carry_their_system_prompt(tmp_path, tiny_model):
+    from raysweep.bench.sessions import conversations
+    from raysweep.bench.text import tokenizer_for
+
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps([{"messages": [{"role": "system", "content": "be brief"},
+                                           {"role": "user", "content": "hi"},
+                                           {"role": "assistant", "content": "hello there"}]}]))
+    o = opts("--backend", "openai-chat", "--dataset-name", "multi_turn", "--dataset-path", str(f),
+             "--num-prompts", "1", model=str(tiny_model))
+    conv = conversations(o, tokenizer_for(o))
+    assert conv.systems == ["be brief"] and conv.messages == ["hi"]
+
+
+from test_native import _run, stream_server  # noqa: E402,F401 - the stand-in fixture and the point runner
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("stream_server", [["--fail-every", "2"]], indirect=True)
+def test_a_failed_turn_counts_the_rest_of_its_session_as_failed(gpu_cluster, stream_server, tiny_model):
+    """One slot, two sessions of three turns; the server fails every second request: each session's second
+    turn fails, and its third, never sent, counts as failed too ("session aborted")."""
+    from raysweep.bench.native import NativeBench
+
+    nb = NativeBench(cpus=0.5)
+    try:
+        out = _run(nb, ["--backend", "openai-chat", "--tokenizer", str(tiny_model), "--dataset-name", "multi_turn",
+                        "--num-prompts", "2", "--multi-turn-turns", "3", "--random-input-len", "6",
+                        "--random-output-len", "3", "--max-concurrency", "1", "--disable-shuffle"], stream_server)
+    finally:
+        nb.close()
+    r, s = out["result"], out["samples"]
+    assert r["completed"] == 2 and r["failed"] == 4 and r["sessions_failed"] == 2
+    aborted = [(u, t) for u, t, e in zip(s["session"], s["turn"], s["error"]) if e and "session aborted" in e]
+    assert sorted(aborted) == [(0, 2), (1, 2)]
+    assert r["client_limited"] is False

@@ -153,7 +153,7 @@ def test_sessions_from_a_sharegpt_file_keep_their_turns_in_order(tmp_path, tiny_
     o = opts("--backend", "openai-chat", "--dataset-name", "multi_turn", "--dataset-path", str(f),
              "--num-prompts", "2", "--disable-shuffle", "--sharegpt-output-len", "3", "--multi-turn-turns", "2",
              model=str(tiny_model))
-    reqs, spans = _requests(o)
+    reqs, spans, _ = _requests(o)
     assert spans == [(0, 2), (2, 1)] and [r.prompt for r in reqs] == ["a b c", "d e", "g h"]
     assert {r.output_len for r in reqs} == {3}
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "d e"}]}).encode()
@@ -168,7 +168,7 @@ def test_synthetic_sessions_have_the_asked_turns_and_lengths(tiny_model):
     o = opts("--backend", "openai-chat", "--dataset-name", "multi_turn", "--num-prompts", "3",
              "--multi-turn-turns", "2", "--random-input-len", "12", "--random-output-len", "5",
              "--random-prefix-len", "6", model=str(tiny_model))
-    reqs, spans = _requests(o)
+    reqs, spans, _ = _requests(o)
     assert spans == [(0, 2), (2, 2), (4, 2)] and {r.output_len for r in reqs} == {5}
     tok = tokenizer_for(o)
     firsts = [reqs[a].prompt for a, _ in spans]

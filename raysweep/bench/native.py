@@ -41,7 +41,7 @@ from raysweep import procs
 from raysweep.bench import arrivals, stats
 from raysweep.bench.datasets import Request, make_requests, payload, tokenizer_for
 from raysweep.bench.options import LoadOptions, parse_load_options
-from raysweep.bench.sessions import conversations, with_history
+from raysweep.bench.sessions import conversations, system_history, with_history
 from raysweep.validity import cpu_text
 
 __all__ = ["Dispenser", "Job", "NativeBench", "NativeClient", "planned_prompts"]
@@ -138,6 +138,7 @@ class NativeClient:
         cpu0 = time.process_time()  # this actor's CPU time over the point: what the client took from its cores
         work = work or {}
         spans, think_s = work.get("spans"), float(work.get("think_s") or 0.0)
+        systems = work.get("systems")
         duration, cycle = work.get("duration_s"), bool(work.get("cycle"))
         pool_n = len(spans) if spans else len(bodies)
         session = await self._client(timeout_s)
@@ -225,7 +226,7 @@ class NativeClient:
                 return
             first, turns = spans[u % pool_n]
             offset = (u // pool_n) * len(bodies)  # a cycled session's requests get indices of their own
-            history: list[dict[str, Any]] = []
+            history = system_history(systems[u % pool_n] if systems else None)
             for t in range(turns):
                 k = first + t
                 if t:
@@ -233,9 +234,21 @@ class NativeClient:
                     await wait_until(ready)
                 body = bodies[k] if not history else with_history(bodies[k], history)
                 text = await send(offset + k, ready, body, due_at=ready if t else due[u % len(due)], unit=u, turn=t)
-                if text is None:
+                if text is None:  # the session ends here: its unsent turns count as failed
+                    for later in range(t + 1, turns):
+                        aborted(offset + first + later, u, later, t)
                     return
                 history += [json.loads(bodies[k])["messages"][-1], {"role": "assistant", "content": text}]
+
+        def aborted(k: int, unit: int, turn: int, failed_turn: int) -> None:
+            """A turn never sent because an earlier turn of its session failed: a failed sample at this instant."""
+            now = clock() - base
+            row = {"index": k, "due": now, "ready": now, "begin": now, "sent": now, "first": math.nan, "end": now,
+                   "done": now, "in_tok": -1, "out_tok": -1, "ok": False, "chunks": [], "text": None,
+                   "error": f"session aborted: turn {failed_turn} failed", "first_out": math.nan,
+                   "reasoning": False, "session": unit, "turn": turn}
+            for c, v in row.items():
+                cols[c].append(v)
 
         def over() -> bool:
             return duration is not None and clock() - base >= duration
@@ -420,7 +433,7 @@ class NativeBench:
         n = _cap_clients(clients, opts) if clients else self.clients_for(opts)
         self._ensure(n)
         n = min(n, len(self.actors))
-        reqs, spans = _requests(opts)
+        reqs, spans, systems = _requests(opts)
         units = len(spans) if spans else len(reqs)
         bodies = [payload(r, opts, model) for r in reqs]
         due_arr = arrivals.due_times(units, opts)
@@ -432,7 +445,7 @@ class NativeBench:
         shipped = ray.put(bodies)
         dispenser, epoch = self._dispense(_UNBOUNDED if cycle else units) if conc and n > 1 else (None, 0)
         # only a cycling closed loop is stopped by the clock: an open loop's requests are all due within it
-        work = {"spans": spans, "think_s": opts.multi_turn_think_time, "duration_s": opts.duration if cycle else None,
+        work = {"spans": spans, "systems": systems, "think_s": opts.multi_turn_think_time, "duration_s": opts.duration if cycle else None,
                 "cycle": cycle}
         t0 = time.time() + _START_LEAD_S + sum(len(b) for b in bodies) / _SHIP_BYTES_PER_S + 0.002 * n
         refs = []
@@ -484,12 +497,13 @@ class NativeBench:
 _UNBOUNDED = 2**62  # units a cycling closed loop may take: it stops at its duration
 
 
-def _requests(opts: LoadOptions) -> tuple[list[Request], list[tuple[int, int]] | None]:
-    """The point's requests, and for multi-turn sessions the (first turn, turns) span of each session."""
+def _requests(opts: LoadOptions) -> tuple[list[Request], list[tuple[int, int]] | None, list[str | None] | None]:
+    """The point's requests, and for multi-turn sessions the (first turn, turns) span and the system prompt of
+    each session."""
     if opts.dataset_name != "multi_turn":
-        return make_requests(opts), None
+        return make_requests(opts), None, None
     conv = conversations(opts, tokenizer_for(opts))
-    return [Request(m, o) for m, o in zip(conv.messages, conv.output_lens)], conv.spans
+    return [Request(m, o) for m, o in zip(conv.messages, conv.output_lens)], conv.spans, conv.systems
 
 
 def planned_prompts(opts: LoadOptions, units: int) -> dict[str, int]:
