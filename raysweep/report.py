@@ -614,7 +614,7 @@ SECTIONS: list[Section] = [
     Section("timeseries", "Time series", "raysweep.bench.timeseries:report_section"),
     Section("results", "Results", _results),
     Section("sla", "SLA", _sla),
-    Section("tuning", "Tuning", "raysweep.tune:report_section"),
+    Section("tuning", "Tuning", "raysweep.report_tuning:report_section"),
     Section("transport", "Transport", _transport),
     Section("multinode", "Multi-node and GPUs", "raysweep.telemetry:report_section"),
     Section("failures", "Failures", _failures),

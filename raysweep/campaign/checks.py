@@ -24,7 +24,7 @@ Check = Callable[[Campaign, list[dict[str, Any]], list[dict[str, Any]]], None]
 
 # section -> the module that owns its checks and registers them when imported; the loader imports it by name
 # when the section is set, so the schema depends on no owner
-SECTION_OWNERS = {"tune": "raysweep.tune"}
+SECTION_OWNERS = {"tune": "raysweep.tune.space"}
 _CHECKS: dict[str, list[Check]] = {}
 
 
@@ -81,6 +81,30 @@ def _check_mode(campaign: Campaign) -> None:
         raise CampaignError("link", "has no meaning in mode offline (there are no bench parameters to link to)")
 
 
+def _check_endpoints(campaign: Campaign) -> None:
+    """A server to start (`serve.cmd`) or servers that run already (`serve.url`); what needs a server of
+    raysweep's own is refused with endpoints."""
+    serve = campaign.serve
+    if serve is None:
+        return
+    if serve.cmd is None and serve.url is None:
+        raise CampaignError("serve", "needs `cmd` (the server raysweep starts, e.g. `vllm serve MODEL`) or `url` "
+                                     "(servers that run already, e.g. http://HOST:8000)")
+    if serve.url is None:
+        return
+    refused = (("serve.params", serve.params is not None, "an endpoint's parameters are its own; list several "
+                "endpoints in serve.url to compare them"),
+               ("serve.env", bool(serve.env), "no server process is started"),
+               ("serve.gpus_per_replica", serve.gpus_per_replica is not None, "no GPUs are reserved"),
+               ("tune", campaign.tune is not None, "its candidates are new servers, which an endpoint campaign "
+                "cannot start; run `tune:` with serve.cmd"),
+               ("placement.tail_replicas", bool(campaign.placement.tail_replicas), "it starts more servers"),
+               ("transport.probe", campaign.transport.probe, "the fabric probe runs in a server's own GPUs"))
+    for fld, bad, why in refused:
+        if bad:
+            raise CampaignError(fld, f"cannot be used with serve.url ({why}); remove it, or use serve.cmd")
+
+
 def _check_tail_replicas(campaign: Campaign) -> None:
     """More servers of one configuration share its points: not SLA searches (a search's probes follow one
     another on one server), tuning candidates (stopped by rung) or offline runs."""
@@ -92,6 +116,19 @@ def _check_tail_replicas(campaign: Campaign) -> None:
         if getattr(campaign, part) is not None:
             raise CampaignError("placement.tail_replicas", f"cannot be used with `{part}:` ({why}); set it to 0 "
                                                             "or remove it")
+
+
+def _check_precision(campaign: Campaign) -> None:
+    """`bench.precision` decides how many runs a point gets: not with `runs:`, an SLA search or tuning."""
+    if campaign.bench is None or campaign.bench.precision is None:
+        return
+    if campaign.runs != type(campaign).model_fields["runs"].default:
+        raise CampaignError("runs", f"{campaign.runs} cannot be used with bench.precision, which runs each point "
+                                    "from min_runs to max_runs times; remove `runs` (or bench.precision)")
+    for part, why in (("sla", "an SLA search decides its probes' runs itself"),
+                      ("tune", "tuning candidates are judged by rung on a fixed number of runs")):
+        if getattr(campaign, part) is not None:
+            raise CampaignError("bench.precision", f"cannot be used with `{part}:` ({why}); remove one of them")
 
 
 def _check_sla(campaign: Campaign, bench_combos: list[dict[str, Any]]) -> None:

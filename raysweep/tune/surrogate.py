@@ -9,7 +9,7 @@ whose points add the most hypervolume is proposed. Untried configurations far fr
 uncertain, so they look promising until they are tried or their neighbours say otherwise: the search
 explores where it knows little and exploits where the front can still move.
 
-Pure numpy, no Optuna, no Ray: `raysweep.tune` gives it the observations, the candidates and the points
+Pure numpy, no Optuna, no Ray: `raysweep.tune.proposals` gives it the observations, the candidates and the points
 run, and asks the sampler for nothing while it proposes.
 """
 
