@@ -1,18 +1,26 @@
-"""What a campaign's results answer: per bench shape, the best configuration for an objective, how far it
-leads the best other configuration and whether that lead exceeds the noise; the SLA capacities; the
-Pareto front of each shape.
+"""What a campaign's results answer: per bench shape, the best configuration for an objective, which other
+configurations cannot be told apart from it, the knee of its curve; the SLA capacities; the Pareto front of
+each shape.
 
 Built from the results table (`raysweep.results`, one row per run) and its per-point aggregates
-(`raysweep.aggregate.summarize`, one row per point with mean and confidence interval per metric). A
-*bench shape* is a combination of the bench parameters that vary, but the load variable (`max_concurrency`
-or `request_rate`), the SLA search variable and parameters that only follow the load (a `num_prompts`
-scaled with the concurrency). A *point* is a server config x bench point; its runs are its repeats.
+(`raysweep.aggregate.summarize`, one row per point with mean and confidence interval per metric; client-limited
+and flagged runs are left out of them and counted). A *bench shape* is a combination of the bench parameters
+that vary, but the load variable (`max_concurrency` or `request_rate`), the SLA search variable and
+parameters that only follow the load (a `num_prompts` scaled with the concurrency). A *point* is a server
+config x bench point; its runs are its repeats.
 
 The objective is a metric of the aggregates, optionally per GPU (`output_throughput_per_gpu`, the default:
 output tokens/s divided by the GPUs of the config, as the Pareto plot counts them), maximised unless it is a
-latency (`_ms`), a duration or a failure count; `min:`/`max:` in front of it says otherwise. The lead of the
-best point over the best point of another configuration is beyond the noise when their confidence intervals
-do not overlap (`aggregate.lead_is_significant`); with fewer than two runs on either side it is not judged.
+latency (`_ms`), a duration or a failure count; `min:`/`max:` in front of it says otherwise. A latency
+objective ranks a point whose failed requests would reach its percentile (any failure for a mean) after
+every point whose requests did not, as the SLA judge counts a failed request as infinitely slow.
+
+With a service-level objective (the campaign's `slo:`), only points whose means meet it are ranked
+(goodput-style); a shape where none does says so. Per shape the best point of each server config is ranked;
+the leader is tested against every other one with Welch's t over their runs, Holm's correction over the
+family (the leader is the best of many, `verdicts.tied_with_leader`): those not shown to be behind are
+*tied with the leader*. Without an slo, the *knee* is the point of highest objective among those whose
+median E2EL (else median TPOT, else median TTFT) is at most `KNEE_FACTOR` times the lowest of the shape.
 """
 
 from __future__ import annotations
@@ -26,11 +34,26 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raysweep import aggregate, plots
+from raysweep import aggregate, plots, verdicts
 from raysweep.errors import UserError
+from raysweep.sla import Target, meets
 
-__all__ = ["CONFIDENCE", "Conclusions", "DEFAULT_OBJECTIVE", "Objective", "ShapeVerdict", "conclude",
-           "finite", "fmt", "headlines", "parse_objective", "rounded", "shape_keys"]
+__all__ = [
+    "CONFIDENCE",
+    "DEFAULT_OBJECTIVE",
+    "KNEE_FACTOR",
+    "Conclusions",
+    "Objective",
+    "ShapeVerdict",
+    "conclude",
+    "finite",
+    "fmt",
+    "headlines",
+    "parse_objective",
+    "rounded",
+    "shape_keys",
+    "verdict_text",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +63,11 @@ _PER_GPU = "_per_gpu"
 _STATS = ("mean", "median", "std", "ci_low", "ci_high")
 _POINT = ["serve_id", "bench_id"]
 _LOWER_IS_BETTER = ("_ms", "_s", "duration", "failed", "error_rate", "num_preemptions")
+KNEE_FACTOR = 2.0
+CARD_LATENCIES = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
+_KNEE_LATENCIES = ("median_e2el_ms", "median_tpot_ms", "median_ttft_ms")
+_RUN_COUNTS = ("runs", "runs_total", "runs_left_out", "left_out_reasons", "on_flagged_runs", "noisy",
+               "noisy_metrics", "runs_needed")
 
 
 @dataclass(frozen=True)
@@ -96,15 +124,27 @@ def shape_keys(df: pd.DataFrame, bench_vars: Sequence[str], load: str | None, sl
 
 @dataclass
 class ShapeVerdict:
-    """One bench shape: the best point per server config (best first), the leader, its runner-up (the best
-    point of another config, or the next point when there is one config) and what the noise allows."""
+    """One bench shape: the best point per server config (best first; under an slo only points meeting it),
+    the leader, its runner-up (the best point of another config, or the next point when there is one
+    config), the candidates tied with the leader, and the knee."""
 
     shape: str
     ranking: pd.DataFrame
     leader: pd.Series
     runner_up: pd.Series | None
-    significant: bool | None  # None: not judged (fewer than 2 runs on a side)
+    significant: bool | None  # the leader is shown better than the runner-up (Holm); None: not judged
     lead: float | None        # relative lead of the leader over the runner-up, in the objective's direction
+    tied: list[str] = field(default_factory=list)        # the configs (at their best load) tied with the leader
+    p_value: float | None = None                           # Holm-adjusted, leader against runner-up
+    flagged: bool = False     # a run of the leader or the runner-up was left out or all their runs are flagged
+    slo_met: bool | None = None  # None: no slo; False: no point of the shape meets it (ranked without it)
+    knee: pd.Series | None = None
+    knee_bound: str = ""
+
+    @property
+    def clear(self) -> bool:
+        """A verdict shown in green: the leader beats every other config and none of their runs is flagged."""
+        return bool(self.significant) and not self.tied and not self.flagged and self.slo_met is not False
 
 
 @dataclass
@@ -120,6 +160,7 @@ class Conclusions:
     front_notes: list[str]
     sla: pd.DataFrame             # per bench point and target: the configs ranked by their capacity
     notes: list[str] = field(default_factory=list)
+    slo: Target | None = None
 
     @property
     def noisy(self) -> pd.DataFrame:
@@ -128,9 +169,9 @@ class Conclusions:
 
 def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None = None,
              sla: pd.DataFrame | None = None, sla_variable: str = "", confidence: float = CONFIDENCE,
-             summary: pd.DataFrame | None = None) -> Conclusions:
+             summary: pd.DataFrame | None = None, slo: Target | None = None) -> Conclusions:
     """The conclusions of a results table (one row per run); see the module doc. `summary` is its
-    `aggregate.summarize` (made here when not given).
+    `aggregate.summarize` (made here when not given); `slo` the campaign's service-level objective.
 
     :raises UserError: the objective is not an aggregated metric.
     """
@@ -140,11 +181,11 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     obj = parse_objective(objective, aggregated)
     load = plots.load_variable(df, "")
     keys = shape_keys(df, bench_vars, load or None, sla_variable)
-    points, notes = _points(df, summary, obj, load or None, keys)
-    verdicts = [_verdict(shape, rows, obj) for shape, rows in points.groupby("shape", sort=False)]
+    points, notes = _points(df, summary, obj, load or None, keys, slo)
+    verdicts_ = [_verdict(shape, rows, obj, slo) for shape, rows in points.groupby("shape", sort=False)]
     fronts, front_notes = _fronts(df, points)
-    return Conclusions(obj, load or None, keys, points, verdicts, fronts, front_notes,
-                       _sla_capacities(sla if sla is not None else pd.DataFrame()), notes)
+    return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
+                       _sla_capacities(sla if sla is not None else pd.DataFrame()), notes, slo)
 
 
 def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
@@ -152,9 +193,10 @@ def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
 
 
 def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str | None,
-            keys: list[str]) -> tuple[pd.DataFrame, list[str]]:
+            keys: list[str], slo: Target | None = None) -> tuple[pd.DataFrame, list[str]]:
     """One row per point with its labels, load, shape, GPUs and the objective's statistics (per GPU when
-    asked), from the aggregates."""
+    asked), from the aggregates; its run counts, the card's latencies, whether it meets the slo and whether
+    its failed requests rank it last."""
     first = df.drop_duplicates(_POINT).reset_index(drop=True)
     gpus, _, notes = plots.gpu_counts(first, "gpu_count") if obj.per_gpu else (pd.Series(1.0, index=first.index),
                                                                                 None, [])
@@ -163,12 +205,18 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     info["shape"] = [_shape_label(keys, row) for row in first[keys].itertuples(index=False, name=None)] \
         if keys else _shape_label([], [])
     stats = [f"{obj.metric}_{s}" for s in _STATS if f"{obj.metric}_{s}" in summary.columns]
-    extra = [c for c in ("runs", "noisy", "noisy_metrics", "runs_needed", f"{obj.metric}_cv") if c in summary.columns]
-    pts = info.merge(summary[[*_POINT, *stats, *extra]], on=_POINT, how="inner")
+    wanted = {*CARD_LATENCIES, *_KNEE_LATENCIES, *(t.metric for t in (slo.thresholds if slo else ()))}
+    means = [f"{m}_mean" for m in sorted(wanted) if f"{m}_mean" in summary.columns and f"{m}_mean" not in stats]
+    extra = [c for c in (*_RUN_COUNTS, f"{obj.metric}_cv") if c in summary.columns]
+    pts = info.merge(summary[[*_POINT, *stats, *extra, *means]], on=_POINT, how="inner")
     for col in stats:
         pts[col.replace(obj.metric, "objective", 1)] = pd.to_numeric(pts[col], errors="coerce") / pts["gpus"]
     pts = pts.rename(columns={f"{obj.metric}_cv": "objective_cv"})
     pts = pts[np.isfinite(pd.to_numeric(pts["objective_mean"], errors="coerce"))]
+    pts = pts.assign(failed_last=_failed_last(df, pts, obj))
+    if slo is not None:
+        pts = pts.assign(meets_slo=[meets({t.metric: r.get(f"{t.metric}_mean") for t in slo.thresholds}, slo)
+                                    is True for _, r in pts.iterrows()])
     if keys:  # shapes in the order of their values
         order = sorted(range(len(pts)), key=lambda i: tuple(plots.sort_key(v) for v in pts[keys].iloc[i]))
         pts = pts.iloc[order]
@@ -177,21 +225,85 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     return pts.reset_index(drop=True), notes
 
 
-def _verdict(shape: str, rows: pd.DataFrame, obj: Objective) -> ShapeVerdict:
-    ordered = rows.sort_values("objective_mean", ascending=not obj.maximize, kind="stable")
+def _failed_last(df: pd.DataFrame, pts: pd.DataFrame, obj: Objective) -> list[bool]:
+    """Per point, whether a latency objective ranks it last: its failed requests (over the runs used, as a
+    fraction of all requests) would reach the objective's percentile (any failure for a mean)."""
+    stat = obj.metric.split("_", 1)[0]
+    if obj.maximize or not obj.metric.endswith("_ms") or "failed" not in df.columns:
+        return [False] * len(pts)
+    q = 50.0 if stat == "median" else float(stat[1:]) if stat.startswith("p") else 100.0
+    used = df[~aggregate.left_out_mask(df)] if (~aggregate.left_out_mask(df)).any() else df
+    failed = pd.to_numeric(used["failed"], errors="coerce").fillna(0)
+    done = pd.to_numeric(used.get("completed", pd.Series(0, index=used.index)), errors="coerce").fillna(0)
+    frac = (failed.groupby([used[k] for k in _POINT]).sum()
+            / (failed + done).groupby([used[k] for k in _POINT]).sum().replace(0, np.nan)).fillna(0)
+    limit = (100.0 - q) / 100.0
+    return [float(frac.get((r["serve_id"], r["bench_id"]), 0.0)) > limit if q < 100 else
+            float(frac.get((r["serve_id"], r["bench_id"]), 0.0)) > 0 for _, r in pts.iterrows()]
+
+
+def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None = None) -> ShapeVerdict:
+    slo_met = None
+    if slo is not None:
+        meeting = rows[rows["meets_slo"]]
+        slo_met = bool(len(meeting))
+        rows = meeting if len(meeting) else rows
+    sign = -1.0 if obj.maximize else 1.0
+    ordered = rows.assign(_key=sign * pd.to_numeric(rows["objective_mean"], errors="coerce")) \
+        .sort_values(["failed_last", "_key"], kind="stable").drop(columns="_key")
     ranking = ordered.drop_duplicates("serve_id").reset_index(drop=True)
     leader = ranking.iloc[0]
+    knee, bound = _knee(rows, obj) if slo is None else (None, "")
     others = ranking.iloc[1:] if len(ranking) > 1 else ordered.iloc[1:]
     runner = others.iloc[0] if len(others) else None
     if runner is None:
-        return ShapeVerdict(shape, ranking, leader, None, None, None)
+        return ShapeVerdict(shape, ranking, leader, None, None, None, slo_met=slo_met, knee=knee, knee_bound=bound,
+                            flagged=_flagged(leader))
     a, b = float(leader["objective_mean"]), float(runner["objective_mean"])
     lead = (a - b) / abs(b) if b else None
     if lead is not None and not obj.maximize:
         lead = (b - a) / abs(b)
-    judged = all(finite(r.get(c)) for r in (leader, runner) for c in ("objective_ci_low", "objective_ci_high"))
-    significant = aggregate.lead_is_significant(leader, runner, "objective") if judged else None
-    return ShapeVerdict(shape, ranking, leader, runner, significant, lead)
+    family = ranking if len(ranking) > 1 else ordered.reset_index(drop=True).iloc[:2]
+    if not bool(leader.get("failed_last")):   # failed-last points are behind by rule, not by test
+        family = family[~family["failed_last"].astype(bool)]
+    if len(family) < 2:
+        return ShapeVerdict(shape, ranking, leader, runner, True, lead, [], None, _flagged(leader) or
+                            _flagged(runner), slo_met, knee, bound)
+    led = verdicts.tied_with_leader([_cand(r) for _, r in family.iterrows()], obj.maximize)
+    significant = None if 1 in led.not_judged or _cand(family.iloc[0])[2] < 2 else (1 in led.behind)
+    tied = [at_load(family.iloc[i], None) for i in led.tied]
+    return ShapeVerdict(shape, ranking, leader, runner, significant, lead, tied, led.adjusted_p.get(1),
+                        _flagged(leader) or _flagged(runner), slo_met, knee, bound)
+
+
+def _cand(row: pd.Series) -> tuple[float, float, int]:
+    runs = row.get("runs")
+    return (float(row["objective_mean"]), float(row.get("objective_std", math.nan)),
+            int(runs) if finite(runs) else 0)
+
+
+def _flagged(row: pd.Series) -> bool:
+    left = row.get("runs_left_out")
+    return bool(row.get("on_flagged_runs") is True or (finite(left) and float(left) > 0))
+
+
+def _knee(rows: pd.DataFrame, obj: Objective) -> tuple[pd.Series | None, str]:
+    """The point of best objective among those whose median E2EL (else TPOT) is within `KNEE_FACTOR` of the
+    shape's lowest, and the bound in words; None when the shape has no such latency."""
+    for metric in _KNEE_LATENCIES:
+        col = f"{metric}_mean"
+        if col not in rows.columns:
+            continue
+        lat = pd.to_numeric(rows[col], errors="coerce")
+        if not lat.notna().any():
+            continue
+        limit = KNEE_FACTOR * float(lat.min())
+        within = rows[(lat <= limit) & ~rows["failed_last"].astype(bool)]
+        if within.empty:
+            return None, ""
+        best = within.sort_values("objective_mean", ascending=not obj.maximize, kind="stable").iloc[0]
+        return best, f"{metric} <= {fmt(limit)} ms ({KNEE_FACTOR:g}x the lowest of the shape)"
+    return None, ""
 
 
 def finite(value: Any) -> bool:
@@ -251,25 +363,39 @@ def at_load(row: pd.Series, load: str | None) -> str:
     return f"{row.get('serve_label', row.get('serve_id'))}{where}"
 
 
-def noise_text(verdict: ShapeVerdict) -> str:
-    """Whether the lead exceeds the noise, in words."""
+def verdict_text(verdict: ShapeVerdict) -> str:
+    """What the test of the leader against the others shows, in words."""
     if verdict.runner_up is None:
         return "nothing to compare it with"
     if verdict.significant is None:
-        return "not judged: a point with fewer than 2 runs has no confidence interval"
-    return ("beyond the noise: the confidence intervals do not overlap" if verdict.significant
-            else "within the noise: the confidence intervals overlap")
+        return "not judged: a point with fewer than 2 runs cannot be tested"
+    if verdict.tied:
+        runs = int(verdict.leader.get("runs") or 0)
+        return (f"not shown better with {runs} runs: tied with the leader: {', '.join(verdict.tied)} "
+                "(Welch's t over runs, Holm over the configs)")
+    p = f", adjusted p={verdict.p_value:.2g}" if verdict.p_value is not None else ""
+    return f"better than every other config (Welch's t over runs, Holm over the configs{p})"
+
+
+def noise_text(verdict: ShapeVerdict) -> str:
+    """The former name of `verdict_text`."""
+    return verdict_text(verdict)
 
 
 def headlines(c: Conclusions) -> list[str]:
-    """One line per bench shape: the winner, its value, its lead and whether the lead exceeds the noise."""
+    """One line per bench shape: the winner, its value, its lead and what the test shows."""
     lines = []
     for v in c.verdicts:
         lead = ""
         if v.runner_up is not None:
             amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
             lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(v.runner_up['objective_mean'])}), " \
-                   f"{noise_text(v)}"
-        lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}, {c.objective.name} "
-                     f"{fmt(v.leader['objective_mean'])} {c.objective.unit}".rstrip() + lead)
+                   f"{verdict_text(v)}"
+        slo = ""
+        if c.slo is not None:
+            slo = (f" (meets the slo {c.slo.label})" if v.slo_met
+                   else f" (no point meets the slo {c.slo.label}; ranked without it)")
+        flagged = "; some of their runs were flagged" if v.flagged else ""
+        lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}{slo}, {c.objective.name} "
+                     f"{fmt(v.leader['objective_mean'])} {c.objective.unit}".rstrip() + lead + flagged)
     return lines

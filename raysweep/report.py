@@ -251,11 +251,25 @@ def _validity(data: _Data) -> str:
     bad = flagged(recs)
     if not bad:
         return f"<p>All {len(recs)} run(s) pass every check ({_e(checks)}).</p>{gaps}"
-    rows = [[r.get("serve_label", r.get("serve_id")), r.get("bench_label", r.get("bench_id")), r.get("run_number"),
-             r.get("validity_issues")] for r in bad]
     return (f'<p class="flag">{len(bad)} of {len(recs)} run(s) fail a check ({_e(checks)}); their numbers may '
-            "not be the server's. They are marked &#9888; in the results table and with a red cross in the "
-            "figures.</p>" + _table(["server config", "bench point", "run", "failed checks"], rows) + gaps)
+            "not be the server's, so the conclusions leave them out of every ranking and comparison. They are "
+            "marked &#9888; in the results table and, with the check's name, in the figures.</p>"
+            + _grouped_by_check(bad) + gaps)
+
+
+def _grouped_by_check(bad: list[dict[str, Any]]) -> str:
+    """One line per check with how many runs it flagged, the runs listed on demand."""
+    by_check: dict[str, list[dict[str, Any]]] = {}
+    for r in bad:
+        for name in aggregate.check_names(r.get("validity_issues")) or ["flagged"]:
+            by_check.setdefault(name, []).append(r)
+    parts = []
+    for name, runs in sorted(by_check.items(), key=lambda kv: -len(kv[1])):
+        rows = [[r.get("serve_label", r.get("serve_id")), r.get("bench_label", r.get("bench_id")),
+                 r.get("run_number"), r.get("validity_issues")] for r in runs]
+        parts.append(f'<details><summary class="flag">{_e(name)}: {len(runs)} run(s)</summary>'
+                     + _table(["server config", "bench point", "run", "failed checks"], rows) + "</details>")
+    return "".join(parts)
 
 
 def _campaign(data: _Data) -> str:
@@ -488,8 +502,22 @@ def _conclusions_of(data: _Data) -> conclusions.Conclusions:
         # t-intervals over the runs (the raw-sample bootstrap of summary.csv would cost seconds per point)
         summary = aggregate.summarize(data.df, confidence=conclusions.CONFIDENCE, params=params)
         data.answer = conclusions.conclude(data.df, bench_vars, data.objective, data.sla, data.sla_variable,
-                                           summary=summary)
+                                           summary=summary, slo=_slo(data.campaign))
     return data.answer
+
+
+def _slo(campaign: dict[str, Any]) -> Any:
+    """The campaign's service-level objective (`slo:`), None without one or when it no longer parses."""
+    from raysweep.sla import parse_slo
+
+    raw = campaign.get("slo") if isinstance(campaign, dict) else None
+    if not raw:
+        return None
+    try:
+        return parse_slo(raw)
+    except UserError as exc:
+        log.warning("the campaign's slo is not used: %s", exc)
+        return None
 
 
 def _conclusions(data: _Data) -> str:
@@ -502,10 +530,14 @@ def _conclusions(data: _Data) -> str:
     except UserError as exc:  # the default objective does not fit these results (a latency-only sweep)
         return f'<p class="muted">No conclusions: {_e(exc)}</p>'
     pct = f"{conclusions.CONFIDENCE:.0%}"
+    slo = (f" Only points whose means meet the campaign's service-level objective <b>{_e(c.slo.label)}</b> are "
+           "ranked." if c.slo is not None else " No service-level objective (<code>slo:</code>): the leader is "
+           "the raw best, whatever its latency; each card names the knee beside it.")
     head = (f'<p class="muted">Objective: <b>{_e(c.objective.text)}</b> (<code>raysweep report --objective</code> '
-            f"chooses another). A point is a server config at one bench point; its value is the mean over its "
-            f"runs, with a {pct} confidence interval. Load: {_e(c.load or 'not swept')}; bench shape: "
-            f"{_e(', '.join(c.shape_keys) or 'one')}.</p>")
+            f"chooses another).{slo} A point is a server config at one bench point; its value is the mean over its "
+            f"runs that passed their checks, with a {pct} confidence interval. The leader is tested against every "
+            f"other config with Welch's t over runs and Holm's correction over the configs. Load: "
+            f"{_e(c.load or 'not swept')}; bench shape: {_e(', '.join(c.shape_keys) or 'one')}.</p>")
     cards = "".join(_shape_card(data, c, v) for v in c.verdicts)
     if not cards:
         cards = f'<p class="note">No point has a value of {_e(c.objective.name)}.</p>'
@@ -516,22 +548,33 @@ def _conclusions(data: _Data) -> str:
 def _shape_card(data: _Data, c: conclusions.Conclusions, v: conclusions.ShapeVerdict) -> str:
     lead = v.leader
     value = (f"{_e(c.objective.name)} {conclusions.fmt(lead['objective_mean'])} {_e(c.objective.unit)} "
-             f"({_interval(lead)}, {_runs(lead)})")
-    parts = [f"<h3>{_e(v.shape)}</h3>",
-             f'<p class="win">Best: <b>{_e(conclusions.at_load(lead, c.load))}</b>: {value}</p>']
+             f"({_interval(lead)}, {_backing(lead)})")
+    parts = [f"<h3>{_e(v.shape)}</h3>"]
+    if v.slo_met is False and c.slo is not None:
+        parts.append(f'<p class="flag">No point of this shape meets the service-level objective '
+                     f"{_e(c.slo.label)}; the ranking below ignores it.</p>")
+    parts.append(f'<p class="win">Best: <b>{_e(conclusions.at_load(lead, c.load))}</b>: {value}</p>')
+    parts.append(_latencies(lead))
     if v.runner_up is not None:
-        cls = "sig" if v.significant else "insig"
+        cls = "sig" if v.clear else "insig"
         amount = f"{v.lead:+.1%}" if v.lead is not None else "ahead"
+        flag = (" Some runs of these points were flagged (see Warnings): the verdict rests on the others."
+                if v.flagged else "")
         parts.append(f"<p>{_e(amount)} over {_e(conclusions.at_load(v.runner_up, c.load))} "
                      f"({conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}): "
-                     f'<span class="{cls}">{_e(conclusions.noise_text(v))}</span>.</p>')
+                     f'<span class="{cls}">{_e(conclusions.verdict_text(v))}</span>.{_e(flag)}</p>')
+    if v.knee is not None:
+        same = v.knee["serve_id"] == lead["serve_id"] and v.knee["bench_id"] == lead["bench_id"]
+        parts.append(f"<p>Knee (best among points with {_e(v.knee_bound)}): "
+                     f"<b>{_e(conclusions.at_load(v.knee, c.load))}</b>, {conclusions.fmt(v.knee['objective_mean'])} "
+                     f"{_e(c.objective.unit)}{' (the leader itself)' if same else ''}.</p>" + _latencies(v.knee))
     parts.append(_card_figure(data, c, v))
     rows = [[i + 1, r.get("serve_label"), *([r.get(c.load)] if c.load else []),
-             conclusions.rounded(r["objective_mean"]), _interval(r, bare=True), r.get("runs")]
-            for i, (_, r) in enumerate(v.ranking.iterrows())]
+             conclusions.rounded(r["objective_mean"]), _interval(r, bare=True), r.get("runs"),
+             _left_out(r)] for i, (_, r) in enumerate(v.ranking.iterrows())]
     unit = f" ({c.objective.unit})" if c.objective.unit else ""
     cols = ["#", "server config", *([f"at {c.load}"] if c.load else []), f"mean{unit}",
-            f"{conclusions.CONFIDENCE:.0%} CI", "runs"]
+            f"{conclusions.CONFIDENCE:.0%} CI", "runs used", "left out"]
     parts.append(_table(cols, rows))
     front = c.fronts.get(v.shape)
     if front is not None and len(front):
@@ -541,6 +584,33 @@ def _shape_card(data: _Data, c: conclusions.Conclusions, v: conclusions.ShapeVer
                      + _table(["server config", "max_concurrency", "output tok/s per user", "output tok/s per GPU"],
                               frows))
     return f'<div class="card">{"".join(parts)}</div>'
+
+
+def _backing(row: Any) -> str:
+    """`backed by 3 run(s); 2 left out (shared CPUs 2)`, or that every run is flagged."""
+    if row.get("on_flagged_runs") is True:
+        return f"{_runs(row)}, every one flagged (see Warnings)"
+    text = f"backed by {_runs(row)}"
+    left = row.get("runs_left_out")
+    if conclusions.finite(left) and int(left) > 0:
+        text += f"; {int(left)} left out ({row.get('left_out_reasons') or 'flagged'})"
+    return text
+
+
+def _left_out(row: Any) -> str:
+    if row.get("on_flagged_runs") is True:
+        return "all flagged"
+    left = row.get("runs_left_out")
+    return f"{int(left)} ({row.get('left_out_reasons')})" if conclusions.finite(left) and int(left) > 0 else "0"
+
+
+def _latencies(row: Any) -> str:
+    """The latencies of a card's point: median and p99 TTFT and TPOT (means over its runs)."""
+    have = [(m, row.get(f"{m}_mean")) for m in conclusions.CARD_LATENCIES if conclusions.finite(row.get(f"{m}_mean"))]
+    if not have:
+        return ""
+    return ('<p class="muted">At this point: ' + ", ".join(f"{_e(m[:-3])} {conclusions.fmt(x)} ms" for m, x in have)
+            + ".</p>")
 
 
 def _card_figure(data: _Data, c: conclusions.Conclusions, v: conclusions.ShapeVerdict) -> str:

@@ -254,11 +254,14 @@ def test_conclusions_name_the_best_config_per_shape_and_judge_its_lead():
     assert clear.lead == pytest.approx(0.5) and clear.significant is True
     tied = verdicts["random_input_len=256"]
     assert tied.lead == pytest.approx(0.0, abs=1e-9) and tied.significant is False
-    assert "beyond the noise" in conclusions.noise_text(clear) and "within the noise" in conclusions.noise_text(tied)
+    assert "better than every other config" in conclusions.verdict_text(clear) and clear.clear
+    assert tied.tied == ["cfg=B"] and "not shown better with 3 runs: tied with the leader: cfg=B" in \
+        conclusions.verdict_text(tied) and not tied.clear
+    assert all("noise" not in conclusions.verdict_text(v) for v in (clear, tied))
     lines = conclusions.headlines(c)
     assert lines[0].startswith("Best for random_input_len=128: cfg=A at max_concurrency=16, "
                                "output_throughput_per_gpu 600")
-    assert "+50.0% over cfg=B at max_concurrency=16" in lines[0] and "beyond the noise" in lines[0]
+    assert "+50.0% over cfg=B at max_concurrency=16" in lines[0] and "better than every other config" in lines[0]
     # the Pareto front of each shape, from the point means: per user falls as per GPU rises with the load
     front = c.fronts["random_input_len=128"]
     assert list(front["serve_label"]) == ["cfg=A"] * 3 and list(front["max_concurrency"]) == [16, 4, 1]
@@ -276,7 +279,7 @@ def test_conclusions_for_another_objective_and_with_one_run():
     assert all(v.leader["max_concurrency"] == 1 for v in fast.verdicts)
     one = conclusions.conclude(df[df["run_number"] == 0], ["random_input_len", "max_concurrency"])
     assert all(v.significant is None for v in one.verdicts)
-    assert "not judged" in conclusions.noise_text(one.verdicts[0])
+    assert "not judged" in conclusions.verdict_text(one.verdicts[0])
 
 
 @pytest.mark.parametrize("objective, words", [

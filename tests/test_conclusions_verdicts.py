@@ -1,0 +1,109 @@
+"""The conclusions' verdicts (raysweep.conclusions and the report's cards): the leader tested against every
+config with Holm, runs left out and counted, failed requests ranking a latency objective last, the slo
+ranking only the points that meet it, the knee beside the raw maximum. Synthetic run tables; no Ray."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_plots import build_output_dir
+from test_report import no_figures, section  # noqa: F401 (fixture)
+
+from raysweep import conclusions, report
+from raysweep.files import write_json_atomic
+from raysweep.sla import parse_slo
+
+SHAPE = ["random_input_len", "max_concurrency"]
+
+
+def runs(configs: dict[str, list[tuple[int, float, float, float]]], n: int = 4, spread: float = 0.01,
+         seed: int = 0, **extra_by_cfg: dict) -> pd.DataFrame:
+    """Runs of each config at (concurrency, throughput, p99 TTFT ms, median E2EL ms) points, n runs each with
+    a relative spread."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for cfg, pts in configs.items():
+        for conc, thr, ttft, e2el in pts:
+            for r in range(n):
+                w = 1 + spread * rng.standard_normal()
+                rows.append({"serve_id": cfg, "bench_id": f"c{conc}", "point_id": f"{cfg}-{conc}-{r}",
+                             "run_number": r, "serve_label": f"cfg={cfg}", "bench_label": f"c={conc}",
+                             "random_input_len": 128, "max_concurrency": conc, "gpu_count": 1,
+                             "output_throughput": thr * w, "p99_ttft_ms": ttft * w, "median_ttft_ms": ttft / 2 * w,
+                             "median_tpot_ms": 10.0 * w, "p99_tpot_ms": 20.0 * w, "median_e2el_ms": e2el * w,
+                             "completed": 100, "failed": 0, "client_limited": False, "validity_ok": True,
+                             "validity_issues": "", **extra_by_cfg.get(cfg, {})})
+    return pd.DataFrame(rows)
+
+
+def test_every_config_not_shown_behind_the_leader_is_named_tied():
+    df = runs({"A": [(8, 1000.0, 100.0, 500.0)], "B": [(8, 999.0, 100.0, 500.0)], "C": [(8, 998.0, 100.0, 500.0)],
+               "D": [(8, 700.0, 100.0, 500.0)]})
+    v = conclusions.conclude(df, SHAPE, objective="output_throughput").verdicts[0]
+    assert set(v.tied) <= {"cfg=A", "cfg=B", "cfg=C"} and len(v.tied) == 2 and not v.clear
+    assert "tied with the leader" in conclusions.verdict_text(v) and "cfg=D" not in v.tied
+
+
+def test_a_config_failing_30_percent_of_requests_cannot_win_on_p99_ttft():
+    df = runs({"A": [(8, 1000.0, 200.0, 500.0)], "B": [(8, 1000.0, 50.0, 500.0)]})
+    df.loc[df["serve_id"] == "B", ["completed", "failed"]] = [70, 30]
+    c = conclusions.conclude(df, SHAPE, objective="p99_ttft_ms")
+    v = c.verdicts[0]
+    assert v.leader["serve_id"] == "A" and list(v.ranking["serve_id"]) == ["A", "B"]
+    assert bool(v.ranking.iloc[1]["failed_last"])
+    # without failures B would lead
+    ok = conclusions.conclude(runs({"A": [(8, 1000.0, 200.0, 500.0)], "B": [(8, 1000.0, 50.0, 500.0)]}), SHAPE,
+                              objective="p99_ttft_ms")
+    assert ok.verdicts[0].leader["serve_id"] == "B"
+
+
+def test_client_limited_and_flagged_runs_are_left_out_and_the_verdict_is_not_green():
+    df = runs({"A": [(8, 1000.0, 100.0, 500.0)], "B": [(8, 500.0, 100.0, 500.0)]}, n=5)
+    # one run of A flagged with a huge throughput: left out, so the mean is A's clean runs
+    i = df.index[df["serve_id"] == "A"][0]
+    df.loc[i, ["output_throughput", "validity_ok", "validity_issues"]] = [10_000.0, False, "shared CPUs"]
+    v = conclusions.conclude(df, SHAPE, objective="output_throughput").verdicts[0]
+    assert v.leader["objective_mean"] == pytest.approx(1000.0, rel=0.03)
+    assert v.leader["runs"] == 4 and v.leader["runs_left_out"] == 1 and v.leader["left_out_reasons"] == "shared CPUs 1"
+    assert v.significant is True and v.flagged and not v.clear
+
+
+def test_with_an_slo_only_points_that_meet_it_are_ranked():
+    df = runs({"A": [(8, 800.0, 100.0, 500.0), (32, 2000.0, 900.0, 2000.0)],
+               "B": [(8, 900.0, 120.0, 500.0), (32, 1900.0, 800.0, 2000.0)]})
+    raw = conclusions.conclude(df, SHAPE[:1], objective="output_throughput").verdicts[0]
+    assert raw.leader["serve_id"] == "A" and raw.leader["max_concurrency"] == 32
+    slo = parse_slo({"p99_ttft_ms": 500})
+    c = conclusions.conclude(df, SHAPE[:1], objective="output_throughput", slo=slo)
+    v = c.verdicts[0]
+    assert v.slo_met is True and v.leader["serve_id"] == "B" and v.leader["max_concurrency"] == 8
+    assert "meets the slo p99_ttft_ms<=500" in conclusions.headlines(c)[0]
+    none = conclusions.conclude(df, SHAPE[:1], objective="output_throughput", slo=parse_slo({"p99_ttft_ms": 10}))
+    assert none.verdicts[0].slo_met is False and "no point meets the slo" in conclusions.headlines(none)[0]
+
+
+def test_the_knee_is_named_beside_the_raw_maximum():
+    df = runs({"A": [(1, 100.0, 10.0, 100.0), (8, 700.0, 20.0, 180.0), (64, 900.0, 900.0, 2500.0)]})
+    v = conclusions.conclude(df, SHAPE[:1], objective="output_throughput").verdicts[0]
+    assert v.leader["max_concurrency"] == 64
+    assert v.knee is not None and v.knee["max_concurrency"] == 8 and "median_e2el_ms <= 200" in v.knee_bound
+
+
+def test_the_card_says_how_many_runs_back_the_leader_its_latencies_and_groups_warnings(tmp_path, no_figures):  # noqa: F811
+    out = build_output_dir(tmp_path / "out")
+    paths = sorted((out / "points").rglob("run=*.json"))
+    for path, issues in zip(paths[:3], ("shared CPUs", "shared CPUs; not steady (slope +3.0 %/s)", "niced (server 5)")):
+        rec = json.loads(path.read_text())
+        rec.update(validity_ok=False, validity_issues=issues)
+        write_json_atomic(path, rec)
+    html = report.build_report(out, objective="output_throughput")
+    card = section(html, "conclusions")
+    assert re.search(r"backed by \d run\(s\)", card) and "At this point: median_ttft" in card
+    assert "Knee (best among points with" in card and "Welch" in card
+    warn = section(html, "validity")
+    assert "<summary class=\"flag\">shared CPUs: 2 run(s)</summary>" in warn
+    assert "not steady: 1 run(s)" in warn and "niced: 1 run(s)" in warn
