@@ -16,6 +16,7 @@ from raysweep.campaign.models import (
     BenchSpec,
     Campaign,
     ClientGuardSpec,
+    EndpointSpec,
     EnvValue,
     NodeRule,
     OfflineSpec,
@@ -23,6 +24,7 @@ from raysweep.campaign.models import (
     PlacementSpec,
     ServeSpec,
     SlaSpec,
+    TrackingSpec,
     TransportSpec,
     TuneBudget,
     TuneEarlyStop,
@@ -31,7 +33,7 @@ from raysweep.campaign.models import (
     TuneSpec,
 )
 
-__all__ = ["NATIVE_DEFAULT_CMD", "BenchSpec", "Campaign", "CampaignSpec", "ClientGuardSpec", "EnvValue", "NodeRule",
-           "OfflineSpec", "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "TransportSpec", "TuneBudget",
+__all__ = ["NATIVE_DEFAULT_CMD", "BenchSpec", "Campaign", "CampaignSpec", "ClientGuardSpec", "EndpointSpec", "EnvValue", "NodeRule",
+           "OfflineSpec", "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget",
            "TuneEarlyStop", "TuneObjective", "TuneParam", "TuneSpec", "campaign_from_dict", "load_campaign",
            "register_check"]

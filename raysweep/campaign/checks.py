@@ -88,8 +88,8 @@ def _check_endpoints(campaign: Campaign) -> None:
     if serve is None:
         return
     if serve.cmd is None and serve.url is None:
-        raise CampaignError("serve", "needs `cmd` (the server raysweep starts, e.g. `vllm serve MODEL`) or `url` "
-                                     "(servers that run already, e.g. http://HOST:8000)")
+        raise CampaignError("serve.cmd", "is required: the server raysweep starts (e.g. `vllm serve MODEL`); or give "
+                                         "`serve.url` instead, for servers that run already (e.g. http://HOST:8000)")
     if serve.url is None:
         return
     refused = (("serve.params", serve.params is not None, "an endpoint's parameters are its own; list several "

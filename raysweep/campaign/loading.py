@@ -18,12 +18,15 @@ import yaml
 from pydantic import ValidationError
 
 from raysweep import grid
+from raysweep.bench.checks import check_param_names, check_params_used
 from raysweep.campaign.checks import (
     Origins,
     _check_links,
+    _check_endpoints,
     _check_mode,
     _check_native,
     _check_percentiles,
+    _check_precision,
     _check_sla,
     _check_tail_replicas,
     _reraise_at,
@@ -92,7 +95,8 @@ class CampaignSpec:
         if self.offline:
             data["offline"]["params"] = self.serve_combos
         else:
-            data["serve"]["params"] = self.serve_combos
+            if data["serve"].get("url") is None:  # endpoints: their combinations come from serve.url
+                data["serve"]["params"] = self.serve_combos
             data["bench"]["params"] = self.bench_combos
         for part in ("serve", "bench", "offline"):
             if part in data:
@@ -128,7 +132,9 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         raise _campaign_error(exc) from None
     env = dict(os.environ if env is None else env)
     _check_mode(campaign)
+    _check_endpoints(campaign)
     _check_tail_replicas(campaign)
+    _check_precision(campaign)
     if campaign.slo is not None:
         from raysweep.sla import parse_slo
 
@@ -141,13 +147,16 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         if cmd and _has_masked_secret(shlex.split(cmd)):
             raise CampaignError(fld, "a secret flag's value was masked when the campaign was stored; write it as "
                                      "${VAR} or resume with `raysweep run CAMPAIGN.yaml`")
-    serve_combos = _with_layouts(_resolve_params(campaign.serve.params, "serve.params", base_dir),
-                                 campaign.placement.layout)
+    endpoints = _endpoint_combos(campaign.serve.url)
+    serve_combos = endpoints if endpoints is not None else _with_layouts(
+        _resolve_params(campaign.serve.params, "serve.params", base_dir), campaign.placement.layout)
     bench_combos, bench_origins = _resolve_with_origins(campaign.bench.params, "bench.params", base_dir)
     _check_links(campaign.link, serve_combos, bench_combos)
     after = campaign.bench.after_bench_cmd
     bench_argv = shlex.split(_expand(campaign.bench.cmd or NATIVE_DEFAULT_CMD, "bench.cmd", env))
     _check_percentiles(bench_argv, bench_combos, bench_origins)
+    check_param_names(serve_combos, bench_combos)
+    check_params_used(bench_argv, bench_combos, bench_origins)
     if campaign.bench.backend == "native":
         _check_native(bench_argv, bench_combos, bench_origins)
     if campaign.sla is not None:
@@ -155,7 +164,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     run_registered_checks(campaign, serve_combos, bench_combos)
     return CampaignSpec(
         campaign=campaign,
-        serve_argv=shlex.split(_expand(campaign.serve.cmd, "serve.cmd", env)),
+        serve_argv=shlex.split(_expand(campaign.serve.cmd, "serve.cmd", env)) if campaign.serve.cmd else [],
         serve_env=_expand_env(campaign.serve.env, "serve.env", env),
         bench_argv=bench_argv,
         bench_env=_expand_env(campaign.bench.env, "bench.env", env),
@@ -165,6 +174,14 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         source_path=source_path,
         base_dir=base_dir,
     )
+
+
+def _endpoint_combos(url: Any) -> list[dict[str, Any]] | None:
+    """`serve.url`: one server config per endpoint, its one parameter the endpoint's base URL (None: serve.cmd)."""
+    if url is None:
+        return None
+    items = url if isinstance(url, list) else [url]
+    return [{"endpoint": (u if isinstance(u, str) else u.url).rstrip("/").removesuffix("/v1")} for u in items]
 
 
 def _offline_spec(campaign: Campaign, base_dir: Path, source_path: str, env: dict[str, str]) -> CampaignSpec:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import shlex
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-__all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "NodeRule", "OfflineSpec", "Pin", "PlacementSpec",
-           "ServeSpec", "SlaSpec", "TransportSpec", "TuneBudget", "TuneEarlyStop", "TuneObjective", "TuneParam",
+from raysweep.precision import PrecisionSpec
+
+__all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "EndpointSpec", "NodeRule", "OfflineSpec", "Pin", "PlacementSpec",
+           "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget", "TuneEarlyStop", "TuneObjective", "TuneParam",
            "TuneSpec"]
 
 EnvValue = str | int | float | bool
@@ -33,10 +35,35 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ServeSpec(_Strict):
-    """How to start the server: the base command, its environment and the grid of its parameters."""
+def _http_url(v: str) -> str:
+    if not v.startswith(("http://", "https://")) or len(v) <= len("https://"):
+        raise ValueError(f"{v!r} is not an http:// or https:// URL")
+    return v
 
-    cmd: str = Field(description="base server command, e.g. `vllm serve MODEL --max-model-len 4096`")
+
+class EndpointSpec(_Strict):
+    """A server that runs already (`serve.url`): raysweep starts and stops nothing."""
+
+    url: str = Field(description="its base URL, e.g. http://HOST:8000 (it lists its models at /v1/models)")
+    metrics_url: str | None = Field(None, description="where its Prometheus metrics are (default: URL/metrics)")
+    reset_url: str | None = Field(None, description="a URL POSTed before every point to reset its caches, e.g. "
+                                  "URL/reset_prefix_cache (default: none, caches are not reset)")
+    model: str | None = Field(None, description="the model the clients ask for (default: the first of /v1/models)")
+
+    @field_validator("url", "metrics_url", "reset_url")
+    @classmethod
+    def _is_url(cls, v: str | None) -> str | None:
+        return v if v is None else _http_url(v)
+
+
+class ServeSpec(_Strict):
+    """How to start the server: the base command, its environment and the grid of its parameters; or the
+    servers that run already (`url`)."""
+
+    cmd: str | None = Field(None, description="base server command, e.g. `vllm serve MODEL --max-model-len 4096`")
+    url: str | EndpointSpec | list[str | EndpointSpec] | None = Field(
+        None, description="instead of cmd: one or several running endpoints (a base URL, or a mapping with url, "
+        "metrics_url, reset_url, model), each a server config; nothing is started or stopped")
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment of the server process")
     ready_timeout_s: float = Field(600.0, gt=0, description="seconds to wait for /health and /v1/models")
     params: Any = Field(None, description="parameter file path, list of dicts, or {grid: ..., exclude: [...]}")
@@ -45,8 +72,46 @@ class ServeSpec(_Strict):
 
     @field_validator("cmd")
     @classmethod
-    def _cmd_not_empty(cls, v: str) -> str:
-        return _check_cmd(v)
+    def _cmd_not_empty(cls, v: str | None) -> str | None:
+        return v if v is None else _check_cmd(v)
+
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is None:
+            return v
+        if info.data.get("cmd"):
+            raise ValueError("cannot be combined with serve.cmd: give `cmd` (a server raysweep starts) or `url` "
+                             "(servers that run already), not both")
+        items = v if isinstance(v, list) else [v]
+        if not items:
+            raise ValueError("must name at least one endpoint")
+        seen = set()
+        for i, item in enumerate(items):
+            url = _http_url(item) if isinstance(item, str) else item.url
+            if url.rstrip("/") in seen:
+                raise ValueError(f"endpoint {i} ({url}) is listed twice")
+            seen.add(url.rstrip("/"))
+        return v
+
+
+class TrackingSpec(_Strict):
+    """Live export: every point logged to an experiment tracker as it lands, the report at the end."""
+
+    backend: Literal["mlflow", "wandb"] = Field(description="the tracker: mlflow or wandb (the optional extras "
+                                                "raysweep[mlflow], raysweep[wandb])")
+    uri: str | None = Field(None, description="mlflow: the tracking URI (a server URL or sqlite:///path/mlflow.db)")
+    experiment: str | None = Field(None, description="mlflow: the experiment (default: the campaign name)")
+    project: str | None = Field(None, description="wandb: the project (default: the campaign name)")
+    entity: str | None = Field(None, description="wandb: the team or user (default: yours)")
+    mode: Literal["online", "offline"] | None = Field(None, description="wandb: online or offline (default: "
+                                                      "W&B's own, WANDB_MODE)")
+
+    @model_validator(mode="after")
+    def _uri_for_mlflow(self) -> TrackingSpec:
+        if self.backend == "mlflow" and not self.uri:
+            raise ValueError("backend mlflow needs `uri`: an MLflow server URL or sqlite:///path/mlflow.db")
+        return self
 
 
 class OfflineSpec(_Strict):
@@ -153,6 +218,8 @@ class BenchSpec(_Strict):
     metrics_interval_s: float = Field(0.5, gt=0, description="seconds between scrapes of the server's /metrics")
     client_guard: ClientGuardSpec = Field(default_factory=ClientGuardSpec, description="thresholds of the "
                                           "client-bottleneck guard")
+    precision: PrecisionSpec | None = Field(None, description="measure every point until the interval of one "
+                                            "metric is this narrow (runs from min_runs to max_runs instead of `runs`)")
 
     @field_validator("cmd")
     @classmethod
@@ -335,6 +402,8 @@ class Campaign(_Strict):
                                 "and results are mirrored to after every point")
     report: bool = Field(False, description="when `raysweep run` ends, write the HTML report and the default "
                                             "figures into the output dir and print their paths")
+    tracking: TrackingSpec | None = Field(None, description="log every point to MLflow or W&B as it lands, and the "
+                                          "report at the end")
     tune: TuneSpec | None = Field(None, description="search the serve parameters (Optuna) instead of running "
                                   "their whole grid")
 

@@ -1,0 +1,98 @@
+"""`raysweep profile URL`: sweep an endpoint that runs already, in one line (writes a campaign file, runs it)."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from raysweep.cli._common import _say, main
+from raysweep.errors import UserError
+
+
+def parse_grid(items: tuple[str, ...]) -> dict[str, list[Any]]:
+    """`--grid KEY=V1,V2,...` options as a campaign grid (each value read as YAML: 8 is a number).
+
+    :raises UserError: naming `--grid` and the item.
+    """
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, eq, values = item.partition("=")
+        key = key.strip()
+        if not eq or not key or any(not v.strip() for v in values.split(",")):
+            raise UserError(f"--grid {item!r}: expected KEY=VALUE[,VALUE...], e.g. max_concurrency=1,8,64")
+        if key in grid:
+            raise UserError(f"--grid {item!r}: {key} is given twice; list all its values in one --grid")
+        try:
+            grid[key] = [yaml.safe_load(v.strip()) for v in values.split(",")]
+        except yaml.YAMLError as exc:
+            raise UserError(f"--grid {item!r}: a value cannot be read ({exc})") from None
+    return grid
+
+
+def default_name(url: str) -> str:
+    """`profile-HOST-PORT`, in the campaign name's alphabet."""
+    parts = urllib.parse.urlsplit(url)
+    text = f"profile-{parts.hostname or 'endpoint'}-{parts.port or ('443' if parts.scheme == 'https' else '80')}"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", text)
+
+
+def profile_campaign(url: str, bench_cmd: str, grid: dict[str, list[Any]], *, name: str, output_dir: str,
+                     runs: int, backend: str, metrics_url: str | None, reset_url: str | None) -> dict[str, Any]:
+    """The campaign file `raysweep profile` writes."""
+    endpoint: Any = url
+    if metrics_url or reset_url:
+        endpoint = {"url": url, **({"metrics_url": metrics_url} if metrics_url else {}),
+                    **({"reset_url": reset_url} if reset_url else {})}
+    bench: dict[str, Any] = {"backend": backend, "cmd": bench_cmd}
+    if grid:
+        bench["params"] = {"grid": grid}
+    return {"name": name, "output_dir": output_dir, "runs": runs, "serve": {"url": endpoint}, "bench": bench}
+
+
+@main.command()
+@click.argument("url")
+@click.option("--bench-cmd", default="vllm bench serve", show_default=True,
+              help="The benchmark: `vllm bench serve` options (read by raysweep's native client, or run as is with "
+                   "--backend command).")
+@click.option("--grid", "grid_items", multiple=True, metavar="KEY=V1,V2,...",
+              help="A bench parameter and its values, e.g. max_concurrency=1,8,64 (repeatable: their product).")
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Repeats of every point.")
+@click.option("--name", default=None, help="Campaign name (default: profile-HOST-PORT).")
+@click.option("--output-dir", default=None, help="Where the campaign file, ledger and results go (default: results/NAME).")
+@click.option("--backend", type=click.Choice(["native", "command"]), default="native", show_default=True,
+              help="native: raysweep's streaming client in Ray actors; command: the bench command itself.")
+@click.option("--metrics-url", default=None, help="The endpoint's Prometheus metrics (default: URL/metrics).")
+@click.option("--reset-url", default=None, help="A URL POSTed before every point to reset the endpoint's caches "
+                                                "(default: none).")
+@click.option("--address", default=None, help="Ray cluster whose nodes run the client actors (`auto`, or HOST:PORT). "
+                                              "Default: an embedded local Ray on this machine.")
+@click.option("--dry-run", is_flag=True, help="Write the campaign file and print the plan; run nothing.")
+def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, name: str | None,
+            output_dir: str | None, backend: str, metrics_url: str | None, reset_url: str | None,
+            address: str | None, dry_run: bool) -> None:
+    """Sweep an endpoint that runs already (a vLLM server, a gateway, a Kubernetes service): writes
+    OUTPUT_DIR/campaign.yaml with `serve.url: URL` and runs it like `raysweep run` (resumed when run again)."""
+    from raysweep.campaign import campaign_from_dict
+    from raysweep.cli.running import _dry_run, _run
+    from raysweep.files import write_text_atomic
+
+    name = name or default_name(url)
+    out = Path(output_dir or f"results/{name}")
+    data = profile_campaign(url, bench_cmd, parse_grid(grid_items), name=name, output_dir=str(out), runs=runs,
+                            backend=backend, metrics_url=metrics_url, reset_url=reset_url)
+    spec = campaign_from_dict(data, base_dir=Path.cwd())  # refused here (exit 2) before any file is written
+    if dry_run:
+        _dry_run(spec, address, out, ())
+        return
+    from raysweep.endpoint import check_endpoints
+
+    check_endpoints(spec)  # the endpoint answers with an OpenAI API before the file is written
+    path = write_text_atomic(out / "campaign.yaml", yaml.safe_dump(data, sort_keys=False))
+    _say(f"Campaign file: {path}", err=True)
+    spec = campaign_from_dict(data, base_dir=out.resolve(), source_path=str(path.resolve()))
+    _run(spec, out, address, force=False)
