@@ -6,7 +6,6 @@ ties (vLLM issue #55561), and takes the GPU count as recorded (see `pareto`).
 
 from __future__ import annotations
 
-import math
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from raysweep.plots.table import (
     check_columns,
     client_limited_mask,
 )
+from raysweep.tune import pareto as geometry
 
 _PARALLEL = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
 
@@ -106,17 +106,12 @@ def gpu_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series, list[s
 def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
     """The runs no other run dominates (at least as good on both axes, better on one), by tokens per user.
 
-    Sorted by tokens per user then per GPU, both descending, a run is on the front only if its tokens per
-    GPU beat every run before it: a tie on tokens per GPU at fewer tokens per user is dominated, and of two
-    identical runs one is kept.
+    A tie on tokens per GPU at fewer tokens per user is dominated, and of two identical runs one is kept
+    (`raysweep.tune.pareto.pareto_front`, both axes maximized).
     """
-    order = points.sort_values(["tokens_per_user", "tokens_per_gpu"], ascending=False, kind="stable")
-    best, keep = -math.inf, []
-    for idx, y in zip(order.index, order["tokens_per_gpu"], strict=True):
-        if y > best:
-            keep.append(idx)
-            best = y
-    return order.loc[keep].sort_values("tokens_per_user", ignore_index=True)
+    xy = list(zip(points["tokens_per_user"].astype(float), points["tokens_per_gpu"].astype(float), strict=True))
+    keep = geometry.pareto_front(xy, ("maximize", "maximize"), distinct=True)
+    return points.iloc[keep].sort_values("tokens_per_user", ignore_index=True)
 
 
 @styled

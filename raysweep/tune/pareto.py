@@ -4,6 +4,7 @@ margin, the hypervolume a set of points dominates, the front (the points no othe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 # a bench point is beaten only by one that stays better when it is this much better (the noise of one
@@ -44,6 +45,22 @@ def hypervolume(points: Sequence[Sequence[float]], directions: Sequence[str], re
     return area
 
 
-def pareto_front(points: list[tuple[float, float]], directions: Sequence[str]) -> list[int]:
-    """Indices of the points no other point dominates."""
-    return [i for i, p in enumerate(points) if not any(_dominates(q, p, directions) for q in points)]
+def pareto_front(points: Sequence[Sequence[float]], directions: Sequence[str], distinct: bool = False) -> list[int]:
+    """Indices (ascending) of the points no other point dominates; of identical points on the front, all, or
+    with `distinct` the first only. A point with a NaN value is never on it.
+
+    One sweep: by the first objective then the second, best first, a point is on the front when its second
+    objective beats every point before it (or repeats the last point on the front)."""
+    sx, sy = (1 if d == "maximize" else -1 for d in directions)
+    usable = [i for i, p in enumerate(points) if not (math.isnan(p[0]) or math.isnan(p[1]))]
+    order = sorted(usable, key=lambda i: (-sx * points[i][0], -sy * points[i][1], i))
+    keep: list[int] = []
+    best = -math.inf
+    for i in order:
+        y = sy * points[i][1]
+        if y > best:
+            keep.append(i)
+            best = y
+        elif not distinct and keep and y == best and list(points[i]) == list(points[keep[-1]]):
+            keep.append(i)
+    return sorted(keep)
