@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from raysweep import verdicts
-from raysweep.errors import UserError
+from raysweep.errors import UserError, unknown_names
 from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.verdicts import t_quantile
 
@@ -188,8 +188,7 @@ def _noise_metrics(given: Sequence[str] | None, metrics: list[str]) -> list[str]
         return [m for m in NOISE_METRICS if m in metrics]
     missing = [m for m in given if m not in metrics]
     if missing:
-        raise UserError(f"--noise-metrics {','.join(missing)}: not a headline metric of these results; accepted: "
-                        f"{', '.join(metrics)}")
+        raise UserError(unknown_names("--noise-metrics", missing, metrics, "headline metric"))
     return list(given)
 
 
@@ -213,6 +212,7 @@ def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: 
                resamples: int) -> dict[str, Any]:
     first = group.iloc[0]
     row: dict[str, Any] = {c: first[c] for c in (*keys, *_LABELS, *names) if c in group.columns}
+    row["runs"] = len(group)  # the first column after the parameters (`summary_params`); the runs used below
     if "validity_ok" in group.columns:
         row["runs_flagged"] = int((group["validity_ok"] == False).sum())  # noqa: E712 (None is not flagged)
     if "client_limited" in group.columns:

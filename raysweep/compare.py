@@ -2,13 +2,19 @@
 
 A side is a raysweep output dir, a `vllm bench sweep` dir, a dir written by `raysweep import`, or a file: a
 `summary.parquet/csv` (aggregates per point) or a `results.parquet/csv` (one row per run), read through
-`raysweep.aggregate`. Points are matched on the parameter columns both sides have (or `--match-on`); the
-baseline must hold one point per matched value, the other side may hold several (several server configs
-against one baseline point). Per metric a comparison gives the baseline and the other mean, their ratio
-(other / baseline) and a verdict: `better` or `worse` when the confidence intervals do not overlap
-(`aggregate.lead_is_significant`; higher is better for throughputs, lower for latencies), `within noise`
-when they overlap, `not judged` when a side has a single run. `comparison_figure` draws the curves of all
-sides in one figure.
+`raysweep.aggregate` (client-limited and flagged runs left out). Points are matched on the parameter columns
+both sides have (or `--match-on`); the baseline must hold one point per matched value, the other side may hold
+several (several server configs against one baseline point). Per metric a comparison gives the baseline and
+the other mean over runs (for a percentile, the mean of the per-run percentiles), their ratio (other /
+baseline), Welch's p-value and a verdict (`raysweep.verdicts.compare_means`, higher is better for
+throughputs, lower for latencies): `better` or `worse` when Welch's t-test over the runs rejects equal means
+at 5 %, `not shown` when it does not (the runs cannot tell them apart: not a claim that they are equal),
+`not judged` when a side has fewer than 2 runs. Each matched point is one test at 5 %; nothing is corrected
+for their number (benchmarks/bench_verdicts.py measures the false "better" rate per comparison).
+
+With a service-level objective (`slo`, e.g. the campaign's `slo:` or `--slo`), a point compared is judged
+only when both sides meet it; the others get `outside slo` and the `slo` column says which side meets it.
+`comparison_figure` draws the curves of all sides in one figure.
 
 `raysweep compare` writes `comparison.csv`, `comparison_totals.csv` and `COMPARE.png`, and records the
 baseline in every compared raysweep output dir (`compare/baseline.json`), where `report_section` finds it:
@@ -32,13 +38,30 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from raysweep import aggregate, plots
-from raysweep.errors import UserError
+from raysweep import aggregate, plots, verdicts
+from raysweep.errors import UserError, unknown_names
 from raysweep.files import write_json_atomic, write_text_atomic
+from raysweep.sla import Target, meets
 
-__all__ = ["BASELINE_FILE", "COMPARE_DIR", "Comparison", "DEFAULT_METRICS", "Side", "common_params", "compare",
-           "comparison_figure", "distinct_names", "higher_is_better", "load_side", "record_baseline",
-           "report_section", "totals", "write_comparison"]
+__all__ = [
+    "BASELINE_FILE",
+    "COMPARE_DIR",
+    "DEFAULT_METRICS",
+    "Comparison",
+    "Side",
+    "campaign_slo",
+    "common_params",
+    "compare",
+    "comparison_figure",
+    "distinct_names",
+    "higher_is_better",
+    "load_side",
+    "parse_slo_option",
+    "record_baseline",
+    "report_section",
+    "totals",
+    "write_comparison",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +89,8 @@ class Side:
 class Comparison:
     """The points of `other` matched against `baseline` on the columns `on`, one row per point of `other`
     that has a baseline point: the matched values, labels, and per metric `M_a` (baseline mean; for a
-    percentile bootstrapped on both sides, its pooled value), `M_b`, `M_ratio` (b / a), `M_verdict`."""
+    percentile, the mean of the per-run percentiles), `M_b`, `M_ratio` (b / a), `M_p` (Welch's p-value),
+    `M_verdict`; with an slo, `slo` (which side meets it)."""
 
     baseline: Side
     other: Side
@@ -76,6 +100,7 @@ class Comparison:
     unmatched_baseline: int = 0
     unmatched_other: int = 0
     notes: list[str] = field(default_factory=list)
+    slo: Target | None = None
 
 
 def higher_is_better(metric: str) -> bool:
@@ -160,8 +185,9 @@ def _norm(value: Any) -> Any:
 
 
 def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
-            metrics: Sequence[str] | None = None) -> Comparison:
-    """Match the points of `other` against `baseline` and compare them metric by metric.
+            metrics: Sequence[str] | None = None, slo: Target | None = None) -> Comparison:
+    """Match the points of `other` against `baseline` and compare them metric by metric (only the points
+    meeting `slo` on both sides, when given).
 
     :raises UserError: no parameter to match on, a `--match-on` or `--metrics` name a side lacks, or a
         baseline with several points for one matched value.
@@ -177,14 +203,20 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
         if key not in index:
             continue
         matched.add(key)
-        rows.append(_row(baseline.summary.iloc[index[key]], b, keys, names))
+        rows.append(_row(baseline.summary.iloc[index[key]], b, keys, names, slo))
     table = pd.DataFrame.from_records(rows)
     notes = []
     if not rows:
         notes.append(f"no point of {other.name} has the parameters of a point of {baseline.name} "
                      f"(matched on {', '.join(keys)})")
+    elif slo is not None and not (table["slo"] == "both meet").any():
+        notes.append(f"no matched point meets the slo {slo.label} on both sides: nothing is ranked")
     return Comparison(baseline, other, keys, names, table, len(set(base_keys) - matched),
-                      len(other.summary) - len(rows), notes)
+                      len(other.summary) - len(rows), notes, slo)
+
+
+def _meets(row: pd.Series, slo: Target) -> bool:
+    return meets({t.metric: row.get(f"{t.metric}_mean") for t in slo.thresholds}, slo) is True
 
 
 def _match_columns(baseline: Side, other: Side, on: Sequence[str] | None) -> list[str]:
@@ -211,7 +243,7 @@ def _metrics(baseline: Side, other: Side, metrics: Sequence[str] | None) -> list
         missing = [m for m in metrics if not (has(baseline, m) and has(other, m))]
         if missing:
             both = [c[:-5] for c in baseline.summary.columns if c.endswith("_mean") and has(other, c[:-5])]
-            raise UserError(f"--metrics {','.join(missing)}: not aggregated on both sides; accepted: {', '.join(both)}")
+            raise UserError(unknown_names("--metrics", missing, both, "metric aggregated on both sides"))
         return list(metrics)
     return [m for m in DEFAULT_METRICS if has(baseline, m) and has(other, m)]
 
@@ -229,39 +261,29 @@ def _check_unique(baseline: Side, keys: list[str], base_keys: list[tuple[Any, ..
         seen[k] = i
 
 
-def _row(a: pd.Series, b: pd.Series, keys: list[str], metrics: list[str]) -> dict[str, Any]:
+def _row(a: pd.Series, b: pd.Series, keys: list[str], metrics: list[str], slo: Target | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {k: b[k] for k in keys}
     for lab in _LABELS:
         row[f"{lab}_a"], row[f"{lab}_b"] = a.get(lab), b.get(lab)
     row["runs_a"], row["runs_b"] = a.get("runs"), b.get("runs")
+    judged = True
+    if slo is not None:
+        ma, mb = _meets(a, slo), _meets(b, slo)
+        row["slo"] = {(True, True): "both meet", (True, False): "only the baseline meets",
+                      (False, True): "only this one meets", (False, False): "neither meets"}[(ma, mb)]
+        judged = ma and mb
     for m in metrics:
-        stat = "pooled" if all(_has(r, f"{m}_pooled") for r in (a, b)) else "mean"   # what the intervals are about
-        va, vb = float(a[f"{m}_{stat}"]), float(b[f"{m}_{stat}"])
-        row[f"{m}_a"], row[f"{m}_b"] = va, vb
-        row[f"{m}_ratio"] = vb / va if va and math.isfinite(va) else math.nan
-        row[f"{m}_verdict"] = _verdict(a, b, m)
+        v = verdicts.compare_means(verdicts.row_stats(a, m), verdicts.row_stats(b, m), higher_is_better(m))
+        row[f"{m}_a"], row[f"{m}_b"] = verdicts.row_stats(a, m)[0], verdicts.row_stats(b, m)[0]
+        row[f"{m}_ratio"] = v.ratio
+        row[f"{m}_p"] = v.p_value
+        row[f"{m}_verdict"] = v.word if judged else "outside slo"
     return row
-
-
-def _has(row: pd.Series, col: str) -> bool:
-    value = row.get(col)
-    return value is not None and not pd.isna(value)
-
-
-def _verdict(a: pd.Series, b: pd.Series, metric: str) -> str:
-    bounds = [a.get(f"{metric}_ci_low"), a.get(f"{metric}_ci_high"), b.get(f"{metric}_ci_low"),
-              b.get(f"{metric}_ci_high")]
-    if not all(v is not None and math.isfinite(float(v)) for v in bounds):
-        return "not judged"
-    if not aggregate.lead_is_significant(a, b, metric):
-        return "within noise"
-    up = float(b[f"{metric}_ci_low"]) > float(a[f"{metric}_ci_high"])
-    return "better" if up == higher_is_better(metric) else "worse"
 
 
 def totals(cmp: Comparison) -> pd.DataFrame:
     """Per metric over the matched points: their number, the geometric mean, lowest and highest ratio, and
-    how many are better, worse, within noise or not judged."""
+    how many are better, worse, not shown, not judged (and outside the slo, with one)."""
     rows = []
     for m in cmp.metrics:
         if cmp.table.empty:
@@ -274,7 +296,7 @@ def totals(cmp: Comparison) -> pd.DataFrame:
                      "ratio_min": float(good.min()) if len(good) else math.nan,
                      "ratio_max": float(good.max()) if len(good) else math.nan,
                      **{v.replace(" ", "_"): int(verdicts.get(v, 0))
-                        for v in ("better", "worse", "within noise", "not judged")}})
+                        for v in ("better", "worse", "not shown", "not judged", "outside slo")}})
     return pd.DataFrame.from_records(rows)
 
 
@@ -350,8 +372,6 @@ def _draw_curve(ax: Any, pts: pd.DataFrame, x: str | None, metric: str, style: t
     order = np.argsort(xs.to_numpy(), kind="stable")
     xs = xs.to_numpy()[order]
     y = pd.to_numeric(pts[f"{metric}_mean"], errors="coerce")
-    if f"{metric}_pooled" in pts.columns:  # a bootstrapped percentile: the value its interval is about
-        y = pd.to_numeric(pts[f"{metric}_pooled"], errors="coerce").fillna(y)
     y = y.to_numpy()[order]
     lo = pd.to_numeric(pts.get(f"{metric}_ci_low"), errors="coerce").to_numpy()[order]
     hi = pd.to_numeric(pts.get(f"{metric}_ci_high"), errors="coerce").to_numpy()[order]
@@ -382,6 +402,48 @@ def write_comparison(comparisons: Sequence[Comparison], out_dir: str | Path, fmt
     return paths
 
 
+def campaign_slo(output_dir: str | Path) -> Target | None:
+    """The service-level objective (`slo:`) of a raysweep output dir's campaign; None elsewhere."""
+    from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.sla import parse_slo
+
+    path = Path(output_dir)
+    if not (path / LEDGER_FILE).is_file():
+        return None
+    ledger = Ledger.open_existing(path)
+    try:
+        raw = (ledger.stored_campaign() or {}).get("slo")
+    finally:
+        ledger.close()
+    return parse_slo(raw) if raw else None
+
+
+def parse_slo_option(text: str | None) -> Target | None:
+    """`--slo 'p99_ttft_ms=500,median_tpot_ms=50'` (or YAML: `{p99_ttft_ms: 500}`) as an slo."""
+    import yaml
+
+    from raysweep.sla import parse_slo
+
+    if not text:
+        return None
+    if "=" in text and not text.strip().startswith("{"):
+        raw: Any = dict(part.split("=", 1) for part in text.split(",") if part.strip())
+        raw = {k.strip(): _number(v.strip()) for k, v in raw.items()}
+    else:
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise UserError(f"--slo {text}: not METRIC=BOUND,... nor a YAML mapping ({exc})") from exc
+    return parse_slo(raw, "--slo")
+
+
+def _number(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def record_baseline(output_dir: str | Path, baseline: str | Path, on: Sequence[str] | None = None,
                     metrics: Sequence[str] | None = None) -> Path:
     """Remember the baseline of a raysweep output dir, for its report (`report_section`)."""
@@ -401,11 +463,13 @@ def report_section(output_dir: Path) -> str | None:
         base = load_side(meta["baseline"], "baseline")
     except UserError as exc:
         return f'<p class="note">The recorded baseline cannot be read: {html.escape(str(exc))}</p>'
-    cmp = compare(base, load_side(output_dir), meta.get("match_on") or None, meta.get("metrics") or None)
+    cmp = compare(base, load_side(output_dir), meta.get("match_on") or None, meta.get("metrics") or None,
+                  campaign_slo(output_dir))
     head = (f"<p>Against the baseline <b>{html.escape(base.name)}</b> ({html.escape(str(base.source))}), matched "
             f"on {html.escape(', '.join(cmp.on))}: {len(cmp.table)} point(s) compared, "
             f"{cmp.unmatched_other} here and {cmp.unmatched_baseline} in the baseline without a match. Ratio = "
-            "this campaign / baseline; better or worse only when the confidence intervals do not overlap.</p>")
+            "this campaign / baseline; better or worse only when Welch's t-test over the runs rejects equal means at 5 %, "
+            "not shown when the runs cannot tell them apart.</p>")
     notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in cmp.notes)
     if cmp.table.empty:
         return head + notes

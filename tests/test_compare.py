@@ -47,11 +47,12 @@ def test_points_matched_by_parameters_with_ratio_and_verdict(dirs):
     t = cmp.table.set_index("max_concurrency")
     assert t.loc[1, "output_throughput_ratio"] == pytest.approx(1.2)
     assert t.loc[1, "output_throughput_a"] == pytest.approx(100.0)
-    assert t.loc[1, "output_throughput_verdict"] == "better"     # more throughput, intervals apart
-    assert t.loc[2, "median_ttft_ms_verdict"] == "worse"         # a higher latency, intervals apart
-    assert t.loc[4, "output_throughput_verdict"] == "within noise"   # 50 % spread: the intervals overlap
+    assert t.loc[1, "output_throughput_verdict"] == "better"     # more throughput, Welch's p << 0.05
+    assert t.loc[1, "output_throughput_p"] < 0.01
+    assert t.loc[2, "median_ttft_ms_verdict"] == "worse"         # a higher latency
+    assert t.loc[4, "output_throughput_verdict"] == "not shown"  # 50 % spread over 3 runs: cannot tell
     tot = compare.totals(cmp).set_index("metric")
-    assert tot.loc["output_throughput", "better"] == 2 and tot.loc["output_throughput", "within_noise"] == 1
+    assert tot.loc["output_throughput", "better"] == 2 and tot.loc["output_throughput", "not_shown"] == 1
     assert tot.loc["output_throughput", "ratio_geomean"] == pytest.approx(1.2)
 
 
@@ -144,3 +145,29 @@ def test_the_report_of_a_compared_dir_has_the_comparison(dirs):
     page = build_report(b)
     assert '<section id="comparison">' in page and "Against the baseline <b>base</b>" in page
     assert page.index('id="comparison"') < page.index('id="figures"')
+
+
+def test_with_an_slo_only_points_meeting_it_on_both_sides_are_judged(dirs):
+    a, b = (compare.load_side(d) for d in dirs)
+    # median TTFT: 10 ms x concurrency on the baseline, 12 ms x concurrency on the other side
+    slo = compare.parse_slo_option("median_ttft_ms=30")
+    t = compare.compare(a, b, slo=slo).table.set_index("max_concurrency")
+    assert list(t["slo"]) == ["both meet", "both meet", "neither meets"]
+    assert t.loc[1, "output_throughput_verdict"] == "better" and t.loc[4, "output_throughput_verdict"] == "outside slo"
+    none = compare.compare(a, b, slo=compare.parse_slo_option("median_ttft_ms=5"))
+    assert any("no matched point meets the slo" in n for n in none.notes)
+    with pytest.raises(UserError, match="--slo.p99_ttf_ms.*did you mean p99_ttft_ms"):
+        compare.parse_slo_option("p99_ttf_ms=5")
+
+
+def test_flagged_runs_are_left_out_of_the_comparison(tmp_path):
+    base = rows("base", 100.0, 10.0)
+    new = rows("new", 100.0, 10.0)
+    for r in new:
+        if r["run_number"] == 2:   # one run per point measured on a niced server, far off
+            r.update(output_throughput=r["output_throughput"] * 3, validity_ok=False,
+                     validity_issues="niced (server 5)")
+    a = compare.load_side(build_dir(tmp_path / "a", base, name="base"))
+    b = compare.load_side(build_dir(tmp_path / "b", new, name="new"))
+    t = compare.compare(a, b).table
+    assert set(t["runs_b"]) == {2} and set(t["output_throughput_verdict"]) == {"not shown"}
