@@ -37,7 +37,7 @@ def unknown_names(option: str, missing: Sequence[str], accepted: Sequence[str], 
     for name in missing:
         low = name.lower()
         close += difflib.get_close_matches(name, accepted, n=3, cutoff=0.6)
-        close += [a for a in accepted if low and (low in a.lower() or a.lower() in low)][:3]
+        close += [a for a in accepted if len(low) >= 4 and (low in a.lower() or a.lower() in low)][:3]
     close = list(dict.fromkeys(close))[:limit]
     head = f"{option} {','.join(missing)}: no such {what}"
     if len(accepted) <= limit:

@@ -212,12 +212,12 @@ def read_runtime_env(text: str | None) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------------
 
 def api_address(address: str | None) -> str:
-    """The job server's address: `--address`, or RAY_API_SERVER_ADDRESS / RAY_ADDRESS when it is http(s)."""
+    """The job server's address: `--dashboard-url`, or RAY_API_SERVER_ADDRESS / RAY_ADDRESS when it is http(s)."""
     candidates = [address] if address else [os.environ.get("RAY_API_SERVER_ADDRESS"), os.environ.get("RAY_ADDRESS")]
     for value in candidates:
         if value and value.startswith(("http://", "https://")):
             return value.rstrip("/")
-    raise UserError("--address: give the dashboard's job server, e.g. --address http://HEAD:8265 (or set "
+    raise UserError("--dashboard-url: give the dashboard's job server, e.g. --dashboard-url http://HEAD:8265 (or set "
                     "RAY_API_SERVER_ADDRESS)" + (f"; got {address!r}" if address else ""))
 
 
@@ -243,7 +243,7 @@ def client(address: str | None) -> Any:
     try:
         return JobSubmissionClient(url, headers=auth_headers())
     except Exception as exc:  # noqa: BLE001 - connection, auth and version errors all end here
-        raise UserError(f"--address {url}: cannot reach the Ray job server: {exc}") from None
+        raise UserError(f"--dashboard-url {url}: cannot reach the Ray job server: {exc}") from None
 
 
 def submit(job_client: Any, spec: CampaignSpec, staged: Staged, output_dir: str, *, python: str | None = None,

@@ -94,14 +94,18 @@ def _clean_column(col: pd.Series) -> pd.Series:
     return col.map(lambda v: json.dumps(v) if isinstance(v, (dict, list)) else (None if v is None else str(v)))
 
 
-def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet", "csv")) -> list[Path]:
-    """Write the table as results.<format> in the output directory (each file whole or not at all), and
-    beside it the aggregates per point as summary.parquet / summary.csv (`raysweep.aggregate`)."""
+def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet", "csv"), *,
+                  dest: str | Path | None = None, summary: bool = True,
+                  table: pd.DataFrame | None = None) -> list[Path]:
+    """Write the table as results.<format> in `dest` (default: the output directory; each file whole or not
+    at all), and beside it, with `summary`, the aggregates per point as summary.parquet / summary.csv
+    (`raysweep.aggregate`). `table`: the results table when the caller has it already."""
     output_dir = Path(output_dir)
-    df = results_table(output_dir)
+    dest = Path(dest) if dest is not None else output_dir
+    df = table if table is not None else results_table(output_dir)
     written = []
     for fmt in formats:
-        path = output_dir / f"results.{fmt}"
+        path = dest / f"results.{fmt}"
         if fmt == "csv":
             write_text_atomic(path, df.to_csv(index=False))
         elif fmt == "json":
@@ -112,10 +116,13 @@ def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet",
         else:
             raise ValueError(f"unknown format {fmt!r}; accepted: {', '.join(FORMATS)}")
         written.append(path)
-    from raysweep.aggregate import SUMMARY_FORMATS, write_summary  # the aggregates per point, beside them
+    from raysweep.aggregate import SUMMARY_FORMATS, summary_table, write_summary  # the aggregates, beside them
 
+    wanted = [f for f in formats if f in SUMMARY_FORMATS]
+    if not summary or not wanted:
+        return written
     try:
-        write_summary(output_dir, [f for f in formats if f in SUMMARY_FORMATS], results=df)
+        write_summary(dest, wanted, summary=summary_table(output_dir, results=df))
     except Exception as exc:  # the results stand without their summary
         log.warning("summary.* not written: %s: %s", type(exc).__name__, exc, exc_info=True)
     return written

@@ -217,7 +217,7 @@ def test_summary_is_written_beside_the_results(outdir):
 
 def test_results_aggregate_prints_and_writes_with_its_settings(outdir):
     res = CliRunner().invoke(main, ["results", str(outdir), "--aggregate", "--noise-threshold", "0.5",
-                                    "--confidence", "0.9"])
+                                    "--confidence", "0.9", "--out", str(outdir)])
     assert res.exit_code == 0, res.output
     assert "4 point(s); noisy" in res.output and "90%" in res.output and "summary.csv" in res.output
     s = pd.read_csv(outdir / "summary.csv")
@@ -225,7 +225,7 @@ def test_results_aggregate_prints_and_writes_with_its_settings(outdir):
     p = s.iloc[0]
     half = aggregate.t_quantile(0.95, 2) * p["output_throughput_std"] / math.sqrt(3)
     assert p["output_throughput_ci_high"] - p["output_throughput_mean"] == pytest.approx(half)
-    strict = CliRunner().invoke(main, ["results", str(outdir), "--aggregate"])
+    strict = CliRunner().invoke(main, ["results", str(outdir), "--aggregate", "--out", str(outdir)])
     assert strict.exit_code == 0 and pd.read_csv(outdir / "summary.csv")["noisy"].all()
     bad = CliRunner().invoke(main, ["results", str(outdir), "--aggregate", "--confidence", "1.5"])
     assert bad.exit_code == 2 and "--confidence" in bad.output

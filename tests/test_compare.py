@@ -114,7 +114,7 @@ def test_figure_has_both_campaigns_baseline_dashed(dirs):
 
 def test_cli_writes_the_comparison_and_the_report_shows_it(dirs, tmp_path):
     a, b = dirs
-    res = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    res = CliRunner().invoke(main, ["compare", str(a), str(b), "--out", str(b / "compare"), "--record"])
     assert res.exit_code == 0, res.output
     assert "new against base: 3 point(s) matched" in res.output
     written = pd.read_csv(b / "compare" / "comparison.csv")

@@ -101,7 +101,7 @@ def test_address_and_token(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert jobs.api_address("http://10.0.0.1:8265/") == "http://10.0.0.1:8265"
-    with pytest.raises(UserError, match="--address"):
+    with pytest.raises(UserError, match="--dashboard-url"):
         jobs.api_address("10.0.0.1:6379")
     with pytest.raises(UserError, match="RAY_API_SERVER_ADDRESS"):
         jobs.api_address(None)
@@ -123,9 +123,13 @@ def test_submit_refuses_bad_input_before_contacting_anything(project, monkeypatc
                                   "--address", "http://127.0.0.1:9"])
     assert r.exit_code == 2 and "--output-dir" in r.output and "absolute" in r.output
     r = CliRunner().invoke(main, ["submit", str(project)])
-    assert r.exit_code == 2 and "--address" in r.output
+    assert r.exit_code == 2 and "--dashboard-url" in r.output
+    r = CliRunner().invoke(main, ["submit", str(project), "--dashboard-url", "http://127.0.0.1:9"])
+    assert r.exit_code == 2 and "cannot reach the Ray job server" in r.output
+    # the old spelling still works for one release, with a warning on stderr
     r = CliRunner().invoke(main, ["submit", str(project), "--address", "http://127.0.0.1:9"])
     assert r.exit_code == 2 and "cannot reach the Ray job server" in r.output
+    assert "--address is deprecated" in r.output and "--dashboard-url" in r.output
     r = CliRunner().invoke(main, ["stop", "nope", "--address", "127.0.0.1:6379"])
     assert r.exit_code == 2 and "http://HEAD:8265" in r.output
 

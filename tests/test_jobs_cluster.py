@@ -88,12 +88,12 @@ def test_submit_refuse_stop_resubmit_and_resume_from_the_mirror(job_server, tmp_
                          bench_params={"grid": {"random_input_len": [16, 32, 64, 128]}},
                          storage=mirror.as_uri())
     runner = CliRunner()
-    submit = ["submit", str(f), "--address", url, "--python", sys.executable, "--stop-wait", "60"]
+    submit = ["submit", str(f), "--dashboard-url", url, "--python", sys.executable, "--stop-wait", "60"]
 
     # the token is required: without it the job server refuses, and raysweep says so (exit 2)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token here
-    r = runner.invoke(main, ["jobs", "--address", url])
+    r = runner.invoke(main, ["jobs", "--dashboard-url", url])
     assert r.exit_code == 2 and "cannot reach the Ray job server" in r.output, r.output
     monkeypatch.setenv("RAY_AUTH_TOKEN", token)
 
@@ -105,8 +105,8 @@ def test_submit_refuse_stop_resubmit_and_resume_from_the_mirror(job_server, tmp_
     assert again.exit_code == 2 and job1 in again.output, again.output
 
     assert procs.wait_for(lambda: (out / "ledger.sqlite").exists() and _counts(out)["done"] >= 1, 180, 0.3), \
-        runner.invoke(main, ["jobs", "--address", url, "--follow", job1]).output[-3000:]
-    r = runner.invoke(main, ["stop", job1, "--address", url, "--wait", "90"])
+        runner.invoke(main, ["jobs", "--dashboard-url", url, "--follow", job1]).output[-3000:]
+    r = runner.invoke(main, ["stop", job1, "--dashboard-url", url, "--wait", "90"])
     assert r.exit_code == 0 and "STOPPED" in r.output, r.output
     tree = [int(x) for x in pids.read_text().split()]
     assert procs.wait_for(lambda: not any(procs.is_alive(p, None) for p in tree), 30), "a server outlived the job"
@@ -126,7 +126,7 @@ def test_submit_refuse_stop_resubmit_and_resume_from_the_mirror(job_server, tmp_
     assert 4 <= len(ran) <= 5  # every point once, and at most the one interrupted by the stop twice
     assert not any(procs.is_alive(p, None) for p in map(int, pids.read_text().split()))
 
-    r = runner.invoke(main, ["jobs", "--address", url], env={"COLUMNS": "300"})
+    r = runner.invoke(main, ["jobs", "--dashboard-url", url], env={"COLUMNS": "300"})
     assert r.exit_code == 0 and job1 in r.output and "STOPPED" in r.output and "SUCCEEDED" in r.output, r.output
     r = runner.invoke(main, ["results", mirror.as_uri(), "--format", "csv"],
                       env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
@@ -159,7 +159,7 @@ def test_real_vllm_campaign_as_a_job_with_its_results_read_from_the_mirror(job_s
     }
     f = tmp_path / "vllm-job.yaml"
     f.write_text(yaml.safe_dump(campaign))
-    r = CliRunner().invoke(main, ["submit", str(f), "--address", url, "--python", sys.executable, "--follow"])
+    r = CliRunner().invoke(main, ["submit", str(f), "--dashboard-url", url, "--python", sys.executable, "--follow"])
     assert r.exit_code == 0, r.output[-4000:]
     assert "SUCCEEDED" in r.output
     from raysweep.storage import resolve_output

@@ -188,10 +188,16 @@ def test_cli_results_json(outdir):
     assert sorted(r["point_id"] for r in rows) == ["pa0", "pa1", "pb0"]
 
 
-def test_cli_results_default_formats(outdir):
+def test_cli_results_writes_only_when_asked(outdir, tmp_path):
+    before = sorted(p.name for p in outdir.rglob("*"))
     result = CliRunner().invoke(main, ["results", str(outdir)])
     assert result.exit_code == 0, result.output
-    assert (outdir / "results.csv").is_file() and (outdir / "results.parquet").is_file()
+    assert "3 row(s)" in result.output and "nothing written" in result.output
+    assert sorted(p.name for p in outdir.rglob("*")) == before
+    result = CliRunner().invoke(main, ["results", str(outdir), "--out", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "t" / "results.csv").is_file() and (tmp_path / "t" / "results.parquet").is_file()
+    assert (tmp_path / "t" / "summary.csv").is_file() and not (outdir / "results.csv").exists()
 
 
 def test_cli_status_counts_and_failure(outdir):

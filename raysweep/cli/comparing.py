@@ -1,4 +1,7 @@
-"""Aggregates and comparisons: `compare` (campaigns against a baseline) and the table `results --aggregate` prints."""
+"""Aggregates and comparisons: `compare` (campaigns against a baseline) and the table `results --aggregate` prints.
+
+Tables for people: one column per parameter, rows sorted by the parameter values, and a few metrics (chosen
+with `--metrics`); nothing is cut when piped (`print_table`). Both write nothing unless asked (`--out`)."""
 
 from __future__ import annotations
 
@@ -11,11 +14,14 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import _FORMAT, _print_paths, main, out
-from raysweep.errors import UserError
+from raysweep.cli._common import _print_paths, _say, fig_format_option, main, print_table
+from raysweep.cli.jsonout import emit, json_option
+from raysweep.errors import UserError, unknown_names
 
 _SHOWN = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
-_VERDICT_STYLE = {"better": "green", "worse": "red", "within noise": "yellow", "not judged": "dim"}
+_VERDICT_STYLE = {"better": "green", "worse": "red", "not shown": "yellow", "not judged": "dim",
+                  "outside slo": "dim"}
+_STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
 
 
 def _num(value: Any) -> str:
@@ -26,38 +32,89 @@ def _num(value: Any) -> str:
     return "-" if math.isnan(v) else f"{v:.4g}"
 
 
+def _sorted_by(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Rows in the order of their parameter values (numbers as numbers, then text)."""
+    cols = [c for c in columns if c in df.columns]
+    if not cols or df.empty:
+        return df
+
+    def key(col: pd.Series) -> pd.Series:
+        num = pd.to_numeric(col, errors="coerce")
+        return num if num.notna().all() else col.astype(str)
+
+    return df.sort_values(cols, key=key, kind="stable", ignore_index=True)
+
+
+def shown_metrics(option: str, given: str | None, available: list[str], default: tuple[str, ...] = _SHOWN) -> list[str]:
+    """The metrics a table shows: `given` (a comma list, each checked) or the defaults that are there."""
+    from raysweep.plots import split_list
+
+    names = list(split_list(given))
+    if not names:
+        return [m for m in default if m in available] or available[:4]
+    missing = [m for m in names if m not in available]
+    if missing:
+        raise UserError(unknown_names(option, missing, available, "metric"))
+    return names
+
+
 def print_aggregates(output_dir: str, results: pd.DataFrame, formats: tuple[str, ...], confidence: float,
-                     threshold: float, noise_metrics: str | None) -> None:
-    """Print the aggregates per point (`results --aggregate`) and write summary.* with these settings."""
+                     threshold: float, noise_metrics: str | None, metrics: str | None = None,
+                     dest: Path | None = None, as_json: bool = False, written: list[Path] | None = None) -> None:
+    """Print the aggregates per point (`results --aggregate`), and write summary.* into `dest` when given."""
     from raysweep import aggregate, plots
 
     names = plots.split_list(noise_metrics) or None
     summary = aggregate.summary_table(output_dir, confidence, threshold, results=results, noise_metrics=names)
-    paths = aggregate.write_summary(output_dir, [f for f in formats if f in aggregate.SUMMARY_FORMATS],
-                                    summary=summary)
-    shown = [m for m in _SHOWN if f"{m}_mean" in summary.columns]
-    table = Table("server config", "bench point", "runs", *(f"{m}\n[{confidence:.0%} CI]" for m in shown),
-                  "noisy", "runs needed", title=f"{len(summary)} point(s); noisy: coefficient of variation above "
-                                                f"{threshold:g}")
-    for _, r in summary.iterrows():
-        cells = [f"{_num(_value(r, m))} [{_num(r[f'{m}_ci_low'])}, {_num(r[f'{m}_ci_high'])}]" for m in shown]
-        noisy = f"[yellow]{escape(str(r['noisy_metrics']))}[/]" if r["noisy"] else "no"
-        needed = "-" if pd.isna(r["runs_needed"]) else str(int(r["runs_needed"]))
-        table.add_row(escape(str(r.get("serve_label", ""))), escape(str(r.get("bench_label", ""))), str(r["runs"]),
-                      *cells, noisy, needed)
-    out.print(table)
+    params = aggregate.summary_params(summary)
+    summary = _sorted_by(summary, params)
+    available = [c[: -len("_mean")] for c in summary.columns if c.endswith("_mean")]
+    shown = shown_metrics("--metrics", metrics, available)
+    paths = list(written or [])
+    if dest is not None:
+        paths += aggregate.write_summary(dest, [f for f in formats if f in aggregate.SUMMARY_FORMATS],
+                                         summary=summary)
     methods = sorted(set(summary.get("ci_method", pd.Series(dtype=str)).dropna()))
     notes = [f"intervals: {m}" for m in methods]
     if any(f"{m}_pooled" in summary.columns for m in shown):
-        notes.append("a bootstrapped percentile shows its value over the pooled requests of the runs; every other "
-                     "value is the mean over the runs")
+        notes.append("a percentile shows the mean of its per-run values with their t-interval (what compare tests); "
+                     "the summary also holds the pooled percentile and its two-level bootstrap interval (M_pooled*)")
+    if as_json:
+        emit("summary", _summary_document(output_dir, summary, params, available, confidence, threshold, paths,
+                                          notes))
+        return
+    table = Table(*params, "runs", *(f"{m}\n[{confidence:.0%} CI]" for m in shown), "noisy", "runs needed",
+                  title=f"{len(summary)} point(s); noisy: coefficient of variation above {threshold:g}")
+    for _, r in summary.iterrows():
+        cells = [f"{_num(_value(r, m))} [{_num(r.get(f'{m}_ci_low'))}, {_num(r.get(f'{m}_ci_high'))}]"
+                 for m in shown]
+        noisy = f"[yellow]{escape(str(r['noisy_metrics']))}[/]" if r["noisy"] else "no"
+        needed = "-" if pd.isna(r["runs_needed"]) else str(int(r["runs_needed"]))
+        table.add_row(*(escape(plots.fmt_value(r[p])) for p in params), str(r["runs"]), *cells, noisy, needed)
+    print_table(table)
     _print_paths(paths, notes)
+    if dest is None:
+        _say("summary not written (write it with --out DIR)", err=True)
+
+
+def _summary_document(output_dir: str, summary: pd.DataFrame, params: list[str], metrics: list[str],
+                      confidence: float, threshold: float, paths: list[Path], notes: list[str]) -> dict[str, Any]:
+    points = []
+    for _, r in summary.iterrows():
+        points.append({
+            "serve_id": r.get("serve_id"), "bench_id": r.get("bench_id"),
+            "params": {p: r[p] for p in params}, "runs": int(r["runs"]), "noisy": bool(r["noisy"]),
+            "noisy_metrics": [m for m in str(r.get("noisy_metrics") or "").split(",") if m],
+            "runs_needed": None if pd.isna(r["runs_needed"]) else int(r["runs_needed"]),
+            "metrics": {m: {k: r.get(f"{m}_{k}") for k in (*_STATS, "pooled") if f"{m}_{k}" in summary.columns}
+                        for m in metrics}})
+    return {"output_dir": output_dir, "confidence": confidence, "noise_threshold": threshold, "params": params,
+            "metrics": metrics, "points": points, "notes": notes, "written": paths}
 
 
 def _value(row: pd.Series, metric: str) -> Any:
-    """The value an interval is about: the pooled percentile where it was bootstrapped, else the mean."""
-    pooled = row.get(f"{metric}_pooled")
-    return pooled if pooled is not None and not pd.isna(pooled) else row[f"{metric}_mean"]
+    """The value the interval shown is about: the mean over the runs (of the per-run percentiles, for one)."""
+    return row[f"{metric}_mean"]
 
 
 @main.command("compare")
@@ -68,22 +125,31 @@ def _value(row: pd.Series, metric: str) -> Any:
 @click.option("--match-on", default=None, help="Comma list of the parameter columns points are matched on "
                                                "(default: the parameters all sides have).")
 @click.option("--metrics", default=None, help="Comma list of the metrics compared (default: throughputs, median "
-                                              "and p99 TTFT, TPOT and E2EL).")
+                                              "and p99 TTFT, TPOT and E2EL); the per-point table shows the first four.")
 @click.option("--confidence", type=float, default=0.95, show_default=True,
-              help="Confidence level of the intervals that decide significance.")
+              help="Confidence level of the intervals shown (the verdicts are Welch's t-test at 5 %).")
+@click.option("--slo", default=None, help="A service-level objective, METRIC=BOUND,... (e.g. p99_ttft_ms=500,"
+                                          "median_tpot_ms=50): only points meeting it on both sides are judged. "
+                                          "Default: the baseline's campaign's slo: when it has one.")
 @click.option("--out", "out_path", default=None, help="Directory for comparison.csv, comparison_totals.csv and "
-                                                     "COMPARE.<format> (default: FIRST_COMPARED_DIR/compare).")
-@click.option("--format", "fmt", type=_FORMAT, default="png", show_default=True)
+                                                     "COMPARE.<fig-format>. Without it nothing is written.")
+@fig_format_option
 @click.option("--fig-dpi", type=int, default=150, show_default=True)
-@click.option("--no-record", is_flag=True, help="Do not record the baseline in the compared output dirs (their "
-                                                "report then shows no comparison).")
+@click.option("--record", is_flag=True, help="Record the baseline in the compared output dirs "
+                                             "(compare/baseline.json), so that their report shows the comparison.")
+@click.option("--no-record", is_flag=True, hidden=True, deprecated="nothing is recorded without --record")
+@json_option
 def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | None, metrics: str | None,
-                confidence: float, out_path: str | None, fmt: str, fig_dpi: int, no_record: bool) -> None:
-    """Compare campaigns with a baseline: points matched by their parameters, per metric the ratio and whether
-    the difference exceeds the noise (confidence intervals), and one figure with the curves of all."""
+                confidence: float, slo: str | None, out_path: str | None, fmt: str, fig_dpi: int, record: bool,
+                no_record: bool, as_json: bool) -> None:
+    """Compare campaigns with a baseline: points matched by their parameters, per metric the ratio and Welch's
+    verdict over the runs (better, worse, not shown with N runs, not judged). Writes the tables and one figure with the curves
+    of all with --out, and records the baseline with --record; nothing otherwise."""
     from raysweep import compare, plots
     from raysweep.ledger import LEDGER_FILE
 
+    if record and no_record:
+        raise UserError("--record and --no-record: accepted: one of them")
     sources = ([baseline] if baseline else []) + list(dirs)
     if len(sources) < 2:
         raise UserError("compare: give at least two campaigns (DIR_A DIR_B), or one DIR and --baseline FILE")
@@ -91,36 +157,62 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
                                     for i, s in enumerate(sources)])
     on = plots.split_list(match_on) or compare.common_params(sides)
     wanted = plots.split_list(metrics) or None
-    comparisons = [compare.compare(sides[0], other, on, wanted) for other in sides[1:]]
-    for cmp in comparisons:
-        _print_comparison(cmp)
-    first = Path(sources[1])
-    dest = Path(out_path) if out_path else (first if first.is_dir() else first.parent) / compare.COMPARE_DIR
-    paths = compare.write_comparison(comparisons, dest, fmt, fig_dpi)
-    if not no_record:
+    target = compare.parse_slo_option(slo) if slo else compare.campaign_slo(sides[0].source)
+    comparisons = [compare.compare(sides[0], other, on, wanted, target) for other in sides[1:]]
+    paths = compare.write_comparison(comparisons, Path(out_path), fmt, fig_dpi) if out_path else []
+    if record:
         paths += [compare.record_baseline(s.source, sides[0].source, plots.split_list(match_on), wanted)
                   for s in sides[1:] if (s.source / LEDGER_FILE).is_file()]
-    _print_paths(paths, [n for c in comparisons for n in c.notes])
+    notes = [n for c in comparisons for n in c.notes]
+    if as_json:
+        emit("compare", {"comparisons": [_comparison_document(c) for c in comparisons], "notes": notes,
+                         "written": paths})
+        return
+    for cmp in comparisons:
+        _print_comparison(cmp)
+    _print_paths(paths, notes)
+
+
+def _comparison_document(cmp: Any) -> dict[str, Any]:
+    from raysweep import compare
+
+    table = _sorted_by(cmp.table, list(cmp.on))
+    points = []
+    for _, r in table.iterrows():
+        points.append({"params": {c: r[c] for c in cmp.on}, "runs_baseline": r.get("runs_a"),
+                       "runs_other": r.get("runs_b"),
+                       "metrics": {m: {"baseline": r.get(f"{m}_a"), "other": r.get(f"{m}_b"),
+                                       "ratio": r.get(f"{m}_ratio"), "verdict": r.get(f"{m}_verdict")}
+                                   for m in cmp.metrics}})
+    totals = compare.totals(cmp).to_dict(orient="records") if not cmp.table.empty else []
+    return {"baseline": cmp.baseline.name, "baseline_source": cmp.baseline.source, "other": cmp.other.name,
+            "other_source": cmp.other.source, "match_on": list(cmp.on), "metrics": list(cmp.metrics),
+            "unmatched_baseline": cmp.unmatched_baseline, "unmatched_other": cmp.unmatched_other,
+            "totals": totals, "points": points}
 
 
 def _print_comparison(cmp: Any) -> None:
-    from raysweep import compare
+    from raysweep import compare, plots
+    from raysweep.cli._common import out
 
     out.print(f"[bold]{escape(cmp.other.name)}[/] against [bold]{escape(cmp.baseline.name)}[/]: {len(cmp.table)} "
               f"point(s) matched on {escape(', '.join(cmp.on))}; without a match: {cmp.unmatched_other} of "
               f"{escape(cmp.other.name)}, {cmp.unmatched_baseline} of {escape(cmp.baseline.name)}")
     if cmp.table.empty:
         return
-    sums = Table("metric", "ratio (geomean)", "min", "max", "better", "worse", "within noise", "not judged",
-                 title="ratio = compared / baseline; better or worse: confidence intervals do not overlap")
+    words = [w for w in _VERDICT_STYLE if w != "outside slo" or cmp.slo is not None]
+    slo = f"; judged only where both meet the slo {cmp.slo.label}" if cmp.slo is not None else ""
+    sums = Table("metric", "ratio (geomean)", "min", "max", *words,
+                 title="ratio = compared / baseline; better or worse: Welch's t-test over the runs at 5 %; not "
+                       f"shown: the runs cannot tell them apart{slo}")
     for _, r in compare.totals(cmp).iterrows():
         sums.add_row(r["metric"], _num(r["ratio_geomean"]), _num(r["ratio_min"]), _num(r["ratio_max"]),
-                     f"[green]{r['better']}[/]", f"[red]{r['worse']}[/]", str(r["within_noise"]), str(r["not_judged"]))
-    out.print(sums)
+                     *(f"[{_VERDICT_STYLE[w]}]{r.get(w.replace(' ', '_'), 0)}[/]" for w in words))
+    print_table(sums)
     shown = [m for m in cmp.metrics if m in _SHOWN] or cmp.metrics[:4]
     points = Table(*cmp.on, *(f"{m}\nratio" for m in shown), title="per point")
-    for _, r in cmp.table.iterrows():
-        cells = [f"[{_VERDICT_STYLE[r[f'{m}_verdict']]}]{_num(r[f'{m}_ratio'])} {r[f'{m}_verdict']}[/]"
-                 for m in shown]
-        points.add_row(*(escape(str(r[c])) for c in cmp.on), *cells)
-    out.print(points)
+    for _, r in _sorted_by(cmp.table, list(cmp.on)).iterrows():
+        cells = [f"[{_VERDICT_STYLE.get(str(r[f'{m}_verdict']), 'default')}]{_num(r[f'{m}_ratio'])} "
+                 f"{escape(str(r[f'{m}_verdict']))}[/]" for m in shown]
+        points.add_row(*(escape(plots.fmt_value(r[c])) for c in cmp.on), *cells)
+    print_table(points)

@@ -1,7 +1,9 @@
-"""The tables of a campaign: `results` (the merged table) and `sla`; `status` is in `status`."""
+"""The tables of a campaign: `results` (the merged table) and `sla`; `status` is in `status`. They write
+nothing unless asked (`--out`, or `results --format`)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -9,53 +11,76 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import OUTPUT_DIR, main, out
+from raysweep.cli._common import OUTPUT_DIR, _say, main, out, print_table
+from raysweep.cli.jsonout import emit, json_option
 from raysweep.errors import UserError
 
 
 @main.command()
 @click.argument("output_dir", type=OUTPUT_DIR)
 @click.option("--format", "formats", type=click.Choice(["csv", "parquet", "json"]), multiple=True,
-              help="Format(s) to write (default: parquet and csv).")
+              help="Table format(s) to write (repeatable): results.<format>, and summary.<format> for parquet "
+                   "and csv. Into --out, else OUTPUT_DIR.")
+@click.option("--out", "out_path", type=click.Path(file_okay=False), default=None,
+              help="Directory to write results.* and summary.* into (default formats: parquet and csv). Without "
+                   "--out or --format nothing is written.")
 @click.option("--aggregate", is_flag=True, help="Print the aggregates per point (mean, confidence interval, "
-                                                "noisy points) and write summary.parquet/csv with these settings.")
+                                                "noisy points); with --out or --format, summary.* gets these settings.")
+@click.option("--metrics", default=None, help="With --aggregate: comma list of the metrics shown (default: "
+                                              "output_throughput, median_ttft_ms, median_tpot_ms, p99_e2el_ms).")
 @click.option("--confidence", type=float, default=0.95, show_default=True, help="With --aggregate: the "
                                                                               "confidence level of the intervals.")
 @click.option("--noise-threshold", type=float, default=0.05, show_default=True,
               help="With --aggregate: a point is noisy above this coefficient of variation.")
 @click.option("--noise-metrics", default=None, help="With --aggregate: comma list of the metrics judged for noise "
                                                     "(default: throughputs, mean and median latencies).")
-def results(output_dir: str, formats: tuple[str, ...], aggregate: bool, confidence: float, noise_threshold: float,
-            noise_metrics: str | None) -> None:
-    """Write the merged results table (one row per run) and the aggregates per point (summary.*), and print
-    where they are."""
+@json_option
+def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, aggregate: bool, metrics: str | None,
+            confidence: float, noise_threshold: float, noise_metrics: str | None, as_json: bool) -> None:
+    """The merged results table (one row per run) and, with --aggregate, the aggregates per point. Writes
+    results.* and summary.* only when asked (--out DIR, or --format)."""
     from raysweep.ledger import Ledger
     from raysweep.results import results_table, write_results
 
     Ledger.open_existing(output_dir).close()
-    paths = write_results(output_dir, formats or ("parquet", "csv"))
     df = results_table(output_dir)
-    out.print(f"{len(df)} row(s), {len(df.columns)} column(s)")
-    for p in paths:
-        out.print(str(p), highlight=False)
+    dest = Path(out_path) if out_path else Path(output_dir) if formats else None
+    wanted = formats or ("parquet", "csv")
+    paths = write_results(output_dir, wanted, dest=dest, summary=not aggregate, table=df) if dest else []
     if aggregate:
         from raysweep.cli.comparing import print_aggregates
 
-        print_aggregates(output_dir, df, formats or ("parquet", "csv"), confidence, noise_threshold, noise_metrics)
+        print_aggregates(output_dir, df, wanted, confidence, noise_threshold, noise_metrics, metrics=metrics,
+                         dest=dest, as_json=as_json, written=paths)
+        return
+    if as_json:
+        emit("results", {"output_dir": output_dir, "rows": len(df), "columns": list(df.columns),
+                         "runs": df.to_dict(orient="records"), "written": paths})
+        return
+    out.print(f"{len(df)} row(s), {len(df.columns)} column(s)")
+    for p in paths:
+        out.print(str(p), highlight=False)
+    if not paths:
+        _say("nothing written (write the table with --out DIR or --format FORMAT)", err=True)
 
 
 @main.command()
 @click.argument("output_dir", type=OUTPUT_DIR)
-def sla(output_dir: str) -> None:
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the table to this CSV file (nothing is written without it).")
+@json_option
+def sla(output_dir: str, out_path: str | None, as_json: bool) -> None:
     """The SLA table: per server config x bench point x target, the largest load that meets the target."""
-    import math
-
     from raysweep.files import write_text_atomic
     from raysweep.results import sla_table
 
     df = sla_table(output_dir)
     if df.empty:
         raise UserError(f"{output_dir}: no SLA search has finished here (does the campaign have `sla:`?)")
+    path = write_text_atomic(Path(out_path), df.to_csv(index=False)) if out_path else None
+    if as_json:
+        emit("sla", {"output_dir": output_dir, "searches": df.to_dict(orient="records"), "written": [path] * bool(path)})
+        return
     table = Table("server config", "bench point", "target", "state", "largest pass", "smallest fail", "probes",
                   "at pass: req/s", "notes")
 
@@ -66,6 +91,6 @@ def sla(output_dir: str) -> None:
         table.add_row(escape(r.serve_label), escape(r.bench_label), escape(r.target), r.state, num(r.largest_pass),
                       num(r.smallest_fail), str(r.probes), num(getattr(r, "at_pass_request_throughput", None)),
                       escape(r.notes))
-    out.print(table)
-    path = write_text_atomic(Path(output_dir) / "sla.csv", df.to_csv(index=False))
-    out.print(str(path), highlight=False)
+    print_table(table)
+    if path:
+        out.print(str(path), highlight=False)

@@ -10,7 +10,9 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import _say, main, out
+from raysweep.cli._common import _say, main, out, print_table
+from raysweep.cli.jsonout import emit, json_option
+from raysweep.errors import UserError
 
 
 @main.command()
@@ -18,9 +20,16 @@ from raysweep.cli._common import _say, main, out
 @click.option("--watch", type=click.FloatRange(min=0, min_open=True), is_flag=False, flag_value=5.0, default=None,
               metavar="[SECONDS]", help="Show the status again every SECONDS (default 5) until the campaign is "
                                        "complete, or Ctrl-C; a storage URI is downloaded again every time.")
-def status(output_dir: str, watch: float | None) -> None:
+@json_option
+def status(output_dir: str, watch: float | None, as_json: bool) -> None:
     """Done / running / failed / pending counts, per server config progress and an ETA, running servers,
-    failures with reasons. OUTPUT_DIR: a directory, or the storage URI a campaign is mirrored to."""
+    failures with reasons. OUTPUT_DIR: a directory, or the storage URI a campaign is mirrored to. Writes
+    nothing."""
+    if as_json:
+        if watch is not None:
+            raise UserError("--json and --watch: one document is printed once; accepted: one of them")
+        emit("status", status_document(_local(output_dir)))
+        return
     if watch is None:
         _show(_local(output_dir))
         return
@@ -63,7 +72,7 @@ def _show(output_dir: str) -> bool:
     for col in ("done", "running", "failed", "pending", "total"):
         table.add_column(col, justify="right")
     table.add_row(*(str(counts.get(k, 0)) for k in ("done", "running", "failed", "pending")), str(sum(counts.values())))
-    out.print(table)
+    print_table(table)
     live = False
     if driver:
         from raysweep.driver import driver_alive
@@ -83,7 +92,7 @@ def _show(output_dir: str) -> bool:
             st.add_row(s.server_id, "\n".join(f"{r.get('node_ip') or '?'} {(r.get('node_id') or '')[:8]}" for r in ranks),
                        str(s.port or ""), "\n".join(str(r.get("pid") or "") for r in ranks),
                        "\n".join(r.get("gpu_ids") or "-" for r in ranks), s.state)
-        out.print(st)
+        print_table(st)
         for s in active:
             _say(f"{s.server_id}: {s.command}")
     _transport_table(servers, (stored.get("transport") or {}).get("require", "any"))
@@ -126,7 +135,7 @@ def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:
         state = "running" if serve_id in running else "finished" if not left else "waiting"
         table.add_row(serve_id, escape(grid.combo_label(pts[0].serve_params) or "base command"),
                       f"{n[PointState.DONE]}/{len(pts)}", str(n[PointState.FAILED]), str(left), state)
-    out.print(table)
+    print_table(table)
     left_runs = [(p.serve_id, p.bench_id) for p in points if p.state in (PointState.PENDING, PointState.RUNNING)]
     if not left_runs:
         return
@@ -174,7 +183,7 @@ def _transport_table(servers: list[Any], require: str) -> None:
                                             else f"failed: {probe.get('error')}")
         table.add_row(serve_id, s.server_id, str(v.get("nnodes", 1)), escape(links),
                       "[red]refused[/]" if refused else "ok")
-    out.print(table)
+    print_table(table)
     for serve_id, s in latest.items():  # the node-pair table of each multi-node server
         names = [str(r.get("node_ip") or r.get("hostname") or "?") for r in s.rank_list()]
         pairs = transport.describe_links(s.transport_verdict() or {}, names)
@@ -195,6 +204,53 @@ def _events_table(events: list[dict[str, Any]]) -> None:
         when = datetime.datetime.fromtimestamp(e["at"]).strftime("%H:%M:%S")
         table.add_row(when, e["kind"].replace("_", " "), ",".join(e["serve_ids"]),
                       "\n".join(n[:12] for n in e["nodes"]), escape(str(e["detail"] or "")))
-    out.print(table)
+    print_table(table)
 
 
+
+
+def status_document(output_dir: str) -> dict[str, Any]:
+    """What `status --json` prints (raysweep/schemas/status.json)."""
+    from raysweep import grid
+    from raysweep.driver import driver_alive
+    from raysweep.estimate import eta_s, measured_from
+    from raysweep.ledger import Ledger, PointState
+    from raysweep.results import flagged, load_records
+
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
+        name, driver = ledger.meta("name"), ledger.last_driver()
+    finally:
+        ledger.close()
+    live = bool(driver) and driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"],
+                                                                          driver["pid_create_time"])
+    running = {s.serve_id for s in servers if s.stopped_at is None} if live else set()
+    configs = []
+    for serve_id in dict.fromkeys(p.serve_id for p in points):
+        pts = [p for p in points if p.serve_id == serve_id]
+        n = {st: sum(1 for p in pts if p.state == st) for st in PointState}
+        left = n[PointState.PENDING] + n[PointState.RUNNING]
+        configs.append({"serve_id": serve_id, "params": pts[0].serve_params,
+                        "label": grid.combo_label(pts[0].serve_params) or "base command",
+                        "done": n[PointState.DONE], "failed": n[PointState.FAILED], "left": left, "total": len(pts),
+                        "state": "running" if serve_id in running else "finished" if not left else "waiting"})
+    left_runs = [(p.serve_id, p.bench_id) for p in points if p.state in (PointState.PENDING, PointState.RUNNING)]
+    eta = eta_s(left_runs, measured_from(output_dir), running, max(1, len(running))) if left_runs else 0.0
+    records = load_records(output_dir) if counts.get("done") else []
+    bad = flagged(records)
+    total = {k: counts.get(k, 0) for k in ("done", "running", "failed", "pending")}
+    return {
+        "campaign": name, "output_dir": str(output_dir), "counts": {**total, "total": sum(counts.values())},
+        "complete": not total["pending"] and not total["running"] and not live,
+        "driver": None if not driver else {"pid": driver["pid"], "hostname": driver["hostname"], "alive": live,
+                                           "outcome": driver["outcome"]},
+        "server_configs": configs, "eta_s": eta,
+        "servers_running": [{"server_id": s.server_id, "serve_id": s.serve_id, "port": s.port, "state": s.state}
+                            for s in servers if s.stopped_at is None and live],
+        "validity": {"runs": len(records), "flagged": len(bad),
+                     "flagged_runs": [{"point_id": r.get("point_id"), "issues": r.get("validity_issues")}
+                                      for r in bad]},
+        "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
+                      "attempts": p.attempts, "error": p.error} for p in points if p.state == PointState.FAILED],
+    }

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raysweep.errors import UserError
+from raysweep.errors import UserError, unknown_names
 from raysweep.plots.style import _label, fmt_value, sort_key
 
 _FILTER = re.compile(r"^\s*([^<>=!]+?)\s*(==|!=|<=|>=|<|>)\s*(.*?)\s*$")  # longest operator first
@@ -34,7 +34,7 @@ def check_columns(df: pd.DataFrame, names: Iterable[str], option: str) -> None:
     """:raises UserError: a name is not a column (naming `option` and listing the columns)."""
     missing = [n for n in names if n not in df.columns]
     if missing:
-        raise UserError(f"{option} {','.join(missing)}: no such column; available columns: {_columns_text(df)}")
+        raise UserError(unknown_names(option, missing, [str(c) for c in df.columns]))
 
 
 def apply_filters(df: pd.DataFrame, exprs: Iterable[str], option: str = "--filter-by") -> pd.DataFrame:
