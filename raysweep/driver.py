@@ -34,9 +34,11 @@ from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, Ledger, PointRow
 from raysweep.live_server import ConfigRun
 from raysweep.plan import Plan, ServeConfig, build_plan, meaning
+from raysweep.progress_metrics import Progress
 from raysweep.recovery import driver_alive, embedded_temp_dir
 from raysweep.results import write_results
 from raysweep.scheduler import Scheduler, replica_key, with_event_log
+from raysweep.tracking import LiveTracker
 from raysweep.server import rank_argv
 from raysweep.workload import EventSink, Workload
 
@@ -91,7 +93,11 @@ def ray_session(address: str | None) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------------
 
 def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> tuple[Plan, Ledger]:
-    """Build the plan and bring the ledger in line with it (refusing a changed meaning unless `force`)."""
+    """Check the campaign's data files, build the plan and bring the ledger in line with it (refusing a changed
+    meaning unless `force`). Nothing is written before the data files are read."""
+    from raysweep.bench.checks import check_data_files
+
+    check_data_files(spec)
     plan = build_plan(spec)
     if spec.campaign.storage:
         storage.restore(spec.campaign.storage, output_dir)
@@ -121,7 +127,12 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     mirror = storage.Mirror(spec.campaign.storage, output_dir) if spec.campaign.storage else None
     if mirror is not None:
         emit = _mirrored(emit, mirror)
+    tracker = LiveTracker(spec.campaign, output_dir) if spec.campaign.tracking is not None else None
+    if tracker is not None:  # tracking: each point logged as it lands
+        emit = tracker.sink(emit)
     plan, ledger = open_campaign(spec, output_dir, force=force)
+    progress = Progress(spec.campaign.name, ledger.counts)  # Ray's metrics: the cluster's Prometheus sees it
+    emit = progress.sink(emit)
     try:
         nodes = placement.cluster_nodes()
         endpoints = is_endpoint_campaign(spec)  # serve.url: nothing is placed, the endpoints run already
@@ -140,7 +151,10 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
         return RunSummary(output_dir=output_dir, counts=ledger.counts(),
                           failures=[p for p in ledger.points() if p.state == "failed"], stopped_early=stopped)
     finally:
+        progress.close()
         ledger.close()
+        if tracker is not None:
+            tracker.close()
         if mirror is not None:
             write_results(output_dir)
             mirror.close()

@@ -175,7 +175,9 @@ def test_endpoint_that_goes_away_fails_its_point_and_resume_finishes(gpu_cluster
     url = f"http://127.0.0.1:{port}"
     server = _standin(port, "--die-after", "15")  # dies during the second point (10 requests each)
     try:
-        f = endpoint_campaign(tmp_path, {"url": url, "reset_url": f"{url}/reset_prefix_cache"})
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        f = endpoint_campaign(tmp_path, {"url": url, "reset_url": f"{url}/reset_prefix_cache"},
+                              tracking={"backend": "mlflow", "uri": uri})
         res = CliRunner().invoke(main, ["run", str(f)])
         assert res.exit_code == 1, res.output
         assert server.wait(10) == 3  # it died as told
@@ -205,6 +207,16 @@ def test_endpoint_that_goes_away_fails_its_point_and_resume_finishes(gpu_cluster
         assert set(df["cache_state_before"]) == {"reset"}
         assert set(df["server_unknown"]) == {"niceness, CPU affinity, GPUs, versions"}  # the stand-in has no /version
         assert df["server_nice"].isna().all() if "server_nice" in df.columns else True
+        # tracking: the resumed campaign logged into the runs the first one made, one per point
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        runs = client.search_runs([client.get_experiment_by_name("ep").experiment_id])
+        kinds = sorted(r.data.tags["raysweep.kind"] for r in runs)
+        assert kinds == ["campaign"] + ["point"] * 4, kinds
+        assert {r.data.tags["raysweep.runs_logged"] for r in runs if r.data.tags["raysweep.kind"] == "point"} == {"0"}
+        camp = next(r for r in runs if r.data.tags["raysweep.kind"] == "campaign")
+        assert "report.html" in [a.path for a in client.list_artifacts(camp.info.run_id)]
     finally:
         server.kill()
         server.wait(10)
@@ -220,8 +232,9 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     url = vllm_server["url"]
     out = tmp_path / "prof"
     res = CliRunner().invoke(main, ["profile", url, "--grid", "max_concurrency=1,4", "--runs", "1",
-                                    "--bench-cmd", "vllm bench serve --dataset-name random --random-input-len 32 "
-                                                   "--random-output-len 8 --num-prompts 8 --ignore-eos",
+                                    "--bench-cmd", f"vllm bench serve --model {vllm_server['model']} --dataset-name "
+                                                   "random --random-input-len 32 --random-output-len 8 --num-prompts 8 "
+                                                   "--ignore-eos",
                                     "--reset-url", f"{url}/reset_prefix_cache", "--output-dir", str(out)])
     assert res.exit_code == 0, res.output
     written = yaml.safe_load((out / "campaign.yaml").read_text())

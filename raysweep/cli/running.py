@@ -12,6 +12,7 @@ from rich.markup import escape
 from raysweep.cli import logs
 from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, _sigterm_to_interrupt, console, main
 from raysweep.cli.display import _print_counts, _ProgressDisplay, told_by_event
+from raysweep.cli.jsonout import emit, json_option
 from raysweep.errors import UserError
 
 
@@ -26,18 +27,22 @@ from raysweep.errors import UserError
                    "durations the estimate uses (repeatable; the campaign's own output dir is always read).")
 @click.option("--force", is_flag=True, help="Run even if the campaign's commands changed since points were finished.")
 @click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
+@json_option
 def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool, estimate_from: tuple[str, ...],
-        force: bool, retry_failed: bool) -> None:
-    """Run a campaign (resuming it if its output directory already has a ledger)."""
+        force: bool, retry_failed: bool, as_json: bool) -> None:
+    """Run a campaign (resuming it if its output directory already has a ledger). A campaign with nothing
+    left to run is answered from its files, without starting Ray."""
     from raysweep.campaign import load_campaign
 
     spec = load_campaign(campaign_file)
     if estimate_from and not dry_run:
         raise UserError("--estimate-from: only with --dry-run (a running campaign measures its own durations)")
+    if dry_run and as_json:
+        raise UserError("--json: the final summary of a run; --dry-run prints a plan for people. Accepted: one of them")
     if dry_run:
         _dry_run(spec, address, _output_dir(spec, output_dir), estimate_from)
         return
-    _run(spec, _output_dir(spec, output_dir), address, force, retry_failed)
+    _run(spec, _output_dir(spec, output_dir), address, force, retry_failed, as_json)
 
 
 def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tuple[str, ...]) -> None:
@@ -148,7 +153,8 @@ def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], 
 @click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
 @click.option("--force", is_flag=True, help="Take over the campaign even if another driver seems to hold it.")
 @click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
-def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool) -> None:
+@json_option
+def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool, as_json: bool) -> None:
     """Continue an interrupted campaign from its output directory."""
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.errors import CampaignError
@@ -165,18 +171,27 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
         if not (source and Path(source).is_file() and "was masked" in str(exc)):
             raise
         spec = load_campaign(source)  # the original file still has the secret; the ledger checks its meaning
-    _run(spec, Path(output_dir), address, force, retry_failed)
+    _run(spec, Path(output_dir), address, force, retry_failed, as_json)
 
 
-def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False) -> None:
+def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False,
+         as_json: bool = False) -> None:
     from raysweep.driver import open_campaign, ray_session, run_campaign
+    from raysweep import tracking
     from raysweep.endpoint import check_endpoints, is_endpoint_campaign
     from raysweep.results import write_results
 
     if is_endpoint_campaign(spec):  # serve.url: every endpoint answers with an OpenAI API, before Ray starts
         check_endpoints(spec)
+    tracking.check(spec.campaign)  # tracking: its library is here and its URI usable
     _, ledger = open_campaign(spec, output_dir, force=force)  # refuse a changed campaign before starting Ray
-    ledger.close()
+    try:
+        finished = _finished(spec, ledger, retry_failed)
+    finally:
+        ledger.close()
+    if finished is not None:  # nothing left to run: answered from the files, Ray is not started
+        _answer_finished(spec, output_dir, finished, as_json)
+        return
     _sigterm_to_interrupt()
     display = _ProgressDisplay()
     summary = None
@@ -193,14 +208,83 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
                       f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
     if summary.stopped_early:
         console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
-    if spec.campaign.report and summary.counts.get("done"):
-        _write_report(output_dir)
+    drawn = _write_report(output_dir) if spec.campaign.report and summary.counts.get("done") else None
+    if as_json:
+        emit("run", _run_document(spec, output_dir, summary.counts, summary.failures, summary.stopped_early, paths,
+                                  drawn, ran=True))
     if summary.failures or summary.stopped_early or summary.counts.get("pending"):
         sys.exit(1)
 
 
-def _write_report(output_dir: Path) -> None:
-    """`report: true`: the HTML report and the default figures, with their paths."""
+def _finished(spec: Any, ledger: Any, retry_failed: bool) -> tuple[dict[str, int], list[Any]] | None:
+    """(counts, failed points) when a campaign has nothing left to run (no point pending or running, no failed
+    point to retry, no SLA search or tuning that could add points), else None."""
+    from raysweep.ledger import PointState
+
+    c = spec.campaign
+    if c.tune is not None or c.sla is not None:  # their searches add points as they go
+        return None
+    counts = ledger.counts()
+    if counts.get(PointState.PENDING) or counts.get(PointState.RUNNING) or (retry_failed and counts.get("failed")):
+        return None
+    failed = [p for p in ledger.points() if p.state == PointState.FAILED] if counts.get("failed") else []
+    return {k: counts.get(k, 0) for k in ("done", "failed", "pending", "running")}, failed
+
+
+def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int], list[Any]], as_json: bool) -> None:
+    """A finished campaign run again: its counts, results and report, each made again only where a point
+    finished after it was written."""
+    from raysweep.ledger import Ledger
+    from raysweep.report import REPORT_FILE
+    from raysweep.results import write_results
+
+    counts, failed = finished
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        last = max((p.ended_at or 0.0 for p in ledger.points()), default=0.0)
+    finally:
+        ledger.close()
+
+    def fresh(path: Path) -> bool:
+        return path.is_file() and path.stat().st_mtime >= last
+
+    console.print("nothing left to run: every point is done or failed for good (--retry-failed runs the failed "
+                  "ones again)", highlight=False)
+    paths = [output_dir / f"results.{f}" for f in ("parquet", "csv")]
+    if not all(fresh(p) for p in paths):
+        paths = write_results(output_dir)
+    console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)
+    _print_counts(counts)
+    for p in failed[:10]:
+        console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
+                      f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
+    drawn = None
+    if spec.campaign.report and counts.get("done"):
+        report = output_dir / REPORT_FILE
+        if fresh(report):
+            console.print(f"Report: {report} (up to date)", highlight=False)
+            drawn = (report, [], [])
+        else:
+            drawn = _write_report(output_dir)
+    if as_json:
+        emit("run", _run_document(spec, output_dir, counts, failed, None, paths, drawn, ran=False))
+    if failed:
+        sys.exit(1)
+
+
+def _run_document(spec: Any, output_dir: Path, counts: dict[str, int], failures: list[Any], stopped_early: str | None,
+                  results: list[Path], drawn: tuple[Path, list[Path], list[str]] | None, ran: bool) -> dict[str, Any]:
+    """What `run --json` prints at the end (raysweep/schemas/run.json)."""
+    return {"campaign": spec.campaign.name, "output_dir": output_dir, "ran": ran, "counts": counts,
+            "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
+                          "attempts": p.attempts, "error": p.error} for p in failures],
+            "stopped_early": stopped_early, "results": results, "report": drawn[0] if drawn else None,
+            "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else []}
+
+
+def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:
+    """`report: true`: the HTML report and the default figures, with their paths; (report, figures,
+    conclusions)."""
     from raysweep.cli.analysing import default_figures
     from raysweep.report import write_report_with_headlines
 
@@ -210,3 +294,4 @@ def _write_report(output_dir: Path) -> None:
     console.print(f"Figures: {', '.join(str(p) for p in figures)}", highlight=False)
     for line in lines:  # the report's conclusions, one line per bench shape
         console.print(escape(line), highlight=False)
+    return path, figures, lines
