@@ -471,7 +471,7 @@ def _dir_params(output_dir: Path) -> list[str] | None:
 def _dir_samples(output_dir: Path, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """The raw samples of the runs that kept them, by point id (runs whose file cannot be read are left
     out: their point gets t-intervals only)."""
-    from raysweep.results import read_samples
+    from raysweep.records import read_samples
 
     if "samples_path" not in df.columns or "point_id" not in df.columns:
         return {}

@@ -25,7 +25,7 @@ from raysweep.errors import UserError
 from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.grid import normalize_key, params_id
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.results import PER_REQUEST_KEYS, records_table, results_table, sla_table
+from raysweep.records import PER_REQUEST_KEYS, records_table, results_table, sla_table
 
 __all__ = ["SourceTable", "combo_labels", "import_vllm_sweep", "read_sla", "read_table", "read_vllm_sweep"]
 

@@ -1,10 +1,13 @@
-"""The merged results table: one row per finished run, built with pandas from the ledger and result files.
+"""The records of an output dir as a table: one row per finished run, built with pandas from the ledger and
+result files; the SLA searches' table; the raw per-request samples of a run.
 
 Columns: every serve and bench parameter, `run_number`, every metric with vLLM's field names, the GPU
 shape and placement (tensor/pipeline/data parallel sizes, gpu_count, node, GPU ids, server id) and
 timings, the validity record of each run (`validity_ok`, `validity_issues`, see `raysweep.validity`; worked
 out here for result files written before it existed) and its server's provenance (`provenance_*`).
-Per-request arrays stay in the result files; the table keeps the scalars.
+Per-request arrays stay in the result files; the table keeps the scalars. `raysweep.results` writes the
+table and its summary out; the readers of any output dir (`raysweep.importer`, `raysweep.aggregate`) build
+on this module, below it.
 """
 
 from __future__ import annotations
@@ -21,16 +24,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysweep.grid import combo_label
-from raysweep.files import write_bytes_atomic, write_text_atomic
+from raysweep.files import write_bytes_atomic
 from raysweep.ledger import Ledger, PointState
 from raysweep.validity import validity_fields
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "load_records", "read_samples", "records_table", "results_table", "sla_table",
-           "write_results", "write_samples"]
+__all__ = ["PER_REQUEST_KEYS", "flagged", "load_records", "read_samples", "records_table", "results_table", "sla_table",
+           "write_samples"]
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("parquet", "csv", "json")
 PER_REQUEST_KEYS = frozenset({"latencies", "queue_times", "input_lens", "output_lens", "ttfts", "itls",
                               "start_times", "generated_texts", "errors", "server_queue_times", "server_ttfts"})
 _FIRST = ["campaign", "serve_id", "bench_id", "point_id", "run_number", "serve_label", "bench_label"]
@@ -92,44 +94,6 @@ def _clean_column(col: pd.Series) -> pd.Series:
     if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) or v in ("inf", "-inf") for v in values):
         return pd.to_numeric(col.replace({"inf": math.inf, "-inf": -math.inf}), errors="coerce")
     return col.map(lambda v: json.dumps(v) if isinstance(v, (dict, list)) else (None if v is None else str(v)))
-
-
-def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet", "csv"), *,
-                  dest: str | Path | None = None, summary: bool = True,
-                  table: pd.DataFrame | None = None) -> list[Path]:
-    """Write the table as results.<format> in `dest` (default: the output directory; each file whole or not
-    at all), and beside it, with `summary`, the aggregates per point as summary.parquet / summary.csv
-    (`raysweep.aggregate`). `table`: the results table when the caller has it already."""
-    output_dir = Path(output_dir)
-    dest = Path(dest) if dest is not None else output_dir
-    df = table if table is not None else results_table(output_dir)
-    written = []
-    for fmt in formats:
-        path = dest / f"results.{fmt}"
-        if fmt == "csv":
-            write_text_atomic(path, df.to_csv(index=False))
-        elif fmt == "json":
-            finite = df.astype(object).replace({math.inf: "inf", -math.inf: "-inf"})  # JSON has no infinity
-            write_text_atomic(path, finite.to_json(orient="records", indent=2))
-        elif fmt == "parquet":
-            write_bytes_atomic(path, df.to_parquet(index=False) if not df.empty else _empty_parquet())
-        else:
-            raise ValueError(f"unknown format {fmt!r}; accepted: {', '.join(FORMATS)}")
-        written.append(path)
-    from raysweep.aggregate import SUMMARY_FORMATS, summary_table, write_summary  # the aggregates, beside them
-
-    wanted = [f for f in formats if f in SUMMARY_FORMATS]
-    if not summary or not wanted:
-        return written
-    try:
-        write_summary(dest, wanted, summary=summary_table(output_dir, results=df))
-    except Exception as exc:  # the results stand without their summary
-        log.warning("summary.* not written: %s: %s", type(exc).__name__, exc, exc_info=True)
-    return written
-
-
-def _empty_parquet() -> bytes:
-    return pd.DataFrame({"point_id": pd.Series([], dtype=str)}).to_parquet(index=False)
 
 
 def sla_table(output_dir: str | Path) -> pd.DataFrame:

@@ -1,0 +1,74 @@
+"""The merged results table: one row per finished run, built with pandas from the ledger and result files
+(`raysweep.records`, whose names this module keeps), and written out beside its summary per point.
+
+Columns: every serve and bench parameter, `run_number`, every metric with vLLM's field names, the GPU
+shape and placement (tensor/pipeline/data parallel sizes, gpu_count, node, GPU ids, server id) and
+timings, the validity record of each run (`validity_ok`, `validity_issues`, see `raysweep.validity`; worked
+out here for result files written before it existed) and its server's provenance (`provenance_*`).
+Per-request arrays stay in the result files; the table keeps the scalars.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from raysweep.files import write_bytes_atomic, write_text_atomic
+from raysweep.records import (
+    PER_REQUEST_KEYS,
+    flagged,
+    load_records,
+    read_samples,
+    records_table,
+    results_table,
+    sla_table,
+    write_samples,
+)
+
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "load_records", "read_samples", "records_table", "results_table", "sla_table",
+           "write_results", "write_samples"]
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("parquet", "csv", "json")
+
+
+def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet", "csv"), *,
+                  dest: str | Path | None = None, summary: bool = True,
+                  table: pd.DataFrame | None = None) -> list[Path]:
+    """Write the table as results.<format> in `dest` (default: the output directory; each file whole or not
+    at all), and beside it, with `summary`, the aggregates per point as summary.parquet / summary.csv
+    (`raysweep.aggregate`). `table`: the results table when the caller has it already."""
+    output_dir = Path(output_dir)
+    dest = Path(dest) if dest is not None else output_dir
+    df = table if table is not None else results_table(output_dir)
+    written = []
+    for fmt in formats:
+        path = dest / f"results.{fmt}"
+        if fmt == "csv":
+            write_text_atomic(path, df.to_csv(index=False))
+        elif fmt == "json":
+            finite = df.astype(object).replace({math.inf: "inf", -math.inf: "-inf"})  # JSON has no infinity
+            write_text_atomic(path, finite.to_json(orient="records", indent=2))
+        elif fmt == "parquet":
+            write_bytes_atomic(path, df.to_parquet(index=False) if not df.empty else _empty_parquet())
+        else:
+            raise ValueError(f"unknown format {fmt!r}; accepted: {', '.join(FORMATS)}")
+        written.append(path)
+    from raysweep.aggregate import SUMMARY_FORMATS, summary_table, write_summary  # the aggregates, beside them
+
+    wanted = [f for f in formats if f in SUMMARY_FORMATS]
+    if not summary or not wanted:
+        return written
+    try:
+        write_summary(dest, wanted, summary=summary_table(output_dir, results=df))
+    except Exception as exc:  # the results stand without their summary
+        log.warning("summary.* not written: %s: %s", type(exc).__name__, exc, exc_info=True)
+    return written
+
+
+def _empty_parquet() -> bytes:
+    return pd.DataFrame({"point_id": pd.Series([], dtype=str)}).to_parquet(index=False)

@@ -1,0 +1,150 @@
+"""The import graph of the raysweep package has no circle.
+
+Every `import` and `from ... import` of a raysweep module is an edge, wherever it stands (a function-level
+import runs too, only later); imports under `if TYPE_CHECKING:` are not (they never run). `from pkg import
+name` is an edge to the submodule `pkg.name` when there is one, else to `pkg`. The parent packages a module's
+import runs first are not edges: a package's `__init__` re-exporting its rooms would otherwise close a circle
+with every room that imports a sibling.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "raysweep"
+
+
+def module_names() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                for sub in child.orelse:
+                    walk(sub)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append(child)
+            walk(child)
+    walk(tree)
+    return found
+
+
+def _base(module: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    package = package[:len(package) - (node.level - 1)]
+    return ".".join(package + ([node.module] if node.module else []))
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = _base(module, path, node)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                while target and target not in modules:  # `import raysweep.x.y` of a name inside a module
+                    target = target.rpartition(".")[0]
+                if target in modules and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected component of more than one module (Tarjan), as a path through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                components.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_circle(graph, comp) for comp in components]
+
+
+def _circle(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
+    """A shortest circle through the first module of a component, for the message."""
+    start, members = comp[0], set(comp)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & members):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                queue.append(w)
+    return comp
+
+
+def test_the_graph_sees_the_imports_that_matter():
+    graph = import_graph()
+    assert "raysweep.campaign.models" in graph["raysweep.campaign.loading"]    # from raysweep.campaign.models import
+    assert "raysweep.grid" in graph["raysweep.campaign.loading"]              # from raysweep import grid
+    assert "raysweep.tune.surrogate" in graph["raysweep.tune.proposals"]     # from raysweep.tune import surrogate
+    assert "raysweep.estimate" in graph["raysweep.tune.dry_run"]             # a function-level import
+
+
+def test_the_cycle_finder_finds_a_circle_and_names_it():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_among_raysweep_modules():
+    found = cycles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_campaign_schema_imports_nothing_of_tuning():
+    graph = import_graph()
+    for module in [m for m in graph if m == "raysweep.campaign" or m.startswith("raysweep.campaign.")]:
+        assert not {t for t in graph[module] if t.startswith("raysweep.tune")}, module
