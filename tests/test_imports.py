@@ -75,12 +75,17 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One circle per strongly connected component of more than one module (Tarjan), as a path through it."""
+    """One circle per strongly connected component of more than one module, as a path through it."""
+    return [_circle(graph, comp) for comp in components(graph)]
+
+
+def components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
-    components: list[list[str]] = []
+    found: list[list[str]] = []
 
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
@@ -101,12 +106,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if w == v:
                     break
             if len(comp) > 1:
-                components.append(sorted(comp))
+                found.append(sorted(comp))
 
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    return [_circle(graph, comp) for comp in components]
+    return found
 
 
 def _circle(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
@@ -140,11 +145,32 @@ def test_the_cycle_finder_finds_a_circle_and_names_it():
 
 
 def test_no_import_circle_among_raysweep_modules():
-    found = cycles(import_graph())
-    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+    graph = import_graph()
+    found = components(graph)
+    assert not found, "import circles:\n" + "\n".join(
+        f"{' -> '.join(_circle(graph, comp))} (modules in the circle: {', '.join(comp)})" for comp in found)
 
 
 def test_the_campaign_schema_imports_nothing_of_tuning():
     graph = import_graph()
     for module in [m for m in graph if m == "raysweep.campaign" or m.startswith("raysweep.campaign.")]:
         assert not {t for t in graph[module] if t.startswith("raysweep.tune")}, module
+
+
+def test_the_loader_runs_tunings_check_without_the_caller_importing_tuning(tmp_path):
+    """The check is registered by `raysweep.tune.space`, which the loader imports when `tune:` is set."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = {"name": "t", "serve": {"cmd": "vllm serve m"}, "bench": {"params": [{"max_concurrency": 1}]},
+            "tune": {"space": {"max_num_seqs": {"low": 256, "high": 64}}, "objective": {"metric": "output_throughput"},
+                     "budget": {"candidates": 2}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code = ("import sys\nfrom raysweep.campaign import load_campaign\nfrom raysweep.errors import CampaignError\n"
+            "assert not any(m.startswith('raysweep.tune') for m in sys.modules)\n"
+            f"try:\n    load_campaign({str(path)!r})\nexcept CampaignError as e:\n    print('refused', e.field)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "refused tune.space.max_num_seqs"
