@@ -302,10 +302,24 @@ class Slope:
     drifts: bool
 
 
-def slope_test(series: Sequence[float], max_drift_pct: float, confidence: float = 1 - ALPHA) -> Slope | None:
+def _ar1_inflation(residuals: np.ndarray) -> float:
+    """How much wider a slope's interval must be when neighbouring residuals are correlated (a request's
+    tokens fall into several seconds, a queue carries over): sqrt((1 + r) / (1 - r)) for a lag-1
+    autocorrelation r > 0, 1 otherwise."""
+    if residuals.size < 4 or not residuals.var() > 0:
+        return 1.0
+    r = float(np.corrcoef(residuals[:-1], residuals[1:])[0, 1])
+    if not math.isfinite(r) or r <= 0:
+        return 1.0
+    r = min(r, 0.9)
+    return math.sqrt((1.0 + r) / (1.0 - r))
+
+
+def slope_test(series: Sequence[float], max_drift_pct: float, confidence: float = 1 - 2 * ALPHA) -> Slope | None:
     """Whether `series` (equally spaced) changes by more than `max_drift_pct` % of its mean over its length:
-    the t-interval of the fitted slope (times the length, in % of the mean) must lie entirely beyond
-    +-`max_drift_pct`. None with fewer than 3 values or a mean that is not positive."""
+    the t-interval of the fitted slope (times the length, in % of the mean; widened for a positive lag-1
+    autocorrelation of the residuals) must lie entirely beyond +-`max_drift_pct`. None with fewer than 3
+    values or a mean that is not positive."""
     y = _finite(series)
     if y.size < 3 or not y.mean() > 0:
         return None
@@ -313,7 +327,7 @@ def slope_test(series: Sequence[float], max_drift_pct: float, confidence: float 
     fit = stats.linregress(x, y)
     scale = 100.0 / float(y.mean())
     q = float(stats.t.ppf(0.5 + confidence / 2.0, y.size - 2))
-    pct, half = float(fit.slope) * scale, float(fit.stderr) * scale * q
+    pct, half = float(fit.slope) * scale, float(fit.stderr) * scale * q * _ar1_inflation(y - fit.intercept - fit.slope * x)
     span = y.size - 1
     low, high = pct - half, pct + half
     drifts = low * span > max_drift_pct or high * span < -max_drift_pct

@@ -93,3 +93,25 @@ def test_slope_is_flagged_only_when_its_interval_lies_beyond_the_drift():
 def test_runs_for_half_width_uses_the_t_quantile():
     n = verdicts.runs_for_half_width(0.1, 0.05)
     assert stats.t.ppf(0.975, n - 1) * 0.1 / math.sqrt(n) <= 0.05 < stats.t.ppf(0.975, n - 2) * 0.1 / math.sqrt(n - 1)
+
+
+def test_a_noisy_stationary_load_is_steady_and_a_strong_drift_is_not():
+    import sys
+    from pathlib import Path
+
+    from raysweep.bench import stats as bench_stats
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import bench_verdicts
+    finally:
+        sys.path.pop(0)
+    rng = np.random.default_rng(7)
+    flat = [bench_stats.steady_state(bench_verdicts.poisson_samples(rng, 3.0, 30.0)) for _ in range(20)]
+    # the fitted line of a 3 req/s Poisson load moves by more than 10 % over its 17-s window by chance alone
+    # (the rule before judged that line without its interval): only its interval tells noise from drift
+    old_rule = sum(abs(f["steady_state_slope_pct_per_s"]) * 17 > 10.0 for f in flat)
+    new_rule = sum(f["steady_state"] is False for f in flat)
+    assert old_rule >= 10 and new_rule <= 2, (old_rule, new_rule)
+    ramp = bench_stats.steady_state(bench_verdicts.poisson_samples(rng, 100.0, 60.0, drift=2.0))
+    assert ramp["steady_state"] is False and ramp["steady_state_slope_pct_per_s"] > 0

@@ -55,7 +55,7 @@ MIN_RATE_FRACTION = 0.95
 MAX_LOOP_LAG_MS = 20.0        # p99 of the client event loop's lag beyond which the client is the bottleneck
 STEADY_MIN_BUCKETS = 5        # fewer 1-s buckets in the judged window: too short to judge (None)
 STEADY_TRIM = 0.2             # the first and last fifth of the point (ramp-up, drain) are not judged
-STEADY_MAX_DRIFT_PCT = 10.0   # steady: the fitted output throughput changes by at most this over the window
+STEADY_MAX_DRIFT_PCT = 10.0   # not steady: the fitted output throughput's change over the window is shown beyond this
 
 
 def empty_samples() -> dict[str, Any]:
@@ -278,18 +278,22 @@ def per_second_throughput(s: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def steady_state(s: dict[str, Any]) -> dict[str, Any]:
     """Whether the load held steady inside the point: a least-squares line through the per-second output
-    throughput of the middle of the point (without its first and last `STEADY_TRIM`); steady when the line
-    changes by at most `STEADY_MAX_DRIFT_PCT` of the mean over that window. None when under
-    `STEADY_MIN_BUCKETS` seconds are left to judge, or nothing was generated."""
+    throughput of the middle of the point (without its first and last `STEADY_TRIM`); not steady only when
+    the confidence interval of the line's change over that window lies entirely beyond
+    `STEADY_MAX_DRIFT_PCT` of the mean (`verdicts.slope_test`: a noisy stationary load is not flagged). None
+    when under `STEADY_MIN_BUCKETS` seconds are left to judge, or nothing was generated."""
+    from raysweep.verdicts import slope_test
+
     tokens = per_second_throughput(s)["tokens"]
     cut = int(math.ceil(STEADY_TRIM * tokens.size))
     window = tokens[cut:tokens.size - cut]
     mean = float(np.mean(window)) if window.size else 0.0
     if window.size < STEADY_MIN_BUCKETS or mean <= 0:
         return {"steady_state": None, "steady_state_slope_pct_per_s": None}
-    slope = float(np.polyfit(np.arange(window.size, dtype=float), window, 1)[0])
-    pct = 100.0 * slope / mean
-    return {"steady_state": abs(pct) * (window.size - 1) <= STEADY_MAX_DRIFT_PCT, "steady_state_slope_pct_per_s": pct}
+    slope = slope_test(window, STEADY_MAX_DRIFT_PCT)
+    if slope is None:
+        return {"steady_state": None, "steady_state_slope_pct_per_s": None}
+    return {"steady_state": not slope.drifts, "steady_state_slope_pct_per_s": slope.pct_per_step}
 
 
 def _previous_begin(begin: np.ndarray, actor: np.ndarray) -> np.ndarray:
