@@ -228,6 +228,8 @@ class ServerHost:
             proc = psutil.Process(int(pid_file.read_text()))
             facts["nice"] = proc.nice()
             facts["cpu_affinity"] = cpu_text(proc.cpu_affinity() or [])
+            # the GPUs the process itself was given (Ray sets it for the bundle): the acceptance checklist
+            facts["cuda_visible_devices"] = proc.environ().get("CUDA_VISIBLE_DEVICES")
         return facts
 
     def url(self) -> str:

@@ -13,6 +13,6 @@ from raysweep.cli._common import main
 from raysweep.cli import analysing, campaign_file, cluster, crosscheck, inspecting, jobs, running, status  # noqa: F401
 from raysweep.cli import comparing, exporting  # noqa: F401
 from raysweep.cli import tuning  # noqa: F401
-from raysweep.cli import profile  # noqa: F401
+from raysweep.cli import acceptance, profile  # noqa: F401
 
 __all__ = ["main"]
