@@ -293,17 +293,17 @@ def measure_precision(reps: int, seed: int) -> dict[str, Any]:
 
 def precision_markdown(res: dict[str, Any], seconds: float) -> str:
     s, fixed = res["spec"], res["fixed_runs"]
-    lines = [f"bench.precision {{metric: output_throughput, rel_half_width: {s['rel_half_width']}, min_runs: "
-             f"{s['min_runs']}, max_runs: {s['max_runs']}}}; {res['reps']} simulated points per row, run values "
-             f"normal around their mean; `runs: {fixed}` is what the noisiest point "
-             f"({100 * max(PRECISION_CVS):g} %) needs for the same width; {seconds:.0f} s on one core.", "",
+    lines = [(f"bench.precision {{metric: output_throughput, rel_half_width: {s['rel_half_width']}, min_runs: "
+              f"{s['min_runs']}, max_runs: {s['max_runs']}}}; {res['reps']} simulated points per row, run values "
+              f"normal around their mean; `runs: {fixed}` is what the noisiest point "
+              f"({100 * max(PRECISION_CVS):g} %) needs for the same width; {seconds:.0f} s on one core."), "",
              "| stop after | run-to-run spread | runs (mean) | reached the width | coverage of the 95 % interval |",
              "|---|---|---|---|---|"]
     for r in res["rows"]:
         lines.append(f"| {r['looks']} narrow look(s) | {100 * r['cv']:g} % | {r['runs']:.2f} | "
                      f"{100 * r['reached']:.1f} % | {_pct(r['coverage'])} |")
-    lines += ["", "| stop after | runs, mixed points (mean) | saved against `runs: "
-              f"{fixed}` | coverage, mixed points | worst spread's coverage |", "|---|---|---|---|---|"]
+    lines += ["", (f"| stop after | runs, mixed points (mean) | saved against `runs: {fixed}` | coverage, mixed "
+                   "points | worst spread's coverage |"), "|---|---|---|---|---|"]
     for looks in (1, 2):
         rows = [r for r in res["rows"] if r["looks"] == looks]
         mean_runs = sum(r["runs"] for r in rows) / len(rows)

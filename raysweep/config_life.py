@@ -3,7 +3,8 @@
 `ConfigLife.main` reserves the placement group on the nodes the scheduler chose, then (server mode)
 starts the server (`Servers.start`), warms it up, checks its transport (a refused one gives the
 configuration up), runs its pending points one after another with caches reset between them (or its open
-SLA searches), and stops it; a server that died is started again for the points it had left, a lost host
+SLA searches), with the runs `bench.precision` adds to a point right after its last one
+(`raysweep.sequential`), and stops it; a server that died is started again for the points it had left, a lost host
 actor sends the configuration back to the scheduler. Offline configurations run their points through
 `OfflinePoints`. The group is always released. What it ended with is `ConfigRun.outcome` ("finished",
 "stopped", "aborted", "not placed", "host lost" or "error: ..."), which the scheduler acts on.
@@ -12,8 +13,9 @@ actor sends the configuration back to the scheduler. Offline configurations run 
 from __future__ import annotations
 
 import logging
+from collections import deque
 
-from raysweep import placement
+from raysweep import placement, sequential
 from raysweep.bench import backend_for
 from raysweep.ledger import PointRow
 from raysweep.live_server import ConfigRun, Server, Servers
@@ -110,7 +112,9 @@ class ConfigLife:
             self.searches.run(run, server)
             return
         reset = self.points.reset(run, server)
-        for point in points:
+        queue = deque(points)
+        while queue:
+            point = queue.popleft()
             if run.abort or w.stopping():
                 return
             # each point goes to one server: several of one configuration share them (placement.tail_replicas)
@@ -120,6 +124,9 @@ class ConfigLife:
             ok = self.points.run(run, server, point, reset, attempt)
             if not ok and not self.c.continue_on_error and not run.abort:
                 w.stop_reason = f"point {point.id} failed and continue_on_error is false"
+            more = sequential.settle(w, point.serve, point.bench.id)  # bench.precision: one more run?
+            if more is not None:
+                queue.appendleft(more)
             if run.abort or w.stopping() or server.down() is not None:
                 return
             reset = self.points.reset(run, server)

@@ -14,11 +14,12 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
 from raysweep import grid
 from raysweep.plan import Plan, PointRun
 
 __all__ = ["DEFAULTS", "Defaults", "Estimate", "Measured", "add_recorded", "estimate", "eta_s", "format_duration",
-           "guess_point_s", "measured_from"]
+           "guess_point_s", "measured_from", "precision_runs"]
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,15 @@ class Estimate:
     work_s: float
     basis: str
     per_serve_s: dict[str, float] = field(default_factory=dict)
+    most_points: int | None = None  # bench.precision: every undecided point run to max_runs
+    most_wall_s: float | None = None
 
     def text(self) -> str:
-        return (f"Estimate ({self.basis}): {self.server_starts} server start(s), {self.points} run(s), "
-                f"{self.gpu_hours:.2f} GPU-hour(s), wall time about {format_duration(self.wall_s)}")
+        most = "" if self.most_points is None or self.most_wall_s is None else (
+            f"; bench.precision: at most {self.most_points} run(s), about {format_duration(self.most_wall_s)}")
+        return (f"Estimate ({self.basis}): {self.server_starts} server start(s), {self.points} run(s)"
+                f"{' expected' if most else ''}, {self.gpu_hours:.2f} GPU-hour(s), wall time about "
+                f"{format_duration(self.wall_s)}{most}")
 
 
 def format_duration(seconds: float) -> str:
@@ -187,18 +193,56 @@ def eta_s(left: list[tuple[str, str]], measured: Measured, running: set[str], la
     return _wall(list(per_serve.values()), lanes)
 
 
+def precision_runs(plan: Plan, values: dict[tuple[str, str], list[float]] | None = None,
+                   decided: set[tuple[str, str]] | None = None, most: bool = False) -> list[PointRun]:
+    """The runs `bench.precision` is expected to add to the points of `plan` (beyond the runs the plan
+    holds): per point not `decided` yet, up to `expected_runs` of the metric `values` seen so far (min_runs
+    without), or with `most` up to max_runs."""
+    from raysweep.precision import expected_runs
+
+    c = plan.spec.campaign
+    spec = getattr(c.bench, "precision", None) if c.bench is not None else None
+    if spec is None:
+        return []
+    runs: dict[tuple[str, str], list[PointRun]] = {}
+    for p in plan.points:
+        runs.setdefault((p.serve.id, p.bench.id), []).append(p)
+    extra = []
+    for pair, pts in runs.items():
+        if pair in (decided or set()):
+            continue
+        want = spec.max_runs if most else expected_runs((values or {}).get(pair, []), spec)
+        last = max(p.run for p in pts)
+        extra += [PointRun(id=f"{pts[0].id}+{r}", serve=pts[0].serve, bench=pts[0].bench, run=r)
+                  for r in range(last + 1, max(want, last + 1))]
+    return extra
+
+
 def estimate(plan: Plan, *, done: set[str] | None = None, measured: Measured | None = None, lanes: int = 1,
              gpus_of: dict[str, int] | None = None, running: set[str] | None = None,
-             defaults: Defaults = DEFAULTS) -> Estimate:
+             defaults: Defaults = DEFAULTS, values: dict[tuple[str, str], list[float]] | None = None,
+             decided: set[tuple[str, str]] | None = None) -> Estimate:
     """The time left for the points of `plan` not in `done`: one server start per configuration with
     points left (none for those in `running`, whose server is up), their points one after another, and
     `lanes` configurations at a time (the longest first). `gpus_of` gives a configuration's GPUs
-    (default: its shape)."""
+    (default: its shape). With `bench.precision`, the runs each point not `decided` is expected to add
+    (`precision_runs` from the metric `values` seen) are counted, and `most_points` / `most_wall_s` say
+    what running every one of them to max_runs would take."""
+    est = _estimate(plan, precision_runs(plan, values, decided), done, measured, lanes, gpus_of, running, defaults)
+    if getattr(plan.spec.campaign.bench, "precision", None) is None:
+        return est
+    top = _estimate(plan, precision_runs(plan, values, decided, most=True), done, measured, lanes, gpus_of, running,
+                    defaults)
+    return Estimate(**{**est.__dict__, "most_points": top.points, "most_wall_s": top.wall_s})
+
+
+def _estimate(plan: Plan, extra: list[PointRun], done: set[str] | None, measured: Measured | None, lanes: int,
+              gpus_of: dict[str, int] | None, running: set[str] | None, defaults: Defaults) -> Estimate:
     done, measured, running = done or set(), measured or Measured(), running or set()
     offline = plan.spec.offline
     scale = _calibration(plan, measured, offline, defaults)
     per_serve: dict[str, float] = {}
-    left = [p for p in plan.points if p.id not in done]
+    left = [p for p in plan.points if p.id not in done] + extra
     for p in left:
         per_serve[p.serve.id] = per_serve.get(p.serve.id, 0.0) + _point_s(p, measured, scale, offline, defaults)
     starts = 0

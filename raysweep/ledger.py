@@ -22,7 +22,7 @@ from typing import Any
 
 from raysweep.errors import LedgerError
 
-__all__ = ["Ledger", "PointRow", "PointState", "ServerRow", "SyncReport", "LEDGER_FILE"]
+__all__ = ["CampaignHeld", "Ledger", "PointRow", "PointState", "ServerRow", "SyncReport", "LEDGER_FILE"]
 
 LEDGER_FILE = "ledger.sqlite"
 SCHEMA_VERSION = "1"
@@ -110,6 +110,16 @@ CREATE TABLE IF NOT EXISTS drivers (
   ended_at REAL,
   outcome TEXT,
   helpers TEXT
+);
+CREATE TABLE IF NOT EXISTS precision (
+  serve_id TEXT NOT NULL,
+  bench_id TEXT NOT NULL,
+  state TEXT NOT NULL,
+  runs_done INTEGER NOT NULL,
+  runs_spent INTEGER NOT NULL,
+  rel_half_width REAL,
+  updated_at REAL NOT NULL,
+  PRIMARY KEY (serve_id, bench_id)
 );
 CREATE TABLE IF NOT EXISTS candidates (
   number INTEGER PRIMARY KEY,
@@ -201,6 +211,15 @@ class ServerRow:
                  "pid": self.pid, "pid_create_time": self.pid_create_time, "gpu_ids": self.gpu_ids}]
 
 
+class CampaignHeld(LedgerError):
+    """Another driver that still runs holds the campaign."""
+
+    def __init__(self, driver: dict[str, Any]) -> None:
+        super().__init__(f"this campaign is being run by pid {driver['pid']} on {driver['hostname']}; wait for it, "
+                         "stop it, or use --force if it is gone (nothing was changed in its output directory)")
+        self.driver = driver
+
+
 @dataclass(frozen=True)
 class SyncReport:
     added: int
@@ -279,6 +298,12 @@ class Ledger:
             row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row["value"] if row else None
 
+    def set_meta(self, key: str, value: str) -> None:
+        """Keep one value of the campaign's record (e.g. `measured_with`, raysweep.drift)."""
+        with self._tx() as c:
+            c.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                      (key, value))
+
     def stored_campaign(self) -> dict[str, Any]:
         text = self.meta("campaign")
         if text is None:
@@ -327,6 +352,12 @@ class Ledger:
 
     # -- the driver that holds the campaign ----------------------------------------------------------
 
+    def live_driver(self, is_alive: Any) -> dict[str, Any] | None:
+        """The driver that holds the campaign and still runs (None when none does); reads only."""
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM drivers WHERE ended_at IS NULL ORDER BY id DESC").fetchall()
+        return next((dict(r) for r in rows if is_alive(r["hostname"], r["pid"], r["pid_create_time"])), None)
+
     def acquire_driver(self, pid: int, pid_create_time: float, is_alive: Any, force: bool = False) -> int:
         """Register this driver; refuse if another live driver holds the campaign.
 
@@ -336,8 +367,7 @@ class Ledger:
         with self._tx() as c:
             for row in c.execute("SELECT * FROM drivers WHERE ended_at IS NULL").fetchall():
                 if not force and is_alive(row["hostname"], row["pid"], row["pid_create_time"]):
-                    raise LedgerError(f"this campaign is being run by pid {row['pid']} on {row['hostname']}; "
-                                      "wait for it, stop it, or use --force if it is gone")
+                    raise CampaignHeld(dict(row))
                 c.execute("UPDATE drivers SET ended_at = ?, outcome = 'lost' WHERE id = ?", (time.time(), row["id"]))
             cur = c.execute("INSERT INTO drivers(hostname, pid, pid_create_time, started_at) VALUES(?, ?, ?, ?)",
                             (host, pid, pid_create_time, time.time()))
@@ -544,6 +574,23 @@ class Ledger:
         with self._lock:
             return [_server_row(r) for r in self._conn.execute(sql).fetchall()]
 
+
+    # -- bench.precision (raysweep.sequential) ---------------------------------------------------------
+
+    def record_precision(self, serve_id: str, bench_id: str, state: str, runs_done: int, runs_spent: int,
+                         rel_half_width: float | None) -> None:
+        """Where a point of a `bench.precision` campaign stands: measuring, reached or max_runs."""
+        with self._tx() as c:
+            c.execute("INSERT INTO precision VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(serve_id, bench_id) DO UPDATE "
+                      "SET state = excluded.state, runs_done = excluded.runs_done, runs_spent = excluded.runs_spent,"
+                      " rel_half_width = excluded.rel_half_width, updated_at = excluded.updated_at",
+                      (serve_id, bench_id, state, runs_done, runs_spent, _finite(rel_half_width), time.time()))
+
+    def precision(self) -> list[dict[str, Any]]:
+        """Every recorded precision state: serve and bench ids, state, runs done and spent, rel_half_width."""
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM precision ORDER BY serve_id, bench_id").fetchall()
+        return [dict(r) for r in rows]
 
     # -- tuning candidates (raysweep.tune) ------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from raysweep.campaign import CampaignSpec, NodeRule, PlacementSpec
 from raysweep.errors import CampaignError
 
 __all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "fingerprint",
-           "make_serve", "meaning", "point_id", "probe_bench", "probe_runs", "rule_for", "serve_points", "shape_of"]
+           "first_runs", "make_serve", "meaning", "point_id", "probe_bench", "probe_runs", "rule_for", "serve_points",
+           "shape_of"]
 
 _SHAPE_FLAGS = {
     "tp": ("tensor_parallel_size", ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")),
@@ -112,12 +113,25 @@ class Plan:
     def point(self, point_id: str) -> PointRun | None:
         return next((p for p in self.points if p.id == point_id), None)
 
+    def add_runs(self, points: list[PointRun]) -> None:
+        """Runs `bench.precision` added to points of configurations already in the plan."""
+        self.points.extend(points)
+        for p in points:
+            self._by_serve.setdefault(p.serve.id, []).append(p)
+
     def add(self, serve: ServeConfig, points: list[PointRun], searches: list[tuple[str, str]]) -> None:
         """A configuration added while the campaign runs (a tuning candidate)."""
         self.serves.append(serve)
         self.points.extend(points)
         self.searches.extend(searches)
         self._by_serve.setdefault(serve.id, []).extend(points)
+
+
+def first_runs(spec: CampaignSpec) -> int:
+    """Runs every bench point starts with: `runs`, or `bench.precision.min_runs` (which adds more as needed)."""
+    c = spec.campaign
+    precision = getattr(c.bench, "precision", None) if c.bench is not None else None
+    return precision.min_runs if precision is not None else c.runs
 
 
 def point_id(serve_id: str, bench_id: str, run: int) -> str:
@@ -235,7 +249,7 @@ def serve_points(spec: CampaignSpec, s: ServeConfig, benches: list[BenchPoint]
             points.extend(probe_runs(spec, s, b, math.inf))
         else:
             points.extend(PointRun(id=point_id(s.id, b.id, r), serve=s, bench=b, run=r)
-                          for r in range(spec.campaign.runs))
+                          for r in range(first_runs(spec)))
     return points, searches, skipped
 
 
@@ -270,8 +284,10 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
     """Every server command, every benchmark command and the run counts, secrets masked;
     `describe_serve` gives the lines that say where a server goes and what each node runs."""
     c = plan.spec.campaign
+    precision = getattr(c.bench, "precision", None) if c.bench is not None else None
+    runs = f"{precision.min_runs} to {precision.max_runs}" if precision is not None else c.runs
     lines = [f"Campaign {c.name}: {len(plan.serves)} server config(s) x {len(plan.benches)} bench point(s) "
-             f"x {c.runs} run(s) = {len(plan.points)} run(s)"
+             f"x {runs} run(s) = {len(plan.points)} run(s)" + (" to start with" if precision is not None else "")
              + (f" ({plan.skipped_pairs} pair(s) skipped by link)" if plan.skipped_pairs else "")]
     if c.tune is not None:  # candidates come from the sampler (raysweep.tune.dry_run_lines)
         lines = [f"Campaign {c.name}: tuning; each candidate runs {len(plan.benches)} bench point(s) x {c.runs} run(s)"
@@ -309,6 +325,11 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
             argv = grid.mask_argv(render_bench(p.bench.argv) if render_bench else p.bench.argv)
             lines += [f"  [bench {p.bench.id}] {p.bench.label}  x {runs} run(s)",
                       f"    command: {grid.shell_join(argv)}"]
+    if precision is not None:
+        from raysweep.precision import describe
+
+        lines += ["", (f"Precision: {describe(precision)}; the runs above are the first {precision.min_runs} of "
+                       "each point, the others are added one at a time")]
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]
     if c.sla is not None:

@@ -1,0 +1,126 @@
+"""`bench.precision`: points measured until the interval of one metric is narrow enough.
+
+A campaign with `bench: {precision: {metric: output_throughput, rel_half_width: 0.03, min_runs: 3,
+max_runs: 10}}` runs every point `min_runs` times, then one more run at a time while the Student
+t-interval of the metric's mean over the point's runs (`raysweep.verdicts.relative_half_width`, at
+`confidence`) is wider than `rel_half_width` of the mean (at two successive runs: `decide`), and stops at
+`max_runs` (the point then says so: state `max_runs`). This module holds the section's schema and the stopping rule (pure); the runs
+themselves are added by `raysweep.sequential`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["METRICS", "Decision", "PrecisionSpec", "decide", "describe", "expected_runs"]
+
+REACHED, AT_MAX, MEASURING = "reached", "max_runs", "measuring"
+CONFIRM_LOOKS = 2  # successive narrow intervals a point needs to stop (see `decide`)
+
+# Per-run metrics a point's result records hold (the results table names them the same).
+_RATES = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
+_LATENCY = tuple(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+                 for stat in ("mean", "median", "p90", "p95", "p99"))
+METRICS = _RATES + _LATENCY
+_PERCENTILE = re.compile(r"^p(\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+
+
+class PrecisionSpec(BaseModel):
+    """When a point has enough runs: the t-interval of `metric`'s mean over its runs within
+    `rel_half_width` of the mean, or `max_runs` runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str = Field(description="the per-run metric whose interval decides, e.g. output_throughput, "
+                        "median_ttft_ms, p99_tpot_ms")
+    rel_half_width: float = Field(gt=0, lt=1, description="the interval's half-width over the mean at which a "
+                                  "point stops (0.03: within +-3 %)")
+    min_runs: int = Field(3, ge=2, description="runs every point gets before the interval is looked at (at "
+                          "least 2: one run has no interval)")
+    max_runs: int = Field(10, ge=2, description="the most runs a point gets; one that stops here says so")
+    confidence: float = Field(0.95, gt=0, lt=1, description="the interval's two-sided confidence")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, v: str) -> str:
+        m = _PERCENTILE.match(v)
+        if v in METRICS or (m and 0 < float(m.group(1)) < 100):
+            return v
+        close = difflib.get_close_matches(v, METRICS, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ValueError(f"unknown metric {v!r}; {hint}accepted: {', '.join(_RATES)}, and "
+                         "mean|median|pNN_(ttft|tpot|itl|e2el)_ms with 0 < NN < 100")
+
+    @model_validator(mode="after")
+    def _runs_in_order(self) -> PrecisionSpec:
+        if self.max_runs < self.min_runs:
+            raise ValueError(f"max_runs ({self.max_runs}) must be at least min_runs ({self.min_runs})")
+        return self
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a point stands: `state` reached / max_runs / measuring, over `runs_done` runs with values,
+    and the interval's relative half-width (nan with fewer than 2 values)."""
+
+    state: str
+    runs_done: int
+    rel_half_width: float
+
+    @property
+    def wants_more(self) -> bool:
+        return self.state == MEASURING
+
+
+def decide(values: Sequence[float], runs_spent: int, spec: PrecisionSpec) -> Decision:
+    """The stopping rule after a point's runs: `values` are the metric of its finished runs (in run
+    order), `runs_spent` the run numbers it used (failed runs count against `max_runs` too).
+
+    A point stops when its interval is narrow enough over its values and was already over all but the
+    last one (`CONFIRM_LOOKS` successive looks from `min_runs` values on): stopping at the first narrow
+    interval stops on a lucky low spread more often, and the interval then covers the true mean less
+    often than it says (`benchmarks/bench_verdicts.py --precision` measures both rules)."""
+    # scipy is imported only where a point is judged, not by the schema
+    from raysweep.verdicts import relative_half_width
+
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    width = relative_half_width(finite, spec.confidence)
+    looks = [relative_half_width(finite[:n], spec.confidence)
+             for n in range(len(finite) - CONFIRM_LOOKS + 1, len(finite) + 1) if n >= spec.min_runs]
+    if len(looks) == CONFIRM_LOOKS and all(math.isfinite(w) and w <= spec.rel_half_width for w in looks):
+        return Decision(REACHED, len(finite), width)
+    if runs_spent >= spec.max_runs:
+        return Decision(AT_MAX, len(finite), width)
+    return Decision(MEASURING, len(finite), width)
+
+
+def expected_runs(values: Sequence[float], spec: PrecisionSpec) -> int:
+    """Runs a point is expected to take, from the spread of the values seen so far (`min_runs` before
+    there are two): the smallest n >= min_runs whose t-interval at that spread is narrow enough, at most
+    `max_runs`."""
+    from scipy import stats
+
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if len(finite) < 2:
+        return spec.min_runs
+    mean = sum(finite) / len(finite)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+    if not mean:
+        return spec.max_runs
+    cv = sd / abs(mean)
+    for n in range(spec.min_runs, spec.max_runs + 1):
+        if stats.t.ppf(0.5 + spec.confidence / 2.0, n - 1) * cv / math.sqrt(n) <= spec.rel_half_width:
+            return min(n + CONFIRM_LOOKS - 1, spec.max_runs)  # and the looks that confirm it
+    return spec.max_runs
+
+
+def describe(spec: PrecisionSpec) -> str:
+    """One line for the dry run and the docs."""
+    return (f"{spec.min_runs} to {spec.max_runs} run(s) per point, until the {spec.confidence:.0%} interval of "
+            f"{spec.metric}'s mean is within +-{spec.rel_half_width:.1%} of it at {CONFIRM_LOOKS} successive runs")

@@ -1,0 +1,119 @@
+"""The runs `bench.precision` adds to a point, one at a time, exactly once.
+
+The plan holds a point's first `min_runs` runs (run numbers 0..min_runs-1, ids as for `runs:`). When the
+last unfinished run of a point ends (done, or failed with no attempt left), `settle` reads the metric of
+its done runs from their result files and applies the stopping rule (`raysweep.precision.decide`); a
+point still measuring gets its next run number, whose id is the same hash of (serve, bench, run) as any
+other run: it is inserted into the ledger with INSERT OR IGNORE, so two servers of one configuration
+deciding at once add one run, and a run already done is never run again. The decision is recorded in
+the ledger's `precision` table (state, runs with values, runs spent, relative half-width), which
+`status`, the summary and the report read.
+
+On resume, `restore_plan` puts the runs added before back into the plan (they are in the ledger, not
+in the expanded grid), and `settle_all` decides the points whose last run ended just before the driver
+died, before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from raysweep.ledger import Ledger, PointRow, PointState
+from raysweep.plan import Plan, PointRun, ServeConfig, point_id
+from raysweep.precision import Decision, PrecisionSpec, decide
+from raysweep.workload import Workload
+
+__all__ = ["precision_of", "restore_plan", "run_values", "settle", "settle_all"]
+
+log = logging.getLogger(__name__)
+
+
+def precision_of(campaign: Any) -> PrecisionSpec | None:
+    """The campaign's `bench.precision`, or None."""
+    bench = getattr(campaign, "bench", None)
+    return getattr(bench, "precision", None) if bench is not None else None
+
+
+def restore_plan(plan: Plan, ledger: Ledger) -> int:
+    """Put the runs earlier drivers added (run numbers min_runs..max_runs-1 of points still in the plan)
+    back into the plan; returns how many."""
+    spec = precision_of(plan.spec.campaign)
+    if spec is None:
+        return 0
+    first = {(p.serve.id, p.bench.id): p for p in plan.points}
+    have = {p.id for p in plan.points}
+    extra = []
+    for row in ledger.points(in_plan_only=False):
+        base = first.get((row.serve_id, row.bench_id))
+        if base is None or row.point_id in have or not spec.min_runs <= row.run < spec.max_runs:
+            continue
+        if row.point_id == point_id(row.serve_id, row.bench_id, row.run):
+            extra.append(PointRun(id=row.point_id, serve=base.serve, bench=base.bench, run=row.run))
+    plan.add_runs(extra)
+    return len(extra)
+
+
+def run_values(work: Workload, rows: list[PointRow], metric: str) -> list[float]:
+    """The metric of a point's done runs, in run order, from their result files (nan where missing)."""
+    values = []
+    for row in sorted(rows, key=lambda r: r.run):
+        if row.state != PointState.DONE:
+            continue
+        try:
+            record = json.loads((work.output_dir / (row.result_path or "")).read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("run %s of point %s/%s: result unreadable (%s)", row.run, row.serve_id, row.bench_id, exc)
+            continue
+        value = record.get(metric)
+        values.append(float(value) if isinstance(value, (int, float)) else math.nan)
+    return values
+
+
+def _unfinished(row: PointRow, max_attempts: int) -> bool:
+    return row.state in (PointState.PENDING, PointState.RUNNING) or (
+        row.state == PointState.FAILED and row.attempts < max_attempts)
+
+
+def settle(work: Workload, serve: ServeConfig, bench_id: str, announce: bool = True) -> PointRun | None:
+    """Decide a point whose runs have all ended; returns the run it adds (already in the ledger and the
+    plan), or None (reached, at max_runs, runs still to end, or not a precision campaign)."""
+    spec = precision_of(work.c)
+    if spec is None:
+        return None
+    rows = [r for r in work.ledger.points(serve_id=serve.id) if r.bench_id == bench_id]
+    if not rows or any(_unfinished(r, work.c.max_attempts) for r in rows):
+        return None
+    spent = max(r.run for r in rows) + 1
+    decision = decide(run_values(work, rows, spec.metric), spent, spec)
+    work.ledger.record_precision(serve.id, bench_id, decision.state, decision.runs_done, spent,
+                                 decision.rel_half_width)
+    if not decision.wants_more:
+        if announce:
+            _announce(work, serve, bench_id, decision, spec)
+        return None
+    base = next(p for p in work.plan.points_of(serve.id) if p.bench.id == bench_id)
+    nxt = PointRun(id=point_id(serve.id, bench_id, spent), serve=serve, bench=base.bench, run=spent)
+    work.ledger.add_points([(nxt.id, serve.id, bench_id, spent, serve.params, base.bench.params)])
+    work.plan.add_runs([nxt])
+    log.info("point %s/%s: +-%.1f %% of %s after %d run(s), wider than +-%.1f %%: run %d added", serve.id, bench_id,
+             100 * decision.rel_half_width, spec.metric, decision.runs_done, 100 * spec.rel_half_width, spent)
+    return nxt
+
+
+def _announce(work: Workload, serve: ServeConfig, bench_id: str, decision: Decision, spec: PrecisionSpec) -> None:
+    log.info("point %s/%s: %s after %d run(s) (+-%.1f %% of %s)", serve.id, bench_id, decision.state,
+             decision.runs_done, 100 * decision.rel_half_width, spec.metric)
+    work.emit("precision", serve=serve, bench_id=bench_id, state=decision.state, runs_done=decision.runs_done,
+              rel_half_width=decision.rel_half_width, target=spec.rel_half_width, metric=spec.metric)
+
+
+def settle_all(work: Workload) -> int:
+    """`settle` every point of the plan (at the start of a run: a driver may have died between a point's
+    last run and its decision); returns how many runs it added."""
+    if precision_of(work.c) is None:
+        return 0
+    pairs = {(p.serve.id, p.bench.id): p.serve for p in work.plan.points}
+    return sum(settle(work, serve, bench_id, announce=False) is not None for (_, bench_id), serve in pairs.items())

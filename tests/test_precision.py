@@ -1,0 +1,215 @@
+"""bench.precision: the stopping rule, its bad input, and the runs it adds to a point exactly once (ledger,
+resume, dry run, estimate)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+from helpers import standin_campaign
+
+from raysweep import sequential
+from raysweep.campaign import load_campaign
+from raysweep.cli import main
+from raysweep.errors import CampaignError
+from raysweep.estimate import estimate, precision_runs
+from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.plan import build_plan, dry_run_text, point_id
+from raysweep.precision import (
+    AT_MAX,
+    MEASURING,
+    REACHED,
+    PrecisionSpec,
+    decide,
+    expected_runs,
+)
+from raysweep.workload import Workload
+
+SPEC = PrecisionSpec(metric="output_throughput", rel_half_width=0.03, min_runs=3, max_runs=6)
+
+
+def test_decide_reached_measuring_and_max_runs():
+    assert decide([100.0, 101.0, 99.0, 100.5], 4, SPEC).state == REACHED
+    # narrow at its first look (3 values) but not yet confirmed by a second one: one more run
+    assert decide([100.0, 101.0, 99.0], 3, SPEC).state == MEASURING
+    # narrow at 4 values after a wide look at 3: not two successive narrow looks yet
+    assert decide([100.0, 106.0, 99.0, 100.0], 4, SPEC).state == MEASURING
+    wide = decide([100.0, 120.0, 80.0], 3, SPEC)
+    assert wide.state == MEASURING and wide.wants_more and wide.rel_half_width > 0.03
+    assert decide([100.0, 120.0, 80.0, 110.0, 90.0, 100.0], 6, SPEC).state == AT_MAX
+    # narrow but fewer than min_runs values: a failed run spent a run number without a value
+    assert decide([100.0, 100.5], 3, SPEC).state == MEASURING
+    assert decide([100.0, 100.5], 6, SPEC).state == AT_MAX
+
+
+def test_expected_runs_grows_with_the_spread():
+    assert expected_runs([], SPEC) == 3
+    assert expected_runs([100.0, 100.5, 99.5], SPEC) == 4  # narrow at 3 runs, confirmed at 4
+    assert expected_runs([100.0, 104.0, 96.0], SPEC) in (5, 6)
+    assert expected_runs([100.0, 150.0, 50.0], SPEC) == 6
+
+
+def _campaign(tmp_path: Path, precision: dict | None = None, **fields) -> Path:
+    f = standin_campaign(tmp_path, **fields)
+    data = yaml.safe_load(f.read_text())
+    data.pop("runs")
+    data["bench"]["precision"] = precision if precision is not None else {
+        "metric": "output_throughput", "rel_half_width": 0.03, "min_runs": 3, "max_runs": 6}
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+@pytest.mark.parametrize("precision, field, says", [
+    ({"metric": "output_thruput", "rel_half_width": 0.03}, "bench.precision.metric", "did you mean output_throughput"),
+    ({"metric": "p101_ttft_ms", "rel_half_width": 0.03}, "bench.precision.metric", "0 < NN < 100"),
+    ({"metric": "output_throughput", "rel_half_width": 0}, "bench.precision.rel_half_width", "greater than 0"),
+    ({"metric": "output_throughput", "rel_half_width": -0.1}, "bench.precision.rel_half_width", "greater than 0"),
+    ({"metric": "output_throughput", "rel_half_width": 0.03, "min_runs": 1}, "bench.precision.min_runs", "2"),
+    ({"metric": "output_throughput", "rel_half_width": 0.03, "min_runs": 5, "max_runs": 4}, "bench.precision",
+     "max_runs (4) must be at least min_runs (5)"),
+    ({"metric": "output_throughput", "rel_half_width": 0.03, "max_run": 4}, "bench.precision", "max_run"),
+])
+def test_bad_precision_is_refused_naming_the_field(tmp_path, precision, field, says):
+    f = _campaign(tmp_path, precision)
+    with pytest.raises(CampaignError) as err:
+        load_campaign(f)
+    assert err.value.field.startswith(field) and says in str(err.value)
+    res = CliRunner().invoke(main, ["run", str(f)])
+    assert res.exit_code == 2 and field in res.output
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written
+
+
+def test_precision_refuses_runs_and_sla(tmp_path):
+    f = _campaign(tmp_path)
+    data = yaml.safe_load(f.read_text())
+    f.write_text(yaml.safe_dump({**data, "runs": 5}))
+    with pytest.raises(CampaignError, match="^runs: 5 cannot be used with bench.precision"):
+        load_campaign(f)
+    data["bench"].update(backend="native", cmd="vllm bench serve --model m --num-prompts 10")
+    f.write_text(yaml.safe_dump({**data, "sla": {"targets": [{"p99_ttft_ms": "<=100"}]}}))
+    with pytest.raises(CampaignError, match="^bench.precision: cannot be used with `sla:`"):
+        load_campaign(f)
+
+
+def _work(tmp_path: Path, **precision) -> Workload:
+    f = _campaign(tmp_path, {"metric": "output_throughput", "rel_half_width": 0.03, "min_runs": 3, "max_runs": 5,
+                             **precision}, bench_params={"grid": {"random_input_len": [16]}})
+    plan = build_plan(load_campaign(f))
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    ledger = Ledger(out / LEDGER_FILE)
+    sequential.restore_plan(plan, ledger)
+    ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
+                points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
+    events: list[tuple[str, dict]] = []
+    work = Workload(plan, ledger, out, lambda kind, **data: events.append((kind, data)), with_gpus=False)
+    work.events = events  # type: ignore[attr-defined]
+    return work
+
+
+def _finish(work: Workload, run_id: str, value: float | None) -> None:
+    """A run ends as a point runner ends it: claimed, its result file written, then done (or failed for good)."""
+    assert work.ledger.claim(run_id, "s", work.c.max_attempts) is not None
+    if value is None:
+        work.ledger.give_up(run_id, "broken", work.c.max_attempts)
+        return
+    path = work.output_dir / f"{run_id}.json"
+    path.write_text(json.dumps({"output_throughput": value}))
+    work.ledger.mark_done(run_id, path.name)
+
+
+def test_runs_are_added_one_at_a_time_exactly_once_until_reached(tmp_path):
+    work = _work(tmp_path)
+    first = work.plan.points
+    assert [p.run for p in first] == [0, 1, 2]
+    serve, bench = first[0].serve, first[0].bench
+    values = iter([100.0, 130.0, 70.0, 101.0, 99.0])
+    for p in first[:2]:
+        _finish(work, p.id, next(values))
+        assert sequential.settle(work, serve, bench.id) is None  # runs still to end: nothing decided
+    _finish(work, first[2].id, next(values))
+    added = sequential.settle(work, serve, bench.id)
+    assert added is not None and added.run == 3 and added.id == point_id(serve.id, bench.id, 3)
+    # deciding again (another server of the config, a restarted driver) adds nothing more: the run is open
+    assert sequential.settle(work, serve, bench.id) is None
+    assert len(work.ledger.points()) == 4 and work.plan.point(added.id) is added
+    assert work.ledger.precision()[0]["state"] == MEASURING
+    _finish(work, added.id, next(values))
+    fifth = sequential.settle(work, serve, bench.id)
+    assert fifth is not None and fifth.run == 4
+    _finish(work, fifth.id, next(values))
+    assert sequential.settle(work, serve, bench.id) is None  # 5 runs: max_runs
+    row = work.ledger.precision()[0]
+    assert (row["state"], row["runs_done"], row["runs_spent"]) == (AT_MAX, 5, 5)
+    assert [p.state for p in work.ledger.points()] == ["done"] * 5
+    assert work.events[-1][0] == "precision" and work.events[-1][1]["state"] == AT_MAX  # type: ignore[attr-defined]
+
+
+def test_a_narrow_point_stops_early_and_a_failed_run_counts_against_max(tmp_path):
+    work = _work(tmp_path, max_runs=6)
+    pts = work.plan.points
+    for p, v in zip(pts, (100.0, 100.2, None)):
+        _finish(work, p.id, v)
+    serve, bench_id = pts[0].serve, pts[0].bench.id
+    for run, value in ((3, 99.9), (4, 100.1)):  # 2 values, then 3 (a first narrow look): a run added each time
+        added = sequential.settle(work, serve, bench_id)
+        assert added is not None and added.run == run
+        _finish(work, added.id, value)
+    assert sequential.settle(work, serve, bench_id) is None  # a second narrow look at 4 values: reached
+    row = work.ledger.precision()[0]
+    assert (row["state"], row["runs_done"], row["runs_spent"]) == (REACHED, 4, 5)
+    assert len(work.ledger.points()) == 5
+
+
+def test_resume_keeps_added_runs_and_decides_what_a_dead_driver_left(tmp_path):
+    work = _work(tmp_path)
+    serve, bench = work.plan.points[0].serve, work.plan.points[0].bench
+    for p, v in zip(work.plan.points, (100.0, 130.0, 70.0)):
+        _finish(work, p.id, v)
+    added = sequential.settle(work, serve, bench.id)
+    assert added is not None
+    _finish(work, added.id, 100.0)  # the driver dies here, before deciding
+    work.ledger.close()
+    again = _work(tmp_path)  # a new driver: the plan from the file, the added run from the ledger
+    assert [p.run for p in again.plan.points] == [0, 1, 2, 3]
+    assert {p.point_id for p in again.ledger.points()} == {p.id for p in again.plan.points}  # all in the plan
+    assert sequential.settle_all(again) == 1
+    runnable = again.ledger.runnable(serve.id, again.c.max_attempts)
+    assert [r.run for r in runnable] == [4]  # only the new run: nothing done runs again
+    assert sequential.settle_all(again) == 0
+
+
+def test_dry_run_and_estimate_know_the_range_of_runs(tmp_path):
+    work = _work(tmp_path)
+    text = dry_run_text(work.plan)
+    assert "x 3 to 5 run(s) = 3 run(s) to start with" in text
+    assert "Precision: 3 to 5 run(s) per point, until the 95% interval of output_throughput's mean is within" in text
+    est = estimate(work.plan)
+    assert est.points == 3 and est.most_points == 5 and est.most_wall_s > est.wall_s
+    assert "at most 5 run(s)" in est.text()
+    pair = (work.plan.points[0].serve.id, work.plan.points[0].bench.id)
+    assert len(precision_runs(work.plan, {pair: [100.0, 110.0, 90.0]})) == 2  # a wide spread: to max_runs
+    assert [p.run for p in precision_runs(work.plan, {pair: [100.0, 100.1, 99.9]})] == [3]  # the confirming run
+    assert precision_runs(work.plan, decided={pair}, most=True) == []
+
+
+def test_stopping_rule_coverage_by_simulation():
+    """On points of mixed noise the sequential rule's 95 % intervals still cover the true mean at least 93 %
+    of the time (benchmarks/bench_verdicts.py --precision measures it per noise level, with 2000 points each)."""
+    from raysweep.verdicts import mean_interval
+
+    rng = np.random.default_rng(7)
+    spec = PrecisionSpec(metric="output_throughput", rel_half_width=0.03, min_runs=3, max_runs=12)
+    covered = total = 0
+    for cv in (0.01, 0.02, 0.03, 0.04):
+        for _ in range(300):
+            values = [float(v) for v in rng.normal(100.0, 100.0 * cv, spec.min_runs)]
+            while decide(values, len(values), spec).wants_more:
+                values.append(float(rng.normal(100.0, 100.0 * cv)))
+            _, low, high = mean_interval(values)
+            covered, total = covered + (low <= 100.0 <= high), total + 1
+    assert covered / total >= 0.93
