@@ -29,6 +29,19 @@ FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_m
                       "health_check_failure_threshold": 5, "health_check_timeout_ms": 2000}
 
 
+# The fixtures that start Ray or vLLM, and the marker each gives its tests (`make test-fast` runs
+# `-m "not ray and not vllm"`); a test that starts them another way carries the marker itself.
+HEAVY_FIXTURES = {"gpu_cluster": "ray", "tiny_model": "vllm", "vllm_server": "vllm"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses a fixture starting Ray or vLLM carries that fixture's marker."""
+    for item in items:
+        for fixture, marker in HEAVY_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
+                item.add_marker(getattr(pytest.mark, marker))
+
+
 @pytest.fixture(scope="session")
 def gpu_cluster():
     """Started once per test session: a head without GPUs and 3 nodes x 4 simulated GPUs, with fast

@@ -176,6 +176,7 @@ def test_bad_input_exits_2_before_anything_starts(campaign, args, message):
 # Real vLLM CPU server (the shared session server, given by --url)
 # ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.vllm
 def test_crosscheck_alternates_both_clients_on_the_real_server(vllm_server, tmp_path):
     model = vllm_server["model"]
     f = tmp_path / "c.yaml"
