@@ -24,14 +24,14 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import endpoint, placement, recovery, sequential, storage
+from raysweep import drift, endpoint, placement, recovery, sequential, storage
 from raysweep.bench import offline
 from raysweep.campaign import CampaignSpec
 from raysweep.config_life import ConfigLife
 from raysweep.endpoint import is_endpoint_campaign
 from raysweep.errors import UserError
 from raysweep.grid import shell_join
-from raysweep.ledger import LEDGER_FILE, Ledger, PointRow
+from raysweep.ledger import LEDGER_FILE, CampaignHeld, Ledger, PointRow
 from raysweep.live_server import ConfigRun
 from raysweep.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.progress_metrics import Progress
@@ -92,9 +92,12 @@ def ray_session(address: str | None) -> Iterator[None]:
 # The campaign
 # ---------------------------------------------------------------------------------------------------
 
-def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> tuple[Plan, Ledger]:
+def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
+                  accept_changes: bool = False) -> tuple[Plan, Ledger]:
     """Check the campaign's data files, build the plan and bring the ledger in line with it (refusing a changed
-    meaning unless `force`). Nothing is written before the data files are read."""
+    meaning unless `force`). Nothing is written before the data files are read, and nothing at all when the
+    campaign is refused: held by a live driver (unless `force`), or measured with other settings than this
+    run's (`raysweep.drift`, unless `accept_changes`)."""
     from raysweep.bench.checks import check_data_files
 
     check_data_files(spec)
@@ -104,6 +107,9 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> 
     output_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(output_dir / LEDGER_FILE)
     try:
+        if not force and (holder := ledger.live_driver(driver_alive)) is not None:
+            raise CampaignHeld(holder)
+        drift.check(ledger, drift.measured_with(spec), accept_changes or force)
         if spec.campaign.tune is not None:  # the candidates tried so far are part of the plan
             from raysweep.tune import restore_plan
 
@@ -120,9 +126,10 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False) -> 
 
 
 def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, retry_failed: bool = False,
-                 on_event: EventSink | None = None) -> RunSummary:
+                 on_event: EventSink | None = None, accept_changes: bool = False) -> RunSummary:
     """Run every pending point of a campaign on the connected Ray cluster. Resumes from the ledger;
-    `retry_failed` gives points that used up their attempts a fresh set."""
+    `retry_failed` gives points that used up their attempts a fresh set; `accept_changes` goes on with
+    settings that changed since points were finished (`raysweep.drift`), recording the change."""
     emit = on_event or (lambda kind, **data: None)
     mirror = storage.Mirror(spec.campaign.storage, output_dir) if spec.campaign.storage else None
     if mirror is not None:
@@ -130,7 +137,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     tracker = LiveTracker(spec.campaign, output_dir) if spec.campaign.tracking is not None else None
     if tracker is not None:  # tracking: each point logged as it lands
         emit = tracker.sink(emit)
-    plan, ledger = open_campaign(spec, output_dir, force=force)
+    plan, ledger = open_campaign(spec, output_dir, force=force, accept_changes=accept_changes)
     progress = Progress(spec.campaign.name, ledger.counts)  # Ray's metrics: the cluster's Prometheus sees it
     emit = progress.sink(emit)
     try:
@@ -138,9 +145,12 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
         endpoints = is_endpoint_campaign(spec)  # serve.url: nothing is placed, the endpoints run already
         if not endpoints:
             check_placement(plan, nodes)
+        settings = drift.measured_with(spec, drift.node_versions())
+        accepted = drift.check(ledger, settings, accept_changes or force)
         me = psutil.Process()
         driver_id = ledger.acquire_driver(me.pid, me.create_time(), driver_alive, force=force)
         ledger.record_driver_helpers(driver_id, recovery.helper_processes(me))
+        drift.record(ledger, settings, accepted)
         outcome = "interrupted"
         try:
             recovery.recover(ledger, retry_failed)

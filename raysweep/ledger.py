@@ -384,6 +384,11 @@ class Ledger:
         with self._lock:
             return [dict(r) for r in self._conn.execute("SELECT * FROM drivers WHERE outcome = 'lost'").fetchall()]
 
+    def drivers(self) -> list[dict[str, Any]]:
+        """Every driver that held the campaign, oldest first, with its outcome (None while it runs)."""
+        with self._lock:
+            return [dict(r) for r in self._conn.execute("SELECT * FROM drivers ORDER BY id").fetchall()]
+
     def last_driver(self) -> dict[str, Any] | None:
         """The most recent driver of this campaign: hostname, pid, start time, end time and outcome."""
         with self._lock:

@@ -688,6 +688,7 @@ SECTIONS: list[Section] = [
     Section("transport", "Transport", _transport),
     Section("multinode", "Multi-node and GPUs", "raysweep.telemetry:report_section"),
     Section("failures", "Failures", _failures),
+    Section("events", "Events", "raysweep.recovery:report_section"),
     Section("campaign", "Campaign", _campaign),
     Section("plan", "Plan", _plan),
     Section("environment", "Environment", _environment),

@@ -13,7 +13,10 @@ from raysweep.cli import logs
 from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, _sigterm_to_interrupt, console, main
 from raysweep.cli.display import _print_counts, _ProgressDisplay, told_by_event
 from raysweep.cli.jsonout import emit, json_option
-from raysweep.errors import UserError
+from raysweep.errors import LedgerError, UserError
+
+ACCEPT_HELP = ("Go on although what the finished points were measured with changed (versions, warmup, client, "
+               "transport); the change is recorded as an event.")
 
 
 @main.command()
@@ -27,9 +30,10 @@ from raysweep.errors import UserError
                    "durations the estimate uses (repeatable; the campaign's own output dir is always read).")
 @click.option("--force", is_flag=True, help="Run even if the campaign's commands changed since points were finished.")
 @click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
+@click.option("--accept-changes", is_flag=True, help=ACCEPT_HELP)
 @json_option
 def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool, estimate_from: tuple[str, ...],
-        force: bool, retry_failed: bool, as_json: bool) -> None:
+        force: bool, retry_failed: bool, accept_changes: bool, as_json: bool) -> None:
     """Run a campaign (resuming it if its output directory already has a ledger). A campaign with nothing
     left to run is answered from its files, without starting Ray."""
     from raysweep.campaign import load_campaign
@@ -42,7 +46,7 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
     if dry_run:
         _dry_run(spec, address, _output_dir(spec, output_dir), estimate_from)
         return
-    _run(spec, _output_dir(spec, output_dir), address, force, retry_failed, as_json)
+    _run(spec, _output_dir(spec, output_dir), address, force, retry_failed, as_json, accept_changes)
 
 
 def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tuple[str, ...]) -> None:
@@ -153,8 +157,10 @@ def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], 
 @click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
 @click.option("--force", is_flag=True, help="Take over the campaign even if another driver seems to hold it.")
 @click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
+@click.option("--accept-changes", is_flag=True, help=ACCEPT_HELP)
 @json_option
-def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool, as_json: bool) -> None:
+def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool, accept_changes: bool,
+           as_json: bool) -> None:
     """Continue an interrupted campaign from its output directory."""
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.errors import CampaignError
@@ -171,11 +177,15 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
         if not (source and Path(source).is_file() and "was masked" in str(exc)):
             raise
         spec = load_campaign(source)  # the original file still has the secret; the ledger checks its meaning
-    _run(spec, Path(output_dir), address, force, retry_failed, as_json)
+    _run(spec, Path(output_dir), address, force, retry_failed, as_json, accept_changes)
 
 
 def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False,
-         as_json: bool = False) -> None:
+         as_json: bool = False, accept_changes: bool = False) -> None:
+    finished = _finished(spec, output_dir, retry_failed)
+    if finished is not None:  # nothing left to run: answered from the files; Ray is not even imported
+        _answer_finished(spec, output_dir, finished, as_json)
+        return
     from raysweep.driver import open_campaign, ray_session, run_campaign
     from raysweep import tracking
     from raysweep.endpoint import check_endpoints, is_endpoint_campaign
@@ -184,24 +194,24 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
     if is_endpoint_campaign(spec):  # serve.url: every endpoint answers with an OpenAI API, before Ray starts
         check_endpoints(spec)
     tracking.check(spec.campaign)  # tracking: its library is here and its URI usable
-    _, ledger = open_campaign(spec, output_dir, force=force)  # refuse a changed campaign before starting Ray
-    try:
-        finished = _finished(spec, ledger, retry_failed)
-    finally:
-        ledger.close()
-    if finished is not None:  # nothing left to run: answered from the files, Ray is not started
-        _answer_finished(spec, output_dir, finished, as_json)
-        return
+    # refuse a changed campaign, a live driver or changed settings before starting Ray, writing nothing
+    _, ledger = open_campaign(spec, output_dir, force=force, accept_changes=accept_changes)
+    ledger.close()
     _sigterm_to_interrupt()
     display = _ProgressDisplay()
-    summary = None
+    summary, refused = None, False
     try:
         with logs.routed(output_dir / logs.LOG_FILE, drop=told_by_event), display, ray_session(address):
             _sigterm_to_interrupt()  # again: starting Ray installs its own handler, which aborts
-            summary = run_campaign(spec, output_dir, force=force, retry_failed=retry_failed, on_event=display.event)
+            summary = run_campaign(spec, output_dir, force=force, retry_failed=retry_failed, on_event=display.event,
+                                   accept_changes=accept_changes)
+    except LedgerError:  # refused meanwhile (another driver took the campaign): its results are not ours to write
+        refused = True
+        raise
     finally:
-        paths = write_results(output_dir)
-        console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)
+        if not refused:
+            paths = write_results(output_dir)
+            console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)
     _print_counts(summary.counts)
     for p in summary.failures[:10]:
         console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
@@ -216,26 +226,36 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
         sys.exit(1)
 
 
-def _finished(spec: Any, ledger: Any, retry_failed: bool) -> tuple[dict[str, int], list[Any]] | None:
-    """(counts, failed points) when a campaign has nothing left to run (no point pending or running, no failed
-    point to retry, no SLA search or tuning that could add points), else None."""
-    from raysweep.ledger import PointState
+def _finished(spec: Any, output_dir: Path, retry_failed: bool) -> tuple[dict[str, int], list[Any]] | None:
+    """(counts, failed points) when the campaign in `output_dir` is this one, unchanged (same name and
+    fingerprint), and has nothing left to run: every point of its plan done or failed for good (and not
+    retried), no SLA search or tuning that could add points. None otherwise (the run goes on as usual)."""
+    from raysweep.ledger import LEDGER_FILE, Ledger, PointState
+    from raysweep.plan import build_plan
 
     c = spec.campaign
-    if c.tune is not None or c.sla is not None:  # their searches add points as they go
+    if c.tune is not None or c.sla is not None or not (output_dir / LEDGER_FILE).is_file():
+        return None  # searches add points as they go
+    plan = build_plan(spec)
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        if ledger.meta("name") != c.name or ledger.meta("fingerprint") != plan.fingerprint:
+            return None
+        rows = {p.point_id: p for p in ledger.points(in_plan_only=False)}
+    finally:
+        ledger.close()
+    mine = [rows.get(p.id) for p in plan.points]
+    ends = (PointState.DONE,) if retry_failed else (PointState.DONE, PointState.FAILED)
+    if not mine or any(r is None or r.state not in ends for r in mine):
         return None
-    counts = ledger.counts()
-    if counts.get(PointState.PENDING) or counts.get(PointState.RUNNING) or (retry_failed and counts.get("failed")):
-        return None
-    failed = [p for p in ledger.points() if p.state == PointState.FAILED] if counts.get("failed") else []
-    return {k: counts.get(k, 0) for k in ("done", "failed", "pending", "running")}, failed
+    failed = [r for r in mine if r is not None and r.state == PointState.FAILED]
+    return {"done": len(mine) - len(failed), "failed": len(failed), "pending": 0, "running": 0}, failed
 
 
 def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int], list[Any]], as_json: bool) -> None:
     """A finished campaign run again: its counts, results and report, each made again only where a point
     finished after it was written."""
     from raysweep.ledger import Ledger
-    from raysweep.report import REPORT_FILE
     from raysweep.results import write_results
 
     counts, failed = finished
@@ -260,7 +280,7 @@ def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int]
                       f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
     drawn = None
     if spec.campaign.report and counts.get("done"):
-        report = output_dir / REPORT_FILE
+        report = output_dir / "report.html"  # report.REPORT_FILE, without importing the report's modules
         if fresh(report):
             console.print(f"Report: {report} (up to date)", highlight=False)
             drawn = (report, [], [])

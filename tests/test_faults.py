@@ -1,0 +1,191 @@
+"""Faults: a refused command writes nothing, settings drift caught on resume, what a dead driver left stopped
+at once, ports without a race, a full disk that loses no finished result, and a short chaos run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from click.testing import CliRunner
+from helpers import standin_campaign
+
+from raysweep import drift
+from raysweep.campaign import load_campaign
+from raysweep.cli import main
+from raysweep.driver import driver_alive, open_campaign
+from raysweep.ledger import CampaignHeld, Ledger
+
+
+def _tree(path: Path) -> dict[str, str]:
+    """Every file under `path` with its sha256 (the output dir byte for byte)."""
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def campaign_dir(tmp_path):
+    """A campaign with a ledger, one point done and results files, as a driver leaves them."""
+    f = standin_campaign(tmp_path)
+    spec = load_campaign(f)
+    out = Path(spec.campaign.output_dir or "")
+    plan, ledger = open_campaign(spec, out)
+    first = plan.points[0].id
+    ledger.mark_running(first, "srv-1")
+    (out / "points").mkdir()
+    (out / "points" / f"{first}.json").write_text('{"ok": 1}')
+    ledger.mark_done(first, str(out / "points" / f"{first}.json"))
+    drift.record(ledger, drift.measured_with(spec), [])
+    ledger.close()
+    for name in ("results.parquet", "results.csv", "raysweep.log"):
+        (out / name).write_bytes(b"as the running driver wrote it\n")
+    return f, out
+
+
+@pytest.fixture
+def live_driver(campaign_dir):
+    """A driver that still runs holds the campaign (a process of ours stands in for it)."""
+    _, out = campaign_dir
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        me = psutil.Process(proc.pid)
+        ledger = Ledger.open_existing(out)
+        ledger.acquire_driver(proc.pid, me.create_time(), driver_alive)
+        ledger.close()
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(main, list(args))
+    return res.exit_code, res.output
+
+
+def test_second_driver_on_a_live_campaign_is_refused_and_writes_nothing(campaign_dir, live_driver):
+    f, out = campaign_dir
+    before = _tree(out)
+    for args in (("run", str(f)), ("resume", str(out))):
+        code, text = _cli(*args)
+        assert code == 2, text
+        assert f"being run by pid {live_driver.pid}" in text and "nothing was changed" in text
+        assert _tree(out) == before, f"{args[0]} changed the output dir"
+
+
+def test_changed_campaign_is_refused_and_writes_nothing(campaign_dir):
+    f, out = campaign_dir
+    data = yaml.safe_load(f.read_text())
+    data["bench"]["cmd"] += " --seed 7"  # changes what the finished point means
+    f.write_text(yaml.safe_dump(data))
+    before = _tree(out)
+    code, text = _cli("run", str(f))
+    assert code == 2 and "bench_cmd" in text, text
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("runs", 0, "runs"),
+    ("warmup", "many", "warmup"),
+    ("bench", {"backend": "telepathy"}, "bench.backend"),
+])
+def test_bad_input_is_refused_and_writes_nothing(campaign_dir, field, value, named):
+    f, out = campaign_dir
+    data = yaml.safe_load(f.read_text())
+    if isinstance(value, dict):
+        data[field].update(value)
+    else:
+        data[field] = value
+    f.write_text(yaml.safe_dump(data))
+    before = _tree(out)
+    code, text = _cli("run", str(f))
+    assert code == 2 and named in text, text
+    assert _tree(out) == before
+
+
+def test_changed_settings_are_refused_with_their_differences_and_write_nothing(campaign_dir):
+    f, out = campaign_dir
+    data = yaml.safe_load(f.read_text())
+    data["warmup"] = 5
+    data["transport"] = {"wait_s": 3}
+    f.write_text(yaml.safe_dump(data))
+    before = _tree(out)
+    code, text = _cli("run", str(f))
+    assert code == 2, text
+    assert "warmup: 0 -> 5" in text and "transport.wait_s: 30.0 -> 3.0" in text and "--accept-changes" in text
+    assert _tree(out) == before
+
+
+def test_changed_versions_are_refused_on_resume(campaign_dir):
+    _, out = campaign_dir
+    ledger = Ledger.open_existing(out)
+    old = drift.recorded(ledger) or {}
+    ledger.set_meta(drift.SETTINGS_KEY, json.dumps({**old, "vllm": "0.0.1", "nodes_ray": ["1.0.0"]}))
+    ledger.close()
+    before = _tree(out)
+    code, text = _cli("resume", str(out))
+    assert code == 2 and "vllm: '0.0.1' -> " in text, text
+    assert _tree(out) == before
+
+
+def test_accepted_changes_are_recorded_as_an_event_that_status_shows(campaign_dir):
+    f, out = campaign_dir
+    data = yaml.safe_load(f.read_text())
+    data["warmup"] = 5
+    f.write_text(yaml.safe_dump(data))
+    spec = load_campaign(f)
+    with pytest.raises(drift.SettingsChanged):
+        open_campaign(spec, out)
+    _, ledger = open_campaign(spec, out, accept_changes=True)
+    accepted = drift.check(ledger, drift.measured_with(spec), accept=True)
+    drift.record(ledger, drift.measured_with(spec), accepted)
+    assert drift.check(ledger, drift.measured_with(spec), accept=False) == []  # the new settings are kept
+    [event] = [e for e in ledger.events() if e["kind"] == drift.EVENT]
+    assert "warmup: 0 -> 5" in event["detail"]
+    ledger.close()
+    code, text = _cli("status", str(out))
+    assert code == 0 and "settings changed" in text and "warmup: 0 -> 5" in text, text
+
+
+def test_settings_before_any_point_is_done_are_no_drift(tmp_path):
+    f = standin_campaign(tmp_path)
+    spec = load_campaign(f)
+    _, ledger = open_campaign(spec, Path(spec.campaign.output_dir or ""))
+    drift.record(ledger, {**drift.measured_with(spec), "warmup": 9}, [])
+    assert drift.check(ledger, drift.measured_with(spec), accept=False) == []
+    ledger.close()
+
+
+def test_differences_flatten_nested_settings_and_ignore_unknown_keys():
+    old = {"warmup": 0, "transport": {"wait_s": 30.0, "require": "any"}, "nodes_vllm": ["0.11"]}
+    new = {"warmup": 0, "transport": {"wait_s": 30.0, "require": "ib"}, "vllm": "0.12"}
+    assert drift.differences(old, new) == ["transport.require: 'any' -> 'ib'"]
+
+
+def test_open_campaign_refuses_a_held_campaign_unless_forced(campaign_dir, live_driver):
+    f, out = campaign_dir
+    spec = load_campaign(f)
+    with pytest.raises(CampaignHeld):
+        open_campaign(spec, out)
+    _, ledger = open_campaign(spec, out, force=True)
+    ledger.close()
+
+
+def test_report_events_section_shows_accepted_changes_and_lost_drivers(campaign_dir):
+    from raysweep import recovery
+
+    _, out = campaign_dir
+    assert recovery.report_section(out) is None
+    ledger = Ledger.open_existing(out)
+    ledger.add_event(drift.EVENT, [], [], "accepted: warmup: 0 -> 5")
+    ledger.acquire_driver(999999, 1.0, lambda *a: False)
+    ledger.acquire_driver(999998, 2.0, lambda *a: False)  # finds the first one dead: lost
+    ledger.close()
+    html = recovery.report_section(out) or ""
+    assert "settings_changed" in html and "warmup: 0 -&gt; 5" in html
+    assert "driver_lost" in html and "driver pid 999999" in html and "999998" not in html
