@@ -37,11 +37,12 @@ def unknown_names(option: str, missing: Sequence[str], accepted: Sequence[str], 
     for name in missing:
         low = name.lower()
         close += difflib.get_close_matches(name, accepted, n=3, cutoff=0.6)
-        close += [a for a in accepted if len(low) >= 4 and (low in a.lower() or a.lower() in low)][:3]
+        close += [a for a in accepted if min(len(low), len(a)) >= 4 and (low in a.lower() or a.lower() in low)][:3]
     close = list(dict.fromkeys(close))[:limit]
     head = f"{option} {','.join(missing)}: no such {what}"
+    guess = f"; did you mean {', '.join(close)}?" if close else ""
     if len(accepted) <= limit:
-        return f"{head}; accepted: {', '.join(accepted) or 'none'}"
+        return f"{head}{guess}{' (' if guess else '; '}accepted: {', '.join(accepted) or 'none'}{')' if guess else ''}"
     if close:
-        return f"{head}; did you mean {', '.join(close)}? ({len(accepted)} {what}s accepted)"
+        return f"{head}{guess} ({len(accepted)} {what}s accepted)"
     return f"{head} ({len(accepted)} {what}s accepted, e.g. {', '.join(accepted[:limit])})"

@@ -123,36 +123,43 @@ def _output_dir(spec: Any, override: str | None) -> Path:
 _FORMAT = click.Choice(["png", "svg", "pdf"])
 
 
-def _deprecated(old: str, new: str) -> Any:
-    """A callback that warns on stderr when the old spelling of an option is used (kept for one release)."""
-    def warn(ctx: click.Context, param: Any, value: Any) -> Any:
-        if value is not None and ctx.get_parameter_source(param.name) == click.core.ParameterSource.COMMANDLINE:
-            _say(f"warning: {old} is deprecated here and will be removed in the next release; use {new}", err=True,
-                 style="yellow")
-        return value
-    return warn
+def deprecated_alias(old: str, new: str, dest: str, **kw: Any) -> Any:
+    """A hidden option `old` (kept for one release) that sets the parameter `dest` of option `new`, with a
+    warning on stderr when it is used."""
+    def alias(ctx: click.Context, param: Any, value: Any) -> None:
+        if value is None:
+            return
+        _say(f"warning: {old} is deprecated here and will be removed in the next release; use {new}", err=True,
+             style="yellow")
+        ctx.params[dest] = value
+        ctx.set_parameter_source(dest, click.core.ParameterSource.COMMANDLINE)
+
+    return click.option(old, f"deprecated_{dest}", hidden=True, expose_value=False, default=None, callback=alias,
+                        **kw)
 
 
 def fig_format_option(f: Any) -> Any:
     """`--fig-format` (png, svg, pdf), with `--format` kept for one release as a deprecated alias: `--format`
     names a table format in `results`, one meaning per flag name across commands."""
-    f = click.option("--format", "fmt", type=_FORMAT, hidden=True, callback=_deprecated("--format", "--fig-format"))(f)
+    f = deprecated_alias("--format", "--fig-format", "fmt", type=_FORMAT)(f)
     return click.option("--fig-format", "fmt", type=_FORMAT, default="png", show_default=True,
                          help="Image format of the figures.")(f)
 
 
-def print_table(table: Any) -> None:
-    """Print a rich table: on a terminal folded to its width (cells wrap, nothing is cut); piped or
-    redirected, as wide as the table needs, so no name or value is ever cut to `...`."""
+def print_table(table: Any, console: Console | None = None) -> None:
+    """Print a rich table (on `console`, default stdout): on a terminal folded to its width (cells wrap,
+    nothing is cut); piped or redirected, as wide as the table needs, so no name or value is ever cut to `...`."""
+    c = console or out
     for col in table.columns:
         col.overflow = "fold"
-    if out.is_terminal:
-        out.print(table)
+    if c.is_terminal:
+        c.print(table)
         return
     from rich.measure import Measurement
 
-    width = Measurement.get(out, out.options.update(width=100_000), table).maximum
-    Console(width=max(width, 20), soft_wrap=True).print(table)  # `out` would clamp to its own 80 columns
+    width = Measurement.get(c, c.options.update(width=100_000), table).maximum
+    # a console of that width on the same file: `print(width=...)` would clamp to the console's own 80 columns
+    Console(file=c.file, width=max(width, 20), soft_wrap=True).print(table)
 
 
 def _figure_dir(output_dir: str, out_path: str | None, default: str) -> Path:

@@ -113,7 +113,7 @@ def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count
     for _, row in result.front.iterrows():
         front.add_row(*(escape(plots.fmt_value(row[c])) for c in labels), f"{row['tokens_per_user']:.4g}",
                       f"{row['tokens_per_gpu']:.4g}", escape(str(row["gpus_from"])))
-    print_table(front)
+    print_table(front, out)
     paths = [] if dry_run else plots.write_pareto(result, labels, _figure_dir(output_dir, out_path, "pareto"), fmt,
                                                   fig_dpi)
     _print_paths(paths, table.notes + result.notes)

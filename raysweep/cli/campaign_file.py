@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
+from typing import Any
 
 import click
 
-from raysweep.cli._common import _say, main
+from raysweep.cli._common import _say, console, main
+from raysweep.cli.jsonout import emit, json_option
+from raysweep.errors import UserError
 
 
 @main.command()
@@ -18,17 +22,44 @@ def schema() -> None:
 
 
 @main.command()
-@click.argument("campaign_file", type=click.Path(dir_okay=False))
-def validate(campaign_file: str) -> None:
-    """Check a campaign file and its parameter files as `run` would (fields, parameter grids, commands, links,
-    SLA, GPU shapes, pins) without starting Ray or placing anything; exit 0 when it is valid, 2 when not."""
+@click.argument("campaign_files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@json_option
+def validate(campaign_files: tuple[str, ...], as_json: bool) -> None:
+    """Check campaign files and their parameter files as `run` would (fields, parameter grids, commands, links,
+    SLA, GPU shapes, pins, every data file the bench points read, line by line) without starting Ray or
+    placing anything; exit 0 when every file is valid, 2 when
+    one is not (each file is checked and reported)."""
+    reports = [_check(f) for f in campaign_files]
+    if as_json:
+        emit("validate", {"valid": all(r["valid"] for r in reports), "files": reports})
+    else:
+        for r in reports:
+            if r["valid"]:
+                _say(f"OK {r['file']}: campaign {r['campaign']}, {r['server_configs']} {r['what']} x "
+                     f"{r['bench_points']} bench point(s) x {r['runs_per_point']} run(s) = {r['runs']} run(s)"
+                     + (f", {r['sla_searches']} SLA search(es)" if r["sla_searches"] else ""))
+                for note in r["notes"]:
+                    _say(f"note: {note}")
+            else:
+                console.print("error:", style="bold red", end=" ")
+                _say(f"{r['file']}: {r['error']}" if len(reports) > 1 else r["error"], err=True)
+    if not all(r["valid"] for r in reports):
+        sys.exit(2)
+
+
+def _check(campaign_file: str) -> dict[str, Any]:
     from raysweep.campaign import load_campaign
     from raysweep.plan import build_plan
 
-    plan = build_plan(load_campaign(campaign_file))
+    from raysweep.bench.checks import check_data_files
+
+    try:
+        plan = build_plan(load_campaign(campaign_file))
+        notes = check_data_files(plan.spec)  # every data file its bench points read, line by line
+    except UserError as exc:
+        return {"file": campaign_file, "valid": False, "error": str(exc), "field": getattr(exc, "field", None)}
     c = plan.spec.campaign
-    serves = sum(1 for s in plan.serves if plan.points_of(s.id))
-    what = "offline config(s)" if plan.spec.offline else "server config(s)"
-    _say(f"OK {campaign_file}: campaign {c.name}, {serves} {what} x {len(plan.benches)} bench point(s) x "
-         f"{c.runs} run(s) = {len(plan.points)} run(s)"
-         + (f", {len(plan.searches)} SLA search(es)" if plan.searches else ""))
+    return {"file": campaign_file, "valid": True, "error": None, "field": None, "campaign": c.name,
+            "what": "offline config(s)" if plan.spec.offline else "server config(s)",
+            "server_configs": sum(1 for s in plan.serves if plan.points_of(s.id)), "bench_points": len(plan.benches),
+            "runs_per_point": c.runs, "runs": len(plan.points), "sla_searches": len(plan.searches), "notes": notes}

@@ -14,7 +14,7 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import _print_paths, _say, fig_format_option, main, print_table
+from raysweep.cli._common import _print_paths, _say, fig_format_option, main, out, print_table
 from raysweep.cli.jsonout import emit, json_option
 from raysweep.errors import UserError, unknown_names
 
@@ -91,7 +91,7 @@ def print_aggregates(output_dir: str, results: pd.DataFrame, formats: tuple[str,
         noisy = f"[yellow]{escape(str(r['noisy_metrics']))}[/]" if r["noisy"] else "no"
         needed = "-" if pd.isna(r["runs_needed"]) else str(int(r["runs_needed"]))
         table.add_row(*(escape(plots.fmt_value(r[p])) for p in params), str(r["runs"]), *cells, noisy, needed)
-    print_table(table)
+    print_table(table, out)
     _print_paths(paths, notes)
     if dest is None:
         _say("summary not written (write it with --out DIR)", err=True)
@@ -193,7 +193,7 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
 
 def _print_comparison(cmp: Any) -> None:
     from raysweep import compare, plots
-    from raysweep.cli._common import out
+
 
     out.print(f"[bold]{escape(cmp.other.name)}[/] against [bold]{escape(cmp.baseline.name)}[/]: {len(cmp.table)} "
               f"point(s) matched on {escape(', '.join(cmp.on))}; without a match: {cmp.unmatched_other} of "
@@ -208,11 +208,11 @@ def _print_comparison(cmp: Any) -> None:
     for _, r in compare.totals(cmp).iterrows():
         sums.add_row(r["metric"], _num(r["ratio_geomean"]), _num(r["ratio_min"]), _num(r["ratio_max"]),
                      *(f"[{_VERDICT_STYLE[w]}]{r.get(w.replace(' ', '_'), 0)}[/]" for w in words))
-    print_table(sums)
+    print_table(sums, out)
     shown = [m for m in cmp.metrics if m in _SHOWN] or cmp.metrics[:4]
     points = Table(*cmp.on, *(f"{m}\nratio" for m in shown), title="per point")
     for _, r in _sorted_by(cmp.table, list(cmp.on)).iterrows():
         cells = [f"[{_VERDICT_STYLE.get(str(r[f'{m}_verdict']), 'default')}]{_num(r[f'{m}_ratio'])} "
                  f"{escape(str(r[f'{m}_verdict']))}[/]" for m in shown]
         points.add_row(*(escape(plots.fmt_value(r[c])) for c in cmp.on), *cells)
-    print_table(points)
+    print_table(points, out)

@@ -91,6 +91,6 @@ def sla(output_dir: str, out_path: str | None, as_json: bool) -> None:
         table.add_row(escape(r.serve_label), escape(r.bench_label), escape(r.target), r.state, num(r.largest_pass),
                       num(r.smallest_fail), str(r.probes), num(getattr(r, "at_pass_request_throughput", None)),
                       escape(r.notes))
-    print_table(table)
+    print_table(table, out)
     if path:
         out.print(str(path), highlight=False)

@@ -10,14 +10,13 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import _deprecated, console, main, out
+from raysweep.cli._common import console, deprecated_alias, main, out
 from raysweep.errors import UserError
 
 def _JOB_ADDRESS(f: Any) -> Any:
     """`--dashboard-url`, the job server; `--address` (which names the GCS in `run` and `resume`) is kept for one
     release as a deprecated alias."""
-    f = click.option("--address", "address", default=None, hidden=True,
-                     callback=_deprecated("--address", "--dashboard-url"))(f)
+    f = deprecated_alias("--address", "--dashboard-url", "address")(f)
     return click.option("--dashboard-url", "address", default=None,
                         help="The cluster's job server (Ray dashboard), e.g. http://HEAD:8265 (default: "
                              "RAY_API_SERVER_ADDRESS).")(f)

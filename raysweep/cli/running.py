@@ -186,6 +186,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
     if finished is not None:  # nothing left to run: answered from the files; Ray is not even imported
         _answer_finished(spec, output_dir, finished, as_json)
         return
+    from raysweep import recovery
     from raysweep.driver import open_campaign, ray_session, run_campaign
     from raysweep import tracking
     from raysweep.endpoint import check_endpoints, is_endpoint_campaign
@@ -196,7 +197,10 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
     tracking.check(spec.campaign)  # tracking: its library is here and its URI usable
     # refuse a changed campaign, a live driver or changed settings before starting Ray, writing nothing
     _, ledger = open_campaign(spec, output_dir, force=force, accept_changes=accept_changes)
-    ledger.close()
+    try:  # what a dead driver left (its embedded Ray) goes at once, before our Ray starts beside it
+        recovery.reap_lost_drivers(recovery.dead_drivers(ledger))
+    finally:
+        ledger.close()
     _sigterm_to_interrupt()
     display = _ProgressDisplay()
     summary, refused = None, False

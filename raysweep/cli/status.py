@@ -72,7 +72,7 @@ def _show(output_dir: str) -> bool:
     for col in ("done", "running", "failed", "pending", "total"):
         table.add_column(col, justify="right")
     table.add_row(*(str(counts.get(k, 0)) for k in ("done", "running", "failed", "pending")), str(sum(counts.values())))
-    print_table(table)
+    print_table(table, out)
     live = False
     if driver:
         from raysweep.driver import driver_alive
@@ -83,6 +83,7 @@ def _show(output_dir: str) -> bool:
     if extra:
         out.print(f"{extra} point(s) in the ledger are no longer in the campaign (kept, not shown)")
     _progress(output_dir, points, {s.serve_id for s in active} if live else set())
+    _precision_line(output_dir, stored)
     if active:
         st = Table(title="servers running" if live else "servers left by a driver that is gone (reaped on resume)")
         for col in ("server", "nodes", "port", "pids", "gpus per node", "state"):
@@ -92,7 +93,7 @@ def _show(output_dir: str) -> bool:
             st.add_row(s.server_id, "\n".join(f"{r.get('node_ip') or '?'} {(r.get('node_id') or '')[:8]}" for r in ranks),
                        str(s.port or ""), "\n".join(str(r.get("pid") or "") for r in ranks),
                        "\n".join(r.get("gpu_ids") or "-" for r in ranks), s.state)
-        print_table(st)
+        print_table(st, out)
         for s in active:
             _say(f"{s.server_id}: {s.command}")
     _transport_table(servers, (stored.get("transport") or {}).get("require", "any"))
@@ -135,7 +136,7 @@ def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:
         state = "running" if serve_id in running else "finished" if not left else "waiting"
         table.add_row(serve_id, escape(grid.combo_label(pts[0].serve_params) or "base command"),
                       f"{n[PointState.DONE]}/{len(pts)}", str(n[PointState.FAILED]), str(left), state)
-    print_table(table)
+    print_table(table, out)
     left_runs = [(p.serve_id, p.bench_id) for p in points if p.state in (PointState.PENDING, PointState.RUNNING)]
     if not left_runs:
         return
@@ -143,6 +144,24 @@ def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:
     _say(f"ETA: about {format_duration(eta)} for {len(left_runs)} run(s) left (from measured durations"
          f"{', ' + str(len(running)) + ' server(s) at a time' if len(running) > 1 else ''})" if eta is not None
          else f"ETA: after the first point is done ({len(left_runs)} run(s) left)")
+
+
+def _precision_line(output_dir: str, stored: dict[str, Any]) -> None:
+    """bench.precision: how many points reached the width, stopped at max_runs, or are still measuring."""
+    from raysweep.ledger import Ledger
+
+    spec = (stored.get("bench") or {}).get("precision")
+    if not spec:
+        return
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        rows = ledger.precision()
+    finally:
+        ledger.close()
+    n = {state: sum(1 for r in rows if r["state"] == state) for state in ("reached", "max_runs", "measuring")}
+    _say(f"bench.precision ({spec['metric']} within +-{100 * spec['rel_half_width']:g} %, {spec['min_runs']} to "
+         f"{spec['max_runs']} runs): {n['reached']} point(s) reached it, {n['max_runs']} stopped at max_runs "
+         f"without it, {n['measuring']} measuring")
 
 
 def _validity_lines(output_dir: str, limit: int = 20) -> None:
@@ -183,7 +202,7 @@ def _transport_table(servers: list[Any], require: str) -> None:
                                             else f"failed: {probe.get('error')}")
         table.add_row(serve_id, s.server_id, str(v.get("nnodes", 1)), escape(links),
                       "[red]refused[/]" if refused else "ok")
-    print_table(table)
+    print_table(table, out)
     for serve_id, s in latest.items():  # the node-pair table of each multi-node server
         names = [str(r.get("node_ip") or r.get("hostname") or "?") for r in s.rank_list()]
         pairs = transport.describe_links(s.transport_verdict() or {}, names)
@@ -204,7 +223,7 @@ def _events_table(events: list[dict[str, Any]]) -> None:
         when = datetime.datetime.fromtimestamp(e["at"]).strftime("%H:%M:%S")
         table.add_row(when, e["kind"].replace("_", " "), ",".join(e["serve_ids"]),
                       "\n".join(n[:12] for n in e["nodes"]), escape(str(e["detail"] or "")))
-    print_table(table)
+    print_table(table, out)
 
 
 

@@ -9,7 +9,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import OUTPUT_DIR, main, out
+from raysweep.cli._common import OUTPUT_DIR, main, out, print_table
+from raysweep.cli.jsonout import emit, json_option
 from raysweep.errors import UserError
 
 
@@ -17,8 +18,9 @@ from raysweep.errors import UserError
 @click.argument("output_dir", type=OUTPUT_DIR)
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show only the first N candidates.")
 @click.option("--csv", "csv_out", type=click.Path(dir_okay=False), default=None,
-              help="Also write the leaderboard to this CSV file.")
-def tune(output_dir: str, top: int | None, csv_out: str | None) -> None:
+              help="Also write the leaderboard to this CSV file (nothing is written without it).")
+@json_option
+def tune(output_dir: str, top: int | None, csv_out: str | None, as_json: bool) -> None:
     """The candidates of a tuning campaign, best first: objective, state, parameters, GPU-hours, the
     validity of their runs and their SLA verdicts."""
     from raysweep.ledger import Ledger
@@ -34,6 +36,9 @@ def tune(output_dir: str, top: int | None, csv_out: str | None) -> None:
     if not campaign.get("tune"):
         raise UserError(f"{output_dir}: not a tuning campaign (its campaign has no tune: section)")
     if not rows:
+        if as_json:
+            emit("tune", {"output_dir": output_dir, "objectives": [], "candidates": [], "written": []})
+            return
         out.print("no candidate yet")
         return
     t = TuneSpec.model_validate(campaign["tune"])
@@ -51,17 +56,30 @@ def tune(output_dir: str, top: int | None, csv_out: str | None) -> None:
                  r["reason"] or ""]
         table.add_row(*(escape(c) for c in cells))
         lines.append(cells)
-    out.print(table)
+    if csv_out:
+        import csv
+        import io
+
+        from raysweep.files import write_text_atomic
+
+        text = io.StringIO()
+        w = csv.writer(text)
+        w.writerow(["rank", "number", "state", *names, "parameters", "gpu_count", "gpu_hours", "validity", "sla",
+                    "reason"])
+        w.writerows(lines)
+        write_text_atomic(csv_out, text.getvalue())
+    if as_json:
+        emit("tune", {"output_dir": output_dir, "objectives": names, "candidates": [
+            {"rank": r["rank"], "number": r["number"], "state": r["state"], "on_front": bool(r.get("on_front")),
+             "objective": list(r["objective"] or [None] * len(names)), "params": r["params"],
+             "serve_id": r["serve_id"], "gpu_count": r["gpu_count"], "gpu_hours": r["gpu_s"] / 3600,
+             "validity": validity.get(r["serve_id"]), "sla": verdicts.get(r["serve_id"]), "reason": r["reason"]}
+            for r in board], "written": [csv_out] if csv_out else []})
+        return
+    print_table(table, out)
     if len(names) == 2:
         out.print("* on the Pareto front of the candidates")
     if csv_out:
-        import csv
-
-        with open(csv_out, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["rank", "number", "state", *names, "parameters", "gpu_count", "gpu_hours", "validity", "sla",
-                        "reason"])
-            w.writerows(lines)
         out.print(csv_out, highlight=False)
 
 

@@ -1,0 +1,199 @@
+"""How long raysweep's read commands take on finished campaigns of 36, 2,000 and 20,000 runs.
+
+Each campaign is a stub: a real campaign file (a `vllm serve` grid over max_num_seqs, a bench grid over
+random_input_len x max_concurrency, 2 runs), its ledger synced from the real plan, every point marked done
+with a result file as raysweep writes it (vLLM's fields, server metrics, the validity record, 64 per-request
+latencies), made here directly: no server, no Ray. Then each read command runs as a user runs it (a fresh
+`python -m raysweep` process, so imports count) and its wall time is taken; `run` on the finished campaign
+checks that it answers without starting Ray.
+
+    .venv/bin/python benchmarks/bench_read_commands.py [--sizes 36,2000,20000] [--commands ...] [--keep DIR]
+        [--record]   # rewrite the `## read commands` section of benchmarks/RESULTS.md with the table
+
+Sizes: 36 = 2 server configs x 9 bench points x 2 runs (the demo's shape); 2,000 = 2 x 500 x 2;
+20,000 = 2 x 5,000 x 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SIZES = {36: (3, 3), 2000: (20, 25), 20000: (50, 100)}  # runs -> (input lengths, concurrencies) per server config
+COMMANDS = ("status", "results --aggregate", "compare", "report", "plot", "pareto", "run (finished)")
+
+
+def campaign_data(name: str, out: Path, lengths: int, concurrencies: int, runs: int = 2) -> dict[str, Any]:
+    """A campaign of 2 server configs x lengths x concurrencies bench points x runs."""
+    return {"name": name, "output_dir": str(out), "runs": runs,
+            "serve": {"cmd": "vllm serve tiny --dtype bfloat16", "params": {"grid": {"max_num_seqs": [8, 16]}}},
+            "bench": {"backend": "native", "cmd": "vllm bench serve --model tiny --dataset-name random "
+                                                  "--num-prompts 32 --random-output-len 16",
+                      "params": {"grid": {"random_input_len": [16 * (i + 1) for i in range(lengths)],
+                                          "max_concurrency": [i + 1 for i in range(concurrencies)]}}}}
+
+
+def stub_record(point: Any, rng: random.Random) -> dict[str, Any]:
+    """A result record shaped like the native backend's: vLLM's metrics, our ids, server metrics, validity."""
+    mns = int(point.serve.params["max_num_seqs"])
+    conc = int(point.bench.params["max_concurrency"])
+    length = int(point.bench.params["random_input_len"])
+    busy = min(conc, mns)
+    thr = 40.0 * busy * (64 / (64 + length)) * rng.gauss(1.0, 0.03)
+    ttft = 5.0 * (1 + max(0, conc - mns)) * (1 + length / 256) * rng.gauss(1.0, 0.05)
+    tpot = 2.0 * (1 + busy / 8) * rng.gauss(1.0, 0.03)
+    rec: dict[str, Any] = {
+        "campaign": "stub", "serve_id": point.serve.id, "bench_id": point.bench.id, "point_id": point.id,
+        "run_number": point.run, "serve_label": point.serve.label, "bench_label": point.bench.label,
+        **point.serve.params, **point.bench.params, "backend": "native", "request_rate": "inf",
+        "completed": 32, "failed": 0, "duration": 32 * 16 / thr, "total_input_tokens": 32 * length,
+        "total_output_tokens": 512, "request_throughput": thr / 16, "output_throughput": thr,
+        "total_token_throughput": thr * (1 + length / 16), "max_concurrent_requests": conc,
+        "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1, "gpu_count": 1,
+        "num_nodes": 1, "server_id": f"{point.serve.id}-0", "node_ip": "127.0.0.1", "gpu_ids": "",
+        "client_limited": False, "validity_ok": True, "validity_issues": "",
+    }
+    for metric, base in (("ttft", ttft), ("tpot", tpot), ("itl", tpot), ("e2el", ttft + 15 * tpot)):
+        for stat, k in (("mean", 1.0), ("median", 0.97), ("std", 0.2), ("p90", 1.4), ("p99", 1.9)):
+            rec[f"{stat}_{metric}_ms"] = base * k
+    for gauge in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting"):
+        rec[f"server_{gauge}_peak"] = busy * 1.0
+        rec[f"server_{gauge}_mean"] = busy * 0.8
+    rec.update({"server_num_preemptions": 0, "server_prompt_tokens": 32 * length, "server_generation_tokens": 512,
+                "server_mean_ttft_ms": ttft * 0.9, "server_mean_queue_ms": 0.1, "server_mean_e2el_ms": ttft + 15 * tpot,
+                "server_mean_running_requests": busy * 0.9, "server_metrics_complete": True,
+                "latencies": [round(rng.uniform(0.05, 0.2), 4) for _ in range(64)],
+                "ttfts": [round(rng.uniform(0.001, 0.02), 4) for _ in range(64)]})
+    return rec
+
+
+def build_stub(out: Path, runs_total: int, name: str = "stub") -> Path:
+    """A finished stub campaign of `runs_total` runs (a key of SIZES) in `out`; returns the campaign file."""
+    from raysweep.campaign import load_campaign
+    from raysweep.driver import open_campaign
+    from raysweep.files import write_json_atomic
+
+    lengths, concurrencies = SIZES[runs_total]
+    out.mkdir(parents=True, exist_ok=True)
+    cfile = out.parent / f"{out.name}.yaml"
+    cfile.write_text(yaml.safe_dump(campaign_data(name, out, lengths, concurrencies)))
+    spec = load_campaign(cfile)
+    plan, ledger = open_campaign(spec, out)
+    rng = random.Random(runs_total)
+    try:
+        for p in plan.points:
+            rel = f"points/{p.serve.id}/{p.bench.id}/run={p.run}.json"
+            write_json_atomic(out / rel, stub_record(p, rng))
+        with ledger._tx() as c:  # one transaction for all: the per-point calls would take minutes at 20,000
+            c.executemany("UPDATE points SET state = 'done', attempts = 1, result_path = ? WHERE point_id = ?",
+                          [(f"points/{p.serve.id}/{p.bench.id}/run={p.run}.json", p.id) for p in plan.points])
+    finally:
+        ledger.close()
+    assert len(plan.points) == runs_total, len(plan.points)
+    return cfile
+
+
+def argv_of(command: str, out: Path, cfile: Path, scratch: Path) -> list[str]:
+    if command == "run (finished)":
+        return ["run", str(cfile)]
+    if command == "compare":
+        return ["compare", str(out), str(out)]
+    if command == "report":
+        return ["report", str(out), "--out", str(scratch / "report.html")]
+    if command in ("plot", "pareto"):
+        return [command, str(out), "--out", str(scratch / command)]
+    return [*command.split(), str(out)]
+
+
+def time_command(argv: list[str]) -> tuple[float, int, str]:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "VLLM_HOST_IP": "127.0.0.1", "RAY_AUTH_MODE": "disabled", "COLUMNS": "200"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "raysweep", *argv], env=env, capture_output=True, text=True)
+    return time.perf_counter() - t0, proc.returncode, proc.stderr[-2000:]
+
+
+def snapshot(out: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="36,2000,20000")
+    ap.add_argument("--commands", default=",".join(COMMANDS))
+    ap.add_argument("--keep", default=None, help="Build the stubs here and keep them (default: a temp dir).")
+    ap.add_argument("--record", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    commands = [c.strip() for c in args.commands.split(",")]
+    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rs-read-"))
+    table: dict[str, dict[int, str]] = {c: {} for c in commands}
+    try:
+        for size in sizes:
+            out = base / f"stub{size}"
+            if not (out / "ledger.sqlite").exists():
+                t0 = time.perf_counter()
+                build_stub(out, size)
+                print(f"built {size} runs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            cfile = base / f"stub{size}.yaml"
+            for command in commands:
+                scratch = base / f"scratch{size}"
+                shutil.rmtree(scratch, ignore_errors=True)
+                before = snapshot(out)
+                wall, rc, err = time_command(argv_of(command, out, cfile, scratch))
+                wrote = sorted(set(snapshot(out).items()) - set(before.items()))
+                note = "" if rc == 0 else f" (exit {rc})"
+                if wrote:
+                    note += f" (wrote {len(wrote)} file(s) in the campaign dir)"
+                table[command][size] = f"{wall:.1f}{note}"
+                print(f"{size:>6} runs  {command:<22} {wall:7.2f} s{note}", file=sys.stderr)
+                if rc:
+                    print(err, file=sys.stderr)
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    text = markdown(table, sizes)
+    print(text)
+    if args.record:
+        record(text)
+
+
+def markdown(table: dict[str, dict[int, str]], sizes: list[int]) -> str:
+    head = "| command | " + " | ".join(f"{s:,} runs (s)" for s in sizes) + " |"
+    rows = [f"| `{c}` | " + " | ".join(table[c].get(s, "-") for s in sizes) + " |" for c in table]
+    return "\n".join([head, "|---" * (len(sizes) + 1) + "|", *rows])
+
+
+def record(table: str) -> None:
+    path = ROOT / "benchmarks" / "RESULTS.md"
+    text = path.read_text()
+    start = text.find("\n## read commands\n")
+    if start < 0:
+        return print("RESULTS.md has no `## read commands` section to update", file=sys.stderr)
+    end = text.find("\n## ", start + 1)
+    end = len(text) if end < 0 else end
+    section = text[start:end]
+    t0, t1 = section.find("\n| command |"), section.find("\n\n", section.find("\n| command |"))
+    day = datetime.date.today().isoformat()
+    new = section[:t0] + "\n" + table + f"\n\nRecorded {day} on this VM (2 cores)." + section[t1:] if t0 >= 0 else section
+    path.write_text(text[:start] + new + text[end:])
+
+
+if __name__ == "__main__":
+    main()
