@@ -6,8 +6,12 @@ bench point, the two clients take turns N times each, the first of a round alter
 vllm, native, ...: a drift of the server's pace, or a cost of going first after the reset, falls on both
 alike), with the caches reset before every run, both in Ray actors and with the campaign's own bench
 command and parameters.
-The medians of each client's runs are compared metric by metric (ratio native / vllm) and judged
-against tolerances: throughputs within 5 % and median TTFT and TPOT within 10 % by default.
+Each judged metric is an equivalence test on the runs (`verdicts.equivalence`): the ratio native / vllm
+of the clients' geometric means with its 90 % interval (Welch's t on the logarithms of the per-run values:
+the two one-sided tests at 5 %), `equivalent` only when the whole interval lies within the tolerance
+(throughputs 5 %, median TTFT and TPOT 10 % by default), `different` when it lies wholly outside, `not shown`
+otherwise, with the runs per client that would settle it at the spread seen. One slow run no longer decides:
+it widens the interval.
 
 The comparison itself (`compare`, `verdict`, `markdown`) is plain Python; `run_crosscheck` needs Ray.
 """
@@ -25,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raysweep import verdicts
 from raysweep.errors import UserError
 
 __all__ = ["CompareRow", "JUDGED", "METRICS", "Tolerances", "compare", "markdown", "round_order", "run_crosscheck",
@@ -60,7 +65,8 @@ class Tolerances:
 
 @dataclass
 class CompareRow:
-    """One metric of one bench point: the median of each client's runs, their ratio and its judgement."""
+    """One metric of one bench point: the mean of each client's runs, the ratio of their geometric means
+    (native / vllm) with its interval, and the equivalence verdict (judged metrics only)."""
 
     bench_id: str
     metric: str
@@ -68,44 +74,73 @@ class CompareRow:
     vllm: float | None
     ratio: float | None
     tolerance: float | None
-    within: bool | None          # None: not judged (a metric shown only)
+    within: bool | None          # True: equivalent; False: different or missing; None: not shown or not judged
     runs: dict[str, int] = field(default_factory=dict)
+    low: float | None = None
+    high: float | None = None
+    word: str = ""               # equivalent, different, not shown, not judged, missing ("" when only shown)
+    runs_needed: int | None = None
+    text: str = ""
 
 
-def _median(runs: list[dict[str, Any]], metric: str) -> float | None:
-    values = [float(r[metric]) for r in runs if isinstance(r.get(metric), (int, float))
-              and math.isfinite(float(r[metric]))]
-    return statistics.median(values) if values else None
+def _values(runs: list[dict[str, Any]], metric: str) -> list[float]:
+    return [float(r[metric]) for r in runs if isinstance(r.get(metric), (int, float))
+            and math.isfinite(float(r[metric]))]
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def compare(runs: list[dict[str, Any]], tol: Tolerances) -> list[CompareRow]:
     """Rows per bench point and metric from the runs (dicts with `tool`, `bench_id`, `ok` and the metrics).
-    Only runs that succeeded count; a judged metric that one side lacks (or where vllm's is 0) fails."""
+    Only runs that succeeded count; a judged metric that one side lacks (or where vllm's is 0) is missing."""
     rows = []
     benches = list(dict.fromkeys(r["bench_id"] for r in runs))
     for bench_id in benches:
         mine = {t: [r for r in runs if r["bench_id"] == bench_id and r["tool"] == t and r.get("ok")] for t in TOOLS}
         counts = {t: len(mine[t]) for t in TOOLS}
         for metric in METRICS:
-            n, v = _median(mine["native"], metric), _median(mine["vllm"], metric)
-            ratio = n / v if n is not None and v else None
+            nv, vv = _values(mine["native"], metric), _values(mine["vllm"], metric)
+            n, v = _mean(nv), _mean(vv)
             t = tol.for_metric(metric)
-            within = None if t is None else (ratio is not None and abs(ratio - 1.0) <= t + 1e-12)
-            rows.append(CompareRow(bench_id, metric, n, v, ratio, t, within, counts))
+            if t is None or n is None or not v:
+                ratio = n / v if n is not None and v else None
+                rows.append(CompareRow(bench_id, metric, n, v, ratio, t, None if t is None else False, counts,
+                                       word="" if t is None else "missing",
+                                       text="" if t is None else "missing on a side"))
+                continue
+            eq = verdicts.equivalence(vv, nv, t)
+            within = True if eq.word == "equivalent" else False if eq.word == "different" else None
+            rows.append(CompareRow(bench_id, metric, n, v, eq.ratio if math.isfinite(eq.ratio) else n / v, t, within,
+                                   counts, _finite_or_none(eq.low), _finite_or_none(eq.high), eq.word,
+                                   eq.runs_needed, eq.text))
     return rows
 
 
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
 def verdict(rows: list[CompareRow], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Whether every judged metric is within its tolerance and every run succeeded; what is not."""
-    outside = [f"{r.bench_id} {r.metric}" + (f" (ratio {r.ratio:.3f}, tolerance {r.tolerance:.0%})"
-                                              if r.ratio is not None else " (missing)")
-               for r in rows if r.within is False]
+    """`equivalent within tolerance` when every judged metric is and every run succeeded; `different` when a
+    metric is shown different (or missing) or a run failed; `not shown` otherwise, with what would settle it."""
+    def where(r: CompareRow) -> str:
+        ci = f", 90 % CI {r.low:.3f} to {r.high:.3f}" if r.low is not None and r.high is not None else ""
+        return f"{r.bench_id} {r.metric} (ratio {r.ratio:.3f}{ci}, tolerance {r.tolerance:.0%})" \
+            if r.ratio is not None else f"{r.bench_id} {r.metric} (missing)"
+
+    outside = [where(r) for r in rows if r.within is False]
+    open_ = [f"{where(r)}: {r.text}" for r in rows if r.tolerance is not None and r.within is None]
     failed = [f"{r['bench_id']} {r['tool']} run {r['round']}: {r.get('error') or 'failed'}" for r in runs
               if not r.get("ok")]
     limited = [f"{r['bench_id']} native run {r['round']}" for r in runs if r.get("ok") and r.get("client_limited")]
-    ok = not outside and not failed and bool(rows)
-    return {"within_tolerance": ok, "verdict": "within tolerance" if ok else "outside tolerance",
-            "outside": outside, "failed_runs": failed, "client_limited_runs": limited}
+    ok = not outside and not failed and not open_ and bool(rows)
+    word = "equivalent within tolerance" if ok else "different" if outside or failed or not rows else "not shown"
+    needed = [r.runs_needed for r in rows if r.tolerance is not None and r.within is None and r.runs_needed]
+    return {"within_tolerance": ok, "verdict": word, "outside": outside, "not_shown": open_,
+            "runs_to_settle": max(needed) if needed else None, "failed_runs": failed,
+            "client_limited_runs": limited}
 
 
 def _fmt(v: float | None, metric: str = "") -> str:
@@ -124,25 +159,27 @@ def markdown(report: dict[str, Any]) -> str:
              f"- {n} runs of each client per bench point, in turns (native first in even rounds, vllm first in "
              "odd ones), caches reset before each run",
              f"- tolerances: throughput {report['tolerances']['throughput']:.0%}, median TTFT/TPOT "
-             f"{report['tolerances']['latency']:.0%}",
+             f"{report['tolerances']['latency']:.0%}; a metric is equivalent only when the 90 % interval of the "
+             "ratio of the clients' geometric means lies within its tolerance, different when it lies outside",
              f"- native client: {report['bench']['native']}",
              f"- vllm bench serve: {report['bench']['vllm']}", ""]
     for bench_id in dict.fromkeys(r.bench_id for r in rows):
         label = report["bench_labels"].get(bench_id) or "base command"
         lines += [f"## bench point {bench_id} ({label})", "",
-                  "| median of runs | native | vllm bench serve | native / vllm | tolerance | within |",
-                  "|---|---|---|---|---|---|"]
+                  "| mean of runs | native | vllm bench serve | native / vllm | 90 % CI | tolerance | verdict |",
+                  "|---|---|---|---|---|---|---|"]
         for r in (r for r in rows if r.bench_id == bench_id):
+            ci = f"{r.low:.3f} to {r.high:.3f}" if r.low is not None and r.high is not None else "-"
             lines.append(f"| {r.metric} | {_fmt(r.native, r.metric)} | {_fmt(r.vllm, r.metric)} | "
-                         f"{'-' if r.ratio is None else f'{r.ratio:.3f}'} | "
+                         f"{'-' if r.ratio is None else f'{r.ratio:.3f}'} | {ci} | "
                          f"{'-' if r.tolerance is None else f'{r.tolerance:.0%}'} | "
-                         f"{'-' if r.within is None else 'yes' if r.within else '**no**'} |")
+                         f"{'-' if not r.word else f'**{r.word}**' if r.word in ('different', 'missing') else r.word} |")
         lines.append("")
     v = report["verdict"]
     lines.append(f"**Verdict: {v['verdict']}.**")
-    for key, title in (("outside", "outside tolerance"), ("failed_runs", "failed runs"),
+    for key, title in (("outside", "different"), ("not_shown", "not shown"), ("failed_runs", "failed runs"),
                        ("client_limited_runs", "client-limited native runs")):
-        if v[key]:
+        if v.get(key):
             lines.append(f"- {title}: " + "; ".join(v[key]))
     lines += ["", "Runs in order:", "", "| # | bench point | client | output tok/s | req/s | median TTFT ms | "
               "median TPOT ms | reset before |", "|---|---|---|---|---|---|---|---|"]
@@ -211,7 +248,7 @@ def _check_served(url: str, expected: str | None) -> None:
 
 
 NATIVE_ONLY_FLAGS = ("clients", "vocab_size", "prompt_format",  # options raysweep's client adds to `vllm bench serve`'s
-                     "duration", "trace_format", "trace_speedup", "multi_turn_turns", "multi_turn_think_time",
+                     "duration", "duration_limit", "trace_format", "trace_speedup", "multi_turn_turns", "multi_turn_think_time",
                      "timeseries_interval")
 
 

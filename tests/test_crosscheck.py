@@ -4,7 +4,9 @@ check of both clients taking turns on the real vLLM CPU server."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -31,49 +33,78 @@ def row(rows: list[xc.CompareRow], metric: str, bench: str = "b1") -> xc.Compare
     return next(r for r in rows if r.metric == metric and r.bench_id == bench)
 
 
-def test_medians_of_each_client_and_their_ratio():
-    runs = [run("native", 0, output_throughput=900), run("vllm", 0, output_throughput=1000),
-            run("native", 1, output_throughput=1000), run("vllm", 1, output_throughput=2000),
-            run("native", 2, output_throughput=2000), run("vllm", 2, output_throughput=1100)]
+def runs_of(tool: str, values: list[float], metric: str = "output_throughput", bench: str = "b1") -> list[dict]:
+    return [run(tool, i, bench, **{metric: v}) for i, v in enumerate(values)]
+
+
+def test_the_ratio_of_the_clients_means_with_its_interval():
+    runs = runs_of("native", [990.0, 1000.0, 1010.0, 1005.0]) + runs_of("vllm", [1000.0, 1010.0, 995.0, 1005.0])
     r = row(xc.compare(runs, xc.Tolerances()), "output_throughput")
-    assert (r.native, r.vllm) == (1000, 1100)  # medians, not means (1300 and 1366.7)
-    assert r.ratio == pytest.approx(1000 / 1100)
-    assert r.within is False and r.tolerance == 0.05
-    assert r.runs == {"native": 3, "vllm": 3}
+    assert r.native == pytest.approx(1001.25) and r.vllm == pytest.approx(1002.5)
+    assert r.low < r.ratio < r.high and r.ratio == pytest.approx(1001.25 / 1002.5, rel=1e-4)
+    assert r.word == "equivalent" and r.within is True and r.runs == {"native": 4, "vllm": 4}
 
 
-@pytest.mark.parametrize("metric, native, within", [
-    ("output_throughput", 1049.0, True), ("output_throughput", 1051.0, False), ("output_throughput", 950.0, True),
-    ("output_throughput", 949.0, False), ("request_throughput", 31.6, False), ("median_ttft_ms", 54.9, True),
-    ("median_ttft_ms", 55.1, False), ("median_tpot_ms", 7.2, True), ("median_tpot_ms", 7.1, False),
+def test_one_slow_run_widens_the_interval_instead_of_deciding():
+    # native's runs spread over 77 to 127 req/s as on 2026-11-25: the ratio's interval straddles 5 %
+    nat = runs_of("native", [77.0, 127.0, 100.0, 95.0, 110.0, 84.0, 120.0], "request_throughput")
+    vll = runs_of("vllm", [100.0, 103.0, 97.0, 101.0, 99.0, 104.0, 96.0], "request_throughput")
+    r = row(xc.compare(nat + vll, xc.Tolerances()), "request_throughput")
+    assert r.word == "not shown" and r.within is None and r.low < 0.95 and r.high > 1.0
+    assert "not shown within 5% with 7 and 7 runs" in r.text
+    v = xc.verdict(xc.compare(nat + vll, xc.Tolerances()), nat + vll)
+    assert v["verdict"] == "not shown" and not v["within_tolerance"]
+    assert any("request_throughput" in line for line in v["not_shown"])
+
+
+@pytest.mark.parametrize("metric, factor, word", [
+    ("output_throughput", 1.02, "equivalent"), ("output_throughput", 1.20, "different"),
+    ("median_ttft_ms", 1.08, "equivalent"), ("median_ttft_ms", 1.25, "different"),
+    ("median_tpot_ms", 0.97, "equivalent"), ("median_tpot_ms", 0.70, "different"),
 ])
-def test_each_judged_metric_against_its_tolerance(metric, native, within):
-    runs = [run("native", 0, **{metric: native}), run("vllm", 0)]
+def test_each_judged_metric_against_its_tolerance(metric, factor, word):
+    base = run("vllm", 0)[metric]
+    wobble = [0.995, 1.0, 1.005, 1.0, 0.998]
+    runs = runs_of("native", [base * factor * w for w in wobble], metric) + runs_of("vllm", [base * w for w in wobble],
+                                                                                   metric)
     rows = xc.compare(runs, xc.Tolerances())
-    assert row(rows, metric).within is within
-    assert xc.verdict(rows, runs)["within_tolerance"] is within
+    assert row(rows, metric).word == word
+    v = xc.verdict(rows, runs)
+    assert v["within_tolerance"] is (word == "equivalent")
+    assert v["verdict"] == ("equivalent within tolerance" if word == "equivalent" else "different")
 
 
 def test_tolerances_can_be_changed():
-    runs = [run("native", 0, output_throughput=1080, median_ttft_ms=70), run("vllm", 0)]
-    assert not xc.verdict(xc.compare(runs, xc.Tolerances()), runs)["within_tolerance"]
-    rows = xc.compare(runs, xc.Tolerances(throughput=0.1, latency=0.5))
+    wobble = [0.99, 1.0, 1.01]
+    runs = runs_of("native", [1080.0 * w for w in wobble]) + runs_of("vllm", [1000.0 * w for w in wobble])
+    assert xc.verdict(xc.compare(runs, xc.Tolerances()), runs)["verdict"] == "different"
+    rows = xc.compare(runs, xc.Tolerances(throughput=0.2, latency=0.5))
     assert xc.verdict(rows, runs)["within_tolerance"]
+
+
+def test_one_run_each_is_not_judged():
+    runs = [run("native", 0), run("vllm", 0)]
+    rows = xc.compare(runs, xc.Tolerances())
+    assert row(rows, "output_throughput").word == "not judged"
+    assert xc.verdict(rows, runs)["verdict"] == "not shown"
 
 
 def test_itl_and_e2el_are_shown_not_judged():
-    runs = [run("native", 0, median_itl_ms=80, median_e2el_ms=3000), run("vllm", 0)]
+    runs = [run("native", i, median_itl_ms=80, median_e2el_ms=3000) for i in range(3)] + \
+        [run("vllm", i) for i in range(3)]
     rows = xc.compare(runs, xc.Tolerances())
     assert row(rows, "median_itl_ms").ratio == pytest.approx(10) and row(rows, "median_itl_ms").within is None
+    assert row(rows, "median_itl_ms").word == ""
     assert xc.verdict(rows, runs)["within_tolerance"]
 
 
-def test_failed_runs_are_left_out_of_the_medians_and_fail_the_verdict():
-    runs = [run("native", 0), run("vllm", 0), run("native", 1, ok=False, output_throughput=1.0), run("vllm", 1)]
+def test_failed_runs_are_left_out_and_fail_the_verdict():
+    runs = [run("native", 0), run("vllm", 0), run("native", 1, ok=False, output_throughput=1.0), run("vllm", 1),
+            run("native", 2), run("vllm", 2)]
     rows = xc.compare(runs, xc.Tolerances())
-    assert row(rows, "output_throughput").native == 1000 and row(rows, "output_throughput").runs["native"] == 1
+    assert row(rows, "output_throughput").native == 1000 and row(rows, "output_throughput").runs["native"] == 2
     v = xc.verdict(rows, runs)
-    assert not v["within_tolerance"] and v["failed_runs"] == ["b1 native run 1: boom"]
+    assert not v["within_tolerance"] and v["failed_runs"] == ["b1 native run 1: boom"] and v["verdict"] == "different"
 
 
 def test_a_missing_or_zero_vllm_value_fails_the_metric():
@@ -84,23 +115,29 @@ def test_a_missing_or_zero_vllm_value_fails_the_metric():
 
 
 def test_bench_points_are_compared_apart():
-    runs = [run("native", 0, "a"), run("vllm", 0, "a"), run("native", 0, "b", output_throughput=500),
-            run("vllm", 0, "b")]
+    wobble = [0.99, 1.0, 1.01]
+    runs = (runs_of("native", [1000.0 * w for w in wobble], bench="a") + runs_of("vllm", [1000.0 * w for w in wobble],
+                                                                                 bench="a")
+            + runs_of("native", [500.0 * w for w in wobble], bench="b")
+            + runs_of("vllm", [1000.0 * w for w in wobble], bench="b"))
     rows = xc.compare(runs, xc.Tolerances())
-    assert row(rows, "output_throughput", "a").within and not row(rows, "output_throughput", "b").within
+    assert row(rows, "output_throughput", "a").within and row(rows, "output_throughput", "b").within is False
     assert xc.verdict(rows, runs)["outside"][0].startswith("b output_throughput")
 
 
 def test_markdown_shows_both_clients_side_by_side():
-    runs = [run("native", 0), run("vllm", 0, output_throughput=1200)]
+    runs = [run("native", 0), run("vllm", 0, output_throughput=1200), run("native", 1),
+            run("vllm", 1, output_throughput=1200)]
     rows = xc.compare(runs, xc.Tolerances())
-    report = {"campaign": "c", "serve_id": "s1", "serve_label": "max_num_seqs=8", "server": "http://x", "n": 1,
+    report = {"campaign": "c", "serve_id": "s1", "serve_label": "max_num_seqs=8", "server": "http://x", "n": 2,
               "tolerances": {"throughput": 0.05, "latency": 0.1}, "bench_labels": {"b1": "in=32"},
               "bench": {"native": "vllm bench serve", "vllm": "vllm bench serve --base-url http://x"},
               "runs": runs, "comparison": [r.__dict__ for r in rows], "verdict": xc.verdict(rows, runs)}
     text = xc.markdown(report)
-    assert "| output_throughput | 1,000.00 | 1,200.00 | 0.833 | 5% | **no** |" in text
-    assert "Verdict: outside tolerance" in text and "| 1 | b1 | vllm |" in text
+    # no spread at all: the interval is the ratio itself, wholly outside 5 %
+    assert "| output_throughput | 1,000.00 | 1,200.00 | 0.833 | 0.833 to 0.833 | 5% | **different** |" in text
+    assert "| median_ttft_ms | 50.00 | 50.00 | 1.000 | 1.000 to 1.000 | 10% | equivalent |" in text
+    assert "Verdict: different" in text and "| 1 | b1 | vllm |" in text
 
 
 @pytest.fixture
@@ -205,7 +242,11 @@ def test_crosscheck_alternates_both_clients_on_the_real_server(vllm_server, tmp_
     assert all(c.split()[1:3] == ["bench", "serve"] and "--base-url" in c for c in vllm_cmd)
     tput = next(r for r in report["comparison"] if r["metric"] == "output_throughput")
     assert tput["native"] > 0 and tput["vllm"] > 0 and tput["runs"] == {"native": 2, "vllm": 2}
-    assert tput["ratio"] == pytest.approx(tput["native"] / tput["vllm"])
+    # the ratio of the geometric means of the runs, with its interval, and the equivalence verdict
+    logs = {t: [math.log(r["output_throughput"]) for r in report["runs"] if r["tool"] == t] for t in ("native", "vllm")}
+    assert tput["ratio"] == pytest.approx(math.exp(statistics.fmean(logs["native"]) - statistics.fmean(logs["vllm"])))
+    assert tput["low"] <= tput["ratio"] <= tput["high"]
+    assert tput["word"] in ("equivalent", "different", "not shown")
     v = report["verdict"]
     assert set(v) >= {"within_tolerance", "verdict", "outside", "failed_runs"}
     assert proc.returncode == (0 if v["within_tolerance"] else 1)

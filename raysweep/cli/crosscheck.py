@@ -39,7 +39,9 @@ def crosscheck(campaign_file: str, serve_index: int | None, serve_id: str | None
                warmup: int | None, out_dir: str | None, as_json: bool) -> None:
     """Run bench points with the native client and `vllm bench serve` in turn on one server; compare.
 
-    Exit 0 when every judged metric is within tolerance, 1 when not (or a run failed), 2 on bad input."""
+    Each judged metric is an equivalence test: the ratio native / vllm with its 90 % interval, equivalent only
+    when the whole interval lies within the tolerance. Exit 0 when every judged metric is equivalent, 1 when one
+    is different or not shown (the report says how many runs would settle it) or a run failed, 2 on bad input."""
     import json
     import time
 
@@ -89,17 +91,20 @@ def _print_crosscheck(report: dict[str, Any]) -> None:
         return "-" if v is None else f"{v:,.0f}" if metric.startswith("total_") else f"{v:,.2f}"
 
     for bench_id, label in report["bench_labels"].items():
-        table = Table(title=f"bench point {bench_id} ({label or 'base command'}): medians of {report['n']} runs")
-        for name in ("metric", "native", "vllm bench serve", "native / vllm", "tolerance", "within"):
+        table = Table(title=f"bench point {bench_id} ({label or 'base command'}): means of {report['n']} runs")
+        for name in ("metric", "native", "vllm bench serve", "native / vllm", "90 % CI", "tolerance", "verdict"):
             table.add_column(name, justify="left" if name == "metric" else "right", no_wrap=name == "metric")
         for r in (r for r in report["comparison"] if r["bench_id"] == bench_id):
-            within = "" if r["within"] is None else "[green]yes[/]" if r["within"] else "[red]no[/]"
+            word = r.get("word") or ""
+            style = {"equivalent": "green", "different": "red", "missing": "red"}.get(word, "yellow")
+            ci = f"{r['low']:.3f} to {r['high']:.3f}" if r.get("low") is not None and r.get("high") is not None else ""
             table.add_row(r["metric"], num(r["native"], r["metric"]), num(r["vllm"], r["metric"]),
-                          "-" if r["ratio"] is None else f"{r['ratio']:.3f}",
-                          "" if r["tolerance"] is None else f"{r['tolerance']:.0%}", within)
+                          "-" if r["ratio"] is None else f"{r['ratio']:.3f}", ci,
+                          "" if r["tolerance"] is None else f"{r['tolerance']:.0%}",
+                          f"[{style}]{word}[/]" if word else "")
         out.print(table)
     v = report["verdict"]
     out.print(f"verdict: {'[green]' if v['within_tolerance'] else '[red]'}{v['verdict']}[/]")
-    for key in ("outside", "failed_runs", "client_limited_runs"):
-        for line in v[key]:
+    for key in ("outside", "not_shown", "failed_runs", "client_limited_runs"):
+        for line in v.get(key, []):
             _say(f"  {key.replace('_', ' ')}: {line}")
