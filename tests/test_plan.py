@@ -191,7 +191,7 @@ def test_plan_shapes_come_from_params_over_base_cmd():
 
 @pytest.mark.parametrize("change", [
     {"serve.cmd": "vllm serve facebook/opt-125m --max-num-seqs 16"},
-    {"bench.cmd": "vllm bench serve --model facebook/opt-125m --dataset-name sharegpt"},
+    {"bench.cmd": "vllm bench serve --model facebook/opt-125m --dataset-name random --random-range-ratio 0.5"},
     {"serve.env": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}},
     {"bench.after_bench_cmd": "curl -X POST localhost/reset"},
 ])

@@ -10,6 +10,9 @@ import logging
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from helpers import native_campaign, standin_campaign
+from test_native import _run, stream_server  # noqa: F401 - the stand-in fixture and the point runner
 
 from raysweep.bench.datasets import make_requests, payload
 from raysweep.bench.options import parse_load_options
@@ -161,9 +164,6 @@ def test_sessions_from_a_file_carry_their_system_prompt(tmp_path, tiny_model):
     assert conv.systems == ["be brief"] and conv.messages == ["hi"]
 
 
-from test_native import _run, stream_server  # noqa: E402,F401 - the stand-in fixture and the point runner
-
-
 @pytest.mark.ray
 @pytest.mark.parametrize("stream_server", [["--fail-every", "2"]], indirect=True)
 def test_a_failed_turn_counts_the_rest_of_its_session_as_failed(gpu_cluster, stream_server, tiny_model):
@@ -183,3 +183,125 @@ def test_a_failed_turn_counts_the_rest_of_its_session_as_failed(gpu_cluster, str
     aborted = [(u, t) for u, t, e in zip(s["session"], s["turn"], s["error"]) if e and "session aborted" in e]
     assert sorted(aborted) == [(0, 2), (1, 2)]
     assert r["client_limited"] is False
+
+
+# -- parameters that hide a measurement or change nothing ---------------------------------------------------
+
+def _validate(f: Path):
+    from raysweep.cli import main
+
+    return CliRunner().invoke(main, ["validate", str(f)])
+
+
+@pytest.mark.parametrize("key", ["duration", "completed", "mean_ttft_ms", "request_throughput",
+                                 "server_num_preemptions"])
+def test_a_parameter_named_as_a_measured_field_is_refused(tmp_path, key):
+    f = native_campaign(tmp_path, bench_args="--max-concurrency 2", bench_params={"grid": {key: [1, 2]}})
+    result = _validate(f)
+    assert result.exit_code == 2 and f"bench.params[0].{key}" in result.output and "measured" in result.output
+    assert not (tmp_path / "out").exists()
+    if key == "duration":
+        assert "duration_limit" in result.output
+
+
+def test_the_time_limit_is_swept_as_duration_limit(tmp_path):
+    f = native_campaign(tmp_path, bench_args="--max-concurrency 2", bench_params={"grid": {"duration_limit": [2, 4]}})
+    result = _validate(f)
+    assert result.exit_code == 0, result.output
+    assert opts("--max-concurrency", "2", "--duration-limit", "3").duration == 3.0
+
+
+def test_vllms_own_sweep_example_pairing_sharegpt_with_random_lengths_is_refused(tmp_path):
+    """vLLM's example bench parameter file sweeps random_input_len; with a ShareGPT command every point sends
+    the same requests. Both backends: the check reads `vllm bench serve` options."""
+    share = tmp_path / "share.json"
+    share.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hello there friend"},
+                                                     {"from": "gpt", "value": "hi to you as well"}]}]))
+    params = [{"random_input_len": n, "random_output_len": 8} for n in (128, 256, 512)]
+    f = standin_campaign(tmp_path, bench_params=params,
+                         bench={"cmd": f"vllm bench serve --model m --dataset-name sharegpt --dataset-path {share}"})
+    result = _validate(f)
+    assert result.exit_code == 2 and "bench.params[0].random_input_len" in result.output
+    assert "sharegpt" in result.output and "same requests" in result.output
+
+
+def test_request_rate_with_a_self_timed_trace_is_refused(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 4, "output_length": 2}])
+    f = native_campaign(tmp_path, bench_args=f"--dataset-name timed_trace --dataset-path {trace}",
+                        bench_params={"grid": {"request_rate": [1, 2]}})
+    result = _validate(f)
+    assert result.exit_code == 2 and "bench.params[0].request_rate" in result.output
+    assert "--no-self-timed" in result.output
+
+
+# -- data files checked before anything starts ----------------------------------------------------------------
+
+_GOOD_TRACE = [{"timestamp": 0, "input_length": 4, "output_length": 2}, {"timestamp": 10, "input_length": 5,
+                                                                        "output_length": 2}]
+
+
+@pytest.mark.parametrize("content, words", [
+    (json.dumps(_GOOD_TRACE[0]) + "\n" + json.dumps(_GOOD_TRACE[1])[:20] + "\n", ["line 2", "not JSON"]),
+    (json.dumps(_GOOD_TRACE[0]) + "\n" + '{"timestamp": "soon", "input_length": 4, "output_length": 2}\n',
+     ["line 2", "timestamp"]),
+    (json.dumps(_GOOD_TRACE[0]) + "\n" + '{"timestamp": 3, "output_length": 2}\n', ["line 2", "input_length"]),
+    ("", ["no request"]),
+    ("\n\n", ["no request"]),
+])
+def test_a_bad_trace_in_the_command_is_refused_by_validate_naming_file_line_and_field(tmp_path, content, words):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(content)
+    f = native_campaign(tmp_path, bench_args=f"--dataset-name timed_trace --dataset-path {trace}", bench_params=[{}])
+    result = _validate(f)
+    assert result.exit_code == 2, result.output
+    assert str(trace) in result.output and all(w in result.output for w in words), result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_a_bad_data_file_given_as_a_bench_parameter_is_refused_naming_the_parameter(tmp_path):
+    good = _trace(tmp_path / "good.jsonl", _GOOD_TRACE)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(_GOOD_TRACE[0]) + "\n{\"timestamp\": 1, \"input_len\n")
+    f = native_campaign(tmp_path, bench_args=f"--dataset-name timed_trace --dataset-path {good}",
+                        bench_params=[{}, {"dataset_path": str(bad)}])
+    result = _validate(f)
+    assert result.exit_code == 2 and "bench.params[1]" in result.output and "line 2" in result.output
+
+
+@pytest.mark.parametrize("kind", ["custom", "sharegpt", "multi_turn"])
+def test_bad_custom_sharegpt_and_session_files_are_refused(tmp_path, tiny_model, kind):
+    path = tmp_path / ("d.jsonl" if kind == "custom" else "d.json")
+    tok = f"--tokenizer {tiny_model}"
+    if kind == "custom":
+        path.write_text('{"prompt": "a", "output_tokens": 3}\n{"prompt": "b", "output_tokens": "many"}\n')
+        args, words = f"--dataset-name custom --custom-output-len -1 {tok}", ["line 2", "output_tokens"]
+    elif kind == "sharegpt":
+        path.write_text(json.dumps([{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt"}]}]))
+        args, words = f"--dataset-name sharegpt {tok}", ["entry 0", "value"]
+    else:
+        path.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"messages": [\n')
+        args, words = f"--backend openai-chat --dataset-name multi_turn {tok}", ["line 2", "not JSON"]
+    f = native_campaign(tmp_path, bench_args=f"{args} --dataset-path {path}", bench_params=[{}])
+    result = _validate(f)
+    assert result.exit_code == 2, result.output
+    assert str(path) in result.output and all(w in result.output for w in words), result.output
+
+
+def test_a_file_with_no_usable_request_and_a_missing_tokenizer_are_refused(tmp_path):
+    share = tmp_path / "s.json"
+    share.write_text(json.dumps([{"conversations": [{"from": "human", "value": "only one turn"}]}]))
+    f = standin_campaign(tmp_path, bench_params=[{}],
+                         bench={"cmd": f"vllm bench serve --model m --dataset-name sharegpt --dataset-path {share}"})
+    result = _validate(f)  # the command backend: vLLM's own reading, checked without a tokenizer
+    assert result.exit_code == 2 and "no usable request" in result.output, result.output
+    f = native_campaign(tmp_path, bench_args="--backend openai-chat --dataset-name multi_turn", bench_params=[{}])
+    result = _validate(f)  # synthetic sessions need the model's tokenizer, and model "m" has none here
+    assert result.exit_code == 2 and "--tokenizer" in result.output, result.output
+
+
+def test_validate_notes_blank_and_out_of_order_trace_lines(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl", [_GOOD_TRACE[1], _GOOD_TRACE[0]], blank="\n")
+    f = native_campaign(tmp_path, bench_args=f"--dataset-name timed_trace --dataset-path {trace}", bench_params=[{}])
+    result = _validate(f)
+    assert result.exit_code == 0, result.output
+    assert "1 blank line(s)" in result.output and "1 line(s) out of time order" in result.output

@@ -43,7 +43,7 @@ from raysweep.bench.text import (
 )
 from raysweep.errors import CampaignError
 
-__all__ = ["Request", "make_requests", "payload", "vocab_size"]
+__all__ = ["Request", "make_requests", "payload", "sharegpt_pairs", "vocab_size"]
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +224,7 @@ def _sharegpt(opts: LoadOptions) -> list[Request]:
                                          f"filter, and none loads from {opts.tokenizer or opts.model!r}: give "
                                          "--tokenizer (a local tokenizer folder), or set bench.backend: command "
                                          "to run `vllm bench serve` itself")
-    convs = [d.get("conversations") for d in data if isinstance(d, dict)]
-    pairs = [(c[0].get("value", ""), c[1].get("value", "")) for c in convs if isinstance(c, list) and len(c) >= 2]
+    pairs = sharegpt_pairs(data, path)
     if not opts.disable_shuffle:
         random.Random(opts.seed).shuffle(pairs)
     fixed = opts.sharegpt_output_len is not None
@@ -240,6 +239,27 @@ def _sharegpt(opts: LoadOptions) -> list[Request]:
     return _oversample(reqs, opts, f"the ShareGPT file {path}")
 
 
+def sharegpt_pairs(data: Any, path: Path) -> list[tuple[str, str]]:
+    """(prompt, completion) of every conversation with two turns or more, as vLLM's ShareGPT set reads them;
+    an entry vLLM would fail on is refused naming it and its field."""
+    if not isinstance(data, list):
+        raise CampaignError("bench.cmd", f"{path} is not ShareGPT JSON: expected a list of {{\"conversations\": "
+                                         f"[...]}} entries, got a {type(data).__name__}")
+    pairs = []
+    for i, entry in enumerate(data):
+        conv = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(conv, list):
+            raise CampaignError("bench.cmd", f"{path} entry {i}: no \"conversations\" list (ShareGPT entries are "
+                                             "{\"conversations\": [{\"from\": ..., \"value\": ...}, ...]})")
+        if len(conv) < 2:
+            continue  # vLLM keeps conversations of two turns or more
+        for j in (0, 1):
+            if not isinstance(conv[j], dict) or not isinstance(conv[j].get("value"), str):
+                raise CampaignError("bench.cmd", f"{path} entry {i}: conversations[{j}] has no text \"value\"")
+        pairs.append((conv[0]["value"], conv[1]["value"]))
+    return pairs
+
+
 def _jsonl(opts: LoadOptions) -> list[Request]:
     path = _read_path(opts)
     reqs = []
@@ -249,7 +269,8 @@ def _jsonl(opts: LoadOptions) -> list[Request]:
         try:
             obj = json.loads(line)
         except ValueError:
-            raise CampaignError("bench.cmd", f"{path} line {i} is not JSON") from None
+            raise CampaignError("bench.cmd", f"{path} line {i} is not JSON (truncated?); one JSON object a line") \
+                from None
         prompt = obj.get("prompt") if isinstance(obj, dict) else None
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))):
             raise CampaignError("bench.cmd", f"{path} line {i} needs a \"prompt\" (text or a list of token ids)")

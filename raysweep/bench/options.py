@@ -160,9 +160,10 @@ def _build_parser() -> _Parser:
     for name in ("timed_trace_label_timestamp", "timed_trace_label_input_length", "timed_trace_label_output_length",
                  "timed_trace_label_hash_ids"):
         _opt(p, name)
-    for name in ("duration", "timed_trace_sec_multiplier", "trace_speedup", "multi_turn_think_time",
-                 "timeseries_interval"):
+    for name in ("timed_trace_sec_multiplier", "trace_speedup", "multi_turn_think_time", "timeseries_interval"):
         _opt(p, name, type=float)
+    # raysweep's time limit; swept as `duration_limit` (a `duration` parameter would hide the measured duration)
+    p.add_argument("--duration", "--duration-limit", "--duration_limit", dest="duration", type=float)
     for name in ("timed_trace_chunk_hash_size", "multi_turn_turns"):
         _opt(p, name, type=int)
     p.add_argument("--self-timed", "--self_timed", dest="self_timed", action=argparse.BooleanOptionalAction,

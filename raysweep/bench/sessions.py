@@ -136,10 +136,16 @@ def _read(path: Path) -> list[Any]:
         return data if isinstance(data, list) else [data]
     except ValueError:
         pass
-    try:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except ValueError:
-        raise CampaignError("bench.cmd", f"--dataset-path {path} is neither JSON nor JSONL") from None
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            raise CampaignError("bench.cmd", f"{path} line {i} is not JSON (truncated?): the file is neither one "
+                                             "JSON document nor JSONL") from None
+    return rows
 
 
 def _from_file(opts: LoadOptions, tok: Any) -> list[Session]:
