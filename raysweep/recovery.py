@@ -15,6 +15,7 @@ import logging
 import shutil
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import ray
 from raysweep import placement, procs
 from raysweep.ledger import Ledger, ServerRow
 
-__all__ = ["driver_alive", "embedded_temp_dir", "helper_processes", "reap_lost", "reap_lost_drivers", "recover", "report_section"]
+__all__ = ["dead_drivers", "driver_alive", "embedded_temp_dir", "helper_processes", "reap_lost", "reap_lost_drivers", "recover", "report_section"]
 
 log = logging.getLogger(__name__)
 
@@ -57,22 +58,45 @@ def recover(ledger: Ledger, retry_failed: bool) -> None:
     requeued, lost = ledger.recover()
     if requeued:
         log.info("%d point(s) of an earlier driver went back to pending", requeued)
-    reap_lost(lost)
     reap_lost_drivers(ledger.lost_drivers())
+    reap_lost(lost)
 
 
-def reap_lost_drivers(drivers: list[dict[str, Any]]) -> None:
-    """Stop what killed drivers on this host left behind (their embedded Ray outlives them by a minute or
-    more: its agents wait on the dead GCS before exiting) and remove their session directories."""
+def reap_lost_drivers(drivers: list[dict[str, Any]], wait_s: float = 5.0) -> list[int]:
+    """Stop what dead drivers on this host left behind and remove their session directories; returns the
+    pids stopped. Their embedded Ray is of no use to anyone (its GCS is gone or about to be, and its agents
+    would wait on it for a minute or more before exiting): every process of it is killed at once (SIGKILL,
+    no grace), all together, and they are waited for together for at most `wait_s`. `drivers`: ledger rows;
+    a driver that still runs, or one on another host, is left alone."""
+    victims: list[psutil.Process] = []
+    dead = []
     for d in drivers:
         if d["hostname"] != socket.gethostname() or procs.is_alive(d["pid"], d["pid_create_time"]):
             continue
+        dead.append(d["pid"])
         for pid, created in json.loads(d.get("helpers") or "[]"):
             if procs.is_alive(pid, created):
-                log.info("stopping pid %d left by driver %d", pid, d["pid"])
-                procs.kill_tree(pid, grace_s=5)
-        if not procs.is_alive(d["pid"], None):
-            shutil.rmtree(embedded_temp_dir(d["pid"]), ignore_errors=True)
+                with contextlib.suppress(psutil.Error):
+                    root = psutil.Process(pid)
+                    victims += [root, *root.children(recursive=True)]
+    victims = list({p.pid: p for p in victims}.values())
+    for p in victims:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    if victims:
+        _, alive = psutil.wait_procs(victims, timeout=wait_s)
+        log.info("stopped %d process(es) left by dead driver(s) %s%s", len(victims), dead,
+                 f"; {len(alive)} still there" if alive else "")
+    for pid in dead:
+        if not procs.is_alive(pid, None):
+            shutil.rmtree(embedded_temp_dir(pid), ignore_errors=True)
+    return [p.pid for p in victims]
+
+
+def dead_drivers(ledger: Ledger) -> list[dict[str, Any]]:
+    """The drivers of the ledger that hold, or held, the campaign without releasing it, whether or not
+    they still run (`reap_lost_drivers` leaves the live ones alone). Reads only."""
+    return [d for d in ledger.drivers() if d["outcome"] in (None, "lost")]
 
 
 @ray.remote(num_cpus=0)
@@ -82,10 +106,11 @@ def _reap_on_node(pid: int, create_time: float) -> list[int]:
 
 def reap_lost(servers: list[ServerRow]) -> None:
     """Kill what is left of servers a dead driver never stopped, every node's part of them (matched by
-    pid and start time)."""
+    pid and start time), all of them at once."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    alive = {n.node_id for n in placement.cluster_nodes()}
+    alive = {n.node_id for n in placement.cluster_nodes()} if any(s.rank_list() for s in servers) else set()
+    local, remote = [], []
     for s in servers:
         for r in s.rank_list():
             if not r.get("pid"):
@@ -94,13 +119,15 @@ def reap_lost(servers: list[ServerRow]) -> None:
                 if procs.is_alive(r["pid"], r["pid_create_time"]):
                     log.warning("stopping server %s rank %s (pid %d) left by an earlier driver", s.server_id,
                                 r["rank"], r["pid"])
-                    procs.kill_tree(r["pid"])
+                    local.append(r["pid"])
             elif r.get("node_id") in alive:
                 strategy = NodeAffinitySchedulingStrategy(r["node_id"], soft=False)
-                with contextlib.suppress(Exception):
-                    ray.get(_reap_on_node.options(scheduling_strategy=strategy).remote(r["pid"], r["pid_create_time"]),
-                            timeout=60)
-
+                remote.append(_reap_on_node.options(scheduling_strategy=strategy).remote(r["pid"], r["pid_create_time"]))
+    if local:
+        with ThreadPoolExecutor(max_workers=len(local)) as pool:
+            list(pool.map(procs.kill_tree, local))
+    if remote:
+        ray.wait(remote, num_returns=len(remote), timeout=60)
 
 def report_section(output_dir: Path) -> str | None:
     """The report's Events section: every event the ledger recorded (node losses, replaced servers, accepted

@@ -15,7 +15,7 @@ import yaml
 from click.testing import CliRunner
 from helpers import standin_campaign
 
-from raysweep import drift
+from raysweep import drift, procs
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
 from raysweep.driver import driver_alive, open_campaign
@@ -189,3 +189,46 @@ def test_report_events_section_shows_accepted_changes_and_lost_drivers(campaign_
     html = recovery.report_section(out) or ""
     assert "settings_changed" in html and "warmup: 0 -&gt; 5" in html
     assert "driver_lost" in html and "driver pid 999999" in html and "999998" not in html
+
+
+def _sleeper(ignore_term: bool = False, child: bool = False) -> subprocess.Popen:
+    code = "import signal, subprocess, sys, time\n"
+    if ignore_term:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    if child:
+        code += "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    code += "print('up', flush=True)\ntime.sleep(120)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def test_what_dead_drivers_left_is_killed_at_once_and_a_live_drivers_helpers_are_left_alone(tmp_path):
+    """Helpers that ignore SIGTERM (as Ray's agents waiting on a dead GCS do) and their children go with
+    one SIGKILL each; the helpers of a driver that still runs stay."""
+    from raysweep import recovery
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stubborn = [_sleeper(ignore_term=True, child=True) for _ in range(4)]
+    live_driver = _sleeper()
+    kept = _sleeper()
+    try:
+        d1 = ledger.acquire_driver(dead.pid, psutil.Process().create_time(), lambda *a: False)
+        ledger.record_driver_helpers(d1, [(p.pid, psutil.Process(p.pid).create_time()) for p in stubborn])
+        ledger.release_driver(d1, "lost")
+        d2 = ledger.acquire_driver(live_driver.pid, psutil.Process(live_driver.pid).create_time(), driver_alive)
+        ledger.record_driver_helpers(d2, [(kept.pid, psutil.Process(kept.pid).create_time())])
+        children = [c for p in stubborn for c in psutil.Process(p.pid).children()]
+        assert len(children) == 4
+        stopped = recovery.reap_lost_drivers(recovery.dead_drivers(ledger))
+        assert sorted(stopped) == sorted([p.pid for p in stubborn] + [c.pid for c in children])
+        assert all(p.wait(timeout=10) is not None for p in stubborn)
+        assert not any(procs.is_alive(c.pid, c.create_time()) for c in children)
+        assert kept.poll() is None and live_driver.poll() is None
+    finally:
+        for p in [*stubborn, live_driver, kept]:
+            p.kill()
+            p.wait()
+        ledger.close()
