@@ -107,3 +107,20 @@ def test_the_card_says_how_many_runs_back_the_leader_its_latencies_and_groups_wa
     warn = section(html, "validity")
     assert "<summary class=\"flag\">shared CPUs: 2 run(s)</summary>" in warn
     assert "not steady: 1 run(s)" in warn and "niced: 1 run(s)" in warn
+
+
+def test_a_flagged_run_is_marked_in_the_figures_with_its_checks_name(tmp_path):
+    from raysweep import plots
+    from raysweep.results import results_table
+
+    out = build_output_dir(tmp_path / "out")
+    path = sorted((out / "points").rglob("run=*.json"))[0]
+    rec = json.loads(path.read_text())
+    rec.update(client_limited=False, validity_ok=False, validity_issues="shared CPUs; not steady (slope +3.0 %/s)")
+    write_json_atomic(path, rec)
+    spec = plots.PlotSpec(var_x="max_concurrency", var_y="median_ttft_ms")
+    plan = next(p for p in plots.plan_curves(results_table(out), spec)
+                if any(len(c.flagged) for row in p.panels for pa in row for c in pa.curves))
+    fig = plots.render(plan, spec)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "shared CPUs, not steady" in texts

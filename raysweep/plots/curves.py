@@ -6,7 +6,8 @@ value with a band of ± one standard deviation. Two things differ on purpose:
 - runs marked `client_limited` (the load generator, not the server, was the bottleneck) never enter a
   mean: they are drawn as hollow markers of their curve's colour, and counted in the notes;
 - other runs that fail a validity check (`validity_ok` false: niced, shared CPUs, errors, not steady, ...;
-  see `raysweep.validity`) stay in the curves but carry a red cross, and are counted in the notes;
+  see `raysweep.validity`) stay in the curves but carry a red cross with the name of the check beside it,
+  and are counted in the notes;
 - what would silently change a figure is said in its notes: rows left out for a non-finite value, and
   means that pool runs of several configurations at one x.
 
@@ -138,10 +139,20 @@ def _curves(df: pd.DataFrame, x: str, y: str, labels: pd.Series) -> list[Curve]:
             pts = (ok.groupby(x)[y].agg(["mean", "std", "count"]).reset_index()
                    .rename(columns={x: "x", "mean": "y", "std": "sd", "count": "n"}))
         lim = df[mine & limited][[x, y]].rename(columns={x: "x", y: "y"})
-        bad = df[mine & _flagged(df)][[x, y]].rename(columns={x: "x", y: "y"})
+        bad = df[mine & _flagged(df)]
+        bad = bad[[x, y]].rename(columns={x: "x", y: "y"}).assign(check=_check_label(bad))
         curves.append(Curve(str(label), pts.sort_values("x", ignore_index=True), lim.reset_index(drop=True),
                             bad.reset_index(drop=True)))
     return curves
+
+
+def _check_label(runs: pd.DataFrame) -> list[str]:
+    """Per flagged run, the names of the checks it failed (`shared CPUs, not steady`), from its
+    `validity_issues`; empty when the table has none."""
+    if "validity_issues" not in runs.columns:
+        return [""] * len(runs)
+    return [", ".join(dict.fromkeys(i.split(" (")[0].strip() for i in str(v).split("; ") if i.strip()))
+            if isinstance(v, str) else "" for v in runs["validity_issues"]]
 
 
 def _mixing_note(df: pd.DataFrame, keys: list[pd.Series], x: str) -> list[str]:
@@ -297,6 +308,10 @@ def _draw_panel(ax: Axes, panel: Panel, styles: dict[str, tuple[Any, str]], band
                        linewidths=1.2, s=40, zorder=3)
         if len(curve.flagged):
             ax.scatter(curve.flagged["x"], curve.flagged["y"], **_FLAG_STYLE)
+            for _, f in curve.flagged.iterrows():   # the cross says which check failed
+                if f.get("check"):
+                    ax.annotate(str(f["check"]), (f["x"], f["y"]), xytext=(4, 3), textcoords="offset points",
+                                fontsize=6, color=_FLAG_STYLE["color"])
     if not any(len(c.points) or len(c.limited) for c in panel.curves):
         ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="grey")
         return
