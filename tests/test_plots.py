@@ -361,11 +361,17 @@ def test_pareto_gpu_count_zero_uses_the_recorded_parallel_sizes():
                             "are tensor_parallel_size x pipeline_parallel_size from the record, other sizes taken as 1"]
 
 
-def test_pareto_refuses_to_guess_gpus():
-    with pytest.raises(UserError) as err:
-        plots.pareto(pareto_frame([("cpu", 100, 1, 0)]))
-    assert "--gpu-count-var gpu_count: 1 run(s) have no GPU count" in str(err.value)
-    assert "tensor_parallel_size" in str(err.value) and "Available columns: name" in str(err.value)
+def test_pareto_takes_one_gpu_without_a_record_as_vllm_does_and_gpu_count_says_otherwise():
+    """A single-GPU `vllm bench sweep` directory records no GPU count and no parallel sizes: vLLM's plot_pareto
+    takes 1 GPU (world size 1), and so does raysweep, saying so; --gpu-count N gives another count."""
+    result = plots.pareto(pareto_frame([("cpu", 100, 1, 0)]))
+    pts = result.points.set_index("name")
+    assert pts.loc["cpu", "gpus"] == 1 and pts.loc["cpu", "tokens_per_gpu"] == 100
+    assert "vLLM's plot_pareto" in result.notes[0] and "--gpu-count" in result.notes[0]
+    result = plots.pareto(pareto_frame([("cpu", 100, 1, 0)]), gpu_count=4)
+    assert result.points.set_index("name").loc["cpu", "tokens_per_gpu"] == 25
+    with pytest.raises(UserError, match="--gpu-count"):
+        plots.pareto(pareto_frame([("cpu", 100, 1, 0)]), gpu_count=0)
     with pytest.raises(UserError, match="--gpu-count-var gpus_total: no such column"):
         plots.pareto(pareto_frame([("a", 1, 1, 1)]), gpu_count_var="gpus_total")
     with pytest.raises(UserError, match="--user-count-var users: no such column"):
@@ -594,12 +600,17 @@ def test_cli_plot_and_pareto_read_a_vllm_dir_directly(tmp_path):
     assert "their GPUs are tensor_parallel_size from the record" in result.output.replace("\n", " ")
 
 
-def test_cli_pareto_on_vllm_dir_without_parallel_sizes_refuses(tmp_path):
+def test_cli_pareto_and_import_read_a_single_gpu_vllm_dir(tmp_path):
+    """A `vllm bench sweep` directory without TP/PP/DP columns: 1 GPU per run, as vLLM's plot_pareto takes it,
+    said in the output; --gpu-count N says otherwise; `import` reads it too."""
     vdir = build_vllm_dir(tmp_path / "vllm", with_tp=False)
-    result = CliRunner().invoke(main, ["pareto", str(vdir)])
-    assert result.exit_code == 2
-    assert "--gpu-count-var gpu_count" in result.output and "name a column that holds it" in result.output
+    result = CliRunner().invoke(main, ["pareto", str(vdir), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "1 GPU" in result.output and "plot_pareto" in result.output
+    two = CliRunner().invoke(main, ["pareto", str(vdir), "--dry-run", "--gpu-count", "2"])
+    assert two.exit_code == 0 and "--gpu-count 2" in two.output
     assert invoke("pareto", str(vdir), "--gpu-count-var", "num_prompts").exit_code == 0
+    assert invoke("import", str(vdir), str(tmp_path / "imp")).exit_code == 0
 
 
 def test_cli_import(tmp_path):

@@ -92,20 +92,23 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
               help="Column of concurrent users; where empty or 0, the observed max_concurrent_requests.")
 @click.option("--gpu-count-var", default="gpu_count", show_default=True,
               help="Column of GPUs per run; where 0 or missing, tp x pp x dp from the record (said in the notes).")
+@click.option("--gpu-count", "gpu_count", type=float, default=None,
+              help="GPUs per run where the table records none (default: tp x pp x dp from the record, else 1 as "
+                   "vLLM's plot_pareto takes it).")
 @click.option("--filter-by", multiple=True, help="COLUMN<op>VALUE, op one of == != < <= > >= (comma list, repeatable).")
 @fig_format_option
 @click.option("--fig-dpi", type=int, default=150, show_default=True)
 @click.option("--out", "out_path", default=None, help="Directory for PARETO.<format> and pareto_front.csv "
                                                      "(default OUTPUT_DIR/pareto).")
 @click.option("--dry-run", is_flag=True, help="Print the front; write nothing.")
-def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count_var: str,
+def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count_var: str, gpu_count: float | None,
            filter_by: tuple[str, ...], fmt: str, fig_dpi: int, out_path: str | None, dry_run: bool) -> None:
     """The Pareto front of output tokens/s per user against output tokens/s per GPU, as a figure and a CSV."""
     from raysweep import plots
     from raysweep.importer import read_table
 
     table = read_table(output_dir)
-    result = plots.pareto(table.df, user_count_var, gpu_count_var, filter_by)
+    result = plots.pareto(table.df, user_count_var, gpu_count_var, filter_by, gpu_count)
     labels = plots.split_list(label_by) or (user_count_var, "gpus")
     plots.check_columns(result.points, labels, "--label-by")
     front = Table(*labels, "tokens/s/user", "tokens/s/GPU", "GPUs from", title=f"Pareto front: {len(result.front)} "

@@ -43,15 +43,16 @@ class ParetoResult:
 
 
 def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count",
-           filter_by: Sequence[str] = ()) -> ParetoResult:
+           filter_by: Sequence[str] = (), gpu_count: float | None = None) -> ParetoResult:
     """Tokens/s per user against tokens/s per GPU for every run, and the front of the non-dominated runs.
 
     - users: `user_count_var`; where it is empty, 0 or infinite (a rate-limited run), the observed
       `max_concurrent_requests`, as vLLM does. Runs with neither are left out and counted.
     - GPUs: `gpu_count_var` as recorded. Where it is 0 or missing (a CPU-only cluster reserves no GPU; a
       vLLM sweep records none), tensor x pipeline x data parallel size from the record (sizes not recorded
-      count as 1, as vLLM's plot_pareto does), said in the notes and in `gpus_from`. A table without either
-      is refused: the GPU count is never guessed.
+      count as 1, as vLLM's plot_pareto does), said in the notes and in `gpus_from`. A table with neither (a
+      single-GPU `vllm bench sweep` directory) counts 1 GPU per run as vLLM's plot_pareto does, said in the
+      notes; `gpu_count` (the CLI's --gpu-count N) gives the count of the runs without a recorded one instead.
     - client-limited runs are kept in `points` but never on the front; ties that another run dominates
       (same tokens/s per GPU at fewer tokens/s per user) are not on the front.
     """
@@ -61,7 +62,7 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
     check_columns(df, ["output_throughput"], "(needed by the Pareto plot)")
     df = apply_filters(df, filter_by)
     users, user_from = _user_counts(df, user_count_var)
-    gpus, gpus_from, notes = gpu_counts(df, gpu_count_var)
+    gpus, gpus_from, notes = gpu_counts(df, gpu_count_var, gpu_count)
     pts = df.assign(user_count=users, user_count_from=user_from, gpus=gpus, gpus_from=gpus_from)
     usable = np.isfinite(pts["user_count"]) & (pts["user_count"] > 0)
     if (~usable).any():
@@ -82,23 +83,29 @@ def _user_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series]:
     return given.where(ok, seen), pd.Series(np.where(ok, var, "max_concurrent_requests (observed)"), index=df.index)
 
 
-def gpu_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series, list[str]]:
-    """GPUs per run as recorded in `var`, else TP x PP x DP from the record (see `pareto`)."""
+def gpu_counts(df: pd.DataFrame, var: str, fixed: float | None = None) -> tuple[pd.Series, pd.Series, list[str]]:
+    """GPUs per run as recorded in `var`, else `fixed` (--gpu-count), else TP x PP x DP from the record, else 1
+    as vLLM's plot_pareto takes it (see `pareto`)."""
     if var != "gpu_count":
         check_columns(df, [var], "--gpu-count-var")
     recorded = pd.to_numeric(df[var], errors="coerce") if var in df.columns else pd.Series(np.nan, index=df.index)
     ok = np.isfinite(recorded) & (recorded > 0)
     if ok.all():
         return recorded, pd.Series(var, index=df.index), []
+    missing = int((~ok).sum())
+    if fixed is not None:
+        if not fixed > 0:
+            raise UserError(f"--gpu-count: must be a positive number of GPUs per run, got {fixed:g}")
+        return (recorded.where(ok, float(fixed)), pd.Series(np.where(ok, var, "--gpu-count"), index=df.index),
+                [f"{missing} run(s) have no {var}; their GPUs are --gpu-count {fixed:g}"])
     sizes = [c for c in _PARALLEL if c in df.columns]
     if not sizes:
-        raise UserError(f"--gpu-count-var {var}: {int((~ok).sum())} run(s) have no GPU count (0 or missing: a "
-                        f"CPU-only cluster, or a vLLM sweep that did not record it) and the table has none of "
-                        f"{', '.join(_PARALLEL)} to take it from; name a column that holds it. Available columns: "
-                        f"{_columns_text(df)}")
+        note = (f"{missing} run(s) have no {var} (0 or missing) and the table has none of {', '.join(_PARALLEL)}: "
+                "each counts 1 GPU, as vLLM's plot_pareto takes it; --gpu-count N says otherwise")
+        return recorded.where(ok, 1.0), pd.Series(np.where(ok, var, "1 (no record)"), index=df.index), [note]
     product = np.prod([pd.to_numeric(df[c], errors="coerce").fillna(1) for c in sizes], axis=0)
     source = " x ".join(_PARALLEL[c] for c in sizes) + " (record)"
-    note = (f"{int((~ok).sum())} run(s) have no {var} (0 or missing: no GPU reserved or recorded); their "
+    note = (f"{missing} run(s) have no {var} (0 or missing: no GPU reserved or recorded); their "
             f"GPUs are {' x '.join(sizes)} from the record" + ("" if len(sizes) == 3 else ", other sizes taken as 1"))
     return recorded.where(ok, product), pd.Series(np.where(ok, var, source), index=df.index), [note]
 
