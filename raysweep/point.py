@@ -21,6 +21,7 @@ import ray
 from raysweep import metrics, placement, provenance, validity
 from raysweep.bench import timeseries
 from raysweep.bench.command import CommandBench, result_record
+from raysweep.errors import UserError
 from raysweep.files import write_json_atomic
 from raysweep.live_server import (Aborted, ConfigRun, Server, fabric_fields, resolve_provenance,
                                   server_process_fields, telemetry_fields, transport_fields)
@@ -104,6 +105,9 @@ class PointRunner:
             try:
                 job = run.bench.submit(point.bench.argv, server.url, expected_model(run.serve.argv) or "",
                                        num_prompts=num_prompts, clients=clients)
+            except UserError as exc:  # its options or data: the same on every attempt and every server
+                log.warning("point %s could not be prepared: %s", point.id, exc)
+                return "ok", {"ok": False, "error": f"the point could not be prepared: {exc}", "final": True}
             except Exception as exc:  # noqa: BLE001 - the point fails with the reason; the campaign goes on
                 log.warning("point %s could not be prepared", point.id, exc_info=True)
                 return "ok", {"ok": False, "error": f"the point could not be prepared: {exc}"}
@@ -215,7 +219,10 @@ class PointRunner:
                 result["timeseries_path"] = str(series.relative_to(self.work.output_dir))
             self.finish(run, server, point, result, attempt, started, reset, out)
             return True
-        ledger.mark_failed(point.id, error or "unknown failure", tail)
+        if out.get("final"):  # a deterministic failure: not tried again (nor with another server start)
+            ledger.give_up(point.id, error or "unknown failure", self.c.max_attempts)
+        else:
+            ledger.mark_failed(point.id, error or "unknown failure", tail)
         emit("point_failed", point=point, error=error, attempt=attempt)
         return False
 

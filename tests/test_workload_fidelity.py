@@ -305,3 +305,32 @@ def test_validate_notes_blank_and_out_of_order_trace_lines(tmp_path):
     result = _validate(f)
     assert result.exit_code == 0, result.output
     assert "1 blank line(s)" in result.output and "1 line(s) out of time order" in result.output
+
+
+@pytest.mark.ray
+def test_a_point_whose_data_fails_at_run_time_is_not_tried_again(gpu_cluster, tmp_path):
+    """A custom hook that is good when `run` checks it and bad when the point reads it: the point fails once,
+    with the reason, and is not tried again (the same data would fail on every attempt and server)."""
+    from raysweep.ledger import Ledger
+
+    calls = tmp_path / "calls"
+    hook = tmp_path / "hook.py"
+    hook.write_text("from pathlib import Path\n"
+                    f"CALLS = Path({str(calls)!r})\n"
+                    "def make(num_prompts, seed):\n"
+                    "    n = int(CALLS.read_text()) if CALLS.exists() else 0\n"
+                    "    CALLS.write_text(str(n + 1))\n"
+                    "    return [{'prompt': [5, 6, 7], 'output_len': 2 if n == 0 else -1}] * num_prompts\n")
+    f = native_campaign(tmp_path, bench_args=f"--dataset-name custom --dataset-path {hook}:make --max-concurrency 2",
+                        bench_params=[{}], max_attempts=3, bench={"client_cpus": 0.5})
+    from helpers import run_file
+
+    summary, out = run_file(f)
+    assert summary.counts["failed"] == 1, summary.counts
+    assert calls.read_text() == "2"  # checked once before the start, read once by the point
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        (row,) = ledger.points()
+    finally:
+        ledger.close()
+    assert row.attempts >= 3 and "could not be prepared" in (row.error or "") and "item 0" in (row.error or "")
