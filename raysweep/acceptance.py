@@ -155,7 +155,7 @@ def checklist(servers: list[ServerRow], results: pd.DataFrame, labels: dict[str,
     for serve_id, rows in by_serve.items():
         subject = labels.get(serve_id, serve_id)
         latest = next((r for r in reversed(rows) if r.ready_at is not None), rows[-1])
-        ngpus = len(_gpu_set(latest.gpu_ids)) * max(1, len(latest.rank_list()))
+        ngpus = sum(len(_gpu_set(r.get("gpu_ids"))) for r in latest.rank_list())
         points = results[results["serve_id"] == serve_id] if "serve_id" in results.columns else results.iloc[0:0]
         for item in (_gpus(latest), _transport(latest, ngpus), _fabric(latest), _telemetry(points), _start(rows)):
             items.append(replace(item, subject=subject))
