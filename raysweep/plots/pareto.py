@@ -19,7 +19,6 @@ from raysweep.errors import UserError
 from raysweep.files import write_text_atomic
 from raysweep.plots.style import _COLORS, _FLAG_STYLE, fmt_value, save_figure, styled
 from raysweep.plots.table import (
-    _columns_text,
     _flagged,
     _flagged_note,
     _limited_note,
