@@ -48,7 +48,7 @@ from raysweep.importer import read_sla
 from raysweep.results import flagged, load_records, records_table
 from raysweep.validity import CHECKS, unknown_checks
 
-__all__ = ["REPORT_FILE", "SECTIONS", "Section", "build_report", "write_report", "write_report_with_headlines"]
+__all__ = ["REPORT_FILE", "SECTIONS", "Section", "build_report", "conclusions_of", "write_report", "write_report_with_headlines"]
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,12 @@ def write_report_with_headlines(output_dir: str | Path, out: str | Path | None =
         log.warning("conclusions not made: %s", exc)
         lines = []
     return write_text_atomic(Path(out) if out else Path(output_dir) / REPORT_FILE, text), lines
+
+
+def conclusions_of(output_dir: str | Path, objective: str | None = None) -> conclusions.Conclusions | None:
+    """The conclusions the report leads with (None when no run is done), without drawing the report."""
+    data = _read(Path(output_dir), objective)
+    return None if data.df.empty else _conclusions_of(data)
 
 
 def build_report(output_dir: str | Path, objective: str | None = None) -> str:

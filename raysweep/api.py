@@ -1,0 +1,214 @@
+"""The Python API: `raysweep.load(dir_or_uri)` reads a campaign's results for a notebook or a script, and
+`raysweep.run(campaign)` runs one. Reading never writes into the campaign's directory; tables are pandas
+DataFrames, computed on first use and kept.
+
+    import raysweep
+    c = raysweep.load("results/demo-cpu")          # an output dir, a storage URI, or a `vllm bench sweep` dir
+    c.results                                      # one row per run
+    c.summary                                      # one row per point: mean, confidence interval, noise
+    c.conclusions.headlines                        # the best configuration per bench shape, judged
+    c.plot(var_y="p99_ttft_ms")                    # matplotlib figures
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from raysweep.conclusions import Conclusions as _Conclusions
+    from raysweep.driver import RunSummary
+
+__all__ = ["Campaign", "Conclusions", "load", "run"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Conclusions:
+    """What the report's first section says: per bench shape, the best configuration for the objective and
+    whether its lead over the others is shown (`headlines`, one line each); `points` (one row per point with
+    the objective's statistics), `fronts` (Pareto front per shape) and `sla` (capacities); `detail` is the
+    full `raysweep.conclusions.Conclusions`."""
+
+    headlines: list[str]
+    objective: str
+    points: pd.DataFrame
+    fronts: dict[str, pd.DataFrame]
+    sla: pd.DataFrame
+    detail: _Conclusions | None = field(default=None, repr=False)
+
+
+class Campaign:
+    """A campaign's output directory, read: a raysweep output dir (finished or running), a storage URI it is
+    mirrored to (downloaded first), a `vllm bench sweep` dir or an imported one (results and summary only)."""
+
+    def __init__(self, output_dir: str | Path) -> None:
+        self.output_dir = Path(output_dir)
+
+    def __repr__(self) -> str:
+        return f"Campaign({str(self.output_dir)!r})"
+
+    @property
+    def is_raysweep(self) -> bool:
+        from raysweep.ledger import LEDGER_FILE
+
+        return (self.output_dir / LEDGER_FILE).is_file()
+
+    @functools.cached_property
+    def name(self) -> str:
+        if not self.is_raysweep:
+            return self.output_dir.name
+        from raysweep.ledger import Ledger
+
+        ledger = Ledger.open_existing(self.output_dir)
+        try:
+            return ledger.meta("name") or self.output_dir.name
+        finally:
+            ledger.close()
+
+    @functools.cached_property
+    def results(self) -> pd.DataFrame:
+        """One row per finished run: its parameters, every metric (vLLM's names), placement, validity and
+        provenance (the columns of results.parquet)."""
+        from raysweep.importer import read_table
+
+        return read_table(self.output_dir).df
+
+    @functools.cached_property
+    def summary(self) -> pd.DataFrame:
+        """One row per point (server config x bench point): for each headline metric its mean, median,
+        std, cv and 95 % confidence interval over the runs, whether the point is noisy, runs needed."""
+        return self.aggregate()
+
+    def aggregate(self, confidence: float = 0.95, threshold: float = 0.05,
+                  noise_metrics: list[str] | None = None) -> pd.DataFrame:
+        """The summary with other settings (`raysweep results --aggregate`)."""
+        from raysweep import aggregate
+
+        return aggregate.summary_table(self.output_dir, confidence, threshold, results=self.results,
+                                       noise_metrics=noise_metrics)
+
+    @functools.cached_property
+    def conclusions(self) -> Conclusions | None:
+        """The report's conclusions for the default objective (output tokens/s per GPU); None when no run is
+        done or the dir is not a raysweep one. `conclude(objective)` for another."""
+        return self.conclude()
+
+    def conclude(self, objective: str | None = None) -> Conclusions | None:
+        """The conclusions for `objective` (`[max:|min:]METRIC[_per_gpu]`, as `report --objective`)."""
+        if not self.is_raysweep:
+            return None
+        from raysweep import conclusions
+        from raysweep.report import conclusions_of
+
+        c = conclusions_of(self.output_dir, objective)
+        if c is None:
+            return None
+        return Conclusions(conclusions.headlines(c), c.objective.name, c.points, c.fronts, c.sla, c)
+
+    @functools.cached_property
+    def sla(self) -> pd.DataFrame:
+        """One row per SLA search (server config x bench point x target): the largest load meeting the target;
+        empty without `sla:`."""
+        from raysweep.importer import read_sla
+
+        return read_sla(self.output_dir)[0]
+
+    def status(self) -> dict[str, Any]:
+        """Where the campaign stands, as `raysweep status --json` says it (raysweep/schemas/status.json)."""
+        from raysweep.cli.jsonout import jsonable
+        from raysweep.cli.status import status_document
+
+        return jsonable(status_document(str(self.output_dir)))
+
+    def plot(self, var_x: str = "total_token_throughput", var_y: str = "median_ttft_ms", *,
+             out: str | Path | None = None, fmt: str = "png", dpi: int = 150, **spec: Any) -> list[Any]:
+        """The curves `raysweep plot` draws (mean over runs, band for the spread), one figure per `fig_by`
+        value: matplotlib Figures, or with `out` the paths of the files written there. `spec`: the other
+        options of `raysweep plot` as keywords (row_by, col_by, curve_by, filter_by, bin_by, scale_x, ...)."""
+        from raysweep import plots
+
+        lists = ("row_by", "col_by", "curve_by", "fig_by", "filter_by", "bin_by")
+        ps = plots.PlotSpec(var_x=var_x, var_y=var_y,
+                            **{k: plots.split_list(v) if k in lists else v for k, v in spec.items()})
+        df = self.results
+        ps = plots.default_layout(df, ps, plots.load_variable(df, ps.var_x))
+        plans = plots.plan_curves(df, ps)
+        if out is not None:
+            return plots.write_plots(plans, ps, out, fmt, dpi)
+        figures: list[Figure] = [plots.render(p, ps) for p in plans]
+        return figures
+
+    def pareto(self, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count") -> pd.DataFrame:
+        """The Pareto front of output tokens/s per user against output tokens/s per GPU (`raysweep pareto`)."""
+        from raysweep import plots
+
+        return plots.pareto(self.results, user_count_var, gpu_count_var, ()).front
+
+    def compare(self, baseline: str | Path | Campaign, metrics: list[str] | None = None) -> pd.DataFrame:
+        """This campaign against `baseline`: points matched by parameters, per metric both values, the ratio
+        and the verdict (`raysweep compare BASELINE THIS`)."""
+        from raysweep import compare
+
+        base = baseline.output_dir if isinstance(baseline, Campaign) else baseline
+        a, b = compare.distinct_names([compare.load_side(base), compare.load_side(self.output_dir)])
+        return compare.compare(a, b, None, metrics).table
+
+    def report(self, out: str | Path, objective: str | None = None) -> Path:
+        """Write the HTML report to `out` (never into the campaign's directory unless `out` says so)."""
+        from raysweep.report import write_report
+
+        return write_report(self.output_dir, out, objective)
+
+
+def load(dir_or_uri: str | Path) -> Campaign:
+    """A campaign's results: an output directory, the storage URI it is mirrored to (`s3://`, `gs://`,
+    `file://`..., downloaded into ~/.cache/raysweep/mirrors), a `vllm bench sweep` dir or an imported dir.
+
+    :raises UserError: nothing readable is there.
+    """
+    from raysweep import storage
+    from raysweep.errors import UserError
+
+    path = storage.resolve_output(str(dir_or_uri))
+    if not path.is_dir():
+        raise UserError(f"raysweep.load({str(dir_or_uri)!r}): no such directory")
+    return Campaign(path)
+
+
+def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None = None, address: str | None = None,
+        force: bool = False, retry_failed: bool = False) -> Campaign:
+    """Run a campaign (a YAML file, or its content as a dict) as `raysweep run` does, on an embedded Ray or
+    the cluster at `address`, and return it loaded. The results table is written at the end; the run's
+    counts are in `.last_run` (a `raysweep.driver.RunSummary`).
+
+    :raises UserError: the campaign is invalid (nothing is started).
+    """
+    from raysweep.campaign import campaign_from_dict, load_campaign
+    from raysweep.driver import open_campaign, ray_session, run_campaign
+    from raysweep.results import write_results
+
+    if isinstance(campaign, dict):
+        spec = campaign_from_dict(campaign, base_dir=Path.cwd())
+    else:
+        spec = load_campaign(campaign)
+    c = spec.campaign
+    out = Path(output_dir or c.output_dir or f"results/{c.name}")
+    _, ledger = open_campaign(spec, out, force=force)  # a changed campaign is refused before Ray starts
+    ledger.close()
+    summary: RunSummary | None = None
+    try:
+        with ray_session(address):
+            summary = run_campaign(spec, out, force=force, retry_failed=retry_failed)
+    finally:
+        write_results(out)
+    loaded = Campaign(out)
+    loaded.last_run = summary  # type: ignore[attr-defined]
+    return loaded

@@ -1,0 +1,65 @@
+"""The Python API: docs/api.md's code blocks run in order against a finished stub campaign (the benchmark's,
+made through the real plan and ledger, no server), `import raysweep` stays light, and what `load` returns
+matches the CLI's tables. No Ray."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+import raysweep
+from raysweep.errors import UserError
+from test_cli_json import bench_module
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("api") / "stub"
+    bench_module().build_stub(out, 36)
+    return out
+
+
+def test_the_api_page_runs_as_a_notebook(stub, capsys):
+    matplotlib.use("Agg")
+    text = (ROOT / "docs" / "api.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 7
+    namespace: dict[str, object] = {}
+    before = sorted(p.name for p in stub.rglob("*"))
+    for i, block in enumerate(blocks):
+        code = block.replace('"results/demo-cpu"', repr(str(stub)))
+        exec(compile(code, f"docs/api.md block {i + 1}", "exec"), namespace)  # noqa: S102
+    printed = capsys.readouterr().out
+    assert "36 runs," in printed and "tok/s" in printed and "Best for" in printed
+    assert "{'done': 36, 'running': 0, 'failed': 0, 'pending': 0, 'total': 36}" in printed
+    assert sorted(p.name for p in stub.rglob("*")) == before          # reading wrote nothing there
+
+
+def test_load_gives_the_tables_of_the_cli(stub):
+    from raysweep.results import results_table
+
+    c = raysweep.load(stub)
+    assert c.name == "stub" and len(c.results) == 36 and len(c.summary) == 18
+    assert list(c.results["point_id"]) == list(results_table(stub)["point_id"])
+    assert c.summary["runs"].eq(2).all() and c.results is c.results     # read once, kept
+    assert c.sla.empty and c.conclusions is not None and c.conclusions.headlines
+    paths = c.plot(out=stub.parent / "figs")
+    assert paths and all(p.is_file() for p in paths)
+    with pytest.raises(UserError, match="no such directory"):
+        raysweep.load(stub.parent / "nowhere")
+
+
+def test_import_raysweep_is_light():
+    code = ("import sys, raysweep; assert callable(raysweep.load) or True\n"
+            "import raysweep as r\nheavy = [m for m in ('pandas', 'ray', 'matplotlib', 'scipy') if m in sys.modules]\n"
+            "assert not heavy, heavy\nprint(sorted(n for n in ('load', 'run', 'Campaign') if n in dir(r)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['Campaign', 'load', 'run']"
