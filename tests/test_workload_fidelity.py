@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -334,3 +335,99 @@ def test_a_point_whose_data_fails_at_run_time_is_not_tried_again(gpu_cluster, tm
     finally:
         ledger.close()
     assert row.attempts >= 3 and "could not be prepared" in (row.error or "") and "item 0" in (row.error or "")
+
+
+# -- public artifacts (tests/fixtures/README.md) ----------------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MOONCAKE = FIXTURES / "mooncake" / "conversation_trace_head.jsonl"
+FASTCHAT = FIXTURES / "fastchat" / "dummy_conversation_head.json"
+VLLM_SWEEP = FIXTURES / "vllm-sweep"
+
+
+def test_the_mooncake_trace_excerpt_replays_request_for_request():
+    from raysweep.bench.trace import trace_due, trace_report
+
+    rows = [json.loads(line) for line in MOONCAKE.read_text().splitlines()]
+    o = opts("--dataset-name", "timed_trace", "--dataset-path", str(MOONCAKE), "--trace-format", "mooncake",
+             "--num-prompts", str(len(rows)))
+    reqs = make_requests(o)
+    assert [len(r.prompt) for r in reqs] == [r["input_length"] for r in rows]
+    assert [r.output_len for r in reqs] == [r["output_length"] for r in rows]
+    assert o.ignore_eos and trace_report(o) == {"trace_lines_out_of_order": 0, "trace_blank_lines": 0}
+    assert sorted(set(trace_due(o).tolist())) == pytest.approx([0.0, 3.0, 5.999])  # Mooncake's milliseconds
+    first = {tuple(r.prompt[:512]) for r in reqs}
+    assert len(first) == 1  # every request opens with hash id 0: one shared 512-token block
+    assert len({tuple(r.prompt[512:1024]) for r in reqs if len(r.prompt) >= 1024}) == \
+        sum(1 for r in rows if r["input_length"] >= 1024)  # their second blocks all differ
+
+
+def test_the_fastchat_sharegpt_file_gives_requests_and_sessions(tiny_model):
+    from raysweep.bench.sessions import conversations
+    from raysweep.bench.text import tokenizer_for
+
+    data = json.loads(FASTCHAT.read_text())
+    o = opts("--dataset-name", "sharegpt", "--dataset-path", str(FASTCHAT), "--num-prompts", "10",
+             "--disable-shuffle", model=str(tiny_model))
+    reqs = make_requests(o)
+    firsts = {e["conversations"][0]["value"] for e in data}
+    assert len(reqs) == 10 and all(r.prompt in firsts and r.output_len >= 4 for r in reqs)
+    o = opts("--backend", "openai-chat", "--dataset-name", "multi_turn", "--dataset-path", str(FASTCHAT),
+             "--num-prompts", "5", "--disable-shuffle", model=str(tiny_model))
+    conv = conversations(o, tokenizer_for(o))
+    want = [sum(1 for m in e["conversations"] if m["from"] == "human") for e in data[:5]]
+    assert [n for _, n in conv.spans] == want and conv.messages[0] == data[0]["conversations"][0]["value"]
+
+
+def test_vllms_sweep_parameter_files_are_read_as_vllm_reads_them(tmp_path):
+    f = native_campaign(tmp_path, serve_params=str(VLLM_SWEEP / "serve_hparams.json"),
+                        bench_params=str(VLLM_SWEEP / "bench_hparams.json"))
+    result = _validate(f)
+    assert result.exit_code == 0, result.output
+    assert "6 server config(s) x 3 bench point(s)" in result.output
+    share = tmp_path / "share.json"
+    share.write_text(FASTCHAT.read_text())
+    f = native_campaign(tmp_path, serve_params=str(VLLM_SWEEP / "serve_hparams.json"),
+                        bench_params=str(VLLM_SWEEP / "bench_hparams.json"),
+                        bench={"cmd": f"vllm bench serve --model m --dataset-name sharegpt --dataset-path {share}"})
+    result = _validate(f)  # vLLM's documented pairing: every bench point would send the same requests
+    assert result.exit_code == 2 and "random_input_len" in result.output and "bench_hparams.json" in result.output
+
+
+@pytest.mark.vllm
+def test_a_sweep_directory_written_by_vllm_bench_sweep_serve_is_imported_and_plotted(tmp_path, tiny_model):
+    """The real `vllm bench sweep serve` against the streaming stand-in (one server config, vLLM's example
+    bench parameter file, one run each): `raysweep import` and `pareto` read what it wrote."""
+    import subprocess
+    import sys
+
+    from raysweep import procs
+    from raysweep.cli import main
+    from helpers import STANDIN
+
+    vllm = Path(sys.executable).parent / "vllm"
+    port = procs.free_port()
+    serve = (f"{sys.executable} {STANDIN / 'stream_server.py'} --model {tiny_model} --host 127.0.0.1 "
+             f"--port {port}")
+    bench = (f"{vllm} bench serve --model {tiny_model} --host 127.0.0.1 --port {port} --dataset-name random "
+             "--num-prompts 4 --max-concurrency 2")
+    (tmp_path / "serve.json").write_text(json.dumps([{"max_num_seqs": 8}]))
+    out = tmp_path / "sweep"
+    proc = subprocess.run([str(vllm), "bench", "sweep", "serve", "--serve-cmd", serve, "--bench-cmd", bench,
+                           "--after-bench-cmd", "true", "--serve-params", str(tmp_path / "serve.json"),
+                           "--bench-params", str(VLLM_SWEEP / "bench_hparams.json"), "--num-runs", "1",
+                           "-o", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_HOST_IP": "127.0.0.1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summaries = list(out.rglob("summary.json"))
+    assert len(summaries) == 3
+    runner = CliRunner()
+    imported = runner.invoke(main, ["import", str(out), str(tmp_path / "imp")])
+    assert imported.exit_code == 0 and "3 run(s)" in imported.output, imported.output
+    from raysweep.importer import read_table
+
+    df = read_table(tmp_path / "imp").df
+    assert sorted(df["random_input_len"].tolist()) == [128, 256, 512]
+    assert (df["completed"] == 4).all() and (df["total_output_tokens"] == 4 * df["random_output_len"]).all()
+    front = runner.invoke(main, ["pareto", str(out), "--dry-run"])
+    assert front.exit_code == 0 and "plot_pareto" in front.output, front.output
