@@ -248,8 +248,11 @@ class Equivalence:
             return f"different by more than {tol}"
         if self.word == "not judged":
             return "not judged: fewer than 2 runs on a side"
-        more = (f"; about {self.runs_needed} runs per side would settle it at the spread seen"
-                if self.runs_needed else "; the interval straddles the tolerance at the ratio seen")
+        inside = 1.0 - self.tolerance <= self.ratio <= 1.0 + self.tolerance
+        more = (f"; about {self.runs_needed} runs per side (or runs about {self.runs_needed / max(self.runs_a, 1):.0f}x "
+                f"as long, if their spread falls as one over the square root of their length) would show it "
+                f"{'equivalent' if inside else 'different'} at this ratio and spread"
+                if self.runs_needed else "; the ratio sits on the tolerance: no number of runs settles it")
         return f"not shown within {tol} with {self.runs_a} and {self.runs_b} runs{more}"
 
 
@@ -278,8 +281,9 @@ def equivalence(a: Sequence[float], b: Sequence[float], tolerance: float = 0.05,
     else:
         word = "not shown"
     needed = None
-    if word == "not shown":
-        room = min(math.log(hi_tol) - diff, diff - math.log(lo_tol))
+    if word == "not shown":   # the runs per side whose interval, at this ratio and spread, would settle it
+        inside = min(math.log(hi_tol) - diff, diff - math.log(lo_tol))
+        room = inside if inside > 0 else max(diff - math.log(hi_tol), math.log(lo_tol) - diff)
         spread = la.var(ddof=1) + lb.var(ddof=1)
         if room > 0:
             needed = next((n for n in range(max(na, nb), limit)
@@ -304,18 +308,22 @@ class Slope:
 
 def _ar1_inflation(residuals: np.ndarray) -> float:
     """How much wider a slope's interval must be when neighbouring residuals are correlated (a request's
-    tokens fall into several seconds, a queue carries over): sqrt((1 + r) / (1 - r)) for a lag-1
-    autocorrelation r > 0, 1 otherwise."""
+    tokens fall into several seconds, a queue carries over): sqrt((1 + r) / (1 - r)) for the lag-1
+    autocorrelation r of the residuals, corrected for its bias in a short series (r + (1 + 3r) / n,
+    Marriott and Pope), when positive; 1 otherwise."""
     if residuals.size < 4 or not residuals.var() > 0:
         return 1.0
     r = float(np.corrcoef(residuals[:-1], residuals[1:])[0, 1])
-    if not math.isfinite(r) or r <= 0:
+    if not math.isfinite(r):
+        return 1.0
+    r += (1.0 + 3.0 * r) / residuals.size
+    if r <= 0:
         return 1.0
     r = min(r, 0.9)
     return math.sqrt((1.0 + r) / (1.0 - r))
 
 
-def slope_test(series: Sequence[float], max_drift_pct: float, confidence: float = 1 - 2 * ALPHA) -> Slope | None:
+def slope_test(series: Sequence[float], max_drift_pct: float, confidence: float = 1 - ALPHA) -> Slope | None:
     """Whether `series` (equally spaced) changes by more than `max_drift_pct` % of its mean over its length:
     the t-interval of the fitted slope (times the length, in % of the mean; widened for a positive lag-1
     autocorrelation of the residuals) must lie entirely beyond +-`max_drift_pct`. None with fewer than 3
