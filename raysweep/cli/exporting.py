@@ -11,8 +11,9 @@ from raysweep.errors import UserError
 @main.command("export")
 @click.argument("output_dir", type=EXISTING_OUTPUT_DIR)
 @click.option("--mlflow", "mlflow_uri", default=None, metavar="URI",
-              help="Log to this MLflow tracking URI: a server URL, sqlite:///path/mlflow.db, or file:///path (MLflow 3 "
-                   "wants MLFLOW_ALLOW_FILE_STORE=true for that). Needs the extra raysweep[mlflow].")
+              help="Log to this MLflow tracking URI: a server URL or sqlite:///path/mlflow.db (file:///path only "
+                   "with MLFLOW_ALLOW_FILE_STORE=true). Exporting again updates the same runs. Needs the extra "
+                   "raysweep[mlflow].")
 @click.option("--wandb", "wandb_project", default=None, metavar="PROJECT",
               help="Log to this Weights & Biases project. Needs the extra raysweep[wandb].")
 @click.option("--experiment", default=None, help="MLflow experiment name (default: the campaign name).")
