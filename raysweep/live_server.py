@@ -34,6 +34,8 @@ __all__ = ["Aborted", "ConfigRun", "Server", "Servers", "fabric_fields", "new_se
 
 log = logging.getLogger(__name__)
 
+PORT_RETRIES = 3  # starts of a one-node server on another port after its port was taken (no failed attempt)
+
 
 class Aborted(Exception):
     """The scheduler asked a configuration to stop (node lost, interrupted)."""
@@ -239,6 +241,8 @@ class Servers:
         except ray.exceptions.RayError as exc:
             server.host_lost = True
             ready = {"ok": False, "error": f"host actor failed: {type(exc).__name__}: {exc}"}
+        if ready["ok"] and ready.get("port_retries"):
+            self._moved(run, server, ready)
         if ready["ok"]:
             w.ledger.update_server(server_id, state="ready", ready_at=time.time())
             resolve_provenance(server, w.ledger)
@@ -259,6 +263,19 @@ class Servers:
         if not self.c.continue_on_error:
             w.stop_reason = f"server config {serve.id} failed to start and continue_on_error is false"
         return None
+
+    def _moved(self, run: ConfigRun, server: Server, ready: dict[str, Any]) -> None:
+        """The server lost its port to someone else before binding it and was started again on another one
+        (no failed attempt): its new port and process in the ledger, and an event that says so."""
+        head = server.infos[0]
+        head.update(port=ready["port"], pid=ready["pid"], pid_create_time=ready["pid_create_time"])
+        server.url = f"http://{head['host']}:{head['port']}"
+        self.work.ledger.update_server(server.server_id, port=head["port"], pid=head["pid"],
+                                       pid_create_time=head["pid_create_time"], ranks=json.dumps(server.rank_rows()))
+        detail = f"server {server.server_id}: its port was taken before it bound it; started again on port " \
+                 f"{head['port']} ({ready['port_retries']} time(s))"
+        log.warning("%s", detail)
+        self.work.ledger.add_event("port_retry", [run.serve.id], [server.nodes[0].get("hostname") or ""], detail)
 
     def hosts(self, run: ConfigRun, server_id: str) -> Server:
         """One host actor per node of the configuration's placement group, and the server's ledger row."""
@@ -281,7 +298,7 @@ class Servers:
         for r, h in enumerate(server.hosts):
             base = follower_argv if r and follower_argv is not None else argv
             ref = h.start.remote(rank_argv(base, lay, r, master, port), run.serve.env, serve_http and r == 0,
-                                 self.c.transport.nccl_debug)
+                                 self.c.transport.nccl_debug, PORT_RETRIES if lay.nnodes == 1 else 0)
             server.infos.append(run.wait(ref, 120)[1])
         head = server.infos[0]
         server.facts = run.wait([h.process_facts.remote() for h in server.hosts], 60)[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["child_env", "free_port", "is_alive", "kill_tree", "port_is_free", "resolve_executable", "tail"]
+__all__ = ["child_env", "free_port", "hold_port", "is_alive", "kill_tree", "port_is_free", "resolve_executable", "tail"]
 
 
 RAY_WORKER_ONLY_ENV = ("OMP_NUM_THREADS",)
@@ -33,6 +33,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def hold_port(host: str = "127.0.0.1") -> socket.socket:
+    """A free TCP port, held: a socket bound to it (SO_REUSEADDR, never listening). While it is open no
+    other bind to port 0 on this host gets that port, yet a server that sets SO_REUSEADDR itself (vLLM and
+    uvicorn, Python's http.server, asyncio) can bind and listen on it. Close it once the server listens."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, 0))
+    return s
 
 
 def port_is_free(host: str, port: int) -> bool:

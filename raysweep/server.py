@@ -134,6 +134,11 @@ class ServerHost:
         self._started_at = 0.0
         self._provenance: dict[str, Any] | None = None
         self._provenance_thread: threading.Thread | None = None
+        self._hold: socket.socket | None = None  # the server's port, held until it listens
+        self._launch: tuple[list[str], dict[str, str], bool, bool] | None = None
+        self._log_offset = 0
+        self.port_retries = 0  # starts lost to a port taken by someone else meanwhile
+        self._max_port_retries = 0
         _remove_orphaned_state()
 
     def node_info(self) -> dict[str, Any]:
@@ -148,11 +153,15 @@ class ServerHost:
         return procs.free_port(self.ip)
 
     def start(self, argv: list[str], env: dict[str, str], serve_http: bool = True,
-              nccl_debug: bool = True) -> dict[str, Any]:
+              nccl_debug: bool = True, port_retries: int = 0) -> dict[str, Any]:
         """Start the server under `raysweep.guard`; returns the guard's pid and start time, host, port, log.
         `serve_http=False` for the headless ranks of a multi-node server: no `--host`/`--port` of ours.
-        `nccl_debug`: NCCL_DEBUG=INFO unless the campaign or this node's environment sets NCCL_DEBUG."""
-        self.port = procs.free_port(self.ip) if serve_http else None
+        `nccl_debug`: NCCL_DEBUG=INFO unless the campaign or this node's environment sets NCCL_DEBUG.
+        Its port is held until the server is ready (`procs.hold_port`); a server that still finds it taken
+        (someone outside raysweep bound it) is started again on another port by `wait_ready`, up to
+        `port_retries` times, which is no failed attempt."""
+        self._launch, self._max_port_retries = (list(argv), dict(env), serve_http, nccl_debug), port_retries
+        self.port = self._take_port() if serve_http else None
         full = procs.resolve_executable(server_argv(argv, self.ip, self.port) if serve_http else list(argv))
         extra = {"VLLM_SERVER_DEV_MODE": "1"}
         if nccl_debug and "NCCL_DEBUG" not in env and "NCCL_DEBUG" not in os.environ:
@@ -160,6 +169,7 @@ class ServerHost:
         env_ = procs.child_env({**extra, **env})
         self._nccl_file = env_.get("NCCL_DEBUG_FILE")
         self._started_at = time.time()
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         me = psutil.Process()
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"{STATE_PREFIX}{self.server_id}-"))
         (self.state_dir / HOST_FILE).write_text(f"{me.pid} {me.create_time()!r}")
@@ -177,6 +187,41 @@ class ServerHost:
         return {"pid": self.guard_pid, "pid_create_time": psutil.Process(self.guard_pid).create_time(),
                 "host": self.ip, "port": self.port, "log_path": str(self.log_path),
                 "command": grid.shell_join(grid.mask_argv(full))}
+
+    def _take_port(self) -> int:
+        """A port for the server, held until it is ready; after two starts that lost their port anyway,
+        plainly free (a command that does not set SO_REUSEADDR cannot bind a held port)."""
+        self._release_port()
+        if self.port_retries >= 2:
+            return procs.free_port(self.ip)
+        self._hold = procs.hold_port(self.ip)
+        return int(self._hold.getsockname()[1])
+
+    def _release_port(self) -> None:
+        if self._hold is not None:
+            self._hold.close()
+            self._hold = None
+
+    def _lost_port(self) -> bool:
+        """Whether the server that just exited found its port taken (its log since it started says so)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                text = f.read(1 << 20).decode(errors="replace").lower()
+        except OSError:
+            return False
+        return "address already in use" in text or "errno 98" in text
+
+    def _start_again(self) -> None:
+        """Start the same command again on another port (the last start lost its port)."""
+        assert self._launch is not None
+        self.port_retries += 1
+        log.warning("server %s: port %s was taken before the server bound it; starting it again on another port",
+                    self.server_id, self.port)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        self._exit_code, self.guard_pid = None, None
+        argv, env, serve_http, nccl_debug = self._launch
+        self.start(argv, env, serve_http, nccl_debug, self._max_port_retries)
 
     def _gather_provenance(self, argv: list[str]) -> None:
         def gather() -> None:
@@ -260,16 +305,30 @@ class ServerHost:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             code = self.exit_code()
+            if code is not None and self.port is not None and self.port_retries < self._max_port_retries \
+                    and self._lost_port():
+                self._start_again()
+                continue
             if code is not None:
+                self._release_port()
                 return {"ok": False, "error": f"server process exited with code {code} before it was ready"}
             status, _ = _http("GET", self.url() + "/health", timeout=2)
             if status == 200:
                 status, body = _http("GET", self.url() + "/v1/models", timeout=5)
                 if status == 200 and self._lists_model(body, model):
-                    return {"ok": True, "elapsed_s": time.monotonic() - t0}
+                    self._release_port()
+                    return {"ok": True, "elapsed_s": time.monotonic() - t0, **self.started()}
             time.sleep(0.5)
         return {"ok": False, "timeout": True,
                 "error": f"server not ready after {timeout_s:.0f} s (/health and /v1/models)"}
+
+    def started(self) -> dict[str, Any]:
+        """The running server: its port, guard pid and start time, and how many starts lost their port."""
+        pid = self.guard_pid
+        created = None
+        with contextlib.suppress(psutil.Error, TypeError, ValueError):
+            created = psutil.Process(pid).create_time()
+        return {"port": self.port, "pid": pid, "pid_create_time": created, "port_retries": self.port_retries}
 
     @staticmethod
     def _lists_model(body: str, model: str | None) -> bool:
@@ -324,6 +383,7 @@ class ServerHost:
 
     def stop(self, grace_s: float = 30.0) -> dict[str, Any]:
         """Stop the server tree, wait for it and for the port to be free; kill what is left."""
+        self._release_port()
         if self.guard_pid is None:
             return {"exit_code": None, "left": [], "port_free": True}
         with contextlib.suppress(ProcessLookupError):

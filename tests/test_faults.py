@@ -3,6 +3,7 @@ at once, ports without a race, a full disk that loses no finished result, and a 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -13,7 +14,7 @@ import psutil
 import pytest
 import yaml
 from click.testing import CliRunner
-from helpers import standin_campaign
+from helpers import PY, STANDIN, run_file, standin_campaign
 
 from raysweep import drift, procs
 from raysweep.campaign import load_campaign
@@ -231,4 +232,83 @@ def test_what_dead_drivers_left_is_killed_at_once_and_a_live_drivers_helpers_are
         for p in [*stubborn, live_driver, kept]:
             p.kill()
             p.wait()
+        ledger.close()
+
+
+# -- ports without a race -----------------------------------------------------------------------------------
+
+_THIEF = '''
+import os, subprocess, sys, time
+args = sys.argv[1:]
+host, port = args[args.index("--host") + 1], args[args.index("--port") + 1]
+marker = os.environ["THIEF_MARKER"]
+if not os.path.exists(marker):  # the first start: another server binds our port first (with SO_REUSEADDR, as
+    open(marker, "w").close()   # vLLM and uvicorn do) and listens on it
+    code = ("import socket, time\\ns = socket.socket()\\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\\n"
+            f"s.bind(({host!r}, {port}))\\ns.listen()\\nopen({marker!r} + '.pid', 'w').write(str(__import__('os').getpid()))\\n"
+            "time.sleep(120)")
+    subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    while not os.path.exists(marker + ".pid") or not open(marker + ".pid").read():
+        time.sleep(0.02)
+os.execv(sys.executable, [sys.executable, os.environ["STANDIN_SERVER"], *args])
+'''
+
+
+@pytest.mark.ray
+def test_many_servers_started_at_once_on_one_node_each_get_their_own_port(gpu_cluster, tmp_path):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raysweep.server import ServerHost
+
+    node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU"))
+    hosts = [ServerHost.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+             .remote(f"many-{i}", str(tmp_path)) for i in range(12)]
+    try:
+        infos = ray.get([h.start.remote([PY, str(STANDIN / "server.py"), "--model", "m"], {}, True, False, 3)
+                         for h in hosts], timeout=180)
+        ready = ray.get([h.wait_ready.remote(60, "m") for h in hosts], timeout=240)
+        assert all(r["ok"] for r in ready), ready
+        ports = [r["port"] for r in ready]
+        assert len(set(ports)) == 12 and ports == [i["port"] for i in infos]
+        assert all(r["port_retries"] == 0 for r in ready)
+    finally:
+        ray.get([h.stop.remote(5) for h in hosts], timeout=120)
+        for h in hosts:
+            ray.kill(h)
+
+
+@pytest.mark.ray
+def test_a_server_that_lost_its_port_starts_again_on_another_without_a_failed_attempt(gpu_cluster, tmp_path,
+                                                                                      monkeypatch):
+    import os
+    import signal
+
+
+    wrapper = tmp_path / "thief.py"
+    wrapper.write_text(_THIEF)
+    marker = tmp_path / "taken"
+    monkeypatch.setenv("THIEF_MARKER", str(marker))
+    monkeypatch.setenv("STANDIN_SERVER", str(STANDIN / "server.py"))
+    f = standin_campaign(tmp_path)
+    data = yaml.safe_load(f.read_text())
+    data["serve"]["cmd"] = f"{PY} {wrapper} --model m"
+    data["serve"]["env"] = {"THIEF_MARKER": str(marker), "STANDIN_SERVER": str(STANDIN / "server.py")}
+    f.write_text(yaml.safe_dump(data))
+    try:
+        summary, out = run_file(f)
+    finally:
+        pid_file = Path(str(marker) + ".pid")
+        if pid_file.exists():  # the server's guard may have ended it with the first server's tree
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert summary.counts["done"] == 2 and not summary.failures
+    ledger = Ledger.open_existing(out)
+    try:
+        assert all(p.attempts == 1 for p in ledger.points())
+        [event] = [e for e in ledger.events() if e["kind"] == "port_retry"]
+        assert "started again on port" in event["detail"]
+        [server] = ledger.servers()
+        assert server.state != "failed" and str(server.port) in event["detail"]
+    finally:
         ledger.close()
