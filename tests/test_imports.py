@@ -4,7 +4,9 @@ Every `import` and `from ... import` of a raysweep module is an edge, wherever i
 import runs too, only later); imports under `if TYPE_CHECKING:` are not (they never run). `from pkg import
 name` is an edge to the submodule `pkg.name` when there is one, else to `pkg`. The parent packages a module's
 import runs first are not edges: a package's `__init__` re-exporting its rooms would otherwise close a circle
-with every room that imports a sibling.
+with every room that imports a sibling. Nor are the imports inside a package `__init__`'s module-level
+`__getattr__` (a name loaded on first use, PEP 562): they run for the caller that asks the package for that
+name, never while the package itself is imported, so the edge is the caller's.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ def _type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.Module, package_init: bool) -> list[ast.Import | ast.ImportFrom]:
     found: list[ast.Import | ast.ImportFrom] = []
 
     def walk(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
+            if package_init and node is tree and isinstance(child, ast.FunctionDef) and child.name == "__getattr__":
+                continue
             if isinstance(child, ast.If) and _type_checking(child):
                 for sub in child.orelse:
                     walk(sub)
@@ -60,7 +64,7 @@ def import_graph() -> dict[str, set[str]]:
     modules = module_names()
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path)), path.name == "__init__.py"):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -136,6 +140,7 @@ def test_the_graph_sees_the_imports_that_matter():
     assert "raysweep.grid" in graph["raysweep.campaign.loading"]              # from raysweep import grid
     assert "raysweep.tune.surrogate" in graph["raysweep.tune.proposals"]     # from raysweep.tune import surrogate
     assert "raysweep.estimate" in graph["raysweep.tune.dry_run"]             # a function-level import
+    assert not graph["raysweep.tune"]        # its names load on first use (__getattr__), its TYPE_CHECKING imports
 
 
 def test_the_cycle_finder_finds_a_circle_and_names_it():
