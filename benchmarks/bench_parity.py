@@ -21,7 +21,7 @@ Cases (`--case`):
   per-turn input length, TTFT and the prefix-cache hit rate.
 
     .venv/bin/python benchmarks/bench_parity.py [--case random|trace|multi_turn] [--runs N] [--server-cpus 0]
-        [--client-cpus 1] [--autogroup-nice -10]
+        [--client-cpus 1] [--autogroup-nice -10] [--sittings 5] [--prompts N]
 
 Where the kernel groups processes by session for scheduling (`/proc/sys/kernel/sched_autogroup_enabled`),
 a process's niceness counts only against processes of its own session: other work on the machine at nice 19,
@@ -29,6 +29,11 @@ in sessions of its own, gets an equal share of the server's and the clients' cor
 crosscheck (with its Ray and both clients) each run in a session of their own at autogroup niceness
 `--autogroup-nice` (-10: other sessions get about a tenth of a contended core; 0 leaves them as they are),
 the same for both clients, and the header says what was set.
+
+`--sittings N` (random case) runs crosscheck N times in a row on the one server, with runs of 400 prompts
+(about 10 s or more each: `vllm bench serve` has no duration bound, so both clients get the same prompt
+count), and records how many sittings reach "equivalent" (crosscheck's equivalence test: the 90 % interval
+of each ratio inside its tolerance) in parity-sittings.md and .json.
 
 Writes benchmarks/results/parity.md (parity-trace.md, parity-multi-turn.md; the JSON beside each); exits with
 crosscheck's code (multi_turn: 0 when every count is equal, else 1).
@@ -151,17 +156,93 @@ def sessions_check(model: Path, url: str, runs: int) -> tuple[int, str, list[dic
     return (0 if exact else 1), "\n".join(md) + "\n", rows
 
 
+def one_crosscheck(args: argparse.Namespace, model: Path, url: str, work: Path, load: str,
+                   env: dict[str, str]) -> tuple[int, dict | None, str, float, str]:
+    """One `raysweep crosscheck` pinned and in a session of its own: (exit code, report, stderr, seconds,
+    what was done to its autogroup)."""
+    t0 = time.monotonic()
+    with subprocess.Popen(["taskset", "-c", args.client_cpus, str(BIN / "raysweep"), "crosscheck",
+                           str(campaign(model, args.prompts, work, load)), "--url", url, "-n",
+                           str(args.runs), "--out", str(work / "xc"), "--json"],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        grouped = autogroup_nice(proc.pid, args.autogroup_nice)
+        try:
+            stdout, stderr = proc.communicate()
+        except BaseException:  # its own session gets no Ctrl-C from the terminal: stop it here
+            stop_server(proc)
+            raise
+    report = json.loads(stdout) if proc.returncode in (0, 1) and stdout else None
+    return proc.returncode, report, stderr, time.monotonic() - t0, grouped
+
+
+def sittings(args: argparse.Namespace, model: Path, url: str, work: Path, load: str, env: dict[str, str],
+             grouped: str, ready_s: float) -> int:
+    """`--sittings N`: N crosschecks in a row on the one server; per sitting each judged metric's ratio, its
+    90 % interval and verdict, the runs' durations; how many sittings reach 'equivalent'. Writes
+    benchmarks/results/parity-sittings.md and .json."""
+    rows, reports = [], []
+    for k in range(args.sittings):
+        (work / f"s{k}").mkdir()
+        code, report, stderr, wall, xc_grouped = one_crosscheck(args, model, url, work / f"s{k}", load, env)
+        if report is None:
+            sys.stderr.write(stderr[-5000:])
+            rows.append({"sitting": k + 1, "verdict": f"crosscheck failed (exit {code})"})
+            continue
+        reports.append(report)
+        durations = [float(r.get("duration") or 0) for r in report["runs"] if r.get("ok")]
+        judged = [c for c in report["comparison"] if c.get("tolerance") is not None]
+        rows.append({"sitting": k + 1, "verdict": report["verdict"]["verdict"], "seconds": round(wall),
+                     "run_s": [round(min(durations), 1), round(max(durations), 1)] if durations else None,
+                     "metrics": {c["metric"]: {"ratio": c["ratio"], "low": c.get("low"), "high": c.get("high"),
+                                               "word": c.get("word")} for c in judged},
+                     "autogroup": xc_grouped})
+        print(f"sitting {k + 1}: {report['verdict']['verdict']}", flush=True)
+    reached = sum(r["verdict"] == "equivalent within tolerance" for r in rows)
+    names = list(dict.fromkeys(m for r in rows for m in r.get("metrics", {})))
+    lines = [f"<!-- {time.strftime('%Y-%m-%d %H:%M')} -->",
+             f"# Parity in {args.sittings} sittings: native client vs `vllm bench serve`", "",
+             (f"Server pinned to CPU(s) {args.server_cpus} (ready in {ready_s:.0f} s, {grouped}); crosscheck "
+              f"pinned to CPU(s) {args.client_cpus}; per sitting {args.runs} runs of each client of "
+              f"`{load.format(prompts=args.prompts, trace='')}`, caches reset before each. Verdict per metric: the "
+              "ratio of the geometric means native / vllm with its 90 % interval, equivalent only inside the "
+              "tolerance (throughput 5 %, median TTFT and TPOT 10 %)."),
+             "", f"**{reached} of {len(rows)} sittings reach \"equivalent\".**", "",
+             "| sitting | run length (s) | " + " | ".join(names) + " | verdict |",
+             "|---|---|" + "---|" * len(names) + "---|"]
+    for r in rows:
+        cells = []
+        for m in names:
+            c = r.get("metrics", {}).get(m)
+            cells.append("-" if not c or c["ratio"] is None else
+                         f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}] {c['word']}" if c["low"] is not None
+                         else f"{c['ratio']:.3f} {c['word']}")
+        span = f"{r['run_s'][0]}-{r['run_s'][1]}" if r.get("run_s") else "-"
+        lines.append(f"| {r['sitting']} | {span} | " + " | ".join(cells) + f" | {r['verdict']} |")
+    text = "\n".join(lines) + "\n"
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "parity-sittings.md").write_text(text)
+    (OUT / "parity-sittings.json").write_text(json.dumps({"rows": rows, "reports": reports}, indent=2,
+                                                         default=str) + "\n")
+    print(text, flush=True)
+    return 0 if reached == len(rows) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=sorted(RESULT_FILE), default="random")
     ap.add_argument("--runs", type=int, default=None, help="runs of each client (default 5; trace: 9)")
-    ap.add_argument("--prompts", type=int, default=100)
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="prompts per run (default 100; with --sittings, 400: runs of about 10 s or more)")
+    ap.add_argument("--sittings", type=int, default=1,
+                    help="crosschecks in a row on the one server (random case): how many reach 'equivalent'")
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list of the server")
     ap.add_argument("--client-cpus", default="1", help="taskset CPU list of crosscheck, its Ray and both clients")
     ap.add_argument("--autogroup-nice", type=int, default=-10,
                     help="autogroup niceness of the server's and crosscheck's sessions (0: leave it)")
     args = ap.parse_args()
     args.runs = args.runs or (9 if args.case == "trace" else 5)
+    args.prompts = args.prompts or (400 if args.sittings > 1 else 100)
     sys.path.insert(0, str(REPO))
     from raysweep.demo import make_tiny_model
     from raysweep.procs import free_port
@@ -201,6 +282,11 @@ def main() -> int:
         if args.case == "trace":
             write_trace(work / "trace.jsonl", n=args.prompts, rate=4.0)  # replayed at --trace-speedup 2: 8 req/s
             load = TRACE_LOAD
+        if args.sittings > 1:
+            try:
+                return sittings(args, model, url, work, load, env, grouped, ready_s)
+            finally:
+                stop_server(server)
         try:
             t0 = time.monotonic()
             with subprocess.Popen(["taskset", "-c", args.client_cpus, str(BIN / "raysweep"), "crosscheck",
