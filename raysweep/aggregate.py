@@ -451,7 +451,11 @@ def summary_table(output_dir: str | Path, confidence: float = 0.95, threshold: f
     path = Path(output_dir)
     df = results if results is not None else read_table(path).df
     params, samples = _dir_params(path), _dir_samples(path, df)
-    return summarize(df, confidence, threshold=threshold, params=params, samples=samples, **kw)
+    # bench.precision: each point's state, from the ledger
+    from raysweep.precision import precision_columns
+
+    return precision_columns(path, summarize(df, confidence, threshold=threshold, params=params, samples=samples,
+                                             **kw))
 
 
 def _dir_params(output_dir: Path) -> list[str] | None:

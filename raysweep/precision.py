@@ -15,10 +15,11 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["METRICS", "Decision", "PrecisionSpec", "decide", "describe", "expected_runs"]
+__all__ = ["METRICS", "Decision", "PrecisionSpec", "decide", "describe", "expected_runs", "precision_columns"]
 
 REACHED, AT_MAX, MEASURING = "reached", "max_runs", "measuring"
 CONFIRM_LOOKS = 2  # successive narrow intervals a point needs to stop (see `decide`)
@@ -124,3 +125,30 @@ def describe(spec: PrecisionSpec) -> str:
     """One line for the dry run and the docs."""
     return (f"{spec.min_runs} to {spec.max_runs} run(s) per point, until the {spec.confidence:.0%} interval of "
             f"{spec.metric}'s mean is within +-{spec.rel_half_width:.1%} of it at {CONFIRM_LOOKS} successive runs")
+
+
+def precision_columns(output_dir: Any, summary: Any) -> Any:
+    """The summary (one row per point) with the ledger's precision record of each point, for a campaign with
+    `bench.precision`: `precision_state` (reached, max_runs, measuring), `precision_reached` and
+    `precision_rel_half_width` (its interval's half-width over the mean when it was decided). Unchanged
+    for any other directory."""
+    from pathlib import Path
+
+    from raysweep.ledger import LEDGER_FILE, Ledger
+
+    path = Path(output_dir)
+    if not (path / LEDGER_FILE).is_file() or summary is None or "serve_id" not in getattr(summary, "columns", ()):
+        return summary
+    ledger = Ledger.open_existing(path)
+    try:
+        rows = {(r["serve_id"], r["bench_id"]): r for r in ledger.precision()}
+    finally:
+        ledger.close()
+    if not rows:
+        return summary
+    keys = list(zip(summary["serve_id"], summary["bench_id"], strict=True))
+    out = summary.copy()
+    out["precision_state"] = [rows[k]["state"] if k in rows else None for k in keys]
+    out["precision_reached"] = [rows[k]["state"] == REACHED if k in rows else None for k in keys]
+    out["precision_rel_half_width"] = [rows[k]["rel_half_width"] if k in rows else None for k in keys]
+    return out

@@ -213,3 +213,43 @@ def test_stopping_rule_coverage_by_simulation():
             _, low, high = mean_interval(values)
             covered, total = covered + (low <= 100.0 <= high), total + 1
     assert covered / total >= 0.93
+
+
+@pytest.mark.ray
+def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_cluster, tmp_path):
+    """On the stand-in server: every point stops at its second narrow look (a wide width); resumed with a
+    width no point reaches, each point continues from its count to max_runs, and no finished run runs again."""
+    from helpers import run_file
+
+    from raysweep.aggregate import summary_table
+
+    f = _campaign(tmp_path, {"metric": "request_throughput", "rel_half_width": 0.99, "min_runs": 3, "max_runs": 5},
+                  bench_params={"grid": {"random_input_len": [16, 32]}})
+    summary, out = run_file(f)
+    assert summary.counts == {"pending": 0, "running": 0, "done": 8, "failed": 0}
+    led = Ledger.open_existing(out)
+    first = {p.point_id: p.attempts for p in led.points()}
+    assert sorted(p.run for p in led.points()) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(p.point_id == point_id(p.serve_id, p.bench_id, p.run) for p in led.points())
+    assert [(r["state"], r["runs_done"]) for r in led.precision()] == [(REACHED, 4)] * 2
+    led.close()
+    data = yaml.safe_load(f.read_text())
+    data["bench"]["precision"]["rel_half_width"] = 1e-9  # no point reaches it: each runs on to max_runs
+    f.write_text(yaml.safe_dump(data))
+    summary, out = run_file(f)
+    assert summary.counts == {"pending": 0, "running": 0, "done": 10, "failed": 0}
+    led = Ledger.open_existing(out)
+    assert sorted(p.run for p in led.points()) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(p.attempts == 1 for p in led.points()) and all(first[k] == 1 for k in first)
+    assert [(r["state"], r["runs_done"], r["runs_spent"]) for r in led.precision()] == [(AT_MAX, 5, 5)] * 2
+    led.close()
+    table = summary_table(out)
+    assert list(table["precision_state"]) == [AT_MAX] * 2 and not table["precision_reached"].any()
+    assert list(table["runs"]) == [5, 5]
+    res = CliRunner().invoke(main, ["status", str(out)])
+    assert "0 point(s) reached it, 2 stopped at max_runs without it, 0 measuring" in res.output
+    summary, _ = run_file(f)  # a third run: nothing left, nothing runs again
+    assert summary.counts["done"] == 10
+    led = Ledger.open_existing(out)
+    assert all(p.attempts == 1 for p in led.points())
+    led.close()

@@ -16,7 +16,7 @@ from raysweep.cli._common import console
 # the bar advanced with it), or nothing (a later event or the final summary says it).
 SHOWN = frozenset({"server_starting", "server_ready", "server_failed", "transport", "node_lost", "config_failed",
                    "point_done", "point_failed", "sla_done", "candidate_start", "candidate_done", "fabric",
-                   "topology_warning", "replica"})
+                   "topology_warning", "replica", "precision"})
 SILENT = frozenset({"campaign_start", "campaign_end", "server_stopped", "warmup_done", "client_limited",
                     "point_start", "replaced"})
 # The driver's log records that an event line already says (they still go to the log file).
@@ -129,6 +129,12 @@ class _ProgressDisplay:
             p.console.print(f"SLA {escape(data['serve'].label)} / {data['bench_id']} [{escape(data['target'])}]: "
                             f"{o.state}, largest pass {o.largest_pass}, smallest fail {o.smallest_fail}, "
                             f"{len(o.probes)} probe(s)", highlight=False)
+        elif kind == "precision":  # bench.precision decided a point
+            what = {"reached": "reached", "max_runs": "[yellow]stopped at max_runs without[/]"}.get(data["state"],
+                                                                                            data["state"])
+            p.console.print(f"precision {escape(data['serve'].label)} / {data['bench_id']}: {what} "
+                            f"+-{100 * data['target']:g} % of {data['metric']} after {data['runs_done']} run(s) "
+                            f"(+-{100 * data['rel_half_width']:.1f} %)", highlight=False)
         elif kind == "point_failed":
             p.console.print(f"[red]failed[/] {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
                             f"run {data['point'].run} "
