@@ -1,4 +1,5 @@
-# The two set-up commands: `make demo` (the CPU demo campaign) and `make test` (every test).
+# The two set-up commands: `make demo` (the CPU demo campaign) and `make test` (every test); `make test-fast`
+# runs the lint, the type check and every test that starts neither Ray nor vLLM (about a minute).
 # Both create .venv with everything they need on a fresh machine.
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,7 +9,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 export VLLM_HOST_IP := 127.0.0.1
 
-.PHONY: setup demo test clean-demo
+.PHONY: setup demo test test-fast lint clean-demo
 setup:
 	bash scripts/setup-venv.sh
 
@@ -19,6 +20,14 @@ demo: setup
 test: setup
 	bash scripts/install-browser.sh
 	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+
+# ruff (lint and import order) and mypy, with the rules in pyproject.toml; .pre-commit-config.yaml runs the same
+lint: setup
+	$(BIN)/ruff check raysweep tests benchmarks
+	$(BIN)/mypy
+
+test-fast: lint
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -p no:cacheprovider -m "not ray and not vllm" --durations=10
 
 clean-demo:
 	rm -rf results/demo-cpu
