@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from raysweep import placement, sequential
+from raysweep import placement, sequential, workload_levels
 from raysweep.bench import backend_for
 from raysweep.ledger import PointRow
 from raysweep.live_server import ConfigRun, Server, Servers
@@ -127,6 +127,7 @@ class ConfigLife:
             more = sequential.settle(w, point.serve, point.bench.id)  # bench.precision: one more run?
             if more is not None:
                 queue.appendleft(more)
+            queue.extendleft(reversed(workload_levels.settle(w, point.serve, point.bench)))  # bench.workload
             if run.abort or w.stopping() or server.down() is not None:
                 return
             reset = self.points.reset(run, server)

@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import drift, endpoint, placement, recovery, sequential, storage
+from raysweep import drift, endpoint, placement, recovery, sequential, storage, workload_levels
 from raysweep.bench import offline
 from raysweep.campaign import CampaignSpec
 from raysweep.config_life import ConfigLife
@@ -114,6 +114,7 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
             from raysweep.tune import restore_plan
 
             restore_plan(plan, ledger)
+        workload_levels.restore_plan(plan, ledger)  # levels bench.workload decided before
         sequential.restore_plan(plan, ledger)  # runs bench.precision added to points before
         ledger.sync(name=spec.campaign.name, fingerprint=plan.fingerprint, meaning=meaning(spec),
                     campaign=spec.stored_form(), campaign_file=spec.source_path,
@@ -282,6 +283,7 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
                           max_servers=c.placement.max_servers or (None if with_gpus else 1),
                           tail_replicas=c.placement.tail_replicas)
     sequential.settle_all(work)  # a point whose last run ended as the previous driver died
+    workload_levels.settle_all(work)  # endpoints of bench.workload that ended as it died
     emit("campaign_start", total=len(plan.points), counts=ledger.counts())
     scheduler.run()
     emit("campaign_end", counts=ledger.counts(), stopped=work.stop_reason)

@@ -121,6 +121,17 @@ CREATE TABLE IF NOT EXISTS precision (
   updated_at REAL NOT NULL,
   PRIMARY KEY (serve_id, bench_id)
 );
+CREATE TABLE IF NOT EXISTS workload_levels (
+  serve_id TEXT NOT NULL,
+  bench_id TEXT NOT NULL,
+  variable TEXT NOT NULL,
+  serial REAL,
+  batch REAL,
+  levels TEXT NOT NULL,
+  state TEXT NOT NULL,
+  decided_at REAL NOT NULL,
+  PRIMARY KEY (serve_id, bench_id)
+);
 CREATE TABLE IF NOT EXISTS candidates (
   number INTEGER PRIMARY KEY,
   serve_id TEXT NOT NULL,
@@ -597,6 +608,29 @@ class Ledger:
             rows = self._conn.execute("SELECT * FROM precision ORDER BY serve_id, bench_id").fetchall()
         return [dict(r) for r in rows]
 
+    # -- bench.workload (raysweep.workload_levels) -----------------------------------------------------
+
+    def record_workload_levels(self, serve_id: str, bench_id: str, variable: str, serial: float | None,
+                               batch: float | None, levels: list[int], state: str) -> None:
+        """The load levels decided for a bench point of a configuration; the first decision stays."""
+        with self._tx() as c:
+            c.execute("INSERT OR IGNORE INTO workload_levels VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                      (serve_id, bench_id, variable, serial, batch, json.dumps([int(v) for v in levels]), state,
+                       time.time()))
+
+    def workload_levels(self, serve_id: str, bench_id: str) -> dict[str, Any] | None:
+        """The decision for one (configuration, bench point), or None before it."""
+        with self._lock:
+            r = self._conn.execute("SELECT * FROM workload_levels WHERE serve_id = ? AND bench_id = ?",
+                                   (serve_id, bench_id)).fetchone()
+        return _levels_row(r) if r else None
+
+    def all_workload_levels(self) -> list[dict[str, Any]]:
+        """Every decision: serve and bench ids, variable, serial, batch, levels (a list), state, decided_at."""
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM workload_levels ORDER BY serve_id, bench_id").fetchall()
+        return [_levels_row(r) for r in rows]
+
     # -- tuning candidates (raysweep.tune) ------------------------------------------------------------
 
     def add_points(self, points: list[tuple[str, str, str, int, dict[str, Any], dict[str, Any]]]) -> None:
@@ -644,6 +678,12 @@ class Ledger:
 
 def _finite(v: float | None) -> float | None:
     return v if v is None or math.isfinite(v) else None
+
+
+def _levels_row(r: sqlite3.Row) -> dict[str, Any]:
+    d = dict(r)
+    d["levels"] = json.loads(d["levels"])
+    return d
 
 
 def _point_row(r: sqlite3.Row) -> PointRow:

@@ -80,6 +80,9 @@ class BenchPoint:
     label: str
     base_id: str | None = None
     sla_value: float | None = None
+    workload_of: str | None = None      # bench.workload: the grid's bench point this one is a load level of
+    workload_role: str | None = None    # serial, batch or level (raysweep.workload_levels)
+    workload_value: int | None = None   # the value of bench.workload.variable it runs at
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,11 @@ def serve_points(spec: CampaignSpec, s: ServeConfig, benches: list[BenchPoint]
         if spec.campaign.sla is not None:  # the search always starts at unbounded load; it adds the other probes
             searches.append((s.id, b.id))
             points.extend(probe_runs(spec, s, b, math.inf))
+        elif getattr(spec.campaign.bench, "workload", None) is not None:  # the levels come after these two
+            from raysweep.workload_levels import endpoint_benches
+
+            points.extend(PointRun(id=point_id(s.id, e.id, r), serve=s, bench=e, run=r)
+                          for e in endpoint_benches(spec, b) for r in range(first_runs(spec)))
         else:
             points.extend(PointRun(id=point_id(s.id, b.id, r), serve=s, bench=b, run=r)
                           for r in range(first_runs(spec)))
@@ -287,7 +295,9 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
     precision = getattr(c.bench, "precision", None) if c.bench is not None else None
     runs = f"{precision.min_runs} to {precision.max_runs}" if precision is not None else c.runs
     lines = [f"Campaign {c.name}: {len(plan.serves)} server config(s) x {len(plan.benches)} bench point(s) "
-             f"x {runs} run(s) = {len(plan.points)} run(s)" + (" to start with" if precision is not None else "")
+             + ("x 2 (serial, batch) " if getattr(c.bench, "workload", None) is not None else "")
+             + f"x {runs} run(s) = {len(plan.points)} run(s)"
+             + (" to start with" if precision is not None or getattr(c.bench, "workload", None) is not None else "")
              + (f" ({plan.skipped_pairs} pair(s) skipped by link)" if plan.skipped_pairs else "")]
     if c.tune is not None:  # candidates come from the sampler (raysweep.tune.dry_run_lines)
         lines = [f"Campaign {c.name}: tuning; each candidate runs {len(plan.benches)} bench point(s) x {c.runs} run(s)"
@@ -330,6 +340,9 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
 
         lines += ["", (f"Precision: {describe(precision)}; the runs above are the first {precision.min_runs} of "
                        "each point, the others are added one at a time")]
+    from raysweep.workload_levels import dry_run_lines as workload_lines
+
+    lines += ["", *workload_lines(plan.spec)] if workload_lines(plan.spec) else []
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]
     if c.sla is not None:

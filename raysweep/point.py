@@ -271,6 +271,9 @@ class PointRunner:
         }
         if point.bench.base_id is not None:
             extra.update(sla_base_id=point.bench.base_id, sla_value=point.bench.sla_value)
+        if point.bench.workload_of is not None:  # bench.workload: which load level of which bench point
+            extra.update(workload_of=point.bench.workload_of, workload_role=point.bench.workload_role,
+                         workload_value=point.bench.workload_value)
         record = result_record(result, point.serve.params, point.bench.params, point.run, extra)
         record.update(validity.validity_fields(record))
         return record

@@ -159,6 +159,10 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     check_params_used(bench_argv, bench_combos, bench_origins)
     if campaign.bench.backend == "native":
         _check_native(bench_argv, bench_combos, bench_origins)
+    if campaign.bench.workload is not None:
+        from raysweep.workload_levels import check_workload
+
+        check_workload(campaign, serve_combos, bench_combos)
     if campaign.sla is not None:
         _check_sla(campaign, bench_combos)
     run_registered_checks(campaign, serve_combos, bench_combos)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from raysweep.precision import PrecisionSpec
+from raysweep.workload_levels import WorkloadSpec
 
 __all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "EndpointSpec", "NodeRule", "OfflineSpec", "Pin", "PlacementSpec",
            "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget", "TuneEarlyStop", "TuneObjective", "TuneParam",
@@ -220,6 +221,11 @@ class BenchSpec(_Strict):
                                           "client-bottleneck guard")
     precision: PrecisionSpec | None = Field(None, description="measure every point until the interval of one "
                                             "metric is this narrow (runs from min_runs to max_runs instead of `runs`)")
+    cpu_affinity: list[int] | str | None = Field(None, description="CPU ids the client actors (and a command "
+                                                 "backend's benchmark process) run on (e.g. [1] or \"4-7\")")
+    workload: WorkloadSpec | None = Field(None, description="load levels found from the server, as `vllm bench "
+                                          "sweep serve_workload`: per bench point a serial and a batch point, then "
+                                          "the levels of `variable` between what they achieved")
 
     @field_validator("cmd")
     @classmethod

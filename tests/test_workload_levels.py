@@ -1,0 +1,203 @@
+"""bench.workload: load levels found from the server, as `vllm bench sweep serve_workload` finds them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from helpers import standin_campaign
+
+from raysweep import workload_levels as wl
+from raysweep.campaign import load_campaign
+from raysweep.cli import main
+from raysweep.errors import CampaignError
+from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.plan import build_plan, dry_run_text, point_id
+from raysweep.workload import Workload
+
+
+def test_levels_are_computed_as_vllm_computes_them():
+    # ceil of the serial mean, floor of the batch mean, the inner points of linspace, rounded half to even
+    assert wl.levels_between([1.2, 1.4], [10.9, 11.0], 10) == (2, 10, [3, 4, 5, 6, 7, 8, 9])
+    assert wl.levels_between([0.4], [9.0], 4) == (1, 9, [4, 6])  # linspace 1, 3.67, 6.33, 9
+    assert wl.levels_between([1.0], [5.0], 5) == (1, 5, [2, 3, 4])
+    assert wl.levels_between([1.0], [6.0], 3) == (1, 6, [4])  # 3.5 rounds half to even: 4
+    assert wl.levels_between([1.0], [3.0], 10) == (1, 3, [1, 2, 3])  # a narrow range: fewer levels, none twice
+    assert wl.levels_between([1.0], [20.0], 2) == (1, 20, [])  # two levels: the endpoints only
+
+
+def test_achieved_value_is_throughput_or_littles_law():
+    run = {"request_throughput": 4.0, "mean_e2el_ms": 2500.0}
+    assert wl.achieved(run, "request_rate") == 4.0
+    assert wl.achieved(run, "max_concurrency") == 10.0
+
+
+def test_dataset_size_reads_params_then_command_then_vllms_default():
+    assert wl.dataset_size({"num_prompts": 7}, ["vllm", "bench", "serve", "--num-prompts", "50"]) == 7
+    assert wl.dataset_size({}, ["vllm", "bench", "serve", "--num-prompts=50"]) == 50
+    assert wl.dataset_size({}, ["vllm", "bench", "serve"]) == 1000
+
+
+def _campaign(tmp_path: Path, workload: dict | None = None, **fields) -> Path:
+    fields.setdefault("bench_params", {"grid": {"random_input_len": [16]}})
+    f = standin_campaign(tmp_path, bench_args="--percentile-metrics ttft,tpot,itl,e2el", **fields)
+    data = yaml.safe_load(f.read_text())
+    data["bench"]["workload"] = workload if workload is not None else {"variable": "max_concurrency", "levels": 6}
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+@pytest.mark.parametrize("workload, bench_params, field, says", [
+    ({"variable": "max_concurrency", "levels": 1}, None, "bench.workload.levels", "greater than or equal to 2"),
+    ({"variable": "num_prompts"}, None, "bench.workload.variable", "'max_concurrency' or 'request_rate'"),
+    ({"variable": "max_concurrency", "level": 4}, None, "bench.workload", "level"),
+    ({"variable": "max_concurrency"}, {"grid": {"max_concurrency": [1, 2]}}, "bench.params[0].max_concurrency",
+     "is set by bench.workload"),
+    ({"variable": "request_rate"}, [{"request_rate": 2}], "bench.params[0].request_rate", "is set by bench.workload"),
+])
+def test_bad_workload_is_refused_naming_the_field(tmp_path, workload, bench_params, field, says):
+    f = _campaign(tmp_path, workload, **({"bench_params": bench_params} if bench_params else {}))
+    with pytest.raises(CampaignError) as err:
+        load_campaign(f)
+    assert err.value.field.startswith(field) and says in str(err.value)
+    res = CliRunner().invoke(main, ["run", str(f)])
+    assert res.exit_code == 2 and field in res.output
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written
+
+
+def test_workload_refuses_sla_and_tune(tmp_path):
+    f = _campaign(tmp_path)
+    data = yaml.safe_load(f.read_text())
+    data["bench"].update(backend="native", cmd="vllm bench serve --model m --num-prompts 10")
+    f.write_text(yaml.safe_dump({**data, "sla": {"targets": [{"p99_ttft_ms": "<=100"}]}}))
+    with pytest.raises(CampaignError, match="^bench.workload: cannot be used with `sla:`"):
+        load_campaign(f)
+    res = CliRunner().invoke(main, ["validate", str(f)])
+    assert res.exit_code == 2 and "bench.workload" in res.output
+
+
+def _work(tmp_path: Path, workload: dict | None = None, precision: dict | None = None) -> Workload:
+    f = _campaign(tmp_path, workload)
+    if precision is not None:
+        data = yaml.safe_load(f.read_text())
+        data.pop("runs")
+        data["bench"]["precision"] = precision
+        f.write_text(yaml.safe_dump(data))
+    plan = build_plan(load_campaign(f))
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    ledger = Ledger(out / LEDGER_FILE)
+    wl.restore_plan(plan, ledger)
+    from raysweep import sequential
+
+    sequential.restore_plan(plan, ledger)
+    ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
+                points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
+    events: list[tuple[str, dict]] = []
+    work = Workload(plan, ledger, out, lambda kind, **data: events.append((kind, data)), with_gpus=False)
+    work.events = events  # type: ignore[attr-defined]
+    return work
+
+
+def _finish(work: Workload, run_id: str, rps: float | None, e2el_ms: float = 1000.0) -> None:
+    assert work.ledger.claim(run_id, "s", work.c.max_attempts) is not None
+    if rps is None:
+        work.ledger.give_up(run_id, "broken", work.c.max_attempts)
+        return
+    path = work.output_dir / f"{run_id}.json"
+    path.write_text(json.dumps({"request_throughput": rps, "mean_e2el_ms": e2el_ms, "output_throughput": rps * 8}))
+    work.ledger.mark_done(run_id, path.name)
+
+
+def test_plan_holds_serial_and_batch_points_and_the_dry_run_says_levels_come_later(tmp_path):
+    work = _work(tmp_path)
+    pts = work.plan.points
+    assert [(p.bench.workload_role, p.bench.params.get("max_concurrency")) for p in pts] == [("serial", 1),
+                                                                                            ("batch", 10)]
+    assert all(p.bench.workload_of == work.plan.benches[0].id for p in pts)
+    text = dry_run_text(work.plan)
+    assert "x 2 (serial, batch) x 1 run(s) = 2 run(s) to start with" in text
+    assert "4 level(s) of max_concurrency between what they achieve" in text
+    assert "decided after the serial and batch points" in text
+    assert "--max-concurrency 1" in text and "--max-concurrency 10" in text
+
+
+def test_levels_are_decided_once_after_both_endpoints_and_kept_on_resume(tmp_path):
+    work = _work(tmp_path)
+    serial, batch = work.plan.points
+    serve = serial.serve
+    _finish(work, serial.id, 0.8, 1250.0)  # 1 request in flight
+    assert wl.settle(work, serve, serial.bench) == []  # the batch point has not run: nothing decided
+    _finish(work, batch.id, 2.0, 4600.0)  # 9.2 in flight: floor 9
+    levels = wl.settle(work, serve, batch.bench)
+    assert [p.bench.workload_value for p in levels] == [3, 4, 6, 7]  # linspace(1, 9, 6)[1:-1] = 2.6 4.2 5.8 7.4
+    assert [p.bench.params["max_concurrency"] for p in levels] == [3, 4, 6, 7]
+    assert all(p.id == point_id(serve.id, p.bench.id, 0) for p in levels)
+    row = work.ledger.workload_levels(serve.id, work.plan.benches[0].id)
+    assert row is not None and (row["serial"], row["batch"], row["levels"], row["state"]) == (1, 9, [3, 4, 6, 7],
+                                                                                               "decided")
+    assert wl.settle(work, serve, batch.bench) == []  # another server deciding too adds nothing more
+    assert len(work.plan.points) == 6 and len(work.ledger.points()) == 6
+    assert work.events[-1][0] == "workload_levels"  # type: ignore[attr-defined]
+    _finish(work, levels[0].id, 1.5, 2000.0)
+    work.ledger.close()
+    again = _work(tmp_path)  # a new driver: the same levels from the ledger, whatever the endpoints say now
+    assert sorted(p.bench.workload_value for p in again.plan.points if p.bench.workload_role == "level") == [3, 4, 6, 7]
+    assert {p.point_id for p in again.ledger.points()} == {p.id for p in again.plan.points}
+    runnable = again.ledger.runnable(serve.id, again.c.max_attempts)
+    assert sorted(json.loads(json.dumps(r.bench_params))["max_concurrency"] for r in runnable) == [4, 6, 7]
+    assert wl.settle_all(again) == 0
+
+
+def test_a_driver_that_died_before_deciding_is_decided_at_start(tmp_path):
+    work = _work(tmp_path, {"variable": "request_rate", "levels": 4})
+    serial, batch = work.plan.points
+    assert serial.bench.params == {"random_input_len": 16, "max_concurrency": 1, "request_rate": 1}
+    assert batch.bench.params == {"random_input_len": 16, "max_concurrency": 10, "request_rate": 10}
+    _finish(work, serial.id, 0.9)
+    _finish(work, batch.id, 9.5)
+    work.ledger.close()
+    again = _work(tmp_path, {"variable": "request_rate", "levels": 4})
+    assert wl.settle_all(again) == 2  # levels 4 and 6 of request_rate (linspace(1, 9, 4) = 1 3.67 6.33 9)
+    levels = [p for p in again.plan.points if p.bench.workload_role == "level"]
+    assert [p.bench.params for p in levels] == [{"random_input_len": 16, "request_rate": 4},
+                                                {"random_input_len": 16, "request_rate": 6}]
+
+
+def test_endpoints_that_failed_decide_no_level(tmp_path):
+    work = _work(tmp_path)
+    serial, batch = work.plan.points
+    _finish(work, serial.id, 1.0)
+    _finish(work, batch.id, None)
+    assert wl.settle(work, serial.serve, batch.bench) == []
+    row = work.ledger.workload_levels(serial.serve.id, work.plan.benches[0].id)
+    assert row is not None and row["state"] == "endpoints failed" and row["levels"] == []
+
+
+def test_with_precision_the_levels_wait_for_the_endpoints_to_be_decided(tmp_path):
+    from raysweep import sequential
+
+    work = _work(tmp_path, precision={"metric": "request_throughput", "rel_half_width": 0.5, "min_runs": 2,
+                                      "max_runs": 4})
+    pts = work.plan.points
+    assert [(p.bench.workload_role, p.run) for p in pts] == [("serial", 0), ("serial", 1), ("batch", 0), ("batch", 1)]
+    serve = pts[0].serve
+    for p, rps in zip(pts, (1.0, 1.0, 9.0, 3.0)):  # the batch point is noisy
+        _finish(work, p.id, rps, 1000.0)
+    assert sequential.settle(work, serve, pts[0].bench.id) is not None  # two values: one more run each
+    added = sequential.settle(work, serve, pts[2].bench.id)
+    assert added is not None
+    assert wl.settle(work, serve, pts[2].bench) == []  # the batch point is still measuring
+    _finish(work, added.id, 6.0, 1000.0)
+    serial_more = next(p for p in work.plan.points if p.bench.workload_role == "serial" and p.run == 2)
+    _finish(work, serial_more.id, 1.0, 1000.0)
+    for b in (pts[0].bench, pts[2].bench):
+        while (more := sequential.settle(work, serve, b.id)) is not None:
+            _finish(work, more.id, 6.0 if b is pts[2].bench else 1.0, 1000.0)
+    levels = wl.settle(work, serve, pts[2].bench)
+    row = work.ledger.workload_levels(serve.id, work.plan.benches[0].id)
+    assert row is not None and row["state"] == "decided"
+    assert len(levels) == 2 * len(row["levels"])  # every level starts with min_runs runs
