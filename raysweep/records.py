@@ -23,8 +23,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raysweep.grid import combo_label
 from raysweep.files import write_bytes_atomic
+from raysweep.grid import combo_label
 from raysweep.ledger import Ledger, PointState
 from raysweep.validity import validity_fields
 

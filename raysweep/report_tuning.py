@@ -17,8 +17,8 @@ from raysweep.campaign import (
     TuneSpec,
 )
 from raysweep.ledger import Ledger
-from raysweep.tune.ranking import leaderboard, objective_names
 from raysweep.tune.pareto import pareto_front
+from raysweep.tune.ranking import leaderboard, objective_names
 from raysweep.tune.sampler import Tuner, _steps
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ def report_section(output_dir: Path) -> str | None:
     if done:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.scatter([r["number"] for r in done], [r["objective"][0] for r in done], label="complete")
-        pruned = [(r["number"], _steps(r["rungs"])[-1][1]) for r in rows if r["state"] == "pruned" and _steps(r["rungs"])]
+        pruned = [(r["number"], _steps(r["rungs"])[-1][1]) for r in rows
+                  if r["state"] == "pruned" and _steps(r["rungs"])]
         if pruned:
             ax.scatter(*zip(*pruned), marker="x", color="grey", label="stopped (last rung)")
         best, run = [], None

@@ -28,8 +28,8 @@ from raysweep.records import (
     write_samples,
 )
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "load_records", "read_samples", "records_table", "results_table", "sla_table",
-           "write_results", "write_samples"]
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "load_records", "read_samples", "records_table", "results_table",
+           "sla_table", "write_results", "write_samples"]
 
 log = logging.getLogger(__name__)
 

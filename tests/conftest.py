@@ -16,8 +16,8 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import shutil  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 

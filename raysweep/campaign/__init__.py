@@ -33,7 +33,8 @@ from raysweep.campaign.models import (
     TuneSpec,
 )
 
-__all__ = ["NATIVE_DEFAULT_CMD", "BenchSpec", "Campaign", "CampaignSpec", "ClientGuardSpec", "EndpointSpec", "EnvValue", "NodeRule",
-           "OfflineSpec", "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget",
+__all__ = ["NATIVE_DEFAULT_CMD", "BenchSpec", "Campaign", "CampaignSpec", "ClientGuardSpec", "EndpointSpec", "EnvValue",
+           "NodeRule", "OfflineSpec", "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec",
+           "TuneBudget",
            "TuneEarlyStop", "TuneObjective", "TuneParam", "TuneSpec", "campaign_from_dict", "load_campaign",
            "register_check"]

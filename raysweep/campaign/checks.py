@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,19 @@ def _check_tail_replicas(campaign: Campaign) -> None:
                                                             "or remove it")
 
 
+def _check_affinity(campaign: Campaign) -> None:
+    """The server's and the clients' CPUs, when both are given, must not overlap (the validity record would
+    mark every run "shared CPUs")."""
+    from raysweep.validity import cpu_set, cpu_text
+
+    if campaign.serve is None or campaign.bench is None:
+        return
+    both = (cpu_set(campaign.serve.cpu_affinity) or set()) & (cpu_set(campaign.bench.cpu_affinity) or set())
+    if both:
+        raise CampaignError("bench.cpu_affinity", f"shares CPU(s) {cpu_text(both)} with serve.cpu_affinity: every "
+                                                  "run would be marked 'shared CPUs'; give each CPUs of its own")
+
+
 def _check_precision(campaign: Campaign) -> None:
     """`bench.precision` decides how many runs a point gets: not with `runs:`, an SLA search or tuning."""
     if campaign.bench is None or campaign.bench.precision is None:
@@ -154,15 +168,21 @@ def _check_native(argv: list[str], combos: list[dict[str, Any]], origins: Origin
     parse_load_options(argv, "bench.cmd")
     for i, combo in enumerate(combos):
         fld = f"bench.params[{i}]" if combo else "bench.cmd"
-        opts = _reraise_at(lambda: parse_load_options(grid.apply_to_cmd(argv, combo), fld), origins[i])
+        opts = _reraise_at(partial(_load_options, argv, combo, fld), origins[i])
         path = (opts.dataset_path or "")
         if opts.dataset_name == "custom" and ".py:" in path:
             path = path.rsplit(":", 1)[0]
         if opts.dataset_name in ("sharegpt", "custom", "jsonl") and not Path(path).is_file():
             in_params = "dataset_path" in str(combo)
-            _reraise_at(lambda: _refuse(f"bench.params[{i}]" if in_params else "bench.cmd",
-                                        f"--dataset-path {opts.dataset_path!r} is not a file on this machine"),
+            _reraise_at(partial(_refuse, f"bench.params[{i}]" if in_params else "bench.cmd",
+                                f"--dataset-path {opts.dataset_path!r} is not a file on this machine"),
                         origins[i] if in_params else None)
+
+
+def _load_options(argv: list[str], combo: dict[str, Any], fld: str) -> Any:
+    from raysweep.bench.options import parse_load_options
+
+    return parse_load_options(grid.apply_to_cmd(argv, combo), fld)
 
 
 def _check_percentiles(argv: list[str], combos: list[dict[str, Any]], origins: Origins) -> None:
@@ -179,8 +199,8 @@ def _check_percentiles(argv: list[str], combos: list[dict[str, Any]], origins: O
         except ValueError:
             bad = [value]
         if bad or not value.strip():
-            _reraise_at(lambda: _refuse(fld, f"--metric-percentiles takes comma-separated percentiles from 0 to "
-                                             f"100, got {value!r}"), origin)
+            _reraise_at(partial(_refuse, fld, f"--metric-percentiles takes comma-separated percentiles from 0 to "
+                                              f"100, got {value!r}"), origin)
 
 
 def _check_links(links: dict[str, str], serve: list[dict[str, Any]], bench: list[dict[str, Any]]) -> None:

@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from raysweep import grid
 from raysweep.bench.checks import check_param_names, check_params_used
 from raysweep.campaign.checks import (
     Origins,
-    _check_links,
+    _check_affinity,
     _check_endpoints,
+    _check_links,
     _check_mode,
     _check_native,
     _check_percentiles,
@@ -135,6 +137,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     _check_endpoints(campaign)
     _check_tail_replicas(campaign)
     _check_precision(campaign)
+    _check_affinity(campaign)
     if campaign.slo is not None:
         from raysweep.sla import parse_slo
 
@@ -233,7 +236,8 @@ def _resolve_with_origins(spec: Any, fld: str, base_dir: Path) -> tuple[list[dic
         combos = []
         for i, item in enumerate(spec):
             if not isinstance(item, dict):
-                raise CampaignError(f"{fld}[{i}]", f"must be a mapping of parameter -> value, got {type(item).__name__}")
+                raise CampaignError(f"{fld}[{i}]",
+                                    f"must be a mapping of parameter -> value, got {type(item).__name__}")
             combos.append(dict(item))
         origins = [None] * len(combos)
     elif isinstance(spec, dict):
@@ -245,7 +249,7 @@ def _resolve_with_origins(spec: Any, fld: str, base_dir: Path) -> tuple[list[dic
         raise CampaignError(fld, "yields no combination; give at least one")
     for i, combo in enumerate(combos):
         for key in combo:
-            _reraise_at(lambda: grid.check_flag_key(key, f"{fld}[{i}]"), origins[i])
+            _reraise_at(partial(grid.check_flag_key, key, f"{fld}[{i}]"), origins[i])
     grid.check_unique(combos, fld, origins)
     return combos, origins
 
@@ -254,7 +258,8 @@ def _resolve_grid(spec: dict[str, Any], fld: str, base_dir: Path) -> tuple[list[
     allowed = {"grid", "file", "exclude"}
     for key in spec:
         if key not in allowed:
-            raise CampaignError(f"{fld}.{key}", f"unknown key{_did_you_mean(key, allowed)}; accepted: exclude, file, grid")
+            raise CampaignError(f"{fld}.{key}",
+                                f"unknown key{_did_you_mean(key, allowed)}; accepted: exclude, file, grid")
     if ("grid" in spec) == ("file" in spec):
         raise CampaignError(fld, "give exactly one of `grid:` (a mapping of parameter -> list of values) or `file:`")
     if "grid" in spec:

@@ -14,12 +14,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from raysweep.precision import PrecisionSpec
 from raysweep.workload_levels import WorkloadSpec
 
-__all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "EndpointSpec", "NodeRule", "OfflineSpec", "Pin", "PlacementSpec",
-           "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget", "TuneEarlyStop", "TuneObjective", "TuneParam",
-           "TuneSpec"]
+__all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "EndpointSpec", "NodeRule", "OfflineSpec", "Pin",
+           "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget", "TuneEarlyStop",
+           "TuneObjective", "TuneParam", "TuneSpec"]
 
 EnvValue = str | int | float | bool
 NATIVE_DEFAULT_CMD = "vllm bench serve"
+
+
+def _check_cpus(v: list[int] | str | None) -> list[int] | str | None:
+    """CPU ids as a list of non-negative integers or text like "0-3,6" (`raysweep.validity.cpu_set`)."""
+    from raysweep.validity import cpu_set
+
+    if v is not None and (not cpu_set(v) or (isinstance(v, list) and any(c < 0 for c in v))):
+        raise ValueError(f"{v!r} is not a set of CPU ids; accepted: a list of CPU ids like [0, 1], or text like "
+                         "\"0-3,6\"")
+    return v
 
 
 def _check_cmd(v: str) -> str:
@@ -70,11 +80,18 @@ class ServeSpec(_Strict):
     params: Any = Field(None, description="parameter file path, list of dicts, or {grid: ..., exclude: [...]}")
     gpus_per_replica: int | None = Field(None, ge=1, description="GPUs of one replica, for commands that are not "
                                          "`vllm serve` (default: tensor_parallel_size x pipeline_parallel_size)")
+    cpu_affinity: list[int] | str | None = Field(None, description="CPU ids the server process and everything it "
+                                                 "starts run on, on each of its nodes (e.g. [0] or \"0-3\")")
 
     @field_validator("cmd")
     @classmethod
     def _cmd_not_empty(cls, v: str | None) -> str | None:
         return v if v is None else _check_cmd(v)
+
+    @field_validator("cpu_affinity")
+    @classmethod
+    def _cpus(cls, v: list[int] | str | None) -> list[int] | str | None:
+        return _check_cpus(v)
 
     @field_validator("url")
     @classmethod
@@ -231,6 +248,11 @@ class BenchSpec(_Strict):
     @classmethod
     def _cmd_not_empty(cls, v: str | None) -> str | None:
         return v if v is None else _check_cmd(v)
+
+    @field_validator("cpu_affinity")
+    @classmethod
+    def _cpus(cls, v: list[int] | str | None) -> list[int] | str | None:
+        return _check_cpus(v)
 
     @field_validator("clients")
     @classmethod
@@ -394,7 +416,8 @@ class Campaign(_Strict):
     serve: ServeSpec | None = Field(None, description="the server (mode serve)")
     bench: BenchSpec | None = Field(None, description="the benchmark against it (mode serve)")
     offline: OfflineSpec | None = Field(None, description="the offline benchmark (mode offline)")
-    link: dict[str, str] = Field(default_factory=dict, description="serve parameter -> bench parameter that must be equal")
+    link: dict[str, str] = Field(default_factory=dict,
+                                 description="serve parameter -> bench parameter that must be equal")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="node rules and concurrency cap")
     sla: SlaSpec | None = Field(None, description="search, per config and bench point, the largest load that "
                                 "meets latency targets")
@@ -418,5 +441,6 @@ class Campaign(_Strict):
     def _storage_uri(cls, v: str | None) -> str | None:
         schemes = ("s3", "gs", "gcs", "hdfs", "viewfs", "file", "abfs", "abfss")
         if v is not None and ("://" not in v or v.split("://", 1)[0] not in schemes):
-            raise ValueError(f"{v!r} is not a filesystem URI; accepted schemes: {', '.join(f'{s}://' for s in schemes)}")
+            accepted = ", ".join(f"{s}://" for s in schemes)
+            raise ValueError(f"{v!r} is not a filesystem URI; accepted schemes: {accepted}")
         return v

@@ -196,7 +196,8 @@ def plan_curves(df: pd.DataFrame, spec: PlotSpec) -> list[FigurePlan]:
         curves, curve_order = _groups(fdf, spec.curve_by)
         panels = [[_cell_panel(fdf, (rows == r) & (cols == c), _panel_title(r, c), spec, curves)
                    for c in col_order] for r in row_order]
-        fig_notes = notes + _limited_note(fdf) + _flagged_note(fdf) + _mixing_note(fdf, [rows, cols, curves], spec.var_x)
+        fig_notes = (notes + _limited_note(fdf) + _flagged_note(fdf)
+                     + _mixing_note(fdf, [rows, cols, curves], spec.var_x))
         plans.append(FigurePlan(stem, title, panels, curve_order, _curve_title(spec.curve_by), len(fdf), fig_notes))
     return plans
 

@@ -36,10 +36,10 @@ if TYPE_CHECKING:
     from raysweep.tune.budget import Budget
     from raysweep.tune.candidates import STATES, Candidate, restore_plan
     from raysweep.tune.dry_run import dry_run_estimate, dry_run_lines
-    from raysweep.tune.ranking import leaderboard, objective_names
     from raysweep.tune.objective import Objective
     from raysweep.tune.pareto import FRONT_MARGIN, LIFT, beaten, hypervolume, pareto_front
     from raysweep.tune.proposals import MODEL_CANDIDATES, POLISH_SHARE, Proposals
+    from raysweep.tune.ranking import leaderboard, objective_names
     from raysweep.tune.rungs import Rungs, rung_sizes
     from raysweep.tune.sampler import MAX_ASKS, STARTUP, Tuner
     from raysweep.tune.space import (

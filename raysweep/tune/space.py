@@ -145,7 +145,8 @@ def check_tune(campaign: Campaign, serve_combos: list[dict[str, Any]], bench_com
             raise CampaignError(f"{fld}.metric", f"with sla:, candidates run SLA searches, not plain points; use "
                                                  f"metric: sla_capacity (got {o.metric!r})")
         elif not o.metric.isidentifier():
-            raise CampaignError(f"{fld}.metric", f"must be a result field name (e.g. output_throughput), got {o.metric!r}")
+            raise CampaignError(f"{fld}.metric",
+                                f"must be a result field name (e.g. output_throughput), got {o.metric!r}")
         if o.per == "user" and not all(_concurrency(b, bench_cmd) for b in bench_combos):
             raise CampaignError(f"{fld}.per", "per user divides by max_concurrency; give it in every bench point "
                                               "(bench.params or --max-concurrency in bench.cmd)")
