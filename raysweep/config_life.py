@@ -97,6 +97,17 @@ class ConfigLife:
                 return "host lost"
         return "aborted" if run.abort else "stopped"
 
+    def _hung(self, run: ConfigRun, server: Server) -> bool:
+        """After a failed point: whether its server still runs but no longer answers (then it is replaced,
+        with a `server_unresponsive` event)."""
+        why = server.unresponsive()
+        if why is None:
+            return False
+        log.warning("server %s of config %s is unresponsive (%s); replacing it", server.server_id, run.serve.id, why)
+        self.work.ledger.add_event("server_unresponsive", [run.serve.id], [], f"server {server.server_id}: {why}; "
+                                   "replaced by a new start")
+        return True
+
     def _run_points(self, run: ConfigRun, server: Server, runnable: list[PointRow]) -> None:
         w = self.work
         points = [p for p in (w.plan.point(r.point_id) for r in runnable) if p is not None]
@@ -122,6 +133,8 @@ class ConfigLife:
             if attempt is None:
                 continue
             ok = self.points.run(run, server, point, reset, attempt)
+            if not ok and not run.abort and server.hosts and server.down() is None and self._hung(run, server):
+                return  # replaced: the caller stops it and starts another
             if not ok and not self.c.continue_on_error and not run.abort:
                 w.stop_reason = f"point {point.id} failed and continue_on_error is false"
             more = sequential.settle(w, point.serve, point.bench.id)  # bench.precision: one more run?

@@ -5,14 +5,22 @@ The file gets the mode any program of the user would give it (0666 less the umas
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import sqlite3
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["file_mode", "write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
+__all__ = ["DISK_FULL_ENV", "file_mode", "free_space", "no_space", "write_bytes_atomic", "write_json_atomic",
+           "write_text_atomic"]
+
+# A fault injection for tests and benchmarks/bench_chaos.py: while the file this variable names exists, every
+# write through this module fails as on a full disk (ENOSPC), and works again once it is removed.
+DISK_FULL_ENV = "RAYSWEEP_FAULT_DISK_FULL"
 
 _UMASK_LOCK = threading.Lock()
 
@@ -37,8 +45,33 @@ def file_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def no_space(exc: BaseException) -> bool:
+    """Whether a write failed for want of space: a full disk or an exhausted quota (or SQLite saying so)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc)
+
+
+def free_space(path: str | Path) -> str:
+    """The free space of the filesystem holding `path` (or its nearest existing parent), for a message."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return f"{shutil.disk_usage(p).free / 2**20:.1f} MiB free on the filesystem of {p}"
+    except OSError as exc:
+        return f"free space of {p} unknown ({exc.strerror})"
+
+
+def _injected_fault(path: Path) -> None:
+    flag = os.environ.get(DISK_FULL_ENV)
+    if flag and os.path.exists(flag):
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected: {DISK_FULL_ENV})", str(path))
+
+
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     path = Path(path)
+    _injected_fault(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

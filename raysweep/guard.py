@@ -10,6 +10,7 @@ the actor, however the actor ends:
 - It ends the whole tree on SIGTERM/SIGINT, when the watched worker (pid + start time) is gone (the
   raylet or the driver was killed), or when the server's main process exits.
 - It copies the server's output to the log with secret values (secret env vars and flags) masked.
+- It runs on the CPUs `RAYSWEEP_CPU_AFFINITY` names (`serve.cpu_affinity`), and so does the server.
 - It raises its own priority to niceness 0 where the OS allows (Ray starts workers at nice 15, and the
   server would inherit it), and records in `nice` the niceness before, after and why it could not.
 It writes `guard.pid`, `nice` and `server.pid` on start and `exit_code` at the end into STATE_DIR.
@@ -32,7 +33,7 @@ from typing import IO
 
 from raysweep.files import write_text_atomic
 from raysweep.grid import mask_text, secret_values
-from raysweep.procs import is_alive, kill_tree
+from raysweep.procs import CPUS_ENV, is_alive, kill_tree, pin_cpus
 
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_S = float(os.environ.get("RAYSWEEP_STOP_GRACE_S", "20"))
@@ -61,6 +62,7 @@ def main(argv: list[str]) -> int:
     if os.fork() > 0:
         os._exit(0)
     write_text_atomic(state / NICE_FILE, json.dumps(renice(SERVER_NICENESS)))
+    _pin(os.environ.pop(CPUS_ENV, None))
     write_text_atomic(state / PID_FILE, str(os.getpid()))
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     code = _supervise(cmd, lambda: not _stop and is_alive(watch, watch_start))
@@ -69,6 +71,16 @@ def main(argv: list[str]) -> int:
     else:  # the host is gone (killed, its node lost): nobody will read the state, so leave none behind
         shutil.rmtree(state, ignore_errors=True)
     return code
+
+
+def _pin(cpus: str | None) -> None:
+    """`serve.cpu_affinity`: the guard runs on these CPUs, and so does the server it starts, with all it forks."""
+    from raysweep.validity import cpu_set
+
+    wanted = cpu_set(cpus) if cpus else None
+    failure = pin_cpus(wanted) if wanted else None
+    if failure:
+        print(f"# raysweep: the server's {failure}; it runs on CPUs {sorted(os.sched_getaffinity(0))}", flush=True)
 
 
 def renice(target: int) -> dict[str, object]:
@@ -100,6 +112,7 @@ def _supervise(cmd: list[str], keep_going: object) -> int:
     if code is None:  # stop the server first, alone, so it can shut its own workers down and free memory
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGTERM)
+            os.kill(child.pid, signal.SIGCONT)  # a stopped (hung) server gets the SIGTERM too
         deadline = time.monotonic() + GRACE_S
         while code is None and time.monotonic() < deadline:
             code = _reap(child.pid)

@@ -67,6 +67,23 @@ class Server:
                 return f"exit code {code}" if len(self.hosts) == 1 else f"rank {rank} exited with code {code}"
         return None
 
+    def unresponsive(self, timeout_s: float = 5.0) -> str | None:
+        """Why a server whose process still runs no longer answers /health (twice), or None when it does:
+        a hung server (stopped, deadlocked) spoils every point after it, and is replaced."""
+        import urllib.error
+        import urllib.request
+
+        why = ""
+        for _ in range(2):
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as resp:
+                    if resp.status == 200:
+                        return None
+                    why = f"HTTP {resp.status}"
+            except (urllib.error.URLError, OSError) as exc:
+                why = str(getattr(exc, "reason", exc))
+        return f"/health did not answer within {timeout_s:.0f} s ({why})"
+
     def log_tail(self, lines: int = 40) -> str:
         tails = []
         for rank, h in enumerate(self.hosts):

@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sqlite3
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
-from raysweep import metrics, placement, provenance, validity
+from raysweep import files, metrics, placement, provenance, validity
 from raysweep.bench import timeseries
 from raysweep.bench.command import CommandBench, result_record
 from raysweep.errors import UserError
@@ -34,6 +36,8 @@ from raysweep.workload import Workload
 __all__ = ["PointRunner", "client_room"]
 
 log = logging.getLogger(__name__)
+
+DISK_RETRY_S = 2.0  # seconds between tries to write a finished point on a full disk
 
 
 def client_room(ray_free_cpus: float, server_nodes: list[tuple[float, float, int]], other_cpus: float,
@@ -209,15 +213,11 @@ class PointRunner:
         else:
             tail = out.get("output_tail") or server.log_tail()
         if error is None and result is not None:
-            base = self.work.output_dir / "points" / point.serve.id / point.bench.id
-            if out.get("samples") is not None:
-                samples = base / f"run={point.run}.samples.parquet"
-                write_samples(samples, out["samples"])
-                result["samples_path"] = str(samples.relative_to(self.work.output_dir))
-            if out.get("timeseries") is not None:
-                series = timeseries.write_timeseries(base / f"run={point.run}.timeseries.parquet", out["timeseries"])
-                result["timeseries_path"] = str(series.relative_to(self.work.output_dir))
-            self.finish(run, server, point, result, attempt, started, reset, out)
+            try:
+                self.keep(run, point, lambda: self.write(run, server, point, result, attempt, started, reset, out))
+            except Aborted as exc:  # stopped while waiting for space: nothing of it is recorded as done
+                self.abandon(point, str(exc), attempt)
+                return False
             return True
         if out.get("final"):  # a deterministic failure: not tried again (nor with another server start)
             ledger.give_up(point.id, error or "unknown failure", self.c.max_attempts)
@@ -233,6 +233,44 @@ class PointRunner:
         else:
             self.work.ledger.requeue(point.id, f"{why} during the point", self.c.max_attempts)
             self.work.emit("point_failed", point=point, error=why, attempt=attempt)
+
+    def write(self, run: ConfigRun, server: Server, point: PointRun, result: dict[str, Any], attempt: int,
+              started: float, reset: str, out: dict[str, Any]) -> None:
+        """A finished point's files (samples, time series, then its result), and the point done."""
+        base = self.work.output_dir / "points" / point.serve.id / point.bench.id
+        if out.get("samples") is not None:
+            samples = base / f"run={point.run}.samples.parquet"
+            write_samples(samples, out["samples"])
+            result["samples_path"] = str(samples.relative_to(self.work.output_dir))
+        if out.get("timeseries") is not None:
+            series = timeseries.write_timeseries(base / f"run={point.run}.timeseries.parquet", out["timeseries"])
+            result["timeseries_path"] = str(series.relative_to(self.work.output_dir))
+        self.finish(run, server, point, result, attempt, started, reset, out)
+
+    def keep(self, run: ConfigRun, point: PointRun, write: Callable[[], None]) -> None:
+        """Write a finished point; on a full disk (or quota) wait with the result in memory, saying which
+        path failed and how much space is free (at once, then every minute), and try again every few seconds
+        until it is written. Raises Aborted when the run is stopped meanwhile."""
+        said = -math.inf
+        while True:
+            try:
+                write()
+                return
+            except (OSError, sqlite3.OperationalError) as exc:
+                if not files.no_space(exc):
+                    raise
+                where = getattr(exc, "filename", None) or self.work.output_dir
+                if time.monotonic() - said >= 60:
+                    said = time.monotonic()
+                    msg = (f"cannot write the result of point {point.id}: {exc} ({files.free_space(where)}); "
+                           f"waiting for space, the result is kept in memory until it can be written")
+                    log.error("%s", msg)
+                    self.work.emit("disk_full", point=point, error=msg)
+                    with contextlib.suppress(Exception):  # the ledger may be on the full disk too
+                        self.work.ledger.add_event("disk_full", [point.serve.id], [], msg)
+            if run.abort:
+                raise Aborted(run.abort)
+            time.sleep(DISK_RETRY_S)
 
     def finish(self, run: ConfigRun, server: Server, point: PointRun, result: dict[str, Any], attempt: int,
                started: float, reset: str, out: dict[str, Any]) -> None:
@@ -273,7 +311,8 @@ class PointRunner:
             extra.update(sla_base_id=point.bench.base_id, sla_value=point.bench.sla_value)
         if point.bench.workload_of is not None:  # bench.workload: which load level of which bench point
             extra.update(workload_of=point.bench.workload_of, workload_role=point.bench.workload_role,
-                         workload_value=point.bench.workload_value)
+                         workload_value=point.bench.workload_value,
+                         workload_variable=self.c.bench.workload.variable if self.c.bench.workload else None)
         record = result_record(result, point.serve.params, point.bench.params, point.run, extra)
         record.update(validity.validity_fields(record))
         return record

@@ -72,6 +72,25 @@ def niceness_zero() -> str | None:
     return failure
 
 
+CPUS_ENV = "RAYSWEEP_CPU_AFFINITY"  # CPU ids ("0-3,6") the server guard pins itself (and so the server) to
+
+
+def pin_cpus(cpus: set[int]) -> str | None:
+    """Run every thread of this process (and what it starts later) on `cpus` only (Linux keeps the
+    affinity per thread); the reason it could not otherwise (e.g. a CPU this node does not have)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    failure = None
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError as exc:
+            failure = failure or f"CPU affinity {sorted(cpus)}: {type(exc).__name__}: {exc}"
+    return failure
+
+
 def is_alive(pid: int | None, create_time: float | None) -> bool:
     """True if `pid` runs and is the same process (same start time) as when it was recorded."""
     if not pid:
@@ -100,6 +119,7 @@ def kill_tree(pid: int, grace_s: float = 10.0, include_root: bool = True) -> lis
     for p in procs:
         try:
             p.terminate()
+            p.resume()  # a stopped process gets the SIGTERM too
         except psutil.Error:
             pass
     alive = _wait_gone(procs, grace_s)

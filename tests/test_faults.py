@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -312,3 +313,85 @@ def test_a_server_that_lost_its_port_starts_again_on_another_without_a_failed_at
         assert server.state != "failed" and str(server.port) in event["detail"]
     finally:
         ledger.close()
+
+
+# -- a full disk, an unreachable mirror ---------------------------------------------------------------------
+
+def test_an_injected_full_disk_fails_writes_with_enospc_naming_the_path_until_it_is_freed(tmp_path, monkeypatch):
+    import errno
+
+    from raysweep import files
+
+    flag = tmp_path / "full"
+    monkeypatch.setenv(files.DISK_FULL_ENV, str(flag))
+    target = tmp_path / "out" / "r.json"
+    files.write_json_atomic(target, {"a": 1})
+    flag.touch()
+    with pytest.raises(OSError) as caught:
+        files.write_json_atomic(target, {"a": 2})
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(target)
+    assert files.no_space(caught.value) and json.loads(target.read_text()) == {"a": 1}
+    assert not [p for p in target.parent.iterdir() if ".tmp" in p.name]
+    assert "MiB free on the filesystem of" in files.free_space(tmp_path / "not" / "there")
+    flag.unlink()
+    files.write_json_atomic(target, {"a": 3})
+    assert json.loads(target.read_text()) == {"a": 3}
+
+
+def test_an_unreachable_mirror_loses_nothing_and_catches_up_when_it_is_back(tmp_path):
+    from raysweep import storage
+
+    out = tmp_path / "out"
+    out.mkdir()
+    Ledger(out / "ledger.sqlite").close()
+    blocked = tmp_path / "mirror"
+    blocked.write_text("a file where the mirror's directory should be: every copy fails")
+    mirror = storage.Mirror(f"file://{blocked}/camp", out)
+    for i in range(3):
+        (out / "points").mkdir(exist_ok=True)
+        (out / "points" / f"run={i}.json").write_text(str(i))
+        assert mirror.sync() is False
+    blocked.unlink()
+    assert mirror.sync() is True
+    copied = blocked / "camp"
+    assert sorted(p.name for p in (copied / "points").iterdir()) == ["run=0.json", "run=1.json", "run=2.json"]
+    assert (copied / "ledger.sqlite").is_file()
+
+
+@pytest.mark.ray
+def test_a_full_disk_at_a_result_write_waits_and_loses_nothing(gpu_cluster, tmp_path, monkeypatch):
+    """The disk is full when the first result is written: the driver waits with the result in memory,
+    saying which path and how much space is free, and finishes once space is freed; no attempt is lost."""
+    import threading
+
+    from raysweep import files, point
+
+    flag = tmp_path / "full"
+    flag.touch()
+    monkeypatch.setenv(files.DISK_FULL_ENV, str(flag))
+    monkeypatch.setattr(point, "DISK_RETRY_S", 0.2)
+    f = standin_campaign(tmp_path)
+    out = tmp_path / "out"
+    seen: list[str] = []
+
+    def free_when_told() -> None:
+        while flag.exists():
+            if (out / "ledger.sqlite").is_file():
+                led = Ledger.open_existing(out)
+                seen.extend(e["detail"] for e in led.events() if e["kind"] == "disk_full")
+                led.close()
+                if seen:
+                    flag.unlink()
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=free_when_told, daemon=True)
+    watcher.start()
+    summary, out = run_file(f)
+    watcher.join(timeout=5)
+    assert summary.counts["done"] == 2 and not summary.failures, summary
+    assert seen and "No space left on device" in seen[0] and "MiB free on the filesystem of" in seen[0]
+    assert "run=" in seen[0] and "waiting for space" in seen[0]
+    led = Ledger.open_existing(out)
+    assert all(p.attempts == 1 for p in led.points())
+    led.close()
+    assert len(list((out / "points").rglob("run=*.json"))) == 2

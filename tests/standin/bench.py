@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 
@@ -31,7 +32,11 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--log-file", default=None, help="append the argv of each call here")
     ap.add_argument("--env-file", default=None, help="append the CUDA_VISIBLE_DEVICES each call saw here")
+    ap.add_argument("--journal", default=None, help="append {call, event: start|done, t, argv} of each call here; "
+                                                    "the result carries its call id as standin_call")
     args, _unknown = ap.parse_known_args()
+    call = uuid.uuid4().hex
+    _journal(args.journal, call, "start", argv=sys.argv[1:])
     if args.log_file:
         with open(args.log_file, "a") as f:
             f.write(json.dumps(sys.argv[1:]) + "\n")
@@ -79,8 +84,15 @@ def main() -> None:
     if args.save_result:
         os.makedirs(args.result_dir, exist_ok=True)
         with open(os.path.join(args.result_dir, args.result_filename), "w") as f:
-            json.dump(result, f)
+            json.dump({**result, "standin_call": call}, f)
+    _journal(args.journal, call, "done", completed=len(ok))
     print(f"standin bench: {len(ok)} ok, {len(samples) - len(ok)} failed in {duration:.2f} s")
+
+
+def _journal(path: str | None, call: str, event: str, **fields: object) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"call": call, "event": event, "t": time.time(), **fields}) + "\n")
 
 
 if __name__ == "__main__":
