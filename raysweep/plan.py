@@ -17,6 +17,7 @@ from typing import Any
 from raysweep import grid
 from raysweep.campaign import CampaignSpec, NodeRule, PlacementSpec
 from raysweep.errors import CampaignError
+from raysweep.procs import CPUS_ENV
 
 __all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "fingerprint",
            "first_runs", "make_serve", "meaning", "point_id", "probe_bench", "probe_runs", "rule_for", "serve_points",
@@ -233,7 +234,13 @@ def build_plan(spec: CampaignSpec) -> Plan:
 def make_serve(spec: CampaignSpec, combo: dict[str, Any]) -> ServeConfig:
     """The server configuration of one combination of serve parameters."""
     argv = grid.apply_to_cmd(spec.serve_argv, combo)
-    return ServeConfig(id=grid.params_id(_no_name(combo)), params=combo, argv=argv, env=dict(spec.serve_env),
+    env = dict(spec.serve_env)
+    cpus = spec.campaign.serve.cpu_affinity if spec.campaign.serve is not None else None
+    if cpus is not None:  # the server's guard pins itself and the server to them (raysweep.guard)
+        from raysweep.validity import cpu_set, cpu_text
+
+        env[CPUS_ENV] = cpu_text(cpu_set(cpus) or ())
+    return ServeConfig(id=grid.params_id(_no_name(combo)), params=combo, argv=argv, env=env,
                        shape=shape_of(combo, spec.serve_argv, spec.gpus_per_replica), label=grid.combo_label(combo),
                        rule=rule_for(combo, spec.campaign.placement))
 
@@ -335,6 +342,15 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
             argv = grid.mask_argv(render_bench(p.bench.argv) if render_bench else p.bench.argv)
             lines += [f"  [bench {p.bench.id}] {p.bench.label}  x {runs} run(s)",
                       f"    command: {grid.shell_join(argv)}"]
+    if c.serve is not None and c.bench is not None and (c.serve.cpu_affinity is not None
+                                                         or c.bench.cpu_affinity is not None):
+        from raysweep.validity import cpu_set, cpu_text
+
+        def cpus(v: Any) -> str:
+            return "any" if v is None else cpu_text(cpu_set(v) or ())
+
+        lines += ["", f"CPU affinity: server on CPU(s) {cpus(c.serve.cpu_affinity)}, client actors on CPU(s) "
+                      f"{cpus(c.bench.cpu_affinity)} (on each node)"]
     if precision is not None:
         from raysweep.precision import describe
 

@@ -102,14 +102,14 @@ def decide(values: Sequence[float], runs_spent: int, spec: PrecisionSpec) -> Dec
 
 
 def expected_runs(values: Sequence[float], spec: PrecisionSpec) -> int:
-    """Runs a point is expected to take, from the spread of the values seen so far (`min_runs` before
-    there are two): the smallest n >= min_runs whose t-interval at that spread is narrow enough, at most
-    `max_runs`."""
+    """Runs a point is expected to take, from the spread of the values seen so far: the smallest n >= min_runs
+    whose t-interval at that spread is narrow enough, and the runs that confirm it (`decide`), at most
+    `max_runs`; before two values are known, the fewest runs the rule allows."""
     from scipy import stats
 
     finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if len(finite) < 2:
-        return spec.min_runs
+    if len(finite) < 2:  # nothing known: the fewest the rule allows
+        return min(spec.min_runs + CONFIRM_LOOKS - 1, spec.max_runs)
     mean = sum(finite) / len(finite)
     sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
     if not mean:

@@ -47,7 +47,7 @@ def test_decide_reached_measuring_and_max_runs():
 
 
 def test_expected_runs_grows_with_the_spread():
-    assert expected_runs([], SPEC) == 3
+    assert expected_runs([], SPEC) == 4  # no spread known yet: the fewest the rule allows
     assert expected_runs([100.0, 100.5, 99.5], SPEC) == 4  # narrow at 3 runs, confirmed at 4
     assert expected_runs([100.0, 104.0, 96.0], SPEC) in (5, 6)
     assert expected_runs([100.0, 150.0, 50.0], SPEC) == 6
@@ -189,11 +189,12 @@ def test_dry_run_and_estimate_know_the_range_of_runs(tmp_path):
     assert "x 3 to 5 run(s) = 3 run(s) to start with" in text
     assert "Precision: 3 to 5 run(s) per point, until the 95% interval of output_throughput's mean is within" in text
     est = estimate(work.plan)
-    assert est.points == 3 and est.most_points == 5 and est.most_wall_s > est.wall_s
+    assert est.points == 4 and est.most_points == 5 and est.most_wall_s > est.wall_s
     assert "at most 5 run(s)" in est.text()
     pair = (work.plan.points[0].serve.id, work.plan.points[0].bench.id)
     assert len(precision_runs(work.plan, {pair: [100.0, 110.0, 90.0]})) == 2  # a wide spread: to max_runs
     assert [p.run for p in precision_runs(work.plan, {pair: [100.0, 100.1, 99.9]})] == [3]  # the confirming run
+    assert [p.run for p in precision_runs(work.plan)] == [3]  # nothing measured: the fewest runs the rule allows
     assert precision_runs(work.plan, decided={pair}, most=True) == []
 
 

@@ -18,11 +18,15 @@ from typing import Any
 
 def backend_for(bench: Any, env: dict[str, str]) -> Any:
     """The driver-side client of a campaign's `bench` section."""
+    from raysweep.validity import cpu_set
+
+    wanted = getattr(bench, "cpu_affinity", None)
+    cpu_ids = sorted(cpu_set(wanted) or ()) if wanted is not None else None
     if bench.backend == "native":
         from raysweep.bench.native import NativeBench
         return NativeBench(clients=bench.clients, max_clients=bench.max_clients, cpus=bench.client_cpus,
                            timeout_s=bench.timeout_s, max_send_lag_ms=bench.client_guard.max_send_lag_ms,
                            min_rate_fraction=bench.client_guard.min_rate_fraction,
-                           max_loop_lag_ms=bench.client_guard.max_loop_lag_ms)
+                           max_loop_lag_ms=bench.client_guard.max_loop_lag_ms, cpu_ids=cpu_ids)
     from raysweep.bench.command import CommandBench
-    return CommandBench(env, bench.timeout_s)
+    return CommandBench(env, bench.timeout_s, cpu_ids)

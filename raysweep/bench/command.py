@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import resource
 import shutil
@@ -26,6 +27,8 @@ from raysweep import grid, procs
 from raysweep.validity import cpu_text
 
 __all__ = ["CommandBench", "CommandClient", "PERCENTILE_METRICS", "METRIC_PERCENTILES", "bench_argv", "result_record"]
+
+log = logging.getLogger(__name__)
 
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = ("50", "90", "95", "99")
@@ -71,7 +74,12 @@ def result_record(result: dict[str, Any], serve_params: dict[str, Any], bench_pa
 @ray.remote(num_cpus=0.1, max_restarts=0)
 class CommandClient:
     """Runs benchmark commands (and `after_bench_cmd`) as child processes on its node, at niceness 0 where
-    the OS allows (Ray starts workers niced, and a child starts at its parent's niceness)."""
+    the OS allows (Ray starts workers niced, and a child starts at its parent's niceness), on the CPUs of
+    `bench.cpu_affinity` when given (children inherit them)."""
+
+    def __init__(self, cpu_ids: list[int] | None = None) -> None:
+        if cpu_ids and (failure := procs.pin_cpus(set(cpu_ids))):
+            log.warning("command client: %s; it runs on CPUs %s", failure, sorted(os.sched_getaffinity(0)))
 
     def run(self, argv: list[str], base_url: str, env: dict[str, str], timeout_s: float,
             num_prompts: int | None = None) -> dict[str, Any]:
@@ -111,13 +119,13 @@ class _Job:
 class CommandBench:
     """The driver's side of the command backend: one client actor per server configuration."""
 
-    def __init__(self, env: dict[str, str], timeout_s: float) -> None:
-        self.env, self.timeout_s = env, timeout_s
+    def __init__(self, env: dict[str, str], timeout_s: float, cpu_ids: list[int] | None = None) -> None:
+        self.env, self.timeout_s, self.cpu_ids = env, timeout_s, cpu_ids
         self.actor: Any = None
 
     def warm(self) -> None:
         if self.actor is None:
-            self.actor = CommandClient.remote()
+            self.actor = CommandClient.remote(self.cpu_ids)
 
     def submit(self, argv: list[str], base_url: str, model: str | None, num_prompts: int | None = None,
                clients: int | None = None) -> _Job:

@@ -90,8 +90,10 @@ class NativeClient:
     actor's life with its connection pool; Ray's call thread only waits for the result. At start it lowers
     its niceness to 0 where the OS allows (Ray starts workers niced)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_ids: list[int] | None = None) -> None:
         self._nice_failure = procs.niceness_zero()
+        if cpu_ids and (failure := procs.pin_cpus(set(cpu_ids))):  # bench.cpu_affinity
+            log.warning("native client: %s; it runs on CPUs %s", failure, sorted(os.sched_getaffinity(0)))
         self._session: aiohttp.ClientSession | None = None
         self._blocking = False
         self._loop = _new_loop()
@@ -345,8 +347,9 @@ class NativeBench:
     def __init__(self, clients: int | str = "auto", max_clients: int = 8, cpus: float = 1.0,
                  timeout_s: float = 3600.0, max_send_lag_ms: float = stats.MAX_SEND_LAG_MS,
                  min_rate_fraction: float = stats.MIN_RATE_FRACTION,
-                 max_loop_lag_ms: float = stats.MAX_LOOP_LAG_MS) -> None:
+                 max_loop_lag_ms: float = stats.MAX_LOOP_LAG_MS, cpu_ids: list[int] | None = None) -> None:
         self.setting, self.max_clients, self.cpus, self.timeout_s = clients, max_clients, cpus, timeout_s
+        self.cpu_ids = cpu_ids  # bench.cpu_affinity: every actor runs on these CPUs
         self.guard = {"max_send_lag_ms": max_send_lag_ms, "min_rate_fraction": min_rate_fraction,
                       "max_loop_lag_ms": max_loop_lag_ms}
         self.actors: list[Any] = []
@@ -355,10 +358,13 @@ class NativeBench:
         self._dispenser: Any = None
         self._epoch = 0
 
+    def _new_actor(self) -> Any:
+        return NativeClient.options(num_cpus=self.cpus, scheduling_strategy="SPREAD").remote(self.cpu_ids)
+
     def warm(self) -> None:
         """Start the first actor now, without waiting: its worker process starts while the server does."""
         if not self.actors and not self._starting:
-            self._starting = [NativeClient.options(num_cpus=self.cpus, scheduling_strategy="SPREAD").remote()]
+            self._starting = [self._new_actor()]
 
     def _ensure(self, n: int) -> None:
         """At least n actors, each started and answering before the point's clock is set; actors that
@@ -368,7 +374,7 @@ class NativeBench:
         if want > 0:  # as many as the free CPUs hold now (one at least, to say why when none fits)
             room = int(ray.available_resources().get("CPU", 0.0) // self.cpus)
             for _ in range(min(want, room) if self.actors or fresh else max(1, min(want, room))):
-                fresh.append(NativeClient.options(num_cpus=self.cpus, scheduling_strategy="SPREAD").remote())
+                fresh.append(self._new_actor())
         if not fresh:
             return
         refs = [a.node.remote() for a in fresh]
