@@ -27,7 +27,8 @@ from raysweep.grid import normalize_key, params_id
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.records import PER_REQUEST_KEYS, records_table, results_table, sla_table
 
-__all__ = ["SourceTable", "combo_labels", "import_vllm_sweep", "read_sla", "read_table", "read_vllm_sweep"]
+__all__ = ["SourceTable", "combo_labels", "import_vllm_sweep", "read_sla", "read_table", "read_vllm_sweep",
+           "workload_part"]
 
 SUMMARY_FILE = "summary.json"
 _SPECIAL_FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
@@ -106,7 +107,12 @@ def _row(run: dict[str, Any], combo_dir: Path, root: Path) -> dict[str, Any]:
         if key in PER_REQUEST_KEYS:
             continue
         row[normalize_key(key)] = _SPECIAL_FLOATS.get(value, value) if isinstance(value, str) else value
-    serve_label, bench_label = combo_labels(combo_dir.name if combo_dir != root else "")
+    name, wl_var, wl_value = workload_part(combo_dir.name if combo_dir != root else "")
+    serve_label, bench_label = combo_labels(name)
+    if wl_var:  # a `vllm bench sweep serve_workload` level: a bench point of its own
+        bench_label = f"{bench_label}-{wl_var}={wl_value:g}"
+        row.update(workload_variable=wl_var, workload_value=wl_value,
+                   workload_role=_workload_role(row, wl_var, wl_value))
     rel = combo_dir.relative_to(root)
     campaign = str(rel.parent) if str(rel.parent) != "." else root.resolve().name
     row.update(campaign=campaign, combo_dir=str(rel), serve_label=serve_label, bench_label=bench_label,
@@ -114,6 +120,24 @@ def _row(run: dict[str, Any], combo_dir: Path, root: Path) -> dict[str, Any]:
                bench_id=params_id({"bench": bench_label}))
     row["point_id"] = params_id({"combo": str(rel), "run": row.get("run_number")})
     return row
+
+
+def workload_part(name: str) -> tuple[str, str | None, float | None]:
+    """A `serve_workload` combo directory name (`...-WL--request_rate=4`, or `WL--request_rate=4` alone)
+    without its level, the level's variable and value; the name itself and None, None for any other."""
+    m = _WORKLOAD_DIR.search(name)
+    if m is None:
+        return name, None, None
+    return name[:m.start()], m.group("var"), float(m.group("value"))
+
+
+def _workload_role(row: dict[str, Any], variable: str, value: float) -> str:
+    """serial (max_concurrency 1), batch (every prompt at once) or level, as serve_workload runs them."""
+    if value == 1 and row.get("max_concurrency") == 1:
+        return "serial"
+    if row.get("max_concurrency") == value and row.get("num_prompts") == value:
+        return "batch"
+    return "level"
 
 
 def combo_labels(name: str) -> tuple[str, str]:

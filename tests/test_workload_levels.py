@@ -201,3 +201,36 @@ def test_with_precision_the_levels_wait_for_the_endpoints_to_be_decided(tmp_path
     row = work.ledger.workload_levels(serve.id, work.plan.benches[0].id)
     assert row is not None and row["state"] == "decided"
     assert len(levels) == 2 * len(row["levels"])  # every level starts with min_runs runs
+
+
+def _vllm_run(**fields) -> dict:
+    return {"request_throughput": 2.0, "mean_e2el_ms": 900.0, "completed": 10, **fields}
+
+
+def test_import_reads_a_serve_workload_directory(tmp_path):
+    """Every level of a `vllm bench sweep serve_workload` dir is a bench point of its own, with its variable,
+    value and role, as vLLM names the combo directories (`<serve/bench>-WL--<var>=<value>`)."""
+    from raysweep.importer import import_vllm_sweep, read_table, workload_part
+
+    exp = tmp_path / "vllm" / "exp"
+    dirs = {"SERVE--max_num_seqs=8-WL--max_concurrency=1": _vllm_run(max_concurrency=1, num_prompts=10),
+            "SERVE--max_num_seqs=8-WL--max_concurrency=4": _vllm_run(max_concurrency=4, num_prompts=10),
+            "SERVE--max_num_seqs=8-WL--max_concurrency=10": _vllm_run(max_concurrency=10, num_prompts=10),
+            "WL--request_rate=3": _vllm_run(request_rate=3, num_prompts=10)}
+    for name, run in dirs.items():
+        (exp / name).mkdir(parents=True)
+        (exp / name / "summary.json").write_text(json.dumps([{**run, "run_number": 0}]))
+    (exp / "summary.csv").write_text("unused\n")
+    assert workload_part("SERVE--a=1-BENCH--b=2-WL--request_rate=4") == ("SERVE--a=1-BENCH--b=2", "request_rate", 4.0)
+    assert workload_part("SERVE--a=1-BENCH--b=2") == ("SERVE--a=1-BENCH--b=2", None, None)
+    table = read_table(tmp_path / "vllm").df.sort_values("combo_dir")
+    assert table["bench_id"].nunique() == 4  # each level its own point
+    by_dir = {d: r for d, r in zip(table["combo_dir"], table.to_dict("records"), strict=True)}
+    row = by_dir["exp/SERVE--max_num_seqs=8-WL--max_concurrency=4"]
+    assert (row["workload_variable"], row["workload_value"], row["workload_role"]) == ("max_concurrency", 4, "level")
+    assert row["serve_label"] == "max_num_seqs=8" and row["bench_label"] == "default-max_concurrency=4"
+    assert by_dir["exp/SERVE--max_num_seqs=8-WL--max_concurrency=1"]["workload_role"] == "serial"
+    assert by_dir["exp/SERVE--max_num_seqs=8-WL--max_concurrency=10"]["workload_role"] == "batch"
+    assert by_dir["exp/WL--request_rate=3"]["serve_label"] == "default"
+    paths, _ = import_vllm_sweep(tmp_path / "vllm", tmp_path / "imported")
+    assert sorted(p.name for p in paths) == ["results.csv", "results.parquet"]
