@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = ["SourceTable", "combo_labels", "import_vllm_sweep", "read_sla", "read
 
 SUMMARY_FILE = "summary.json"
 _SPECIAL_FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+_WORKLOAD_DIR = re.compile(r"(?:^|-)WL--(?P<var>max_concurrency|request_rate)=(?P<value>[0-9.]+)$")
 
 
 @dataclass
