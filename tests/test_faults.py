@@ -246,7 +246,8 @@ marker = os.environ["THIEF_MARKER"]
 if not os.path.exists(marker):  # the first start: another server binds our port first (with SO_REUSEADDR, as
     open(marker, "w").close()   # vLLM and uvicorn do) and listens on it
     code = ("import socket, time\\ns = socket.socket()\\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\\n"
-            f"s.bind(({host!r}, {port}))\\ns.listen()\\nopen({marker!r} + '.pid', 'w').write(str(__import__('os').getpid()))\\n"
+            f"s.bind(({host!r}, {port}))\\ns.listen()\\n"
+            f"open({marker!r} + '.pid', 'w').write(str(__import__('os').getpid()))\\n"
             "time.sleep(120)")
     subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     while not os.path.exists(marker + ".pid") or not open(marker + ".pid").read():
@@ -395,3 +396,19 @@ def test_a_full_disk_at_a_result_write_waits_and_loses_nothing(gpu_cluster, tmp_
     assert all(p.attempts == 1 for p in led.points())
     led.close()
     assert len(list((out / "points").rglob("run=*.json"))) == 2
+
+
+# -- the short chaos run ------------------------------------------------------------------------------------------
+
+@pytest.mark.ray
+def test_one_fault_of_each_kind_loses_nothing_runs_nothing_twice_and_leaves_nothing(tmp_path):
+    """benchmarks/bench_chaos.py in short: a driver SIGKILL, a server killed, a client actor killed, a node
+    removed, a server stopped (SIGSTOP) and a full disk, at random moments of one campaign."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_chaos
+
+    r = bench_chaos.run_chaos(1, seed=3, work=tmp_path, configs=2, inputs=3, runs=2, sleep_s=0.5, gap_s=(0.5, 1.5))
+    assert r["injected"] == {k: 1 for k in bench_chaos.KINDS}, r
+    assert (r["results_lost"], r["run_twice"], r["unfinished"], r["processes_left"]) == (0, 0, 0, []), r
+    assert r["done"] == r["points"] == 12
+    assert {"server_unresponsive", "disk_full"} <= set(r["events"]), r
