@@ -113,7 +113,7 @@ def report_section(output_dir: Path) -> str | None:
         parts.append(_figure_html(fig, f"parameter importance for {names[0]}"))
     if len(names) == 2 and done:
         pts = [tuple(r["objective"]) for r in done]
-        front = pareto_front(pts, [o.direction for o in t.objectives])  # type: ignore[arg-type]
+        front = pareto_front(pts, [o.direction for o in t.objectives])
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="grey", label="candidates")
         fp = sorted(pts[i] for i in front)

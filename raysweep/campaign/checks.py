@@ -149,7 +149,7 @@ def _check_sla(campaign: Campaign, bench_combos: list[dict[str, Any]]) -> None:
     from raysweep.sla import parse_targets
 
     sla = campaign.sla
-    assert sla is not None
+    assert sla is not None and campaign.bench is not None
     if campaign.bench.backend != "native":
         raise CampaignError("sla", "needs bench.backend: native (it judges the pooled requests of every run)")
     parse_targets(sla.targets)

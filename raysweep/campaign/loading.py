@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -39,7 +40,7 @@ from raysweep.campaign.models import NATIVE_DEFAULT_CMD, Campaign, EnvValue
 from raysweep.errors import CampaignError
 
 
-def _with_layouts(combos: list[dict[str, Any]], layout: str | list[str]) -> list[dict[str, Any]]:
+def _with_layouts(combos: list[dict[str, Any]], layout: str | Sequence[str]) -> list[dict[str, Any]]:
     """Every serve combination once per `placement.layout` (`pack` alone, the default, adds nothing, so the
     ids of existing campaigns stay; a combination that sets `placement_layout` itself keeps it)."""
     layouts = [layout] if isinstance(layout, str) else list(dict.fromkeys(layout))

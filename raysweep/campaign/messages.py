@@ -7,6 +7,7 @@ import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from raysweep.campaign.models import Campaign
 from raysweep.errors import CampaignError
@@ -37,7 +38,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: ErrorDetails) -> str:
     kind, loc = err["type"], tuple(err["loc"])
     if kind == "extra_forbidden":
         parent = _model_at(loc[:-1])

@@ -23,11 +23,11 @@ R = TypeVar("R")
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-_COLORS = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
-_STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8, "figure.titlesize": 11,
-          "axes.grid": True, "grid.linestyle": "--", "grid.alpha": 0.5, "axes.spines.top": False,
-          "axes.spines.right": False, "lines.linewidth": 1.6, "lines.markersize": 5, "figure.facecolor": "white",
-          "savefig.facecolor": "white"}
+_COLORS: tuple[Any, ...] = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
+_STYLE: dict[Any, Any] = {
+    "font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8, "figure.titlesize": 11,
+    "axes.grid": True, "grid.linestyle": "--", "grid.alpha": 0.5, "axes.spines.top": False, "axes.spines.right": False,
+    "lines.linewidth": 1.6, "lines.markersize": 5, "figure.facecolor": "white", "savefig.facecolor": "white"}
 _UNITS = {"request_throughput": "req/s", "request_rate": "req/s", "request_goodput": "req/s",
           "output_throughput": "tok/s", "total_token_throughput": "tok/s", "max_output_tokens_per_s": "tok/s",
           "output_throughput_per_gpu": "tok/s", "duration": "s", "server_kv_cache_usage_perc_peak": "1 = full",
@@ -53,7 +53,8 @@ def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 150) -> bytes:
     """The figure encoded as `fmt` (png, svg, pdf)."""
     buf = io.BytesIO()
     with matplotlib.rc_context(_STYLE):
-        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
+        # a constrained layout fits the figure already; "tight" would draw it a second time to measure it
+        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight" if fig.get_layout_engine() is None else None)
     return buf.getvalue()
 
 
@@ -99,4 +100,4 @@ def _curve_styles(labels: Sequence[str]) -> dict[str, tuple[Any, str]]:
     return {lab: (_COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]) for i, lab in enumerate(labels)}
 
 
-_FLAG_STYLE = {"marker": "x", "color": "#d62728", "linewidths": 1.4, "s": 55, "zorder": 4}
+_FLAG_STYLE: dict[str, Any] = {"marker": "x", "color": "#d62728", "linewidths": 1.4, "s": 55, "zorder": 4}

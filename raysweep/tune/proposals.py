@@ -141,10 +141,10 @@ class Proposals:
         """Configurations not tried, refused or excluded: all of a finite space up to MODEL_CANDIDATES, else
         that many drawn at random."""
         dists = self.tuner.dists
-        values = {k: _grid_values(d, k) if _finite(d) else None for k, d in dists.items()}
-        size = math.prod(len(v) for v in values.values()) if all(v is not None for v in values.values()) else None
+        values = {k: _grid_values(d, k) for k, d in dists.items() if _finite(d)}
+        size = math.prod(len(v) for v in values.values()) if len(values) == len(dists) else None
         if size is not None and size <= MODEL_CANDIDATES:
-            combos = [dict(zip(values, c)) for c in itertools.product(*values.values())]  # type: ignore[arg-type]
+            combos = [dict(zip(values, c)) for c in itertools.product(*values.values())]
         else:
             rng = random.Random(f"{self.t.seed}-{len(self.cands)}")
             combos = [{k: _draw(d, rng) for k, d in dists.items()} for _ in range(MODEL_CANDIDATES)]

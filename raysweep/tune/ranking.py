@@ -17,7 +17,7 @@ def leaderboard(campaign: dict[str, Any], rows: list[dict[str, Any]]) -> list[di
     objs = t.objectives
     done = [r for r in rows if r["state"] == "complete" and r["objective"]]
     if len(objs) == 2:
-        front = set(pareto_front([tuple(r["objective"]) for r in done], [o.direction for o in objs]))  # type: ignore[misc]
+        front = set(pareto_front([tuple(r["objective"]) for r in done], [o.direction for o in objs]))
         for i, r in enumerate(done):
             r["on_front"] = i in front
         sign = 1 if objs[0].direction == "maximize" else -1

@@ -60,7 +60,7 @@ class Rungs:
             self.save(cand)
             if v is None:
                 continue
-            peers = [c.rungs[str(r)] for c in self.cands.values() if c.rungs.get(str(r)) is not None]
+            peers = [p for c in self.cands.values() if (p := c.rungs.get(str(r))) is not None]
             if len(peers) < min_peers:
                 continue
             better = sum(1 for p in peers if (p > v if o.direction == "maximize" else p < v))

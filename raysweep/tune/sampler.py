@@ -51,6 +51,10 @@ _TO_OPTUNA = {"running": TrialState.RUNNING, "complete": TrialState.COMPLETE, "p
               "failed": TrialState.FAIL, "refused": TrialState.FAIL}
 
 
+
+def _number(v: Any) -> float:
+    return float(v)
+
 class Tuner:
     """An Optuna study asked and told by number; `add` puts a known candidate into it (a rebuild)."""
 
@@ -60,7 +64,7 @@ class Tuner:
         self.single = len(t.objectives) == 1
         # numeric choices are searched as an ordered scale (their rank), so that the sampler learns from
         # neighbouring values; the grid sampler takes them as they are
-        self.scales = {k: sorted(d.choices) for k, d in self.dists.items() if t.sampler != "grid"
+        self.scales = {k: sorted(d.choices, key=_number) for k, d in self.dists.items() if t.sampler != "grid"
                        and isinstance(d, CategoricalDistribution) and len(d.choices) > 2
                        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d.choices)}
         self.search = {k: IntDistribution(0, len(self.scales[k]) - 1) if k in self.scales else d
@@ -87,7 +91,7 @@ class Tuner:
         """The configurations one step away from `params` in one dimension: the next value up and down of an
         ordered scale (a quarter of a range), every other value of unordered choices. Unordered choices come
         first: the sampler cannot learn them from neighbouring values, as it does an ordered scale."""
-        out = []
+        out: list[tuple[bool, int, dict[str, Any]]] = []
         for key, d in self.dists.items():
             if key not in params:
                 continue
