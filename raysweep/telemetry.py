@@ -127,12 +127,17 @@ class Sampler:
         """One reading of every GPU (a value NVML cannot give is None)."""
         now, out = time.time(), []
         for gpu, h in self.handles:
-            out.append({"t": now, "gpu": gpu, "util": self._read(lambda: self.nvml.nvmlDeviceGetUtilizationRates(h).gpu),
-                        "mem_mib": self._read(lambda: self.nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20),
-                        "power_w": self._read(lambda: self.nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                        "sm_mhz": self._read(lambda: self.nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
-                        "reasons": self._read(lambda: self._reasons(h))})
+            out.append({"t": now, "gpu": gpu, **self._readings(h)})
         return out
+
+    def _readings(self, h: Any) -> dict[str, Any]:
+        """One GPU's values; each lambda reads this handle `h` (a parameter, not a loop variable)."""
+        nvml = self.nvml
+        return {"util": self._read(lambda: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                "mem_mib": self._read(lambda: nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20),
+                "power_w": self._read(lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                "sm_mhz": self._read(lambda: nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
+                "reasons": self._read(lambda: self._reasons(h))}
 
     def _reasons(self, h: Any) -> int:
         get = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \

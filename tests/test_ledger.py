@@ -435,14 +435,14 @@ def test_connections_opening_a_new_ledger_at_once_all_succeed(tmp_path):
         errors: list[BaseException] = []
         go = threading.Barrier(6)
 
-        def open_it() -> None:
+        def open_it(path: Path, go: threading.Barrier, errors: list[BaseException]) -> None:
             try:
                 go.wait()
                 Ledger(path).close()
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
 
-        threads = [threading.Thread(target=open_it) for _ in range(6)]
+        threads = [threading.Thread(target=open_it, args=(path, go, errors)) for _ in range(6)]
         for t in threads:
             t.start()
         for t in threads:
