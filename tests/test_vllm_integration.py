@@ -177,6 +177,27 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     assert set(df["error_rate"]) == {0.0} and not df["validity_issues"].fillna("").str.contains("niced").any()
     assert all(s.nice == "0" and s.provenance_record()["vllm"] == importlib.metadata.version("vllm")
                for s in servers if s.state == "stopped")
+    _verdicts_on_real_results(out, df)
+
+
+def _verdicts_on_real_results(out: Path, df) -> None:
+    """The verdicts on the demo's real results: the conclusions test every leader over its runs (flagged runs
+    left out and counted), and `compare` of the campaign with itself calls nothing better or worse."""
+    from raysweep import aggregate, compare, conclusions
+
+    summary = aggregate.summary_table(out, results=df)
+    assert (summary["runs"] + summary["runs_left_out"] == summary["runs_total"]).all()
+    c = conclusions.conclude(df, ["random_input_len", "max_concurrency"], summary=summary)
+    assert len(c.verdicts) == 2 and all(v.runner_up is not None for v in c.verdicts)
+    for v in c.verdicts:
+        text = conclusions.verdict_text(v)
+        assert "noise" not in text and ("better than every other config" in text or "tied with the leader" in text
+                                        or "not judged" in text), text
+        assert not (v.clear and v.flagged)
+    same = compare.compare(compare.load_side(out, "baseline"), compare.load_side(out))
+    words = set(same.table["output_throughput_verdict"]) | set(same.table["p99_ttft_ms_verdict"])
+    assert words <= {"not shown", "not judged"}, words
+    assert (same.table["output_throughput_ratio"].dropna() == 1.0).all()
 
 
 def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, tmp_path):
