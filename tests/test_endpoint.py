@@ -256,3 +256,11 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert vllm_server["pid"] and subprocess.run(["kill", "-0", str(vllm_server["pid"])]).returncode == 0
     res = CliRunner().invoke(main, ["status", str(out)])
     assert res.exit_code == 0 and "done" in res.output
+    # the readers work as for a started server: aggregates, the report, compare
+    res = CliRunner().invoke(main, ["results", str(out), "--aggregate"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["report", str(out), "--out", str(tmp_path / "report.html")])
+    assert res.exit_code == 0, res.output
+    assert url in (tmp_path / "report.html").read_text()
+    res = CliRunner().invoke(main, ["compare", str(out), str(out), "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0, res.output
