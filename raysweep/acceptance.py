@@ -214,7 +214,8 @@ _WHAT = {
     "GPUs per bundle": "each rank's CUDA_VISIBLE_DEVICES equals the GPUs Ray reserved for its bundle",
     "NCCL transport": "the NCCL link per pair of nodes (InfiniBand/GPUDirect, not TCP sockets) and inside a node "
                       "(P2P/NVLink, not host memory)",
-    "fabric probe": "the all-reduce bus bandwidth across a multi-node configuration's bundles, before its server starts",
+    "fabric probe": "the all-reduce bus bandwidth across a multi-node configuration's bundles, before its server "
+                    "starts",
     "GPU telemetry": "NVML samples (utilisation, memory, power, clocks, throttling) in every point",
     "server start": "every server became ready, and how long it took",
 }

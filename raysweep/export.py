@@ -182,7 +182,7 @@ def _point(row: pd.Series, params: list[str], metrics: list[str], runs: pd.DataF
         per_run.append((step, {m: v for m in metrics if m in runs.columns and (v := _finite(r[m])) is not None}))
     validity = {k: _plain(row[k]) for k in _TAGS if k in row.index}
     if "validity_ok" in runs.columns:
-        validity["validity_ok"] = bool((runs["validity_ok"] != False).all())  # None: not judged
+        validity["validity_ok"] = bool((runs["validity_ok"] != False).all())  # noqa: E712 - None: not judged
         issues = [str(i) for i in runs.get("validity_issues", pd.Series(dtype=str)).dropna() if str(i)]
         validity["validity_issues"] = "; ".join(dict.fromkeys(s for i in issues for s in i.split("; ")))
     ended = [_finite(v) for v in runs["ended_at"]] if "ended_at" in runs.columns else []
@@ -301,11 +301,10 @@ def export_mlflow(campaign: ExportCampaign, tracking_uri: str, experiment: str |
     children = []
     for point in campaign.points:
         key = f"{campaign.key}/{point.key}"
-        run = existing.get(key)
-        new = run is None
-        if new:
-            run = client.create_run(exp_id, run_name=point.name[:250], tags={
-                **common, "mlflow.parentRunId": pid, "raysweep.kind": "point", "raysweep.key": key})
+        found = existing.get(key)
+        new = found is None
+        run = found if found is not None else client.create_run(exp_id, run_name=point.name[:250], tags={
+            **common, "mlflow.parentRunId": pid, "raysweep.kind": "point", "raysweep.key": key})
         rid = run.info.run_id
         logged = set() if new else _numbers(run.data.tags.get("raysweep.runs_logged", ""))
         if new:

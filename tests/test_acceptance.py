@@ -99,7 +99,8 @@ def test_each_failure_is_named_with_its_fix():
 
 
 def test_nccl_over_host_memory_inside_a_node_is_a_warning():
-    shm = ["h:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4", "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct"]
+    shm = ["h:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
+           "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct"]
     row = replace(server("tp", [("0,1", "0,1")]), transport=json.dumps(transport.server_verdict([shm])))
     [item] = [i for i in acceptance.checklist([row], points("tp", 50.0)) if i.check == "NCCL transport"]
     assert item.status == "warn" and "host memory" in item.seen

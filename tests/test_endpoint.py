@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from helpers import PY, STANDIN
+
 from raysweep.cli import main
 from raysweep.cli.profile import default_name, parse_grid
 from raysweep.errors import UserError

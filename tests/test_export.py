@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from test_aggregate import build_dir, run_row
 
 from raysweep import export
 from raysweep.cli import main
 from raysweep.errors import UserError
-from test_aggregate import build_dir, run_row
 
 
 @pytest.fixture

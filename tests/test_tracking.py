@@ -122,7 +122,8 @@ def test_tracking_block_refusals_exit_2_naming_the_field(tmp_path):
     res = CliRunner().invoke(main, ["validate", str(f)])
     assert res.exit_code == 2 and "tracking" in res.output and "needs `uri`" in res.output
     store = tmp_path / "mlruns"
-    campaign = SimpleNamespace(name="t", tracking=SimpleNamespace(backend="mlflow", uri=store.as_uri(), experiment=None))
+    campaign = SimpleNamespace(name="t", tracking=SimpleNamespace(backend="mlflow", uri=store.as_uri(),
+                                                                  experiment=None))
     with pytest.raises(CampaignError) as err:
         tracking.check(campaign)
     assert err.value.field == "tracking.uri" and f"sqlite:///{store}/mlflow.db" in str(err.value)

@@ -42,14 +42,15 @@ def checklist(output_dir: str) -> None:
 
 @main.command()
 @click.argument("campaign_file", type=click.Path(dir_okay=False))
-@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@click.option("--address", default=None,
+              help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
 @click.option("--output-dir", default=None, help="Override the campaign's output_dir.")
 @click.option("--dry-run", is_flag=True, help="Print what would run where and what the checklist checks; exit.")
 def acceptance(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool) -> None:
     """Run a GPU acceptance campaign (configs/gpu-acceptance.yaml) on the cluster, leaving out configurations it
     cannot hold (a pipeline across two nodes on one node), then print its checklist."""
-    from raysweep import placement
     from raysweep import acceptance as acc
+    from raysweep import placement
     from raysweep.campaign import load_campaign
     from raysweep.cli.running import _dry_run, _run
     from raysweep.driver import ray_session

@@ -63,7 +63,8 @@ def profile_campaign(url: str, bench_cmd: str, grid: dict[str, list[Any]], *, na
               help="A bench parameter and its values, e.g. max_concurrency=1,8,64 (repeatable: their product).")
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Repeats of every point.")
 @click.option("--name", default=None, help="Campaign name (default: profile-HOST-PORT).")
-@click.option("--output-dir", default=None, help="Where the campaign file, ledger and results go (default: results/NAME).")
+@click.option("--output-dir", default=None,
+              help="Where the campaign file, ledger and results go (default: results/NAME).")
 @click.option("--backend", type=click.Choice(["native", "command"]), default="native", show_default=True,
               help="native: raysweep's streaming client in Ray actors; command: the bench command itself.")
 @click.option("--metrics-url", default=None, help="The endpoint's Prometheus metrics (default: URL/metrics).")
