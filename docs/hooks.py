@@ -1,7 +1,8 @@
 """MkDocs hook: pages made at build time, so that they cannot drift from what they describe.
 
 * `reference.md`: the campaign file reference, from the pydantic models (`docs/gen_reference.py`);
-* `benchmarks/RESULTS.md` and `benchmarks/results/*.md`: the recorded benchmark results, as they are in the
+* `benchmarks/RESULTS.md`, `benchmarks/results/*.md` and `benchmarks/history/*.md`: the recorded benchmark results
+  (the latest of each benchmark, their tables, every earlier recording), as they are in the
   repository (their relative links keep working).
 
 The pages are written as the README is, for GitHub: nested lists indented to their parent's text (2 or 3 spaces)
@@ -33,7 +34,8 @@ def _gen_reference() -> Any:
 def on_files(files: Files, config: Any) -> Files:
     files.append(File.generated(config, "reference.md", content=_gen_reference().campaign_reference()))
     bench = REPO / "benchmarks"
-    for path in [bench / "RESULTS.md", *sorted((bench / "results").glob("*.md"))]:
+    for path in [bench / "RESULTS.md", *sorted((bench / "results").glob("*.md")),
+                 *sorted((bench / "history").glob("*.md"))]:
         files.append(File.generated(config, f"benchmarks/{path.relative_to(bench).as_posix()}",
                                     content=path.read_text(encoding="utf-8")))
     return files
