@@ -690,6 +690,7 @@ SECTIONS: list[Section] = [
     Section("timeseries", "Time series", "raysweep.bench.timeseries:report_section"),
     Section("results", "Results", _results),
     Section("sla", "SLA", _sla),
+    Section("workload", "Load levels", "raysweep.workload_levels:report_section"),
     Section("tuning", "Tuning", "raysweep.report_tuning:report_section"),
     Section("transport", "Transport", _transport),
     Section("multinode", "Multi-node and GPUs", "raysweep.telemetry:report_section"),

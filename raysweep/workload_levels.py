@@ -37,8 +37,8 @@ from raysweep import grid
 from raysweep.errors import CampaignError
 
 __all__ = ["BATCH", "LEVEL", "SERIAL", "WorkloadSpec", "achieved", "check_workload", "dataset_size",
-           "dry_run_lines", "endpoint_benches", "level_bench", "levels_between", "restore_plan", "settle",
-           "settle_all", "workload_of"]
+           "dry_run_lines", "endpoint_benches", "level_bench", "levels_between", "report_section", "restore_plan",
+           "settle", "settle_all", "status_lines", "workload_of"]
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,50 @@ def dry_run_lines(spec: Any) -> list[str]:
             "decides them (fewer when the range is narrow)"]
 
 
-def levels_table(ledger: Any) -> list[dict[str, Any]]:
-    """Every decision, for status and the report: serve and bench ids, variable, serial, batch, levels, state."""
-    return [dict(r, levels=list(r["levels"])) for r in ledger.all_workload_levels()]
+def status_lines(rows: list[dict[str, Any]], stored: dict[str, Any]) -> list[str]:
+    """Lines for `status` and the report: per (server config, bench point) the levels decided, or that they
+    wait for the serial and batch points."""
+    spec = (stored.get("bench") or {}).get("workload")
+    if not spec:
+        return []
+    variable, n = spec.get("variable", "request_rate"), spec.get("levels", 10)
+    lines = [f"bench.workload ({n} levels of {variable}): {sum(r['state'] == DECIDED for r in rows)} decided, "
+             f"{sum(r['state'] == NO_ENDPOINTS for r in rows)} without levels (an endpoint had no done run)"]
+    for r in rows:
+        if r["state"] == DECIDED:
+            lines.append(f"  server {r['serve_id']} bench {r['bench_id']}: serial {variable}={r['serial']:g}, batch "
+                         f"{r['batch']:g}; levels {', '.join(str(v) for v in r['levels']) or 'none between'}")
+        else:
+            lines.append(f"  server {r['serve_id']} bench {r['bench_id']}: {r['state']}, no level")
+    return lines
+
+
+def report_section(output_dir: Any) -> str | None:
+    """The report's Load levels section (bench.workload): per server config and bench point the serial and
+    batch values and the levels decided between them; None for any other campaign."""
+    import html
+    from pathlib import Path
+
+    from raysweep.ledger import LEDGER_FILE, Ledger
+
+    if not (Path(output_dir) / LEDGER_FILE).is_file():
+        return None
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        stored, rows = ledger.stored_campaign(), ledger.all_workload_levels()
+    finally:
+        ledger.close()
+    spec = (stored.get("bench") or {}).get("workload")
+    if not spec:
+        return None
+    variable = spec.get("variable", "request_rate")
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
+            r["serve_id"], r["bench_id"], "" if r["serial"] is None else f"{r['serial']:g}",
+            "" if r["batch"] is None else f"{r['batch']:g}", ", ".join(str(v) for v in r["levels"]), r["state"]))
+        + "</tr>" for r in rows)
+    return (f"<p>{html.escape(status_lines(rows, stored)[0])}. The serial point runs at max_concurrency 1, the batch "
+            f"point with every prompt at once; the levels of {html.escape(variable)} between what they achieved are "
+            "decided as vLLM's <code>serve_workload</code> decides them.</p><table><thead><tr><th>server config</th>"
+            f"<th>bench point</th><th>serial</th><th>batch</th><th>levels</th><th>state</th></tr></thead>"
+            f"<tbody>{body}</tbody></table>")

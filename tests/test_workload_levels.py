@@ -234,3 +234,113 @@ def test_import_reads_a_serve_workload_directory(tmp_path):
     assert by_dir["exp/WL--request_rate=3"]["serve_label"] == "default"
     paths, _ = import_vllm_sweep(tmp_path / "vllm", tmp_path / "imported")
     assert sorted(p.name for p in paths) == ["results.csv", "results.parquet"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# On the session cluster: the stand-in server, then the real vLLM CPU server beside vLLM's own sweep
+# ---------------------------------------------------------------------------------------------------
+
+def _achieved_levels(records: list[dict], role: str, variable: str) -> list[float]:
+    return [wl.achieved(r, variable) for r in records if r.get("workload_role") == role]
+
+
+def test_campaign_runs_the_levels_it_decides_and_a_resume_runs_nothing_again(gpu_cluster, tmp_path):
+    from helpers import run_file
+
+    from raysweep.results import results_table
+
+    f = _campaign(tmp_path, {"variable": "max_concurrency", "levels": 5}, runs=2)
+    summary, out = run_file(f)
+    led = Ledger.open_existing(out)
+    rows = led.all_workload_levels()
+    assert len(rows) == 1 and rows[0]["state"] == "decided"
+    df = results_table(out)
+    records = df.to_dict("records")
+    serial = _achieved_levels(records, "serial", "max_concurrency")
+    batch = _achieved_levels(records, "batch", "max_concurrency")
+    assert len(serial) == len(batch) == 2
+    lo, hi, levels = wl.levels_between(serial, batch, 5)  # what the ledger says is what the runs say
+    assert (rows[0]["serial"], rows[0]["batch"], rows[0]["levels"]) == (lo, hi, levels)
+    ran = sorted({int(r["max_concurrency"]) for r in records if r["workload_role"] == "level"})
+    assert ran == levels and len(df) == 2 * (2 + len(levels))
+    assert summary.counts == {"pending": 0, "running": 0, "done": len(df), "failed": 0}
+    attempts = {p.point_id: p.attempts for p in led.points()}
+    led.close()
+    summary, _ = run_file(f)  # resumed: the same levels, nothing runs again
+    led = Ledger.open_existing(out)
+    assert {p.point_id: p.attempts for p in led.points()} == attempts
+    led.close()
+    res = CliRunner().invoke(main, ["status", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"levels {', '.join(str(v) for v in levels) or 'none between'}" in res.output
+    res = CliRunner().invoke(main, ["report", str(out), "--out", str(tmp_path / "report.html")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "report.html").read_text()
+    assert "Load levels" in page and "1 decided" in page
+
+
+def test_levels_match_vllms_serve_workload_on_the_real_server(vllm_server, gpu_cluster, tmp_path):
+    """vLLM's `vllm bench sweep serve_workload` and raysweep's bench.workload, one after the other against the
+    same real vLLM CPU server with the same bench command: the same number of levels spanning the same range,
+    each level within what the endpoints' achieved values, over the runs of both tools, allow."""
+    import subprocess
+    import sys
+
+    from conftest import _vllm_cli
+    from helpers import run_file
+
+    from raysweep.importer import read_table
+    from raysweep.results import results_table
+
+    url, model = vllm_server["url"], vllm_server["model"]
+    port = url.rsplit(":", 1)[1]
+    bench_cmd = (f"vllm bench serve --model {model} --base-url {url} --dataset-name random --random-input-len 32 "
+                 "--random-output-len 16 --ignore-eos --num-prompts 16")
+    variable, levels, runs = "max_concurrency", 4, 2
+    # vLLM's sweep starts its own server; a placeholder process "serves" at the running server's address
+    # (vLLM reads --host/--port from the serve command and checks /health there), and the cache reset
+    # raysweep does through serve.url's reset_url is vLLM's --after-bench-cmd
+    placeholder = f"{sys.executable} -c 'import time; time.sleep(3600)' --host 127.0.0.1 --port {port}"
+    reset = (f"{sys.executable} -c \"import urllib.request as u; u.urlopen(u.Request('{url}/reset_prefix_cache', "
+             "method='POST'))\"")
+    vllm_out = tmp_path / "vllm"
+    proc = subprocess.run([_vllm_cli(), "bench", "sweep", "serve_workload", "--serve-cmd", placeholder,
+                           "--bench-cmd", bench_cmd, "--after-bench-cmd", reset, "--workload-var", variable,
+                           "--workload-iters", str(levels), "--num-runs", str(runs), "-o", str(vllm_out),
+                           "--experiment-name", "exp"], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    theirs = read_table(vllm_out).df.to_dict("records")
+
+    f = tmp_path / "campaign.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "wl", "output_dir": str(tmp_path / "out"), "runs": runs,
+        "serve": {"url": {"url": url, "reset_url": f"{url}/reset_prefix_cache"}},
+        "bench": {"backend": "command", "cmd": bench_cmd, "workload": {"variable": variable, "levels": levels}}}))
+    summary, out = run_file(f)
+    ours = results_table(out).to_dict("records")
+    assert summary.counts["failed"] == 0
+
+    def values(records: list[dict], role: str) -> list[int]:
+        return sorted({int(r[variable]) for r in records if r.get("workload_role") == role})
+
+    serial = {t: _achieved_levels(recs, "serial", variable) for t, recs in (("vllm", theirs), ("raysweep", ours))}
+    batch = {t: _achieved_levels(recs, "batch", variable) for t, recs in (("vllm", theirs), ("raysweep", ours))}
+    assert all(len(v) == runs for v in (*serial.values(), *batch.values()))
+    # what each tool decided is what its own endpoint runs give by vLLM's rule
+    for tool, recs in (("vllm", theirs), ("raysweep", ours)):
+        lo, hi, inner = wl.levels_between(serial[tool], batch[tool], levels)
+        assert values(recs, "level") == inner, (tool, serial[tool], batch[tool])
+    # the same range and number of levels, within the run-to-run spread of the endpoints of both tools:
+    # the levels from the lowest and from the highest achieved endpoint runs bound every level either found
+    every_serial = [v for vs in serial.values() for v in vs]
+    every_batch = [v for vs in batch.values() for v in vs]
+    low = wl.levels_between([min(every_serial)], [min(every_batch)], levels)
+    high = wl.levels_between([max(every_serial)], [max(every_batch)], levels)
+    ours_levels, their_levels = values(ours, "level"), values(theirs, "level")
+    assert len(ours_levels) == len(their_levels) == levels - 2
+    for mine, theirs_v, lo_v, hi_v in zip(ours_levels, their_levels, low[2], high[2], strict=True):
+        assert lo_v <= mine <= hi_v and lo_v <= theirs_v <= hi_v
+    assert low[0] <= min(ours_levels[0], their_levels[0]) and max(ours_levels[-1], their_levels[-1]) <= high[1]
+    # the endpoints ran at the same settings: max_concurrency 1, and every prompt at once
+    assert values(ours, "serial") == values(theirs, "serial") == [1]
+    assert values(ours, "batch") == values(theirs, "batch") == [16]

@@ -84,6 +84,7 @@ def _show(output_dir: str) -> bool:
         out.print(f"{extra} point(s) in the ledger are no longer in the campaign (kept, not shown)")
     _progress(output_dir, points, {s.serve_id for s in active} if live else set())
     _precision_line(output_dir, stored)
+    _workload_lines(output_dir, stored)
     if active:
         st = Table(title="servers running" if live else "servers left by a driver that is gone (reaped on resume)")
         for col in ("server", "nodes", "port", "pids", "gpus per node", "state"):
@@ -162,6 +163,22 @@ def _precision_line(output_dir: str, stored: dict[str, Any]) -> None:
     _say(f"bench.precision ({spec['metric']} within +-{100 * spec['rel_half_width']:g} %, {spec['min_runs']} to "
          f"{spec['max_runs']} runs): {n['reached']} point(s) reached it, {n['max_runs']} stopped at max_runs "
          f"without it, {n['measuring']} measuring")
+
+
+def _workload_lines(output_dir: str, stored: dict[str, Any]) -> None:
+    """bench.workload: the levels decided per server config and bench point."""
+    from raysweep.ledger import Ledger
+    from raysweep.workload_levels import status_lines
+
+    if not (stored.get("bench") or {}).get("workload"):
+        return
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        rows = ledger.all_workload_levels()
+    finally:
+        ledger.close()
+    for line in status_lines(rows, stored):
+        _say(line)
 
 
 def _validity_lines(output_dir: str, limit: int = 20) -> None:
