@@ -1,7 +1,7 @@
 """Chaos: one campaign on the stand-in server under faults of six kinds injected at random times from a seed.
 
-    python benchmarks/bench_chaos.py --per-kind 10 --seed 1            # the recorded run (minutes)
-    python benchmarks/bench_chaos.py --per-kind 1 --seed 1 --no-resume-timing   # one fault of each kind
+    python benchmarks/bench_chaos.py --per-kind 10 --seed 1 --json chaos.json   # the recorded run (minutes)
+    python benchmarks/bench_chaos.py --per-kind 1 --seed 1 --runs 4 --no-resume-timing   # one fault of each kind
 
 The campaign runs on a local multi-node Ray cluster (`ray.cluster_utils.Cluster`: a head and two nodes with
 simulated GPUs) that `raysweep run --address` joins, so that a node can be removed and another added. Kinds:
@@ -416,12 +416,17 @@ def main() -> None:
     ap.add_argument("--per-kind", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--work", default=None, help="working directory (default: a new temporary one)")
+    ap.add_argument("--configs", type=int, default=3, help="server configurations")
+    ap.add_argument("--inputs", type=int, default=8, help="bench points per configuration")
+    ap.add_argument("--runs", type=int, default=16)
+    ap.add_argument("--sleep", type=float, default=1.5, help="seconds each stand-in bench call sleeps")
     ap.add_argument("--no-resume-timing", action="store_true")
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="rs-chaos-"))
     result: dict[str, Any] = {"seed": args.seed, "per_kind": args.per_kind,
-                              "chaos": run_chaos(args.per_kind, args.seed, work / "chaos")}
+                              "chaos": run_chaos(args.per_kind, args.seed, work / "chaos", args.configs, args.inputs,
+                                                 args.runs, args.sleep)}
     print(json.dumps(result["chaos"], indent=1), flush=True)
     if not args.no_resume_timing:
         result["resume"] = resume_timing(args.seed, work / "resume")
