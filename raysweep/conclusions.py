@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from raysweep import aggregate, plots, verdicts
-from raysweep.errors import UserError
+from raysweep.errors import UserError, unknown_names
 from raysweep.sla import Target, meets
 
 __all__ = [
@@ -108,9 +108,12 @@ def parse_objective(text: str | None, aggregated: Iterable[str]) -> Objective:
     per_gpu = name.endswith(_PER_GPU) and name not in metrics
     metric = name[: -len(_PER_GPU)] if per_gpu else name
     if metric not in metrics:
-        accepted = ", ".join([DEFAULT_OBJECTIVE, *metrics]) if metrics else "(no metric was aggregated)"
-        raise UserError(f"--objective {raw}: not an aggregated metric; accepted: {accepted} (any of them may end "
-                        f"in {_PER_GPU}, and start with max: or min:)")
+        if not metrics:
+            raise UserError(f"--objective {raw}: not an aggregated metric; accepted: none (no metric was aggregated)")
+        names = list(dict.fromkeys([DEFAULT_OBJECTIVE, *metrics]))
+        raise UserError(unknown_names("--objective", [raw], [*names, *(m + _PER_GPU for m in metrics)],
+                                      "aggregated metric")
+                        + f" (any of them may end in {_PER_GPU}, and start with max: or min:)")
     maximize = direction == "max" or (not direction and not metric.endswith(_LOWER_IS_BETTER))
     return Objective(metric, per_gpu, maximize)
 

@@ -283,7 +283,8 @@ def test_conclusions_for_another_objective_and_with_one_run():
 
 
 @pytest.mark.parametrize("objective, words", [
-    ("throughput", ["--objective throughput", "not an aggregated metric", "output_throughput_per_gpu"]),
+    ("throughput", ["--objective throughput", "no such aggregated metric", "did you mean", "output_throughput"]),
+    ("min:medain_ttft_ms", ["--objective min:medain_ttft_ms", "did you mean median_ttft_ms"]),
     ("sideways:output_throughput", ["--objective sideways:output_throughput", "max:METRIC or min:METRIC"]),
 ])
 def test_a_wrong_objective_is_a_user_error(tmp_path, no_figures, objective, words):
