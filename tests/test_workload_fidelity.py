@@ -401,9 +401,10 @@ def test_a_sweep_directory_written_by_vllm_bench_sweep_serve_is_imported_and_plo
     import subprocess
     import sys
 
+    from helpers import STANDIN
+
     from raysweep import procs
     from raysweep.cli import main
-    from helpers import STANDIN
 
     vllm = Path(sys.executable).parent / "vllm"
     port = procs.free_port()

@@ -262,7 +262,7 @@ def _notes(opts: LoadOptions, made: int) -> list[str]:
         if rep["trace_lines_out_of_order"]:
             out.append(f"{opts.dataset_path}: {rep['trace_lines_out_of_order']} line(s) out of time order, "
                        "replayed in time order")
-    elif opts.dataset_path and made:
+    elif opts.dataset_path and made and not (opts.dataset_name == "custom" and ".py:" in opts.dataset_path):
         blank = sum(1 for line in Path(opts.dataset_path).read_text().splitlines() if not line.strip())
         if blank:
             out.append(f"{opts.dataset_path}: {blank} blank line(s) skipped")
