@@ -201,6 +201,7 @@ class ServerRow:
     provenance: str | None = None  # JSON: versions, GPUs, model, hostnames (raysweep.provenance)
     fabric: str | None = None  # JSON: the all-reduce bandwidth probe before it started (raysweep.fabric)
     topology: str | None = None  # JSON: per node, its GPUs' NVLink / PCIe / NUMA topology and the TP warnings
+    startup: str | None = None  # JSON: the phases of its start, from its log (raysweep.startup)
 
     def transport_verdict(self) -> dict[str, Any] | None:
         return dict(json.loads(self.transport)) if self.transport else None
@@ -241,7 +242,7 @@ class SyncReport:
 
 _ADDED_COLUMNS = (("points", "probe_of"), ("servers", "ranks"), ("servers", "log_path"), ("drivers", "helpers"),
                   ("servers", "transport"), ("servers", "nice"), ("servers", "cpu_affinity"),
-                  ("servers", "provenance"), ("servers", "fabric"), ("servers", "topology"))
+                  ("servers", "provenance"), ("servers", "fabric"), ("servers", "topology"), ("servers", "startup"))
 
 
 class Ledger:

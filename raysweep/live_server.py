@@ -53,6 +53,7 @@ class Server:
     facts: list[dict[str, Any]] = field(default_factory=list)  # per rank: the process's nice and CPU affinity
     provenance: dict[str, Any] | None = None  # versions, GPUs, model, hostnames (raysweep.provenance)
     fabric: dict[str, Any] | None = None  # the bandwidth probe of its placement group (raysweep.fabric)
+    startup: dict[str, float] = field(default_factory=dict)  # the phases of its start (raysweep.startup)
 
     def down(self) -> str | None:
         """None while every rank's process runs; otherwise what ended it."""
@@ -101,6 +102,23 @@ class Server:
                  "log_path": i.get("log_path"),
                  "cuda_visible_devices": (self.facts[r] if r < len(self.facts) else {}).get("cuda_visible_devices")}
                 for r, (n, i) in enumerate(zip(self.nodes, self.infos))]
+
+
+def record_startup(server: Server, ledger: Any) -> None:
+    """The phases of a server's start from its rank-0 log (`raysweep.startup.phases`), on the server and in
+    its ledger row; nothing when the log cannot be read (the start itself is not at stake)."""
+    from raysweep.startup import phases
+
+    row = next((s for s in ledger.servers() if s.server_id == server.server_id), None)
+    if row is None or not server.hosts:
+        return
+    try:
+        text = ray.get(server.hosts[0].read_log.remote(), timeout=60)
+    except ray.exceptions.RayError as exc:
+        log.warning("server %s: its log could not be read for the phases of its start (%s)", server.server_id, exc)
+        return
+    server.startup = phases(text, row.started_at, row.ready_at)
+    ledger.update_server(server.server_id, startup=json.dumps(server.startup))
 
 
 @dataclass
@@ -262,6 +280,7 @@ class Servers:
             self._moved(run, server, ready)
         if ready["ok"]:
             w.ledger.update_server(server_id, state="ready", ready_at=time.time())
+            record_startup(server, w.ledger)
             resolve_provenance(server, w.ledger)
             w.emit("server_ready", serve=serve, server_id=server_id, elapsed=time.monotonic() - t0)
             return server

@@ -694,6 +694,7 @@ SECTIONS: list[Section] = [
     Section("tuning", "Tuning", "raysweep.report_tuning:report_section"),
     Section("transport", "Transport", _transport),
     Section("multinode", "Multi-node and GPUs", "raysweep.telemetry:report_section"),
+    Section("startup", "Server starts", "raysweep.startup:report_section"),
     Section("failures", "Failures", _failures),
     Section("events", "Events", "raysweep.recovery:report_section"),
     Section("campaign", "Campaign", _campaign),

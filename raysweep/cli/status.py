@@ -98,6 +98,7 @@ def _show(output_dir: str) -> bool:
         for s in active:
             _say(f"{s.server_id}: {s.command}")
     _transport_table(servers, (stored.get("transport") or {}).get("require", "any"))
+    _startup_table(servers)
     _events_table(events)
     if counts.get("done"):
         _validity_lines(output_dir)
@@ -163,6 +164,21 @@ def _precision_line(output_dir: str, stored: dict[str, Any]) -> None:
     _say(f"bench.precision ({spec['metric']} within +-{100 * spec['rel_half_width']:g} %, {spec['min_runs']} to "
          f"{spec['max_runs']} runs): {n['reached']} point(s) reached it, {n['max_runs']} stopped at max_runs "
          f"without it, {n['measuring']} measuring")
+
+
+def _startup_table(servers: list[Any]) -> None:
+    """The phases of the server starts, medians per configuration (raysweep.startup)."""
+    from raysweep.startup import table_rows
+
+    header, rows = table_rows(servers)
+    if not rows:
+        return
+    table = Table(title="server starts (medians, seconds)")
+    for col in header:
+        table.add_column(col, justify="left" if col == "server config" else "right")
+    for row in rows:
+        table.add_row(*row)
+    print_table(table, out)
 
 
 def _workload_lines(output_dir: str, stored: dict[str, Any]) -> None:
