@@ -309,7 +309,7 @@ class PointRunner:
         }
         if point.bench.base_id is not None:
             extra.update(sla_base_id=point.bench.base_id, sla_value=point.bench.sla_value)
-        extra.update(server.startup)  # the phases of this server's start (raysweep.startup)
+        extra.update(getattr(server, "startup", None) or {})  # the phases of its start (raysweep.startup)
         if point.bench.workload_of is not None:  # bench.workload: which load level of which bench point
             extra.update(workload_of=point.bench.workload_of, workload_role=point.bench.workload_role,
                          workload_value=point.bench.workload_value,
