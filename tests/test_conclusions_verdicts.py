@@ -124,3 +124,20 @@ def test_a_flagged_run_is_marked_in_the_figures_with_its_checks_name(tmp_path):
     fig = plots.render(plan, spec)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert "shared CPUs, not steady" in texts
+
+
+def test_the_report_ranks_under_the_campaigns_slo(tmp_path, no_figures):  # noqa: F811
+    from raysweep.ledger import Ledger
+
+    out = build_output_dir(tmp_path / "out")
+    led = Ledger.open_existing(out)
+    try:
+        campaign = led.stored_campaign()
+        led.set_meta("campaign", json.dumps({**campaign, "slo": {"median_ttft_ms": 0.001}}))
+    finally:
+        led.close()
+    path, lines = report.write_report_with_headlines(out, objective="output_throughput")
+    card = section(path.read_text(), "conclusions")
+    assert "Only points whose means meet the campaign's service-level objective" in card
+    assert "No point of this shape meets the service-level objective median_ttft_ms&lt;=0.001" in card
+    assert lines and all("no point meets the slo median_ttft_ms<=0.001" in line for line in lines)
