@@ -223,7 +223,9 @@ def build_plan(spec: CampaignSpec) -> Plan:
     serves = [] if c.tune is not None else [make_serve(spec, combo) for combo in spec.serve_combos]
     benches = [BenchPoint(id=grid.params_id(_no_name(c)), params=c, argv=grid.apply_to_cmd(spec.bench_argv, c),
                           label=grid.combo_label(c)) for c in spec.bench_combos]
-    points, skipped, searches = [], 0, []
+    points: list[PointRun] = []
+    searches: list[tuple[str, str]] = []
+    skipped = 0
     for s in serves:
         pts, srch, skip = serve_points(spec, s, benches)
         points, searches, skipped = points + pts, searches + srch, skipped + skip
