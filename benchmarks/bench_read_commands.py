@@ -5,7 +5,9 @@ random_input_len x max_concurrency, 2 runs), its ledger synced from the real pla
 with a result file as raysweep writes it (vLLM's fields, server metrics, the validity record, 64 per-request
 latencies), made here directly: no server, no Ray. Then each read command runs as a user runs it (a fresh
 `python -m raysweep` process, so imports count) and its wall time is taken; `run` on the finished campaign
-checks that it answers without starting Ray.
+checks that it answers without starting Ray. The stub ends as `run` ends, with results.* and summary.* written
+(`results --aggregate` and `compare` read the kept aggregates); `results --aggregate --confidence 0.9` computes
+them again.
 
     .venv/bin/python benchmarks/bench_read_commands.py [--sizes 36,2000,20000] [--commands ...] [--keep DIR]
         [--record]   # rewrite the `## read commands` section of benchmarks/RESULTS.md with the table
@@ -36,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SIZES = {36: (3, 3), 2000: (20, 25), 20000: (50, 100)}  # runs -> (input lengths, concurrencies) per server config
-COMMANDS = ("status", "results --aggregate", "compare", "report", "plot", "pareto", "run (finished)")
+COMMANDS = ("status", "results --aggregate", "results --aggregate --confidence 0.9", "compare", "report", "plot",
+            "pareto", "run (finished)")
 
 
 def campaign_data(name: str, out: Path, lengths: int, concurrencies: int, runs: int = 2) -> dict[str, Any]:
@@ -106,6 +109,9 @@ def build_stub(out: Path, runs_total: int, name: str = "stub") -> Path:
     finally:
         ledger.close()
     assert len(plan.points) == runs_total, len(plan.points)
+    from raysweep.results import write_results
+
+    write_results(out)  # as `run` does at its end: results.* and summary.* (the aggregates, kept)
     return cfile
 
 
@@ -118,7 +124,8 @@ def argv_of(command: str, out: Path, cfile: Path, scratch: Path) -> list[str]:
         return ["report", str(out), "--out", str(scratch / "report.html")]
     if command in ("plot", "pareto"):
         return [command, str(out), "--out", str(scratch / command)]
-    return [*command.split(), str(out)]
+    words = command.split()
+    return [words[0], str(out), *words[1:]]
 
 
 def time_command(argv: list[str]) -> tuple[float, int, str]:

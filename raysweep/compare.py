@@ -123,7 +123,10 @@ def load_side(path: str | Path, option: str = "DIR", confidence: float = 0.95) -
         summary = df if _is_summary(df) else aggregate.summarize(df, confidence)
         name = _campaign_name(summary) or p.stem
     elif p.is_dir():
-        summary = aggregate.summary_table(p, confidence)
+        from raysweep.results import kept_summary
+
+        kept = kept_summary(p, confidence)  # as the campaign's end wrote it, when nothing finished since
+        summary = kept if kept is not None else aggregate.summary_table(p, confidence)
         name = _campaign_name(summary) or p.name
     else:
         raise UserError(f"{option} {path}: no such file or directory; accepted: a raysweep output dir, a `vllm bench "

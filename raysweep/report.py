@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 REPORT_FILE = "report.html"
 CURVE_METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
 LATENCY_THROUGHPUT = ("output_throughput", "median_ttft_ms")  # x, y of the first figure
+# What a reader can look at: figures of the first bench shapes only, and the first runs of the results table
+# (every shape and run is in results.csv and `raysweep plot`); the report's cost stops growing with the runs
+MAX_SHAPES_DRAWN = 6
+MAX_TABLE_ROWS = 500
 TABLE_METRICS = ("gpu_count", "num_nodes", "client_limited", "completed", "failed", "request_throughput",
                  "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
                  "median_e2el_ms", "p99_e2el_ms", *plots.SERVER_METRICS,
@@ -341,6 +345,7 @@ def _figure_list(data: _Data) -> list[tuple[str, Callable[[], tuple[Figure | Non
     serve_vars, bench_vars = _param_names(data.points, df)
     load = plots.load_variable(df, "total_token_throughput")
     cols = tuple(conclusions.shape_keys(df, bench_vars, load, data.sla_variable))
+    df, shown = _first_shapes(df, list(cols))
     out: list[tuple[str, Callable[[], tuple[Figure | None, list[str]]]]] = []
     x, y = LATENCY_THROUGHPUT
     if {x, y} <= set(df.columns):
@@ -358,7 +363,22 @@ def _figure_list(data: _Data) -> list[tuple[str, Callable[[], tuple[Figure | Non
     if not data.sla.empty:
         out.append(("SLA: largest passing value per server config and target",
                     lambda: (plots.sla_figure(data.sla, data.sla_variable), [])))
+    if shown:
+        out = [(f"{caption} ({shown})", draw) for caption, draw in out]
     return out
+
+
+def _first_shapes(df: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, str]:
+    """The runs of the first MAX_SHAPES_DRAWN bench shapes (in the order of their values), and what that
+    leaves out ("" when nothing)."""
+    if not cols:
+        return df, ""
+    shapes = df[cols].drop_duplicates()
+    if len(shapes) <= MAX_SHAPES_DRAWN:
+        return df, ""
+    keep = shapes.sort_values(cols, key=lambda col: col.map(plots.sort_key)).head(MAX_SHAPES_DRAWN)
+    return (df.merge(keep, on=cols), f"the first {MAX_SHAPES_DRAWN} of {len(shapes)} bench shapes; "
+            f"`raysweep plot OUTPUT_DIR --col-by {','.join(cols)}` draws every one")
 
 
 def _one(plans: list[plots.FigurePlan], spec: plots.PlotSpec) -> tuple[Figure | None, list[str]]:
@@ -404,8 +424,11 @@ def _results(data: _Data) -> str:
         df = df.assign(validity=mark)
     cols = [c for c in dict.fromkeys(["serve_label", "bench_label", "run_number", "validity", *params,
                                       *TABLE_METRICS]) if c in df.columns]
+    cut = (f' The first {MAX_TABLE_ROWS} are shown; every run is in <a href="results.csv">results.csv</a>.'
+           if len(df) > MAX_TABLE_ROWS else "")
     return (f"<p>{len(df)} run(s); click a column to sort. Every column is in results.csv / results.parquet; "
-            f"the per-point aggregates are in summary.csv.</p>{_frame_table(df[cols], sortable=True)}")
+            f"the per-point aggregates are in summary.csv.{cut}</p>"
+            f"{_frame_table(df[cols].head(MAX_TABLE_ROWS), sortable=True)}")
 
 
 def _sla(data: _Data) -> str:
@@ -625,6 +648,9 @@ def _card_figure(data: _Data, c: conclusions.Conclusions, v: conclusions.ShapeVe
     x, y = LATENCY_THROUGHPUT
     if not {x, y, "serve_label"} <= set(data.df.columns):
         return ""
+    if next(i for i, w in enumerate(c.verdicts) if w is v) >= MAX_SHAPES_DRAWN:
+        return (f'<p class="muted">Figure drawn for the first {MAX_SHAPES_DRAWN} bench shapes only; '
+                "<code>raysweep plot</code> draws any.</p>")
     caption = f"{y} against {x}, one point per {c.load or 'bench point'}; \u2605 the best point"
     try:
         mine = c.points.loc[c.points["shape"] == v.shape, ["serve_id", "bench_id"]]

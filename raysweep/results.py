@@ -28,8 +28,8 @@ from raysweep.records import (
     write_samples,
 )
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "load_records", "read_samples", "records_table", "results_table",
-           "sla_table", "write_results", "write_samples"]
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "kept_summary", "load_records", "read_samples", "records_table",
+           "results_table", "sla_table", "write_results", "write_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,38 @@ def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet",
     except Exception as exc:  # the results stand without their summary
         log.warning("summary.* not written: %s: %s", type(exc).__name__, exc, exc_info=True)
     return written
+
+
+def kept_summary(output_dir: str | Path, confidence: float = 0.95, threshold: float | None = None) -> pd.DataFrame | None:
+    """summary.parquet as `run` (or `results --out`) left it, when it holds these settings and was written
+    after the last point of the campaign finished: the aggregates are computed once per point and kept, and
+    readers (`compare`, `results --aggregate`) take them from there. None when it is missing or stale."""
+    from raysweep.ledger import LEDGER_FILE, Ledger, PointState
+
+    output_dir = Path(output_dir)
+    path = output_dir / "summary.parquet"
+    if not path.is_file() or not (output_dir / LEDGER_FILE).is_file():
+        return None
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        points = ledger.points()
+    finally:
+        ledger.close()
+    done = sum(1 for p in points if p.state == PointState.DONE)
+    last = max((p.ended_at or 0.0 for p in points), default=0.0)
+    if not done or path.stat().st_mtime < last:
+        return None
+    try:
+        summary = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - a damaged file is computed again
+        log.info("summary.parquet not read (%s): computed again", exc)
+        return None
+    attrs = summary.attrs
+    if attrs.get("confidence") != confidence or (threshold is not None and attrs.get("threshold") != threshold):
+        return None
+    if "runs_total" in summary.columns and int(summary["runs_total"].sum()) != done:
+        return None
+    return summary
 
 
 def _empty_parquet() -> bytes:

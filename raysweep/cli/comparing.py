@@ -64,8 +64,12 @@ def print_aggregates(output_dir: str, results: pd.DataFrame, formats: tuple[str,
     """Print the aggregates per point (`results --aggregate`), and write summary.* into `dest` when given."""
     from raysweep import aggregate, plots
 
+    from raysweep.results import kept_summary
+
     names = plots.split_list(noise_metrics) or None
-    summary = aggregate.summary_table(output_dir, confidence, threshold, results=results, noise_metrics=names)
+    kept = kept_summary(output_dir, confidence, threshold) if names is None else None  # as the run's end wrote it
+    summary = kept if kept is not None else aggregate.summary_table(output_dir, confidence, threshold,
+                                                                    results=results, noise_metrics=names)
     params = aggregate.summary_params(summary)
     summary = _sorted_by(summary, params)
     available = [c[: -len("_mean")] for c in summary.columns if c.endswith("_mean")]
