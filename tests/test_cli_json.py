@@ -189,3 +189,26 @@ def test_deprecated_spellings_still_work_with_a_warning(outdir, tmp_path):
     assert "--format is deprecated" in result.stderr and "--fig-format" in result.stderr
     result = CliRunner().invoke(main, ["pareto", str(outdir), "--fig-format", "pdf", "--out", str(tmp_path / "q")])
     assert result.exit_code == 0 and (tmp_path / "q" / "PARETO.pdf").is_file() and "is deprecated" not in result.output
+
+
+def test_kept_aggregates_are_used_only_while_fresh(tmp_path):
+    import time
+
+    from raysweep.ledger import Ledger
+    from raysweep.results import kept_summary, write_results
+
+    out = build_output_dir(tmp_path / "out")
+    assert kept_summary(out) is None                       # none written yet
+    write_results(out)                                     # as the campaign's end does
+    kept = kept_summary(out)
+    assert kept is not None and len(kept) == 16
+    assert kept_summary(out, confidence=0.9) is None       # other settings: computed again
+    time.sleep(0.05)
+    ledger = Ledger.open_existing(out)                     # a point finishes after the summary was written
+    try:
+        (failed,) = [p for p in ledger.points() if p.state == "failed"]
+        ledger.mark_running(failed.point_id, "srv-s8")
+        ledger.mark_done(failed.point_id, "points/s16/b128-1/run=0.json")
+    finally:
+        ledger.close()
+    assert kept_summary(out) is None
