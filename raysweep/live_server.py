@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 
 import ray
 
-from raysweep import fabric, placement, preflight, procs, telemetry, transport
+from raysweep import caches, fabric, placement, preflight, procs, telemetry, transport
 from raysweep.grid import shell_join
 from raysweep.ledger import Ledger, PointRow
 from raysweep.plan import ServeConfig
@@ -118,7 +119,15 @@ def record_startup(server: Server, ledger: Any) -> None:
         log.warning("server %s: its log could not be read for the phases of its start (%s)", server.server_id, exc)
         return
     server.startup = phases(text, row.started_at, row.ready_at)
-    ledger.update_server(server.server_id, startup=json.dumps(server.startup))
+    record: dict[str, Any] = {"compile_cache": caches.compile_cache_state(text)}  # it found compiled graphs?
+    try:  # where its compilation caches are and how big
+        info = ray.get(server.hosts[0].cache_info.remote(), timeout=60)
+    except ray.exceptions.RayError:
+        info = {}
+    if info.get("cache_dir"):
+        server.startup["startup_cache_mb"] = (info.get("cache_bytes") or 0) / 1e6
+        record["cache_dir"] = info["cache_dir"]
+    ledger.update_server(server.server_id, startup=json.dumps({**server.startup, **record}))
 
 
 @dataclass
@@ -252,6 +261,8 @@ class Servers:
     def __init__(self, work: Workload) -> None:
         self.work = work
         self.c = work.c
+        self._warm_lock = threading.Lock()
+        self._warmed: set[str] = set()  # nodes whose page cache holds the model (serve.warm_weights)
 
     def start(self, run: ConfigRun, runnable: list[PointRow]) -> Server | None:
         """A ready server for the run, or None: aborted, its host actors lost (`run.outcome` says so), or it
@@ -331,9 +342,11 @@ class Servers:
         server.nodes = [run.wait(h.node_info.remote(), 300)[1] for h in server.hosts]
         master = server.nodes[0]["node_ip"]
         port = run.wait(server.hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
+        self._warm_weights(run, server)
+        env = {**run.serve.env, **caches.cache_request(self.c, run.serve.env)}  # compilation caches
         for r, h in enumerate(server.hosts):
             base = follower_argv if r and follower_argv is not None else argv
-            ref = h.start.remote(rank_argv(base, lay, r, master, port), run.serve.env, serve_http and r == 0,
+            ref = h.start.remote(rank_argv(base, lay, r, master, port), env, serve_http and r == 0,
                                  self.c.transport.nccl_debug, PORT_RETRIES if lay.nnodes == 1 else 0)
             server.infos.append(run.wait(ref, 120)[1])
         head = server.infos[0]
@@ -350,6 +363,22 @@ class Servers:
             node_id=server.nodes[0]["node_id"], node_ip=master, port=head["port"], pid=head["pid"],
             pid_create_time=head["pid_create_time"], gpu_ids=server.nodes[0]["gpu_ids"], log_path=head["log_path"],
             ranks=json.dumps(server.rank_rows()), **process_columns(server.nodes, server.facts))
+
+    def _warm_weights(self, run: ConfigRun, server: Server) -> None:
+        """`serve.warm_weights`: the model's files read once per node, before the first server there."""
+        if self.c.serve is None or not self.c.serve.warm_weights:
+            return
+        model = expected_model(run.serve.argv)
+        with self._warm_lock:
+            todo = [(n, h) for n, h in zip(server.nodes, server.hosts) if n["node_id"] not in self._warmed]
+            self._warmed.update(n["node_id"] for n, _ in todo)
+        for node, h in todo:
+            done = run.wait(h.warm_model.remote(model or ""), 3600)[1]
+            log.info("weights of %s read into the page cache of %s: %.0f MB in %.1f s%s", model, node.get("hostname"),
+                     done["bytes"] / 1e6, done["seconds"], f" ({done['note']})" if done.get("note") else "")
+            self.work.ledger.add_event("weights_warmed", [run.serve.id], [node.get("hostname") or ""],
+                                       f"{model}: {done['bytes'] / 1e6:.0f} MB in {done['seconds']:.1f} s"
+                                       + (f" ({done['note']})" if done.get("note") else ""))
 
     def _topology(self, run: ConfigRun, server: Server) -> None:
         """Record `nvidia-smi topo -m` of every node with the server and warn about its tensor-parallel groups

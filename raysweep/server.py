@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import grid, guard, procs, provenance
+from raysweep import caches, grid, guard, procs, provenance
 from raysweep.validity import cpu_text
 from raysweep.placement import Layout
 
@@ -139,6 +139,8 @@ class ServerHost:
         self._log_offset = 0
         self.port_retries = 0  # starts lost to a port taken by someone else meanwhile
         self._max_port_retries = 0
+        self._cache_root: Path | None = None    # its compilation caches (raysweep.caches)
+        self._cache_remove: Path | None = None  # ... when they are its own, removed when it stops
         _remove_orphaned_state()
 
     def node_info(self) -> dict[str, Any]:
@@ -147,6 +149,15 @@ class ServerHost:
                 "gpu_ids": ",".join(str(g) for g in ctx.get_accelerator_ids().get("GPU", [])),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1}
+
+    def cache_info(self) -> dict[str, Any]:
+        """Where its compilation caches are and how many bytes they hold now (raysweep.caches)."""
+        return {"cache_dir": str(self._cache_root) if self._cache_root else None,
+                "cache_bytes": caches.dir_bytes(self._cache_root)}
+
+    def warm_model(self, path: str) -> dict[str, Any]:
+        """Read a local model directory once into this node's page cache (`serve.warm_weights`)."""
+        return caches.warm_files(path)
 
     def pick_port(self) -> int:
         """A free port on this node (for the rendezvous of a multi-node server)."""
@@ -161,6 +172,11 @@ class ServerHost:
         (someone outside raysweep bound it) is started again on another port by `wait_ready`, up to
         `port_retries` times, which is no failed attempt."""
         self._launch, self._max_port_retries = (list(argv), dict(env), serve_http, nccl_debug), port_retries
+        env = dict(env)
+        caches.remove(self._cache_remove)  # a start again after a lost port: fresh caches again
+        cache_env, self._cache_root, self._cache_remove = caches.node_dirs(env.pop(caches.CACHE_ENV, None),
+                                                                           self.server_id)
+        env = {**cache_env, **env}
         self.port = self._take_port() if serve_http else None
         full = procs.resolve_executable(server_argv(argv, self.ip, self.port) if serve_http else list(argv))
         extra = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -392,6 +408,8 @@ class ServerHost:
         left = procs.kill_tree(self.guard_pid, grace_s=5)
         code = self.exit_code()
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        caches.remove(self._cache_remove)
+        self._cache_remove = None
         port_free = self.port is None or procs.wait_for(lambda: procs.port_is_free(self.ip, self.port), 15)
         return {"exit_code": code, "left": left, "port_free": port_free}
 

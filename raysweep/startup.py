@@ -27,11 +27,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["PHASES", "by_config", "phases", "report_section", "summarize", "table_rows"]
+__all__ = ["PHASES", "by_config", "phases", "report_section", "start_rows", "summarize", "table_rows"]
 
 PHASES = ("startup_s", "startup_imports_s", "startup_process_s", "startup_engine_s", "startup_weights_s",
           "startup_kv_cache_s", "startup_compile_s", "startup_graph_capture_s", "startup_memory_profiling_s",
-          "startup_api_s")
+          "startup_api_s", "startup_cache_mb")
 
 _STAMP = re.compile(r"\b(?:INFO|WARNING|DEBUG|ERROR)\s+(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
 _MARKS = {  # the first line of each step
@@ -121,34 +121,54 @@ def summarize(starts: Iterable[dict[str, Any]]) -> dict[str, float]:
 _LABELS = {"startup_s": "ready", "startup_imports_s": "imports", "startup_process_s": "process",
            "startup_engine_s": "engine", "startup_weights_s": "weights", "startup_kv_cache_s": "profile+KV+compile",
            "startup_compile_s": "compile", "startup_graph_capture_s": "graphs",
-           "startup_memory_profiling_s": "mem profile", "startup_api_s": "API"}
+           "startup_memory_profiling_s": "mem profile", "startup_api_s": "API", "startup_cache_mb": "cache MB"}
 
 
-def by_config(servers: Iterable[Any]) -> dict[str, tuple[int, dict[str, float]]]:
-    """Per configuration (serve id) its recorded starts: how many, and the median of each phase."""
+def by_config(servers: Iterable[Any]) -> dict[str, tuple[int, dict[str, float], str]]:
+    """Per configuration (serve id) its recorded starts: how many, the median of each phase, and what they
+    did with compilation (`2 cold, 1 warm`: see `raysweep.caches.compile_cache_state`)."""
     import json
+    from collections import Counter
 
     starts: dict[str, list[dict[str, Any]]] = {}
     for s in servers:
         if getattr(s, "startup", None):
             starts.setdefault(s.serve_id, []).append(json.loads(s.startup))
-    return {sid: (len(rows), summarize(rows)) for sid, rows in starts.items()}
+    out = {}
+    for sid, rows in starts.items():
+        states = Counter(r.get("compile_cache") for r in rows if r.get("compile_cache"))
+        out[sid] = (len(rows), summarize(rows), ", ".join(f"{n} {state}" for state, n in sorted(states.items())))
+    return out
 
 
 def table_rows(servers: Iterable[Any]) -> tuple[list[str], list[list[str]]]:
     """The header and rows of the per-configuration table of starts (status, the report)."""
     per = by_config(servers)
-    keys = [k for k in PHASES if any(k in phases_ for _, phases_ in per.values())]
-    header = ["server config", "starts", *(f"{_LABELS[k]} (s)" for k in keys)]
-    rows = [[sid, str(n), *(f"{p[k]:.1f}" if k in p else "" for k in keys)] for sid, (n, p) in sorted(per.items())]
+    keys = [k for k in PHASES if any(k in phases_ for _, phases_, _ in per.values())]
+    header = ["server config", "starts", "compilation", *(_LABELS[k] + ("" if k.endswith("_mb") else " (s)")
+                                                         for k in keys)]
+    rows = [[sid, str(n), states or "-", *(f"{p[k]:.1f}" if k in p else "" for k in keys)]
+            for sid, (n, p, states) in sorted(per.items())]
     return header, rows
+
+
+def start_rows(servers: Iterable[Any]) -> list[list[str]]:
+    """One row per recorded start, in order: server, configuration, compilation (warm, cold, none), launch to
+    ready, the cache's size and where it is."""
+    import json
+
+    rows = []
+    for s in sorted((s for s in servers if getattr(s, "startup", None)), key=lambda s: s.started_at):
+        r = json.loads(s.startup)
+        rows.append([s.server_id, s.serve_id, r.get("compile_cache") or "-",
+                     f"{r['startup_s']:.1f}" if "startup_s" in r else "",
+                     f"{r['startup_cache_mb']:.1f}" if "startup_cache_mb" in r else "", r.get("cache_dir") or ""])
+    return rows
 
 
 def report_section(output_dir: Any) -> str | None:
     """The report's Server starts section: per configuration the median phases of its starts; None when no
     start recorded any."""
-    import html
-
     from raysweep.ledger import Ledger
 
     ledger = Ledger.open_existing(output_dir)
@@ -159,9 +179,20 @@ def report_section(output_dir: Any) -> str | None:
     header, rows = table_rows(servers)
     if not rows:
         return None
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
+    each = start_rows(servers)
+    warm = sum(r[2] == "warm" for r in each)
     return ("<p>Medians over each configuration's starts, from the server's own log: launch to ready, Python "
             "imports, the engine process, the weights, memory profiling with the KV cache, compilation and graph "
-            "capture (vLLM's own figures), and the API. Log time stamps count whole seconds (+-1 s).</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+            "capture (vLLM's own figures), and the API. Log time stamps count whole seconds (+-1 s). Compilation: "
+            "<em>warm</em> starts loaded compiled graphs from the campaign's shared cache, <em>cold</em> ones "
+            "compiled, <em>none</em> compiled nothing (eager).</p>" + _html_table(header, rows)
+            + f"<p>{len(each)} start(s), {warm} warm:</p>"
+            + _html_table(["server", "server config", "compilation", "ready (s)", "cache MB", "cache"], each))
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    import html
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

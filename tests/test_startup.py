@@ -70,10 +70,60 @@ def test_stamps_of_another_start_or_zone_are_left_out_and_no_log_gives_the_total
 
 
 def test_medians_per_configuration_and_the_table():
-    rows = [SimpleNamespace(serve_id="a", startup=json.dumps({"startup_s": s, "startup_compile_s": c}))
-            for s, c in ((40.0, 12.0), (30.0, 2.0), (32.0, 3.0))]
-    rows.append(SimpleNamespace(serve_id="b", startup=None))
-    assert startup.by_config(rows) == {"a": (3, {"startup_s": 32.0, "startup_compile_s": 3.0})}
+    rows = [SimpleNamespace(server_id=f"s{i}", serve_id="a", started_at=float(i), startup=json.dumps(
+        {"startup_s": s, "startup_compile_s": c, "compile_cache": state, "startup_cache_mb": 1.5, "cache_dir": "/c"}))
+        for i, (s, c, state) in enumerate(((40.0, 12.0, "cold"), (30.0, 2.0, "warm"), (32.0, 3.0, "warm")))]
+    rows.append(SimpleNamespace(server_id="t", serve_id="b", started_at=9.0, startup=None))
+    assert startup.by_config(rows) == {"a": (3, {"startup_s": 32.0, "startup_compile_s": 3.0,
+                                                 "startup_cache_mb": 1.5}, "1 cold, 2 warm")}
     header, table = startup.table_rows(rows)
-    assert header == ["server config", "starts", "ready (s)", "compile (s)"]
-    assert table == [["a", "3", "32.0", "3.0"]]
+    assert header == ["server config", "starts", "compilation", "ready (s)", "compile (s)", "cache MB"]
+    assert table == [["a", "3", "1 cold, 2 warm", "32.0", "3.0", "1.5"]]
+    assert [r[:4] for r in startup.start_rows(rows)] == [["s0", "a", "cold", "40.0"], ["s1", "a", "warm", "30.0"],
+                                                         ["s2", "a", "warm", "32.0"]]
+
+
+def test_compilation_caches_shared_per_campaign_fresh_per_server_or_the_users(tmp_path, monkeypatch):
+    from raysweep import caches
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    camp = SimpleNamespace(name="my campaign/1", serve=SimpleNamespace(share_caches=True))
+    assert caches.cache_request(camp, {}) == {caches.CACHE_ENV: "shared:my_campaign_1"}
+    assert caches.cache_request(camp, {"VLLM_CACHE_ROOT": "/mine"}) == {}  # the user's choice stays
+    env, root, remove = caches.node_dirs("shared:my_campaign_1", "srv")
+    assert root == tmp_path / ".cache" / "raysweep" / "my_campaign_1" and remove is None
+    assert env == {"VLLM_CACHE_ROOT": str(root / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+                   "TRITON_CACHE_DIR": str(root / "triton")}
+    assert caches.node_dirs("shared:my_campaign_1", "other")[0] == env  # every server of the campaign: the same
+    (root / "vllm" / "graph.bin").write_bytes(b"x" * 1000)
+    assert caches.dir_bytes(root) == 1000
+    camp.serve.share_caches = False
+    assert caches.cache_request(camp, {}) == {caches.CACHE_ENV: "fresh"}
+    env1, root1, remove1 = caches.node_dirs("fresh", "a")
+    env2, root2, _ = caches.node_dirs("fresh", "b")
+    assert root1 == remove1 and root1 != root2 and caches.dir_bytes(root1) == 0  # empty, its own
+    caches.remove(remove1)
+    assert not root1.exists() and root2.exists()
+    caches.remove(root2)
+    assert caches.node_dirs(None, "x") == ({}, None, None)
+
+
+def test_a_start_says_whether_it_found_compiled_graphs():
+    from raysweep import caches
+
+    assert caches.compile_cache_state("INFO [backends.py:296] Directly load the compiled graph(s) for compile "
+                                      "range (1, 2048) from the cache, took 0.52 s") == "warm"
+    assert caches.compile_cache_state("INFO [backends.py:399] Compiling a graph for compile range (1, 2048) "
+                                      "takes 9.10 s") == "cold"
+    assert caches.compile_cache_state("init engine (profile, create kv cache, warmup model) took 0.39 s") == "none"
+
+
+def test_weights_are_read_once_into_the_page_cache(tmp_path):
+    from raysweep import caches
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"w" * 3000)
+    (tmp_path / "m" / "config.json").write_text("{}")
+    done = caches.warm_files(str(tmp_path / "m"))
+    assert done["bytes"] == 3002 and done["seconds"] >= 0
+    assert caches.warm_files("org/model")["bytes"] == 0  # a hub name: left to the server

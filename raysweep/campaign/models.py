@@ -82,6 +82,12 @@ class ServeSpec(_Strict):
                                          "`vllm serve` (default: tensor_parallel_size x pipeline_parallel_size)")
     cpu_affinity: list[int] | str | None = Field(None, description="CPU ids the server process and everything it "
                                                  "starts run on, on each of its nodes (e.g. [0] or \"0-3\")")
+    share_caches: bool = Field(True, description="servers of the campaign on one node share vLLM's, Inductor's and "
+                               "Triton's compilation caches (~/.cache/raysweep/<campaign>); false: every server "
+                               "starts with empty caches of its own, removed when it stops (a clean cold-start "
+                               "study); a VLLM_CACHE_ROOT in serve.env is kept either way")
+    warm_weights: bool = Field(False, description="read the model's files once per node before its first server "
+                               "there, so that starts read them from the page cache (a local model directory only)")
 
     @field_validator("cmd")
     @classmethod

@@ -1,0 +1,104 @@
+"""The start of a second server configuration of the same model on a node, against the cold start.
+
+The real vLLM CPU build serves the tiny dummy-weight Llama (`raysweep tiny-model`) with compilation on (no
+`--enforce-eager`). Campaign 1 starts two configurations one after the other (`max_num_seqs` 8, then 16) on
+this machine with `serve.share_caches: true` and a campaign name never used before, so its shared
+compilation caches (~/.cache/raysweep/<name>) start empty: the first start is cold, the second finds the
+graphs the first compiled. Campaign 2, the same name in another output dir, starts `max_num_seqs` 8 again:
+warm from the same configuration. Each start's phases come from raysweep's own record of it (the ledger's
+servers rows, `raysweep.startup`). Target (issue 28): the second configuration's start at most 60 % of the
+cold one.
+
+    .venv/bin/python benchmarks/bench_warm_start.py [--keep]
+
+Writes benchmarks/results/warm-start.md and .json; the shared cache directory is removed at the end unless
+`--keep`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+OUT = REPO / "benchmarks" / "results"
+SERVE = "--load-format dummy --max-model-len 1024 --dtype bfloat16 --gpu-memory-utilization 0.2"
+PHASES = ("startup_s", "startup_imports_s", "startup_process_s", "startup_engine_s", "startup_weights_s",
+          "startup_kv_cache_s", "startup_compile_s", "startup_api_s", "startup_cache_mb")
+ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_HOST_IP": "127.0.0.1",
+       "RAY_AUTH_MODE": "disabled"}
+
+
+def campaign(work: Path, name: str, out: str, model: Path, seqs: list[int]) -> Path:
+    f = work / f"{out}.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": name, "output_dir": str(work / out), "runs": 1,
+        "serve": {"cmd": f"vllm serve {model} {SERVE}", "share_caches": True, "ready_timeout_s": 600,
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"},
+                  "params": {"grid": {"max_num_seqs": seqs}}},
+        "bench": {"cmd": f"vllm bench serve --model {model} --dataset-name random --random-input-len 16 "
+                         "--random-output-len 4 --num-prompts 4 --max-concurrency 2"}}))
+    return f
+
+
+def starts(output_dir: Path) -> list[dict]:
+    con = sqlite3.connect(f"file:{output_dir / 'ledger.sqlite'}?mode=ro", uri=True)
+    con.row_factory = sqlite3.Row
+    rows = con.execute("SELECT server_id, serve_id, started_at, startup FROM servers ORDER BY started_at").fetchall()
+    con.close()
+    return [{"server_id": r["server_id"], "serve_id": r["serve_id"], **json.loads(r["startup"] or "{}")} for r in rows]
+
+
+def run(f: Path) -> None:
+    proc = subprocess.run([str(BIN / "raysweep"), "run", str(f)], env={**os.environ, **ENV}, capture_output=True,
+                          text=True, timeout=1800)
+    if proc.returncode != 0:
+        sys.exit(f"raysweep run {f} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keep", action="store_true", help="keep the shared cache directory")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rs-warm-"))
+    model = work / "tiny-llama"
+    subprocess.run([str(BIN / "raysweep"), "tiny-model", str(model)], check=True, capture_output=True)
+    name = f"warm-start-{int(time.time())}"
+    run(campaign(work, name, "first", model, [8, 16]))
+    run(campaign(work, name, "again", model, [8]))
+    rows = starts(work / "first") + starts(work / "again")
+    labels = ["cold (first configuration, empty caches)", "second configuration (max_num_seqs 16)",
+              "same configuration again (max_num_seqs 8)"]
+    cold = rows[0]["startup_s"]
+    lines = ["| start | compilation | " + " | ".join(p.removeprefix("startup_") for p in PHASES) + " | of cold |",
+             "|---|---|" + "---|" * len(PHASES) + "---|"]
+    for label, r in zip(labels, rows, strict=True):
+        lines.append(f"| {label} | {r.get('compile_cache', '-')} | "
+                     + " | ".join(f"{r[p]:.1f}" if p in r else "" for p in PHASES)
+                     + f" | {100 * r['startup_s'] / cold:.0f} % |")
+    cache = rows[0].get("cache_dir")
+    header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores; vLLM CPU build, tiny "
+              f"dummy-weight Llama, compilation on; phases in seconds (log time stamps +-1 s), cache in MB ({cache})")
+    text = "\n".join([f"# Warm starts\n\n{header}\n", *lines, ""])
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "warm-start.md").write_text(text)
+    (OUT / "warm-start.json").write_text(json.dumps({"header": header, "starts": rows}, indent=2))
+    print(text)
+    if cache and not args.keep:
+        shutil.rmtree(Path(cache), ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
