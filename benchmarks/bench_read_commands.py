@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import math
 import os
 import random
 import shutil
@@ -198,7 +196,8 @@ def record(table: str) -> None:
     section = text[start:end]
     t0, t1 = section.find("\n| command |"), section.find("\n\n", section.find("\n| command |"))
     day = datetime.date.today().isoformat()
-    new = section[:t0] + "\n" + table + f"\n\nRecorded {day} on this VM (2 cores)." + section[t1:] if t0 >= 0 else section
+    stamp = f"\n\nRecorded {day} on this VM (2 cores)."
+    new = section[:t0] + "\n" + table + stamp + section[t1:] if t0 >= 0 else section
     path.write_text(text[:start] + new + text[end:])
 
 

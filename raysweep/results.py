@@ -70,7 +70,8 @@ def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet",
     return written
 
 
-def kept_summary(output_dir: str | Path, confidence: float = 0.95, threshold: float | None = None) -> pd.DataFrame | None:
+def kept_summary(output_dir: str | Path, confidence: float = 0.95,
+                 threshold: float | None = None) -> pd.DataFrame | None:
     """summary.parquet as `run` (or `results --out`) left it, when it holds these settings and was written
     after the last point of the campaign finished: the aggregates are computed once per point and kept, and
     readers (`compare`, `results --aggregate`) take them from there. None when it is missing or stale."""

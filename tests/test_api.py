@@ -11,10 +11,10 @@ from pathlib import Path
 
 import matplotlib
 import pytest
+from test_cli_json import bench_module
 
 import raysweep
 from raysweep.errors import UserError
-from test_cli_json import bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 

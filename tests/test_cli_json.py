@@ -15,11 +15,11 @@ from typing import Any
 import jsonschema
 import pytest
 from click.testing import CliRunner
+from test_plots import build_output_dir
 
 from raysweep import report
 from raysweep.cli import main
 from raysweep.cli.jsonout import JSON_COMMANDS, jsonable, schema
-from test_plots import build_output_dir
 
 ROOT = Path(__file__).parent.parent
 
@@ -115,7 +115,8 @@ def test_a_finished_campaign_run_again_answers_without_ray(tmp_path):
     bench = bench_module()
     cfile = bench.build_stub(tmp_path / "stub", 36)
     code = ("import sys, json; from raysweep.cli import main\n"
-            "try:\n    main(['run', sys.argv[1], '--json'])\nexcept SystemExit as e:\n    assert e.code in (0, None), e\n"
+            "try:\n    main(['run', sys.argv[1], '--json'])\n"
+            "except SystemExit as e:\n    assert e.code in (0, None), e\n"
             "assert 'ray' not in sys.modules, 'ray was imported'")
     done = subprocess.run([sys.executable, "-c", code, str(cfile)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

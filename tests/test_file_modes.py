@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_plots import build_output_dir
 
 from raysweep import storage
 from raysweep.cli import main
 from raysweep.files import file_mode, write_json_atomic
 from raysweep.results import write_samples
-from test_plots import build_output_dir
 
 
 @pytest.fixture(params=[0o022, 0o027])

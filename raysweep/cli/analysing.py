@@ -9,8 +9,16 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import (EXISTING_OUTPUT_DIR, _figure_dir, _print_paths, _say, fig_format_option, main, out,
-                                  print_table)
+from raysweep.cli._common import (
+    EXISTING_OUTPUT_DIR,
+    _figure_dir,
+    _print_paths,
+    _say,
+    fig_format_option,
+    main,
+    out,
+    print_table,
+)
 from raysweep.cli.jsonout import emit, json_option
 from raysweep.errors import UserError
 

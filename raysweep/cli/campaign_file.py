@@ -48,10 +48,9 @@ def validate(campaign_files: tuple[str, ...], as_json: bool) -> None:
 
 
 def _check(campaign_file: str) -> dict[str, Any]:
+    from raysweep.bench.checks import check_data_files
     from raysweep.campaign import load_campaign
     from raysweep.plan import build_plan
-
-    from raysweep.bench.checks import check_data_files
 
     try:
         plan = build_plan(load_campaign(campaign_file))

@@ -63,7 +63,6 @@ def print_aggregates(output_dir: str, results: pd.DataFrame, formats: tuple[str,
                      dest: Path | None = None, as_json: bool = False, written: list[Path] | None = None) -> None:
     """Print the aggregates per point (`results --aggregate`), and write summary.* into `dest` when given."""
     from raysweep import aggregate, plots
-
     from raysweep.results import kept_summary
 
     names = plots.split_list(noise_metrics) or None

@@ -79,7 +79,8 @@ def sla(output_dir: str, out_path: str | None, as_json: bool) -> None:
         raise UserError(f"{output_dir}: no SLA search has finished here (does the campaign have `sla:`?)")
     path = write_text_atomic(Path(out_path), df.to_csv(index=False)) if out_path else None
     if as_json:
-        emit("sla", {"output_dir": output_dir, "searches": df.to_dict(orient="records"), "written": [path] * bool(path)})
+        emit("sla", {"output_dir": output_dir, "searches": df.to_dict(orient="records"),
+                     "written": [path] if path else []})
         return
     table = Table("server config", "bench point", "target", "state", "largest pass", "smallest fail", "probes",
                   "at pass: req/s", "notes")

@@ -13,6 +13,7 @@ from rich.table import Table
 from raysweep.cli._common import console, deprecated_alias, main, out
 from raysweep.errors import UserError
 
+
 def _JOB_ADDRESS(f: Any) -> Any:
     """`--dashboard-url`, the job server; `--address` (which names the GCS in `run` and `resume`) is kept for one
     release as a deprecated alias."""

@@ -186,9 +186,8 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
     if finished is not None:  # nothing left to run: answered from the files; Ray is not even imported
         _answer_finished(spec, output_dir, finished, as_json)
         return
-    from raysweep import recovery
+    from raysweep import recovery, tracking
     from raysweep.driver import open_campaign, ray_session, run_campaign
-    from raysweep import tracking
     from raysweep.endpoint import check_endpoints, is_endpoint_campaign
     from raysweep.results import write_results
 

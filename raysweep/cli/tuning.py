@@ -23,9 +23,9 @@ from raysweep.errors import UserError
 def tune(output_dir: str, top: int | None, csv_out: str | None, as_json: bool) -> None:
     """The candidates of a tuning campaign, best first: objective, state, parameters, GPU-hours, the
     validity of their runs and their SLA verdicts."""
+    from raysweep.campaign import TuneSpec
     from raysweep.ledger import Ledger
     from raysweep.tune import leaderboard, objective_names
-    from raysweep.campaign import TuneSpec
 
     ledger = Ledger.open_existing(output_dir)
     try:
