@@ -25,12 +25,12 @@ import threading
 import time
 from typing import Any
 
+from raysweep.validity import THROTTLED_FRACTION  # a point is marked `throttled` above this fraction of samples
+
 __all__ = ["FAKE_ENV", "THROTTLE_REASONS", "THROTTLED_FRACTION", "FileNvml", "Sampler", "load_nvml", "summarise",
            "throttled"]
 
 log = logging.getLogger(__name__)
-
-from raysweep.validity import THROTTLED_FRACTION  # a point is marked `throttled` above this fraction of samples
 
 FAKE_ENV = "RAYSWEEP_FAKE_NVML"
 MAX_SAMPLES = 20_000       # per node: about 2.8 h at the default 0.5 s per sample for 1 GPU

@@ -225,7 +225,7 @@ def link_table(lines_per_rank: list[list[str]]) -> tuple[list[dict[str, object]]
             row["detail"].add(lk.detail)  # type: ignore[attr-defined]
             row["channels"].add(lk.channel)  # type: ignore[attr-defined]
     rank_rows = []
-    for (src, dst), row in sorted(pairs.items()):
+    for _pair, row in sorted(pairs.items()):
         kinds = sorted(row.pop("kinds"), key=lambda k: RANK.get(k, 4))  # type: ignore[call-overload]
         rank_rows.append({**row, "kind": kinds[0], "channels": len(row["channels"]),  # type: ignore[arg-type]
                           "detail": ", ".join(sorted(row["detail"]))})  # type: ignore[call-overload]
