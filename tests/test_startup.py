@@ -127,3 +127,85 @@ def test_weights_are_read_once_into_the_page_cache(tmp_path):
     done = caches.warm_files(str(tmp_path / "m"))
     assert done["bytes"] == 3002 and done["seconds"] >= 0
     assert caches.warm_files("org/model")["bytes"] == 0  # a hub name: left to the server
+
+
+# ---------------------------------------------------------------------------------------------------
+# mode: startup, a sweep of `vllm bench startup` over engine parameters
+# ---------------------------------------------------------------------------------------------------
+
+def _startup_campaign(tmp_path, **extra) -> object:
+    import yaml
+
+    f = tmp_path / "startup.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "st", "output_dir": str(tmp_path / "out"), "mode": "startup", "runs": 2,
+        "offline": {"cmd": "vllm bench startup --model m --num-iters-cold 2 --num-iters-warmup 1 --num-iters-warm 2",
+                    "params": {"grid": {"max_num_seqs": [8, 16]}}}, **extra}))
+    return f
+
+
+def test_a_startup_campaign_is_a_plan_of_startup_runs_and_refuses_bench_parameters(tmp_path):
+    import pytest
+    from click.testing import CliRunner
+
+    from raysweep.campaign import load_campaign
+    from raysweep.cli import main
+    from raysweep.errors import CampaignError
+    from raysweep.plan import build_plan
+
+    spec = load_campaign(_startup_campaign(tmp_path))
+    plan = build_plan(spec)
+    assert spec.offline and len(plan.serves) == 2 and len(plan.points) == 4
+    assert all("--max-num-seqs" in s.argv and s.argv[:3] == ["vllm", "bench", "startup"] for s in plan.serves)
+    f = _startup_campaign(tmp_path, bench={"params": {"grid": {"max_concurrency": [1, 2]}}})
+    with pytest.raises(CampaignError) as err:
+        load_campaign(f)
+    assert err.value.field == "bench" and "mode startup" in str(err.value)
+    res = CliRunner().invoke(main, ["run", str(f)])
+    assert res.exit_code == 2 and "bench" in res.output and not (tmp_path / "out").exists()
+    import yaml
+
+    data = yaml.safe_load(f.read_text())
+    data.pop("bench")
+    data["offline"]["cmd"] = "vllm bench latency --model m"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(CampaignError, match="^offline.cmd: mode startup runs `vllm bench startup"):
+        load_campaign(f)
+
+
+def test_startup_results_are_read_from_vllms_json():
+    from raysweep.bench.offline import parse_result
+
+    data = {"avg_cold_startup_time": 30.0, "cold_startup_times": [29.0, 31.0],
+            "cold_startup_percentiles": {"50": 30.0}, "avg_cold_compilation_time": 10.0,
+            "cold_compilation_times": [10.0, 10.0], "avg_warm_startup_time": 20.0, "warm_startup_times": [20.0, 20.0],
+            "avg_warm_compilation_time": 1.0, "warm_compilation_times": [1.5, 0.5]}
+    res = parse_result("startup", json.dumps(data))
+    assert res["offline_kind"] == "startup"
+    assert (res["cold_startup_s"], res["cold_startup_iters"], res["warm_startup_s"]) == (30.0, 2, 20.0)
+    assert abs(res["cold_startup_std_s"] - 2 ** 0.5) < 1e-9 and res["warm_compilation_max_s"] == 1.5
+    assert not any(isinstance(v, (list, dict)) for v in res.values())
+
+
+def test_a_startup_sweep_of_the_real_vllm_and_the_phases_of_real_server_starts(tiny_model, gpu_cluster, tmp_path):
+    """`mode: startup` runs the real `vllm bench startup` (one cold and one warm start each) for two
+    max_num_seqs on the session cluster; the results hold both, the summary aggregates them."""
+    import yaml
+    from helpers import run_file
+
+    from raysweep.results import results_table
+
+    f = tmp_path / "startup.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "st", "output_dir": str(tmp_path / "out"), "mode": "startup", "runs": 1,
+        "offline": {"cmd": f"vllm bench startup --model {tiny_model} --load-format dummy --max-model-len 512 "
+                           "--dtype bfloat16 --enforce-eager --num-iters-cold 1 --num-iters-warmup 0 "
+                           "--num-iters-warm 1",
+                    "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"},
+                    "timeout_s": 900, "params": {"grid": {"max_num_seqs": [8, 16]}}}}))
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 2, summary.counts
+    df = results_table(out)
+    assert sorted(df["max_num_seqs"]) == [8, 16] and set(df["offline_kind"]) == {"startup"}
+    assert (df["cold_startup_s"] > 0).all() and (df["warm_startup_s"] > 0).all()
+    assert (df["cold_startup_iters"] == 1).all() and (df["warm_startup_iters"] == 1).all()

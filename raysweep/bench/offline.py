@@ -25,7 +25,7 @@ from raysweep.errors import CampaignError
 
 __all__ = ["KINDS", "BENCH_ONLY_FLAGS", "offline_argv", "offline_kind", "parse_result", "worker_argv"]
 
-KINDS = ("throughput", "latency")
+KINDS = ("throughput", "latency", "startup")
 # The options of `vllm bench throughput|latency` that are not engine options (vLLM 0.32): a follower node
 # runs `vllm serve MODEL --headless` with the engine options only. Switches take no value.
 _BENCH_SWITCHES = frozenset((
@@ -50,7 +50,8 @@ def offline_kind(argv: list[str]) -> str:
             break
         if tok in KINDS:
             return tok
-    raise CampaignError("offline.cmd", f"must be `vllm bench throughput ...` or `vllm bench latency ...` "
+    raise CampaignError("offline.cmd", f"must be `vllm bench throughput ...` or `vllm bench latency ...` (or "
+                                       "`vllm bench startup ...`) "
                                        f"(got {grid.shell_join(argv[:4])} ...)")
 
 
@@ -93,9 +94,32 @@ def parse_result(kind: str, json_text: str, log_text: str = "") -> dict[str, Any
     res: dict[str, Any] = {"offline_kind": kind, **{k: v for k, v in data.items() if k != "latencies"}}
     if kind == "throughput":
         res.update(_throughput(data, log_text))
+    elif kind == "startup":
+        res = {"offline_kind": kind, **_startup(data)}
     else:
         res.update(_latency(data))
     return res
+
+
+def _startup(data: dict[str, Any]) -> dict[str, Any]:
+    """`vllm bench startup`'s JSON: per phase (cold, warm) and metric (startup, compilation, encoder
+    compilation) the mean over its iterations, their spread and count, in seconds: `cold_startup_s`,
+    `cold_startup_std_s`, `cold_startup_iters`, `warm_compilation_s`, ..."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        m = re.fullmatch(r"avg_(cold|warm)_(startup|compilation|encoder_compilation)_time", key)
+        if m is None:
+            continue
+        name = f"{m.group(1)}_{m.group(2)}"
+        times = [float(t) for t in data.get(f"{name}_times") or []]
+        out[f"{name}_s"] = float(value)
+        out[f"{name}_iters"] = len(times)
+        if len(times) > 1:
+            out[f"{name}_std_s"] = statistics.stdev(times)
+            out[f"{name}_min_s"], out[f"{name}_max_s"] = min(times), max(times)
+    if not out:
+        raise ValueError("no avg_cold_startup_time or avg_warm_startup_time in the result JSON")
+    return out
 
 
 def _throughput(data: dict[str, Any], log_text: str) -> dict[str, Any]:

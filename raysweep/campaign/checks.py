@@ -8,6 +8,7 @@ own check with `register_check`, so the schema knows nothing of it.
 from __future__ import annotations
 
 import importlib
+import shlex
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -77,9 +78,24 @@ def _check_mode(campaign: Campaign) -> None:
                                        "--model MODEL --dataset-name random}`")
     for part in ("serve", "bench", "sla", "tune"):
         if getattr(campaign, part) is not None:
-            raise CampaignError(part, "has no meaning in mode offline (no server runs); remove it, or use mode serve")
+            raise CampaignError(part, f"has no meaning in mode {campaign.mode} (no server runs"
+                                + ("; a startup sweep's parameters are the engine's, in offline.params" if
+                                   campaign.mode == "startup" else "") + "); remove it, or use mode serve")
     if campaign.link:
-        raise CampaignError("link", "has no meaning in mode offline (there are no bench parameters to link to)")
+        raise CampaignError("link", f"has no meaning in mode {campaign.mode} (there are no bench parameters to "
+                                    "link to)")
+    _check_startup_mode(campaign)
+
+
+def _check_startup_mode(campaign: Campaign) -> None:
+    """`mode: startup` runs `vllm bench startup` (raysweep.startup); that command in mode offline too."""
+    from raysweep.bench.offline import offline_kind
+
+    assert campaign.offline is not None
+    kind = offline_kind(shlex.split(campaign.offline.cmd))
+    if campaign.mode == "startup" and kind != "startup":
+        raise CampaignError("offline.cmd", f"mode startup runs `vllm bench startup --model MODEL ...` (got `vllm "
+                                           f"bench {kind}`); use mode offline for it")
 
 
 def _check_endpoints(campaign: Campaign) -> None:

@@ -82,7 +82,7 @@ class CampaignSpec:
     @property
     def offline(self) -> bool:
         """An offline sweep: each point runs `serve_argv` (the offline command) to its end, no server."""
-        return self.campaign.mode == "offline"
+        return self.campaign.mode in ("offline", "startup")  # startup: `vllm bench startup`, an offline command
 
     @property
     def gpus_per_replica(self) -> int | None:

@@ -417,8 +417,9 @@ class Campaign(_Strict):
     warmup: int = Field(0, ge=0, description="prompts run once after every server start, not recorded")
     continue_on_error: bool = Field(True, description="record failures and go on instead of stopping")
     max_attempts: int = Field(2, ge=1, description="attempts per point before it stays failed")
-    mode: Literal["serve", "offline"] = Field("serve", description="serve: a server per config, benchmarked "
-                                              "by clients; offline: `vllm bench throughput|latency` per point")
+    mode: Literal["serve", "offline", "startup"] = Field(
+        "serve", description="serve: a server per config, benchmarked by clients; offline: `vllm bench "
+        "throughput|latency` per point; startup: `vllm bench startup` per point (cold and warm starts)")
     serve: ServeSpec | None = Field(None, description="the server (mode serve)")
     bench: BenchSpec | None = Field(None, description="the benchmark against it (mode serve)")
     offline: OfflineSpec | None = Field(None, description="the offline benchmark (mode offline)")

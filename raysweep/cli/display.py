@@ -115,6 +115,9 @@ class _ProgressDisplay:
             r = data["result"]
             if r.get("offline_kind") == "latency":
                 figures = f"mean latency {r.get('mean_latency_ms', float('nan')):.1f} ms"
+            elif r.get("offline_kind") == "startup":
+                figures = (f"cold start {r.get('cold_startup_s', float('nan')):.1f} s, warm "
+                           f"{r.get('warm_startup_s', float('nan')):.1f} s")
             elif r.get("offline_kind") == "throughput":
                 figures = (f"{r.get('request_throughput', 0):.2f} req/s, "
                            f"{r.get('total_token_throughput', 0):.1f} tok/s")
