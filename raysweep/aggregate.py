@@ -49,6 +49,9 @@ NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_through
                  "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms",
                  "mean_e2el_ms", "median_e2el_ms")
 STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
+# `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
+STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
+                   "cold_encoder_compilation_s", "warm_encoder_compilation_s")
 SUMMARY_FORMATS = ("parquet", "csv")
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_RESAMPLES = 1000
@@ -88,7 +91,8 @@ def headline_metrics(df: pd.DataFrame) -> list[str]:
         stat = {"mean": -2.0, "median": -1.0}.get(m.group(1), float(m.group(2) or 0))
         return _LATENCY_ORDER.index(m.group(3)), stat
 
-    return [c for c in HEADLINE_RATES if has(c)] + sorted(latency, key=order)
+    return [c for c in HEADLINE_RATES if has(c)] + sorted(latency, key=order) + [c for c in STARTUP_METRICS
+                                                                                if has(c)]
 
 
 def point_keys(df: pd.DataFrame, params: Sequence[str] | None = None) -> list[str]:

@@ -209,3 +209,16 @@ def test_a_startup_sweep_of_the_real_vllm_and_the_phases_of_real_server_starts(t
     assert sorted(df["max_num_seqs"]) == [8, 16] and set(df["offline_kind"]) == {"startup"}
     assert (df["cold_startup_s"] > 0).all() and (df["warm_startup_s"] > 0).all()
     assert (df["cold_startup_iters"] == 1).all() and (df["warm_startup_iters"] == 1).all()
+
+
+def test_the_summary_aggregates_startup_runs():
+    import pandas as pd
+
+    from raysweep.aggregate import summarize
+
+    df = pd.DataFrame({"serve_id": ["a"] * 3 + ["b"] * 3, "bench_id": ["o"] * 6, "max_num_seqs": [8] * 3 + [16] * 3,
+                       "run": [0, 1, 2] * 2, "cold_startup_s": [30.0, 32.0, 34.0, 40.0, 41.0, 42.0],
+                       "warm_startup_s": [20.0, 21.0, 22.0, 25.0, 25.0, 25.0]})
+    s = summarize(df).set_index("serve_id")
+    assert s.loc["a", "cold_startup_s_mean"] == 32.0 and s.loc["b", "warm_startup_s_std"] == 0.0
+    assert s.loc["a", "cold_startup_s_ci_low"] < 32.0 < s.loc["a", "cold_startup_s_ci_high"]
