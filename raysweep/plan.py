@@ -360,7 +360,7 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
                        "each point, the others are added one at a time")]
     from raysweep.workload_levels import dry_run_lines as workload_lines
 
-    lines += ["", *workload_lines(plan.spec)] if workload_lines(plan.spec) else []
+    lines += ["", *workload_lines(plan.spec, len(plan.points))] if workload_lines(plan.spec) else []
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]
     if c.sla is not None:

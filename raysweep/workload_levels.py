@@ -291,18 +291,19 @@ def settle_all(work: Any) -> int:
     return added
 
 
-def dry_run_lines(spec: Any) -> list[str]:
-    """What the dry run says of the levels."""
+def dry_run_lines(spec: Any, endpoint_runs: int = 0) -> list[str]:
+    """What the dry run says of the levels; `endpoint_runs`: the serial and batch runs the plan holds."""
     wl = workload_of(spec.campaign)
     if wl is None:
         return []
     inner = wl.levels - 2
+    more = f"; at most {endpoint_runs // 2 * inner} more run(s)" if endpoint_runs and inner else ""
     what = ("request throughput" if wl.variable == "request_rate"
             else "request throughput x mean E2EL (the requests kept in flight)")
     return [f"Workload levels: per server config and bench point, the serial point (max_concurrency 1) and the "
             f"batch point (max_concurrency = num_prompts) run first; {inner} level(s) of {wl.variable} between "
             f"what they achieve ({what}) are decided after the serial and batch points, as vLLM's serve_workload "
-            "decides them (fewer when the range is narrow)"]
+            f"decides them (fewer when the range is narrow){more}"]
 
 
 def status_lines(rows: list[dict[str, Any]], stored: dict[str, Any]) -> list[str]:

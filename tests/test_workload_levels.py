@@ -121,7 +121,7 @@ def test_plan_holds_serial_and_batch_points_and_the_dry_run_says_levels_come_lat
     text = dry_run_text(work.plan)
     assert "x 2 (serial, batch) x 1 run(s) = 2 run(s) to start with" in text
     assert "4 level(s) of max_concurrency between what they achieve" in text
-    assert "decided after the serial and batch points" in text
+    assert "decided after the serial and batch points" in text and "at most 4 more run(s)" in text
     assert "--max-concurrency 1" in text and "--max-concurrency 10" in text
 
 
