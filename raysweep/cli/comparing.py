@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
 from raysweep.cli._common import _print_paths, _say, fig_format_option, main, out, print_table
 from raysweep.cli.jsonout import emit, json_option
 from raysweep.errors import UserError, unknown_names
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _SHOWN = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
 _VERDICT_STYLE = {"better": "green", "worse": "red", "not shown": "yellow", "not judged": "dim",
@@ -34,6 +36,8 @@ def _num(value: Any) -> str:
 
 def _sorted_by(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """Rows in the order of their parameter values (numbers as numbers, then text)."""
+    import pandas as pd
+
     cols = [c for c in columns if c in df.columns]
     if not cols or df.empty:
         return df
@@ -62,6 +66,8 @@ def print_aggregates(output_dir: str, results: pd.DataFrame, formats: tuple[str,
                      threshold: float, noise_metrics: str | None, metrics: str | None = None,
                      dest: Path | None = None, as_json: bool = False, written: list[Path] | None = None) -> None:
     """Print the aggregates per point (`results --aggregate`), and write summary.* into `dest` when given."""
+    import pandas as pd
+
     from raysweep import aggregate, plots
     from raysweep.results import kept_summary
 
@@ -102,6 +108,8 @@ def print_aggregates(output_dir: str, results: pd.DataFrame, formats: tuple[str,
 
 def _summary_document(output_dir: str, summary: pd.DataFrame, params: list[str], metrics: list[str],
                       confidence: float, threshold: float, paths: list[Path], notes: list[str]) -> dict[str, Any]:
+    import pandas as pd
+
     points = []
     for _, r in summary.iterrows():
         points.append({
