@@ -612,10 +612,12 @@ class Ledger:
     # -- bench.workload (raysweep.workload_levels) -----------------------------------------------------
 
     def record_workload_levels(self, serve_id: str, bench_id: str, variable: str, serial: float | None,
-                               batch: float | None, levels: list[int], state: str) -> None:
-        """The load levels decided for a bench point of a configuration; the first decision stays."""
+                               batch: float | None, levels: list[int], state: str, replace: bool = False) -> None:
+        """The load levels decided for a bench point of a configuration; the first decision stays (unless
+        `replace`: endpoints that failed and ran again later)."""
         with self._tx() as c:
-            c.execute("INSERT OR IGNORE INTO workload_levels VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+            c.execute(f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO workload_levels "
+                      "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
                       (serve_id, bench_id, variable, serial, batch, json.dumps([int(v) for v in levels]), state,
                        time.time()))
 

@@ -219,8 +219,10 @@ def settle(work: Any, serve: Any, bench: Any) -> list[Any]:
     if _precision_open(work, serve.id, ends):
         return []
     recorded = work.ledger.workload_levels(serve.id, base.id)
-    if recorded is None:
-        recorded = _decide(work, serve, base, rows, wl)
+    again = recorded is not None and recorded["state"] == NO_ENDPOINTS and all(
+        any(r.state == "done" for r in rs) for rs in rows.values())  # failed endpoints that ran again since
+    if recorded is None or again:
+        recorded = _decide(work, serve, base, rows, wl, replace=again)
     runs = _level_runs(work.plan, serve, base, recorded["levels"])
     if not runs:
         return []
@@ -242,7 +244,8 @@ def _precision_open(work: Any, serve_id: str, ends: list[Any]) -> bool:
     return any(states.get((serve_id, b.id)) in (None, "measuring") for b in ends)
 
 
-def _decide(work: Any, serve: Any, base: Any, rows: dict[str, list[Any]], wl: WorkloadSpec) -> dict[str, Any]:
+def _decide(work: Any, serve: Any, base: Any, rows: dict[str, list[Any]], wl: WorkloadSpec,
+            replace: bool = False) -> dict[str, Any]:
     serial = [achieved(r, wl.variable) for r in _records(work, rows[SERIAL])]
     batch = [achieved(r, wl.variable) for r in _records(work, rows[BATCH])]
     if not serial or not batch:
@@ -251,7 +254,7 @@ def _decide(work: Any, serve: Any, base: Any, rows: dict[str, list[Any]], wl: Wo
                     base.id, "serial" if not serial else "batch")
     else:
         lo, hi, levels = levels_between(serial, batch, wl.levels)
-        work.ledger.record_workload_levels(serve.id, base.id, wl.variable, lo, hi, levels, DECIDED)
+        work.ledger.record_workload_levels(serve.id, base.id, wl.variable, lo, hi, levels, DECIDED, replace=replace)
         log.info("server config %s, bench %s: serial %s=%d, batch %s=%d; levels %s", serve.id, base.id,
                  wl.variable, lo, wl.variable, hi, levels)
     recorded = work.ledger.workload_levels(serve.id, base.id)  # the first writer's, should two have decided

@@ -175,6 +175,11 @@ def test_endpoints_that_failed_decide_no_level(tmp_path):
     assert wl.settle(work, serial.serve, batch.bench) == []
     row = work.ledger.workload_levels(serial.serve.id, work.plan.benches[0].id)
     assert row is not None and row["state"] == "endpoints failed" and row["levels"] == []
+    assert work.ledger.retry_failed() == 1  # `--retry-failed`: the batch point runs again and succeeds
+    _finish(work, batch.id, 5.0, 1000.0)
+    levels = wl.settle(work, serial.serve, batch.bench)
+    row = work.ledger.workload_levels(serial.serve.id, work.plan.benches[0].id)
+    assert row is not None and row["state"] == "decided" and row["batch"] == 5 and len(levels) == len(row["levels"]) > 0
 
 
 def test_with_precision_the_levels_wait_for_the_endpoints_to_be_decided(tmp_path):
