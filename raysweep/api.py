@@ -184,15 +184,17 @@ def load(dir_or_uri: str | Path) -> Campaign:
 
 
 def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None = None, address: str | None = None,
-        force: bool = False, retry_failed: bool = False) -> Campaign:
+        force: bool = False, retry_failed: bool = False, accept_changes: bool = False) -> Campaign:
     """Run a campaign (a YAML file, or its content as a dict) as `raysweep run` does, on an embedded Ray or
     the cluster at `address`, and return it loaded. The results table is written at the end; the run's
-    counts are in `.last_run` (a `raysweep.driver.RunSummary`).
+    counts are in `.last_run` (a `raysweep.driver.RunSummary`). `accept_changes`: go on although what the
+    finished points were measured with changed (`raysweep.drift`).
 
     :raises UserError: the campaign is invalid (nothing is started).
     """
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.driver import open_campaign, ray_session, run_campaign
+    from raysweep.errors import LedgerError
     from raysweep.results import write_results
 
     if isinstance(campaign, dict):
@@ -201,14 +203,20 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
         spec = load_campaign(campaign)
     c = spec.campaign
     out = Path(output_dir or c.output_dir or f"results/{c.name}")
-    _, ledger = open_campaign(spec, out, force=force)  # a changed campaign is refused before Ray starts
+    # a changed campaign, a live driver or changed settings are refused before Ray starts, writing nothing
+    _, ledger = open_campaign(spec, out, force=force, accept_changes=accept_changes)
     ledger.close()
     summary: RunSummary | None = None
+    refused = False
     try:
         with ray_session(address):
-            summary = run_campaign(spec, out, force=force, retry_failed=retry_failed)
+            summary = run_campaign(spec, out, force=force, retry_failed=retry_failed, accept_changes=accept_changes)
+    except LedgerError:  # another driver took the campaign meanwhile: its results are not ours to write
+        refused = True
+        raise
     finally:
-        write_results(out)
+        if not refused:
+            write_results(out)
     loaded = Campaign(out)
     loaded.last_run = summary  # type: ignore[attr-defined]
     return loaded
