@@ -30,7 +30,7 @@ crosscheck (with its Ray and both clients) each run in a session of their own at
 `--autogroup-nice` (-10: other sessions get about a tenth of a contended core; 0 leaves them as they are),
 the same for both clients, and the header says what was set.
 
-`--sittings N` (random case) runs crosscheck N times in a row on the one server, with runs of 400 prompts
+`--sittings N` (random case) runs crosscheck N times in a row on the one server, with runs of 1000 prompts
 (about 10 s or more each: `vllm bench serve` has no duration bound, so both clients get the same prompt
 count), and records how many sittings reach "equivalent" (crosscheck's equivalence test: the 90 % interval
 of each ratio inside its tolerance) in parity-sittings.md and .json.
@@ -233,7 +233,7 @@ def main() -> int:
     ap.add_argument("--case", choices=sorted(RESULT_FILE), default="random")
     ap.add_argument("--runs", type=int, default=None, help="runs of each client (default 5; trace: 9)")
     ap.add_argument("--prompts", type=int, default=None,
-                    help="prompts per run (default 100; with --sittings, 400: runs of about 10 s or more)")
+                    help="prompts per run (default 100; with --sittings, 1000: runs of about 10 s or more)")
     ap.add_argument("--sittings", type=int, default=1,
                     help="crosschecks in a row on the one server (random case): how many reach 'equivalent'")
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list of the server")
@@ -242,7 +242,7 @@ def main() -> int:
                     help="autogroup niceness of the server's and crosscheck's sessions (0: leave it)")
     args = ap.parse_args()
     args.runs = args.runs or (9 if args.case == "trace" else 5)
-    args.prompts = args.prompts or (400 if args.sittings > 1 else 100)
+    args.prompts = args.prompts or (1000 if args.sittings > 1 else 100)
     sys.path.insert(0, str(REPO))
     from raysweep.demo import make_tiny_model
     from raysweep.procs import free_port
