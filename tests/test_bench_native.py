@@ -369,6 +369,20 @@ def test_settle_fills_counts_as_vllm_and_checks_ignore_eos():
     assert m["completed"] == 1 and m["failed"] == 2 and m["total_output_tokens"] == 5
 
 
+def test_settle_counts_a_text_prompt_without_usage_prompt_tokens_by_tokenizing_it():
+    """vLLM's client counts a text prompt's tokens itself; without `prompt_tokens` in the usage the native
+    client tokenizes the prompt (special tokens included) instead of counting 0 input tokens."""
+    class Tok:
+        def __call__(self, text, add_special_tokens):
+            return type("Enc", (), {"input_ids": ["<s>"] * add_special_tokens + text.split()})()
+
+    s = _known([dict(begin=0.0, chunks=[0.01, 0.02], in_tok=-1, out=2), dict(begin=0.0, chunks=[0.01], in_tok=7,
+                                                                            out=1)])
+    stats.settle(s, [None, None], [2, 1], ignore_eos=False, tokenizer=Tok(), prompt_texts=["one two three", "x"])
+    assert s["in_tok"] == [4, 7]
+    assert stats.point_metrics(s, opts())["total_input_tokens"] == 11
+
+
 def test_steady_state_from_per_second_throughput():
     def steady(rates: list[float]) -> dict:
         rows = []

@@ -339,6 +339,7 @@ class Job:
     clock_offsets: list[tuple[float, float]] = field(default_factory=list)  # (offset, uncertainty) s per actor
     prompt_format: str = "token_ids"
     units: int = 0                      # requests (or sessions) made for the point
+    prompt_texts: list[str | None] = field(default_factory=list)  # text prompts, to count a missing usage
 
 
 class NativeBench:
@@ -463,15 +464,17 @@ class NativeBench:
         fmt = "token_ids" if reqs and all(isinstance(r.prompt, list) for r in reqs) else "text"
         return Job(refs, opts, model, n, arrivals.asked_rate(opts, due_arr), t0, self.nodes[:n],
                    prompt_lens=[r.prompt_len for r in reqs], max_tokens=[r.output_len for r in reqs],
-                   clock_offsets=offsets, prompt_format=fmt, units=units)
+                   clock_offsets=offsets, prompt_format=fmt, units=units,
+                   prompt_texts=[r.prompt if isinstance(r.prompt, str) and not spans else None for r in reqs])
 
     def finish(self, job: Job, answers: list[dict[str, Any]]) -> dict[str, Any]:
         """The point's result (vLLM's field names), from the pooled samples of every actor."""
         samples = stats.pool(answers)
         opts = job.opts
-        need_tokenizer = any(ok and (o is None or o <= 0) for ok, o in zip(samples["ok"], samples["out_tok"]))
+        need_tokenizer = any(ok and (o is None or o <= 0) for ok, o in zip(samples["ok"], samples["out_tok"])) or \
+            (any(t is not None for t in job.prompt_texts) and any(n is None or n < 0 for n in samples["in_tok"]))
         stats.settle(samples, job.prompt_lens, job.max_tokens, opts.ignore_eos,
-                     tokenizer_for(opts) if need_tokenizer else None)
+                     tokenizer_for(opts) if need_tokenizer else None, job.prompt_texts)
         result: dict[str, Any] = {
             "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": opts.backend,
             "backend": opts.backend, "label": None, "model_id": job.model, "tokenizer_id": opts.tokenizer or job.model,

@@ -84,16 +84,21 @@ def _begin(s: dict[str, Any]) -> np.ndarray:
 
 
 def settle(s: dict[str, Any], prompt_lens: list[int | None], max_tokens: list[int | None], ignore_eos: bool,
-           tokenizer: Any = None) -> dict[str, Any]:
+           tokenizer: Any = None, prompt_texts: list[str | None] | None = None) -> dict[str, Any]:
     """Token counts the server did not report, as vLLM fills them, and the ignore_eos check, in place.
 
     `prompt_lens` and `max_tokens` are indexed by the request's `index`. An input count missing from the usage
-    is the known prompt length; an output count missing is the tokenized text (vLLM's tokenizer rule), or 1
-    with no tokenizer. With `ignore_eos`, a request whose output count differs from its max_tokens failed."""
+    is the known prompt length, or for a text prompt its token count (`prompt_texts`, tokenized as vLLM's
+    client counts a text prompt, special tokens included); an output count missing is the tokenized text
+    (vLLM's tokenizer rule), or 1 with no tokenizer. With `ignore_eos`, a request whose output count differs
+    from its max_tokens failed."""
     for i, k in enumerate(s["index"]):
         k %= max(len(prompt_lens), 1)  # a cycled request (duration-bounded closed loop) reuses a body
         if s["in_tok"][i] is None or s["in_tok"][i] < 0:
             s["in_tok"][i] = prompt_lens[k] if prompt_lens[k] is not None else -1
+            text = prompt_texts[k] if prompt_texts and k < len(prompt_texts) else None
+            if s["in_tok"][i] < 0 and tokenizer is not None and isinstance(text, str):
+                s["in_tok"][i] = len(tokenizer(text, add_special_tokens=True).input_ids)
         if not s["ok"][i]:
             continue
         if s["out_tok"][i] is None or s["out_tok"][i] <= 0:
