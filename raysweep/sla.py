@@ -249,16 +249,26 @@ def judge_attainment(per_request: dict[str, np.ndarray], metrics: dict[str, Any]
     `per_request` holds, per request, `ok` and the latencies `ttft`, `tpot`, `itl` (its mean gap), `e2el` in ms."""
     ok = np.asarray(per_request["ok"], dtype=bool)
     good = ok.copy()
+    unresolved = False
     for t in target.thresholds:
         m = _LATENCY.match(t.metric)
         if m:
             values = np.asarray(per_request[m.group(2)], dtype=float)
             good &= np.where(np.isnan(values), False, _OPS[t.op](values, t.bound))
-        elif judge_percentile(metrics, Target((t,))) is not Verdict.PASS:
-            return Verdict.FAIL, 0.0, (0.0, 0.0)
+        else:  # a point-level threshold: one that fails fails the target, one that cannot be judged (a server
+            # counter from incomplete server metrics) leaves it unresolved, as the percentile judge does
+            point = judge_percentile(metrics, Target((t,)))
+            if point is Verdict.FAIL:
+                return Verdict.FAIL, 0.0, (0.0, 0.0)
+            if point is Verdict.UNRESOLVED:
+                unresolved = True
     n, k = int(ok.size), int(good.sum())
     lo, hi = wilson(k, n, z)
     frac = k / n if n else 0.0
+    if hi < level:
+        return Verdict.FAIL, frac, (lo, hi)
+    if unresolved:
+        return Verdict.UNRESOLVED, frac, (lo, hi)
     if lo >= level:
         return Verdict.PASS, frac, (lo, hi)
     if hi < level:

@@ -45,6 +45,18 @@ def test_wilson_interval():
     assert wilson(0, 0) == (0.0, 1.0)
 
 
+def test_attainment_judge_leaves_an_unjudgeable_server_target_unresolved_not_failed():
+    """A server counter from incomplete server metrics cannot be judged: the percentile judge says
+    unresolved, and so must the attainment judge (its documentation says so), not fail the probe."""
+    t = Target((Threshold("p99_e2el_ms", "<=", 100), Threshold("server_num_preemptions", "<=", 0)))
+    reqs = {"ok": np.ones(2000, bool), **{k: np.full(2000, 50.0) for k in ("e2el", "ttft", "tpot", "itl")}}
+    assert judge_attainment(reqs, {}, t)[0] is Verdict.UNRESOLVED
+    assert judge_attainment(reqs, {"server_num_preemptions": 0}, t)[0] is Verdict.PASS
+    assert judge_attainment(reqs, {"server_num_preemptions": 3}, t)[0] is Verdict.FAIL
+    bad = {**reqs, "e2el": np.full(2000, 500.0)}
+    assert judge_attainment(bad, {}, t)[0] is Verdict.FAIL  # the latencies alone decide it
+
+
 def test_attainment_judge_says_unresolved_when_the_interval_straddles_the_level():
     t = Target((Threshold("p99_e2el_ms", "<=", 100),))
 
