@@ -432,3 +432,39 @@ def test_a_sweep_directory_written_by_vllm_bench_sweep_serve_is_imported_and_plo
     assert (df["completed"] == 4).all() and (df["total_output_tokens"] == 4 * df["random_output_len"]).all()
     front = runner.invoke(main, ["pareto", str(out), "--dry-run"])
     assert front.exit_code == 0 and "plot_pareto" in front.output, front.output
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+def test_real_server_gets_the_traces_lengths_and_the_custom_sets_template(gpu_cluster, vllm_server, tmp_path, tok):
+    """On the real server: a trace's requests generate exactly the trace's output lengths (ignore_eos sent),
+    its text prompts count exactly its input lengths, and the custom set's prompts arrive in the chat
+    template (the server counts the templated prompt's tokens, as vLLM's client counts them)."""
+    from raysweep.bench.native import NativeBench
+
+    url, model = vllm_server["url"], vllm_server["model"]
+    rows = [{"timestamp": 0.05 * i, "input_length": n, "output_length": o, "hash_ids": [1, 2 + i]}
+            for i, (n, o) in enumerate(((40, 12), (70, 9), (33, 16), (64, 5)))]
+    trace = _trace(tmp_path / "t.jsonl", rows)
+    custom = _custom(tmp_path / "c.jsonl")
+    nb = NativeBench(cpus=0.5)
+    try:
+        ids = _run(nb, ["--dataset-name", "timed_trace", "--dataset-path", str(trace),
+                        "--timed-trace-chunk-hash-size", "16"], url, model=model)
+        text = _run(nb, ["--dataset-name", "timed_trace", "--dataset-path", str(trace), "--prompt-format", "text",
+                         "--tokenizer", model, "--timed-trace-chunk-hash-size", "16"], url, model=model)
+        chat = _run(nb, ["--dataset-name", "custom", "--dataset-path", str(custom), "--num-prompts", "2",
+                         "--disable-shuffle", "--custom-output-len", "3", "--tokenizer", model], url, model=model)
+    finally:
+        nb.close()
+    for out in (ids, text):
+        r, s = out["result"], out["samples"]
+        assert r["completed"] == 4 and r["failed"] == 0, r.get("errors_sample")
+        got = sorted(zip(s["in_tok"], s["out_tok"]))
+        assert got == sorted((row["input_length"], row["output_length"]) for row in rows)
+    r, s = chat["result"], chat["samples"]
+    assert r["completed"] == 2, r.get("errors_sample")
+    want = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            for p in ("What is the capital of India?", "And of Iran?")]
+    assert sorted(s["in_tok"]) == sorted(len(tok(w).input_ids) for w in want)
+    assert min(s["in_tok"]) > len(tok("And of Iran?").input_ids) + 5  # the template's tokens arrived
