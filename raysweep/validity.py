@@ -14,7 +14,12 @@ The checks: `client-limited` (the client could not send the load asked: `client_
 failed), `not steady` (the per-second throughput still drifted: `steady_state` false; absent means unknown
 and fails nothing), `socket transport` (a multi-node server whose cross-node traffic went over TCP
 sockets), `throttled` (the server's GPUs were throttled, by power cap, heat or a hardware slowdown, in
-more than 5 % of the point's NVML samples: `gpu_throttled_fraction`). `unknown_checks(record)` names the checks that had nothing to judge.
+more than 5 % of the point's NVML samples: `gpu_throttled_fraction`), `cache not reset` (the point did not
+start from reset caches: `cache_state_before` says the reset or the after_bench_cmd failed, e.g. a server
+that refuses /reset_prefix_cache), `client started late` (a native client actor began the point more than
+`START_LATE_MS` after the common start: `client_start_late_ms`, its first requests late by as much).
+`unknown_checks(record)` names the checks that had nothing to judge (the `command` backend's JSON holds no
+send times: its client is "not judged").
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from typing import Any
 
 __all__ = ["CHECKS", "cpu_set", "cpu_text", "shared_cpus", "unknown_checks", "validity_fields"]
 
-CHECKS = ("client-limited", "niced", "shared CPUs", "errors", "not steady", "socket transport", "throttled")
+CHECKS = ("client-limited", "niced", "shared CPUs", "errors", "not steady", "socket transport", "throttled",
+          "cache not reset", "client started late")
+START_LATE_MS = 10.0  # an actor that began later than this after the common start: the guard's send-lag bound
 THROTTLED_FRACTION = 0.05  # more throttled NVML samples than this: the point is marked `throttled`
 _SPLIT_ACTORS = re.compile(r"[;|]")
 
@@ -164,6 +171,12 @@ def _issues(r: dict[str, Any], shared: bool | None, errors: float | None) -> lis
     hot = r.get("gpu_throttled_fraction")
     if isinstance(hot, (int, float)) and hot > THROTTLED_FRACTION:
         issues.append(f"throttled ({r.get('gpu_throttle_reasons') or '?'} in {100 * hot:.0f} % of samples)")
+    cache = str(r.get("cache_state_before") or "")
+    if cache.startswith(("reset failed", "after_bench_cmd failed")):
+        issues.append(f"cache not reset ({cache[:120]})")
+    late = r.get("client_start_late_ms")
+    if isinstance(late, (int, float)) and not isinstance(late, bool) and late > START_LATE_MS:
+        issues.append(f"client started late ({float(late):.1f} ms after the common start)")
     return issues
 
 

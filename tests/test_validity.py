@@ -39,12 +39,20 @@ def test_a_fair_point_passes_every_check():
     ({"failed": 5, "completed": 95}, "errors (5 failed, 5.0 %)"),
     ({"steady_state": False, "steady_state_slope_pct_per_s": -3.25}, "not steady (slope -3.2 %/s)"),
     ({"transport_inter": "Socket"}, "socket transport"),
+    ({"cache_state_before": "reset failed: HTTP 404 on /reset_prefix_cache"}, "cache not reset (reset failed"),
+    ({"cache_state_before": "after_bench_cmd failed: exit 1"}, "cache not reset (after_bench_cmd failed"),
+    ({"client_start_late_ms": 42.0}, "client started late (42.0 ms"),
 ])
 def test_each_failed_check_is_named(over, issue):
     v = validity_fields(fair(**over))
     assert v["validity_ok"] is False
     assert any(i.startswith(issue) for i in v["validity_issues"].split("; ")), v["validity_issues"]
     assert len(v["validity_issues"].split("; ")) == 1  # a reason with its own ';' stays one issue
+
+
+def test_a_reset_cache_and_a_punctual_start_pass():
+    assert validity_fields(fair(cache_state_before="reset", client_start_late_ms=3.0))["validity_ok"] is True
+    assert validity_fields(fair(cache_state_before="after_bench_cmd"))["validity_ok"] is True
 
 
 def test_several_issues_are_listed_in_order():
