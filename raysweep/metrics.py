@@ -125,15 +125,19 @@ class Scraper:
             self._thread.join()
         self.scrape()
 
-    def summary(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
-        """The summary over the load's (start, end); gauges also count samples up to one interval after it."""
-        return summarize(self.samples, self.errors, window, slack=self.interval_s)
+    def summary(self, window: tuple[float, float] | None = None,
+                bracket: tuple[float, float] | None = None) -> dict[str, Any]:
+        """The summary over the load's (start, end); gauges also count samples up to one interval after it.
+        `bracket`: the instants the counters' deltas must cover (default the window)."""
+        return summarize(self.samples, self.errors, window, slack=self.interval_s, bracket=bracket)
 
 
 def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, float] | None,
-              slack: float = 0.0) -> dict[str, Any]:
+              slack: float = 0.0, bracket: tuple[float, float] | None = None) -> dict[str, Any]:
     """Fields for the result record: `server_<gauge>_peak/_mean` over the window (its end stretched by
-    `slack`) and `server_<counter>` deltas between the samples that bracket it (None: the first and last)."""
+    `slack`) and `server_<counter>` deltas between the samples that bracket it (None: the first and last), or
+    that bracket `bracket` where the load's own instants are not known (a command: from before its launch to
+    after its exit)."""
     out: dict[str, Any] = {"server_metrics_samples": len(samples)}
     if errors and not samples:
         out.update(server_metrics_error=errors[-1], server_metrics_complete=False,
@@ -146,8 +150,9 @@ def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, fl
         if values:
             out[f"server_{short}_peak"] = max(values)
             out[f"server_{short}_mean"] = sum(values) / len(values)
-    before = [s for s in samples if s.at <= start] if window is not None else samples[:1]
-    after = [s for s in samples if s.at >= end] if window is not None else samples[1:][-1:]
+    b_start, b_end = bracket if bracket is not None else (start, end)
+    before = [s for s in samples if s.at <= b_start] if window is not None else samples[:1]
+    after = [s for s in samples if s.at >= b_end] if window is not None else samples[1:][-1:]
     missing = [why for why, have in (("at or before the start of the load", before),
                                      ("at or after its end", after)) if not have]
     if missing:

@@ -33,11 +33,26 @@ from raysweep.scheduler import INTERRUPTED
 from raysweep.server import expected_model, reset_caches
 from raysweep.workload import Workload
 
-__all__ = ["PointRunner", "client_room"]
+__all__ = ["PointRunner", "client_room", "load_windows"]
 
 log = logging.getLogger(__name__)
 
 DISK_RETRY_S = 2.0  # seconds between tries to write a finished point on a full disk
+
+
+def load_windows(res: dict[str, Any], submitted: float, returned: float) -> tuple[tuple[float, float],
+                                                                              tuple[float, float] | None]:
+    """The load's window for the server's gauges, and where its instants are not known the bracket its
+    counters must cover. The native client records the load's start and end. A command's JSON does not: its
+    load ended before the process returned (vLLM's own /metrics fetch, saving the JSON, the interpreter's
+    exit and the Ray return come after), so a window anchored at the return can start inside the load. Its
+    counters are taken between the scrape before the launch and the one after the exit, as the native
+    client's are between the scrapes around its load."""
+    if res.get("start_time") is not None and res.get("end_time") is not None:
+        return (float(res["start_time"]), float(res["end_time"])), None
+    end = returned
+    start = max(submitted, end - float(res.get("duration") or 0.0))
+    return (start, end), (submitted, returned)
 
 
 def client_room(ray_free_cpus: float, server_nodes: list[tuple[float, float, int]], other_cpus: float,
@@ -105,6 +120,7 @@ class PointRunner:
         """One benchmark of a point through the backend, with the server's /metrics scraped meanwhile: the
         baseline before the load is submitted (submit fixes its start), the last scrape after it returned."""
         scraper = metrics.Scraper(getattr(server, "metrics_url", server.url), self.c.bench.metrics_interval_s).start()
+        submitted = time.time()
         try:
             try:
                 job = run.bench.submit(point.bench.argv, server.url, expected_model(run.serve.argv) or "",
@@ -124,9 +140,8 @@ class PointRunner:
         out = run.bench.finish(job, answers)
         res = out.get("result") if out.get("ok") else None
         if res is not None:
-            end = res.get("end_time") or returned
-            start = res.get("start_time") or end - float(res.get("duration") or 0.0)
-            res.update(scraper.summary((start, end)))
+            window, bracket = load_windows(res, submitted, returned)
+            res.update(scraper.summary(window, bracket))
             timeseries.attach(out, scraper.samples)  # per-bin series and the steady-state window (native)
             out["clients"] = job.clients
         return status, out

@@ -144,3 +144,22 @@ def test_the_baseline_is_retried_until_it_succeeds_and_brackets_the_load(flaky_m
     scraper.stop()
     out = scraper.summary((start, end))
     assert out["server_metrics_complete"] is True and out["server_prompt_tokens"] == 700
+
+
+def test_a_command_runs_counters_cover_it_from_before_its_launch_to_after_its_exit():
+    """`vllm bench serve` records no start or end: its load ended before the process returned (its own
+    /metrics fetch, the JSON, the interpreter's exit, the Ray return). A window anchored at the return puts the
+    baseline inside the load; the counters are bracketed by the scrapes before the launch and after the exit."""
+    from raysweep.point import load_windows
+
+    submitted, returned = 0.0, 12.0
+    # launched at 0, the load ran from 4 to 8 (1000 prompt tokens), the process returned at 12
+    samples = [_counters(0.0, 0), _counters(4.5, 200), _counters(7.9, 950), _counters(8.5, 1000),
+               _counters(12.5, 1000)]
+    res = {"duration": 4.0, "completed": 10}
+    window, bracket = load_windows(res, submitted, returned)
+    assert window == (8.0, 12.0) and bracket == (0.0, 12.0)
+    assert metrics.summarize(samples, [], window)["server_prompt_tokens"] == 50  # anchored at the return: wrong
+    assert metrics.summarize(samples, [], window, bracket=bracket)["server_prompt_tokens"] == 1000
+    native = {"start_time": 4.0, "end_time": 8.0, "duration": 4.0}
+    assert load_windows(native, submitted, returned) == ((4.0, 8.0), None)
