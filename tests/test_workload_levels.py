@@ -299,8 +299,8 @@ def test_levels_match_vllms_serve_workload_on_the_real_server(vllm_server, gpu_c
 
     url, model = vllm_server["url"], vllm_server["model"]
     port = url.rsplit(":", 1)[1]
-    bench_cmd = (f"vllm bench serve --model {model} --base-url {url} --dataset-name random --random-input-len 32 "
-                 "--random-output-len 16 --ignore-eos --num-prompts 16")
+    bench_cmd = (f"{_vllm_cli()} bench serve --model {model} --base-url {url} --dataset-name random "
+                 "--random-input-len 32 --random-output-len 16 --ignore-eos --num-prompts 16")
     variable, levels, runs = "max_concurrency", 4, 2
     # vLLM's sweep starts its own server; a placeholder process "serves" at the running server's address
     # (vLLM reads --host/--port from the serve command and checks /health there), and the cache reset
