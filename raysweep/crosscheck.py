@@ -135,7 +135,8 @@ def verdict(rows: list[CompareRow], runs: list[dict[str, Any]]) -> dict[str, Any
     failed = [f"{r['bench_id']} {r['tool']} run {r['round']}: {r.get('error') or 'failed'}" for r in runs
               if not r.get("ok")]
     limited = [f"{r['bench_id']} native run {r['round']}" for r in runs if r.get("ok") and r.get("client_limited")]
-    ok = not outside and not failed and not open_ and bool(rows)
+    # a client-limited native run measured its client, not the server: the comparison cannot pass on it
+    ok = not outside and not failed and not open_ and not limited and bool(rows)
     word = "equivalent within tolerance" if ok else "different" if outside or failed or not rows else "not shown"
     needed = [r.runs_needed for r in rows if r.tolerance is not None and r.within is None and r.runs_needed]
     return {"within_tolerance": ok, "verdict": word, "outside": outside, "not_shown": open_,

@@ -98,6 +98,17 @@ def test_itl_and_e2el_are_shown_not_judged():
     assert xc.verdict(rows, runs)["within_tolerance"]
 
 
+def test_client_limited_native_runs_never_pass():
+    """Equal figures from a native client that could not drive the load say nothing of the server."""
+    wobble = [0.995, 1.0, 1.005, 1.0, 0.998]
+    runs = runs_of("native", [1000.0 * w for w in wobble]) + runs_of("vllm", [1000.0 * w for w in wobble])
+    assert xc.verdict(xc.compare(runs, xc.Tolerances()), runs)["within_tolerance"] is True
+    runs[1]["client_limited"] = True
+    v = xc.verdict(xc.compare(runs, xc.Tolerances()), runs)
+    assert v["within_tolerance"] is False and v["verdict"] == "not shown"
+    assert v["client_limited_runs"] == ["b1 native run 1"]
+
+
 def test_failed_runs_are_left_out_and_fail_the_verdict():
     runs = [run("native", 0), run("vllm", 0), run("native", 1, ok=False, output_throughput=1.0), run("vllm", 1),
             run("native", 2), run("vllm", 2)]
