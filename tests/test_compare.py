@@ -171,3 +171,12 @@ def test_flagged_runs_are_left_out_of_the_comparison(tmp_path):
     b = compare.load_side(build_dir(tmp_path / "b", new, name="new"))
     t = compare.compare(a, b).table
     assert set(t["runs_b"]) == {2} and set(t["output_throughput_verdict"]) == {"not shown"}
+
+
+def test_cli_compare_with_an_slo(dirs):
+    a, b = dirs
+    res = CliRunner().invoke(main, ["compare", str(a), str(b), "--slo", "median_ttft_ms=30"])
+    assert res.exit_code == 0, res.output
+    assert "judged only where both meet the slo median_ttft_ms<=30" in res.output and "outside slo" in res.output
+    bad = CliRunner().invoke(main, ["compare", str(a), str(b), "--slo", "p101_ttft_ms=30"])
+    assert bad.exit_code == 2 and "--slo.p101_ttft_ms" in bad.output and "outside 0 to 100" in bad.output
