@@ -39,7 +39,8 @@ from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.verdicts import t_quantile
 
 __all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "check_names", "headline_metrics",
-           "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed", "summarize", "summary_params", "summary_table", "t_quantile", "write_summary"]
+           "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed", "summarize",
+           "summary_params", "summary_table", "t_quantile", "write_summary"]
 
 log = logging.getLogger(__name__)
 

@@ -471,7 +471,8 @@ def report_section(output_dir: Path) -> str | None:
     head = (f"<p>Against the baseline <b>{html.escape(base.name)}</b> ({html.escape(str(base.source))}), matched "
             f"on {html.escape(', '.join(cmp.on))}: {len(cmp.table)} point(s) compared, "
             f"{cmp.unmatched_other} here and {cmp.unmatched_baseline} in the baseline without a match. Ratio = "
-            "this campaign / baseline; better or worse only when Welch's t-test over the runs rejects equal means at 5 %, "
+            "this campaign / baseline; better or worse only when Welch's t-test over the runs rejects equal means "
+            "at 5 %, "
             "not shown when the runs cannot tell them apart.</p>")
     notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in cmp.notes)
     if cmp.table.empty:

@@ -249,7 +249,8 @@ class Equivalence:
         if self.word == "not judged":
             return "not judged: fewer than 2 runs on a side"
         inside = 1.0 - self.tolerance <= self.ratio <= 1.0 + self.tolerance
-        more = (f"; about {self.runs_needed} runs per side (or runs about {self.runs_needed / max(self.runs_a, 1):.0f}x "
+        longer = self.runs_needed / max(self.runs_a, 1)
+        more = (f"; about {self.runs_needed} runs per side (or runs about {longer:.0f}x "
                 f"as long, if their spread falls as one over the square root of their length) would show it "
                 f"{'equivalent' if inside else 'different'} at this ratio and spread"
                 if self.runs_needed else "; the ratio sits on the tolerance: no number of runs settles it")
@@ -335,7 +336,8 @@ def slope_test(series: Sequence[float], max_drift_pct: float, confidence: float 
     fit = stats.linregress(x, y)
     scale = 100.0 / float(y.mean())
     q = float(stats.t.ppf(0.5 + confidence / 2.0, y.size - 2))
-    pct, half = float(fit.slope) * scale, float(fit.stderr) * scale * q * _ar1_inflation(y - fit.intercept - fit.slope * x)
+    widen = _ar1_inflation(y - fit.intercept - fit.slope * x)
+    pct, half = float(fit.slope) * scale, float(fit.stderr) * scale * q * widen
     span = y.size - 1
     low, high = pct - half, pct + half
     drifts = low * span > max_drift_pct or high * span < -max_drift_pct

@@ -9,11 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from test_aggregate import build_dir, run_row
 
 from raysweep import aggregate, compare
 from raysweep.cli import main
 from raysweep.errors import UserError
-from test_aggregate import build_dir, run_row
 
 CONCS = (1, 2, 4)
 
