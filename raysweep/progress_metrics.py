@@ -76,7 +76,10 @@ class Progress:
         self.finished_here = 0
         self.actor: Any = None
         try:
-            self.actor = _recorder().remote()
+            import ray
+
+            if ray.is_initialized():  # never a Ray of its own
+                self.actor = _recorder().remote()
         except Exception as exc:  # noqa: BLE001 - progress metrics are a convenience, never a failure
             log.info("progress metrics not recorded: %s", exc)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from raysweep import acceptance, transport
@@ -151,3 +152,34 @@ def test_acceptance_dry_run_on_the_simulated_cluster_places_each_configuration(g
     assert "placement: 1 node x 1 GPU(s)" in res.output and "placement: 1 node x 2 GPU(s)" in res.output
     assert "--pipeline-parallel-size 2 --nnodes 2 --node-rank 0" in res.output  # the pipeline across two nodes
     assert "This machine has no GPUs" not in res.output and "Not run" not in res.output
+
+
+@pytest.mark.ray
+def test_acceptance_run_on_the_simulated_cluster_passes_its_checklist(gpu_cluster, tmp_path):
+    """The whole path with stand-ins: one GPU, and a pipeline of two stages one per node that prints NCCL's
+    InfiniBand lines; the gloo probe across its two bundles; a fake NVML. Every item is seen and passes."""
+    from helpers import PY, STANDIN
+
+    from raysweep import telemetry
+
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps({"gpus": [{"util": 60, "mem_used_mib": 1000, "power_w": 300, "sm_mhz": 1900,
+                                          "reasons": 0}] * 4}))
+    f = tmp_path / "acc.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "acc", "output_dir": str(tmp_path / "out"), "runs": 1, "max_attempts": 1,
+        "serve": {"cmd": f"{PY} {STANDIN / 'server.py'} --model m", "ready_timeout_s": 30,
+                  "env": {telemetry.FAKE_ENV: str(nvml)},
+                  "params": [{"tensor_parallel_size": 1},
+                             {"pipeline_parallel_size": 2, "placement_layout": "spread", "nccl_net": "gdr"}]},
+        "bench": {"backend": "command", "cmd": f"{PY} {STANDIN / 'bench.py'} --model m --num-prompts 10 --sleep 1",
+                  "params": [{"random_input_len": 16}]},
+        "transport": {"probe": True, "probe_mib": 1, "probe_iters": 1, "wait_s": 3, "telemetry_interval_s": 0.1},
+    }))
+    res = CliRunner().invoke(main, ["acceptance", str(f), "--address", gpu_cluster.address])
+    assert res.exit_code == 0, res.output
+    assert "every item passed" in res.output
+    text = res.output[res.output.index("Checklist:"):]
+    assert text.count("[      ok] GPUs per bundle") == 2 and "rank 1: Ray" in text
+    assert "IB+GDR" in text and "GB/s bus bandwidth (gloo" in text and "fake NVML" in text
+    assert text.count("[      ok] server start: ready in") == 2

@@ -264,3 +264,32 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert url in (tmp_path / "report.html").read_text()
     res = CliRunner().invoke(main, ["compare", str(out), str(out), "--out", str(tmp_path / "cmp")])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.ray
+def test_sla_search_runs_against_an_endpoint(gpu_cluster, tmp_path):
+    """A streaming stand-in with 4 generation slots, started here and given by URL: the search finds where its
+    TTFT target breaks, as it does against a server raysweep starts (tests/test_native.py)."""
+    from raysweep.results import sla_table
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([PY, str(STANDIN / "stream_server.py"), "--model", "m", "--port", str(port),
+                             "--ttft-delay", "0.01", "--itl-delay", "0.005", "--slots", "4"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: subprocess.run(["curl", "-sf", f"{url}/v1/models"], capture_output=True)
+                        .returncode == 0, 30)
+        f = endpoint_campaign(tmp_path, url, bench={
+            "backend": "native", "client_cpus": 0.5, "params": [{"random_input_len": 8}],
+            "cmd": "vllm bench serve --model m --random-output-len 4 --random-input-len 8 --num-prompts 24"},
+            sla={"targets": [{"p90_ttft_ms": "<=30"}], "max_value": 64})
+        res = CliRunner().invoke(main, ["run", str(f)])
+        assert res.exit_code == 0, res.output
+        row = sla_table(tmp_path / "out").iloc[0]
+        assert row["state"] == "found" and 3 <= row["largest_pass"] <= 5, row.to_dict()
+        assert row["smallest_fail"] == row["largest_pass"] + 1
+        assert proc.poll() is None  # not ours to stop
+    finally:
+        proc.kill()
+        proc.wait(10)
