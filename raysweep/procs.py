@@ -10,7 +10,9 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -170,7 +172,7 @@ def resolve_executable(argv: list[str]) -> list[str]:
     return [str(beside), *argv[1:]] if beside.exists() else list(argv)
 
 
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.2) -> bool:
     """Poll `predicate()` until it is true or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

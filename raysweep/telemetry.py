@@ -83,13 +83,14 @@ def load_nvml() -> tuple[Any, str]:
     why) when there is none."""
     fake = os.environ.get(FAKE_ENV)
     try:
+        nvml: Any
         if fake:
-            nvml: Any = FileNvml(fake)
+            nvml = FileNvml(fake)
             source = "fake NVML"
         else:
-            import pynvml as nvml  # nvidia-ml-py
+            import pynvml  # nvidia-ml-py
 
-            source = "nvml"
+            nvml, source = pynvml, "nvml"
         nvml.nvmlInit()
         return nvml, source
     except Exception as exc:  # noqa: BLE001 - no library, no driver, no GPU: recorded, not an error

@@ -86,7 +86,7 @@ def series(s: dict[str, Any], scrapes: list[Any] | None = None, interval: float 
         for q in (50, 99):
             out[f"{name}_p{q}_ms"] = np.array([_pct(values[where == i], q) for i in range(n)])
     for metric, col in SERVER_GAUGES.items():
-        vals = [[] for _ in range(n)]
+        vals: list[list[float]] = [[] for _ in range(n)]
         for sc in scrapes or []:
             if start_wall is None or metric not in sc.values:
                 continue
