@@ -17,11 +17,13 @@ from typing import Any
 from raysweep import grid
 from raysweep.campaign import CampaignSpec, NodeRule, PlacementSpec
 from raysweep.errors import CampaignError
+from raysweep.load_levels import BATCH, LEVEL, SERIAL, dataset_size, workload_of
+from raysweep.load_levels import dry_run_lines as workload_lines
 from raysweep.procs import CPUS_ENV
 
-__all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "fingerprint",
-           "first_runs", "make_serve", "meaning", "point_id", "probe_bench", "probe_runs", "rule_for", "serve_points",
-           "shape_of"]
+__all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "endpoint_benches",
+           "fingerprint", "first_runs", "level_bench", "make_serve", "meaning", "point_id", "probe_bench", "probe_runs",
+           "rule_for", "serve_points", "shape_of"]
 
 _SHAPE_FLAGS = {
     "tp": ("tensor_parallel_size", ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")),
@@ -260,8 +262,6 @@ def serve_points(spec: CampaignSpec, s: ServeConfig, benches: list[BenchPoint]
             searches.append((s.id, b.id))
             points.extend(probe_runs(spec, s, b, math.inf))
         elif getattr(spec.campaign.bench, "workload", None) is not None:  # the levels come after these two
-            from raysweep.workload_levels import endpoint_benches
-
             points.extend(PointRun(id=point_id(s.id, e.id, r), serve=s, bench=e, run=r)
                           for e in endpoint_benches(spec, b) for r in range(first_runs(spec)))
         else:
@@ -290,6 +290,34 @@ def probe_runs(spec: CampaignSpec, serve: ServeConfig, base: BenchPoint, value: 
     b = probe_bench(spec, base, value)
     return [PointRun(id=point_id(serve.id, b.id, r), serve=serve, bench=b, run=r)
             for r in range(first_run, first_run + spec.campaign.runs)]
+
+
+def _workload_bench(spec: CampaignSpec, base: BenchPoint, params: dict[str, Any], role: str, value: int
+                    ) -> BenchPoint:
+    wl = workload_of(spec.campaign)
+    assert wl is not None
+    return BenchPoint(id=grid.params_id(_no_name(params)), params=params,
+                      argv=grid.apply_to_cmd(spec.bench_argv, params),
+                      label=f"{base.label}-{role}-{wl.variable}={value}" if base.label
+                      else f"{role}-{wl.variable}={value}",
+                      workload_of=base.id, workload_role=role, workload_value=value)
+
+
+def endpoint_benches(spec: CampaignSpec, base: BenchPoint) -> list[BenchPoint]:
+    """`bench.workload`: the serial and batch points of a bench point, as vLLM's sweep runs them: the base with
+    max_concurrency 1 and the variable 1, and with both at the point's prompt count."""
+    wl = workload_of(spec.campaign)
+    assert wl is not None
+    size = dataset_size(base.params, base.argv)
+    return [_workload_bench(spec, base, {**base.params, "max_concurrency": n, wl.variable: n}, role, n)
+            for role, n in ((SERIAL, 1), (BATCH, size))]
+
+
+def level_bench(spec: CampaignSpec, base: BenchPoint, value: int) -> BenchPoint:
+    """`bench.workload`: a level between the endpoints, the base with only the variable set."""
+    wl = workload_of(spec.campaign)
+    assert wl is not None
+    return _workload_bench(spec, base, {**base.params, wl.variable: value}, LEVEL, value)
 
 
 def _no_name(combo: dict[str, Any]) -> dict[str, Any]:
@@ -358,8 +386,6 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
 
         lines += ["", (f"Precision: {describe(precision)}; the runs above are the first {precision.min_runs} of "
                        "each point, the others are added one at a time")]
-    from raysweep.workload_levels import dry_run_lines as workload_lines
-
     lines += ["", *workload_lines(plan.spec, len(plan.points))] if workload_lines(plan.spec) else []
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]

@@ -26,15 +26,25 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from raysweep import grid
-from raysweep.errors import CampaignError
+from raysweep.load_levels import (
+    BATCH,
+    DECIDED,
+    LEVEL,
+    NO_ENDPOINTS,
+    SERIAL,
+    WorkloadSpec,
+    achieved,
+    check_workload,
+    dataset_size,
+    dry_run_lines,
+    levels_between,
+    status_lines,
+    workload_of,
+)
+from raysweep.plan import PointRun, endpoint_benches, first_runs, level_bench, point_id
 
 __all__ = ["BATCH", "LEVEL", "SERIAL", "WorkloadSpec", "achieved", "check_workload", "dataset_size",
            "dry_run_lines", "endpoint_benches", "level_bench", "levels_between", "report_section", "restore_plan",
@@ -42,121 +52,7 @@ __all__ = ["BATCH", "LEVEL", "SERIAL", "WorkloadSpec", "achieved", "check_worklo
 
 log = logging.getLogger(__name__)
 
-SERIAL, BATCH, LEVEL = "serial", "batch", "level"
-VARIABLES = ("max_concurrency", "request_rate")
-DEFAULT_NUM_PROMPTS = 1000  # vLLM's DEFAULT_NUM_PROMPTS: what `vllm bench serve` runs without --num-prompts
-DECIDED, NO_ENDPOINTS = "decided", "endpoints failed"
 _lock = threading.Lock()
-
-
-class WorkloadSpec(BaseModel):
-    """vLLM's `--workload-var` and `--workload-iters`: which load variable the levels set, and how many
-    levels there are in all (the serial and batch endpoints included)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    variable: Literal["max_concurrency", "request_rate"] = Field(
-        "request_rate", description="the load variable the levels set (vLLM's --workload-var)")
-    levels: int = Field(10, ge=2, description="levels in all, the serial and batch endpoints included, as vLLM's "
-                        "--workload-iters (at least 2; the levels between are decided after the endpoints)")
-
-
-def workload_of(campaign: Any) -> WorkloadSpec | None:
-    """The campaign's `bench.workload`, or None."""
-    bench = getattr(campaign, "bench", None)
-    return getattr(bench, "workload", None) if bench is not None else None
-
-
-# -- the campaign's checks ------------------------------------------------------------------------------
-
-_REFUSED = (("sla", "an SLA search chooses its own load values; run the workload campaign first and start the "
-                    "SLA search from its range (sla.start, sla.max_value)"),
-            ("tune", "tuning candidates are compared on the same fixed bench points, and levels decided per "
-                     "candidate would differ between them"),
-            ("offline", "offline runs have no load variable"))
-
-
-def check_workload(campaign: Any, serve_combos: list[dict[str, Any]], bench_combos: list[dict[str, Any]]) -> None:
-    """Refuse what cannot work with `bench.workload`: a hand-typed grid of its variable (or of
-    max_concurrency, which the endpoints set), an SLA search, tuning or offline mode."""
-    spec = workload_of(campaign)
-    if spec is None:
-        return
-    for part, why in _REFUSED:
-        if getattr(campaign, part, None) is not None:
-            raise CampaignError("bench.workload", f"cannot be used with `{part}:` ({why}); remove one of them")
-    for i, combo in enumerate(bench_combos):
-        for key in combo:
-            norm = grid.normalize_key(key)
-            if norm in (spec.variable, "max_concurrency"):
-                raise CampaignError(f"bench.params[{i}].{key}", f"is set by bench.workload (variable "
-                                    f"{spec.variable}: the serial and batch points set max_concurrency, the "
-                                    f"levels set {spec.variable}); remove it from bench.params, or remove "
-                                    "bench.workload to type the levels by hand")
-
-
-# -- the points ---------------------------------------------------------------------------------------
-
-def dataset_size(params: dict[str, Any], argv: Sequence[str]) -> int:
-    """The prompts of one run, as vLLM's sweep reads them: the bench point's num_prompts, else the command's
-    --num-prompts, else vLLM's default (1000)."""
-    norm = {grid.normalize_key(k): v for k, v in params.items()}
-    value = norm.get("num_prompts")
-    if value is None:
-        value = grid.find_flag_value(argv, "--num-prompts", "--num_prompts")
-    return int(value) if value is not None else DEFAULT_NUM_PROMPTS
-
-
-def _bench(spec: Any, base: Any, params: dict[str, Any], role: str, value: int) -> Any:
-    from raysweep.plan import BenchPoint
-
-    wl = workload_of(spec.campaign)
-    assert wl is not None
-    clean = {k: v for k, v in params.items() if k != grid.BENCHMARK_NAME_KEY}
-    return BenchPoint(id=grid.params_id(clean), params=params, argv=grid.apply_to_cmd(spec.bench_argv, params),
-                      label=f"{base.label}-{role}-{wl.variable}={value}" if base.label else
-                      f"{role}-{wl.variable}={value}", workload_of=base.id, workload_role=role,
-                      workload_value=value)
-
-
-def endpoint_benches(spec: Any, base: Any) -> list[Any]:
-    """The serial and batch points of a base bench point, as vLLM's sweep runs them: the base with
-    max_concurrency 1 and the variable 1, and with both at the point's prompt count."""
-    wl = workload_of(spec.campaign)
-    assert wl is not None
-    size = dataset_size(base.params, base.argv)
-    return [_bench(spec, base, {**base.params, "max_concurrency": n, wl.variable: n}, role, n)
-            for role, n in ((SERIAL, 1), (BATCH, size))]
-
-
-def level_bench(spec: Any, base: Any, value: int) -> Any:
-    """A level between the endpoints: the base with only the variable set."""
-    wl = workload_of(spec.campaign)
-    assert wl is not None
-    return _bench(spec, base, {**base.params, wl.variable: value}, LEVEL, value)
-
-
-# -- the levels, as vLLM computes them ---------------------------------------------------------------
-
-def achieved(record: dict[str, Any], variable: str) -> float:
-    """What one run achieved of the variable: its request throughput, or (max_concurrency) the requests it
-    kept in flight, request throughput x mean E2EL (vLLM's `_estimate_workload_value`)."""
-    rps = float(record["request_throughput"])
-    if variable == "request_rate":
-        return rps
-    return rps * float(record["mean_e2el_ms"]) / 1000
-
-
-def levels_between(serial: Sequence[float], batch: Sequence[float], levels: int) -> tuple[int, int, list[int]]:
-    """The serial and batch values and the levels between them from the endpoints' per-run achieved values,
-    exactly as vLLM's `explore_comb_workloads`: ceil of the serial mean, floor of the batch mean, the inner
-    points of an even spacing of `levels` values, rounded (half to even) and deduplicated."""
-    import numpy as np
-
-    lo = math.ceil(sum(serial) / len(serial))
-    hi = math.floor(sum(batch) / len(batch))
-    inner = np.linspace(lo, hi, levels)[1:-1]
-    return lo, hi, sorted(set(map(round, inner)))
 
 
 # -- deciding them while the campaign runs ----------------------------------------------------------
@@ -183,8 +79,6 @@ def _records(work: Any, rows: list[Any]) -> list[dict[str, Any]]:
 
 
 def _level_runs(plan: Any, serve: Any, base: Any, values: list[int]) -> list[Any]:
-    from raysweep.plan import PointRun, first_runs, point_id
-
     runs = []
     for v in values:
         b = level_bench(plan.spec, base, v)
@@ -212,7 +106,7 @@ def settle(work: Any, serve: Any, bench: Any) -> list[Any]:
     if base is None:
         return []
     ends = endpoint_benches(work.plan.spec, base)
-    rows = {b.workload_role: [r for r in work.ledger.points(serve_id=serve.id, in_plan_only=False)
+    rows = {str(b.workload_role): [r for r in work.ledger.points(serve_id=serve.id, in_plan_only=False)
                               if r.bench_id == b.id] for b in ends}
     if not all(rows.values()) or any(_unfinished(r, work.c.max_attempts) for rs in rows.values() for r in rs):
         return []
@@ -292,39 +186,6 @@ def settle_all(work: Any) -> int:
             seen.add(key)
             added += len(settle(work, p.serve, p.bench))
     return added
-
-
-def dry_run_lines(spec: Any, endpoint_runs: int = 0) -> list[str]:
-    """What the dry run says of the levels; `endpoint_runs`: the serial and batch runs the plan holds."""
-    wl = workload_of(spec.campaign)
-    if wl is None:
-        return []
-    inner = wl.levels - 2
-    more = f"; at most {endpoint_runs // 2 * inner} more run(s)" if endpoint_runs and inner else ""
-    what = ("request throughput" if wl.variable == "request_rate"
-            else "request throughput x mean E2EL (the requests kept in flight)")
-    return [f"Workload levels: per server config and bench point, the serial point (max_concurrency 1) and the "
-            f"batch point (max_concurrency = num_prompts) run first; {inner} level(s) of {wl.variable} between "
-            f"what they achieve ({what}) are decided after the serial and batch points, as vLLM's serve_workload "
-            f"decides them (fewer when the range is narrow){more}"]
-
-
-def status_lines(rows: list[dict[str, Any]], stored: dict[str, Any]) -> list[str]:
-    """Lines for `status` and the report: per (server config, bench point) the levels decided, or that they
-    wait for the serial and batch points."""
-    spec = (stored.get("bench") or {}).get("workload")
-    if not spec:
-        return []
-    variable, n = spec.get("variable", "request_rate"), spec.get("levels", 10)
-    lines = [f"bench.workload ({n} levels of {variable}): {sum(r['state'] == DECIDED for r in rows)} decided, "
-             f"{sum(r['state'] == NO_ENDPOINTS for r in rows)} without levels (an endpoint had no done run)"]
-    for r in rows:
-        if r["state"] == DECIDED:
-            lines.append(f"  server {r['serve_id']} bench {r['bench_id']}: serial {variable}={r['serial']:g}, batch "
-                         f"{r['batch']:g}; levels {', '.join(str(v) for v in r['levels']) or 'none between'}")
-        else:
-            lines.append(f"  server {r['serve_id']} bench {r['bench_id']}: {r['state']}, no level")
-    return lines
 
 
 def report_section(output_dir: Any) -> str | None:

@@ -164,7 +164,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     if campaign.bench.backend == "native":
         _check_native(bench_argv, bench_combos, bench_origins)
     if campaign.bench.workload is not None:
-        from raysweep.workload_levels import check_workload
+        from raysweep.load_levels import check_workload
 
         check_workload(campaign, serve_combos, bench_combos)
     if campaign.sla is not None:
