@@ -78,7 +78,7 @@ def stub_record(point: Any, rng: random.Random) -> dict[str, Any]:
         rec[f"server_{gauge}_mean"] = busy * 0.8
     rec.update({"server_num_preemptions": 0, "server_prompt_tokens": 32 * length, "server_generation_tokens": 512,
                 "server_mean_ttft_ms": ttft * 0.9, "server_mean_queue_ms": 0.1, "server_mean_e2el_ms": ttft + 15 * tpot,
-                "server_mean_running_requests": busy * 0.9, "server_metrics_complete": True,
+                "server_mean_requests_in_inference": busy * 0.9, "server_metrics_complete": True,
                 "latencies": [round(rng.uniform(0.05, 0.2), 4) for _ in range(64)],
                 "ttfts": [round(rng.uniform(0.001, 0.02), 4) for _ in range(64)]})
     return rec

@@ -9,10 +9,11 @@ samples the means of the latencies the server timed itself from each request's a
 (`server_mean_ttft_ms`, `server_mean_queue_ms`, `server_mean_e2el_ms`): set beside the client's means,
 the difference is the time on the wire and in the client. The gauges are snapshots: on a short point whose
 engine runs in bursts between samples, the sampled running-requests peak can read 0 while every request
-ran. `server_mean_running_requests` has no such gap: the sum of the requests' own inference times (the
-time each spent in the engine's running phase, `vllm:request_inference_time_seconds`) over the window,
-divided by the load's duration, is the time average of running requests (Little's law), exact for the
-requests the window covers. Without both bracketing
+ran. `server_mean_requests_in_inference` has no such gap: the sum of the requests' own inference times
+(`vllm:request_inference_time_seconds`, from a request's first scheduling to its last token, so a preempted
+request's waiting spells count too: it is not the running requests where `server_num_preemptions` > 0) over
+the window, divided by the load's duration, is the time average of requests in inference (Little's law),
+exact for the requests the window covers. Without both bracketing
 samples the counters would cover a shorter window: they are left out, and `server_metrics_complete` is
 false with `server_metrics_incomplete_reason`. With data parallelism each engine has its own series: KV
 cache usage takes the fullest engine, requests and counters are summed. These are the numbers one
@@ -53,7 +54,7 @@ RUNNING_TIME = "vllm:request_inference_time_seconds"
 _HIST_SERIES = (*(f"{name}{part}" for name in HISTOGRAMS for part in ("_sum", "_count")), RUNNING_TIME + "_sum")
 # every numeric server field a result (and so an SLA target) can carry
 FIELDS = (*(f"server_{short}_{kind}" for short in _FIELD.values() for kind in ("peak", "mean")), *_COUNTER_FIELDS,
-          "server_prefix_cache_hit_rate", *HISTOGRAMS.values(), "server_mean_running_requests")
+          "server_prefix_cache_hit_rate", *HISTOGRAMS.values(), "server_mean_requests_in_inference")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -172,7 +173,7 @@ def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, fl
             out[fld] = 1000.0 * total / count
     busy = RUNNING_TIME + "_sum"
     if window is not None and end > start and busy in first and busy in last:
-        out["server_mean_running_requests"] = (last[busy] - first[busy]) / (end - start)
+        out["server_mean_requests_in_inference"] = (last[busy] - first[busy]) / (end - start)
     return out
 
 
@@ -194,7 +195,7 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         if fld.endswith("_peak"):
             out[fld] = max(values)
-        elif fld.endswith("_mean") or fld in HISTOGRAMS.values() or fld == "server_mean_running_requests":
+        elif fld.endswith("_mean") or fld in HISTOGRAMS.values() or fld == "server_mean_requests_in_inference":
             out[fld] = sum(values) / len(values)
         elif fld in _COUNTER_FIELDS and len(values) == len(summaries):
             out[fld] = sum(values)

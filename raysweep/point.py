@@ -317,7 +317,9 @@ class PointRunner:
             "ended_at": time.time(), "bench_wall_s": out.get("duration_s"), "cache_state_before": reset,
             "bench_command": out.get("command"),
             **transport_fields(server.transport), **fabric_fields(server.fabric),
-            **telemetry_fields(server, started, time.time(), self.c.transport.telemetry),
+            # GPU telemetry over the load's own window, not from the start of the data set's building
+            **telemetry_fields(server, float(result.get("start_time") or started),
+                               float(result.get("end_time") or time.time()), self.c.transport.telemetry),
             **server_process_fields(server.nodes, server.facts),
             **provenance.result_fields(resolve_provenance(server, self.work.ledger),
                                        [n.get("hostname") or "" for n in server.nodes]),

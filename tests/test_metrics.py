@@ -61,10 +61,10 @@ def test_mean_running_requests_is_the_servers_inference_time_over_the_load_when_
     after = {**metrics.parse_metrics(body), "vllm:num_requests_running": 0.0}
     out = metrics.summarize([S(0.0, before), S(3.0, {"vllm:num_requests_running": 0.0}), S(6.0, after)], [], (1.0, 5.0))
     assert out["server_num_requests_running_peak"] == 0.0
-    assert out["server_mean_running_requests"] == pytest.approx(6.0 / 4.0)
-    assert "server_mean_running_requests" not in metrics.summarize([S(0.0, before), S(6.0, after)], [], None)
-    runs = [{"server_mean_running_requests": 1.0}, {"server_mean_running_requests": 2.0}]
-    assert metrics.combine(runs)["server_mean_running_requests"] == 1.5
+    assert out["server_mean_requests_in_inference"] == pytest.approx(6.0 / 4.0)
+    assert "server_mean_requests_in_inference" not in metrics.summarize([S(0.0, before), S(6.0, after)], [], None)
+    runs = [{"server_mean_requests_in_inference": 1.0}, {"server_mean_requests_in_inference": 2.0}]
+    assert metrics.combine(runs)["server_mean_requests_in_inference"] == 1.5
 
 
 @pytest.mark.parametrize("samples, words", [

@@ -161,8 +161,8 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     assert (df["server_prompt_tokens"] == df["total_input_tokens"]).all(), df[["server_prompt_tokens", "total_input_tokens"]]
     assert (df["server_generation_tokens"] == df["total_output_tokens"]).all()
     # the server's own inference times: every point ran requests, never more at once than the client had in flight
-    assert (df["server_mean_running_requests"] > 0).all()
-    assert (df["server_mean_running_requests"] <= df["max_concurrency"]).all()
+    assert (df["server_mean_requests_in_inference"] > 0).all()
+    assert (df["server_mean_requests_in_inference"] <= df["max_concurrency"]).all()
     # the gauges, sampled every 0.5 s, are read on every point and within their bounds; a point of about a
     # second whose engine runs in bursts between samples can read 0 in all of them (seen in 1 of 36 points
     # of some runs, with the server's counters proving all 24 requests ran in it), so under load they must
