@@ -69,3 +69,16 @@ def test_the_benchmark_process_runs_at_niceness_0_though_rays_workers_are_niced(
     res = out["result"]
     assert res["own_nice"] == 0 and res["client_nice"] == 0 and res["client_nice_lowering_failed"] is False
     assert res["client_cpu_affinity"] and res["client_node_ips"] == "127.0.0.1"
+
+
+def test_the_command_backends_client_is_said_to_be_not_judged():
+    """vllm bench serve's JSON has no send times: the client-bottleneck check is not judged, and says so,
+    and the validity record counts it among the checks with nothing to judge."""
+    from raysweep.bench.command import NOT_JUDGED, client_judgement
+    from raysweep.validity import unknown_checks, validity_fields
+
+    record = {"completed": 10, "failed": 0, "server_nice": 0, "client_nice": 0, "steady_state": True}
+    record.update(client_judgement(record))
+    assert record["client_limited"] is None and record["client_limited_reason"] == NOT_JUDGED
+    assert "client-limited" in unknown_checks(record) and validity_fields(record)["validity_ok"] is True
+    assert client_judgement({"client_limited": False}) == {}

@@ -26,7 +26,8 @@ import ray
 from raysweep import grid, procs
 from raysweep.validity import cpu_text
 
-__all__ = ["CommandBench", "CommandClient", "PERCENTILE_METRICS", "METRIC_PERCENTILES", "bench_argv", "result_record"]
+__all__ = ["METRIC_PERCENTILES", "NOT_JUDGED", "PERCENTILE_METRICS", "CommandBench", "CommandClient", "bench_argv",
+           "client_judgement", "result_record"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,18 @@ def result_record(result: dict[str, Any], serve_params: dict[str, Any], bench_pa
     return record
 
 
+NOT_JUDGED = ("not judged: the benchmark command's JSON holds no send times (vllm bench serve records when "
+              "requests finished, not when each could and did begin); run backend: native to judge the client")
+
+
+def client_judgement(result: dict[str, Any]) -> dict[str, Any]:
+    """The client-bottleneck judgement a command's JSON allows: none (`client_limited` stays unknown, and
+    the validity record lists the check as not judged), said in `client_limited_reason`."""
+    if result.get("client_limited") is not None:
+        return {}
+    return {"client_limited": None, "client_limited_reason": NOT_JUDGED}
+
+
 @ray.remote(num_cpus=0.1, max_restarts=0)
 class CommandClient:
     """Runs benchmark commands (and `after_bench_cmd`) as child processes on its node, at niceness 0 where
@@ -98,6 +111,7 @@ class CommandClient:
                                                                     float(out["result"].get("duration") or 0))
                     out["result"].update(client, client_nice_lowering_failed=nice_failure is not None,
                                          client_node_ips=ray.util.get_node_ip_address())
+                    out["result"].update(client_judgement(out["result"]))
                 except (OSError, ValueError) as exc:
                     out.update(ok=False, error=f"no readable result JSON from the benchmark command: {exc}")
         out["command"] = grid.shell_join(grid.mask_argv(full))
