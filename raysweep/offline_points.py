@@ -15,7 +15,7 @@ import ray
 
 from raysweep import transport
 from raysweep.bench import offline
-from raysweep.live_server import Aborted, ConfigRun, Server, Servers, new_server_id
+from raysweep.live_server import Aborted, ConfigRun, Server, Servers, new_server_id, resolve_provenance
 from raysweep.plan import PointRun
 from raysweep.point import PointRunner
 from raysweep.workload import Workload
@@ -65,6 +65,8 @@ class OfflinePoints:
             return "aborted"
         if server.transport is None and not server.host_lost:
             self.servers.read_transport(run if not run.abort else None, server)
+        if not server.host_lost:  # read while its host actors live: the result record carries it
+            resolve_provenance(server, w.ledger)
         refused = transport.refusal(server.transport, self.c.transport.require) if server.transport else None
         tail = server.log_tail() if error or refused else None
         self.servers.stop(server, state="stopped" if error is None else "failed")

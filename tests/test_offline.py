@@ -147,6 +147,8 @@ def test_offline_grid_runs_each_point_as_a_gpu_task_side_by_side(gpu_cluster, tm
     assert (df["request_throughput"] - expected).abs().max() < 1e-9
     assert (df["total_output_tokens"] == 100 * 32).all() and (df["output_throughput"] > 0).all()
     assert (df["gpu_count"] == 2).all() and set(df["offline_kind"]) == {"throughput"}
+    # every offline row carries the provenance of the host that ran it, as a served point's does
+    assert df["provenance_raysweep"].notna().all() and df["provenance_hostnames"].str.len().gt(0).all()
     # the command saw its GPUs, with --output-json added
     seen = [json.loads(x) for x in env_file.read_text().splitlines()]
     assert all(len((s["CUDA_VISIBLE_DEVICES"] or "").split(",")) == 2 for s in seen)
