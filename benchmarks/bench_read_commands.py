@@ -22,6 +22,7 @@ import argparse
 import datetime
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -126,12 +127,17 @@ def argv_of(command: str, out: Path, cfile: Path, scratch: Path) -> list[str]:
     return [words[0], str(out), *words[1:]]
 
 
-def time_command(argv: list[str]) -> tuple[float, int, str]:
+def time_command(argv: list[str]) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds (user + system of the process and its children), exit code, stderr tail."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "VLLM_HOST_IP": "127.0.0.1", "RAY_AUTH_MODE": "disabled", "COLUMNS": "200"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "raysweep", *argv], env=env, capture_output=True, text=True)
-    return time.perf_counter() - t0, proc.returncode, proc.stderr[-2000:]
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu, proc.returncode, proc.stderr[-2000:]
 
 
 def snapshot(out: Path) -> dict[str, tuple[int, int]]:
@@ -161,13 +167,13 @@ def main() -> None:
                 scratch = base / f"scratch{size}"
                 shutil.rmtree(scratch, ignore_errors=True)
                 before = snapshot(out)
-                wall, rc, err = time_command(argv_of(command, out, cfile, scratch))
+                wall, cpu, rc, err = time_command(argv_of(command, out, cfile, scratch))
                 wrote = sorted(set(snapshot(out).items()) - set(before.items()))
                 note = "" if rc == 0 else f" (exit {rc})"
                 if wrote:
                     note += f" (wrote {len(wrote)} file(s) in the campaign dir)"
-                table[command][size] = f"{wall:.1f}{note}"
-                print(f"{size:>6} runs  {command:<22} {wall:7.2f} s{note}", file=sys.stderr)
+                table[command][size] = f"{wall:.1f} ({cpu:.1f}){note}"
+                print(f"{size:>6} runs  {command:<38} {wall:7.2f} s wall {cpu:7.2f} s CPU{note}", file=sys.stderr)
                 if rc:
                     print(err, file=sys.stderr)
     finally:
@@ -180,7 +186,7 @@ def main() -> None:
 
 
 def markdown(table: dict[str, dict[int, str]], sizes: list[int]) -> str:
-    head = "| command | " + " | ".join(f"{s:,} runs (s)" for s in sizes) + " |"
+    head = "| command | " + " | ".join(f"{s:,} runs: wall s (CPU s)" for s in sizes) + " |"
     rows = [f"| `{c}` | " + " | ".join(table[c].get(s, "-") for s in sizes) + " |" for c in table]
     return "\n".join([head, "|---" * (len(sizes) + 1) + "|", *rows])
 
