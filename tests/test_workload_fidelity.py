@@ -106,7 +106,7 @@ def test_a_trace_shorter_than_num_prompts_records_the_requests_sent(tmp_path):
     f = _trace(tmp_path / "t.jsonl", [{"timestamp": i, "input_length": 4, "output_length": 2} for i in range(3)])
     o = opts("--dataset-name", "timed_trace", "--dataset-path", str(f), "--num-prompts", "10")
     assert len(make_requests(o)) == 3
-    assert planned_prompts(o, 3) == {"num_prompts": 3, "num_prompts_asked": 10}
+    assert planned_prompts(o, 3) == {"num_prompts": 10, "num_prompts_sent": 3}
     assert planned_prompts(opts("--num-prompts", "10"), 10) == {"num_prompts": 10}
 
 
@@ -468,3 +468,30 @@ def test_real_server_gets_the_traces_lengths_and_the_custom_sets_template(gpu_cl
             for p in ("What is the capital of India?", "And of Iran?")]
     assert sorted(s["in_tok"]) == sorted(len(tok(w).input_ids) for w in want)
     assert min(s["in_tok"]) > len(tok("And of Iran?").input_ids) + 5  # the template's tokens arrived
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.01"]], indirect=True)
+def test_an_actor_whose_clock_is_off_by_seconds_still_sends_on_the_common_timeline(gpu_cluster, stream_server):
+    """One of two actors runs its wall clock 5 s ahead: its offset is measured and its requests are still
+    sent at their due times on the one timeline, interleaved with the other actor's."""
+    import numpy as np
+    import ray
+
+    from raysweep.bench.native import NativeBench
+
+    nb = NativeBench(cpus=0.5)
+    try:
+        nb._ensure(2)
+        ray.get(nb.actors[1].skew_clock.remote(5.0))
+        out = _run(nb, ["--num-prompts", "20", "--request-rate", "20", "--burstiness", "1000",
+                        "--random-input-len", "4", "--random-output-len", "2"], stream_server, clients=2)
+    finally:
+        nb.close()
+    r, s = out["result"], out["samples"]
+    assert r["completed"] == 20 and r["client_clock_offset_ms_max"] == pytest.approx(5000, abs=100)
+    begin, due, actor = (np.asarray(s[k], dtype=float) for k in ("begin", "due", "actor"))
+    assert set(actor.tolist()) == {0.0, 1.0}
+    assert np.max(np.abs(begin - due)) < 0.2  # neither actor 5 s early nor late: the merged timeline holds
+    order = actor[np.argsort(begin)]
+    assert np.sum(order[1:] != order[:-1]) >= 15  # dealt round robin, the two actors' requests interleave

@@ -96,6 +96,7 @@ class NativeClient:
             log.warning("native client: %s; it runs on CPUs %s", failure, sorted(os.sched_getaffinity(0)))
         self._session: aiohttp.ClientSession | None = None
         self._blocking = False
+        self._skew = 0.0
         self._loop = _new_loop()
         threading.Thread(target=self._loop.run_forever, name="native-client-loop", daemon=True).start()
 
@@ -103,7 +104,11 @@ class NativeClient:
         return ray.util.get_node_ip_address()
 
     def clock(self) -> float:
-        return time.time()
+        return time.time() + self._skew
+
+    def skew_clock(self, seconds: float) -> None:
+        """Test hook: this actor's wall clock runs `seconds` ahead of the machine's (a node whose clock is off)."""
+        self._skew = seconds
 
     def block_loop(self, busy_s: float, period_s: float) -> None:
         """Test hook: block the client's event loop `busy_s` of every `period_s` (0, 0 stops it)."""
@@ -147,7 +152,7 @@ class NativeClient:
         hdrs = {"Content-Type": "application/json", **headers}
         cols: dict[str, list[Any]] = {c: [] for c in (*stats.COLUMNS, *stats.WORKLOAD_COLUMNS)}
         clock = time.perf_counter
-        base = clock() + (t0 - time.time())   # perf_counter value of the common start
+        base = clock() + (t0 - self.clock())  # perf_counter value of the common start (t0 is in this actor's clock)
         late = clock() - base
 
         async def send(k: int, ready: float, body: bytes | None = None, due_at: float | None = None,
@@ -516,10 +521,10 @@ def _requests(opts: LoadOptions) -> tuple[list[Request], list[tuple[int, int]] |
 
 
 def planned_prompts(opts: LoadOptions, units: int) -> dict[str, int]:
-    """`num_prompts` as sent: a file with fewer usable requests (a short trace, --no-oversample) sends fewer
-    than asked, and says both."""
+    """`num_prompts` as asked (vLLM's field, which a swept `num_prompts` parameter matches) and, where a file
+    with fewer usable requests (a short trace, --no-oversample) sends fewer, `num_prompts_sent`."""
     if 0 < units < opts.num_prompts:
-        return {"num_prompts": units, "num_prompts_asked": opts.num_prompts}
+        return {"num_prompts": opts.num_prompts, "num_prompts_sent": units}
     return {"num_prompts": opts.num_prompts}
 
 

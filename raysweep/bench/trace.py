@@ -22,7 +22,7 @@ result says how many were out of order (`trace_lines_out_of_order`) and the log 
 negative timestamp is refused naming its line; blank lines are skipped and reported once.
 `--no-self-timed` replaces the timeline by `--request-rate`. At most `--num-prompts` requests are replayed
 (the earliest), or, with `--duration`, every one due before it; a trace with fewer lines records the number
-sent as `num_prompts` (and the asked one as `num_prompts_asked`).
+sent as `num_prompts_sent` (`num_prompts` stays the asked number, as in vLLM's result).
 """
 
 from __future__ import annotations
