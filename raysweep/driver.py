@@ -270,7 +270,7 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     cluster: Any
     work: Workload
     if is_endpoint_campaign(plan.spec):  # serve.url: running endpoints, none started here
-        work, cluster = endpoint.run_parts(plan, ledger, output_dir, emit)
+        work, cluster = endpoint.run_parts(plan, ledger, output_dir, emit, RayCluster)
     elif c.tune is not None:  # candidates asked as GPUs free up, stopped early, told when they end
         from raysweep.tune import TunedCluster, TuneWork
 

@@ -26,6 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -308,10 +309,8 @@ class EndpointCluster:
     """The scheduler's `Cluster` for endpoints: one pseudo-node without GPUs (an endpoint takes nothing of
     the Ray cluster but the CPUs of its client actors), each configuration in its own thread."""
 
-    def __init__(self, life: EndpointLife) -> None:
-        from raysweep.driver import RayCluster
-
-        self._inner = RayCluster(life)
+    def __init__(self, life: EndpointLife, cluster: Callable[[EndpointLife], Any]) -> None:
+        self._inner = cluster(life)  # the driver's RayCluster: threads per configuration, as on Ray
 
     def nodes(self) -> list[placement.NodeInfo]:
         return [placement.NodeInfo(NODE_ID, "", 0, 0.0)]
@@ -320,7 +319,9 @@ class EndpointCluster:
         return getattr(self._inner, name)
 
 
-def run_parts(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink) -> tuple[EndpointWork, EndpointCluster]:
-    """The work and cluster of an endpoint campaign, for `raysweep.driver.run_plan`."""
+def run_parts(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink,
+              cluster: Callable[[EndpointLife], Any]) -> tuple[EndpointWork, EndpointCluster]:
+    """The work and cluster of an endpoint campaign, for `raysweep.driver.run_plan`, which passes its
+    `RayCluster` as `cluster` (so this module needs nothing of the driver)."""
     work = EndpointWork(plan, ledger, output_dir, emit)
-    return work, EndpointCluster(EndpointLife(work))
+    return work, EndpointCluster(EndpointLife(work), cluster)
