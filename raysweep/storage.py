@@ -21,6 +21,7 @@ import sqlite3
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 from raysweep.errors import UserError
 from raysweep.ledger import LEDGER_FILE
@@ -37,7 +38,7 @@ def is_uri(text: str) -> bool:
     return "://" in text
 
 
-def _filesystem(uri: str, field: str = "storage") -> tuple[object, str]:
+def _filesystem(uri: str, field: str = "storage") -> tuple[Any, str]:
     from pyarrow import fs
 
     try:
