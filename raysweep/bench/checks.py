@@ -202,9 +202,10 @@ def _vllm_options(argv: list[str]) -> LoadOptions:
         if flag(name):
             kw[name] = flag(name)
     for name, typ in (("timed_trace_sec_multiplier", float), ("custom_output_len", int), ("num_prompts", int)):
-        if flag(name):
+        value = flag(name)
+        if value:
             try:
-                kw[name] = typ(flag(name))
+                kw[name] = typ(value)
             except ValueError:
                 pass
     return LoadOptions(**kw)

@@ -61,7 +61,10 @@ def conversations(opts: LoadOptions, tok: Any) -> Conversations:
         raise CampaignError("bench.cmd", "--dataset-name multi_turn sends text to the chat API and needs the model's "
                                          "tokenizer: give --tokenizer (a local tokenizer folder)")
     sessions = _from_file(opts, tok) if opts.dataset_path else [(None, t) for t in _synthetic(opts, tok)]
-    messages, outs, spans, systems = [], [], [], []
+    messages: list[str] = []
+    outs: list[int] = []
+    spans: list[tuple[int, int]] = []
+    systems: list[str | None] = []
     for system, turns in sessions:
         spans.append((len(messages), len(turns)))
         systems.append(system)
