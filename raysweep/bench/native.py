@@ -457,8 +457,8 @@ class NativeBench:
         shipped = ray.put(bodies)
         dispenser, epoch = self._dispense(_UNBOUNDED if cycle else units) if conc and n > 1 else (None, 0)
         # only a cycling closed loop is stopped by the clock: an open loop's requests are all due within it
-        work = {"spans": spans, "systems": systems, "think_s": opts.multi_turn_think_time, "duration_s": opts.duration if cycle else None,
-                "cycle": cycle}
+        work = {"spans": spans, "systems": systems, "think_s": opts.multi_turn_think_time,
+                "duration_s": opts.duration if cycle else None, "cycle": cycle}
         t0 = time.time() + _START_LEAD_S + sum(len(b) for b in bodies) / _SHIP_BYTES_PER_S + 0.002 * n
         refs = []
         for a, actor in enumerate(actors):
