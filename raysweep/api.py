@@ -193,9 +193,7 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     :raises UserError: the campaign is invalid (nothing is started).
     """
     from raysweep.campaign import campaign_from_dict, load_campaign
-    from raysweep.driver import open_campaign, ray_session, run_campaign
-    from raysweep.errors import LedgerError
-    from raysweep.results import write_results
+    from raysweep.cli.running import _finished
 
     if isinstance(campaign, dict):
         spec = campaign_from_dict(campaign, base_dir=Path.cwd())
@@ -203,6 +201,15 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
         spec = load_campaign(campaign)
     c = spec.campaign
     out = Path(output_dir or c.output_dir or f"results/{c.name}")
+    finished = _finished(spec, out, retry_failed)
+    if finished is not None:  # nothing left to run: answered from its files, without Ray
+        done = Campaign(out)
+        done.last_run = _summary(out, *finished)  # type: ignore[attr-defined]
+        return done
+    from raysweep.driver import open_campaign, ray_session, run_campaign
+    from raysweep.errors import LedgerError
+    from raysweep.results import write_results
+
     # a changed campaign, a live driver or changed settings are refused before Ray starts, writing nothing
     _, ledger = open_campaign(spec, out, force=force, accept_changes=accept_changes)
     ledger.close()
@@ -220,3 +227,18 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     loaded = Campaign(out)
     loaded.last_run = summary  # type: ignore[attr-defined]
     return loaded
+
+
+@dataclass
+class _Finished:
+    """What `.last_run` holds for a campaign that had nothing left to run (the fields of `RunSummary`, whose
+    module would import Ray)."""
+
+    output_dir: Path
+    counts: dict[str, int]
+    failures: list[Any] = field(default_factory=list)
+    stopped_early: str | None = None
+
+
+def _summary(output_dir: Path, counts: dict[str, int], failed: list[Any]) -> _Finished:
+    return _Finished(output_dir, counts, failed)

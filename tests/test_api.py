@@ -63,3 +63,13 @@ def test_import_raysweep_is_light():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['Campaign', 'load', 'run']"
+
+
+def test_run_of_a_finished_campaign_answers_without_ray(tmp_path):
+    cfile = bench_module().build_stub(tmp_path / "stub", 36)
+    code = ("import sys, raysweep\nc = raysweep.run(sys.argv[1])\n"
+            "print(c.last_run.counts['done'], len(c.summary))\n"
+            "assert 'ray' not in sys.modules, 'ray was imported'")
+    done = subprocess.run([sys.executable, "-c", code, str(cfile)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["36", "18"]
