@@ -227,8 +227,8 @@ def _match_columns(baseline: Side, other: Side, on: Sequence[str] | None) -> lis
         for side in (baseline, other):
             missing = [c for c in on if c not in side.summary.columns]
             if missing:
-                raise UserError(f"--match-on {','.join(missing)}: not a column of {side.name} ({side.source}); "
-                                f"its parameters: {', '.join(side.params) or 'none'}")
+                raise UserError(unknown_names("--match-on", missing, side.params,
+                                              f"parameter of {side.name} ({side.source})"))
         return list(on)
     keys = [p for p in baseline.params if p in other.params]
     if not keys:
