@@ -85,8 +85,10 @@ def remove(root: Path | None) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-_HIT = re.compile(r"Directly load the compiled graph")
-_COMPILED = re.compile(r"Compiling a graph for|torch\.compile took [0-9.]+ s in total|compilation: [0-9.]+ s")
+# vLLM 0.32's lines (vllm/compilation/backends.py, decorators.py, monitor.py): loaded from the cache, or compiled
+_HIT = re.compile(r"Directly load the compiled graph|Directly load AOT compilation")
+_COMPILED = re.compile(r"Compiling a graph for|torch\.compile took [0-9.]+ s in total|compilation: [0-9.]+ s"
+                       r"|saved AOT compiled function|Dynamo bytecode transform time")
 
 
 def compile_cache_state(log_text: str) -> str:

@@ -10,7 +10,9 @@ reports the length of several of them itself. `phases` reads them into one recor
 - `startup_engine_s`: engine start to loading the model (engine and worker processes, distributed set-up);
 - `startup_weights_s`: loading the weights, vLLM's own figure (`Model loading took`, `Loading weights took`);
 - `startup_kv_cache_s`: memory profiling, KV cache, compilation, graph capture and warm-up together, vLLM's
-  `init engine (...) took`; inside it `startup_compile_s` (`compilation: X s`, `torch.compile took`),
+  `init engine (...) took`; inside it `startup_compile_s` (`compilation: X s`, `torch.compile took`; on the
+  CPU build, which compiles while it warms up, the time stamps of `Warming up model for the compilation`
+  and `Warming up done`),
   `startup_graph_capture_s` (`Graph capturing finished in`), `startup_memory_profiling_s`;
 - `startup_api_s`: the engine ready to the API ready (routes, the HTTP server, raysweep's readiness poll).
 
@@ -39,6 +41,8 @@ _MARKS = {  # the first line of each step
     "load": re.compile(r"Starting to load model"),
     "ready": re.compile(r"init engine \(profile, create kv cache, warmup model\) took"),
     "listen": re.compile(r"Starting vLLM server on"),
+    "warmup": re.compile(r"Warming up model for the compilation"),  # the CPU build compiles while warming up
+    "warmed": re.compile(r"Warming up done"),
 }
 _FIGURES = {  # vLLM's own lengths, in seconds
     "startup_weights_s": re.compile(r"Model loading took [0-9.]+ GiB memory and ([0-9.]+) seconds"),
@@ -102,6 +106,8 @@ def phases(log_text: str, started_at: float | None = None, ready_at: float | Non
         out["startup_process_s"] = max(0.0, marks["engine"] - marks.get("first", started_at))
         if "load" in marks:
             out["startup_engine_s"] = max(0.0, marks["load"] - marks["engine"])
+    if "startup_compile_s" not in out and "warmup" in marks and "warmed" in marks:
+        out["startup_compile_s"] = max(0.0, marks["warmed"] - marks["warmup"])
     if "ready" in marks and ready_at is not None:
         out["startup_api_s"] = max(0.0, ready_at - marks["ready"])
     return out

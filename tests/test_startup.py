@@ -58,6 +58,10 @@ def test_phases_of_an_eager_cpu_start_leave_out_what_it_does_not_do():
     ])
     p = startup.phases(log, t0, t0 + 25.0)
     assert p["startup_weights_s"] == 0.062479 and p["startup_kv_cache_s"] == 0.39
+    compiled = log + "\n" + "\n".join([  # the CPU build with compilation on: it compiles while warming up
+        f"(Worker pid=3) INFO {_at(t0 + 22)} [cpu_model_runner.py:87] Warming up model for the compilation...",
+        f"(Worker pid=3) INFO {_at(t0 + 31)} [cpu_model_runner.py:91] Warming up done."])
+    assert startup.phases(compiled, t0, t0 + 34.0)["startup_compile_s"] == 9
     assert "startup_compile_s" not in p and "startup_graph_capture_s" not in p
     assert (p["startup_imports_s"], p["startup_process_s"], p["startup_engine_s"]) == (8, 7, 7)
 
@@ -116,6 +120,8 @@ def test_a_start_says_whether_it_found_compiled_graphs():
     assert caches.compile_cache_state("INFO [backends.py:399] Compiling a graph for compile range (1, 2048) "
                                       "takes 9.10 s") == "cold"
     assert caches.compile_cache_state("init engine (profile, create kv cache, warmup model) took 0.39 s") == "none"
+    assert caches.compile_cache_state("[decorators.py:319] Directly load AOT compilation from path /c/x") == "warm"
+    assert caches.compile_cache_state("[backends.py:1166] Dynamo bytecode transform time: 3.10 s") == "cold"
 
 
 def test_weights_are_read_once_into_the_page_cache(tmp_path):
