@@ -208,8 +208,11 @@ class Chaos:
                 return False
             os.kill(pid, signal.SIGKILL if kind == "server_kill" else signal.SIGSTOP)
             return True
-        if kind == "client_kill":
-            actor = _client_actor()
+        if kind == "client_kill":  # a bench call lives a second or two: look for one for up to 30 s
+            actor, deadline = _client_actor(), time.time() + 30
+            while actor is None and time.time() < deadline and not self.finished():
+                time.sleep(0.05)
+                actor = _client_actor()
             if actor is None:
                 return False
             os.kill(actor, signal.SIGKILL)
