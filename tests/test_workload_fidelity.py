@@ -489,9 +489,28 @@ def test_an_actor_whose_clock_is_off_by_seconds_still_sends_on_the_common_timeli
     finally:
         nb.close()
     r, s = out["result"], out["samples"]
-    assert r["completed"] == 20 and r["client_clock_offset_ms_max"] == pytest.approx(5000, abs=100)
+    assert r["completed"] == 20 and r["client_clock_offset_ms_max"] == pytest.approx(5000, abs=250)
     begin, due, actor = (np.asarray(s[k], dtype=float) for k in ("begin", "due", "actor"))
     assert set(actor.tolist()) == {0.0, 1.0}
-    assert np.max(np.abs(begin - due)) < 0.2  # neither actor 5 s early nor late: the merged timeline holds
+    assert np.max(np.abs(begin - due)) < 1.0  # neither actor 5 s early nor late: the merged timeline holds
     order = actor[np.argsort(begin)]
     assert np.sum(order[1:] != order[:-1]) >= 15  # dealt round robin, the two actors' requests interleave
+
+
+@pytest.mark.ray
+def test_warmup_requests_reach_the_server_before_the_point(gpu_cluster, tmp_path):
+    """The stand-in fails every 4th request it receives. With 3 warmup requests sent first, the point's
+    requests are the server's 4th, 5th, ...: its 1st, 5th and 9th fail (without the warmup: its 4th and 8th)."""
+    from helpers import run_file
+
+    from raysweep.results import read_samples, results_table
+
+    f = native_campaign(tmp_path, server_args="--fail-every 4",
+                        bench_args="--random-input-len 8 --random-output-len 2 --max-concurrency 1",
+                        bench_params=[{}], warmup=3, bench={"client_cpus": 0.5})
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 1, summary.failures
+    row = results_table(out).iloc[0]
+    s = read_samples(out / row["samples_path"])
+    failed = sorted(int(k) for k, ok in zip(s["index"], s["ok"]) if not ok)
+    assert failed == [0, 4, 8] and row["failed"] == 3
