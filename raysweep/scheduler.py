@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 INTERRUPTED = "interrupted"  # the abort reason when the campaign itself stops: the running point does not count
 HOST_LOSS_LIMIT = 3          # starts lost to host actors before a configuration's points fail
+NODE_LOSS_WINDOW_S = 30.0    # a host loss this close to a node leaving the cluster is the node's, not counted
 NOT_PLACED_RETRY_S = 10.0    # how long a configuration Ray could not place waits before it is tried again
 
 
@@ -133,7 +134,10 @@ class Scheduler:
         self.replicas: dict[str, int] = {}  # further servers started per configuration, for their keys
         self.running: dict[str, Running] = {}
         self.not_before: dict[str, float] = {}
-        self.host_losses: dict[str, int] = {}
+        self.host_losses: dict[str, list[float]] = {}  # when each start of a configuration lost its host actors
+        self.judge_at: dict[str, float] = {}  # configurations at the limit, given up then unless a node loss explains
+        self.node_losses: list[float] = []  # when nodes left the cluster
+        self.alive_before: set[str] = set()
         self.node_ips: dict[str, str] = {}
         self.lost_from: dict[str, list[str]] = {}  # configurations torn down by a node loss: the nodes lost
 
@@ -155,6 +159,7 @@ class Scheduler:
         self.node_ips.update({n.node_id: n.ip for n in nodes})
         self._notice_lost_nodes({n.node_id for n in nodes})
         self._collect_finished()
+        self._judge_host_losses()
         pending = [] if self.work.stop_reason else self._pending()
         if not pending and not self.running:
             return False
@@ -174,6 +179,12 @@ class Scheduler:
         return out
 
     def _notice_lost_nodes(self, alive: set[str]) -> None:
+        if self.alive_before - alive:  # host actors lost about now went with the node: not counted
+            now = self.clock()
+            self.node_losses.append(now)
+            for times in self.host_losses.values():
+                times[:] = [t for t in times if abs(t - now) > NODE_LOSS_WINDOW_S]
+        self.alive_before = alive
         for key, r in self.running.items():
             lost = [n for n in r.node_ids if n not in alive]
             if lost and not r.abort:
@@ -195,12 +206,28 @@ class Scheduler:
             if outcome == "not placed":
                 self.not_before[sid] = self.clock() + NOT_PLACED_RETRY_S
             elif outcome == "host lost":
-                self.host_losses[sid] = self.host_losses.get(sid, 0) + 1
-                if self.host_losses[sid] >= HOST_LOSS_LIMIT:
-                    self.work.give_up(r.serve,
-                                      f"its host actors were lost {self.host_losses[sid]} times while starting")
+                now = self.clock()
+                if not any(abs(now - t) <= NODE_LOSS_WINDOW_S for t in self.node_losses):
+                    self.host_losses.setdefault(sid, []).append(now)
+                if len(self.host_losses.get(sid, [])) >= HOST_LOSS_LIMIT:  # judged once a node loss would show
+                    self.judge_at[sid] = self.not_before[sid] = now + NODE_LOSS_WINDOW_S
             elif outcome.startswith("error"):
                 self.work.stop_reason = f"server config {sid}: {outcome}"
+
+    def _judge_host_losses(self) -> None:
+        """Give up a configuration whose starts lost their host actors `HOST_LOSS_LIMIT` times, unless node
+        losses explain them: a node leaving the cluster kills its actors at once but is known to be gone only
+        seconds later, so the limit is judged `NODE_LOSS_WINDOW_S` after it was reached (the configuration
+        waits meanwhile), and host losses that close to a node loss are not counted."""
+        now = self.clock()
+        for sid, when in list(self.judge_at.items()):
+            if now < when:
+                continue
+            del self.judge_at[sid]
+            lost = len(self.host_losses.get(sid, []))
+            serve = next((s for s in self.work.serves if s.id == sid), None)
+            if lost >= HOST_LOSS_LIMIT and serve is not None:
+                self.work.give_up(serve, f"its host actors were lost {lost} times while starting")
 
     def _start_what_fits(self, ready: list[tuple[ServeConfig, int]], nodes: list[NodeInfo]) -> None:
         demands, by_id = [], {}

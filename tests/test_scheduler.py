@@ -6,7 +6,8 @@ import pytest
 
 from raysweep.placement import Layout, NodeInfo
 from raysweep.plan import ServeConfig, Shape
-from raysweep.scheduler import HOST_LOSS_LIMIT, INTERRUPTED, NOT_PLACED_RETRY_S, Scheduler, replica_key
+from raysweep.scheduler import (HOST_LOSS_LIMIT, INTERRUPTED, NODE_LOSS_WINDOW_S, NOT_PLACED_RETRY_S, Scheduler,
+                                replica_key)
 
 
 def serve(sid: str, gpus: int = 1, tp: int | None = None, pp: int = 1) -> ServeConfig:
@@ -188,12 +189,35 @@ def test_a_config_that_no_node_left_can_hold_is_given_up():
 def test_host_actors_lost_again_and_again_give_the_config_up():
     cluster = FakeCluster(a=1)
     work = FakeWork(serve("x"))
-    sched, _, _ = make(cluster, work)
+    sched, _, clock = make(cluster, work)
     for _ in range(HOST_LOSS_LIMIT):
         sched.step()
         cluster.end("x", "host lost")
+    sched.step()  # the limit is reached: judged once a node loss that explains it would have been seen
+    assert "x" not in work.given_up
+    clock.t += NODE_LOSS_WINDOW_S
     assert sched.step() is False
     assert len(cluster.started) == HOST_LOSS_LIMIT and f"lost {HOST_LOSS_LIMIT} times" in work.given_up["x"]
+
+
+def test_host_actors_lost_with_their_nodes_do_not_count():
+    """A node leaving the cluster kills its actors at once and is seen gone seconds later: starts lost that
+    way, before or after the loss is seen, are not host losses of the configuration."""
+    cluster = FakeCluster(a=1, b=1, c=1, d=1, e=1)
+    work = FakeWork(serve("x"))
+    sched, _, clock = make(cluster, work)
+    for node in "abcd":
+        sched.step()
+        assert cluster.started[-1][0] == "x"
+        cluster.end("x", "host lost")
+        if node in "ac":  # the start's host actors are lost first, the node seen gone after
+            sched.step()
+        clock.t += 5
+        cluster.lose(cluster.started[-1][1][0])
+        sched.step()
+        clock.t += 2 * NODE_LOSS_WINDOW_S
+    sched.step()
+    assert "x" not in work.given_up and len(cluster.started) == 5
 
 
 def test_an_error_stops_the_campaign_after_the_running_configs_end():
