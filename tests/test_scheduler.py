@@ -6,8 +6,14 @@ import pytest
 
 from raysweep.placement import Layout, NodeInfo
 from raysweep.plan import ServeConfig, Shape
-from raysweep.scheduler import (HOST_LOSS_LIMIT, INTERRUPTED, NODE_LOSS_WINDOW_S, NOT_PLACED_RETRY_S, Scheduler,
-                                replica_key)
+from raysweep.scheduler import (
+    HOST_LOSS_LIMIT,
+    INTERRUPTED,
+    NODE_LOSS_WINDOW_S,
+    NOT_PLACED_RETRY_S,
+    Scheduler,
+    replica_key,
+)
 
 
 def serve(sid: str, gpus: int = 1, tp: int | None = None, pp: int = 1) -> ServeConfig:
