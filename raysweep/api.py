@@ -136,8 +136,8 @@ class Campaign:
         from raysweep import plots
 
         lists = ("row_by", "col_by", "curve_by", "fig_by", "filter_by", "bin_by")
-        ps = plots.PlotSpec(var_x=var_x, var_y=var_y,
-                            **{k: plots.split_list(v) if k in lists else v for k, v in spec.items()})
+        options: dict[str, Any] = {k: plots.split_list(v) if k in lists else v for k, v in spec.items()}
+        ps = plots.PlotSpec(var_x=var_x, var_y=var_y, **options)
         df = self.results
         ps = plots.default_layout(df, ps, plots.load_variable(df, ps.var_x))
         plans = plots.plan_curves(df, ps)

@@ -91,8 +91,8 @@ def _show(output_dir: str) -> bool:
             st.add_column(col, no_wrap=True)
         for s in active:
             ranks = s.rank_list()
-            st.add_row(s.server_id, "\n".join(f"{r.get('node_ip') or '?'} {(r.get('node_id') or '')[:8]}" for r in ranks),
-                       str(s.port or ""), "\n".join(str(r.get("pid") or "") for r in ranks),
+            nodes = "\n".join(f"{r.get('node_ip') or '?'} {(r.get('node_id') or '')[:8]}" for r in ranks)
+            st.add_row(s.server_id, nodes, str(s.port or ""), "\n".join(str(r.get("pid") or "") for r in ranks),
                        "\n".join(r.get("gpu_ids") or "-" for r in ranks), s.state)
         print_table(st, out)
         for s in active:
@@ -107,7 +107,8 @@ def _show(output_dir: str) -> bool:
         last = {e["point_id"]: e for e in earlier}
         _say(f"{len(retried)} point(s) done after failed attempts (the last error of each):")
         for pid in sorted(retried)[:10]:
-            out.print(f"  {pid} attempt {last[pid]['attempt']}: {escape(str(last[pid]['error']))[:200]}", highlight=False)
+            out.print(f"  {pid} attempt {last[pid]['attempt']}: {escape(str(last[pid]['error']))[:200]}",
+                      highlight=False)
     for p in points:
         if p.state == PointState.FAILED:
             out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "
@@ -243,7 +244,7 @@ def _transport_table(servers: list[Any], require: str) -> None:
         table.add_row(serve_id, s.server_id, str(v.get("nnodes", 1)), escape(links),
                       "[red]refused[/]" if refused else "ok")
     print_table(table, out)
-    for serve_id, s in latest.items():  # the node-pair table of each multi-node server
+    for s in latest.values():  # the node-pair table of each multi-node server
         names = [str(r.get("node_ip") or r.get("hostname") or "?") for r in s.rank_list()]
         pairs = transport.describe_links(s.transport_verdict() or {}, names)
         if int((s.transport_verdict() or {}).get("nnodes", 1) or 1) > 1 and pairs:
@@ -282,8 +283,8 @@ def status_document(output_dir: str) -> dict[str, Any]:
         name, driver = ledger.meta("name"), ledger.last_driver()
     finally:
         ledger.close()
-    live = bool(driver) and driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"],
-                                                                          driver["pid_create_time"])
+    live = driver is not None and driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"],
+                                                                               driver["pid_create_time"])
     running = {s.serve_id for s in servers if s.stopped_at is None} if live else set()
     configs = []
     for serve_id in dict.fromkeys(p.serve_id for p in points):
