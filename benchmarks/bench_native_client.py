@@ -198,8 +198,8 @@ def capacity_multi_turn(model: Path, work: Path) -> str:
 
 def capacity_trace(model: Path, work: Path) -> str:
     import ray
-
     from bench_parity import write_trace  # benchmarks/bench_parity.py
+
     from raysweep.bench.native import NativeBench
 
     n, rate = 8000, 2000.0

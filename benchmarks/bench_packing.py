@@ -47,8 +47,18 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.campaign import NodeRule
-from raysweep.placement import (Busy, Demand, Layout, NodeInfo, Share, choose_starts, eligible_nodes, fit_nodes,
-                                layout_for, tail_starts)
+from raysweep.placement import (
+    Busy,
+    Demand,
+    Layout,
+    NodeInfo,
+    Share,
+    choose_starts,
+    eligible_nodes,
+    fit_nodes,
+    layout_for,
+    tail_starts,
+)
 from raysweep.plan import Shape
 
 Policy = Callable[[list[Demand], dict[str, int]], list[tuple[Demand, list[str]]]]

@@ -51,7 +51,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from servers import ENV, start_server, stop_server  # benchmarks/servers.py
 
 REPO = Path(__file__).resolve().parent.parent

@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raysweep import sla
 from servers import ENV, start_server, stop_server  # benchmarks/servers.py
+
+from raysweep import sla
 from raysweep.sla import INFINITE, Verdict
 
 REPO = Path(__file__).resolve().parent.parent

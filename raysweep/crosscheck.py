@@ -363,8 +363,8 @@ def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Toler
     from raysweep.bench import backend_for
     from raysweep.bench.command import CommandBench
     from raysweep.config_life import ConfigLife
-    from raysweep.live_server import ConfigRun, Server
     from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.live_server import ConfigRun, Server
     from raysweep.plan import PointRun, build_plan, point_id
     from raysweep.server import expected_model
     from raysweep.workload import Workload

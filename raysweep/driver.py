@@ -38,8 +38,8 @@ from raysweep.progress_metrics import Progress
 from raysweep.recovery import driver_alive, embedded_temp_dir
 from raysweep.results import write_results
 from raysweep.scheduler import Scheduler, replica_key, with_event_log
-from raysweep.tracking import LiveTracker
 from raysweep.server import rank_argv
+from raysweep.tracking import LiveTracker
 from raysweep.workload import EventSink, Workload
 
 __all__ = ["RayCluster", "RunSummary", "check_placement", "driver_alive", "embedded_temp_dir", "open_campaign",

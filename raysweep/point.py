@@ -25,8 +25,16 @@ from raysweep.bench import timeseries
 from raysweep.bench.command import CommandBench, result_record
 from raysweep.errors import UserError
 from raysweep.files import write_json_atomic
-from raysweep.live_server import (Aborted, ConfigRun, Server, fabric_fields, resolve_provenance,
-                                  server_process_fields, telemetry_fields, transport_fields)
+from raysweep.live_server import (
+    Aborted,
+    ConfigRun,
+    Server,
+    fabric_fields,
+    resolve_provenance,
+    server_process_fields,
+    telemetry_fields,
+    transport_fields,
+)
 from raysweep.plan import PointRun
 from raysweep.results import write_samples
 from raysweep.scheduler import INTERRUPTED

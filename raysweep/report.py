@@ -41,10 +41,10 @@ from matplotlib.figure import Figure
 
 from raysweep import aggregate, conclusions, plots, transport
 from raysweep.errors import UserError
-from raysweep.grid import combo_label
 from raysweep.files import write_text_atomic
-from raysweep.ledger import Ledger, PointRow, PointState, ServerRow
+from raysweep.grid import combo_label
 from raysweep.importer import read_sla
+from raysweep.ledger import Ledger, PointRow, PointState, ServerRow
 from raysweep.results import flagged, load_records, records_table
 from raysweep.validity import CHECKS, unknown_checks
 

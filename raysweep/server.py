@@ -37,8 +37,8 @@ import psutil
 import ray
 
 from raysweep import caches, grid, guard, procs, provenance
-from raysweep.validity import cpu_text
 from raysweep.placement import Layout
+from raysweep.validity import cpu_text
 
 __all__ = ["RESET_ENDPOINTS", "ServerHost", "expected_model", "rank_argv", "reset_caches", "server_argv"]
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from click.testing import CliRunner
-
 from helpers import standin_campaign
+
 from raysweep.cli import main
 from raysweep.schema import SCHEMA_FILE, campaign_schema
 

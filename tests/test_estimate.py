@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import standin_campaign
+
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
 from raysweep.estimate import DEFAULTS, Measured, estimate, eta_s, format_duration, guess_point_s, measured_from

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import add_nodes, remove_node_when_running, remove_nodes, run_file, standin_campaign
 
 ray = pytest.importorskip("ray")

@@ -11,8 +11,8 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from helpers import PY, STANDIN, native_campaign, run_file
+
 from raysweep import procs
 from raysweep.results import read_samples, results_table
 

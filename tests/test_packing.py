@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_scheduler import FakeCluster, FakeWork, serve
 
 from raysweep.placement import Demand, Layout

@@ -4,11 +4,20 @@ node rules and pins."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import standin_campaign
+
 from raysweep.campaign import NodeRule, load_campaign
 from raysweep.errors import CampaignError
-from raysweep.placement import Demand, Layout, NodeInfo, bundles_for, choose_starts, eligible_nodes, fit_nodes, layout_for
+from raysweep.placement import (
+    Demand,
+    Layout,
+    NodeInfo,
+    bundles_for,
+    choose_starts,
+    eligible_nodes,
+    fit_nodes,
+    layout_for,
+)
 from raysweep.plan import Shape, build_plan
 from raysweep.server import rank_argv
 

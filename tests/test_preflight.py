@@ -16,8 +16,16 @@ import pytest
 from click.testing import CliRunner
 
 from raysweep import preflight
-from raysweep.preflight import (NO_NVIDIA_SMI, compare, gather_node, node_report, parse_ib_sysfs, parse_ibv_devinfo,
-                                parse_nvidia_smi, read_ib_sysfs)
+from raysweep.preflight import (
+    NO_NVIDIA_SMI,
+    compare,
+    gather_node,
+    node_report,
+    parse_ib_sysfs,
+    parse_ibv_devinfo,
+    parse_nvidia_smi,
+    read_ib_sysfs,
+)
 
 H100 = "".join(f"{i}, NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15\n" for i in range(8))
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "

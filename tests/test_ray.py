@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from helpers import PY, STANDIN, run_file, standin_campaign
 
 ray = pytest.importorskip("ray")
@@ -319,6 +318,7 @@ def test_every_native_result_carries_its_validity_record_and_provenance(gpu_clus
     import socket
 
     from helpers import native_campaign
+
     from raysweep import __version__
 
     f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005", warmup=0,

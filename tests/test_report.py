@@ -9,13 +9,12 @@ import re
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from test_plots import PNG, build_output_dir
 
 from raysweep import report
 from raysweep.cli import main
 from raysweep.files import write_json_atomic
 from raysweep.ledger import Ledger
-from test_plots import PNG, build_output_dir
-
 
 BUILT_IN = ("conclusions", "validity", "figures", "results", "sla", "transport", "failures", "campaign", "plan",
             "environment")

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_plots import PNG, build_output_dir
 
 from raysweep import report
-from test_plots import PNG, build_output_dir
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 

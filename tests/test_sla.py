@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 
 from raysweep.errors import CampaignError
-from raysweep.sla import (INFINITE, Target, Threshold, Verdict, judge_attainment, judge_percentile, parse_targets,
-                          search, wilson)
+from raysweep.sla import (
+    INFINITE,
+    Target,
+    Threshold,
+    Verdict,
+    judge_attainment,
+    judge_percentile,
+    parse_targets,
+    search,
+    wilson,
+)
 
 
 def test_targets_use_vllms_expressions():

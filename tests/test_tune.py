@@ -19,8 +19,17 @@ from raysweep.cli import main
 from raysweep.driver import open_campaign
 from raysweep.errors import CampaignError
 from raysweep.scheduler import Scheduler
-from raysweep.tune import (TunedCluster, Tuner, TuneWork, beaten, hypervolume, leaderboard, pareto_front, report_section,
-                           rung_sizes)
+from raysweep.tune import (
+    TunedCluster,
+    Tuner,
+    TuneWork,
+    beaten,
+    hypervolume,
+    leaderboard,
+    pareto_front,
+    report_section,
+    rung_sizes,
+)
 
 _spec = importlib.util.spec_from_file_location("bench_tune", Path(__file__).parent.parent / "benchmarks" / "bench_tune.py")
 bench = importlib.util.module_from_spec(_spec)

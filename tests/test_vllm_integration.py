@@ -19,7 +19,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from helpers import add_nodes, remove_nodes
 
 from raysweep import procs

@@ -357,6 +357,7 @@ def test_a_trace_is_replayed_on_its_timeline_sped_up(gpu_cluster, stream_server,
 @pytest.mark.ray
 def test_a_campaign_stores_time_series_and_the_report_draws_them(gpu_cluster, tmp_path):
     from helpers import native_campaign, run_file
+
     from raysweep.report import build_report
     from raysweep.results import results_table
 

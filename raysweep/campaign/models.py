@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from raysweep.precision import PrecisionSpec
 from raysweep.load_levels import WorkloadSpec
+from raysweep.precision import PrecisionSpec
 
 __all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "EndpointSpec", "NodeRule", "OfflineSpec", "Pin",
            "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget", "TuneEarlyStop",

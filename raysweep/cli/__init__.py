@@ -9,10 +9,21 @@ Exit codes: 0 everything done; 1 some points failed or the campaign stopped earl
 was started); 130 interrupted (finished points are kept; `raysweep resume` continues).
 """
 
+from raysweep.cli import (  # noqa: F401  # noqa: F401  # noqa: F401
+    acceptance,
+    analysing,
+    campaign_file,
+    cluster,
+    comparing,
+    crosscheck,
+    exporting,
+    inspecting,
+    jobs,
+    profile,
+    running,
+    status,
+    tuning,  # noqa: F401
+)
 from raysweep.cli._common import main
-from raysweep.cli import analysing, campaign_file, cluster, crosscheck, inspecting, jobs, running, status  # noqa: F401
-from raysweep.cli import comparing, exporting  # noqa: F401
-from raysweep.cli import tuning  # noqa: F401
-from raysweep.cli import acceptance, profile  # noqa: F401
 
 __all__ = ["main"]
