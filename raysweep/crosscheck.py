@@ -174,7 +174,8 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {r.metric} | {_fmt(r.native, r.metric)} | {_fmt(r.vllm, r.metric)} | "
                          f"{'-' if r.ratio is None else f'{r.ratio:.3f}'} | {ci} | "
                          f"{'-' if r.tolerance is None else f'{r.tolerance:.0%}'} | "
-                         f"{'-' if not r.word else f'**{r.word}**' if r.word in ('different', 'missing') else r.word} |")
+                         f"{'-' if not r.word else f'**{r.word}**' if r.word in ('different', 'missing') else r.word}"
+                         " |")
         lines.append("")
     v = report["verdict"]
     lines.append(f"**Verdict: {v['verdict']}.**")
@@ -249,8 +250,8 @@ def _check_served(url: str, expected: str | None) -> None:
 
 
 NATIVE_ONLY_FLAGS = ("clients", "vocab_size", "prompt_format",  # options raysweep's client adds to `vllm bench serve`'s
-                     "duration", "duration_limit", "trace_format", "trace_speedup", "multi_turn_turns", "multi_turn_think_time",
-                     "timeseries_interval")
+                     "duration", "duration_limit", "trace_format", "trace_speedup", "multi_turn_turns",
+                     "multi_turn_think_time", "timeseries_interval")
 
 
 def _trace_units(argv: list[str]) -> dict[str, Any]:

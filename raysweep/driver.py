@@ -209,7 +209,8 @@ def placement_lines(serve: ServeConfig, layout: placement.Layout, offline_mode: 
         argv = rank_argv(base, layout, rank, "<rank 0 ip>", 0)
         text = shell_join(argv).replace("--master-port 0", "--master-port <free port>").replace(
             "--data-parallel-rpc-port 0", "--data-parallel-rpc-port <free port>")
-        http = "" if rank else " --output-json <result file>" if offline_mode else " --host <node ip> --port <free port>"
+        http = ("" if rank else " --output-json <result file>" if offline_mode
+                else " --host <node ip> --port <free port>")
         lines.append(f"  command{f' (rank {rank})' if layout.nnodes > 1 else ''}: {text}{http}")
     return lines
 

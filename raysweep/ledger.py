@@ -347,13 +347,13 @@ class Ledger:
             for key, value in (("name", name), ("fingerprint", fingerprint), ("meaning", json.dumps(meaning)),
                                ("campaign", json.dumps(campaign)), ("campaign_file", campaign_file),
                                ("schema_version", SCHEMA_VERSION)):
-                c.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                          (key, value))
+                c.execute("INSERT INTO meta(key, value) VALUES(?, ?)"
+                          " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
             c.execute("INSERT OR IGNORE INTO meta(key, value) VALUES('created_at', ?)", (str(now),))
             before = c.execute("SELECT COUNT(*) FROM points").fetchone()[0]
             c.executemany(
-                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params, updated_at)"
-                " VALUES(?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params,"
+                " updated_at) VALUES(?, ?, ?, ?, ?, ?, ?)",
                 [(pid, sid, bid, run, json.dumps(sp), json.dumps(bp), now) for pid, sid, bid, run, sp, bp in points])
             added = c.execute("SELECT COUNT(*) FROM points").fetchone()[0] - before
             c.execute("UPDATE points SET in_plan = 0")
@@ -455,7 +455,8 @@ class Ledger:
     def mark_running(self, point_id: str, server_id: str) -> int:
         with self._tx() as c:
             c.execute("UPDATE points SET state = 'running', attempts = attempts + 1, started_at = ?, ended_at = NULL,"
-                      " server_id = ?, updated_at = ? WHERE point_id = ?", (time.time(), server_id, time.time(), point_id))
+                      " server_id = ?, updated_at = ? WHERE point_id = ?",
+                      (time.time(), server_id, time.time(), point_id))
             return int(c.execute("SELECT attempts FROM points WHERE point_id = ?", (point_id,)).fetchone()[0])
 
     def mark_done(self, point_id: str, result_path: str) -> None:
@@ -528,7 +529,8 @@ class Ledger:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            rows = self._conn.execute("SELECT state, COUNT(*) n FROM points WHERE in_plan = 1 GROUP BY state").fetchall()
+            rows = self._conn.execute(
+                "SELECT state, COUNT(*) n FROM points WHERE in_plan = 1 GROUP BY state").fetchall()
         out = {s.value: 0 for s in PointState}
         out.update({r["state"]: r["n"] for r in rows})
         return out
@@ -539,8 +541,8 @@ class Ledger:
         now = time.time()
         with self._tx() as c:
             c.executemany(
-                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params, updated_at,"
-                " probe_of) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params,"
+                " updated_at, probe_of) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
                 [(pid, sid, bid, run, json.dumps(sp), json.dumps(bp), now, probe_of)
                  for pid, sid, bid, run, sp, bp in points])
 
@@ -574,7 +576,8 @@ class Ledger:
 
     def add_server(self, server_id: str, serve_id: str, command: str) -> None:
         with self._tx() as c:
-            c.execute("INSERT INTO servers(server_id, serve_id, command, started_at, state) VALUES(?, ?, ?, ?, 'starting')",
+            c.execute("INSERT INTO servers(server_id, serve_id, command, started_at, state)"
+                      " VALUES(?, ?, ?, ?, 'starting')",
                       (server_id, serve_id, command, time.time()))
 
     def update_server(self, server_id: str, **fields: Any) -> None:
@@ -641,8 +644,8 @@ class Ledger:
         now = time.time()
         with self._tx() as c:
             c.executemany(
-                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params, updated_at)"
-                " VALUES(?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO points(point_id, serve_id, bench_id, run, serve_params, bench_params,"
+                " updated_at) VALUES(?, ?, ?, ?, ?, ?, ?)",
                 [(pid, sid, bid, run, json.dumps(sp), json.dumps(bp), now) for pid, sid, bid, run, sp, bp in points])
             c.executemany("UPDATE points SET in_plan = 1 WHERE point_id = ?", [(p[0],) for p in points])
 
@@ -662,8 +665,9 @@ class Ledger:
                       "gpu_s, created_at, updated_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(number) DO "
                       "UPDATE SET state = excluded.state, objective = excluded.objective, rungs = excluded.rungs, "
                       "reason = excluded.reason, gpu_s = excluded.gpu_s, updated_at = excluded.updated_at",
-                      (number, serve_id, json.dumps(params), state, None if objective is None else json.dumps(objective),
-                       json.dumps(rungs or {}), reason, gpu_count, gpu_s, now, now))
+                      (number, serve_id, json.dumps(params), state,
+                       None if objective is None else json.dumps(objective), json.dumps(rungs or {}), reason,
+                       gpu_count, gpu_s, now, now))
 
     def candidates(self) -> list[dict[str, Any]]:
         """Every tuning candidate, by number: params, state, objective (list or None), rungs, reason, GPU-seconds."""

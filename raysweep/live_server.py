@@ -212,7 +212,8 @@ def process_columns(nodes: list[dict[str, Any]], facts: list[dict[str, Any]]) ->
     """The ledger's `nice` (the highest of the ranks) and `cpu_affinity` ("ip=cpus;...") of a server."""
     nices = [f["nice"] for f in facts if f.get("nice") is not None]
     return {"nice": str(max(nices)) if nices else None,
-            "cpu_affinity": ";".join(f"{n.get('node_ip')}={f.get('cpu_affinity') or '?'}" for n, f in zip(nodes, facts))}
+            "cpu_affinity": ";".join(f"{n.get('node_ip')}={f.get('cpu_affinity') or '?'}"
+                                     for n, f in zip(nodes, facts))}
 
 
 def server_process_fields(nodes: list[dict[str, Any]], facts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -399,7 +400,8 @@ class Servers:
         if not cfg.probe or run.layout.nnodes < 2 or run.res is None:
             return None
         run.fabric = fabric.probe(run.res, cfg.probe_mib, cfg.probe_iters)
-        refused = fabric.gate(run.fabric, cfg.min_busbw_gbps, cfg.min_busbw_fraction, fabric.load_baseline(cfg.baseline))
+        refused = fabric.gate(run.fabric, cfg.min_busbw_gbps, cfg.min_busbw_fraction,
+                              fabric.load_baseline(cfg.baseline))
         self.work.emit("fabric", serve=run.serve, probe=run.fabric, refused=refused)
         if refused:
             log.error("server config %s: %s", run.serve.id, refused)

@@ -44,7 +44,8 @@ from raysweep.campaign import NodeRule
 from raysweep.plan import ServeConfig, Shape
 
 __all__ = ["HOST_CPUS", "NODE_ID_LABEL", "Busy", "Demand", "Layout", "NodeInfo", "NotPlaced", "Reservation",
-           "Share", "actor_options", "bundles_for", "rule_text", "choose_starts", "cluster_nodes", "eligible_nodes", "fit_nodes",
+           "Share", "actor_options", "bundles_for", "rule_text", "choose_starts", "cluster_nodes", "eligible_nodes",
+           "fit_nodes",
            "has_gpus", "layout_for", "local_nodes", "release", "reserve", "tail_starts"]
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,8 @@ class Layout:
 
     def describe(self) -> str:
         where = "1 node" if self.nnodes == 1 else f"{self.nnodes} nodes"
-        extra = {"nnodes": ", pipeline across nodes", "dp": f", {self.dp_local} DP replica(s) per node"}.get(self.mode, "")
+        extra = {"nnodes": ", pipeline across nodes",
+                 "dp": f", {self.dp_local} DP replica(s) per node"}.get(self.mode, "")
         return f"{where} x {self.gpus_per_node} GPU(s){extra}"
 
 
@@ -176,7 +178,8 @@ def layout_for(shape: Shape, rule: NodeRule, nodes: list[NodeInfo]) -> Layout | 
     """Where a shape can go on this cluster: a `Layout`, or why it can never be placed."""
     pool = eligible_nodes(rule, nodes)
     if not pool:
-        return ("no alive node matches the placement rule " + rule_text(rule)) if nodes else "the cluster has no alive node"
+        return (("no alive node matches the placement rule " + rule_text(rule)) if nodes
+                else "the cluster has no alive node")
     if not has_gpus(nodes):
         return Layout(1, 0)
     pool = [n for n in pool if n.gpus > 0]

@@ -279,7 +279,8 @@ def probe_bench(spec: CampaignSpec, base: BenchPoint, value: float) -> BenchPoin
     else:
         setting = int(value) if sla.variable == "max_concurrency" else float(value)
     params = {**base.params, sla.variable: setting}
-    return BenchPoint(id=grid.params_id(_no_name(params)), params=params, argv=grid.apply_to_cmd(spec.bench_argv, params),
+    return BenchPoint(id=grid.params_id(_no_name(params)), params=params,
+                      argv=grid.apply_to_cmd(spec.bench_argv, params),
                       label=f"{base.label}-{sla.variable}={'inf' if math.isinf(value) else f'{value:g}'}",
                       base_id=base.id, sla_value=value)
 

@@ -4,7 +4,8 @@ A campaign with `bench: {precision: {metric: output_throughput, rel_half_width: 
 max_runs: 10}}` runs every point `min_runs` times, then one more run at a time while the Student
 t-interval of the metric's mean over the point's runs (`raysweep.verdicts.relative_half_width`, at
 `confidence`) is wider than `rel_half_width` of the mean (at two successive runs: `decide`), and stops at
-`max_runs` (the point then says so: state `max_runs`). This module holds the section's schema and the stopping rule (pure); the runs
+`max_runs` (the point then says so: state `max_runs`). This module holds the section's schema and the stopping rule
+(pure); the runs
 themselves are added by `raysweep.sequential`.
 """
 

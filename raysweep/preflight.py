@@ -4,8 +4,9 @@
 soft=False) and holding no CPU, so that it runs on a node busy with servers too. The task only gathers, as
 raw text: `nvidia-smi --query-gpu=...`, the InfiniBand port files under /sys/class/infiniband, `ibv_devinfo`,
 `nvidia-smi topo -m` (the NVLink / PCIe links
-between the GPUs and their CPU and NUMA affinity), the NCCL-related environment of Ray's workers there (what a server inherits before `serve.env`), and the
-Python, Ray, vLLM and torch versions. `gather_node` and its helpers use the standard library only and are shipped to the nodes by
+between the GPUs and their CPU and NUMA affinity), the NCCL-related environment of Ray's workers there (what a
+server inherits before `serve.env`), and the Python, Ray, vLLM and torch versions. `gather_node` and its helpers
+use the standard library only and are shipped to the nodes by
 value, so a node whose Python lacks raysweep answers as well (a likely mistake that preflight should show).
 
 The driver parses that with pure functions (`parse_nvidia_smi`, `parse_topo`, `parse_ib_sysfs`, `parse_ibv_devinfo`),
@@ -235,7 +236,8 @@ def parse_topo(text: str) -> dict[str, Any]:
         if not re.fullmatch(r"GPU\d+", name):
             continue
         row = dict(zip(cols, values))
-        gpus[name[3:]] = {"links": {c[3:]: row[c] for c in cols if re.fullmatch(r"GPU\d+", c) and c != name and c in row},
+        gpus[name[3:]] = {"links": {c[3:]: row[c] for c in cols
+                                    if re.fullmatch(r"GPU\d+", c) and c != name and c in row},
                           "cpu_affinity": row.get("CPU Affinity"), "numa": row.get("NUMA Affinity")}
     return {"gpus": gpus} if gpus else {}
 
@@ -265,7 +267,8 @@ def tp_group_warnings(topo: Mapping[str, Any], gpu_ids: list[str], tp: int) -> l
         if slow:
             pairs = ", ".join(f"GPU{a}-GPU{b} {link}" for a, b, link in slow[:4])
             out.append(f"tensor-parallel group of GPUs {','.join(group)} has no NVLink between {pairs}")
-        numa = sorted({str(gpus[g].get("numa")) for g in group if g in gpus and gpus[g].get("numa") not in (None, "N/A")})
+        numa = sorted({str(gpus[g].get("numa")) for g in group
+                       if g in gpus and gpus[g].get("numa") not in (None, "N/A")})
         if len(numa) > 1:
             out.append(f"tensor-parallel group of GPUs {','.join(group)} spans NUMA nodes {','.join(numa)}")
     return out

@@ -73,7 +73,8 @@ def _gpus(timeout_s: float) -> dict[str, Any]:
     facts = preflight.gpu_facts(preflight.run_command(preflight.GPU_QUERY, timeout_s))
     devices = facts["devices"]
     if not devices:
-        return {"gpu": NONE if facts["status"] == preflight.NO_NVIDIA_SMI else f"{facts['status']}: {facts['error']}"[:200],
+        return {"gpu": NONE if facts["status"] == preflight.NO_NVIDIA_SMI
+                else f"{facts['status']}: {facts['error']}"[:200],
                 "gpu_driver": NONE}
     models = Counter(d["name"] for d in devices)
     return {"gpu": ", ".join(f"{n} x {m}" for m, n in models.items()),

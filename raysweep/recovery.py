@@ -25,7 +25,8 @@ import ray
 from raysweep import placement, procs
 from raysweep.ledger import Ledger, ServerRow
 
-__all__ = ["dead_drivers", "driver_alive", "embedded_temp_dir", "helper_processes", "reap_lost", "reap_lost_drivers", "recover", "report_section"]
+__all__ = ["dead_drivers", "driver_alive", "embedded_temp_dir", "helper_processes", "reap_lost", "reap_lost_drivers",
+           "recover", "report_section"]
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,8 @@ def reap_lost(servers: list[ServerRow]) -> None:
                     local.append(r["pid"])
             elif r.get("node_id") in alive:
                 strategy = NodeAffinitySchedulingStrategy(r["node_id"], soft=False)
-                remote.append(_reap_on_node.options(scheduling_strategy=strategy).remote(r["pid"], r["pid_create_time"]))
+                remote.append(_reap_on_node.options(scheduling_strategy=strategy)
+                              .remote(r["pid"], r["pid_create_time"]))
     if local:
         with ThreadPoolExecutor(max_workers=len(local)) as pool:
             list(pool.map(procs.kill_tree, local))

@@ -48,7 +48,8 @@ from raysweep.ledger import Ledger, PointRow, PointState, ServerRow
 from raysweep.results import flagged, load_records, records_table
 from raysweep.validity import CHECKS, unknown_checks
 
-__all__ = ["REPORT_FILE", "SECTIONS", "Section", "build_report", "conclusions_of", "write_report", "write_report_with_headlines"]
+__all__ = ["REPORT_FILE", "SECTIONS", "Section", "build_report", "conclusions_of", "write_report",
+           "write_report_with_headlines"]
 
 log = logging.getLogger(__name__)
 
@@ -484,10 +485,11 @@ def _environment(data: _Data) -> str:
     recorded = {c: sorted(map(str, data.df[c].dropna().unique())) for c in data.df.columns
                 if c.endswith("_version")} if not data.df.empty else {}
     parts = []
-    provs = [(s, s.provenance_record()) for s in data.servers if s.provenance]
+    provs = [(s, rec) for s in data.servers if (rec := s.provenance_record()) is not None]
     if provs:
         labels = {p.serve_id: combo_label(p.serve_params) for p in data.points}
-        rows = [[labels.get(s.serve_id, s.serve_id), s.server_id, ",".join(p.get("hostnames") or [p.get("hostname", "")]),
+        rows = [[labels.get(s.serve_id, s.serve_id), s.server_id,
+                 ",".join(p.get("hostnames") or [p.get("hostname", "")]),
                  *(p.get(k) for _, k in _PROVENANCE)] for s, p in provs]
         parts.append("<p>Recorded on each server's node when it started.</p>"
                      + _table(["server config", "server", "hosts", *(t for t, _ in _PROVENANCE)], rows))

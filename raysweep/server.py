@@ -4,7 +4,8 @@ A `ServerHost` actor sits in the placement group bundle that holds the configura
 CUDA_VISIBLE_DEVICES for it) and starts the server as a child process through `raysweep.guard`, on a
 free port of its own, with its output in a log file. Readiness means `/health` answers 200 and
 `/v1/models` lists the expected model. Servers start with `NCCL_DEBUG=INFO` (unless set), so that the
-transport check can read, on every node, which links NCCL chose (`nccl_lines`). Stopping terminates the whole process tree, waits for it to exit
+transport check can read, on every node, which links NCCL chose (`nccl_lines`). Stopping terminates the whole
+process tree, waits for it to exit
 and for the port to be free, then kills what is left.
 
 The guard raises the server to niceness 0 where the OS allows; `process_facts` reads the niceness and CPU

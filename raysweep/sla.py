@@ -90,7 +90,8 @@ def parse_targets(raw: Any, fld: str = "sla.targets") -> list[Target]:
     out = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict) or not item:
-            raise CampaignError(f"{fld}[{i}]", "must be a mapping of metric -> expression, e.g. {p99_e2el_ms: \"<=200\"}")
+            raise CampaignError(f"{fld}[{i}]",
+                                "must be a mapping of metric -> expression, e.g. {p99_e2el_ms: \"<=200\"}")
         ths = []
         for metric, expr in item.items():
             where = f"{fld}[{i}].{metric}"

@@ -255,8 +255,9 @@ def report_section(output_dir: Any) -> str | None:
             continue
         bw = ("" if probe is None else f"{probe['busbw_gbps']:.2f} GB/s ({probe.get('backend')}, {probe.get('world')} "
               f"ranks)" if probe.get("busbw_gbps") is not None else f"failed: {probe.get('error')}")
-        rows.append(f"<tr><td>{e(s.serve_id)}</td><td>{e(s.server_id)}</td><td>{'<br>'.join(e(x) for x in links) or '-'}"
-                    f"</td><td>{e(bw or '-')}</td><td>{e('; '.join(warnings) or '-')}</td></tr>")
+        rows.append(f"<tr><td>{e(s.serve_id)}</td><td>{e(s.server_id)}</td>"
+                    f"<td>{'<br>'.join(e(x) for x in links) or '-'}</td>"
+                    f"<td>{e(bw or '-')}</td><td>{e('; '.join(warnings) or '-')}</td></tr>")
     if rows:
         parts.append("<p>Per server: the links NCCL chose between each pair of nodes, the all-reduce bus bandwidth "
                      "the fabric probe measured before it started, and GPU topology warnings.</p><table><tr>"

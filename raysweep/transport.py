@@ -317,5 +317,6 @@ def recorded_lines(servers: list[Any]) -> list[str]:
         probe = s.fabric_record()
         if probe:
             out.append("    fabric probe: " + (f"{probe['busbw_gbps']:.2f} GB/s bus bandwidth ({probe.get('backend')})"
-                                               if probe.get("busbw_gbps") is not None else f"failed: {probe.get('error')}"))
+                                               if probe.get("busbw_gbps") is not None
+                                               else f"failed: {probe.get('error')}"))
     return out

@@ -7,7 +7,8 @@
 - `offline`: the offline sweeps' `vllm bench throughput|latency` commands and their JSON (no client: the
   driver runs them in the configuration's host actors).
 
-The two serving backends give the driver the same interface (`warm`, `submit`, `finish`, `close`); `backend_for` picks one.
+The two serving backends give the driver the same interface (`warm`, `submit`, `finish`, `close`); `backend_for`
+picks one.
 Submodules are imported on use, so the pure parts load without Ray.
 """
 

@@ -298,7 +298,8 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
         try:
             pcts = tuple(sorted({float(x) for x in str(a["metric_percentiles"]).split(",") if x.strip()}))
         except ValueError:
-            raise bad("metric_percentiles", f"must be comma-separated numbers, got {a['metric_percentiles']!r}") from None
+            raise bad("metric_percentiles",
+                      f"must be comma-separated numbers, got {a['metric_percentiles']!r}") from None
         if not pcts or not all(0 <= p <= 100 for p in pcts):
             raise bad("metric_percentiles", f"takes comma-separated percentiles from 0 to 100, got "
                                             f"{a['metric_percentiles']!r}")

@@ -4,7 +4,8 @@ A session is a conversation of N turns. Each turn's request carries the conversa
 user message and the answer the server really gave to it (the client keeps the history), then the new user
 message, so the server sees the growing shared prefix that prefix caching serves. A session's turns are
 sent in order by one client slot, `--multi-turn-think-time` seconds after the previous answer ended; a
-failed turn ends its session, and its unsent turns count as failed ("session aborted"). `--num-prompts` counts sessions. With `--max-concurrency C`, C sessions run at
+failed turn ends its session, and its unsent turns count as failed ("session aborted"). `--num-prompts` counts
+sessions. With `--max-concurrency C`, C sessions run at
 once over the client actors (a free slot takes the next session); otherwise sessions start at the
 `--request-rate` arrival times (Poisson, `--burstiness`) and run side by side.
 

@@ -35,7 +35,8 @@ import numpy as np
 
 from raysweep.bench.options import PERCENTILE_METRICS, LoadOptions
 
-__all__ = ["COLUMNS", "WORKLOAD_COLUMNS", "MAX_LOOP_LAG_MS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION", "STEADY_MAX_DRIFT_PCT",
+__all__ = ["COLUMNS", "WORKLOAD_COLUMNS", "MAX_LOOP_LAG_MS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION",
+           "STEADY_MAX_DRIFT_PCT",
            "client_check", "empty_samples", "peak_in_flight", "per_request", "per_second_throughput",
            "point_metrics", "pool", "settle", "steady_state", "vllm_buckets"]
 

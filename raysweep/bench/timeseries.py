@@ -15,7 +15,8 @@ The steady-state window (`steady_window`) is the longest run of whole bins, at l
 which a least-squares line through the output throughput changes by at most `MAX_DRIFT_PCT` of its mean,
 and so does the line through each of its halves (the slope test of the point's `steady_state` field,
 applied to every window instead of the fixed middle; the halves keep a ramp-up at one end and a drain at the
-other from cancelling out): the ramp-up before it and the drain after it are left out. The point's headline metrics are then computed
+other from cancelling out): the ramp-up before it and the drain after it are left out. The point's headline
+metrics are then computed
 again over the requests begun inside the window (`steady_*` fields; `steady_window_start_s`/`_end_s`).
 
 The series is stored beside the result as `points/SERVE/BENCH/run=N.timeseries.parquet` (its path in the

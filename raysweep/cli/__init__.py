@@ -1,8 +1,9 @@
 """The `raysweep` command; only it prints.
 
 Commands by what the user is doing: running a campaign (`running`: run, resume; `profile`: an endpoint
-that runs already, in one line; `jobs`: submit, jobs, stop; `crosscheck`), inspecting one (`status`; `inspecting`: results, sla), analysing results (`analysing`:
-plot, pareto, report, import; `comparing`: compare; `exporting`: export), checking a campaign file (`campaign_file`: schema, validate) and cluster
+that runs already, in one line; `jobs`: submit, jobs, stop; `crosscheck`), inspecting one (`status`; `inspecting`:
+results, sla), analysing results (`analysing`: plot, pareto, report, import; `comparing`: compare; `exporting`:
+export), checking a campaign file (`campaign_file`: schema, validate) and cluster
 operations (`cluster`: preflight, tiny-model; `acceptance`: acceptance, checklist).
 
 Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing

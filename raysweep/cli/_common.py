@@ -41,7 +41,8 @@ class _Group(click.Group):
             _say(str(exc), err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted[/]: finished points are kept; continue with `raysweep resume OUTPUT_DIR`")
+            console.print("[yellow]interrupted[/]: finished points are kept; "
+                          "continue with `raysweep resume OUTPUT_DIR`")
             sys.exit(130)
 
 

@@ -154,7 +154,8 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
                 confidence: float, slo: str | None, out_path: str | None, fmt: str, fig_dpi: int, record: bool,
                 no_record: bool, as_json: bool) -> None:
     """Compare campaigns with a baseline: points matched by their parameters, per metric the ratio and Welch's
-    verdict over the runs (better, worse, not shown with N runs, not judged). Writes the tables and one figure with the curves
+    verdict over the runs (better, worse, not shown with N runs, not judged). Writes the tables and one figure with
+    the curves
     of all with --out, and records the baseline with --record; nothing otherwise."""
     from raysweep import compare, plots
     from raysweep.ledger import LEDGER_FILE

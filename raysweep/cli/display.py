@@ -94,7 +94,8 @@ class _ProgressDisplay:
         elif kind == "topology_warning":
             p.console.print(f"[yellow]server {data['server_id']}:[/] {escape(data['warning'])}", highlight=False)
         elif kind == "config_failed":
-            p.console.print(f"[red]server config {data['serve'].id} failed:[/] {escape(data['error'])}", highlight=False)
+            p.console.print(f"[red]server config {data['serve'].id} failed:[/] {escape(data['error'])}",
+                            highlight=False)
         elif kind == "server_failed":
             p.console.print(f"[red]server {data['server_id']} failed:[/] {escape(str(data['error']))}", highlight=False)
         elif kind in ("candidate_start", "candidate_done"):  # a tuning campaign

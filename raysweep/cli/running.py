@@ -21,7 +21,8 @@ ACCEPT_HELP = ("Go on although what the finished points were measured with chang
 
 @main.command()
 @click.argument("campaign_file", type=click.Path(dir_okay=False))
-@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@click.option("--address", default=None,
+              help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
 @click.option("--output-dir", default=None, help="Override the campaign's output_dir.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every server and bench command, run counts) and an "
                                               "estimate of server starts, GPU-hours and wall time; exit.")
@@ -154,7 +155,8 @@ def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], 
 
 @main.command()
 @click.argument("output_dir", type=click.Path(file_okay=False))
-@click.option("--address", default=None, help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@click.option("--address", default=None,
+              help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
 @click.option("--force", is_flag=True, help="Take over the campaign even if another driver seems to hold it.")
 @click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
 @click.option("--accept-changes", is_flag=True, help=ACCEPT_HELP)
