@@ -313,7 +313,8 @@ def measure(configs: list[Config], out: Path, points: int, prompts: int) -> dict
         "utilisation": gpu_s / (GPUS * makespan), "drain_s": last - last_start,
         "sequential_s": sequential, "sequential_over_packed": sequential / makespan,
         "sim_measured_s": sim_meas, "real_over_sim_measured": makespan / sim_meas,
-        "nominal_bound_s": nominal_bound, "sim_nominal_s": sim_nom, "nominal_sequential_s": sum(c.nominal_s for c in configs),
+        "nominal_bound_s": nominal_bound, "sim_nominal_s": sim_nom,
+        "nominal_sequential_s": sum(c.nominal_s for c in configs),
         "occupancy": _stats(occs), "nominal": _stats([c.nominal_s for c in configs]),
         "overhead": _stats([r["overhead_s"] for r in rows]),
         "parts": {k: _stats(v) for k, v in parts.items()},
@@ -341,7 +342,8 @@ def report(m: dict[str, Any], args: argparse.Namespace) -> str:
         (f"## Packing by the real driver: {NODES} x {GPUS_PER_NODE} simulated GPUs, {args.configs} configs x "
         f"{args.points} points, seed {args.seed}, durations / {args.time_scale:g}"), "",
         ("| makespan s | lower bound s | ratio | util | drain s | sequential s | seq. / packed "
-        "| sim. (measured occupancies) s | real / sim. | nominal bound s | sim. (nominal) s | peak servers | peak GPUs |"),
+        "| sim. (measured occupancies) s | real / sim. | nominal bound s | sim. (nominal) s "
+        "| peak servers | peak GPUs |"),
         "|" + "---|" * 13,
         (f"| {m['makespan_s']:.1f} | {m['lower_bound_s']:.1f} | {m['ratio']:.3f} | {m['utilisation']:.0%} "
         f"| {m['drain_s']:.1f} | {m['sequential_s']:.1f} | {m['sequential_over_packed']:.2f}x "
@@ -349,7 +351,8 @@ def report(m: dict[str, Any], args: argparse.Namespace) -> str:
         f"| {m['sim_nominal_s']:.1f} | {m['peak_servers']} | {m['peak_gpus']} |"), "",
         "Per configuration, seconds, median / max (over configs; per point: over points):", "",
         ("| occupancy | nominal | occupancy - nominal | server start beyond its delay | ready to 1st point "
-        "| 1st point beyond prompts x delay | later points, same | between points | last point to stopped | refill delay (n) "
+        "| 1st point beyond prompts x delay | later points, same | between points | last point to stopped "
+        "| refill delay (n) "
         "| first wave (n, last start) |"),
         "|" + "---|" * 11,
         (f"| {_mm(m['occupancy'])} | {_mm(m['nominal'])} | {_mm(m['overhead'])} | {_mm(m['parts']['start'])} "

@@ -59,8 +59,8 @@ OUT = REPO / "benchmarks" / "results"
 SERVE = "--load-format dummy --max-model-len 1024 --dtype bfloat16 --gpu-memory-utilization 0.2 --enforce-eager"
 LOAD = ("--dataset-name random --random-input-len 128 --random-output-len 32 --num-prompts {prompts} "
         "--max-concurrency 16 --ignore-eos --temperature 0")
-TRACE_LOAD = ("--dataset-name timed_trace --dataset-path {trace} --trace-speedup 2 --num-prompts {prompts} --ignore-eos "
-              "--temperature 0")
+TRACE_LOAD = ("--dataset-name timed_trace --dataset-path {trace} --trace-speedup 2 --num-prompts {prompts} "
+              "--ignore-eos --temperature 0")
 SESSIONS_LOAD = ("--backend openai-chat --dataset-name multi_turn --num-prompts 16 --multi-turn-turns 4 "
                  "--random-input-len 64 --random-output-len 32 --max-concurrency 8 --ignore-eos --temperature 0")
 RESULT_FILE = {"random": "parity", "trace": "parity-trace", "multi_turn": "parity-multi-turn"}
@@ -320,7 +320,8 @@ def main() -> int:
                 f"Command: `taskset -c {args.client_cpus} raysweep crosscheck parity.yaml --url {url} "
                 f"-n {args.runs}`\n\n")
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{name}.md").write_text(head + md.read_text().replace("# raysweep crosscheck", "## raysweep crosscheck", 1))
+        (OUT / f"{name}.md").write_text(
+            head + md.read_text().replace("# raysweep crosscheck", "## raysweep crosscheck", 1))
         (OUT / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(head + md.read_text(), flush=True)
         return proc.returncode

@@ -10,7 +10,8 @@ from a known response surface of the serve parameters, with noise:
 * bench grid: max_concurrency {8, 32, 128, 512}, one run each;
 * surface: a replica's KV cache holds 40 x tp^1.4 sequences; a batch is min(concurrency, max_num_seqs);
   beyond the cache it thrashes (preemptions); a decode step costs 6 / tp^0.5 + 0.06 x batch / tp^0.85 ms
-  plus 1.5 x sqrt(tp - 1) ms of all-reduce, and chunked prefill is best near 3072 x sqrt(tp) batched tokens (quadratic in log2 around it); async
+  plus 1.5 x sqrt(tp - 1) ms of all-reduce, and chunked prefill is best near 3072 x sqrt(tp) batched tokens
+  (quadratic in log2 around it); async
   scheduling gains 5 % when the batch is large. output_throughput = batch / step, with 3 % log-normal noise
   per point. The best per GPU is tp 4 with max_num_seqs 256 (its KV cache), 4096-8192 batched tokens;
 * durations: a server starts in 90 + 20 x tp s; a point takes 45 to 75 s. GPU-hours = GPUs x time held.

@@ -265,7 +265,8 @@ def test_weighted_percentiles_equal_numpys_on_the_repeated_values():
 def test_client_limited_and_flagged_runs_are_left_out_of_the_statistics():
     rows = [run_row("s8", 1, r, 100.0, 10.0) for r in range(3)]
     rows += [run_row("s8", 1, 3, 10.0, 10.0, client_limited=True, validity_issues="client-limited (loop lag)"),
-             run_row("s8", 1, 4, 500.0, 10.0, validity_ok=False, validity_issues="shared CPUs; not steady (slope +3 %/s)")]
+             run_row("s8", 1, 4, 500.0, 10.0, validity_ok=False,
+                     validity_issues="shared CPUs; not steady (slope +3 %/s)")]
     p = aggregate.summarize(table(rows)).iloc[0]
     assert p["output_throughput_mean"] == pytest.approx(100.0) and p["output_throughput_std"] == 0.0
     assert p["runs"] == 3 and p["runs_total"] == 5 and p["runs_left_out"] == 2 and not p["on_flagged_runs"]

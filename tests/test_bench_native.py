@@ -479,7 +479,8 @@ def test_metrics_summary_over_the_window_and_counter_deltas():
                S(9.0, {"vllm:kv_cache_usage_perc": 0.1, "vllm:num_preemptions": 5, "vllm:prompt_tokens": 600,
                        "vllm:prefix_cache_queries": 500, "vllm:prefix_cache_hits": 100})]
     out = metrics.summarize(samples, [], (0.5, 2.5))
-    assert out["server_kv_cache_usage_perc_peak"] == 0.8 and out["server_kv_cache_usage_perc_mean"] == pytest.approx(0.6)
+    assert out["server_kv_cache_usage_perc_peak"] == 0.8
+    assert out["server_kv_cache_usage_perc_mean"] == pytest.approx(0.6)
     assert out["server_num_requests_running_peak"] == 16 and out["server_num_preemptions"] == 3
     assert out["server_prompt_tokens"] == 500 and out["server_prefix_cache_hit_rate"] == pytest.approx(0.2)
     failed = metrics.summarize([], ["URLError: refused"], None)

@@ -142,7 +142,8 @@ def test_launcher_start_commands(launcher):
     # What `--labels` says must not contradict the labels the launcher gives each GPU worker type.
     for name, node_type in launcher["available_node_types"].items():
         if node_type["resources"].get("GPU", 0):
-            clash = {k for k in worker_labels if k in node_type["labels"] and node_type["labels"][k] != worker_labels[k]}
+            clash = {k for k in worker_labels
+                     if k in node_type["labels"] and node_type["labels"][k] != worker_labels[k]}
             assert not clash, f"{name}: --labels and labels: disagree on {clash}"
     for command in launcher["head_start_ray_commands"] + launcher["worker_start_ray_commands"]:
         if "ray start" in command:

@@ -142,7 +142,8 @@ def _sharegpt(tmp_path, n: int = 8):
     conv = [{"conversations": [{"from": "human", "value": f"question number {i} " + "the model serves " * (i + 1)},
                                {"from": "gpt", "value": "a steady answer " * (i + 2)}]} for i in range(n)]
     conv.append({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a long answer " * 5}]})
-    conv.append({"conversations": [{"from": "human", "value": "the cache " * 600}, {"from": "gpt", "value": "ok " * 9}]})
+    conv.append({"conversations": [{"from": "human", "value": "the cache " * 600},
+                                   {"from": "gpt", "value": "ok " * 9}]})
     path = tmp_path / "share.json"
     path.write_text(json.dumps(conv))
     return path

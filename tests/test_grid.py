@@ -59,7 +59,8 @@ def test_base_command_is_not_modified():
 
 def test_bool_true_appends_bare_flag_and_false_appends_no_flag():
     assert apply_to_cmd(["vllm", "serve", "m"], {"enforce_eager": True}) == ["vllm", "serve", "m", "--enforce-eager"]
-    assert apply_to_cmd(["vllm", "serve", "m"], {"enforce_eager": False}) == ["vllm", "serve", "m", "--no-enforce-eager"]
+    assert apply_to_cmd(["vllm", "serve", "m"], {"enforce_eager": False}) == [
+        "vllm", "serve", "m", "--no-enforce-eager"]
 
 
 def test_dotted_key_true_and_rest_kept_as_written():
@@ -145,7 +146,8 @@ def test_bare_boolean_followed_by_flag_is_not_eaten():
 
 
 def test_negative_number_counts_as_a_value():
-    assert apply_to_cmd(["x", "--temperature", "-1", "--y"], {"temperature": 0.5}) == ["x", "--temperature", "0.5", "--y"]
+    assert apply_to_cmd(["x", "--temperature", "-1", "--y"], {"temperature": 0.5}) == [
+        "x", "--temperature", "0.5", "--y"]
 
 
 def test_bare_boolean_followed_by_positional_keeps_the_positional():
@@ -400,7 +402,8 @@ def test_key_value_flag_followed_by_positional_keeps_the_positional():
 
 def test_list_value_replaces_all_old_values():
     argv = ["vllm", "serve", "m", "--lora-modules", "a=/x", "b=/y", "--port", "1"]
-    assert apply_to_cmd(argv, {"lora_modules": ["c=/z"]}) == ["vllm", "serve", "m", "--lora-modules", "c=/z", "--port", "1"]
+    assert apply_to_cmd(argv, {"lora_modules": ["c=/z"]}) == [
+        "vllm", "serve", "m", "--lora-modules", "c=/z", "--port", "1"]
 
 
 def test_secret_values_and_mask_text():

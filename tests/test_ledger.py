@@ -370,7 +370,8 @@ def test_a_ledger_from_before_provenance_gets_the_new_server_columns(tmp_path):
           hostname TEXT, node_id TEXT, node_ip TEXT, port INTEGER, pid INTEGER, pid_create_time REAL,
           gpu_ids TEXT, started_at REAL NOT NULL, ready_at REAL, stopped_at REAL, state TEXT NOT NULL,
           error TEXT, log_tail TEXT);
-        INSERT INTO servers(server_id, serve_id, command, started_at, state) VALUES ('old', 's1', 'vllm serve m', 1.0, 'stopped');
+        INSERT INTO servers(server_id, serve_id, command, started_at, state)
+            VALUES ('old', 's1', 'vllm serve m', 1.0, 'stopped');
     """)
     conn.commit()
     conn.close()

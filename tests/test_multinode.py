@@ -107,7 +107,8 @@ def test_two_configs_run_at_once_on_disjoint_gpus_unless_capped(gpu_cluster, tmp
     summary, _ = run_file(f, on_event=on_event)
     assert summary.counts["done"] == 6
     df = results_table(out)
-    spans = {sid: (g["started_at"].min(), g["ended_at"].max(), g["node_id"].iloc[0], set(g["gpu_ids"].iloc[0].split(",")))
+    spans = {sid: (g["started_at"].min(), g["ended_at"].max(), g["node_id"].iloc[0],
+                   set(g["gpu_ids"].iloc[0].split(",")))
              for sid, g in df.groupby("server_id")}
     assert len(spans) == 2
     (s1, e1, n1, g1), (s2, e2, n2, g2) = spans.values()
@@ -127,7 +128,8 @@ def test_a_dead_rank_takes_the_server_down_and_only_the_spoiled_point_runs_again
                          bench_args="--sleep 3",
                          serve_params=[{"tensor_parallel_size": 4, "pipeline_parallel_size": 2}],
                          bench_params={"grid": {"random_input_len": [16, 32]}})
-    summary, out = run_file(f, on_event=lambda kind, **d: failures.append(d["error"]) if kind == "point_failed" else None)
+    summary, out = run_file(f, on_event=lambda kind, **d: failures.append(d["error"]) if kind == "point_failed"
+                            else None)
     assert summary.counts["done"] == 2 and summary.counts["failed"] == 0
     assert failures and "rank 1 exited with code 4" in failures[0]
     servers = _servers(out)

@@ -128,7 +128,8 @@ def test_rank_commands_follow_vllm_multinode_rules():
     assert rank_argv(argv, Layout(1, 4), 0, "10.0.0.1", 29500) == argv
     r0 = rank_argv(argv, lay, 0, "10.0.0.1", 29500)
     r1 = rank_argv(argv, lay, 1, "10.0.0.1", 29500)
-    assert r0[len(argv):] == ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1", "--master-port", "29500"]
+    assert r0[len(argv):] == ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1", "--master-port",
+                              "29500"]
     assert r1[len(argv):] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port",
                               "29500", "--headless"]
     dp = Layout(2, 4, "dp", 2)

@@ -180,7 +180,8 @@ def test_gpu_count():
 
 
 def test_plan_shapes_come_from_params_over_base_cmd():
-    d = changed(**{"serve.cmd": "vllm serve m -tp 2", "serve.params": [{"tensor_parallel_size": 4}, {"max_num_seqs": 1}]})
+    d = changed(**{"serve.cmd": "vllm serve m -tp 2",
+                   "serve.params": [{"tensor_parallel_size": 4}, {"max_num_seqs": 1}]})
     plan = build_plan(spec_of(d))
     assert [s.shape.tp for s in plan.serves] == [4, 2]
 

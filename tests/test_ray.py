@@ -117,7 +117,8 @@ def test_refused_cache_reset_is_recorded_in_the_results(gpu_cluster, tmp_path):
     summary, out = run_file(f)
     assert summary.counts["done"] == 2
     states = set(results_table(out)["cache_state_before"])
-    assert len(states) == 1 and states.pop().startswith('reset failed: /reset_prefix_cache: HTTP 200 {"success": false}')
+    assert len(states) == 1
+    assert states.pop().startswith('reset failed: /reset_prefix_cache: HTTP 200 {"success": false}')
     assert results_table(out)["validity_issues"].str.contains("cache not reset").all()  # judged, not only a column
 
 

@@ -116,13 +116,15 @@ def test_capacity_estimate_saves_probes_and_keeps_the_answer():
 
 def test_relative_precision_for_a_rate():
     out = search(curve(37.3), start=0.5, integer=False, precision=0.02)
-    assert out.largest_pass <= 37.3 < out.smallest_fail and out.smallest_fail - out.largest_pass <= 0.02 * out.smallest_fail
+    assert out.largest_pass <= 37.3 < out.smallest_fail
+    assert out.smallest_fail - out.largest_pass <= 0.02 * out.smallest_fail
 
 
 def test_states_never_met_above_max_and_unbounded():
     assert search(curve(0.5), start=1).state == "never met"
     out = search(curve(10**9), max_value=1024)
-    assert out.state == "above max" and out.largest_pass == 1024 and out.probes == [INFINITE, *[2.0**k for k in range(11)]]
+    assert out.state == "above max" and out.largest_pass == 1024
+    assert out.probes == [INFINITE, *[2.0**k for k in range(11)]]
     assert search(lambda v: Verdict.PASS).state == "above max"  # holds even at unbounded load
 
 

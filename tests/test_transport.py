@@ -7,12 +7,14 @@ import pytest
 from raysweep.transport import classify, meets, parse_nccl, refusal, server_verdict
 
 REAL = {
-    "ib_gdr_old_busid": "10-90-43-152:120890:121560 [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/5/GDRDMA",
+    "ib_gdr_old_busid": "10-90-43-152:120890:121560 [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] "
+                        "via NET/IB/5/GDRDMA",
     "ibext_gdr": "VM-17-82-centos:11980:12549 [2] NCCL INFO Channel 03/0 : 2[2] -> 10[2] [send] via NET/IBext/2/GDRDMA",
     "ibext_no_gdr": "hostname-test:987:1260 [7] NCCL INFO Channel 03/0 : 47[7] -> 39[7] [receive] via NET/IBext_v8/2",
     "socket_ray": "(EngineCore_DP0 pid=742) (RayWorkerWrapper pid=927) corona:927:927 [0] NCCL INFO Channel 00/0 : "
                   "0[0] -> 1[0] [send] via NET/Socket/0 comm 0x2083dd50 nRanks 02",
-    "socket_shared": "VM-16-64-ubuntu:28471:28471 [0] NCCL INFO Channel 01/1 : 0[0] -> 1[1] [send] via NET/Socket/0/Shared",
+    "socket_shared": "VM-16-64-ubuntu:28471:28471 [0] NCCL INFO Channel 01/1 : 0[0] -> 1[1] [send] "
+                     "via NET/Socket/0/Shared",
     "p2p_cumem": "ip-172-31-3-153:35113:35488 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
     "p2p_ipc_ray": "(RayWorkerWrapper pid=581, ip=10.225.128.18) k8s17:581:581 [0] NCCL INFO Channel 00/0 : "
                    "16[17000] -> 18[21000] via P2P/IPC comm 0x5609976f9470 nRanks 32",

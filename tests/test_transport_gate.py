@@ -100,6 +100,7 @@ def test_lines_from_nccl_debug_file_and_late_lines_are_read_and_silence_is_not_a
                           transport={"require": "ib", "wait_s": 1})
     summary, out2 = run_file(f2)
     points, servers = _ledger(out2)
-    assert points[0].state == "failed" and "no cross-node NCCL link was seen in the logs of its 2 ranks" in points[0].error
+    assert points[0].state == "failed"
+    assert "no cross-node NCCL link was seen in the logs of its 2 ranks" in points[0].error
     assert json.loads(servers[0].transport)["ranks_with_nccl"] == 0
     _no_orphans(servers)

@@ -31,7 +31,8 @@ from raysweep.tune import (
     rung_sizes,
 )
 
-_spec = importlib.util.spec_from_file_location("bench_tune", Path(__file__).parent.parent / "benchmarks" / "bench_tune.py")
+_spec = importlib.util.spec_from_file_location("bench_tune",
+                                               Path(__file__).parent.parent / "benchmarks" / "bench_tune.py")
 bench = importlib.util.module_from_spec(_spec)
 sys.modules["bench_tune"] = bench
 _spec.loader.exec_module(bench)

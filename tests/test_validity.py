@@ -112,7 +112,8 @@ def test_the_guard_lowers_its_niceness_or_says_why(monkeypatch):
     state["nice"] = 15
     monkeypatch.setattr(os, "setpriority", refused)
     got = guard.renice(0)
-    assert got["before"] == got["after"] == 15 and "Permission denied" in got["error"] and "CAP_SYS_NICE" in got["error"]
+    assert got["before"] == got["after"] == 15
+    assert "Permission denied" in got["error"] and "CAP_SYS_NICE" in got["error"]
     state["nice"] = -5  # never raised
     assert guard.renice(0) == {"before": -5, "after": -5, "error": ""}
 

@@ -88,7 +88,8 @@ def _killed_then_resumed(tmp_path: Path, config: str, out: Path, tiny_model: Pat
     def servers_left() -> list[psutil.Process]:
         return [p for p in _ours(str(tmp_path)) if p.pid not in ray_helpers]
 
-    assert procs.wait_for(lambda: not servers_left(), 60), f"left running: {[(p.pid, p.name()) for p in servers_left()]}"
+    assert procs.wait_for(lambda: not servers_left(), 60), \
+        f"left running: {[(p.pid, p.name()) for p in servers_left()]}"
     done = subprocess.run([*cli, "resume", str(out)], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert not _ours(str(tmp_path)), "a process outlived the campaign"
@@ -157,7 +158,8 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     assert set(df["prompt_format"]) == {"text"}  # as `vllm bench serve` sends the random set
     assert (df["total_input_tokens"] == df["completed"] * df["random_input_len"]).all()
     assert (df["total_output_tokens"] == df["completed"] * 16).all()
-    assert (df["server_prompt_tokens"] == df["total_input_tokens"]).all(), df[["server_prompt_tokens", "total_input_tokens"]]
+    assert (df["server_prompt_tokens"] == df["total_input_tokens"]).all(), \
+        df[["server_prompt_tokens", "total_input_tokens"]]
     assert (df["server_generation_tokens"] == df["total_output_tokens"]).all()
     # the server's own inference times: every point ran requests, never more at once than the client had in flight
     assert (df["server_mean_requests_in_inference"] > 0).all()
@@ -320,7 +322,8 @@ def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
     out = tmp_path / "out"
     data = {
         "name": "vllm-sla", "output_dir": str(out), "runs": 1, "max_attempts": 1, "warmup": 4,
-        "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16 --enforce-eager",
+        "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16 "
+                         "--enforce-eager",
                   "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)},
                   "ready_timeout_s": 400, "params": {"grid": {"max_num_seqs": [1, 8]}}},
         "bench": {"cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 16 "

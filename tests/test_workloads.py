@@ -218,7 +218,8 @@ def _ramp_samples(seed: int = 0) -> dict:
     for i, b in enumerate(begins):
         e = b + 1.0
         for k, v in dict(index=i, actor=0, due=b, ready=b, sent=b, begin=b, first=b + 0.1, first_out=b + 0.1,
-                         end=e, done=e, in_tok=8, out_tok=10, ok=True, error=None, chunks=list(np.linspace(0.1, 1.0, 10)),
+                         end=e, done=e, in_tok=8, out_tok=10, ok=True, error=None,
+                         chunks=list(np.linspace(0.1, 1.0, 10)),
                          text=None, reasoning=False, session=-1, turn=-1).items():
             s[k].append(v)
     return s

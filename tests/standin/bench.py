@@ -51,7 +51,8 @@ def main() -> None:
     def one(i: int) -> tuple[float, float, bool]:
         t0 = time.time()
         req = urllib.request.Request(args.base_url + "/v1/completions", method="POST",
-                                     data=json.dumps({"model": args.model, "prompt": "x", "max_tokens": args.random_output_len}).encode(),
+                                     data=json.dumps({"model": args.model, "prompt": "x",
+                                                      "max_tokens": args.random_output_len}).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
@@ -71,7 +72,8 @@ def main() -> None:
               "max_concurrency": args.max_concurrency, "duration": duration, "completed": len(ok),
               "failed": len(samples) - len(ok), "total_input_tokens": 10 * len(ok),
               "total_output_tokens": args.random_output_len * len(ok),
-              "request_throughput": len(ok) / duration, "output_throughput": args.random_output_len * len(ok) / duration,
+              "request_throughput": len(ok) / duration,
+              "output_throughput": args.random_output_len * len(ok) / duration,
               "total_token_throughput": (10 + args.random_output_len) * len(ok) / duration,
               "latencies": [x / 1000 for x in lat]}
     for m in args.percentile_metrics.split(","):

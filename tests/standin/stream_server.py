@@ -55,7 +55,8 @@ def main() -> None:
         lab = f'{{engine="0",model_name="{model}"}}'
         return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{lab} {state['running']}\n"
                 f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{lab} 0\n"
-                f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{lab} {min(1.0, state['running'] / 64)}\n"
+                f"# TYPE vllm:kv_cache_usage_perc gauge\n"
+                f"vllm:kv_cache_usage_perc{lab} {min(1.0, state['running'] / 64)}\n"
                 f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{lab} {state['prompt']}\n"
                 f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{lab} {state['generation']}\n"
                 f"# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{lab} 0\n")
@@ -103,7 +104,8 @@ def main() -> None:
                 if method == "GET" and path == "/health":
                     self._reply(200, b"")
                 elif method == "GET" and path == "/v1/models":
-                    self._reply(200, json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode())
+                    self._reply(200, json.dumps({"object": "list",
+                                                 "data": [{"id": model, "object": "model"}]}).encode())
                 elif method == "GET" and path == "/metrics":
                     self._reply(200, metrics_text().encode(), "text/plain")
                 elif method == "GET" and path == "/timings":
