@@ -111,7 +111,7 @@ def _row(run: dict[str, Any], combo_dir: Path, root: Path) -> dict[str, Any]:
         row[normalize_key(key)] = _SPECIAL_FLOATS.get(value, value) if isinstance(value, str) else value
     name, wl_var, wl_value = workload_part(combo_dir.name if combo_dir != root else "")
     serve_label, bench_label = combo_labels(name)
-    if wl_var:  # a `vllm bench sweep serve_workload` level: a bench point of its own
+    if wl_var and wl_value is not None:  # a `vllm bench sweep serve_workload` level: a bench point of its own
         bench_label = f"{bench_label}-{wl_var}={wl_value:g}"
         row.update(workload_variable=wl_var, workload_value=wl_value,
                    workload_role=_workload_role(row, wl_var, wl_value))

@@ -13,7 +13,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -324,7 +324,7 @@ class Ledger:
 
     def sync(self, *, name: str, fingerprint: str, meaning: dict[str, Any], campaign: dict[str, Any],
              campaign_file: str, points: list[tuple[str, str, str, int, dict[str, Any], dict[str, Any]]],
-             force: bool = False, searches: list[tuple[str, str]] = ()) -> SyncReport:
+             force: bool = False, searches: Sequence[tuple[str, str]] = ()) -> SyncReport:
         """Record the campaign and its points: new points become pending, finished ones are kept.
         The probes of SLA searches (serve id, bench id) still in the plan stay in it.
 
@@ -483,7 +483,8 @@ class Ledger:
 
     def attempt_errors(self, point_id: str | None = None) -> list[dict[str, Any]]:
         """The errors of failed attempts, oldest first (of one point, or all)."""
-        sql, args = "SELECT * FROM attempt_errors", ()
+        sql = "SELECT * FROM attempt_errors"
+        args: tuple[str, ...] = ()
         if point_id is not None:
             sql, args = sql + " WHERE point_id = ?", (point_id,)
         with self._lock:

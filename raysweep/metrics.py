@@ -28,6 +28,7 @@ import math
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,8 @@ __all__ = ["COUNTERS", "FIELDS", "GAUGES", "HISTOGRAMS", "Scraper", "combine", "
 log = logging.getLogger(__name__)
 
 # gauge -> how engines combine; counters are summed over engines and label sets
-GAUGES = {"vllm:kv_cache_usage_perc": max, "vllm:num_requests_running": sum, "vllm:num_requests_waiting": sum}
+GAUGES: dict[str, Callable[[list[float]], float]] = {
+    "vllm:kv_cache_usage_perc": max, "vllm:num_requests_running": sum, "vllm:num_requests_waiting": sum}
 COUNTERS = ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prefix_cache_queries",
             "vllm:prefix_cache_hits", "vllm:request_success")
 _FIELD = {"vllm:kv_cache_usage_perc": "kv_cache_usage_perc", "vllm:num_requests_running": "num_requests_running",

@@ -23,6 +23,7 @@ import ray
 from raysweep import files, metrics, placement, provenance, validity
 from raysweep.bench import timeseries
 from raysweep.bench.command import CommandBench, result_record
+from raysweep.campaign import BenchSpec
 from raysweep.errors import UserError
 from raysweep.files import write_json_atomic
 from raysweep.live_server import (
@@ -79,7 +80,7 @@ def _client_room(run: ConfigRun, server: Server, res: dict[str, Any], client_cpu
     mine = []
     for r, node in enumerate(server.nodes):
         bundle = float((bundles[r] if r < len(bundles) else {}).get("CPU", placement.HOST_CPUS))
-        mine.append((float(node.get("physical_cores") or 1), bundle, clients_at.count(node.get("node_ip"))))
+        mine.append((float(node.get("physical_cores") or 1), bundle, clients_at.count(node.get("node_ip") or "")))
     server_ids = {n.get("node_id") for n in server.nodes}
     other = sum(n.cpus for n in placement.cluster_nodes() if n.node_id not in server_ids)
     return client_room(ray.available_resources().get("CPU", 0.0), mine, other, client_cpus)
@@ -92,6 +93,12 @@ class PointRunner:
         self.work = work
         self.c = work.c
 
+    @property
+    def bench_spec(self) -> BenchSpec:
+        """The campaign's bench section: points run against a server in mode serve only, which requires one."""
+        assert self.c.bench is not None, "mode serve has a bench section"
+        return self.c.bench
+
     def reset(self, run: ConfigRun, server: Server) -> str:
         """Reset caches (or run after_bench_cmd); returns what the next point starts from."""
         spec = self.work.plan.spec
@@ -99,9 +106,10 @@ class PointRunner:
             if spec.after_bench_argv:
                 if run.helper is None:
                     run.helper = run.bench if isinstance(run.bench, CommandBench) else \
-                        CommandBench(spec.bench_env, self.c.bench.timeout_s)
-                _, out = run.wait(run.helper.run_plain(spec.after_bench_argv, spec.bench_env, self.c.bench.timeout_s),
-                                  self.c.bench.timeout_s + 120)
+                        CommandBench(spec.bench_env, self.bench_spec.timeout_s)
+                timeout_s = self.bench_spec.timeout_s
+                _, out = run.wait(run.helper.run_plain(spec.after_bench_argv, spec.bench_env, timeout_s),
+                                  timeout_s + 120)
                 return "after_bench_cmd" if out.get("ok") else f"after_bench_cmd failed: {out.get('error')}"
             if server.hosts:
                 _, out = run.wait(server.hosts[0].reset_caches.remote(), 120)
@@ -127,7 +135,8 @@ class PointRunner:
               num_prompts: int | None = None, clients: int | None = None) -> tuple[str, Any]:
         """One benchmark of a point through the backend, with the server's /metrics scraped meanwhile: the
         baseline before the load is submitted (submit fixes its start), the last scrape after it returned."""
-        scraper = metrics.Scraper(getattr(server, "metrics_url", server.url), self.c.bench.metrics_interval_s).start()
+        scraper = metrics.Scraper(getattr(server, "metrics_url", server.url),
+                                  self.bench_spec.metrics_interval_s).start()
         submitted = time.time()
         try:
             try:
@@ -139,7 +148,7 @@ class PointRunner:
             except Exception as exc:  # noqa: BLE001 - the point fails with the reason; the campaign goes on
                 log.warning("point %s could not be prepared", point.id, exc_info=True)
                 return "ok", {"ok": False, "error": f"the point could not be prepared: {exc}"}
-            status, answers = run.wait(job.refs, self.c.bench.timeout_s + 120, server)
+            status, answers = run.wait(job.refs, self.bench_spec.timeout_s + 120, server)
             returned = time.time()
         finally:
             scraper.stop()
@@ -173,10 +182,10 @@ class PointRunner:
                 stop = f"no more than {used} client actor(s) could be placed"
                 break
             used, lag = out["clients"], new_lag
-            more = min(2 * used, self.c.bench.max_clients, int(res.get("num_prompts") or 1),
+            more = min(2 * used, self.bench_spec.max_clients, int(res.get("num_prompts") or 1),
                        int(res.get("max_concurrency") or 2 * used))  # never more actors than slots
-            room = used + _client_room(run, server, res, getattr(run.bench, "cpus", self.c.bench.client_cpus))
-            if not self.c.bench.rerun_client_limited:
+            room = used + _client_room(run, server, res, getattr(run.bench, "cpus", self.bench_spec.client_cpus))
+            if not self.bench_spec.rerun_client_limited:
                 stop = "re-runs are off (bench.rerun_client_limited)"
                 break
             if min(more, room) <= used:
@@ -338,7 +347,8 @@ class PointRunner:
         if point.bench.workload_of is not None:  # bench.workload: which load level of which bench point
             extra.update(workload_of=point.bench.workload_of, workload_role=point.bench.workload_role,
                          workload_value=point.bench.workload_value,
-                         workload_variable=self.c.bench.workload.variable if self.c.bench.workload else None)
+                         workload_variable=self.c.bench.workload.variable
+                         if self.c.bench and self.c.bench.workload else None)
         record = result_record(result, point.serve.params, point.bench.params, point.run, extra)
         record.update(validity.validity_fields(record))
         return record

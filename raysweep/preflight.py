@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -444,9 +444,13 @@ CHECKS = (
 )
 
 
+def _env_value(name: str) -> Callable[[Mapping[str, Any]], Any]:
+    return lambda r: r["env"].get(name)
+
+
 def _env_checks(reports: list[Mapping[str, Any]]) -> list[_Check]:
     names = sorted({k for r in reports for k in r["env"]})
-    return [_Check(f"env:{name}", lambda r, name=name: r["env"].get(name), True, skip_none=False) for name in names]
+    return [_Check(f"env:{name}", _env_value(name), True, skip_none=False) for name in names]
 
 
 def _most_common(values: list[Any]) -> tuple[Any, bool]:
@@ -455,7 +459,7 @@ def _most_common(values: list[Any]) -> tuple[Any, bool]:
     return ranked[0][0], len(ranked) > 1 and ranked[0][1] == ranked[1][1]
 
 
-def compare(reports: list[Mapping[str, Any]]) -> tuple[list[Finding], list[NodeWarning]]:
+def compare(reports: Sequence[Mapping[str, Any]]) -> tuple[list[Finding], list[NodeWarning]]:
     """The nodes that differ from the others, field by field, and what is wrong on each node by itself."""
     answered = [r for r in reports if not r.get("error") and "gpu" in r]
     gpu_reports = [r for r in answered if gpu_node(r)]

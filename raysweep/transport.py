@@ -270,10 +270,16 @@ def describe_links(verdict: dict[str, object], node_names: list[str] | None = No
             f"{'s' if r['rank_pairs'] != 1 else ''})" for r in verdict.get("node_links") or []]  # type: ignore[attr-defined]
 
 
+def _nnodes(verdict: dict[str, object]) -> int:
+    """The server's node count as the verdict records it (1 when absent)."""
+    n = verdict.get("nnodes", 1)
+    return int(n or 1) if isinstance(n, (int, float, str)) else 1
+
+
 def describe(verdict: dict[str, object]) -> str:
     """One line for tables: `inter-node IB+GDR (IB), intra-node P2P, NCCL 2.21.5`."""
     parts = []
-    if int(verdict.get("nnodes", 1) or 1) > 1:
+    if _nnodes(verdict) > 1:
         plugins = ", ".join(str(p) for p in verdict.get("plugins") or [])  # type: ignore[attr-defined]
         parts.append(f"inter-node {verdict['inter']}" + (f" ({plugins})" if plugins else ""))
     parts.append(f"intra-node {verdict['intra']}")
@@ -288,7 +294,7 @@ def describe(verdict: dict[str, object]) -> str:
 def refusal(verdict: dict[str, object], require: str) -> str | None:
     """Why a multi-node server fails `transport.require`, with the evidence; None when it passes (a server
     on one node always passes: the requirement is about links between nodes)."""
-    if int(verdict.get("nnodes", 1) or 1) < 2 or meets(verdict, require):
+    if _nnodes(verdict) < 2 or meets(verdict, require):
         return None
     evidence = [str(e) for e in verdict.get("evidence") or []][:8]  # type: ignore[attr-defined]
     if verdict["inter"] == "none":

@@ -13,7 +13,7 @@ import argparse
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from raysweep.errors import CampaignError
 
@@ -139,7 +139,7 @@ class _Refused(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # never exit: the caller names the field
+    def error(self, message: str) -> NoReturn:  # never exit: the caller names the field
         raise _Refused(message)
 
 

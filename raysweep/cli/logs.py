@@ -70,8 +70,8 @@ def routed(log_file: Path | None = None, drop: Callable[[logging.LogRecord], boo
     finally:
         for lg, h in added:
             lg.removeHandler(h)
-        for h, f in filters:
-            h.removeFilter(f)
+        for h, flt in filters:
+            h.removeFilter(flt)
         for h, level in reversed(saved):
             h.setLevel(level)
         root.setLevel(root_level)
