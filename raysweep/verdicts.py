@@ -249,7 +249,7 @@ class Equivalence:
         if self.word == "not judged":
             return "not judged: fewer than 2 runs on a side"
         inside = 1.0 - self.tolerance <= self.ratio <= 1.0 + self.tolerance
-        longer = self.runs_needed / max(self.runs_a, 1)
+        longer = (self.runs_needed or 0) / max(self.runs_a, 1)
         more = (f"; about {self.runs_needed} runs per side (or runs about {longer:.0f}x "
                 f"as long, if their spread falls as one over the square root of their length) would show it "
                 f"{'equivalent' if inside else 'different'} at this ratio and spread"

@@ -115,3 +115,11 @@ def test_a_noisy_stationary_load_is_steady_and_a_strong_drift_is_not():
     assert old_rule >= 10 and new_rule <= 2, (old_rule, new_rule)
     ramp = bench_stats.steady_state(bench_verdicts.poisson_samples(rng, 100.0, 60.0, drift=2.0))
     assert ramp["steady_state"] is False and ramp["steady_state_slope_pct_per_s"] > 0
+
+
+def test_a_not_shown_equivalence_that_no_number_of_runs_settles_still_has_its_text():
+    # A ratio on the tolerance itself: no run count settles it (runs_needed is None), as with two runs of a
+    # real server whose clients differed by 5 % in one crosscheck.
+    eq = verdicts.Equivalence("not shown", 1.05, 0.8, 1.3, 0.05, 2, 2, None)
+    assert eq.text == ("not shown within 5% with 2 and 2 runs; "
+                       "the ratio sits on the tolerance: no number of runs settles it")
