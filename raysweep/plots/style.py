@@ -53,8 +53,7 @@ def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 150) -> bytes:
     """The figure encoded as `fmt` (png, svg, pdf)."""
     buf = io.BytesIO()
     with matplotlib.rc_context(_STYLE):
-        # a constrained layout fits the figure already; "tight" would draw it a second time to measure it
-        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight" if fig.get_layout_engine() is None else None)
+        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
     return buf.getvalue()
 
 
