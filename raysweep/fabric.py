@@ -98,7 +98,8 @@ def probe_nodes(bundles: list[tuple[Any, int]], gpus_per_node: int, mib: float =
     """The probe over the ranks given as (scheduling options, GPUs of that bundle): one rank per GPU (or one
     per bundle without GPUs). Never raises: a probe that failed says why in `error`."""
     opts = [o for o, g in bundles for _ in range(max(g, 1))]
-    actors = [ProbeRank.options(num_gpus=1 if gpus_per_node else 0, **o).remote() for o in opts]
+    actors = [ProbeRank.options(num_gpus=1 if gpus_per_node else 0, **o).remote()  # type: ignore[attr-defined]
+              for o in opts]
     nbytes = int(mib * 2**20) // 4 * 4
     out: dict[str, Any] = {"backend": None, "world": len(actors), "nnodes": len(bundles), "bytes": nbytes,
                            "iters": iters}

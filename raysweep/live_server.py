@@ -329,7 +329,7 @@ class Servers:
         """One host actor per node of the configuration's placement group, and the server's ledger row."""
         lay, res = run.layout, run.res
         assert res is not None
-        hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(
+        hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(  # type: ignore[attr-defined]
             server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.work.log_dir))
             for r in range(lay.nnodes)]
         self.work.ledger.add_server(server_id, run.serve.id, shell_join(run.serve.display_argv()))
@@ -409,6 +409,7 @@ class Servers:
 
     def _wait_ready(self, run: ConfigRun, server: Server) -> dict[str, Any]:
         """Rank 0 answers /health and /v1/models, while every other rank still runs."""
+        assert self.c.serve is not None, "servers start in mode serve only, which has a serve section"
         limit = self.c.serve.ready_timeout_s
         model = expected_model(run.serve.argv)
         t0 = time.monotonic()

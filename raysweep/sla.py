@@ -45,8 +45,8 @@ __all__ = ["INFINITE", "Outcome", "Target", "Threshold", "Verdict", "check_metri
            "judge_percentile", "meets", "parse_slo", "parse_targets", "pool_runs", "search", "search_key", "wilson"]
 
 INFINITE = math.inf
-_OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, "<": operator.lt, ">=": operator.ge,
-                                                   ">": operator.gt}
+# on floats, and elementwise on arrays
+_OPS: dict[str, Callable[[Any, Any], Any]] = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
 _EXPR = re.compile(r"^\s*(<=|<|>=|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 _LATENCY = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 _POINT_METRICS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
@@ -329,7 +329,8 @@ def search(evaluate: Callable[[float], Verdict], *, start: float = 1.0, max_valu
         return Outcome("unresolved", None, None, probes, ["a probe's verdict was unresolved while bracketing"])
     if lo is None:
         return Outcome("never met", None, hi, probes, [f"the targets fail at the smallest value {hi:g}"])
-    rechecked, notes = False, []
+    rechecked = False
+    notes: list[str] = []
     while True:
         if hi is None:
             return Outcome("above max", lo, None, probes, [*notes, f"the targets hold up to max_value {lo:g}"])

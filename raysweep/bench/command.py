@@ -139,7 +139,7 @@ class CommandBench:
 
     def warm(self) -> None:
         if self.actor is None:
-            self.actor = CommandClient.remote(self.cpu_ids)
+            self.actor = CommandClient.remote(self.cpu_ids)  # type: ignore[attr-defined]  # a Ray actor class
 
     def submit(self, argv: list[str], base_url: str, model: str | None, num_prompts: int | None = None,
                clients: int | None = None) -> _Job:
@@ -179,8 +179,8 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None
         logf.seek(0)
         text = logf.read().decode(errors="replace")
     tail = grid.mask_text("\n".join(text.splitlines()[-40:]), grid.secret_values(argv, procs.child_env(env)))
-    out = {"ok": error is None, "error": error, "returncode": code, "output_tail": tail,
-           "duration_s": time.monotonic() - t0}
+    out: dict[str, Any] = {"ok": error is None, "error": error, "returncode": code, "output_tail": tail,
+                           "duration_s": time.monotonic() - t0}
     if error is None:
         out.update(cpu_samples=cpu, client=client)
     return out

@@ -228,12 +228,12 @@ def _sharegpt(opts: LoadOptions) -> list[Request]:
     if not opts.disable_shuffle:
         random.Random(opts.seed).shuffle(pairs)
     fixed = opts.sharegpt_output_len is not None
-    reqs = []
+    reqs: list[Request] = []
     for prompt, completion in pairs:
         if len(reqs) >= opts.num_prompts:
             break
         p_len = len(tok(prompt).input_ids)
-        out = opts.sharegpt_output_len if fixed else len(tok(completion).input_ids)
+        out = opts.sharegpt_output_len if opts.sharegpt_output_len is not None else len(tok(completion).input_ids)
         if _valid_sequence(p_len, out, fixed):
             reqs.append(Request(prompt, out))
     return _oversample(reqs, opts, f"the ShareGPT file {path}")

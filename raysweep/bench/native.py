@@ -365,7 +365,8 @@ class NativeBench:
         self._epoch = 0
 
     def _new_actor(self) -> Any:
-        return NativeClient.options(num_cpus=self.cpus, scheduling_strategy="SPREAD").remote(self.cpu_ids)
+        return NativeClient.options(  # type: ignore[attr-defined]  # a Ray actor class
+            num_cpus=self.cpus, scheduling_strategy="SPREAD").remote(self.cpu_ids)
 
     def warm(self) -> None:
         """Start the first actor now, without waiting: its worker process starts while the server does."""
@@ -430,7 +431,7 @@ class NativeBench:
 
     def _dispense(self, n: int) -> tuple[Any, int]:
         if self._dispenser is None:
-            self._dispenser = Dispenser.remote()
+            self._dispenser = Dispenser.remote()  # type: ignore[attr-defined]  # a Ray actor class
         self._epoch += 1
         ray.get(self._dispenser.reset.remote(self._epoch, n))
         return self._dispenser, self._epoch

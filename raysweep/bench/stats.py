@@ -296,7 +296,7 @@ def steady_state(s: dict[str, Any]) -> dict[str, Any]:
     mean = float(np.mean(window)) if window.size else 0.0
     if window.size < STEADY_MIN_BUCKETS or mean <= 0:
         return {"steady_state": None, "steady_state_slope_pct_per_s": None}
-    slope = slope_test(window, STEADY_MAX_DRIFT_PCT)
+    slope = slope_test(window.tolist(), STEADY_MAX_DRIFT_PCT)
     if slope is None:
         return {"steady_state": None, "steady_state_slope_pct_per_s": None}
     return {"steady_state": not slope.drifts, "steady_state_slope_pct_per_s": slope.pct_per_step}
