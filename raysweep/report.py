@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -341,7 +342,7 @@ def _figure_list(data: _Data) -> list[tuple[str, Callable[[], tuple[Figure | Non
     df = data.df
     if plots.is_offline(df):
         base = plots.PlotSpec(fig_height=3.2)
-        return [(f"{spec.var_y} against {spec.var_x}", lambda spec=spec: _one(plots.plan_curves(df, spec), spec))
+        return [(f"{spec.var_y} against {spec.var_x}", partial(_curves, df, spec))
                 for spec in plots.offline_specs(df, base)]
     serve_vars, bench_vars = _param_names(data.points, df)
     load = plots.load_variable(df, "total_token_throughput")
@@ -353,10 +354,10 @@ def _figure_list(data: _Data) -> list[tuple[str, Callable[[], tuple[Figure | Non
         spec = plots.PlotSpec(var_x=x, var_y=y, col_by=cols, curve_by=tuple(serve_vars), fig_height=3.2)
         out.append((f"latency against throughput: {y} against {x}, one point per {load} (mean of its runs)"
                     if load != "total_token_throughput" else f"{y} against {x}",
-                    lambda spec=spec: _one(plots.plan_curves(df, spec), spec)))
+                    partial(_curves, df, spec)))
     for metric in (m for m in CURVE_METRICS if m in df.columns):
         spec = plots.PlotSpec(var_x=load, var_y=metric, col_by=cols, curve_by=tuple(serve_vars), fig_height=3.2)
-        out.append((f"{metric} against {load}", lambda spec=spec: _one(plots.plan_curves(df, spec), spec)))
+        out.append((f"{metric} against {load}", partial(_curves, df, spec)))
     spec = plots.PlotSpec(col_by=(), row_by=cols, curve_by=tuple(serve_vars), fig_height=3.0)
     out.append((f"server-side metrics against {load}",
                 lambda: _one(plots.plan_server_metrics(df, spec, load), spec)))
@@ -367,6 +368,10 @@ def _figure_list(data: _Data) -> list[tuple[str, Callable[[], tuple[Figure | Non
     if shown:
         out = [(f"{caption} ({shown})", draw) for caption, draw in out]
     return out
+
+
+def _curves(df: pd.DataFrame, spec: plots.PlotSpec) -> tuple[Figure | None, list[str]]:
+    return _one(plots.plan_curves(df, spec), spec)
 
 
 def _first_shapes(df: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, str]:

@@ -178,8 +178,8 @@ class ServerHost:
         cache_env, self._cache_root, self._cache_remove = caches.node_dirs(env.pop(caches.CACHE_ENV, None),
                                                                            self.server_id)
         env = {**cache_env, **env}
-        self.port = self._take_port() if serve_http else None
-        full = procs.resolve_executable(server_argv(argv, self.ip, self.port) if serve_http else list(argv))
+        self.port = port = self._take_port() if serve_http else None
+        full = procs.resolve_executable(server_argv(argv, self.ip, port) if port is not None else list(argv))
         extra = {"VLLM_SERVER_DEV_MODE": "1"}
         if nccl_debug and "NCCL_DEBUG" not in env and "NCCL_DEBUG" not in os.environ:
             extra["NCCL_DEBUG"] = "INFO"
@@ -411,7 +411,8 @@ class ServerHost:
         shutil.rmtree(self.state_dir, ignore_errors=True)
         caches.remove(self._cache_remove)
         self._cache_remove = None
-        port_free = self.port is None or procs.wait_for(lambda: procs.port_is_free(self.ip, self.port), 15)
+        port = self.port
+        port_free = port is None or procs.wait_for(lambda: procs.port_is_free(self.ip, port), 15)
         return {"exit_code": code, "left": left, "port_free": port_free}
 
 
