@@ -296,7 +296,7 @@ class PointRunner:
                     said = time.monotonic()
                     msg = (f"cannot write the result of point {point.id}: {exc} ({files.free_space(where)}); "
                            f"waiting for space, the result is kept in memory until it can be written")
-                    log.error("%s", msg)
+                    log.error("disk full: %s", msg)
                     self.work.emit("disk_full", point=point, error=msg)
                     with contextlib.suppress(Exception):  # the ledger may be on the full disk too
                         self.work.ledger.add_event("disk_full", [point.serve.id], [], msg)

@@ -60,6 +60,9 @@ def _events():
         ("sla_done", {"serve": serve, "bench_id": "b1", "target": "p99_ttft_ms<=200", "outcome": outcome}),
         ("precision", {"serve": serve, "bench_id": "b1", "state": "max_runs", "runs_done": 10, "rel_half_width": 0.041,
                        "target": 0.03, "metric": "output_throughput"}),
+        ("workload_levels", {"serve": serve, "bench_id": "b1", "variable": "max_concurrency", "serial": 1,
+                             "batch": 15, "levels": [6, 10], "state": "decided"}),
+        ("disk_full", {"point": point, "error": "cannot write the result of point p1: [Errno 28] No space left"}),
         ("node_lost", {"serve": serve, "nodes": ["n1"], "reason": "node n1 was lost"}),
         ("replica", {"serve": serve, "nodes": ["n2"], "replica": 1, "points_left": 9}),
         ("node_lost", {"serve": serve, "nodes": ["n2"], "reason": "node n2 was lost", "replica": 1}),
@@ -83,6 +86,9 @@ def test_one_line_per_shown_event_and_none_twice(shown):
     assert any("inter-node IB" in line for line in lines)
     assert sum("client-limited" in line for line in lines) == 1  # on the point's line, not a line of its own
     assert any("one more server (replica 1) to share its 9 points left" in line for line in lines)
+    assert any("load levels max_num_seqs=8 / b1: max_concurrency serial 1, batch 15; levels 6, 10" in line
+               for line in lines)
+    assert any(line.startswith("disk full cannot write the result of point p1") for line in lines)
     assert any("precision max_num_seqs=8 / b1: stopped at max_runs without +-3 % of output_throughput after 10 "
                "run(s) (+-4.1 %)" in line for line in lines)
     assert any("replica 1 of server config cfg1 is torn down (its other servers go on)" in line for line in lines)

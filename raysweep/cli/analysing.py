@@ -19,7 +19,7 @@ from raysweep.cli._common import (
     out,
     print_table,
 )
-from raysweep.cli.jsonout import emit, json_option
+from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
 
 
@@ -146,7 +146,7 @@ def report(output_dir: str, out_path: str | None, objective: str | None, as_json
     Ledger.open_existing(output_dir).close()
     path, lines = write_report_with_headlines(output_dir, out_path, objective)
     if as_json:
-        emit("report", {"output_dir": output_dir, "report": path, "objective": objective, "conclusions": lines})
+        print_json("report", {"output_dir": output_dir, "report": path, "objective": objective, "conclusions": lines})
         return
     out.print(str(path), highlight=False)
     for line in lines:

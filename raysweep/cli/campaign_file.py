@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from raysweep.cli._common import _say, console, main
-from raysweep.cli.jsonout import emit, json_option
+from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
 
 
@@ -31,7 +31,7 @@ def validate(campaign_files: tuple[str, ...], as_json: bool) -> None:
     one is not (each file is checked and reported)."""
     reports = [_check(f) for f in campaign_files]
     if as_json:
-        emit("validate", {"valid": all(r["valid"] for r in reports), "files": reports})
+        print_json("validate", {"valid": all(r["valid"] for r in reports), "files": reports})
     else:
         for r in reports:
             if r["valid"]:

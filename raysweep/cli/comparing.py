@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysweep.cli._common import _print_paths, _say, fig_format_option, main, out, print_table
-from raysweep.cli.jsonout import emit, json_option
+from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError, unknown_names
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def print_aggregates(output_dir: str, results: pd.DataFrame, formats: tuple[str,
         notes.append("a percentile shows the mean of its per-run values with their t-interval (what compare tests); "
                      "the summary also holds the pooled percentile and its two-level bootstrap interval (M_pooled*)")
     if as_json:
-        emit("summary", _summary_document(output_dir, summary, params, available, confidence, threshold, paths,
+        print_json("summary", _summary_document(output_dir, summary, params, available, confidence, threshold, paths,
                                           notes))
         return
     table = Table(*params, "runs", *(f"{m}\n[{confidence:.0%} CI]" for m in shown), "noisy", "runs needed",
@@ -177,7 +177,7 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
                   for s in sides[1:] if (s.source / LEDGER_FILE).is_file()]
     notes = [n for c in comparisons for n in c.notes]
     if as_json:
-        emit("compare", {"comparisons": [_comparison_document(c) for c in comparisons], "notes": notes,
+        print_json("compare", {"comparisons": [_comparison_document(c) for c in comparisons], "notes": notes,
                          "written": paths})
         return
     for cmp in comparisons:

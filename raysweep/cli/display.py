@@ -16,13 +16,15 @@ from raysweep.cli._common import console
 # the bar advanced with it), or nothing (a later event or the final summary says it).
 SHOWN = frozenset({"server_starting", "server_ready", "server_failed", "transport", "node_lost", "config_failed",
                    "point_done", "point_failed", "sla_done", "candidate_start", "candidate_done", "fabric",
-                   "topology_warning", "replica", "precision"})
+                   "topology_warning", "replica", "precision", "workload_levels", "disk_full"})
 SILENT = frozenset({"campaign_start", "campaign_end", "server_stopped", "warmup_done", "client_limited",
                     "point_start", "replaced"})
 # The driver's log records that an event line already says (they still go to the log file).
 _TOLD = frozenset({"server config %s: %s; tearing its server down",  # node_lost
                    "server config %s: %s",  # config_failed, and transport with `refused`
-                   "candidate %d: %s (%s)", "candidate %d (%s) %s: %s", "candidate %d (%s) stopped: %s"})
+                   "candidate %d: %s (%s)", "candidate %d (%s) %s: %s", "candidate %d (%s) stopped: %s",
+                   "server config %s, bench %s: serial %s=%d, batch %s=%d; levels %s",  # workload_levels
+                   "disk full: %s"})  # disk_full
 
 
 def told_by_event(record: logging.LogRecord) -> bool:
@@ -139,6 +141,13 @@ class _ProgressDisplay:
             p.console.print(f"precision {escape(data['serve'].label)} / {data['bench_id']}: {what} "
                             f"+-{100 * data['target']:g} % of {data['metric']} after {data['runs_done']} run(s) "
                             f"(+-{100 * data['rel_half_width']:.1f} %)", highlight=False)
+        elif kind == "workload_levels":  # bench.workload decided a shape's load levels
+            levels = ", ".join(str(v) for v in data["levels"]) or "none"
+            p.console.print(f"load levels {escape(data['serve'].label)} / {data['bench_id']}: {data['variable']} "
+                            f"serial {data['serial']}, batch {data['batch']}; levels {levels} ({data['state']})",
+                            highlight=False)
+        elif kind == "disk_full":
+            p.console.print(f"[red]disk full[/] {escape(str(data['error']))}", highlight=False)
         elif kind == "point_failed":
             p.console.print(f"[red]failed[/] {escape(data['point'].serve.label)} / {escape(data['point'].bench.label)} "
                             f"run {data['point'].run} "

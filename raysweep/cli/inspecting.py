@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysweep.cli._common import OUTPUT_DIR, _say, main, out, print_table
-from raysweep.cli.jsonout import emit, json_option
+from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
 
 
@@ -54,7 +54,7 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
                          dest=dest, as_json=as_json, written=paths)
         return
     if as_json:
-        emit("results", {"output_dir": output_dir, "rows": len(df), "columns": list(df.columns),
+        print_json("results", {"output_dir": output_dir, "rows": len(df), "columns": list(df.columns),
                          "runs": df.to_dict(orient="records"), "written": paths})
         return
     out.print(f"{len(df)} row(s), {len(df.columns)} column(s)")
@@ -79,7 +79,7 @@ def sla(output_dir: str, out_path: str | None, as_json: bool) -> None:
         raise UserError(f"{output_dir}: no SLA search has finished here (does the campaign have `sla:`?)")
     path = write_text_atomic(Path(out_path), df.to_csv(index=False)) if out_path else None
     if as_json:
-        emit("sla", {"output_dir": output_dir, "searches": df.to_dict(orient="records"),
+        print_json("sla", {"output_dir": output_dir, "searches": df.to_dict(orient="records"),
                      "written": [path] if path else []})
         return
     table = Table("server config", "bench point", "target", "state", "largest pass", "smallest fail", "probes",

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-__all__ = ["JSON_COMMANDS", "emit", "json_option", "jsonable", "schema"]
+__all__ = ["JSON_COMMANDS", "json_option", "jsonable", "print_json", "schema"]
 
 JSON_COMMANDS = ("status", "results", "compare", "tune", "sla", "validate", "report", "run")
 SCHEMA_VERSION = 1
@@ -61,7 +61,7 @@ def document(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     return jsonable({"kind": kind, "schema_version": SCHEMA_VERSION, **body})
 
 
-def emit(kind: str, body: dict[str, Any]) -> None:
+def print_json(kind: str, body: dict[str, Any]) -> None:
     """Write the document to stdout, whole, as the only thing there."""
     sys.stdout.write(json.dumps(document(kind, body), indent=2, allow_nan=False) + "\n")
     sys.stdout.flush()

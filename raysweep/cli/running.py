@@ -12,7 +12,7 @@ from rich.markup import escape
 from raysweep.cli import logs
 from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, _sigterm_to_interrupt, console, main
 from raysweep.cli.display import _print_counts, _ProgressDisplay, told_by_event
-from raysweep.cli.jsonout import emit, json_option
+from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import LedgerError, UserError
 
 ACCEPT_HELP = ("Go on although what the finished points were measured with changed (versions, warmup, client, "
@@ -225,8 +225,8 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
         console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
     drawn = _write_report(output_dir) if spec.campaign.report and summary.counts.get("done") else None
     if as_json:
-        emit("run", _run_document(spec, output_dir, summary.counts, summary.failures, summary.stopped_early, paths,
-                                  drawn, ran=True))
+        print_json("run", _run_document(spec, output_dir, summary.counts, summary.failures, summary.stopped_early,
+                                        paths, drawn, ran=True))
     if summary.failures or summary.stopped_early or summary.counts.get("pending"):
         sys.exit(1)
 
@@ -292,7 +292,7 @@ def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int]
         else:
             drawn = _write_report(output_dir)
     if as_json:
-        emit("run", _run_document(spec, output_dir, counts, failed, None, paths, drawn, ran=False))
+        print_json("run", _run_document(spec, output_dir, counts, failed, None, paths, drawn, ran=False))
     if failed:
         sys.exit(1)
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysweep.cli._common import _say, main, out, print_table
-from raysweep.cli.jsonout import emit, json_option
+from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
 
 
@@ -28,7 +28,7 @@ def status(output_dir: str, watch: float | None, as_json: bool) -> None:
     if as_json:
         if watch is not None:
             raise UserError("--json and --watch: one document is printed once; accepted: one of them")
-        emit("status", status_document(_local(output_dir)))
+        print_json("status", status_document(_local(output_dir)))
         return
     if watch is None:
         _show(_local(output_dir))

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysweep.cli._common import OUTPUT_DIR, main, out, print_table
-from raysweep.cli.jsonout import emit, json_option
+from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
 
 
@@ -37,7 +37,7 @@ def tune(output_dir: str, top: int | None, csv_out: str | None, as_json: bool) -
         raise UserError(f"{output_dir}: not a tuning campaign (its campaign has no tune: section)")
     if not rows:
         if as_json:
-            emit("tune", {"output_dir": output_dir, "objectives": [], "candidates": [], "written": []})
+            print_json("tune", {"output_dir": output_dir, "objectives": [], "candidates": [], "written": []})
             return
         out.print("no candidate yet")
         return
@@ -69,7 +69,7 @@ def tune(output_dir: str, top: int | None, csv_out: str | None, as_json: bool) -
         w.writerows(lines)
         write_text_atomic(csv_out, text.getvalue())
     if as_json:
-        emit("tune", {"output_dir": output_dir, "objectives": names, "candidates": [
+        print_json("tune", {"output_dir": output_dir, "objectives": names, "candidates": [
             {"rank": r["rank"], "number": r["number"], "state": r["state"], "on_front": bool(r.get("on_front")),
              "objective": list(r["objective"] or [None] * len(names)), "params": r["params"],
              "serve_id": r["serve_id"], "gpu_count": r["gpu_count"], "gpu_hours": r["gpu_s"] / 3600,
