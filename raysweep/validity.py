@@ -47,10 +47,10 @@ def cpu_set(value: Any) -> set[int] | None:
     if isinstance(value, (list, tuple, set)):
         out: set[int] = set()
         for v in value:
-            part = cpu_set(v)
-            if part is None:
+            got = cpu_set(v)
+            if got is None:
                 return None
-            out |= part
+            out |= got
         return out
     text = str(value).strip().strip("[]{}")
     if not text:

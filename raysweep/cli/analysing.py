@@ -74,7 +74,8 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
     offline = plots.is_offline(table.df) and spec["var_x"] is None and spec["var_y"] is None
     spec["var_x"] = spec["var_x"] or "total_token_throughput"
     spec["var_y"] = spec["var_y"] or "median_ttft_ms"
-    ps = plots.PlotSpec(**{k: plots.split_list(v) if k in lists else v for k, v in spec.items()}, error_bars=error_bars)
+    options: dict[str, Any] = {k: plots.split_list(v) if k in lists else v for k, v in spec.items()}
+    ps = plots.PlotSpec(**options, error_bars=error_bars)
     load_var = load_var or plots.load_variable(table.df, ps.var_x)
     specs = plots.offline_specs(table.df, ps) if offline else [plots.default_layout(table.df, ps, load_var)]
     drawn = [(s, plots.plan_curves(table.df, s)) for s in specs]

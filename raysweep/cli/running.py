@@ -283,7 +283,7 @@ def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int]
     for p in failed[:10]:
         console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
                       f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
-    drawn = None
+    drawn: tuple[Path, list[Path], list[str]] | None = None
     if spec.campaign.report and counts.get("done"):
         report = output_dir / "report.html"  # report.REPORT_FILE, without importing the report's modules
         if fresh(report):
