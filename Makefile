@@ -1,5 +1,6 @@
-# The two set-up commands: `make demo` (the CPU demo campaign) and `make test` (every test); `make test-fast`
-# runs the lint, the type check and every test that starts neither Ray nor vLLM (about a minute).
+# The two set-up commands: `make demo` (the CPU demo campaign) and `make test` (the lint and the type check, then
+# every test); `make test-fast` runs the lint, the type check and every test that starts neither Ray nor vLLM
+# (about a minute).
 # Both create .venv with everything they need on a fresh machine.
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -17,7 +18,7 @@ demo: setup
 	$(BIN)/raysweep tiny-model $(MODEL)
 	RAYSWEEP_DEMO_MODEL=$(MODEL) $(BIN)/raysweep run configs/demo-cpu.yaml
 
-test: setup
+test: lint
 	bash scripts/install-browser.sh
 	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
