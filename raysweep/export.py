@@ -231,6 +231,15 @@ def _key(name: str) -> str:
     return _MLFLOW_KEY.sub("_", str(name))[:250]
 
 
+def _artifact_root(tracking_uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a local SQLite store (`<its folder>/mlruns`), not in
+    `./mlruns` of whatever directory the command runs in, which is MLflow's default; None (a server's own root)
+    for any other store."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return (Path(tracking_uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
+
+
 def mlflow_client(tracking_uri: str, experiment: str, option: str = "--mlflow") -> tuple[Any, str]:
     """An MLflow client at `tracking_uri` and the id of `experiment` (made when missing).
 
@@ -244,7 +253,8 @@ def mlflow_client(tracking_uri: str, experiment: str, option: str = "--mlflow") 
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
         found = client.get_experiment_by_name(experiment)
-        exp_id = found.experiment_id if found is not None else client.create_experiment(experiment)
+        exp_id = (found.experiment_id if found is not None
+                  else client.create_experiment(experiment, artifact_location=_artifact_root(tracking_uri)))
     except MlflowException as exc:  # an unusable URI (MLflow 3 also refuses file stores unless told)
         if _is_file_store(tracking_uri):
             raise UserError(f"{option} {tracking_uri}: MLflow no longer writes plain file stores; use a SQLite one "
