@@ -60,17 +60,28 @@ def port_is_free(host: str, port: int) -> bool:
 def niceness_zero() -> str | None:
     """Niceness 0 for every thread of this process (Linux keeps it per thread, and a child starts at its
     parent thread's), where the OS allows; the reason it could not be lowered otherwise."""
+    def lower(tid: int) -> None:
+        if os.getpriority(os.PRIO_PROCESS, tid) > 0:
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
+    return _each_thread(lower, "")
+
+
+def _threads() -> list[int]:
+    """The ids of this process's threads (0, this thread, where /proc cannot tell)."""
     try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
+        return [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
-        tids = [0]
+        return [0]
+
+
+def _each_thread(apply: Callable[[int], object], what: str) -> str | None:
+    """`apply` to every thread of this process; the first failure as text (prefixed with `what`), else None."""
     failure = None
-    for tid in tids:
+    for tid in _threads():
         try:
-            if os.getpriority(os.PRIO_PROCESS, tid) > 0:
-                os.setpriority(os.PRIO_PROCESS, tid, 0)
+            apply(tid)
         except OSError as exc:
-            failure = failure or f"{type(exc).__name__}: {exc}"
+            failure = failure or f"{what}{type(exc).__name__}: {exc}"
     return failure
 
 
@@ -80,17 +91,7 @@ CPUS_ENV = "RAYSWEEP_CPU_AFFINITY"  # CPU ids ("0-3,6") the server guard pins it
 def pin_cpus(cpus: set[int]) -> str | None:
     """Run every thread of this process (and what it starts later) on `cpus` only (Linux keeps the
     affinity per thread); the reason it could not otherwise (e.g. a CPU this node does not have)."""
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    failure = None
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except OSError as exc:
-            failure = failure or f"CPU affinity {sorted(cpus)}: {type(exc).__name__}: {exc}"
-    return failure
+    return _each_thread(lambda tid: os.sched_setaffinity(tid, cpus), f"CPU affinity {sorted(cpus)}: ")
 
 
 def is_alive(pid: int | None, create_time: float | None) -> bool:
