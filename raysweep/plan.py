@@ -297,7 +297,10 @@ def _workload_bench(spec: CampaignSpec, base: BenchPoint, params: dict[str, Any]
                     ) -> BenchPoint:
     wl = workload_of(spec.campaign)
     assert wl is not None
-    return BenchPoint(id=grid.params_id(_no_name(params)), params=params,
+    # A level equal to an endpoint's value (max_concurrency 1 when the range is narrow) is a run of its own, as
+    # vLLM's sweep runs it again: its id must not be the serial point's.
+    salt = {"workload_level": value} if role == LEVEL else {}
+    return BenchPoint(id=grid.params_id({**_no_name(params), **salt}), params=params,
                       argv=grid.apply_to_cmd(spec.bench_argv, params),
                       label=f"{base.label}-{role}-{wl.variable}={value}" if base.label
                       else f"{role}-{wl.variable}={value}",

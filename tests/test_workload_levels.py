@@ -125,6 +125,20 @@ def test_plan_holds_serial_and_batch_points_and_the_dry_run_says_levels_come_lat
     assert "--max-concurrency 1" in text and "--max-concurrency 10" in text
 
 
+def test_a_level_equal_to_the_serial_value_is_a_point_of_its_own(tmp_path):
+    # On a narrow range (serial 1, batch 2, 5 levels) vLLM's spacing gives the levels [1, 2]: both run again
+    # as levels, as vLLM's sweep runs them, and neither takes the id of the serial or batch point.
+    from raysweep.plan import level_bench
+
+    work = _work(tmp_path)
+    base = work.plan.benches[0]
+    assert wl.levels_between([0.9, 0.95], [2.1, 2.2], 5) == (1, 2, [1, 2])
+    ends = {p.bench.id for p in work.plan.points}
+    levels = [level_bench(work.plan.spec, base, v) for v in (1, 2)]
+    assert levels[0].params["max_concurrency"] == 1 and not ends & {b.id for b in levels}
+    assert len({b.id for b in levels}) == 2
+
+
 def test_levels_are_decided_once_after_both_endpoints_and_kept_on_resume(tmp_path):
     work = _work(tmp_path)
     serial, batch = work.plan.points
