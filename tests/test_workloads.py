@@ -362,7 +362,10 @@ def test_a_campaign_stores_time_series_and_the_report_draws_them(gpu_cluster, tm
     from raysweep.report import build_report
     from raysweep.results import results_table
 
-    f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.002",
+    # Each request lasts about 0.13 s, so at 30 req/s about four are running at any time: every 0.5-s bin's
+    # mean of the running-requests gauge is well above one even when the machine is loaded (a 0.02-s request
+    # left the mean near 0.6 and the check to chance).
+    f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.02",
                         bench_args="--random-output-len 6 --request-rate 30 --duration 3 --timeseries-interval 0.5",
                         bench_params={"grid": {"random_input_len": [16]}},
                         bench={"client_cpus": 0.5, "metrics_interval_s": 0.2})
