@@ -21,7 +21,7 @@ Cases (`--case`):
   per-turn input length, TTFT and the prefix-cache hit rate.
 
     .venv/bin/python benchmarks/bench_parity.py [--case random|trace|multi_turn] [--runs N] [--server-cpus 0]
-        [--client-cpus 1] [--autogroup-nice -10] [--sittings 5] [--prompts N]
+        [--client-cpus 1] [--autogroup-nice -10] [--sittings 5] [--prompts N] [--min-run-s 10]
 
 Where the kernel groups processes by session for scheduling (`/proc/sys/kernel/sched_autogroup_enabled`),
 a process's niceness counts only against processes of its own session: other work on the machine at nice 19,
@@ -30,10 +30,13 @@ crosscheck (with its Ray and both clients) each run in a session of their own at
 `--autogroup-nice` (-10: other sessions get about a tenth of a contended core; 0 leaves them as they are),
 the same for both clients, and the header says what was set.
 
-`--sittings N` (random case) runs crosscheck N times in a row on the one server, with runs of 1000 prompts
-(about 10 s or more each: `vllm bench serve` has no duration bound, so both clients get the same prompt
-count), and records how many sittings reach "equivalent" (crosscheck's equivalence test: the 90 % interval
-of each ratio inside its tolerance) in parity-sittings.md and .json.
+`--sittings N` (random case) runs crosscheck N times in a row on the one server and records how many
+sittings reach "equivalent" (crosscheck's equivalence test: the 90 % interval of each ratio inside its
+tolerance) in parity-sittings.md and .json. Its runs are bounded by duration, at least `--min-run-s` (10 s):
+`vllm bench serve` has no duration bound, so both clients get the same prompt count, sized before the first
+sitting from a calibration run of `vllm bench serve` (200 prompts of the same workload, pinned as the clients
+are) at 1.5 times the prompts that the calibrated rate finishes in `--min-run-s`, in hundreds. A sitting
+whose shortest run still came out shorter is marked in the table ("short").
 
 Writes benchmarks/results/parity.md (parity-trace.md, parity-multi-turn.md; the JSON beside each); exits with
 crosscheck's code (multi_turn: 0 when every count is equal, else 1).
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -175,11 +179,64 @@ def one_crosscheck(args: argparse.Namespace, model: Path, url: str, work: Path, 
     return proc.returncode, report, stderr, time.monotonic() - t0, grouped
 
 
+def calibrate_prompts(args: argparse.Namespace, model: Path, url: str, work: Path, env: dict[str, str]) -> tuple[
+        int, str]:
+    """Prompts per run for runs of at least `--min-run-s`: one `vllm bench serve` of 200 prompts of the random
+    workload, pinned as the clients are, gives the rate; 1.5 times the prompts that rate finishes in
+    `--min-run-s`, rounded up to hundreds. (prompts, what was measured, for the header)."""
+    out = work / "calibration"
+    out.mkdir()
+    argv = ["taskset", "-c", args.client_cpus, str(BIN / "vllm"), "bench", "serve", "--model", str(model),
+            "--base-url", url, *LOAD.format(prompts=200).split(), "--save-result", "--result-dir", str(out),
+            "--result-filename", "calibration.json"]
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    result = json.loads((out / "calibration.json").read_text())
+    rate = float(result["completed"]) / float(result["duration"])
+    prompts = max(100, 100 * math.ceil(1.5 * rate * args.min_run_s / 100))
+    return prompts, (f"calibration: `vllm bench serve` ran 200 prompts at {rate:.1f} req/s, so {prompts} prompts "
+                     f"a run (1.5 x {args.min_run_s:g} s at that rate)")
+
+
+def sitting_row(k: int, report: dict, wall: float, grouped: str, min_run_s: float) -> dict:
+    """One sitting's row: verdict, each judged metric's ratio, interval and word, the runs' shortest and
+    longest duration, and whether the shortest fell under `min_run_s`."""
+    durations = [float(r.get("duration") or 0) for r in report["runs"] if r.get("ok")]
+    judged = [c for c in report["comparison"] if c.get("tolerance") is not None]
+    return {"sitting": k + 1, "verdict": report["verdict"]["verdict"], "seconds": round(wall),
+            "run_s": [round(min(durations), 1), round(max(durations), 1)] if durations else None,
+            "short": bool(durations) and min(durations) < min_run_s,
+            "metrics": {c["metric"]: {"ratio": c["ratio"], "low": c.get("low"), "high": c.get("high"),
+                                      "word": c.get("word")} for c in judged},
+            "autogroup": grouped}
+
+
+def sittings_table(rows: list[dict]) -> tuple[int, list[str]]:
+    """How many sittings reached 'equivalent', and the table of rows."""
+    reached = sum(r["verdict"] == "equivalent within tolerance" for r in rows)
+    names = list(dict.fromkeys(m for r in rows for m in r.get("metrics", {})))
+    lines = ["| sitting | run length (s) | " + " | ".join(names) + " | verdict |",
+             "|---|---|" + "---|" * len(names) + "---|"]
+    for r in rows:
+        cells = []
+        for m in names:
+            c = r.get("metrics", {}).get(m)
+            cells.append("-" if not c or c["ratio"] is None else
+                         f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}] {c['word']}" if c["low"] is not None
+                         else f"{c['ratio']:.3f} {c['word']}")
+        span = f"{r['run_s'][0]}-{r['run_s'][1]}" + (" short" if r.get("short") else "") if r.get("run_s") else "-"
+        lines.append(f"| {r['sitting']} | {span} | " + " | ".join(cells) + f" | {r['verdict']} |")
+    return reached, lines
+
+
 def sittings(args: argparse.Namespace, model: Path, url: str, work: Path, load: str, env: dict[str, str],
              grouped: str, ready_s: float) -> int:
     """`--sittings N`: N crosschecks in a row on the one server; per sitting each judged metric's ratio, its
     90 % interval and verdict, the runs' durations; how many sittings reach 'equivalent'. Writes
     benchmarks/results/parity-sittings.md and .json."""
+    calibration = "prompts given by --prompts"
+    if args.prompts is None:
+        args.prompts, calibration = calibrate_prompts(args, model, url, work, env)
+        print(calibration, flush=True)
     rows, reports = [], []
     for k in range(args.sittings):
         (work / f"s{k}").mkdir()
@@ -189,35 +246,18 @@ def sittings(args: argparse.Namespace, model: Path, url: str, work: Path, load: 
             rows.append({"sitting": k + 1, "verdict": f"crosscheck failed (exit {code})"})
             continue
         reports.append(report)
-        durations = [float(r.get("duration") or 0) for r in report["runs"] if r.get("ok")]
-        judged = [c for c in report["comparison"] if c.get("tolerance") is not None]
-        rows.append({"sitting": k + 1, "verdict": report["verdict"]["verdict"], "seconds": round(wall),
-                     "run_s": [round(min(durations), 1), round(max(durations), 1)] if durations else None,
-                     "metrics": {c["metric"]: {"ratio": c["ratio"], "low": c.get("low"), "high": c.get("high"),
-                                               "word": c.get("word")} for c in judged},
-                     "autogroup": xc_grouped})
+        rows.append(sitting_row(k, report, wall, xc_grouped, args.min_run_s))
         print(f"sitting {k + 1}: {report['verdict']['verdict']}", flush=True)
-    reached = sum(r["verdict"] == "equivalent within tolerance" for r in rows)
-    names = list(dict.fromkeys(m for r in rows for m in r.get("metrics", {})))
+    reached, table = sittings_table(rows)
     lines = [f"<!-- {time.strftime('%Y-%m-%d %H:%M')} -->",
              f"# Parity in {args.sittings} sittings: native client vs `vllm bench serve`", "",
              (f"Server pinned to CPU(s) {args.server_cpus} (ready in {ready_s:.0f} s, {grouped}); crosscheck "
               f"pinned to CPU(s) {args.client_cpus}; per sitting {args.runs} runs of each client of "
-              f"`{load.format(prompts=args.prompts, trace='')}`, caches reset before each. Verdict per metric: the "
+              f"`{load.format(prompts=args.prompts, trace='')}`, caches reset before each ({calibration}; runs "
+              f"under {args.min_run_s:g} s marked short). Verdict per metric: the "
               "ratio of the geometric means native / vllm with its 90 % interval, equivalent only inside the "
               "tolerance (throughput 5 %, median TTFT and TPOT 10 %)."),
-             "", f"**{reached} of {len(rows)} sittings reach \"equivalent\".**", "",
-             "| sitting | run length (s) | " + " | ".join(names) + " | verdict |",
-             "|---|---|" + "---|" * len(names) + "---|"]
-    for r in rows:
-        cells = []
-        for m in names:
-            c = r.get("metrics", {}).get(m)
-            cells.append("-" if not c or c["ratio"] is None else
-                         f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}] {c['word']}" if c["low"] is not None
-                         else f"{c['ratio']:.3f} {c['word']}")
-        span = f"{r['run_s'][0]}-{r['run_s'][1]}" if r.get("run_s") else "-"
-        lines.append(f"| {r['sitting']} | {span} | " + " | ".join(cells) + f" | {r['verdict']} |")
+             "", f"**{reached} of {len(rows)} sittings reach \"equivalent\".**", "", *table]
     text = "\n".join(lines) + "\n"
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "parity-sittings.md").write_text(text)
@@ -232,7 +272,10 @@ def main() -> int:
     ap.add_argument("--case", choices=sorted(RESULT_FILE), default="random")
     ap.add_argument("--runs", type=int, default=None, help="runs of each client (default 5; trace: 9)")
     ap.add_argument("--prompts", type=int, default=None,
-                    help="prompts per run (default 100; with --sittings, 1000: runs of about 10 s or more)")
+                    help="prompts per run (default 100; with --sittings, sized by a calibration run for runs of "
+                         "at least --min-run-s)")
+    ap.add_argument("--min-run-s", type=float, default=10.0,
+                    help="with --sittings: the shortest run length aimed at, in seconds (default 10)")
     ap.add_argument("--sittings", type=int, default=1,
                     help="crosschecks in a row on the one server (random case): how many reach 'equivalent'")
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list of the server")
@@ -241,7 +284,8 @@ def main() -> int:
                     help="autogroup niceness of the server's and crosscheck's sessions (0: leave it)")
     args = ap.parse_args()
     args.runs = args.runs or (9 if args.case == "trace" else 5)
-    args.prompts = args.prompts or (1000 if args.sittings > 1 else 100)
+    if args.sittings <= 1:
+        args.prompts = args.prompts or 100
     sys.path.insert(0, str(REPO))
     from raysweep.demo import make_tiny_model
     from raysweep.procs import free_port
