@@ -465,15 +465,11 @@ def summary_table(output_dir: str | Path, confidence: float = 0.95, threshold: f
 
 def _dir_params(output_dir: Path) -> list[str] | None:
     """The serve and bench parameter names of a raysweep output dir's plan (None elsewhere)."""
-    from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.ledger import plan_points
 
-    if not (output_dir / LEDGER_FILE).is_file():
+    points = plan_points(output_dir)
+    if points is None:
         return None
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        points = ledger.points()
-    finally:
-        ledger.close()
     return list(dict.fromkeys(k for p in points for k in (*p.serve_params, *p.bench_params)))
 
 
