@@ -139,6 +139,10 @@ def deprecated_alias(old: str, new: str, dest: str, **kw: Any) -> Any:
                         **kw)
 
 
+address_option = click.option("--address", default=None,
+                              help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+
+
 def fig_format_option(f: Any) -> Any:
     """`--fig-format` (png, svg, pdf), with `--format` kept for one release as a deprecated alias: `--format`
     names a table format in `results`, one meaning per flag name across commands."""

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from raysweep.cli import logs
-from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, main
+from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, address_option, main
 
 
 def _print_checklist(output_dir: Path, not_run: dict[str, str] | None = None) -> int:
@@ -42,8 +42,7 @@ def checklist(output_dir: str) -> None:
 
 @main.command()
 @click.argument("campaign_file", type=click.Path(dir_okay=False))
-@click.option("--address", default=None,
-              help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@address_option
 @click.option("--output-dir", default=None, help="Override the campaign's output_dir.")
 @click.option("--dry-run", is_flag=True, help="Print what would run where and what the checklist checks; exit.")
 def acceptance(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool) -> None:

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from raysweep.cli import logs
-from raysweep.cli._common import _output_dir, _say, console, main, out
+from raysweep.cli._common import _output_dir, _say, address_option, console, main, out
 from raysweep.errors import UserError
 
 
@@ -23,8 +23,7 @@ from raysweep.errors import UserError
               help="A bench point, by 0-based index or id prefix (repeatable; default the first).")
 @click.option("-n", "--runs", "n", type=click.IntRange(min=1), default=5, show_default=True,
               help="Runs of each client per bench point, alternating.")
-@click.option("--address", default=None,
-              help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@address_option
 @click.option("--url", default=None, help="Bench the server already running at this URL instead of starting one.")
 @click.option("--throughput-tolerance", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               help="Percent: largest accepted difference of output and request throughput.")

@@ -10,7 +10,15 @@ import click
 from rich.markup import escape
 
 from raysweep.cli import logs
-from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, _sigterm_to_interrupt, console, main
+from raysweep.cli._common import (
+    EXISTING_OUTPUT_DIR,
+    _output_dir,
+    _say,
+    _sigterm_to_interrupt,
+    address_option,
+    console,
+    main,
+)
 from raysweep.cli.display import _print_counts, _ProgressDisplay, told_by_event
 from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import LedgerError, UserError
@@ -21,8 +29,7 @@ ACCEPT_HELP = ("Go on although what the finished points were measured with chang
 
 @main.command()
 @click.argument("campaign_file", type=click.Path(dir_okay=False))
-@click.option("--address", default=None,
-              help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@address_option
 @click.option("--output-dir", default=None, help="Override the campaign's output_dir.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every server and bench command, run counts) and an "
                                               "estimate of server starts, GPU-hours and wall time; exit.")
@@ -155,8 +162,7 @@ def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], 
 
 @main.command()
 @click.argument("output_dir", type=click.Path(file_okay=False))
-@click.option("--address", default=None,
-              help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
+@address_option
 @click.option("--force", is_flag=True, help="Take over the campaign even if another driver seems to hold it.")
 @click.option("--retry-failed", is_flag=True, help="Give points that used up max_attempts a fresh set of attempts.")
 @click.option("--accept-changes", is_flag=True, help=ACCEPT_HELP)
