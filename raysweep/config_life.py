@@ -119,9 +119,11 @@ class ConfigLife:
         if refused is not None:
             w.give_up(run.serve, refused, search_state="transport refused")
             return
-        if self.c.sla is not None:
-            self.searches.run(run, server)
-            return
+        if self.c.sla is not None:  # with bench.workload its points run first, then the searches start from them
+            points = [p for p in points if p.bench.workload_role is not None]
+            if not points:
+                self.searches.run(run, server)
+                return
         reset = self.points.reset(run, server)
         queue = deque(points)
         while queue:
@@ -144,3 +146,5 @@ class ConfigLife:
             if run.abort or w.stopping() or server.down() is not None:
                 return
             reset = self.points.reset(run, server)
+        if self.c.sla is not None and not run.abort and not w.stopping() and server.down() is None:
+            self.searches.run(run, server)

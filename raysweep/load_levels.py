@@ -45,22 +45,27 @@ def workload_of(campaign: Any) -> WorkloadSpec | None:
 
 # -- the campaign's checks ------------------------------------------------------------------------------
 
-_REFUSED = (("sla", "an SLA search chooses its own load values; run the workload campaign first and start the "
-                    "SLA search from its range (sla.start, sla.max_value)"),
-            ("tune", "tuning candidates are compared on the same fixed bench points, and levels decided per "
-                     "candidate would differ between them"),
+_REFUSED = (("tune", "a tuning candidate's objective compares every candidate on the same bench points, and the "
+                     "levels decided from each candidate's own serial and batch points differ between candidates; "
+                     "tune on load values typed in bench.params, then run bench.workload on the candidates kept"),
             ("offline", "offline runs have no load variable"))
 
 
 def check_workload(campaign: Any, serve_combos: list[dict[str, Any]], bench_combos: list[dict[str, Any]]) -> None:
     """Refuse what cannot work with `bench.workload`: a hand-typed grid of its variable (or of
-    max_concurrency, which the endpoints set), an SLA search, tuning or offline mode."""
+    max_concurrency, which the endpoints set), tuning, offline mode, or an SLA search of another variable
+    (the levels are the search's first probes)."""
     spec = workload_of(campaign)
     if spec is None:
         return
     for part, why in _REFUSED:
         if getattr(campaign, part, None) is not None:
             raise CampaignError("bench.workload", f"cannot be used with `{part}:` ({why}); remove one of them")
+    sla = getattr(campaign, "sla", None)
+    if sla is not None and sla.variable != spec.variable:
+        raise CampaignError("sla.variable", f"is {sla.variable}, but bench.workload.variable is {spec.variable}: the "
+                            "SLA search runs after the levels and starts from them, so both must set the same "
+                            f"variable; set sla.variable: {spec.variable} (or change bench.workload.variable)")
     for i, combo in enumerate(bench_combos):
         for key in combo:
             norm = grid.normalize_key(key)

@@ -258,10 +258,12 @@ def serve_points(spec: CampaignSpec, s: ServeConfig, benches: list[BenchPoint]
         if not grid.link_matches(s.params, b.params, spec.campaign.link):
             skipped += 1
             continue
-        if spec.campaign.sla is not None:  # the search always starts at unbounded load; it adds the other probes
+        workload = getattr(spec.campaign.bench, "workload", None) is not None
+        if spec.campaign.sla is not None:  # the search runs after the levels, if any, and starts from them
             searches.append((s.id, b.id))
+        if spec.campaign.sla is not None and not workload:  # it starts at unbounded load; it adds the other probes
             points.extend(probe_runs(spec, s, b, math.inf))
-        elif getattr(spec.campaign.bench, "workload", None) is not None:  # the levels come after these two
+        elif workload:  # the levels come after these two
             points.extend(PointRun(id=point_id(s.id, e.id, r), serve=s, bench=e, run=r)
                           for e in endpoint_benches(spec, b) for r in range(first_runs(spec)))
         else:
@@ -397,5 +399,8 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
         lines += ["", f"SLA search on {c.sla.variable} ({c.sla.judge}, precision {c.sla.precision:g}, "
                       f"from {c.sla.start:g} to {c.sla.max_value:g}), per server config and bench point, for:"]
         lines += [f"  {t}" for t in c.sla.targets]
-        lines += ["The runs above are the unbounded-load probes; the search adds its other probes as it goes."]
+        lines += ["The runs above are the unbounded-load probes; the search adds its other probes as it goes."
+                  if workload_of(c) is None else "The search runs after the workload levels and starts from them: "
+                  "every level, and with max_concurrency the serial and batch points, is a probe it does not run "
+                  "again; it adds the other probes as it goes."]
     return "\n".join(lines)

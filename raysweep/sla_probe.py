@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raysweep import metrics, sla
+from raysweep import metrics, sla, workload_levels
 from raysweep.bench import stats
 from raysweep.bench.options import parse_load_options
 from raysweep.live_server import ConfigRun, Server
@@ -99,6 +99,7 @@ class SlaSearches:
             probes = state.probes.setdefault(bench_id, {})
             try:
                 if not probes:
+                    self._workload_probes(run.serve.id, base, probes)  # bench.workload: its levels are probes
                     for value, first in self._ledger_probe_values(run.serve.id, bench_id):
                         self._probe(run, server, base, value, probes, state, first, run_missing=False)
                 outcome = self._search(run, server, base, target, probes, state)
@@ -124,6 +125,13 @@ class SlaSearches:
             estimate=lambda: capacity(probes.get((sla.INFINITE, 0)), cfg.variable),
             recheck=lambda v: judged(v, self.c.runs),
             known=lambda: {v: judge(d, target, cfg) for (v, first), d in probes.items() if first == 0})
+
+    def _workload_probes(self, serve_id: str, base: BenchPoint, probes: dict[tuple[float, int], ProbeData | None]
+                         ) -> None:
+        """With `bench.workload`, the serial, batch and level points that ran exactly what a probe runs are
+        that probe (`workload_levels.search_probes`): the search starts from them and runs none of them again."""
+        for value, paths in workload_levels.search_probes(self.work, serve_id, base.id).items():
+            probes[(value, 0)] = pool_probe(self.work.output_dir, list(paths), base.argv)
 
     def _ledger_probe_values(self, serve_id: str, bench_id: str) -> list[tuple[float, int]]:
         """The (value, first run) of every probe of a search already in the ledger, done or not."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from raysweep import estimate, sla
+from raysweep import estimate, sla, workload_levels
 from raysweep.ledger import Ledger
 from raysweep.plan import Plan, ServeConfig
 
@@ -47,9 +47,10 @@ class Workload:
 
     def work_left(self, serve_id: str) -> int:
         """Points a config still has to run; with SLA searches, a run of one probe per open search (the
-        searches run their probes themselves, and a probe no search needs any more is left alone)."""
-        if self.c.sla is not None:
-            return self.c.runs * len(self.open_searches(serve_id))
+        searches run their probes themselves, and a probe no search needs any more is left alone), and the
+        `bench.workload` points they start from."""
+        if self.c.sla is not None:  # with bench.workload, its points first (the searches start from them)
+            return self.c.runs * len(self.open_searches(serve_id)) + len(workload_levels.pending(self, serve_id))
         return len(self.ledger.runnable(serve_id, self.c.max_attempts))
 
     def pace(self, serve_id: str) -> tuple[float, float] | None:

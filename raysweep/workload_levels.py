@@ -47,8 +47,8 @@ from raysweep.load_levels import (
 from raysweep.plan import PointRun, endpoint_benches, first_runs, level_bench, point_id
 
 __all__ = ["BATCH", "LEVEL", "SERIAL", "WorkloadSpec", "achieved", "check_workload", "dataset_size",
-           "dry_run_lines", "endpoint_benches", "level_bench", "levels_between", "report_section", "restore_plan",
-           "settle", "settle_all", "status_lines", "workload_of"]
+           "dry_run_lines", "endpoint_benches", "level_bench", "levels_between", "pending", "report_section",
+           "restore_plan", "search_probes", "settle", "settle_all", "status_lines", "workload_of"]
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,49 @@ def settle_all(work: Any) -> int:
             seen.add(key)
             added += len(settle(work, p.serve, p.bench))
     return added
+
+
+# -- with an SLA search -----------------------------------------------------------------------------------
+
+def pending(work: Any, serve_id: str) -> list[Any]:
+    """The serial, batch and level runs of a configuration still to run (with an SLA search, which runs after
+    them, `Workload.work_left` counts them too)."""
+    if workload_of(work.c) is None:
+        return []
+    out = []
+    for row in work.ledger.runnable(serve_id, work.c.max_attempts):
+        p = work.plan.point(row.point_id)
+        if p is not None and p.bench.workload_role is not None:
+            out.append(p)
+    return out
+
+
+def search_probes(work: Any, serve_id: str, base_id: str) -> dict[float, list[str]]:
+    """The workload points of one base point that run exactly what an SLA probe of the same variable would
+    run, as the search's probes: value -> the result files of their runs, for values whose every run is done.
+    Every level is one (the base with only the variable set); with max_concurrency the serial point is the
+    probe of 1 and the batch point (every prompt at once) the unbounded-load probe; with request_rate the
+    endpoints also cap the concurrency, which a probe does not, so only the levels count."""
+    import math
+
+    wl, cfg = workload_of(work.c), getattr(work.c, "sla", None)
+    if wl is None or cfg is None or cfg.variable != wl.variable:
+        return {}
+    runs: dict[float, list[Any]] = {}
+    for p in work.plan.points_of(serve_id):
+        b = p.bench
+        if b.workload_of != base_id or b.workload_value is None:
+            continue
+        if b.workload_role == LEVEL or (wl.variable == "max_concurrency" and b.workload_role == SERIAL):
+            value = float(b.workload_value)
+        elif wl.variable == "max_concurrency" and b.workload_role == BATCH:
+            value = math.inf
+        else:
+            continue
+        runs.setdefault(value, []).append(work.ledger.point(p.id))
+    done = {v: rows for v, rows in runs.items()
+            if len(rows) >= work.c.runs and all(r is not None and r.state == "done" for r in rows)}
+    return {v: [r.result_path for r in sorted(rows, key=lambda r: r.run)] for v, rows in done.items()}
 
 
 def report_section(output_dir: Any) -> str | None:

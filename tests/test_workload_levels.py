@@ -68,19 +68,36 @@ def test_bad_workload_is_refused_naming_the_field(tmp_path, workload, bench_para
     assert not (tmp_path / "out").exists()  # nothing started, nothing written
 
 
-def test_workload_refuses_sla_and_tune(tmp_path):
-    f = _campaign(tmp_path)
+def _with_sla(f: Path, **sla) -> Path:
     data = yaml.safe_load(f.read_text())
     data["bench"].update(backend="native", cmd="vllm bench serve --model m --num-prompts 10")
-    f.write_text(yaml.safe_dump({**data, "sla": {"targets": [{"p99_ttft_ms": "<=100"}]}}))
-    with pytest.raises(CampaignError, match="^bench.workload: cannot be used with `sla:`"):
+    f.write_text(yaml.safe_dump({**data, "sla": {"targets": [{"p99_ttft_ms": "<=100"}], **sla}}))
+    return f
+
+
+def test_workload_refuses_an_sla_search_of_another_variable_and_tuning(tmp_path):
+    f = _with_sla(_campaign(tmp_path), variable="request_rate")  # the workload sets max_concurrency
+    with pytest.raises(CampaignError, match="^sla.variable: is request_rate, but bench.workload.variable is "
+                                            "max_concurrency"):
+        load_campaign(f)
+    res = CliRunner().invoke(main, ["run", str(f)])
+    assert res.exit_code == 2 and "sla.variable" in res.output and not (tmp_path / "out").exists()
+    data = yaml.safe_load(_campaign(tmp_path).read_text())
+    data["tune"] = {"space": {"max_num_seqs": {"choices": [8, 16]}}, "budget": {"candidates": 2},
+                    "objective": {"metric": "output_throughput"}}
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(CampaignError, match="^bench.workload: cannot be used with `tune:` .*differ between "
+                                            "candidates"):
         load_campaign(f)
     res = CliRunner().invoke(main, ["validate", str(f)])
     assert res.exit_code == 2 and "bench.workload" in res.output
 
 
-def _work(tmp_path: Path, workload: dict | None = None, precision: dict | None = None) -> Workload:
+def _work(tmp_path: Path, workload: dict | None = None, precision: dict | None = None, sla: dict | None = None
+          ) -> Workload:
     f = _campaign(tmp_path, workload)
+    if sla is not None:
+        _with_sla(f, **sla)
     if precision is not None:
         data = yaml.safe_load(f.read_text())
         data.pop("runs")
@@ -220,6 +237,63 @@ def test_with_precision_the_levels_wait_for_the_endpoints_to_be_decided(tmp_path
     row = work.ledger.workload_levels(serve.id, work.plan.benches[0].id)
     assert row is not None and row["state"] == "decided"
     assert len(levels) == 2 * len(row["levels"])  # every level starts with min_runs runs
+
+
+def _finish_samples(work: Workload, run_id: str, ttft_ms: float, rps: float, e2el_ms: float) -> None:
+    """A done native run of 10 requests, all with the same TTFT, with its raw samples (an SLA probe pools them)."""
+    from raysweep.bench import stats
+    from raysweep.results import write_samples
+
+    assert work.ledger.claim(run_id, "s", work.c.max_attempts) is not None
+    s = stats.empty_samples()
+    ttft, e2el = ttft_ms / 1000, max(e2el_ms / 1000, ttft_ms / 1000 + 0.03)
+    for i in range(10):
+        t = i / rps
+        row = {"index": i, "actor": 0, "due": t, "ready": t, "begin": t, "sent": t, "first": t + ttft,
+               "end": t + e2el, "done": t + e2el, "in_tok": 16, "out_tok": 4, "ok": True, "error": None,
+               "chunks": [ttft, ttft + 0.01, ttft + 0.02, e2el], "text": None}
+        for col in s:
+            if col != "loop_lag":
+                s[col].append(row.get(col))
+    write_samples(work.output_dir / f"{run_id}.samples.parquet", s)
+    record = {"request_throughput": rps, "mean_e2el_ms": e2el_ms, "samples_path": f"{run_id}.samples.parquet"}
+    (work.output_dir / f"{run_id}.json").write_text(json.dumps(record))
+    work.ledger.mark_done(run_id, f"{run_id}.json")
+
+
+@pytest.mark.parametrize("variable, probes", [("max_concurrency", [1.0, 3.0, 4.0, 6.0, 7.0, float("inf")]),
+                                              ("request_rate", [3.0, 4.0, 6.0, 7.0])])
+def test_an_sla_search_runs_after_the_levels_and_starts_from_them(tmp_path, variable, probes):
+    """With `sla:`, the plan holds the serial and batch points (no unbounded probe of its own); the search's
+    work counts the levels still to run; once they are done, every level, and with max_concurrency the serial
+    and batch points, is a probe of the search, pooled from its runs' samples and judged as any probe."""
+    from raysweep import sla_probe
+    from raysweep.sla import Verdict, parse_targets
+
+    work = _work(tmp_path, {"variable": variable, "levels": 6}, sla={"variable": variable})
+    assert [p.bench.workload_role for p in work.plan.points] == ["serial", "batch"]
+    serve, base = work.plan.serves[0], work.plan.benches[0]
+    assert work.plan.searches == [(serve.id, base.id)]
+    assert "The search runs after the workload levels and starts from them" in dry_run_text(work.plan)
+    assert work.work_left(serve.id) == 1 + 2  # one probe run of the open search, the two endpoints
+    serial, batch = work.plan.points
+    _finish_samples(work, serial.id, 20.0, 0.8, 1250.0)  # max_concurrency 1; rate 0.8
+    _finish_samples(work, batch.id, 500.0, 9.5, 990.0)  # 9.4 in flight; rate 9.5: serial 1, batch 9 either way
+    levels = wl.settle(work, serve, batch.bench)
+    assert [p.bench.workload_value for p in levels] == [3, 4, 6, 7]
+    assert work.work_left(serve.id) == 1 + 4 and wl.search_probes(work, serve.id, base.id) == (
+        {1.0: [f"{serial.id}.json"], float("inf"): [f"{batch.id}.json"]} if variable == "max_concurrency" else {})
+    for p, ttft in zip(levels, (40.0, 80.0, 150.0, 300.0)):
+        _finish_samples(work, p.id, ttft, 2.0, 1000.0)
+    assert work.work_left(serve.id) == 1  # only the search is left
+    shared = wl.search_probes(work, serve.id, base.id)
+    assert sorted(shared) == probes
+    probe_data: dict = {}
+    searches = sla_probe.SlaSearches(work, points=None)  # type: ignore[arg-type]
+    searches._workload_probes(serve.id, base, probe_data)
+    target = parse_targets([{"p99_ttft_ms": "<=100"}])[0]
+    verdicts = {v: sla_probe.judge(d, target, work.c.sla) for (v, _), d in probe_data.items()}
+    assert verdicts[3.0] == verdicts[4.0] == Verdict.PASS and verdicts[6.0] == verdicts[7.0] == Verdict.FAIL
 
 
 def _vllm_run(**fields) -> dict:
