@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -240,6 +241,17 @@ def parse_load_options(argv: list[str], fld: str = "bench.cmd") -> LoadOptions:
     return _to_options(vars(ns), fld)
 
 
+def _json_object(a: dict[str, Any], option: str, bad: Callable[[str, str], CampaignError]) -> dict[str, Any]:
+    """The value of an option that takes a JSON object (--extra-body, --chat-template-kwargs)."""
+    try:
+        value = json.loads(a[option])
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise bad(option, f"must be a JSON object, got {a[option]!r}")
+    return value
+
+
 def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
     def bad(option: str, what: str) -> CampaignError:
         return CampaignError(fld, f"--{option.replace('_', '-')} {what}")
@@ -320,13 +332,7 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
                                   "frequency_penalty", "presence_penalty") if a.get(k) is not None}
     kw["sampling"] = sampling
     if a.get("extra_body"):
-        try:
-            body = json.loads(a["extra_body"])
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            raise bad("extra_body", f"must be a JSON object, got {a['extra_body']!r}")
-        kw["extra_body"] = body
+        kw["extra_body"] = _json_object(a, "extra_body", bad)
     headers = {}
     for item in a.get("header") or []:
         k, sep, v = item.partition("=")
@@ -343,13 +349,7 @@ def _to_options(a: dict[str, Any], fld: str) -> LoadOptions:
     kw["disable_shuffle"], kw["no_oversample"] = bool(a.get("disable_shuffle")), bool(a.get("no_oversample"))
     kw["skip_chat_template"] = bool(a.get("skip_chat_template"))
     if a.get("chat_template_kwargs"):
-        try:
-            ctk = json.loads(a["chat_template_kwargs"])
-        except ValueError:
-            ctk = None
-        if not isinstance(ctk, dict):
-            raise bad("chat_template_kwargs", f"must be a JSON object, got {a['chat_template_kwargs']!r}")
-        kw["chat_template_kwargs"] = ctk
+        kw["chat_template_kwargs"] = _json_object(a, "chat_template_kwargs", bad)
     if name == "prefix_repetition" and kw.get("num_prompts", 1000) < kw.get("prefix_repetition_num_prefixes", 10):
         raise bad("num_prompts", f"({kw.get('num_prompts', 1000)}) must be at least --prefix-repetition-num-prefixes "
                                  f"({kw.get('prefix_repetition_num_prefixes', 10)}) for --dataset-name "
