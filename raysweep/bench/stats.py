@@ -312,13 +312,27 @@ def _previous_begin(begin: np.ndarray, actor: np.ndarray) -> np.ndarray:
     return prev
 
 
+def _slot_idle_fraction(s: dict[str, Any], begin: np.ndarray, ready: np.ndarray) -> float | None:
+    """A closed loop's slots: the share of their time from when each request could be begun (due, and a slot
+    free) to its end that was spent waiting for the client to begin it: the concurrency the server did not
+    get. None for samples without the `done` column."""
+    done = s.get("done")
+    if done is None or len(done) != begin.size or not begin.size:
+        return None
+    cycle = float(np.sum(np.asarray(done, dtype=float) - ready))
+    return float(np.sum(np.clip(begin - ready, 0.0, None))) / cycle if cycle > 0 else None
+
+
 def client_check(s: dict[str, Any], opts: LoadOptions, rate: float, max_send_lag_ms: float = MAX_SEND_LAG_MS,
                  min_rate_fraction: float = MIN_RATE_FRACTION,
                  max_loop_lag_ms: float = MAX_LOOP_LAG_MS) -> dict[str, Any]:
     """The client-bottleneck guard: fields to store, `client_limited` among them, with the reasons. It judges
     every mode (open loop, closed loop, burst): requests begun later than they could have been (due and a slot
     free; in a burst, where all are due at once, an actor's gap between beginning one request and the next),
-    the event loop's lag (which also delays seeing a slot free), and the achieved open-loop rate."""
+    the event loop's lag (which also delays seeing a slot free), and the achieved open-loop rate. A closed
+    loop's send lag counts only where it left the slots idle: over `1 - min_rate_fraction` of their time
+    (`_slot_idle_fraction`); a wait of tens of ms before requests that the server holds for seconds costs the
+    server nothing."""
     begin, ready = _begin(s), _arr(s, "ready")
     sessions = opts.dataset_name == "multi_turn"  # later turns are ready when the think time is over
     if math.isinf(rate) and not opts.max_concurrency and not sessions:
@@ -344,9 +358,13 @@ def client_check(s: dict[str, Any], opts: LoadOptions, rate: float, max_send_lag
             reasons.append(f"sent {achieved:.1f} req/s of the {rate:g} asked")
     late = int((lag > max_send_lag_ms).sum())
     fields["client_late_sends"] = late  # begun over max_send_lag_ms after they could be (a trace: its schedule)
-    if late > max(1, 0.01 * lag.size):  # the p99 over the threshold, and never one hiccup alone
+    idle = _slot_idle_fraction(s, begin, ready) if opts.max_concurrency else None
+    fields["client_slot_idle_pct"] = None if idle is None else 100.0 * idle
+    # the p99 over the threshold, and never one hiccup alone; a closed loop's only where its slots sat idle
+    if late > max(1, 0.01 * lag.size) and (idle is None or idle > 1.0 - min_rate_fraction):
         reasons.append(f"send lag p99 {fields['client_send_lag_p99_ms']:.1f} ms > {max_send_lag_ms:g} ms "
-                       f"({late} of {lag.size} requests)")
+                       f"({late} of {lag.size} requests" + (")" if idle is None else
+                                                             f"; slots idle {100 * idle:.1f} % of their time)"))
     if fields["client_loop_lag_p99_ms"] > max_loop_lag_ms:
         reasons.append(f"event-loop lag p99 {fields['client_loop_lag_p99_ms']:.1f} ms > {max_loop_lag_ms:g} ms")
     fields["client_limited"] = bool(reasons)
