@@ -432,6 +432,32 @@ def test_client_check_flags_a_client_that_fell_behind():
     assert not stats.client_check(s, closed, math.inf, max_loop_lag_ms=60)["client_limited"]
 
 
+
+def test_a_closed_loops_send_lag_counts_where_it_left_the_slots_idle():
+    """The start-up storm of a large closed loop: 512 slots whose first requests began up to 50 ms after the
+    start, on a server that holds each request for 2 s, left the slots idle 1 % of their time: the server got
+    its concurrency, so the point is not client-limited, though the lags are over 10 ms. The same lags before
+    requests of 20 ms left the slots idle most of the time: client-limited, saying so."""
+    closed = opts("--max-concurrency", "512")
+    s = stats.empty_samples()
+    n = 1024
+    s["ok"] = [True] * n
+    s["due"] = s["ready"] = [0.0] * 512 + [2.05] * 512
+    lag = np.r_[np.linspace(0.0, 0.05, 512), np.full(512, 0.001)]
+    s["begin"] = s["sent"] = (np.asarray(s["ready"]) + lag).tolist()
+    s["done"] = (np.asarray(s["begin"]) + 2.0).tolist()
+    held = stats.client_check(s, closed, math.inf)
+    assert held["client_late_sends"] > 400 and held["client_send_lag_p99_ms"] > 10
+    assert held["client_slot_idle_pct"] == pytest.approx(100 * lag.sum() / (lag + 2.0).sum())
+    assert held["client_slot_idle_pct"] < 5 and not held["client_limited"], held["client_limited_reason"]
+    s["done"] = (np.asarray(s["begin"]) + 0.02).tolist()   # the server answers in 20 ms: the client held it back
+    quick = stats.client_check(s, closed, math.inf)
+    assert quick["client_limited"] and quick["client_slot_idle_pct"] > 5
+    assert "slots idle" in quick["client_limited_reason"] and "send lag p99" in quick["client_limited_reason"]
+    # the open loop and the burst keep the flat threshold: their due times are the schedule
+    assert stats.client_check(s, opts("--request-rate", "100"), 100.0)["client_slot_idle_pct"] is None
+
+
 # -- server /metrics -------------------------------------------------------------------------------
 
 VLLM_METRICS = """\

@@ -216,7 +216,8 @@ class ClientGuardSpec(_Strict):
     max_send_lag_ms: float = Field(10.0, gt=0, description="more than 1 % of requests sent later than this after "
                                    "they were due (the client's own lateness)")
     min_rate_fraction: float = Field(0.95, gt=0, le=1, description="an open-loop point that sent less than this "
-                                     "fraction of the asked request rate")
+                                     "fraction of the asked request rate; a closed loop whose send lag kept its "
+                                     "slots busy less than this fraction of their time")
     max_loop_lag_ms: float = Field(20.0, gt=0, description="the p99 of the client's event-loop lag above this "
                                    "(the client could not keep up with its own streams)")
 
