@@ -1,13 +1,18 @@
-"""`raysweep status`: per server config progress, the ETA from measured durations, and `--watch`."""
+"""`raysweep status`: per server config progress, the ETA from measured durations, and `--watch` (with
+`--json`: a JSON line per refresh)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
+import jsonschema
+import pytest
 from click.testing import CliRunner
 
 from raysweep.cli import main
+from raysweep.cli.jsonout import schema
 from raysweep.ledger import LEDGER_FILE, Ledger
 
 
@@ -102,3 +107,43 @@ def test_watch_follows_a_storage_uri(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert result.output.count("campaign camp") == 2
     assert "campaign complete" in result.output
+
+
+def _lines(stdout: str) -> list[dict]:
+    """JSON lines: every line of stdout one status document, valid against the status schema."""
+    docs = [json.loads(line) for line in stdout.splitlines()]
+    for doc in docs:
+        assert doc["kind"] == "status"
+        jsonschema.validate(doc, schema("status"))
+    return docs
+
+
+def test_watch_json_of_a_finished_campaign_is_one_line(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _campaign(out)
+    _finish(out)
+    monkeypatch.setattr("raysweep.cli.status.time.sleep", lambda s: pytest.fail("a finished campaign waited"))
+    result = CliRunner().invoke(main, ["status", str(out), "--watch", "--json"])
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 1
+    (doc,) = _lines(result.stdout)
+    assert doc["complete"] is True and doc["counts"]["done"] == 4
+
+
+def test_watch_json_prints_a_line_per_refresh_until_complete(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _campaign(out)
+    sleeps = []
+
+    def sleep(seconds: float) -> None:  # the campaign finishes during the second wait
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            _finish(out)
+
+    monkeypatch.setattr("raysweep.cli.status.time.sleep", sleep)
+    result = CliRunner().invoke(main, ["status", str(out), "--watch", "0.01", "--json"])
+    assert result.exit_code == 0, result.output
+    docs = _lines(result.stdout)
+    assert sleeps == [0.01, 0.01]
+    assert [d["counts"]["done"] for d in docs] == [1, 1, 4]
+    assert [d["complete"] for d in docs] == [False, False, True]

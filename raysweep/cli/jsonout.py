@@ -61,9 +61,10 @@ def document(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     return jsonable({"kind": kind, "schema_version": SCHEMA_VERSION, **body})
 
 
-def print_json(kind: str, body: dict[str, Any]) -> None:
-    """Write the document to stdout, whole, as the only thing there."""
-    sys.stdout.write(json.dumps(document(kind, body), indent=2, allow_nan=False) + "\n")
+def print_json(kind: str, body: dict[str, Any], one_line: bool = False) -> None:
+    """Write the document to stdout, whole, as the only thing there; `one_line`: on one line, as each line
+    of a stream of documents (JSON lines, `status --watch --json`) is."""
+    sys.stdout.write(json.dumps(document(kind, body), indent=None if one_line else 2, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

@@ -12,22 +12,23 @@ from rich.table import Table
 
 from raysweep.cli._common import _say, main, out, print_table
 from raysweep.cli.jsonout import json_option, print_json
-from raysweep.errors import UserError
 
 
 @main.command()
 @click.argument("output_dir")
 @click.option("--watch", type=click.FloatRange(min=0, min_open=True), is_flag=False, flag_value=5.0, default=None,
               metavar="[SECONDS]", help="Show the status again every SECONDS (default 5) until the campaign is "
-                                       "complete, or Ctrl-C; a storage URI is downloaded again every time.")
+                                       "complete, or Ctrl-C; a storage URI is downloaded again every time. "
+                                       "With --json: one document per line (JSON lines), one per refresh.")
 @json_option
 def status(output_dir: str, watch: float | None, as_json: bool) -> None:
     """Done / running / failed / pending counts, per server config progress and an ETA, running servers,
     failures with reasons. OUTPUT_DIR: a directory, or the storage URI a campaign is mirrored to. Writes
     nothing."""
+    if as_json and watch is not None:
+        _watch_json(output_dir, watch)
+        return
     if as_json:
-        if watch is not None:
-            raise UserError("--json and --watch: one document is printed once; accepted: one of them")
         print_json("status", status_document(_local(output_dir)))
         return
     if watch is None:
@@ -44,6 +45,20 @@ def status(output_dir: str, watch: float | None, as_json: bool) -> None:
                 return
             _say(f"(every {watch:g} s; Ctrl-C to stop watching)")
             time.sleep(watch)
+    except KeyboardInterrupt:
+        return
+
+
+def _watch_json(output_dir: str, every: float) -> None:
+    """`--watch --json`: one status document per line on stdout (JSON lines) every `every` seconds, the last
+    one the read that found the campaign complete; Ctrl-C ends it quietly."""
+    try:
+        while True:
+            doc = status_document(_local(output_dir))
+            print_json("status", doc, one_line=True)
+            if doc["complete"]:
+                return
+            time.sleep(every)
     except KeyboardInterrupt:
         return
 
