@@ -28,10 +28,10 @@ def _figure_html(fig: Any, caption: str) -> str:
     """The figure as the report embeds it (a base64 PNG with its caption), then closed."""
     import matplotlib.pyplot as plt
 
-    from raysweep.report import _img
+    from raysweep.report_figures import img_html
 
     try:
-        return _img(fig, caption)
+        return img_html(fig, caption)
     finally:
         plt.close(fig)
 
