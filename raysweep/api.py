@@ -190,10 +190,16 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     counts are in `.last_run` (a `raysweep.driver.RunSummary`). `accept_changes`: go on although what the
     finished points were measured with changed (`raysweep.drift`).
 
-    :raises UserError: the campaign is invalid (nothing is started).
+    :raises CampaignError: (a `UserError`) the campaign is invalid, naming the field (`.field`): the file or
+        dict, its data files, a `serve.url` endpoint that does not answer as an OpenAI server, a `tracking`
+        backend not installed or a URI it refuses. Nothing is started or written.
+    :raises UserError: the output dir's ledger refuses the campaign (changed without `force`, another driver
+        alive, changed measuring settings without `accept_changes`). Nothing is started.
+
+    The checks before the start are `raysweep run`'s own (`raysweep.run_checks`).
     """
     from raysweep.campaign import campaign_from_dict, load_campaign
-    from raysweep.cli.running import _finished
+    from raysweep.run_checks import check_before_run, finished
 
     if isinstance(campaign, dict):
         spec = campaign_from_dict(campaign, base_dir=Path.cwd())
@@ -201,18 +207,16 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
         spec = load_campaign(campaign)
     c = spec.campaign
     out = Path(output_dir or c.output_dir or f"results/{c.name}")
-    finished = _finished(spec, out, retry_failed)
-    if finished is not None:  # nothing left to run: answered from its files, without Ray
+    ended = finished(spec, out, retry_failed)
+    if ended is not None:  # nothing left to run: answered from its files, without Ray
         done = Campaign(out)
-        done.last_run = _summary(out, *finished)  # type: ignore[attr-defined]
+        done.last_run = _summary(out, *ended)  # type: ignore[attr-defined]
         return done
-    from raysweep.driver import open_campaign, ray_session, run_campaign
+    from raysweep.driver import ray_session, run_campaign
     from raysweep.errors import LedgerError
     from raysweep.results import write_results
 
-    # a changed campaign, a live driver or changed settings are refused before Ray starts, writing nothing
-    _, ledger = open_campaign(spec, out, force=force, accept_changes=accept_changes)
-    ledger.close()
+    check_before_run(spec, out, force=force, accept_changes=accept_changes)
     summary: RunSummary | None = None
     refused = False
     try:

@@ -73,3 +73,50 @@ def test_run_of_a_finished_campaign_answers_without_ray(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(cfile)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["36", "18"]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _endpoint_campaign(out: Path, url: str, **extra: object) -> dict[str, object]:
+    return {"name": "ep", "output_dir": str(out), "serve": {"url": url},
+            "bench": {"backend": "native", "cmd": "vllm bench serve --model tiny --dataset-name random "
+                                                  "--num-prompts 4 --random-input-len 8 --random-output-len 4"},
+            **extra}
+
+
+def test_run_refuses_bad_input_as_the_cli_does_before_anything_starts(tmp_path):
+    """raysweep.run goes through `raysweep run`'s checks: an endpoint that does not answer, a tracking URI
+    MLflow refuses, a data file that is not there; each raises naming the field, and nothing is written."""
+    import yaml
+    from click.testing import CliRunner
+
+    from raysweep.cli import main
+    from raysweep.errors import CampaignError
+
+    out = tmp_path / "out"
+    url = f"http://127.0.0.1:{_closed_port()}"
+    bad = {"serve.url": _endpoint_campaign(out, url),
+           "tracking.uri": {**_endpoint_campaign(out, url), "serve": {"cmd": "vllm serve tiny"},
+                            "tracking": {"backend": "mlflow", "uri": (tmp_path / "mlruns").as_uri()}}}
+    for field, data in bad.items():
+        with pytest.raises(CampaignError) as err:
+            raysweep.run(data)
+        assert err.value.field == field, err.value
+        assert not out.exists()                                   # no ledger, no output dir
+        f = tmp_path / "c.yaml"
+        f.write_text(yaml.safe_dump(data))
+        res = CliRunner().invoke(main, ["run", str(f)])
+        assert res.exit_code == 2 and field in res.output and not out.exists()
+        assert str(err.value).split(":", 1)[1].split()[0] in res.output  # the same words: the same check
+    with pytest.raises(CampaignError, match="dataset-path") as err:
+        raysweep.run({**_endpoint_campaign(out, url), "bench": {
+            "backend": "native", "cmd": f"vllm bench serve --model tiny --dataset-name sharegpt "
+                                        f"--dataset-path {tmp_path / 'missing.json'}"}})
+    assert err.value.field and not out.exists()

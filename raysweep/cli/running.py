@@ -190,24 +190,17 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
 
 def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False,
          as_json: bool = False, accept_changes: bool = False) -> None:
-    finished = _finished(spec, output_dir, retry_failed)
+    from raysweep import run_checks
+
+    finished = run_checks.finished(spec, output_dir, retry_failed)
     if finished is not None:  # nothing left to run: answered from the files; Ray is not even imported
         _answer_finished(spec, output_dir, finished, as_json)
         return
-    from raysweep import recovery, tracking
-    from raysweep.driver import open_campaign, ray_session, run_campaign
-    from raysweep.endpoint import check_endpoints, is_endpoint_campaign
+    from raysweep.driver import ray_session, run_campaign
     from raysweep.results import write_results
 
-    if is_endpoint_campaign(spec):  # serve.url: every endpoint answers with an OpenAI API, before Ray starts
-        check_endpoints(spec)
-    tracking.check(spec.campaign)  # tracking: its library is here and its URI usable
-    # refuse a changed campaign, a live driver or changed settings before starting Ray, writing nothing
-    _, ledger = open_campaign(spec, output_dir, force=force, accept_changes=accept_changes)
-    try:  # what a dead driver left (its embedded Ray) goes at once, before our Ray starts beside it
-        recovery.reap_lost_drivers(recovery.dead_drivers(ledger))
-    finally:
-        ledger.close()
+    # endpoints, tracking, a changed campaign, a live driver or changed settings: refused before Ray starts
+    run_checks.check_before_run(spec, output_dir, force=force, accept_changes=accept_changes)
     _sigterm_to_interrupt()
     display = _ProgressDisplay()
     summary, refused = None, False
@@ -235,32 +228,6 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
                                         paths, drawn, ran=True))
     if summary.failures or summary.stopped_early or summary.counts.get("pending"):
         sys.exit(1)
-
-
-def _finished(spec: Any, output_dir: Path, retry_failed: bool) -> tuple[dict[str, int], list[Any]] | None:
-    """(counts, failed points) when the campaign in `output_dir` is this one, unchanged (same name and
-    fingerprint), and has nothing left to run: every point of its plan done or failed for good (and not
-    retried), no SLA search or tuning that could add points. None otherwise (the run goes on as usual)."""
-    from raysweep.ledger import LEDGER_FILE, Ledger, PointState
-    from raysweep.plan import build_plan
-
-    c = spec.campaign
-    if c.tune is not None or c.sla is not None or not (output_dir / LEDGER_FILE).is_file():
-        return None  # searches add points as they go
-    plan = build_plan(spec)
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        if ledger.meta("name") != c.name or ledger.meta("fingerprint") != plan.fingerprint:
-            return None
-        rows = {p.point_id: p for p in ledger.points(in_plan_only=False)}
-    finally:
-        ledger.close()
-    mine = [rows.get(p.id) for p in plan.points]
-    ends = (PointState.DONE,) if retry_failed else (PointState.DONE, PointState.FAILED)
-    if not mine or any(r is None or r.state not in ends for r in mine):
-        return None
-    failed = [r for r in mine if r is not None and r.state == PointState.FAILED]
-    return {"done": len(mine) - len(failed), "failed": len(failed), "pending": 0, "running": 0}, failed
 
 
 def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int], list[Any]], as_json: bool) -> None:
