@@ -372,6 +372,37 @@ def test_campaign_runs_the_levels_it_decides_and_a_resume_runs_nothing_again(gpu
     assert "Load levels" in page and "1 decided" in page
 
 
+def test_an_sla_campaign_with_workload_levels_searches_from_them_on_the_standin(gpu_cluster, tmp_path):
+    """On the streaming stand-in: the serial, batch and level points run first, then the search; none of its
+    own probes repeats a value the workload ran (the levels, 1 and the unbounded batch point), and it ends
+    with an answer recorded."""
+    from helpers import native_campaign, run_file
+
+    from raysweep.results import sla_table
+
+    f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005 --slots 4",
+                        bench_args="--random-output-len 4 --random-input-len 8 --num-prompts 16",
+                        bench_params=[{"random_input_len": 8}], bench={"client_cpus": 0.5},
+                        sla={"targets": [{"p90_ttft_ms": "<=40"}], "max_value": 64})
+    data = yaml.safe_load(f.read_text())
+    data["bench"]["workload"] = {"variable": "max_concurrency", "levels": 4}
+    f.write_text(yaml.safe_dump(data))
+    summary, out = run_file(f)
+    led = Ledger.open_existing(out)
+    decided = led.all_workload_levels()
+    rows = led.points()
+    led.close()
+    assert len(decided) == 1 and decided[0]["state"] == "decided"
+    ran = {r.bench_params.get("max_concurrency") for r in rows if r.probe_of is None}
+    assert ran == {1, 16, *decided[0]["levels"]}
+    assert all(r.state == "done" for r in rows if r.probe_of is None)
+    own = {r.bench_params.get("max_concurrency") for r in rows if r.probe_of is not None}
+    assert not own & ran and None not in own  # no level, no serial and no unbounded probe run again
+    df = sla_table(out)
+    assert len(df) == 1 and df.iloc[0]["state"] in ("found", "above max", "never met", "unresolved"), df
+    assert summary.counts["failed"] == 0
+
+
 def test_levels_match_vllms_serve_workload_on_the_real_server(vllm_server, gpu_cluster, tmp_path):
     """vLLM's `vllm bench sweep serve_workload` and raysweep's bench.workload, one after the other against the
     same real vLLM CPU server with the same bench command: the same number of levels spanning the same range,
