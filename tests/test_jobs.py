@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,53 @@ def test_submit_resolves_params_in_a_dir_that_is_not_the_cwd(project, tmp_path, 
     assert staged.campaign == "c.yaml"
     assert {"serve.json", "more/bench.json", "data/a.jsonl"} <= set(staged.shipped)
     assert Path(tmp_path / "stage2" / "serve.json").is_file()
+
+
+def test_an_endpoint_campaign_is_submitted_as_a_run_that_places_no_server(tmp_path, monkeypatch):
+    """A serve.url campaign through `raysweep submit` (the job server recorded, not contacted): the job is
+    `raysweep run` of the staged campaign with its data file, asks the cluster for no CPU or GPU of its own,
+    and the staged campaign, loaded where the job runs, is the same two endpoints, whose dry run places
+    nothing (no placement group, no server command)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    urls = ["http://gateway.svc:8000", "http://10.0.0.7:8000"]
+    campaign = {"name": "ep-job", "output_dir": "/shared/results/ep-job",
+                "serve": {"url": [{"url": urls[0], "metrics_url": "http://gateway.svc:9090/metrics"}, urls[1]]},
+                "bench": {"backend": "native", "cmd": "vllm bench serve --model m --dataset-name jsonl "
+                                                      "--dataset-path data/p.jsonl"}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(campaign))
+    sent: dict[str, object] = {}
+    job_dir = tmp_path / "job"
+
+    class Recorder:
+        def list_jobs(self) -> list[object]:
+            return []
+
+        def submit_job(self, **kwargs: object) -> str:
+            sent.update(kwargs)
+            shutil.copytree(str(kwargs["runtime_env"]["working_dir"]), job_dir)  # type: ignore[index]
+            return "raysweep-ep-job-1"
+
+    monkeypatch.setattr(jobs, "client", lambda address: Recorder())
+    r = CliRunner().invoke(main, ["submit", "c.yaml", "--dashboard-url", "http://127.0.0.1:9"])
+    assert r.exit_code == 0, r.output
+    assert "raysweep-ep-job-1" in r.stdout and "sent data/p.jsonl" in r.output
+    assert shlex.split(str(sent["entrypoint"])) == ["raysweep", "run", "c.yaml", "--address", "auto",
+                                                    "--output-dir", "/shared/results/ep-job"]
+    assert sent["entrypoint_num_cpus"] == 0
+    assert not {"entrypoint_num_gpus", "entrypoint_resources", "entrypoint_memory"} & set(sent)
+    assert sent["metadata"] == {jobs.META_KEY: "ep-job", "output_dir": "/shared/results/ep-job",
+                                "campaign_file": "c.yaml", "storage": ""}
+    assert sorted(str(p.relative_to(job_dir)) for p in job_dir.rglob("*") if p.is_file()) == ["c.yaml",
+                                                                                              "data/p.jsonl"]
+    monkeypatch.chdir(job_dir)  # where the job's `raysweep run` reads its campaign
+    from raysweep.endpoint import endpoints_of
+
+    spec = load_campaign("c.yaml")
+    assert [ep.url for ep in endpoints_of(spec)] == urls and spec.campaign.serve.cmd is None
+    dry = CliRunner().invoke(main, ["run", "c.yaml", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert all(f"endpoint: {u} (running already" in dry.output for u in urls)
+    assert "metrics: http://gateway.svc:9090/metrics" in dry.output
+    assert "placement:" not in dry.output and "vllm serve" not in dry.output  # no group placed, no server cmd
