@@ -6,8 +6,10 @@ this machine with `serve.share_caches: true` and a campaign name never used befo
 compilation caches (~/.cache/raysweep/<name>) start empty: the first start is cold, the second finds the
 graphs the first compiled. Campaign 2, the same name in another output dir, starts `max_num_seqs` 8 again:
 warm from the same configuration. Each start's phases come from raysweep's own record of it (the ledger's
-servers rows, `raysweep.startup`). Target (issue 28): the second configuration's start at most 60 % of the
-cold one.
+servers rows, `raysweep.startup`), with its compilation label (cold, warm, none). For the second
+configuration also what the campaign waited for it: from the end of the first configuration's last point to
+the second server being ready (the first server's stop, the placement and the start). Target (issue 28):
+the second configuration's start at most 60 % of the cold one.
 
     .venv/bin/python benchmarks/bench_warm_start.py [--keep]
 
@@ -34,8 +36,6 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 OUT = REPO / "benchmarks" / "results"
 SERVE = "--load-format dummy --max-model-len 1024 --dtype bfloat16 --gpu-memory-utilization 0.2"
-PHASES = ("startup_s", "startup_imports_s", "startup_process_s", "startup_engine_s", "startup_weights_s",
-          "startup_kv_cache_s", "startup_compile_s", "startup_api_s", "startup_cache_mb")
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_HOST_IP": "127.0.0.1",
        "RAY_AUTH_MODE": "disabled"}
 
@@ -53,14 +53,26 @@ def campaign(work: Path, name: str, out: str, model: Path, seqs: list[int]) -> P
 
 
 def starts(output_dir: Path) -> list[dict]:
+    """Each recorded start in order, with its phases and what the campaign waited for it: from the end of the
+    previous configuration's last point (its server then stops, its placement group is freed, this one's is
+    reserved, its host actor starts and launches the server) to this server being ready; None for the first."""
     con = sqlite3.connect(f"file:{output_dir / 'ledger.sqlite'}?mode=ro", uri=True)
     con.row_factory = sqlite3.Row
-    rows = con.execute("SELECT s.server_id, s.serve_id, s.started_at, s.startup, (SELECT p.serve_params FROM points p "
-                       "WHERE p.serve_id = s.serve_id LIMIT 1) AS params FROM servers s ORDER BY s.started_at"
-                       ).fetchall()
+    rows = con.execute("SELECT s.server_id, s.serve_id, s.started_at, s.ready_at, s.stopped_at, s.startup, "
+                       "(SELECT p.serve_params FROM points p WHERE p.serve_id = s.serve_id LIMIT 1) AS params, "
+                       "(SELECT MAX(p.ended_at) FROM points p WHERE p.serve_id = s.serve_id) AS last_end "
+                       "FROM servers s ORDER BY s.started_at").fetchall()
     con.close()
-    return [{"server_id": r["server_id"], "serve_id": r["serve_id"], "params": json.loads(r["params"] or "{}"),
-             **json.loads(r["startup"] or "{}")} for r in rows]
+    out: list[dict] = []
+    for prev, r in zip([None, *rows[:-1]], rows):
+        rec = {"server_id": r["server_id"], "serve_id": r["serve_id"], "params": json.loads(r["params"] or "{}"),
+               **json.loads(r["startup"] or "{}")}
+        if prev is not None and prev["last_end"] and r["ready_at"]:
+            rec["wait_s"] = r["ready_at"] - prev["last_end"]  # what the campaign waited between configurations
+            rec["stop_s"] = (prev["stopped_at"] or prev["last_end"]) - prev["last_end"]
+            rec["placing_s"] = r["started_at"] - (prev["stopped_at"] or prev["last_end"])
+        out.append(rec)
+    return out
 
 
 def run(f: Path) -> None:
@@ -68,6 +80,23 @@ def run(f: Path) -> None:
                           text=True, timeout=1800)
     if proc.returncode != 0:
         sys.exit(f"raysweep run {f} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def table(labels: list[str], rows: list[dict]) -> list[str]:
+    """The Markdown table of the starts: phases, compilation label, share of the cold start, campaign wait."""
+    cold = rows[0]["startup_s"]
+    cols = [("startup_s", "ready"), ("startup_imports_s", "imports"), ("startup_process_s", "process"),
+            ("startup_engine_s", "engine"), ("startup_weights_s", "weights"), ("startup_kv_cache_s", "init"),
+            ("startup_compile_s", "of which compile"), ("startup_api_s", "API"), ("startup_cache_mb", "cache MB")]
+    lines = ["| start | compilation | " + " | ".join(c for _, c in cols) + " | of cold | campaign wait (stop + "
+             "placing + ready) | of cold |", "|---|---|" + "---|" * len(cols) + "---|---|---|"]
+    for label, r in zip(labels, rows, strict=True):
+        wait = (f"{r['wait_s']:.1f} ({r['stop_s']:.1f} + {r['placing_s']:.1f} + {r['startup_s']:.1f}) | "
+                f"{100 * r['wait_s'] / cold:.0f} %" if "wait_s" in r else "- | -")
+        lines.append(f"| {label} | {r.get('compile_cache', '-')} | "
+                     + " | ".join(f"{r[p]:.1f}" if p in r else "" for p, _ in cols)
+                     + f" | {100 * r['startup_s'] / cold:.0f} % | {wait} |")
+    return lines
 
 
 def main() -> None:
@@ -85,13 +114,7 @@ def main() -> None:
     rows = first + starts(work / "again")
     labels = [f"cold (max_num_seqs {seqs[0]}, empty caches)", f"second configuration (max_num_seqs {seqs[1]})",
               f"same configuration again (max_num_seqs {seqs[0]})"]
-    cold = rows[0]["startup_s"]
-    lines = ["| start | compilation | " + " | ".join(p.removeprefix("startup_") for p in PHASES) + " | of cold |",
-             "|---|---|" + "---|" * len(PHASES) + "---|"]
-    for label, r in zip(labels, rows, strict=True):
-        lines.append(f"| {label} | {r.get('compile_cache', '-')} | "
-                     + " | ".join(f"{r[p]:.1f}" if p in r else "" for p in PHASES)
-                     + f" | {100 * r['startup_s'] / cold:.0f} % |")
+    lines = table(labels, rows)
     cache = rows[0].get("cache_dir")
     header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores; vLLM CPU build, tiny "
               f"dummy-weight Llama, compilation on; phases in seconds (log time stamps +-1 s), cache in MB ({cache})")
