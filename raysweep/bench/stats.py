@@ -36,7 +36,7 @@ import numpy as np
 from raysweep.bench.options import PERCENTILE_METRICS, LoadOptions
 
 __all__ = ["COLUMNS", "WORKLOAD_COLUMNS", "MAX_LOOP_LAG_MS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION",
-           "STEADY_MAX_DRIFT_PCT",
+           "STEADY_DETECT_DRIFT_PCT", "STEADY_MAX_DRIFT_PCT",
            "client_check", "empty_samples", "peak_in_flight", "per_request", "per_second_throughput",
            "point_metrics", "pool", "settle", "steady_state", "vllm_buckets"]
 
@@ -54,9 +54,14 @@ WORKLOAD_COLUMNS = ("first_out", "reasoning", "session", "turn")
 MAX_SEND_LAG_MS = 10.0
 MIN_RATE_FRACTION = 0.95
 MAX_LOOP_LAG_MS = 20.0        # p99 of the client event loop's lag beyond which the client is the bottleneck
-STEADY_MIN_BUCKETS = 5        # fewer 1-s buckets in the judged window: too short to judge (None)
-STEADY_TRIM = 0.2             # the first and last fifth of the point (ramp-up, drain) are not judged
-STEADY_MAX_DRIFT_PCT = 10.0   # not steady: the fitted output throughput's change over the window is shown beyond this
+STEADY_MIN_BINS = 5           # fewer bins (of STEADY_BIN_REQUESTS requests) to judge: too short to judge (None)
+STEADY_MIN_WINDOW_S = 5.0     # a shorter judged window: too short to judge (None)
+STEADY_BINS = 100             # the judged window's bins, at most
+STEADY_BIN_REQUESTS = 20      # requests per bin, at least (fewer bins for fewer requests)
+STEADY_MAX_DRIFT_PCT = 10.0   # allowed: the fitted output throughput at the end of the point within 10 % of the start
+STEADY_DETECT_DRIFT_PCT = 30.0  # the drift the test must see, with STEADY_POWER; where the point has too few
+STEADY_POWER = 0.9              # requests for that, an unflagged point is "not judged", not steady
+STEADY_ALPHA = 0.05           # two-sided: a stationary load is flagged at most this often, whatever its length
 
 
 def empty_samples() -> dict[str, Any]:
@@ -282,24 +287,88 @@ def per_second_throughput(s: dict[str, Any]) -> dict[str, np.ndarray]:
     return {"requests": requests, "tokens": tokens}
 
 
-def steady_state(s: dict[str, Any]) -> dict[str, Any]:
-    """Whether the load held steady inside the point: a least-squares line through the per-second output
-    throughput of the middle of the point (without its first and last `STEADY_TRIM`); not steady only when
-    the confidence interval of the line's change over that window lies entirely beyond
-    `STEADY_MAX_DRIFT_PCT` of the mean (`verdicts.slope_test`: a noisy stationary load is not flagged). None
-    when under `STEADY_MIN_BUCKETS` seconds are left to judge, or nothing was generated."""
-    from raysweep.verdicts import slope_test
+STEADY_FIELDS = ("steady_state", "steady_state_slope_pct_per_s", "steady_state_drift_pct",
+                 "steady_state_detectable_pct", "steady_state_note")
 
-    tokens = per_second_throughput(s)["tokens"]
-    cut = int(math.ceil(STEADY_TRIM * tokens.size))
-    window = tokens[cut:tokens.size - cut]
-    mean = float(np.mean(window)) if window.size else 0.0
-    if window.size < STEADY_MIN_BUCKETS or mean <= 0:
-        return {"steady_state": None, "steady_state_slope_pct_per_s": None}
-    slope = slope_test(window.tolist(), STEADY_MAX_DRIFT_PCT)
+
+def _ratio_c(pct: float) -> float:
+    """A change between the start and the end of a line, as the end over the start (1 + pct/100), in units of
+    the line's change over its mean: 2 (R - 1) / (R + 1)."""
+    r = 1.0 + pct / 100.0
+    return 2.0 * (r - 1.0) / (r + 1.0)
+
+
+def _c_ratio_pct(c: float) -> float:
+    """The inverse of `_ratio_c`: a change over the mean as the end over the start, in % (inf past 2)."""
+    return 100.0 * ((1.0 + c / 2.0) / (1.0 - c / 2.0) - 1.0) if abs(c) < 2.0 else math.copysign(math.inf, c)
+
+
+def _token_mass(s: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per successful request: when it began, the mean time of its output tokens (tokens spread evenly over
+    its chunks; its end without chunks) and its output tokens."""
+    ok = _arr(s, "ok", bool)
+    begin, end, outs = _begin(s)[ok], _arr(s, "end")[ok], _arr(s, "out_tok", np.int64)[ok]
+    chunks = [c for c, good in zip(s["chunks"], ok) if good]
+    mid = np.array([b + float(np.mean(c)) if len(c) else e for b, e, c in zip(begin, end, chunks)])
+    return begin, mid, np.maximum(outs, 1).astype(float)
+
+
+def steady_state(s: dict[str, Any]) -> dict[str, Any]:
+    """Whether the output throughput held steady over the point: `steady_state` false only when the
+    fitted throughput at the end of the point is shown to differ from that at its start by more than
+    `STEADY_MAX_DRIFT_PCT` (either way: end/start above 1.1 or below 1/1.1).
+
+    Each successful request puts its output tokens at their mean time; the judged window runs from the
+    first begin plus the latest such offset to the last begin (inside it, every token comes from a request
+    begun inside the point: no ramp-up or drain), cut into bins of whole requests (independent under a
+    Poisson load; `STEADY_BINS` at most, `STEADY_BIN_REQUESTS` requests each at least). A least-squares line
+    through the bins' tokens, with the t-interval of its slope (`verdicts.slope_test`: widened for a
+    positive lag-1 autocorrelation), is extrapolated over the whole point (from the common start to the
+    last token); flagged when its 95 % interval lies beyond the allowed drift (`STEADY_ALPHA` two-sided: a
+    stationary load is flagged at most 5 % of the time however few its requests, one drifting by exactly
+    10 % at most 2.5 %).
+
+    A point that is not flagged is steady only if the test could have seen a drift of
+    `STEADY_DETECT_DRIFT_PCT` (its minimum detectable drift at `STEADY_POWER`, from the slope's standard
+    error, is at most that); otherwise `steady_state` is None with `steady_state_note` "not judged: too few
+    requests" and how many would do (a Poisson load needs about 5,000 to 7,000). None too ("not judged: too
+    short") with a window under `STEADY_MIN_WINDOW_S` or under `STEADY_MIN_BINS` bins, or nothing generated."""
+    from raysweep.verdicts import slope_test, t_quantile
+
+    out: dict[str, Any] = dict.fromkeys(STEADY_FIELDS)
+    if not _arr(s, "ok", bool).any():
+        return out
+    begin, mid, tokens = _token_mass(s)
+    lo, hi = float(np.min(begin)) + float(np.max(mid - begin)), float(np.max(begin))
+    inside = (mid >= lo) & (mid <= hi)
+    bins = min(STEADY_BINS, int(inside.sum()) // STEADY_BIN_REQUESTS)
+    if hi - lo < STEADY_MIN_WINDOW_S or bins < STEADY_MIN_BINS:
+        out["steady_state_note"] = "not judged: too short"
+        return out
+    series = np.histogram(mid[inside], bins=bins, range=(lo, hi), weights=tokens[inside])[0]
+    q = t_quantile(1.0 - STEADY_ALPHA / 2.0, bins - 2)
+    slope = slope_test(series.tolist(), STEADY_MAX_DRIFT_PCT, confidence=1.0 - STEADY_ALPHA)
     if slope is None:
-        return {"steady_state": None, "steady_state_slope_pct_per_s": None}
-    return {"steady_state": not slope.drifts, "steady_state_slope_pct_per_s": slope.pct_per_step}
+        return out
+    width = (hi - lo) / bins
+    span = float(max(np.max(_arr(s, "end")), np.max(_arr(s, "done", instead="end"))))  # the whole point
+    per_s = slope.pct_per_step / width
+    c, half = per_s * span / 100.0, (slope.high - slope.low) / 2.0 / width * span / 100.0
+    allowed, target = _ratio_c(STEADY_MAX_DRIFT_PCT), _ratio_c(STEADY_DETECT_DRIFT_PCT)
+    flagged = c - half > allowed or c + half < -allowed
+    se = half / q
+    detectable = allowed + (q + t_quantile(STEADY_POWER, bins - 2)) * se
+    out.update(steady_state_slope_pct_per_s=per_s, steady_state_drift_pct=_c_ratio_pct(c),
+               steady_state_detectable_pct=_c_ratio_pct(detectable))
+    if flagged:
+        out["steady_state"] = False
+    elif detectable <= target:
+        out["steady_state"] = True
+    else:
+        need = int(math.ceil(inside.sum() * (detectable - allowed) ** 2 / (target - allowed) ** 2))
+        out["steady_state_note"] = (f"not judged: too few requests ({int(inside.sum())} in the judged window; "
+                                    f"about {need} would show a {STEADY_DETECT_DRIFT_PCT:g} % drift)")
+    return out
 
 
 def _previous_begin(begin: np.ndarray, actor: np.ndarray) -> np.ndarray:
