@@ -148,6 +148,9 @@ class Chaos:
         self.resumes: list[float] = []   # resume start -> first new finished point, per driver kill
         self.injected: dict[str, int] = {k: 0 for k in KINDS}
         self.missed: dict[str, int] = {k: 0 for k in KINDS}
+        self.sleep_s = 1.0   # what each stand-in bench call sleeps before its requests
+        self.stops: list[dict[str, Any]] = []   # per server_stop: replaced (an unresponsive event), or how not
+        self.faults: list[tuple[float, str]] = []   # (time, kind) of each fault injected
 
     def env(self) -> dict[str, str]:
         return {**os.environ, **ENV, files.DISK_FULL_ENV: str(self.flag)}
@@ -198,15 +201,17 @@ class Chaos:
             return True
         if kind == "disk_full":
             return self.disk_full()
+        if kind == "server_stop":
+            return self.stop_server()
         hit = self.running_point()
         if hit is None:
             return False
         srv = hit["server"]
-        if kind in ("server_kill", "server_stop"):
+        if kind == "server_kill":
             pid = _server_process(srv.pid)
             if pid is None:
                 return False
-            os.kill(pid, signal.SIGKILL if kind == "server_kill" else signal.SIGSTOP)
+            os.kill(pid, signal.SIGKILL)
             return True
         if kind == "client_kill":  # a bench call lives a second or two: look for one for up to 30 s
             actor, deadline = _client_actor(), time.time() + 30
@@ -220,6 +225,36 @@ class Chaos:
         if kind == "node_removed":
             return self.remove_node(srv)
         raise ValueError(kind)
+
+    def stop_server(self) -> bool:
+        """SIGSTOP to the server a stand-in bench call is about to load (the call still sleeping before its
+        requests, so the point cannot finish before its timeout), then no other fault until the driver has
+        replaced it (a `server_unresponsive` event) or the stopped process is gone another way; each stop's
+        outcome is kept in `self.stops`."""
+        deadline = time.time() + 30
+        target = _bench_before_requests(self.sleep_s)
+        while target is None and time.time() < deadline and not self.finished():
+            time.sleep(0.05)
+            target = _bench_before_requests(self.sleep_s)
+        pid = None if target is None else _server_on_port(target)
+        if pid is None:
+            return False
+        before = sum(1 for e in self.watch.events if e["kind"] == "server_unresponsive")
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.time()
+
+        def settled() -> bool:
+            self.watch.poll()
+            return sum(1 for e in self.watch.events if e["kind"] == "server_unresponsive") > before \
+                or not procs.is_alive(pid, None) or self.finished()
+        procs.wait_for(settled, POINT_TIMEOUT_S + 90, 0.25)
+        replaced = sum(1 for e in self.watch.events if e["kind"] == "server_unresponsive") > before
+        self.stops.append({"replaced": replaced, "gone": not procs.is_alive(pid, None),
+                           "driver_ended": self.finished(), "seconds": round(time.time() - t0, 1)})
+        if not replaced and procs.is_alive(pid, None):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        return True
 
     def disk_full(self) -> bool:
         """The disk is full from now until the driver has recorded that it waits for space (or 30 s)."""
@@ -252,6 +287,30 @@ def _server_process(guard_pid: int) -> int | None:
     except psutil.Error:
         return None
     return next((k.pid for k in kids if "server.py" in " ".join(k.cmdline())), None)
+
+
+def _bench_before_requests(sleep_s: float) -> int | None:
+    """The port a stand-in bench call will load, for a call still in its opening sleep (younger than
+    `sleep_s` less a margin), or None when no call is."""
+    now = time.time()
+    for p in psutil.process_iter(["cmdline", "create_time"]):
+        cmd = p.info["cmdline"] or []
+        if str(STANDIN / "bench.py") not in cmd or "--base-url" not in cmd:
+            continue
+        if now - (p.info["create_time"] or 0) < max(sleep_s - 0.5, 0.1):
+            url = cmd[cmd.index("--base-url") + 1]
+            with contextlib.suppress(ValueError):
+                return int(url.rstrip("/").rsplit(":", 1)[1].split("/")[0])
+    return None
+
+
+def _server_on_port(port: int) -> int | None:
+    """The stand-in server process started with `--port port`."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if any("server.py" in c for c in cmd) and "--port" in cmd and cmd[cmd.index("--port") + 1] == str(port):
+            return p.pid
+    return None
 
 
 def _client_actor() -> int | None:
@@ -321,6 +380,7 @@ def run_chaos(per_kind: int, seed: int, work: Path, configs: int = 3, inputs: in
         cluster.add_node(num_cpus=2, num_gpus=2, runtime_env_dir_name=f"rr_chaos{i}")
     cluster.wait_for_nodes()
     chaos = Chaos(work, cluster, cluster.address, rng)
+    chaos.sleep_s = sleep_s
     watcher = threading.Thread(target=chaos.watch.run, daemon=True)
     watcher.start()
     plan = [k for k in KINDS for _ in range(per_kind)]
@@ -333,8 +393,10 @@ def run_chaos(per_kind: int, seed: int, work: Path, configs: int = 3, inputs: in
             time.sleep(rng.uniform(*gap_s))
             if chaos.finished():
                 chaos.start_driver(resume=True)  # it ended (finished or stopped): more work for the faults
+            at = time.time()
             if chaos.inject(kind):
                 chaos.injected[kind] += 1
+                chaos.faults.append((at, kind))
             else:
                 chaos.missed[kind] += 1
         while True:  # to the end, resumed if it stopped early
@@ -349,7 +411,8 @@ def run_chaos(per_kind: int, seed: int, work: Path, configs: int = 3, inputs: in
         result = count(chaos, len(state.get("points", [])))
         result.update(seconds=round(time.time() - t0), injected=chaos.injected, missed=chaos.missed,
                       resumes_s=[round(x, 1) for x in chaos.resumes],
-                      no_progress_limit_s=POINT_TIMEOUT_S + 30, events=_event_counts(chaos.watch.events))
+                      no_progress_limit_s=POINT_TIMEOUT_S + 30, events=_event_counts(chaos.watch.events),
+                      server_stops=chaos.stops, longest_gap=_longest_gap(chaos, t0))
         result["processes_left"] = leftovers(work, chaos.drivers)
         return result
     finally:
@@ -357,6 +420,19 @@ def run_chaos(per_kind: int, seed: int, work: Path, configs: int = 3, inputs: in
         if chaos.driver is not None and chaos.driver.poll() is None:
             chaos.driver.kill()
         cluster.shutdown()
+
+
+def _longest_gap(chaos: Chaos, t0: float) -> dict[str, Any]:
+    """The longest time without a new finished point: when it began (seconds into the run), and the faults
+    injected from 60 s before it to its end, with the ledger's events in it (what held the campaign)."""
+    times = chaos.watch.done_times
+    if len(times) < 2:
+        return {}
+    a, b = max(zip(times, times[1:]), key=lambda ab: ab[1] - ab[0])
+    return {"start_s": round(a - t0, 1), "seconds": round(b - a, 1),
+            "faults": [(round(at - a, 1), kind) for at, kind in chaos.faults if a - 60 <= at <= b],
+            "events": [(round(e["at"] - a, 1), e["kind"], (e["detail"] or "")[:120]) for e in chaos.watch.events
+                       if a - 5 <= e["at"] <= b]}
 
 
 def _event_counts(events: list[dict[str, Any]]) -> dict[str, int]:

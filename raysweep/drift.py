@@ -107,10 +107,14 @@ def record(ledger: Ledger, settings: dict[str, Any], accepted: list[str]) -> Non
     ledger.set_meta(SETTINGS_KEY, json.dumps(merged, sort_keys=True))
 
 
-def node_versions(timeout_s: float = 30.0) -> dict[str, list[str]]:
+def node_versions(timeout_s: float = 30.0, embedded: bool = False) -> dict[str, list[str]]:
     """The distinct raysweep, vLLM and Ray versions on the cluster's alive nodes (one task each, at once);
-    a node that does not answer within `timeout_s` is left out."""
+    a node that does not answer within `timeout_s` is left out. `embedded`: the cluster is this driver's own
+    embedded Ray, whose workers run this interpreter: its versions, without a task (a worker start saved)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if embedded:
+        return {k: [v] for k, v in _versions().items()}
 
     refs = [_versions_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
             .remote() for n in ray.nodes() if n.get("Alive")]
@@ -129,6 +133,10 @@ def node_versions(timeout_s: float = 30.0) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in found.items()}
 
 
+def _versions() -> dict[str, str]:
+    return {"raysweep": __version__, "vllm": _version("vllm"), "ray": _version("ray")}
+
+
 @ray.remote(num_cpus=0)
 def _versions_here() -> dict[str, str]:
-    return {"raysweep": __version__, "vllm": _version("vllm"), "ray": _version("ray")}
+    return _versions()

@@ -63,9 +63,13 @@ class RunSummary:
 # Ray connection
 # ---------------------------------------------------------------------------------------------------
 
+_embedded = False  # the Ray session is this process's own embedded Ray (ray_session started it)
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None) -> Iterator[None]:
     """Join the cluster at `address`, or start an embedded local Ray (on loopback) when there is none."""
+    global _embedded
     if ray.is_initialized():
         yield
         return
@@ -78,11 +82,13 @@ def ray_session(address: str | None) -> Iterator[None]:
         temp_dir = embedded_temp_dir(os.getpid())
         ray.init(address="local", include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
                  num_cpus=max(os.cpu_count() or 1, 4), _temp_dir=temp_dir)
+        _embedded = True
     else:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     try:
         yield
     finally:
+        _embedded = False
         ray.shutdown()
         if temp_dir:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -146,7 +152,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
         endpoints = is_endpoint_campaign(spec)  # serve.url: nothing is placed, the endpoints run already
         if not endpoints:
             check_placement(plan, nodes)
-        settings = drift.measured_with(spec, drift.node_versions())
+        settings = drift.measured_with(spec, drift.node_versions(embedded=_embedded))
         accepted = drift.check(ledger, settings, accept_changes or force)
         me = psutil.Process()
         driver_id = ledger.acquire_driver(me.pid, me.create_time(), driver_alive, force=force)

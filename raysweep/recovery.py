@@ -85,13 +85,34 @@ def reap_lost_drivers(drivers: list[dict[str, Any]], wait_s: float = 5.0) -> lis
         with contextlib.suppress(psutil.Error):
             p.kill()
     if victims:
-        _, alive = psutil.wait_procs(victims, timeout=wait_s)
+        alive = _wait_dead(victims, wait_s)
         log.info("stopped %d process(es) left by dead driver(s) %s%s", len(victims), dead,
                  f"; {len(alive)} still there" if alive else "")
     for pid in dead:
         if not procs.is_alive(pid, None):
             shutil.rmtree(embedded_temp_dir(pid), ignore_errors=True)
     return [p.pid for p in victims]
+
+
+def _wait_dead(victims: list[psutil.Process], wait_s: float) -> list[psutil.Process]:
+    """Those of `victims` still running after at most `wait_s`. A killed process counts as dead once it is a
+    zombie: orphans are reaped by the host's init, which here took up to 2 s per round (psutil.wait_procs
+    waits for the reaping)."""
+    deadline = time.monotonic() + wait_s
+    alive = victims
+    while alive:
+        alive = [p for p in alive if not _dead(p)]
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return alive
+
+
+def _dead(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def dead_drivers(ledger: Ledger) -> list[dict[str, Any]]:

@@ -17,7 +17,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from raysweep import export
 from raysweep.errors import CampaignError, UserError
 from raysweep.workload import EventSink
 
@@ -40,6 +39,8 @@ def check(campaign: Any) -> None:
     t = campaign.tracking
     if t is None:
         return
+    from raysweep import export  # here: it loads scipy and pandas, which a campaign without a tracker never needs
+
     try:
         export.tracker_library(t.backend)
     except UserError as exc:
@@ -94,6 +95,8 @@ class LiveTracker:
             self._log(keys, final=False)
 
     def _log(self, keys: set[str] | None, final: bool) -> None:
+        from raysweep import export
+
         try:
             campaign = export.export_points(self.output_dir, report=final, only=keys, artifacts=final)
             if self.spec.backend == "mlflow":
