@@ -194,11 +194,13 @@ def eta_s(left: list[tuple[str, str]], measured: Measured, running: set[str], la
 
 
 def precision_runs(plan: Plan, values: dict[tuple[str, str], list[float]] | None = None,
-                   decided: set[tuple[str, str]] | None = None, most: bool = False) -> list[PointRun]:
+                   decided: set[tuple[str, str]] | None = None, most: bool = False,
+                   run_s: dict[tuple[str, str], float] | None = None) -> list[PointRun]:
     """The runs `bench.precision` is expected to add to the points of `plan` (beyond the runs the plan
     holds): per point not `decided` yet, up to `expected_runs` of the metric `values` seen so far (min_runs
-    without), or with `most` up to max_runs."""
-    from raysweep.precision import expected_runs
+    without), or with `most` up to max_runs; with `max_duration_s`, no more than its budget allows at
+    `run_s` seconds a run (per point)."""
+    from raysweep.precision import expected_runs, most_runs
 
     c = plan.spec.campaign
     spec = getattr(c.bench, "precision", None) if c.bench is not None else None
@@ -211,7 +213,8 @@ def precision_runs(plan: Plan, values: dict[tuple[str, str], list[float]] | None
     for pair, pts in runs.items():
         if pair in (decided or set()):
             continue
-        want = spec.max_runs if most else expected_runs((values or {}).get(pair, []), spec)
+        secs = (run_s or {}).get(pair)
+        want = most_runs(spec, secs) if most else expected_runs((values or {}).get(pair, []), spec, secs)
         last = max(p.run for p in pts)
         extra += [PointRun(id=f"{pts[0].id}+{r}", serve=pts[0].serve, bench=pts[0].bench, run=r)
                   for r in range(last + 1, max(want, last + 1))]
@@ -228,12 +231,25 @@ def estimate(plan: Plan, *, done: set[str] | None = None, measured: Measured | N
     (default: its shape). With `bench.precision`, the runs each point not `decided` is expected to add
     (`precision_runs` from the metric `values` seen) are counted, and `most_points` / `most_wall_s` say
     what running every one of them to max_runs would take."""
-    est = _estimate(plan, precision_runs(plan, values, decided), done, measured, lanes, gpus_of, running, defaults)
+    secs = _run_seconds(plan, measured, defaults)
+    est = _estimate(plan, precision_runs(plan, values, decided, run_s=secs), done, measured, lanes, gpus_of,
+                    running, defaults)
     if getattr(plan.spec.campaign.bench, "precision", None) is None:
         return est
-    top = _estimate(plan, precision_runs(plan, values, decided, most=True), done, measured, lanes, gpus_of, running,
-                    defaults)
+    top = _estimate(plan, precision_runs(plan, values, decided, most=True, run_s=secs), done, measured, lanes,
+                    gpus_of, running, defaults)
     return Estimate(**{**est.__dict__, "most_points": top.points, "most_wall_s": top.wall_s})
+
+
+def _run_seconds(plan: Plan, measured: Measured | None, defaults: Defaults) -> dict[tuple[str, str], float]:
+    """Seconds a run of each point takes, for bench.precision's `max_duration_s`: measured, else guessed."""
+    out: dict[tuple[str, str], float] = {}
+    for p in plan.points:
+        pair = (p.serve.id, p.bench.id)
+        exact = measured.point_s.get(pair) if measured is not None else None
+        if pair not in out:
+            out[pair] = _median(exact) if exact else guess_point_s(p.bench.argv, plan.spec.offline, defaults)
+    return out
 
 
 def _estimate(plan: Plan, extra: list[PointRun], done: set[str] | None, measured: Measured | None, lanes: int,

@@ -2,7 +2,8 @@
 
 The plan holds a point's first `min_runs` runs (run numbers 0..min_runs-1, ids as for `runs:`). When the
 last unfinished run of a point ends (done, or failed with no attempt left), `settle` reads the metric of
-its done runs from their result files and applies the stopping rule (`raysweep.precision.decide`); a
+its done runs (and their measured durations, for `max_duration_s`) from their result files and applies
+the stopping rule (`raysweep.precision.decide`); a
 point still measuring gets its next run number, whose id is the same hash of (serve, bench, run) as any
 other run: it is inserted into the ledger with INSERT OR IGNORE, so two servers of one configuration
 deciding at once add one run, and a run already done is never run again. The decision is recorded in
@@ -26,7 +27,7 @@ from raysweep.plan import Plan, PointRun, ServeConfig, point_id
 from raysweep.precision import Decision, PrecisionSpec, decide
 from raysweep.workload import Workload
 
-__all__ = ["precision_of", "restore_plan", "run_values", "settle", "settle_all"]
+__all__ = ["precision_of", "restore_plan", "run_seconds", "run_values", "settle", "settle_all"]
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +57,32 @@ def restore_plan(plan: Plan, ledger: Ledger) -> int:
     return len(extra)
 
 
-def run_values(work: Workload, rows: list[PointRow], metric: str) -> list[float]:
-    """The metric of a point's done runs, in run order, from their result files (nan where missing)."""
-    values = []
+def _done_records(work: Workload, rows: list[PointRow]) -> list[dict[str, Any]]:
+    """The result records of a point's done runs, in run order (unreadable ones left out, with a warning)."""
+    records = []
     for row in sorted(rows, key=lambda r: r.run):
         if row.state != PointState.DONE:
             continue
         try:
-            record = json.loads((work.output_dir / (row.result_path or "")).read_text())
+            records.append(json.loads((work.output_dir / (row.result_path or "")).read_text()))
         except (OSError, ValueError) as exc:
             log.warning("run %s of point %s/%s: result unreadable (%s)", row.run, row.serve_id, row.bench_id, exc)
-            continue
-        value = record.get(metric)
-        values.append(float(value) if isinstance(value, (int, float)) else math.nan)
-    return values
+    return records
+
+
+def _number(record: dict[str, Any], key: str) -> float:
+    value = record.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def run_values(work: Workload, rows: list[PointRow], metric: str) -> list[float]:
+    """The metric of a point's done runs, in run order, from their result files (nan where missing)."""
+    return [_number(r, metric) for r in _done_records(work, rows)]
+
+
+def run_seconds(work: Workload, rows: list[PointRow]) -> float:
+    """The measured run time of a point's done runs: their `duration` (s) added up (`max_duration_s`)."""
+    return float(sum(d for d in (_number(r, "duration") for r in _done_records(work, rows)) if math.isfinite(d)))
 
 
 def _unfinished(row: PointRow, max_attempts: int) -> bool:
@@ -87,7 +100,7 @@ def settle(work: Workload, serve: ServeConfig, bench_id: str, announce: bool = T
     if not rows or any(_unfinished(r, work.c.max_attempts) for r in rows):
         return None
     spent = max(r.run for r in rows) + 1
-    decision = decide(run_values(work, rows, spec.metric), spent, spec)
+    decision = decide(run_values(work, rows, spec.metric), spent, spec, run_seconds(work, rows))
     work.ledger.record_precision(serve.id, bench_id, decision.state, decision.runs_done, spent,
                                  decision.rel_half_width)
     if not decision.wants_more:
