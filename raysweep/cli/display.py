@@ -136,8 +136,8 @@ class _ProgressDisplay:
                             f"{o.state}, largest pass {o.largest_pass}, smallest fail {o.smallest_fail}, "
                             f"{len(o.probes)} probe(s)", highlight=False)
         elif kind == "precision":  # bench.precision decided a point
-            what = {"reached": "reached", "max_runs": "[yellow]stopped at max_runs without[/]"}.get(data["state"],
-                                                                                            data["state"])
+            what = {"reached": "reached", "max_runs": "[yellow]stopped at max_runs without[/]",
+                    "max_duration": "[yellow]stopped at max_duration_s without[/]"}.get(data["state"], data["state"])
             p.console.print(f"precision {escape(data['serve'].label)} / {data['bench_id']}: {what} "
                             f"+-{100 * data['target']:g} % of {data['metric']} after {data['runs_done']} run(s) "
                             f"(+-{100 * data['rel_half_width']:.1f} %)", highlight=False)

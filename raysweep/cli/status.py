@@ -176,7 +176,8 @@ def _precision_line(output_dir: str, stored: dict[str, Any]) -> None:
         rows, points = ledger.precision(), ledger.points()
     finally:
         ledger.close()
-    n = {state: sum(1 for r in rows if r["state"] == state) for state in ("reached", "max_runs", "measuring")}
+    n = {state: sum(1 for r in rows if r["state"] == state)
+         for state in ("reached", "max_runs", "max_duration", "measuring")}
     decided = {(r["serve_id"], r["bench_id"]) for r in rows if r["state"] != "measuring"}
     spent: dict[tuple[str, str], int] = {}
     for p in points:
@@ -185,7 +186,8 @@ def _precision_line(output_dir: str, stored: dict[str, Any]) -> None:
     more = sum(max(0, int(spec["max_runs"]) - used) for key, used in spent.items() if key not in decided)
     _say(f"bench.precision ({spec['metric']} within +-{100 * spec['rel_half_width']:g} %, {spec['min_runs']} to "
          f"{spec['max_runs']} runs): {n['reached']} point(s) reached it, {n['max_runs']} stopped at max_runs "
-         f"without it, {n['measuring']} measuring"
+         "without it, " + (f"{n['max_duration']} at max_duration_s without it, " if n["max_duration"] else "")
+         + f"{n['measuring']} measuring"
          + (f"; up to {more} more run(s) beyond those planned" if more else ""))
 
 
