@@ -36,6 +36,7 @@ from pathlib import Path
 
 from raysweep import conclusions
 from raysweep.files import write_text_atomic
+from raysweep.ledger import Ledger
 from raysweep.report_cards import conclusions_section
 from raysweep.report_data import ReportData, answer_of, read_data
 from raysweep.report_figures import card_figure, figure_list, figures_section
@@ -63,11 +64,14 @@ REPORT_FILE = "report.html"
 class Section:
     """One section of the report: its anchor, its title, and what makes its HTML (without the heading):
     a function of the report's data (`report_data.ReportData`), or `"package.module:function"`, a function of the
-    output dir (a `Path`) returning the HTML, or None to leave the section out."""
+    output dir (a `Path`) returning the HTML, or None to leave the section out. `applies`, when given, says
+    from the report's data whether the section can have anything to show; when it says no, the section is
+    left out without importing its module (a campaign without `tune:` does not import Optuna and Ray)."""
 
     sid: str
     title: str
     make: Callable[[ReportData], str | None] | str
+    applies: Callable[[ReportData], bool] | None = None
 
 
 def write_report(output_dir: str | Path, out: str | Path | None = None, objective: str | None = None) -> Path:
@@ -122,6 +126,8 @@ def _build(data: ReportData) -> str:
 
 def _make(sec: Section, data: ReportData) -> str | None:
     """A section's HTML; what went wrong instead when it cannot be made (it costs only itself)."""
+    if sec.applies is not None and not sec.applies(data):
+        return None
     try:
         if isinstance(sec.make, str):
             module, _, func = sec.make.partition(":")
@@ -153,6 +159,16 @@ def _conclusions(data: ReportData) -> str:
     return conclusions_section(data, _card_figure)
 
 
+def _any_events(output_dir: Path) -> bool:
+    """Whether the ledger recorded an event or a lost driver (the Events section's rows; its module imports
+    Ray)."""
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        return bool(ledger.events()) or any(d["outcome"] == "lost" for d in ledger.drivers())
+    finally:
+        ledger.close()
+
+
 # -- the sections, in order ----------------------------------------------------------------------------------
 
 SECTIONS: list[Section] = [
@@ -163,13 +179,14 @@ SECTIONS: list[Section] = [
     Section("timeseries", "Time series", "raysweep.bench.timeseries:report_section"),
     Section("results", "Results", results_section),
     Section("sla", "SLA", sla_section),
-    Section("workload", "Load levels", "raysweep.workload_levels:report_section"),
-    Section("tuning", "Tuning", "raysweep.report_tuning:report_section"),
+    Section("workload", "Load levels", "raysweep.workload_levels:report_section",
+            lambda d: bool((d.campaign.get("bench") or {}).get("workload"))),
+    Section("tuning", "Tuning", "raysweep.report_tuning:report_section", lambda d: bool(d.campaign.get("tune"))),
     Section("transport", "Transport", transport_section),
     Section("multinode", "Multi-node and GPUs", "raysweep.telemetry:report_section"),
     Section("startup", "Server starts", "raysweep.startup:report_section"),
     Section("failures", "Failures", failures_section),
-    Section("events", "Events", "raysweep.recovery:report_section"),
+    Section("events", "Events", "raysweep.recovery:report_section", lambda d: _any_events(d.output_dir)),
     Section("campaign", "Campaign", campaign_section),
     Section("plan", "Plan", plan_section),
     Section("environment", "Environment", environment_section),

@@ -109,8 +109,9 @@ def figure_html(caption: str, draw: Draw) -> str:
 
 
 def img_html(fig: Figure, caption: str, notes: Sequence[str] = (), dpi: int = 110) -> str:
-    """The figure as an embedded PNG with its caption and notes."""
-    png = base64.b64encode(plots.figure_bytes(fig, "png", dpi=dpi)).decode()
+    """The figure as an embedded PNG with its caption and notes (encoded fast: the report is read once, and
+    its encoding was a tenth of its time)."""
+    png = base64.b64encode(plots.figure_bytes(fig, "png", dpi=dpi, png_compression=1)).decode()
     note = "".join(f'<br><span class="note">{esc(n)}</span>' for n in notes)
     return (f'<figure><img alt="{esc(caption)}" src="data:image/png;base64,{png}">'
             f"<figcaption>{esc(caption)}{note}</figcaption></figure>")
