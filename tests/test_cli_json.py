@@ -127,6 +127,27 @@ def test_a_finished_campaign_run_again_answers_without_ray(tmp_path):
     assert "nothing left to run" in done.stderr
 
 
+def test_report_imports_only_what_its_sections_show(tmp_path):
+    """A campaign without tune:, bench.workload or events: the report leaves those sections out without
+    importing their modules (Optuna, Ray), and says so in no section."""
+    out = tmp_path / "stub"
+    bench_module().build_stub(out, 36)
+    code = ("import sys; from raysweep.cli import main\n"
+            "try:\n    main(['report', sys.argv[1], '--out', sys.argv[2], '--json'])\n"
+            "except SystemExit as e:\n    assert e.code in (0, None), e\n"
+            "heavy = [m for m in ('ray', 'optuna', 'raysweep.recovery', 'raysweep.workload_levels')\n"
+            "         if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    page = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-c", code, str(out), str(page)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    jsonschema.validate(json.loads(done.stdout), schema("report"))
+    text = page.read_text()
+    assert 'id="conclusions"' in text and 'id="figures"' in text
+    assert not any(f'id="{sid}"' in text for sid in ("tuning", "workload", "events"))
+
+
 def test_tune_as_json(tmp_path):
     from test_tune import campaign, simulate
 
