@@ -7,10 +7,11 @@ The campaign runs on a local multi-node Ray cluster (`ray.cluster_utils.Cluster`
 simulated GPUs) that `raysweep run --address` joins, so that a node can be removed and another added. Kinds:
 `driver_kill` (SIGKILL to `raysweep run`, then `raysweep resume`), `server_kill` (SIGKILL to a server process
 mid-point), `client_kill` (SIGKILL to the client actor running a point's benchmark), `node_removed` (the node
-under a running point removed, a fresh one added), `server_stop` (SIGSTOP to a server mid-point: the point
-fails at its timeout and the server is replaced) and `disk_full` (every write of the driver fails with ENOSPC,
-through `raysweep.files.DISK_FULL_ENV`, from a random moment until the driver has said so in the ledger, then
-space is "freed").
+under a running point removed, a fresh one added), `server_stop` (SIGSTOP to a server while a bench call
+against it still sleeps before its requests: the point fails at its timeout and the server is replaced; no
+other fault comes until it was, so that each stop is told apart and counted) and `disk_full` (every write
+of the driver fails with ENOSPC, through `raysweep.files.DISK_FULL_ENV`, from a random moment until the
+driver has said so in the ledger, then space is "freed").
 
 It counts, from the ledger, the result files and the stand-in bench's own journal (each call logs its id at
 start and end; a point's result carries the id of the call that measured it): finished results lost (a point
