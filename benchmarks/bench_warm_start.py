@@ -1,20 +1,21 @@
 """The start of a second server configuration of the same model on a node, against the cold start.
 
 The real vLLM CPU build serves the tiny dummy-weight Llama (`raysweep tiny-model`) with compilation on (no
-`--enforce-eager`). Campaign 1 starts two configurations one after the other (`max_num_seqs` 8, then 16) on
-this machine with `serve.share_caches: true` and a campaign name never used before, so its shared
-compilation caches (~/.cache/raysweep/<name>) start empty: the first start is cold, the second finds the
-graphs the first compiled. Campaign 2, the same name in another output dir, starts `max_num_seqs` 8 again:
-warm from the same configuration. Each start's phases come from raysweep's own record of it (the ledger's
-servers rows, `raysweep.startup`), with its compilation label (cold, warm, none). For the second
-configuration also what the campaign waited for it: from the end of the first configuration's last point to
-the second server being ready (the first server's stop, the placement and the start). Target (issue 28):
+`--enforce-eager`). Campaign 1 starts three configurations one after the other (`max_num_seqs` 8; the same
+without prefix caching, which vLLM leaves out of its compilation hash, so it has the same compiled graph;
+`max_num_seqs` 16, which vLLM keys apart) on this machine with `serve.share_caches: true` and a campaign name
+never used before, so its shared compilation caches (~/.cache/raysweep/<name>) start empty: the first start
+is cold. Campaign 2, the same name in another output dir, starts the first configuration again. Each start's
+phases come from raysweep's own record of it (the ledger's servers rows, `raysweep.startup`), with its
+compilation label (cold, warm, none). For a later configuration also what the campaign waited for it: from
+the end of the previous configuration's last point to its server being ready (the previous server's stop,
+the placement and the start). Target (issue 28):
 the second configuration's start at most 60 % of the cold one.
 
     .venv/bin/python benchmarks/bench_warm_start.py [--keep]
 
-Writes benchmarks/results/warm-start.md and .json; the shared cache directory is removed at the end unless
-`--keep`.
+Writes benchmarks/results/warm-start.md and .json; the shared cache directory and the campaigns' output dirs
+are removed at the end unless `--keep`.
 """
 
 from __future__ import annotations
@@ -40,16 +41,25 @@ ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
        "RAY_AUTH_MODE": "disabled"}
 
 
-def campaign(work: Path, name: str, out: str, model: Path, seqs: list[int]) -> Path:
+def campaign(work: Path, name: str, out: str, model: Path, params: list[dict]) -> Path:
     f = work / f"{out}.yaml"
     f.write_text(yaml.safe_dump({
         "name": name, "output_dir": str(work / out), "runs": 1,
         "serve": {"cmd": f"vllm serve {model} {SERVE}", "share_caches": True, "ready_timeout_s": 600,
                   "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"},
-                  "params": {"grid": {"max_num_seqs": seqs}}},
+                  "params": params},
         "bench": {"cmd": f"vllm bench serve --model {model} --dataset-name random --random-input-len 16 "
                          "--random-output-len 4 --num-prompts 4 --max-concurrency 2"}}))
     return f
+
+
+# max_num_seqs is in vLLM's compilation hash (0.32: SchedulerConfig.compute_hash), enable_prefix_caching is not
+# (CacheConfig.compute_hash ignores it): the second start has the first one's compiled graph, the third another
+CONFIGS = [{"max_num_seqs": 8}, {"max_num_seqs": 8, "enable_prefix_caching": False}, {"max_num_seqs": 16}]
+
+
+def describe(params: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in params.items() if not k.startswith("_"))
 
 
 def starts(output_dir: Path) -> list[dict]:
@@ -101,19 +111,19 @@ def table(labels: list[str], rows: list[dict]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--keep", action="store_true", help="keep the shared cache directory")
+    ap.add_argument("--keep", action="store_true", help="keep the shared cache directory and the campaigns' output "
+                    "dirs (the servers' logs)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rs-warm-"))
     model = work / "tiny-llama"
     subprocess.run([str(BIN / "raysweep"), "tiny-model", str(model)], check=True, capture_output=True)
     name = f"warm-start-{int(time.time())}"
-    run(campaign(work, name, "first", model, [8, 16]))
+    run(campaign(work, name, "first", model, CONFIGS))
     first = starts(work / "first")
-    seqs = [int(r["params"]["max_num_seqs"]) for r in first]
-    run(campaign(work, name, "again", model, seqs[:1]))  # the configuration that started cold, again
+    run(campaign(work, name, "again", model, [first[0]["params"]]))  # the configuration that started cold, again
     rows = first + starts(work / "again")
-    labels = [f"cold (max_num_seqs {seqs[0]}, empty caches)", f"second configuration (max_num_seqs {seqs[1]})",
-              f"same configuration again (max_num_seqs {seqs[0]})"]
+    labels = [f"{n}. {describe(r['params'])}" for n, r in enumerate(rows[:-1], 1)]
+    labels = [labels[0] + ", empty caches", *labels[1:], f"{len(rows)}. {describe(rows[-1]['params'])} again"]
     lines = table(labels, rows)
     cache = rows[0].get("cache_dir")
     header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores; vLLM CPU build, tiny "
@@ -123,7 +133,10 @@ def main() -> None:
     (OUT / "warm-start.md").write_text(text)
     (OUT / "warm-start.json").write_text(json.dumps({"header": header, "starts": rows}, indent=2))
     print(text)
-    if cache and not args.keep:
+    if args.keep:
+        print(f"kept: {cache} and {work}")
+        return
+    if cache:
         shutil.rmtree(Path(cache), ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
 
