@@ -306,10 +306,11 @@ def _bench_before_requests(sleep_s: float) -> int | None:
 
 
 def _server_on_port(port: int) -> int | None:
-    """The stand-in server process started with `--port port`."""
+    """The stand-in server process started with `--port port` (not its guard, whose command holds it too)."""
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if any("server.py" in c for c in cmd) and "--port" in cmd and cmd[cmd.index("--port") + 1] == str(port):
+        if len(cmd) > 1 and cmd[1] == str(STANDIN / "server.py") and "--port" in cmd \
+                and cmd[cmd.index("--port") + 1] == str(port):
             return p.pid
     return None
 
