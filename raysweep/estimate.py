@@ -244,11 +244,16 @@ def estimate(plan: Plan, *, done: set[str] | None = None, measured: Measured | N
 def _run_seconds(plan: Plan, measured: Measured | None, defaults: Defaults) -> dict[tuple[str, str], float]:
     """Seconds a run of each point takes, for bench.precision's `max_duration_s`: measured, else guessed."""
     out: dict[tuple[str, str], float] = {}
+    spec = getattr(plan.spec.campaign.bench, "precision", None)
+    if spec is None or spec.max_duration_s is None:
+        return out
+    offline = plan.spec.offline
     for p in plan.points:
         pair = (p.serve.id, p.bench.id)
         exact = measured.point_s.get(pair) if measured is not None else None
         if pair not in out:
-            out[pair] = _median(exact) if exact else guess_point_s(p.bench.argv, plan.spec.offline, defaults)
+            out[pair] = _median(exact) if exact else guess_point_s(p.serve.argv if offline else p.bench.argv,
+                                                                    offline, defaults)
     return out
 
 

@@ -242,6 +242,12 @@ def test_max_duration_is_decided_from_the_runs_durations_and_a_resume_keeps_it(t
     longer = _work(tmp_path, max_duration_s=35.0)  # a larger budget: the point continues its count
     added = sequential.settle_all(longer)
     assert added == 1 and [r.run for r in longer.ledger.runnable(serve.id, longer.c.max_attempts)] == [3]
+    # the estimate's most runs per point: what the budget allows at the seconds a run takes
+    pair = (serve.id, bench.id)
+    assert precision_runs(longer.plan, decided=set(), most=True, run_s={pair: 20.0}) == []  # 3 runs: 60 s
+    assert precision_runs(longer.plan, most=True, run_s={pair: 9.0}) == []  # run 3 in the plan: 4 runs reach 35 s
+    assert [p.run for p in precision_runs(longer.plan, most=True, run_s={pair: 5.0})] == [4]  # max_runs 5 first
+    assert "or 35 s of measured runs" in dry_run_text(longer.plan)
 
 
 def test_dry_run_and_estimate_know_the_range_of_runs(tmp_path):
