@@ -207,6 +207,14 @@ def _spec_of(ledger: Any) -> PrecisionSpec | None:
         return None
 
 
+def _real(value: Any) -> float:
+    """A number of a summary cell (numpy scalars included), nan for anything else."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def _widen_for_looks(out: Any, decided: list[bool], spec: PrecisionSpec) -> None:
     """The precision metric's `_ci_low`/`_ci_high` of the points the rule decided, at `reported_confidence`
     (`precision_confidence` says which level a row's interval has), in place."""
@@ -218,9 +226,10 @@ def _widen_for_looks(out: Any, decided: list[bool], spec: PrecisionSpec) -> None
     level = reported_confidence(spec)
     lows, highs, levels = list(out[f"{m}_ci_low"]), list(out[f"{m}_ci_high"]), []
     for i, (mean, std, n, mine) in enumerate(zip(out[f"{m}_mean"], out[f"{m}_std"], out["runs"], decided)):
-        ok = mine and isinstance(n, (int, float)) and n >= 2 and math.isfinite(float(std))
+        runs, spread = _real(n), _real(std)
+        ok = mine and runs >= 2 and math.isfinite(spread) and math.isfinite(_real(mean))
         if ok:
-            half = t_quantile(0.5 + level / 2.0, float(n) - 1.0) * float(std) / math.sqrt(float(n))
+            half = t_quantile(0.5 + level / 2.0, runs - 1.0) * spread / math.sqrt(runs)
             lows[i], highs[i] = float(mean) - half, float(mean) + half
         levels.append(level if ok else None)
     out[f"{m}_ci_low"], out[f"{m}_ci_high"], out["precision_confidence"] = lows, highs, levels

@@ -336,3 +336,21 @@ def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_
     led.close()
     assert "2 at max_duration_s without it" in CliRunner().invoke(main, ["status", str(out)]).output
     assert list(summary_table(out)["precision_state"]) == [AT_DURATION] * 2
+
+
+def test_the_summary_reports_a_decided_points_interval_at_the_raised_confidence():
+    import pandas as pd
+
+    from raysweep.precision import _widen_for_looks
+
+    spec = PrecisionSpec(metric="request_throughput", rel_half_width=0.5)
+    table = pd.DataFrame({"runs": np.array([5, 1, 4]), "request_throughput_mean": [10.0, 10.0, 10.0],
+                          "request_throughput_std": [1.0, np.nan, 2.0], "request_throughput_ci_low": [9.0, np.nan, 8.0],
+                          "request_throughput_ci_high": [11.0, np.nan, 12.0]})
+    _widen_for_looks(table, [True, True, False], spec)
+    half = stats.t.ppf(0.9875, 4) / np.sqrt(5)
+    assert table["request_throughput_ci_low"][0] == pytest.approx(10.0 - half)
+    assert table["request_throughput_ci_high"][0] == pytest.approx(10.0 + half)
+    # one run has no interval, and a point without a decision keeps the summary's own
+    assert np.isnan(table["request_throughput_ci_low"][1]) and table["request_throughput_ci_high"][2] == 12.0
+    assert list(table["precision_confidence"].fillna(0)) == [pytest.approx(0.975), 0, 0]
