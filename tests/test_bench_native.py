@@ -435,6 +435,23 @@ def test_client_check_flags_a_client_that_fell_behind():
 
 
 
+@pytest.mark.parametrize("units, conc, n", [(640, 512, 2), (2304, 2048, 4), (60, 4, 3), (5, 8, 3), (10, 7, 7)])
+def test_each_slots_first_request_goes_with_its_actors_call(units, conc, n):
+    """A closed loop over several actors: every slot gets its first request with its actor's call (round robin
+    over the first --max-concurrency requests, or all of them when fewer), none twice, so that nothing asks the
+    dispenser at the start; the dispenser hands out the rest."""
+    from raysweep.bench.native import deal, slots_of
+
+    dealt = min(conc, units)
+    shares = deal(units, n, dealt)
+    assert sorted(k for share in shares for k in share) == list(range(dealt))
+    assert sum(slots_of(conc, n, a) for a in range(n)) == conc
+    for a, share in enumerate(shares):
+        assert len(share) == min(slots_of(conc, n, a), len(range(a, units, n)))
+        assert share == sorted(share)                      # the earliest requests first
+    assert deal(units, n, 0) == [list(range(a, units, n)) for a in range(n)]   # no dispenser: all dealt
+
+
 def test_a_closed_loops_send_lag_counts_where_it_left_the_slots_idle():
     """The start-up storm of a large closed loop: 512 slots whose first requests began up to 50 ms after the
     start, on a server that holds each request for 2 s, left the slots idle 1 % of their time: the server got

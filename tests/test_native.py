@@ -233,6 +233,38 @@ def test_the_concurrency_limit_holds_across_actors_to_the_last_request(gpu_clust
     assert capped["result"]["num_clients"] == 2 and capped["result"]["peak_in_flight_requests"] == 2
 
 
+@pytest.mark.parametrize("stream_server", [["--slots", "128", "--ttft-delay", "0.1"]], indirect=True)
+def test_large_closed_loops_are_not_held_back_by_their_start(gpu_cluster, stream_server):
+    """Large closed loops on a server that is the bottleneck (128 requests generated at a time, 0.1 s each:
+    the other slots' requests queue there): 2 actors x 256 slots and 4 x 512. Each slot's first request goes
+    with its actor's call, so no slot waits at the start for the one dispenser, and the slots are idle under
+    5 % of their time: not client-limited. A dispenser that takes 30 ms per request, against requests of
+    about 0.1 s on 8 slots, leaves the slots idle most of the time: client-limited, by the send lag. The
+    event-loop threshold is raised here: this test judges the send lag, and several actors share 2 cores with
+    the server (the loop lag has a test of its own above)."""
+    import ray
+
+    from raysweep.bench.native import NativeBench
+
+    load = ["--random-input-len", "4", "--random-output-len", "1"]
+    nb = NativeBench(cpus=0.5, max_loop_lag_ms=1000.0)
+    try:
+        two = _run(nb, ["--num-prompts", "640", "--max-concurrency", "512", *load], stream_server, clients=2)
+        four = _run(nb, ["--num-prompts", "2304", "--max-concurrency", "2048", *load], stream_server, clients=4)
+        ray.get(nb._dispenser.slow_down.remote(0.03))
+        slow = _run(nb, ["--num-prompts", "40", "--max-concurrency", "8", *load], stream_server, clients=2)
+    finally:
+        nb.close()
+    for out, clients, n, conc in ((two, 2, 640, 512), (four, 4, 2304, 2048)):
+        r, s = out["result"], out["samples"]
+        assert r["num_clients"] == clients and r["completed"] == n and sorted(s["index"]) == list(range(n))
+        assert r["peak_in_flight_requests"] <= conc and r["max_concurrency"] == conc
+        assert r["client_slot_idle_pct"] < 5 and not r["client_limited"], (clients, r["client_limited_reason"])
+    r = slow["result"]
+    assert r["completed"] == 40 and r["client_limited"] and "slots idle" in r["client_limited_reason"], r
+    assert r["client_send_lag_p99_ms"] > 30 and r["client_slot_idle_pct"] > 5
+
+
 @pytest.mark.parametrize("stream_server, check", [
     (["--no-usage"], "without a usage chunk"),
     (["--no-done"], "without [DONE]"),

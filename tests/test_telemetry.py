@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run_file, standin_campaign
+from helpers import native_campaign, run_file, standin_campaign
 
 from raysweep import telemetry
 from raysweep.validity import validity_fields
@@ -73,6 +73,44 @@ def test_host_actors_sample_the_servers_gpus_during_each_point(gpu_cluster, tmp_
     assert row["gpu_throttle_reasons"] == "sw_power_cap" and row["gpu_throttled_fraction"] == 1.0
     assert "throttled (sw_power_cap" in row["validity_issues"]
 
+
+HOOK = """
+import json, os, time
+
+def _gpus(util):
+    tmp = {fake!r} + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({{"gpus": [{{**{gpu!r}, "util": util}}] * 4}}, f)
+    os.replace(tmp, {fake!r})
+
+def requests(num_prompts, seed):
+    _gpus(0)          # the data set's building: the GPUs read 0 %
+    time.sleep(1.0)
+    _gpus(90)         # from here on, the load: 90 %
+    return [{{"prompt": [5] * 8, "output_len": 4}} for _ in range(num_prompts)]
+"""
+
+
+@pytest.mark.ray
+def test_gpu_telemetry_is_averaged_over_the_load_not_the_data_sets_building(gpu_cluster, tmp_path):
+    """The data set's building (a hook that takes 1 s, while the GPUs read 0 %) falls inside the point, before
+    its load (the GPUs read 90 %): only the load's samples enter the averages, so the mean is 90 exactly, while
+    a window from the point's start would hold about ten samples of 0 %."""
+    fake = _gpus(tmp_path / "nvml.json", *[{**GPU, "util": 0}] * 4)
+    hook = tmp_path / "hook.py"
+    hook.write_text(HOOK.format(fake=fake, gpu=GPU))
+    f = native_campaign(tmp_path, server_args="--ttft-delay 0.5 --itl-delay 0.05",
+                        bench_args=f"--dataset-name custom --dataset-path {hook}:requests --max-concurrency 4",
+                        bench_params=[{"num_prompts": 4}], bench={"client_cpus": 0.5},
+                        serve={"env": {telemetry.FAKE_ENV: fake}}, transport={"telemetry_interval_s": 0.1})
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 1, summary.failures
+    from raysweep.results import results_table
+
+    row = results_table(out).iloc[0]
+    assert row["completed"] == 4 and row["start_time"] - row["started_at"] >= 1.0  # the building was in the point
+    assert row["gpu_telemetry"] == "fake NVML" and row["gpu_telemetry_samples"] >= 1
+    assert row["gpu_util_mean_pct"] == 90
 
 def test_the_report_section_shows_node_pair_links_the_probe_topology_and_events(tmp_path):
     from raysweep import transport

@@ -5,9 +5,12 @@ times before the clock starts (data set, arrival process), ships the bodies once
 client actor's clock offset to the driver (ping-pong, the least round trip of several), picks a start instant
 a little ahead and makes one Ray call per actor. The load is one load across actors, as in one
 `vllm bench serve` process:
-- with `--max-concurrency`, the limit is split into slots over the actors (never more actors than slots) and
-  every free slot of any actor takes the next request from a shared `Dispenser`, so the limit holds across
-  all actors to the last request; a request is begun at its due time or when a slot frees, whichever is later;
+- with `--max-concurrency`, the limit is split into slots over the actors (never more actors than slots);
+  each actor is dealt the first request of each of its slots with its call (round robin over the first
+  `--max-concurrency` requests), and every slot of any actor that frees takes the next request from a shared
+  `Dispenser`, so the limit holds across all actors to the last request, and the start does not queue every
+  slot of every actor on the one dispenser at once; a request is begun at its due time or when a slot frees,
+  whichever is later;
 - without it (open loop or burst), requests are dealt round robin and sent at their absolute due times.
 A unit of work is one request, or with `--dataset-name multi_turn` one session whose turns a slot sends in
 order, each carrying the conversation so far (`sessions`); with `--duration` no unit begins after it, and a
@@ -44,7 +47,7 @@ from raysweep.bench.options import LoadOptions, parse_load_options
 from raysweep.bench.sessions import conversations, system_history, with_history
 from raysweep.validity import cpu_text
 
-__all__ = ["Dispenser", "Job", "NativeBench", "NativeClient", "planned_prompts"]
+__all__ = ["Dispenser", "Job", "NativeBench", "NativeClient", "deal", "planned_prompts", "slots_of"]
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +74,19 @@ class Dispenser:
 
     def __init__(self) -> None:
         self._epoch, self._next, self._n = -1, 0, 0
+        self._delay = 0.0
 
-    def reset(self, epoch: int, n: int) -> None:
-        self._epoch, self._next, self._n = epoch, 0, n
+    def slow_down(self, seconds: float) -> None:
+        """Test hook: every take waits `seconds` first (a dispenser that cannot keep up with the slots)."""
+        self._delay = seconds
+
+    def reset(self, epoch: int, n: int, start: int = 0) -> None:
+        """A new point of `n` units whose first `start` were dealt to the actors with their calls."""
+        self._epoch, self._next, self._n = epoch, start, n
 
     def take(self, epoch: int) -> int | None:
+        if self._delay:
+            time.sleep(self._delay)
         if epoch != self._epoch or self._next >= self._n:
             return None
         self._next += 1
@@ -137,7 +148,8 @@ class NativeClient:
                    slots: int | None, t0: float, timeout_s: float, headers: dict[str, str],
                    dispenser: Any = None, epoch: int = 0, work: dict[str, Any] | None = None) -> dict[str, Any]:
         """Send this actor's requests: its `share` at their due times (open loop, burst), or with `slots`
-        in-flight requests taking indices from `dispenser` (or from `share` alone) until none is left.
+        in-flight requests taking indices from `share` (with a `dispenser`: the slots' first requests, dealt
+        here) and then from `dispenser`, until none is left.
         `t0` is the common start in this actor's clock. `work` (made by `NativeBench.submit`) shapes the units of work:
         `spans` makes each unit a multi-turn session (its turns in order, each with the conversation so far,
         `think_s` after the previous answer); `duration_s` stops taking new units after that long; `cycle`
@@ -277,12 +289,13 @@ class NativeClient:
         await wait_until(0.0)
         prober = asyncio.create_task(probe())
         if slots:
-            local = itertools.count() if cycle else iter(share or [])
+            local = itertools.count() if cycle and dispenser is None else iter(share or [])
 
             async def take() -> int | None:
-                if dispenser is not None:
+                k = next(local, None)  # dealt with the call: the start asks the dispenser nothing
+                if k is None and dispenser is not None:
                     return await dispenser.take.remote(epoch)
-                return next(local, None)
+                return k
 
             async def slot() -> None:
                 while not over():
@@ -429,11 +442,11 @@ class NativeBench:
                 best = (t2 - t1, theirs - (t1 + t2) / 2)
         return best[1], best[0] / 2
 
-    def _dispense(self, n: int) -> tuple[Any, int]:
+    def _dispense(self, n: int, dealt: int) -> tuple[Any, int]:
         if self._dispenser is None:
             self._dispenser = Dispenser.remote()  # type: ignore[attr-defined]  # a Ray actor class
         self._epoch += 1
-        ray.get(self._dispenser.reset.remote(self._epoch, n))
+        ray.get(self._dispenser.reset.remote(self._epoch, n, dealt))
         return self._dispenser, self._epoch
 
     def submit(self, argv: list[str], base_url: str, model: str, num_prompts: int | None = None,
@@ -456,15 +469,17 @@ class NativeBench:
         actors = self.actors[:n]
         offsets = [self.clock_offset(a) for a in actors]
         shipped = ray.put(bodies)
-        dispenser, epoch = self._dispense(_UNBOUNDED if cycle else units) if conc and n > 1 else (None, 0)
+        total = _UNBOUNDED if cycle else units
+        dealt = min(conc, total) if conc and n > 1 else 0  # each slot's first request goes with its actor's call
+        dispenser, epoch = self._dispense(total, dealt) if conc and n > 1 else (None, 0)
         # only a cycling closed loop is stopped by the clock: an open loop's requests are all due within it
         work = {"spans": spans, "systems": systems, "think_s": opts.multi_turn_think_time,
                 "duration_s": opts.duration if cycle else None, "cycle": cycle}
         t0 = time.time() + _START_LEAD_S + sum(len(b) for b in bodies) / _SHIP_BYTES_PER_S + 0.002 * n
         refs = []
+        shares = deal(units, n, dealt)
         for a, actor in enumerate(actors):
-            share = None if dispenser is not None else list(range(a, units, n))
-            slots = conc // n + (1 if a < conc % n else 0) if conc else None
+            share, slots = shares[a], slots_of(conc, n, a)
             refs.append(actor.run.remote(url, a, shipped, due, share, slots, t0 + offsets[a][0], self.timeout_s,
                                          opts.headers, dispenser, epoch, work))
         fmt = "token_ids" if reqs and all(isinstance(r.prompt, list) for r in reqs) else "text"
@@ -510,6 +525,17 @@ class NativeBench:
 
 
 _UNBOUNDED = 2**62  # units a cycling closed loop may take: it stops at its duration
+
+
+def slots_of(conc: int | None, n: int, a: int) -> int | None:
+    """Actor `a`'s share of the --max-concurrency slots over `n` actors (None: an open loop)."""
+    return conc // n + (1 if a < conc % n else 0) if conc else None
+
+
+def deal(units: int, n: int, dealt: int) -> list[list[int]]:
+    """The units each of `n` actors gets with its call: round robin, all of them, or with a dispenser
+    (`dealt` > 0) only the first `dealt`, one for each slot (actor a's count is `slots_of(dealt, n, a)`)."""
+    return [list(range(a, dealt or units, n)) for a in range(n)]
 
 
 def _requests(opts: LoadOptions) -> tuple[list[Request], list[tuple[int, int]] | None, list[str | None] | None]:
