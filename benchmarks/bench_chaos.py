@@ -394,13 +394,14 @@ def run_chaos(per_kind: int, seed: int, work: Path, configs: int = 3, inputs: in
         procs.wait_for(lambda: len(chaos.watch.done_times) > 0, 180, 0.2)
         for kind in plan:
             time.sleep(rng.uniform(*gap_s))
-            if chaos.finished():
-                chaos.start_driver(resume=True)  # it ended (finished or stopped): more work for the faults
-            at = time.time()
-            if chaos.inject(kind):
-                chaos.injected[kind] += 1
-                chaos.faults.append((at, kind))
-            else:
+            for _ in range(3):  # no moment for it (no server process or node to hit just then): again, twice
+                if chaos.finished():
+                    chaos.start_driver(resume=True)  # it ended (finished or stopped): more work for the faults
+                at = time.time()
+                if chaos.inject(kind):
+                    chaos.injected[kind] += 1
+                    chaos.faults.append((at, kind))
+                    break
                 chaos.missed[kind] += 1
         while True:  # to the end, resumed if it stopped early
             assert chaos.driver is not None
