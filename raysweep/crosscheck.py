@@ -44,7 +44,10 @@ JUDGED = THROUGHPUTS + LATENCIES
 # mean TTFT as the client and as the server timed it: their difference is the wire and the client
 METRICS = JUDGED + ("median_itl_ms", "median_e2el_ms", "total_input_tokens", "total_output_tokens", "client_cpu_s",
                     "mean_ttft_ms", "server_mean_ttft_ms")
-RUN_FIELDS = METRICS + ("completed", "failed", "duration", "client_limited", "client_nice", "client_cpu_affinity")
+# the server's counters over each run's bracket (a command: from the scrape before its launch to the one after
+# its exit), to check that both tools' server-side figures cover exactly the requests each sent
+RUN_FIELDS = METRICS + ("completed", "failed", "duration", "client_limited", "client_nice", "client_cpu_affinity",
+                        "server_metrics_complete", "server_request_success", "server_generation_tokens")
 TOOLS = ("native", "vllm")
 
 

@@ -245,6 +245,13 @@ def test_crosscheck_alternates_both_clients_on_the_real_server(vllm_server, tmp_
                                                                  ("native", 1)]
     assert all(r["ok"] and r["reset"] == "reset" for r in report["runs"]), report["runs"]
     assert all(r["completed"] == 8 for r in report["runs"])
+    # each run's server counters lie between the scrape before its load and the one after it (a command: before
+    # its launch and after its exit; `vllm bench serve` sends no initial test prompt unless
+    # --ready-check-timeout-sec), so they hold exactly the requests it sent: a baseline taken inside the load,
+    # or a last scrape before its end, would miss some
+    for r in report["runs"]:
+        assert r["server_metrics_complete"] and r["server_request_success"] == 8, r
+        assert r["server_generation_tokens"] == 8 * 8, r
     # each tool's CPU over its load is measured: on shared cores, what it took from the server
     assert all(r["client_cpu_s"] > 0 for r in report["runs"]), report["runs"]
     # and both run at niceness 0 (the `vllm bench serve` process too, started from a Ray worker), on CPUs named
