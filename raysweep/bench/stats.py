@@ -331,7 +331,7 @@ def steady_state(s: dict[str, Any]) -> dict[str, Any]:
     A point that is not flagged is steady only if the test could have seen a drift of
     `STEADY_DETECT_DRIFT_PCT` (its minimum detectable drift at `STEADY_POWER`, from the slope's standard
     error, is at most that); otherwise `steady_state` is None with `steady_state_note` "not judged: too few
-    requests" and how many would do (a Poisson load needs about 5,000 to 7,000). None too ("not judged: too
+    requests" and how many would do (a Poisson load needs roughly 6,000 to 12,000). None too ("not judged: too
     short") with a window under `STEADY_MIN_WINDOW_S` or under `STEADY_MIN_BINS` bins, or nothing generated."""
     from raysweep.verdicts import slope_test, t_quantile
 
