@@ -186,9 +186,21 @@ def main() -> None:
 
 
 def markdown(table: dict[str, dict[int, str]], sizes: list[int]) -> str:
-    head = "| command | " + " | ".join(f"{s:,} runs: wall s (CPU s)" for s in sizes) + " |"
-    rows = [f"| `{c}` | " + " | ".join(table[c].get(s, "-") for s in sizes) + " |" for c in table]
-    return "\n".join([head, "|---" * (len(sizes) + 1) + "|", *rows])
+    """Wall seconds (CPU seconds) per command and size; with two sizes or more, the growth of the wall time
+    from the second largest to the largest (linear growth would be their ratio of runs)."""
+    grow = len(sizes) > 1
+    head = ("| command | " + " | ".join(f"{s:,} runs" for s in sizes)
+            + (f" | {sizes[-1]:,} / {sizes[-2]:,} |" if grow else " |"))
+    rows = [f"| `{c}` | " + " | ".join(table[c].get(s, "-") for s in sizes)
+            + (f" | {_growth(table[c].get(sizes[-1]), table[c].get(sizes[-2]))} |" if grow else " |") for c in table]
+    return "\n".join([head, "|---" * (len(sizes) + 1 + grow) + "|", *rows])
+
+
+def _growth(last: str | None, before: str | None) -> str:
+    try:
+        return f"{float(str(last).split()[0]) / float(str(before).split()[0]):.1f}x"
+    except (ValueError, ZeroDivisionError):
+        return "-"
 
 
 def record(table: str) -> None:
