@@ -91,11 +91,19 @@ _COMPILED = re.compile(r"Compiling a graph for|torch\.compile took [0-9.]+ s in 
                        r"|saved AOT compiled function|Dynamo bytecode transform time")
 
 
+# vLLM found a compiled graph in the cache but could not load it (the CPU build of 0.32: "'function' object has no
+# attribute 'finalize_loading'"); it compiles again, with the kernels Inductor kept in the same cache
+_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure")
+
+
 def compile_cache_state(log_text: str) -> str:
     """What a start did with compilation, from its log: `warm` (it loaded compiled graphs from the cache),
-    `cold` (it compiled), or `none` (nothing compiled: eager, or not vLLM)."""
+    `recompiled` (it found them but vLLM could not load them, and compiled again with the kernels the cache
+    kept), `cold` (it compiled), or `none` (nothing compiled: eager, or not vLLM)."""
     if _HIT.search(log_text):
         return "warm"
+    if _LOAD_FAILED.search(log_text):
+        return "recompiled"
     if _COMPILED.search(log_text):
         return "cold"
     return "none"

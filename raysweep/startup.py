@@ -190,8 +190,9 @@ def report_section(output_dir: Any) -> str | None:
     return ("<p>Medians over each configuration's starts, from the server's own log: launch to ready, Python "
             "imports, the engine process, the weights, memory profiling with the KV cache, compilation and graph "
             "capture (vLLM's own figures), and the API. Log time stamps count whole seconds (+-1 s). Compilation: "
-            "<em>warm</em> starts loaded compiled graphs from the campaign's shared cache, <em>cold</em> ones "
-            "compiled, <em>none</em> compiled nothing (eager).</p>" + _html_table(header, rows)
+            "<em>warm</em> starts loaded compiled graphs from the campaign's shared cache, <em>recompiled</em> ones "
+            "found them but vLLM could not load them and compiled again with the cached kernels, <em>cold</em> "
+            "ones compiled, <em>none</em> compiled nothing (eager).</p>" + _html_table(header, rows)
             + f"<p>{len(each)} start(s), {warm} warm:</p>"
             + _html_table(["server", "server config", "compilation", "ready (s)", "cache MB", "cache"], each))
 

@@ -122,6 +122,14 @@ def test_a_start_says_whether_it_found_compiled_graphs():
     assert caches.compile_cache_state("init engine (profile, create kv cache, warmup model) took 0.39 s") == "none"
     assert caches.compile_cache_state("[decorators.py:319] Directly load AOT compilation from path /c/x") == "warm"
     assert caches.compile_cache_state("[backends.py:1166] Dynamo bytecode transform time: 3.10 s") == "cold"
+    # the CPU build of vLLM 0.32 finds the graph a configuration with the same compilation hash saved, fails to
+    # load it and compiles again (6 s instead of 15 with Inductor's cached kernels: bench_warm_start, 2026-11-26)
+    failed = ("WARNING 11-26 00:54:33 [decorators.py:333] [backbone] Compiling model again due to a load failure "
+              "from /c/torch_aot_compile/a597/rank_0_0/model, reason: 'function' object has no attribute "
+              "'finalize_loading'\nINFO 11-26 00:54:37 [decorators.py:743] [backbone] saved AOT compiled function "
+              "to /c/torch_aot_compile/a597/rank_0_0/model")
+    assert caches.compile_cache_state(failed) == "recompiled"
+    assert caches.compile_cache_state(failed.split("\n")[1]) == "cold"
 
 
 def test_weights_are_read_once_into_the_page_cache(tmp_path):

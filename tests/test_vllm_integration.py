@@ -289,7 +289,7 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
         from raysweep.startup import table_rows
 
         start = json.loads(servers[0].startup or "{}")
-        assert start.get("compile_cache") in ("cold", "warm"), start
+        assert start.get("compile_cache") in ("cold", "warm", "recompiled"), start
         assert start["cache_dir"].endswith("vllm-multinode") and start["startup_cache_mb"] > 0, start
         assert table_rows(servers)[1][0][2] == f"1 {start['compile_cache']}"
         # the transport check read both ranks: the CPU build talks over gloo, so NCCL says nothing
