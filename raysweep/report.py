@@ -21,8 +21,10 @@ cannot be made costs only itself: its place says why. Other modules add sections
 returning the section's HTML (without its heading), or None to leave it out.
 
 Its parts: `report_data` (what the report shows, read once; the conclusions made once), `report_cards`
-(the Conclusions section's cards), `report_figures` (which figures, drawn and embedded), `report_sections`
-(the record sections), `report_markup` (style, escaping, tables); `report_tuning` (the Tuning section).
+(the Conclusions section's cards), `report_figures` (which figures, drawn and embedded), `report_cache` (the
+figures of a written report kept in OUTPUT_DIR/.figures/ and drawn again only when what they are drawn from
+changes), `report_sections` (the record sections), `report_markup` (style, escaping, tables); `report_tuning`
+(the Tuning section).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from raysweep import conclusions
+from raysweep import conclusions, report_cache
 from raysweep.files import write_text_atomic
 from raysweep.ledger import Ledger
 from raysweep.report_cards import conclusions_section
@@ -85,15 +87,24 @@ def write_report(output_dir: str | Path, out: str | Path | None = None, objectiv
 def write_report_with_headlines(output_dir: str | Path, out: str | Path | None = None,
                                 objective: str | None = None) -> tuple[Path, list[str]]:
     """`write_report`, and the conclusions in one line per bench shape (`conclusions.headlines`; empty when
-    there is nothing to conclude or they could not be made)."""
+    there is nothing to conclude or they could not be made). The figures kept in OUTPUT_DIR/.figures/ are
+    embedded while what they are drawn from is unchanged (`raysweep.report_cache`); a report written into the
+    output dir (the default `out`) keeps what it draws there, one written elsewhere keeps nothing."""
     data = read_data(Path(output_dir), objective)
-    text = _build(data)
+    target = Path(out) if out else data.output_dir / REPORT_FILE
+    keep = target.resolve().is_relative_to(data.output_dir.resolve())
+    figures = report_cache.FigureCache(data.output_dir / report_cache.FOLDER, keep=keep)
+    with report_cache.using(figures):
+        text = _build(data)
+    if keep:
+        figures.prune()
+    log.info("report figures: %d kept ones used, %d drawn", figures.hits, figures.drawn)
     try:
         lines = conclusions.headlines(answer_of(data)) if not data.df.empty else []
     except Exception as exc:  # the report says why; the lines are a courtesy
         log.warning("conclusions not made: %s", exc)
         lines = []
-    return write_text_atomic(Path(out) if out else Path(output_dir) / REPORT_FILE, text), lines
+    return write_text_atomic(target, text), lines
 
 
 def conclusions_of(output_dir: str | Path, objective: str | None = None) -> conclusions.Conclusions | None:
@@ -174,7 +185,8 @@ def _any_events(output_dir: Path) -> bool:
 SECTIONS: list[Section] = [
     Section("conclusions", "Conclusions", _conclusions),
     Section("validity", "Warnings", validity_section),
-    Section("comparison", "Comparison with the baseline", "raysweep.compare:report_section"),
+    Section("comparison", "Comparison with the baseline", "raysweep.compare:report_section",
+            lambda d: (d.output_dir / "compare" / "baseline.json").is_file()),  # compare.COMPARE_DIR, BASELINE_FILE
     Section("figures", "Figures", _figures),
     Section("timeseries", "Time series", "raysweep.bench.timeseries:report_section"),
     Section("results", "Results", results_section),

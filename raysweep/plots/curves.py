@@ -20,14 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.ticker import MaxNLocator
 
 from raysweep.errors import UserError
 from raysweep.plots.style import _FLAG_STYLE, _curve_styles, _file_stem, axis_label, save_figure, styled
@@ -45,6 +41,12 @@ from raysweep.plots.table import (
     check_columns,
     client_limited_mask,
 )
+
+# matplotlib is imported where a figure is drawn, not with this module: planning a figure, and a report whose
+# figures are all kept (`raysweep.report_cache`), do without it
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 _SCALES = ("linear", "log", "symlog", "logit", "asinh")
 
@@ -275,6 +277,8 @@ def offline_specs(df: pd.DataFrame, base: PlotSpec) -> list[PlotSpec]:
 @styled
 def render(plan: FigurePlan, spec: PlotSpec) -> Figure:
     """Draw a planned figure: panels, curves with their bands, hollow client-limited runs, one legend."""
+    from matplotlib.figure import Figure
+
     nrows, ncols = len(plan.panels), len(plan.panels[0])
     fig = Figure(figsize=(spec.fig_height * 1.3 * ncols + 2.2, spec.fig_height * nrows + 0.5), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
@@ -296,6 +300,8 @@ def render(plan: FigurePlan, spec: PlotSpec) -> Figure:
 
 
 def _draw_panel(ax: Axes, panel: Panel, styles: dict[str, tuple[Any, str]], band: bool) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_title(panel.title)
     for curve in panel.curves:
         color, marker = styles[curve.label]
@@ -334,6 +340,8 @@ def _spread(ax: Axes, points: pd.DataFrame, color: Any) -> None:
 
 
 def _legend(fig: Figure, plan: FigurePlan, styles: dict[str, tuple[Any, str]]) -> None:
+    from matplotlib.lines import Line2D
+
     handles = [] if plan.curve_labels == ["(all)"] else [Line2D([], [], color=c, marker=m, label=lab)
                                                           for lab, (c, m) in styles.items()]
     if any(len(c.limited) for row in plan.panels for p in row for c in p.curves):

@@ -10,10 +10,10 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from raysweep.errors import UserError
 from raysweep.files import write_text_atomic
@@ -27,6 +27,9 @@ from raysweep.plots.table import (
     client_limited_mask,
 )
 from raysweep.tune import pareto as geometry
+
+if TYPE_CHECKING:  # imported where the figure is drawn
+    from matplotlib.figure import Figure
 
 _PARALLEL = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
 
@@ -123,6 +126,8 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
 @styled
 def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: float = 4.5) -> Figure:
     """Every run (grey; client-limited hollow), the front (line), front runs labelled by `label_by`."""
+    from matplotlib.figure import Figure
+
     check_columns(result.points, label_by, "--label-by")
     fig = Figure(figsize=(fig_height * 1.6, fig_height + 0.4 + 0.18 * len(result.notes)), layout="constrained")
     ax = fig.subplots()

@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
 from raysweep.plots.style import _COLORS, fmt_value, styled
 from raysweep.plots.table import check_columns
+
+if TYPE_CHECKING:  # imported where the figure is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 SLA_COLUMNS = ("serve_label", "bench_label", "target", "state", "largest_pass")
 
@@ -23,6 +25,9 @@ def sla_figure(sla: pd.DataFrame, variable: str, fig_height: float = 3.0) -> Fig
     point. `sla` has one row per server config x bench point x target with at least `SLA_COLUMNS`
     (`results.sla_table`): `largest_pass` is inf when the target held at unbounded load, empty when no
     value passed; any state but `found` is written beside its bar."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
     check_columns(sla, SLA_COLUMNS, "(SLA table)")
     targets = list(dict.fromkeys(sla["target"]))
     configs = list(dict.fromkeys(sla["serve_label"]))

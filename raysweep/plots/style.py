@@ -10,20 +10,32 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-import matplotlib
 import numpy as np
-from matplotlib.figure import Figure
 
 from raysweep.files import write_bytes_atomic
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn or encoded, not with this module
+    from matplotlib.figure import Figure
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-_COLORS: tuple[Any, ...] = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
+# matplotlib's "tab10" colormap, written out so that this module does not import matplotlib (a test checks
+# they are the same)
+_COLORS: tuple[Any, ...] = (
+    (0.12156862745098039, 0.4666666666666667, 0.7058823529411765), (1.0, 0.4980392156862745, 0.054901960784313725),
+    (0.17254901960784313, 0.6274509803921569, 0.17254901960784313),
+    (0.8392156862745098, 0.15294117647058825, 0.1568627450980392),
+    (0.5803921568627451, 0.403921568627451, 0.7411764705882353),
+    (0.5490196078431373, 0.33725490196078434, 0.29411764705882354),
+    (0.8901960784313725, 0.4666666666666667, 0.7607843137254902),
+    (0.4980392156862745, 0.4980392156862745, 0.4980392156862745),
+    (0.7372549019607844, 0.7411764705882353, 0.13333333333333333),
+    (0.09019607843137255, 0.7450980392156863, 0.8117647058823529))
 _STYLE: dict[Any, Any] = {
     "font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8, "figure.titlesize": 11,
     "axes.grid": True, "grid.linestyle": "--", "grid.alpha": 0.5, "axes.spines.top": False, "axes.spines.right": False,
@@ -38,6 +50,8 @@ def styled(fn: Callable[P, R]) -> Callable[P, R]:
     """Run a figure-building function inside raysweep's one figure style (fonts, grid, spines)."""
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        import matplotlib
+
         with matplotlib.rc_context(_STYLE):
             return fn(*args, **kwargs)
     return wrapper
@@ -52,6 +66,8 @@ def axis_label(column: str) -> str:
 def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 150, png_compression: int | None = None) -> bytes:
     """The figure encoded as `fmt` (png, svg, pdf); `png_compression`: zlib's level for a PNG (0 to 9, default
     Pillow's 6; the same pixels, 1 encodes the report's figures in about a fifth less time, 11 % larger)."""
+    import matplotlib
+
     buf = io.BytesIO()
     extra: dict[str, Any] = ({"pil_kwargs": {"compress_level": png_compression}}
                              if png_compression is not None and fmt == "png" else {})
