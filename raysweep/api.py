@@ -212,7 +212,7 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
         done = Campaign(out)
         done.last_run = _summary(out, *ended)  # type: ignore[attr-defined]
         return done
-    from raysweep.driver import ray_session, run_campaign
+    from raysweep.driver import driver_cpus, ray_session, run_campaign
     from raysweep.errors import LedgerError
     from raysweep.results import write_results
 
@@ -220,7 +220,7 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     summary: RunSummary | None = None
     refused = False
     try:
-        with ray_session(address):
+        with ray_session(address, driver_cpus(spec)):
             summary = run_campaign(spec, out, force=force, retry_failed=retry_failed, accept_changes=accept_changes)
     except LedgerError:  # another driver took the campaign meanwhile: its results are not ours to write
         refused = True

@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import drift, endpoint, placement, recovery, sequential, storage, workload_levels
+from raysweep import drift, endpoint, placement, procs, recovery, sequential, storage, workload_levels
 from raysweep.bench import offline
 from raysweep.campaign import CampaignSpec
 from raysweep.config_life import ConfigLife
@@ -40,10 +40,11 @@ from raysweep.results import write_results
 from raysweep.scheduler import Scheduler, replica_key, with_event_log
 from raysweep.server import rank_argv
 from raysweep.tracking import LiveTracker
+from raysweep.validity import cpu_set, cpu_text
 from raysweep.workload import EventSink, Workload
 
-__all__ = ["RayCluster", "RunSummary", "check_placement", "driver_alive", "embedded_temp_dir", "open_campaign",
-           "placement_lines", "ray_session", "run_campaign", "run_plan"]
+__all__ = ["RayCluster", "RunSummary", "check_placement", "driver_alive", "driver_cpus", "embedded_temp_dir",
+           "open_campaign", "placement_lines", "ray_session", "run_campaign", "run_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,44 @@ class RunSummary:
 _embedded = False  # the Ray session is this process's own embedded Ray (ray_session started it)
 
 
+def driver_cpus(spec: CampaignSpec) -> set[int] | None:
+    """Where the driver runs with `address` None: the client actors' CPUs (`bench.cpu_affinity`) when the
+    server has CPUs of its own (`serve.cpu_affinity` set and disjoint from them), so that the driver and the
+    embedded Ray it starts (GCS, raylet, every worker: they inherit its affinity) leave the server's CPUs to
+    the server. None otherwise: the driver runs where it was started."""
+    c = spec.campaign
+    if c.serve is None or c.bench is None:
+        return None
+    serve, bench = cpu_set(c.serve.cpu_affinity), cpu_set(getattr(c.bench, "cpu_affinity", None))
+    return bench if serve and bench and not serve & bench else None
+
+
 @contextlib.contextmanager
-def ray_session(address: str | None) -> Iterator[None]:
-    """Join the cluster at `address`, or start an embedded local Ray (on loopback) when there is none."""
+def _pinned(cpus: set[int] | None) -> Iterator[None]:
+    """This process (every thread, and what it starts meanwhile) on `cpus` while inside; its own CPUs again
+    after. CPUs this machine lacks are left out; with none left, or when refused, it runs where it was."""
+    before = os.sched_getaffinity(0)
+    wanted = (cpus or set()) & before
+    failure = procs.pin_cpus(wanted) if wanted and wanted != before else None
+    if failure:
+        log.warning("the driver could not be pinned: %s", failure)
+    elif wanted and wanted != before:
+        log.info("the driver and its embedded Ray run on CPU(s) %s, beside the client actors", cpu_text(wanted))
+    try:
+        yield
+    finally:
+        if wanted and wanted != before:
+            procs.pin_cpus(before)
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, cpus: set[int] | None = None) -> Iterator[None]:
+    """Join the cluster at `address`, or start an embedded local Ray (on loopback) when there is none: with
+    `cpus` (`driver_cpus`), the driver and that Ray run on those CPUs only, until the session ends."""
+    if address is None and cpus and not ray.is_initialized():
+        with _pinned(cpus), ray_session(address):
+            yield
+        return
     global _embedded
     if ray.is_initialized():
         yield

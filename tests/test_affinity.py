@@ -91,3 +91,49 @@ def test_disjoint_pinned_processes_pass_the_shared_cpus_check():
               "client_cpu_affinity": "1", "client_node_ips": "10.0.0.1"}
     assert validity.shared_cpus(record) is False
     assert validity.shared_cpus({**record, "client_cpu_affinity": "0-1"}) is True
+
+
+def test_the_driver_runs_beside_the_clients_only_when_the_server_has_cpus_of_its_own(tmp_path):
+    from raysweep.driver import driver_cpus
+
+    for i, (serve, bench, driver) in enumerate([([0], "1", {1}), ("0-1", [2, 3], {2, 3}), (None, [1], None),
+                                                ([0], None, None)]):
+        (tmp_path / str(i)).mkdir()
+        assert driver_cpus(load_campaign(_campaign(tmp_path / str(i), serve, bench))) == driver, (serve, bench)
+
+
+def _child_cpus() -> str:
+    return subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell a pinned process apart")
+def test_the_pinned_driver_starts_its_processes_there_and_gets_its_cpus_back():
+    from raysweep.driver import _pinned
+
+    before, last = os.sched_getaffinity(0), max(os.sched_getaffinity(0))
+    with _pinned({last}):
+        assert os.sched_getaffinity(0) == {last} and _child_cpus() == f"[{last}]"
+    assert os.sched_getaffinity(0) == before and _child_cpus() == str(sorted(before))
+    with _pinned({4095}):  # a CPU this machine lacks: left where it was
+        assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell a pinned process apart")
+def test_an_embedded_ray_runs_on_the_driver_cpus():
+    """`raysweep run` with disjoint server and client CPUs and no --address: the embedded Ray's own processes
+    (GCS, raylet, workers) run on the clients' CPUs, not on the server's, and the driver gets its CPUs back."""
+    last = max(os.sched_getaffinity(0))
+    code = ("import os, psutil, ray\nfrom raysweep.driver import ray_session\n"
+            f"with ray_session(None, {{{last}}}):\n"
+            "    ray.get(ray.remote(lambda: 1).remote())\n"
+            "    for p in psutil.Process().children(recursive=True):\n"
+            "        print('child', p.name(), sorted(p.cpu_affinity()))\n"
+            "print('after', sorted(os.sched_getaffinity(0)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300).stdout
+    children = [line.split() for line in out.splitlines() if line.startswith("child ")]
+    names = {c[1] for c in children}
+    assert {"raylet", "gcs_server"} <= names, out
+    assert all(" ".join(c[2:]) == f"[{last}]" for c in children), out
+    assert f"after {sorted(os.sched_getaffinity(0))}" in out, out

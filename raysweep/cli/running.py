@@ -196,7 +196,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
     if finished is not None:  # nothing left to run: answered from the files; Ray is not even imported
         _answer_finished(spec, output_dir, finished, as_json)
         return
-    from raysweep.driver import ray_session, run_campaign
+    from raysweep.driver import driver_cpus, ray_session, run_campaign
     from raysweep.results import write_results
 
     # endpoints, tracking, a changed campaign, a live driver or changed settings: refused before Ray starts
@@ -205,7 +205,8 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
     display = _ProgressDisplay()
     summary, refused = None, False
     try:
-        with logs.routed(output_dir / logs.LOG_FILE, drop=told_by_event), display, ray_session(address):
+        with logs.routed(output_dir / logs.LOG_FILE, drop=told_by_event), display, \
+                ray_session(address, driver_cpus(spec)):
             _sigterm_to_interrupt()  # again: starting Ray installs its own handler, which aborts
             summary = run_campaign(spec, output_dir, force=force, retry_failed=retry_failed, on_event=display.event,
                                    accept_changes=accept_changes)
