@@ -7,7 +7,10 @@ latencies), made here directly: no server, no Ray. Then each read command runs a
 `python -m raysweep` process, so imports count) and its wall time is taken; `run` on the finished campaign
 checks that it answers without starting Ray. The stub ends as `run` ends, with results.* and summary.* written
 (`results --aggregate` and `compare` read the kept aggregates); `results --aggregate --confidence 0.9` computes
-them again.
+them again. `report (cold)` writes the report into the campaign dir with no figure kept (every figure drawn and
+kept in .figures/, as at the end of a `run` with `report: true`); `report` then writes it elsewhere (`--out`)
+from the kept figures, as a user's `raysweep report` after `run` (it makes them first, untimed, when none are
+kept).
 
     .venv/bin/python benchmarks/bench_read_commands.py [--sizes 36,2000,20000] [--commands ...] [--keep DIR]
         [--record]   # rewrite the `## read commands` section of benchmarks/RESULTS.md with the table
@@ -37,8 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SIZES = {36: (3, 3), 2000: (20, 25), 20000: (50, 100)}  # runs -> (input lengths, concurrencies) per server config
-COMMANDS = ("status", "results --aggregate", "results --aggregate --confidence 0.9", "compare", "report", "plot",
-            "pareto", "run (finished)")
+COMMANDS = ("status", "results --aggregate", "results --aggregate --confidence 0.9", "compare", "report (cold)",
+            "report", "plot", "pareto", "run (finished)")
+# What a command may write into the campaign dir (anything else is noted in the table)
+WRITES = {"report (cold)": ("report.html", ".figures/")}
 
 
 def campaign_data(name: str, out: Path, lengths: int, concurrencies: int, runs: int = 2) -> dict[str, Any]:
@@ -119,6 +124,8 @@ def argv_of(command: str, out: Path, cfile: Path, scratch: Path) -> list[str]:
         return ["run", str(cfile)]
     if command == "compare":
         return ["compare", str(out), str(out)]
+    if command == "report (cold)":
+        return ["report", str(out)]
     if command == "report":
         return ["report", str(out), "--out", str(scratch / "report.html")]
     if command in ("plot", "pareto"):
@@ -138,6 +145,15 @@ def time_command(argv: list[str]) -> tuple[float, float, int, str]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return wall, cpu, proc.returncode, proc.stderr[-2000:]
+
+
+def prepare(command: str, out: Path, cfile: Path, scratch: Path) -> None:
+    """`report (cold)`: no report and no figure kept; `report`: the figures kept (made untimed if none are)."""
+    if command == "report (cold)":
+        shutil.rmtree(out / ".figures", ignore_errors=True)
+        (out / "report.html").unlink(missing_ok=True)
+    elif command == "report" and not (out / ".figures").is_dir():
+        time_command(argv_of("report (cold)", out, cfile, scratch))
 
 
 def snapshot(out: Path) -> dict[str, tuple[int, int]]:
@@ -166,9 +182,11 @@ def main() -> None:
             for command in commands:
                 scratch = base / f"scratch{size}"
                 shutil.rmtree(scratch, ignore_errors=True)
+                prepare(command, out, cfile, scratch)
                 before = snapshot(out)
                 wall, cpu, rc, err = time_command(argv_of(command, out, cfile, scratch))
-                wrote = sorted(set(snapshot(out).items()) - set(before.items()))
+                wrote = sorted(name for name, _ in set(snapshot(out).items()) - set(before.items())
+                               if not name.startswith(WRITES.get(command, ())))
                 note = "" if rc == 0 else f" (exit {rc})"
                 if wrote:
                     note += f" (wrote {len(wrote)} file(s) in the campaign dir)"
@@ -206,7 +224,7 @@ def _growth(last: str | None, before: str | None) -> str:
 def record(table: str) -> None:
     path = ROOT / "benchmarks" / "RESULTS.md"
     text = path.read_text()
-    start = text.find("\n## read commands\n")
+    start = text.find("\n## read commands")
     if start < 0:
         return print("RESULTS.md has no `## read commands` section to update", file=sys.stderr)
     end = text.find("\n## ", start + 1)
