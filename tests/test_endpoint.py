@@ -5,6 +5,7 @@ campaign against the real vLLM CPU server (the session's shared `vllm_server`)."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -262,6 +263,17 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     res = CliRunner().invoke(main, ["report", str(out), "--out", str(tmp_path / "report.html")])
     assert res.exit_code == 0, res.output
     assert url in (tmp_path / "report.html").read_text()
+    # the report into the campaign dir keeps its figures; written again on the same runs it draws none, and
+    # shows what a report drawing every figure afresh shows
+    from raysweep.report import build_report
+
+    assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / ".figures").glob("*.json")}
+    res = CliRunner().invoke(main, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert len(kept) >= 3 and {p.name: p.stat().st_mtime_ns for p in (out / ".figures").glob("*.json")} == kept
+    made = re.compile(r" · made [0-9-]+ [0-9:]+")
+    assert made.sub("", (out / "report.html").read_text()) == made.sub("", build_report(out))
     res = CliRunner().invoke(main, ["compare", str(out), str(out), "--out", str(tmp_path / "cmp")])
     assert res.exit_code == 0, res.output
 
