@@ -5,7 +5,8 @@ configuration that differs only in what the compiled graph does not depend on lo
 and Inductor and Triton keep their kernels in their own cache directories. With `serve.share_caches: true`
 (the default) every server of a campaign on a node gets the same three directories,
 `~/.cache/raysweep/<campaign>/{vllm,inductor,triton}` on that node: the first start of a model there
-compiles, the later ones load what they can, and a resumed campaign finds them again. With
+compiles, the later ones load what they can, and a resumed campaign finds them again (on vLLM's CPU build with
+the help of `raysweep.vllm_plugin`, which those servers get: `RAYSWEEP_AOT_LOAD=1`). With
 `serve.share_caches: false` every server gets fresh empty directories of its own, removed when it stops: every
 start is cold, for a clean cold-start study (vLLM's default, `~/.cache/vllm` shared by everything the user
 runs, is neither). A campaign whose `serve.env` sets `VLLM_CACHE_ROOT` itself keeps it.
@@ -28,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from raysweep import vllm_plugin
 
 __all__ = ["CACHE_ENV", "cache_request", "compile_cache_state", "dir_bytes", "node_dirs", "warm_files"]
 
@@ -63,6 +66,8 @@ def node_dirs(request: str | None, server_id: str) -> tuple[dict[str, str], Path
            "TRITON_CACHE_DIR": str(root / "triton")}
     for path in env.values():
         Path(path).mkdir(parents=True, exist_ok=True)
+    if remove is None:  # shared: the CPU build can then load the compiled graph it finds (raysweep.vllm_plugin)
+        env[vllm_plugin.ENV] = "1"
     return env, root, remove
 
 
@@ -91,8 +96,9 @@ _COMPILED = re.compile(r"Compiling a graph for|torch\.compile took [0-9.]+ s in 
                        r"|saved AOT compiled function|Dynamo bytecode transform time")
 
 
-# vLLM found a compiled graph in the cache but could not load it (the CPU build of 0.32: "'function' object has no
-# attribute 'finalize_loading'"); it compiles again, with the kernels Inductor kept in the same cache
+# vLLM found a compiled graph in the cache but could not load it (the CPU build of 0.32 without raysweep's plugin,
+# raysweep.vllm_plugin: "'function' object has no attribute 'finalize_loading'"); it compiles again, with the
+# kernels Inductor kept in the same cache
 _LOAD_FAILED = re.compile(r"Compiling model again due to a load failure")
 
 

@@ -97,7 +97,7 @@ def test_compilation_caches_shared_per_campaign_fresh_per_server_or_the_users(tm
     env, root, remove = caches.node_dirs("shared:my_campaign_1", "srv")
     assert root == tmp_path / ".cache" / "raysweep" / "my_campaign_1" and remove is None
     assert env == {"VLLM_CACHE_ROOT": str(root / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
-                   "TRITON_CACHE_DIR": str(root / "triton")}
+                   "TRITON_CACHE_DIR": str(root / "triton"), "RAYSWEEP_AOT_LOAD": "1"}  # raysweep.vllm_plugin
     assert caches.node_dirs("shared:my_campaign_1", "other")[0] == env  # every server of the campaign: the same
     (root / "vllm" / "graph.bin").write_bytes(b"x" * 1000)
     assert caches.dir_bytes(root) == 1000
@@ -106,6 +106,7 @@ def test_compilation_caches_shared_per_campaign_fresh_per_server_or_the_users(tm
     env1, root1, remove1 = caches.node_dirs("fresh", "a")
     env2, root2, _ = caches.node_dirs("fresh", "b")
     assert root1 == remove1 and root1 != root2 and caches.dir_bytes(root1) == 0  # empty, its own
+    assert "RAYSWEEP_AOT_LOAD" not in env1  # a clean cold start: nothing of raysweep's inside vLLM
     caches.remove(remove1)
     assert not root1.exists() and root2.exists()
     caches.remove(root2)
@@ -130,6 +131,42 @@ def test_a_start_says_whether_it_found_compiled_graphs():
               "to /c/torch_aot_compile/a597/rank_0_0/model")
     assert caches.compile_cache_state(failed) == "recompiled"
     assert caches.compile_cache_state(failed.split("\n")[1]) == "cold"
+
+
+def test_the_vllm_plugin_lets_the_cpu_build_load_its_compiled_graph(monkeypatch):
+    """vLLM 0.32 calls `finalize_loading` on the function torch loaded from the cache; on the CPU build (Inductor
+    backend) that is torch's BundledAOTAutogradSerializableCallable, which hands the call to the plain function
+    inside it and fails: the start compiles again. The plugin gives the class a `finalize_loading` that does
+    nothing, only for servers raysweep started with shared caches."""
+    import importlib.metadata
+
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as loaded
+
+    from raysweep import vllm_plugin
+
+    plugins = {e.name: e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert plugins.get("raysweep_aot_load") == "raysweep.vllm_plugin:register"  # vLLM calls it in each process
+
+    def inner() -> None:  # what torch's deserialisation holds: a plain function, which has a `serialize`
+        return None
+
+    inner.serialize = lambda: b""  # type: ignore[attr-defined]
+    fn = loaded(inner)
+    assert "finalize_loading" not in vars(loaded)
+    monkeypatch.delenv(vllm_plugin.ENV, raising=False)
+    vllm_plugin.register()  # not a server of raysweep's shared caches: left as it is
+    try:
+        fn.finalize_loading(None)
+        raise AssertionError("torch's class gained finalize_loading without the plugin")
+    except AttributeError as exc:
+        assert "'function' object has no attribute 'finalize_loading'" in str(exc)  # what vLLM logs
+    monkeypatch.setenv(vllm_plugin.ENV, "1")
+    try:
+        vllm_plugin.register()
+        vllm_plugin.register()  # vLLM loads plugins once per process, but may import them more than once
+        assert fn.finalize_loading(None) is None and loaded.finalize_loading is vllm_plugin._nothing_to_finalize
+    finally:
+        delattr(loaded, "finalize_loading")
 
 
 def test_weights_are_read_once_into_the_page_cache(tmp_path):
