@@ -134,9 +134,38 @@ def run_command(argv: list[str] | tuple[str, ...], timeout_s: float) -> dict[str
             "error": ""}
 
 
+def torch_build(locations: Any) -> dict[str, Any] | None:
+    """torch's version and its CUDA and HIP versions from its `version.py`, read without importing torch
+    (`locations`: its package directories); None when that file cannot be read."""
+    import ast
+
+    for loc in locations or []:
+        try:
+            tree = ast.parse(pathlib.Path(loc, "version.py").read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        values: dict[str, Any] = {}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name, value = node.targets[0].id, node.value
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                name, value = node.target.id, node.value
+            else:
+                continue
+            try:
+                values[name] = ast.literal_eval(value)
+            except (ValueError, TypeError, SyntaxError):
+                continue
+        if isinstance(values.get("__version__"), str) and "cuda" in values:
+            return {"torch": values["__version__"], "torch_cuda": values["cuda"], "torch_nccl": None,
+                    "hip": values.get("hip")}
+    return None
+
+
 def node_versions(timeout_s: float) -> dict[str, Any]:
-    """Python, Ray, vLLM and torch (with its CUDA and NCCL) as this node's Python sees them. torch is asked
-    in a subprocess: importing it is slow and heavy, and it stays out of the Ray worker."""
+    """Python, Ray, vLLM and torch (with its CUDA and NCCL) as this node's Python sees them. A CPU build of torch
+    is read from its version.py; a CUDA or ROCm build is asked in a subprocess (for its NCCL): importing torch is
+    slow and heavy, and it stays out of the Ray worker."""
     import importlib.metadata
     import importlib.util
     import platform
@@ -154,7 +183,11 @@ def node_versions(timeout_s: float) -> dict[str, Any]:
         out["vllm"] = NOT_INSTALLED
     out["vllm_path"] = shutil.which("vllm")
     out.update(torch=NOT_INSTALLED, torch_cuda=None, torch_nccl=None)
-    if importlib.util.find_spec("torch") is not None:
+    spec = importlib.util.find_spec("torch")
+    build = torch_build(spec.submodule_search_locations if spec is not None else None)
+    if build is not None and build["torch_cuda"] is None and not build.pop("hip"):
+        out.update(build)  # a CPU build has no NCCL to ask for: no torch import beside a server that is starting
+    elif spec is not None:
         res = run_command([sys.executable, "-c", _TORCH_PROBE], timeout_s)
         try:
             out.update(json.loads(res["stdout"].strip().splitlines()[-1]))  # type: ignore[index]

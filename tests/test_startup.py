@@ -273,3 +273,35 @@ def test_the_summary_aggregates_startup_runs():
     s = summarize(df).set_index("serve_id")
     assert s.loc["a", "cold_startup_s_mean"] == 32.0 and s.loc["b", "warm_startup_s_std"] == 0.0
     assert s.loc["a", "cold_startup_s_ci_low"] < 32.0 < s.loc["a", "cold_startup_s_ci_high"]
+
+
+def test_provenance_reads_a_cpu_torch_without_importing_it_beside_a_starting_server(tmp_path, monkeypatch):
+    """The host gathers provenance while its server starts: a CPU build of torch is read from its version.py
+    (no NCCL to ask for), so no subprocess imports torch beside the server's own imports; a CUDA build is still
+    asked in a subprocess for its NCCL."""
+    import importlib.util
+
+    from raysweep import preflight
+
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "version.py").write_text("from typing import Optional\n__version__ = '2.13.0+cpu'\n"
+                                                 "debug = False\ncuda: Optional[str] = None\n"
+                                                 "hip: Optional[str] = None\n")
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / "version.py").write_text("__version__ = '2.13.0+cu128'\ncuda = '12.8'\nhip = None\n")
+    assert preflight.torch_build([str(tmp_path / "cpu")]) == {"torch": "2.13.0+cpu", "torch_cuda": None,
+                                                                 "torch_nccl": None, "hip": None}
+    assert preflight.torch_build([str(tmp_path / "nowhere")]) is None
+    probes: list[list[str]] = []
+
+    def probe(argv, timeout_s):
+        probes.append(argv)
+        return {"rc": 0, "stdout": '{"torch": "2.13.0+cu128", "torch_cuda": "12.8", "torch_nccl": "2.27.3"}\n'}
+
+    monkeypatch.setattr(preflight, "run_command", probe)
+    for build, expected in (("cpu", ("2.13.0+cpu", None, None, 0)), ("cuda", ("2.13.0+cu128", "12.8", "2.27.3", 1))):
+        spec = SimpleNamespace(submodule_search_locations=[str(tmp_path / build)])
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, spec=spec: spec)
+        got = preflight.node_versions(5)
+        assert (got["torch"], got["torch_cuda"], got["torch_nccl"], len(probes)) == expected, got
+        assert "hip" not in got
