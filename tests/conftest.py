@@ -86,16 +86,26 @@ def _vllm_cli() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
+def tiny_model():
     """The demo's tiny dummy-weight Llama, for the tests with the real vLLM CPU build (skipped without it,
-    unless RAYSWEEP_REQUIRE_VLLM is set, as in CI)."""
+    unless RAYSWEEP_REQUIRE_VLLM is set, as in CI).
+
+    It lives at one path per version of `raysweep/demo.py` (which writes it), not in the session's temporary
+    directory: vLLM keys its compiled graphs by the model's path among the rest, so a compiled start (the
+    pipeline-parallel test) finds what an earlier session on this machine compiled in its campaign's shared
+    cache instead of compiling everything again. `make_tiny_model` writes it atomically and keeps a complete
+    folder, so sessions side by side share it."""
+    import hashlib
+    import tempfile
+
     if _vllm_cli() is None:
         if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
             pytest.fail("the vLLM CPU build is required here (RAYSWEEP_REQUIRE_VLLM is set); run scripts/setup-venv.sh")
         pytest.skip("the vLLM CPU build is not installed")
-    from raysweep.demo import make_tiny_model
+    from raysweep import demo
 
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
+    version = hashlib.sha256(Path(demo.__file__).read_bytes()).hexdigest()[:12]
+    return demo.make_tiny_model(Path(tempfile.gettempdir()) / f"raysweep-test-model-{version}" / "tiny-llama")
 
 
 @pytest.fixture(scope="session")
