@@ -44,6 +44,9 @@ COMMANDS = ("status", "results --aggregate", "results --aggregate --confidence 0
             "report", "plot", "pareto", "run (finished)")
 # What a command may write into the campaign dir (anything else is noted in the table)
 WRITES = {"report (cold)": ("report.html", ".figures/")}
+# The names in RESULTS.md's table
+LABELS = {"compare": "`compare DIR DIR`", "report (cold)": "`report` (cold: every figure drawn)",
+          "report": "`report` (figures kept, after `run`)", "run (finished)": "`run` (finished)"}
 
 
 def campaign_data(name: str, out: Path, lengths: int, concurrencies: int, runs: int = 2) -> dict[str, Any]:
@@ -209,7 +212,7 @@ def markdown(table: dict[str, dict[int, str]], sizes: list[int]) -> str:
     grow = len(sizes) > 1
     head = ("| command | " + " | ".join(f"{s:,} runs" for s in sizes)
             + (f" | {sizes[-1]:,} / {sizes[-2]:,} |" if grow else " |"))
-    rows = [f"| `{c}` | " + " | ".join(table[c].get(s, "-") for s in sizes)
+    rows = [f"| {LABELS.get(c, f'`{c}`')} | " + " | ".join(table[c].get(s, "-") for s in sizes)
             + (f" | {_growth(table[c].get(sizes[-1]), table[c].get(sizes[-2]))} |" if grow else " |") for c in table]
     return "\n".join([head, "|---" * (len(sizes) + 1 + grow) + "|", *rows])
 
