@@ -113,9 +113,7 @@ def test_a_report_written_again_on_unchanged_data_draws_nothing_and_is_the_same_
     before = kept(copy)
     again = report.write_report(copy).read_text()
     assert drawn.figures == [] and drawn.series == 0
-    assert page(again, copy) == page(first, out)
-    # and the kept figures are the figures drawn afresh: the page as a report that keeps nothing makes it
-    assert page(report.build_report(copy), copy) == page(first, out)
+    assert page(again, copy) == page(first, out)  # the first drew every figure: kept ones are the same
     assert kept(copy) == before
 
 
@@ -177,16 +175,18 @@ def test_an_unreadable_or_altered_entry_is_drawn_again_and_replaced(cold, copy, 
 
 
 def test_a_report_written_elsewhere_uses_the_kept_figures_and_writes_nothing_into_the_output_dir(copy, tmp_path,
-                                                                                                drawn):
+                                                                                                drawn, monkeypatch):
     before = {p: p.stat().st_mtime_ns for p in copy.rglob("*")}
     elsewhere = tmp_path / "shared" / "report.html"
     report.write_report(copy, elsewhere)
     assert drawn.figures == [] and drawn.series == 0 and elsewhere.is_file()
     assert {p: p.stat().st_mtime_ns for p in copy.rglob("*")} == before
-    # without kept figures: drawn, and kept nowhere
+    # without kept figures: drawn, and kept nowhere (one figure is enough to see it)
+    monkeypatch.setattr(report, "_figure_list", lambda data: report_figures.figure_list(data)[:1])
+    monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
     out = build_output_dir(tmp_path / "fresh")
     report.write_report(out, elsewhere)
-    assert drawn.figures and not (out / report_cache.FOLDER).exists()
+    assert len(drawn.figures) == 1 and not (out / report_cache.FOLDER).exists()
     assert not (elsewhere.parent / report_cache.FOLDER).exists() and not (out / report.REPORT_FILE).exists()
 
 
