@@ -82,9 +82,13 @@ def driver_cpus(spec: CampaignSpec) -> set[int] | None:
 @contextlib.contextmanager
 def _pinned(cpus: set[int] | None) -> Iterator[None]:
     """This process (every thread, and what it starts meanwhile) on `cpus` while inside; its own CPUs again
-    after. CPUs this machine lacks are left out; with none left, or when refused, it runs where it was."""
+    after. CPUs this machine lacks are left out; with none left, when refused, or where the system has no
+    CPU affinity (macOS), it runs where it was."""
+    if not cpus or not hasattr(os, "sched_getaffinity"):
+        yield
+        return
     before = os.sched_getaffinity(0)
-    wanted = (cpus or set()) & before
+    wanted = cpus & before
     failure = procs.pin_cpus(wanted) if wanted and wanted != before else None
     if failure:
         log.warning("the driver could not be pinned: %s", failure)
