@@ -7,10 +7,11 @@ without prefix caching, which vLLM leaves out of its compilation hash, so it has
 never used before, so its shared compilation caches (~/.cache/raysweep/<name>) start empty: the first start
 is cold. Campaign 2, the same name in another output dir, starts the first configuration again. Each start's
 phases come from raysweep's own record of it (the ledger's servers rows, `raysweep.startup`), with its
-compilation label (cold, warm, none). For a later configuration also what the campaign waited for it: from
-the end of the previous configuration's last point to its server being ready (the previous server's stop,
-the placement and the start). Target (issue 28):
-the second configuration's start at most 60 % of the cold one.
+compilation label (cold, warm, recompiled, none: `raysweep.caches.compile_cache_state`; on the CPU build a start
+loads its compiled graph with raysweep's vLLM plugin, `raysweep.vllm_plugin`). For a later configuration also
+what the campaign waited for it: from the end of the previous configuration's last point to its server being
+ready (the previous server's stop, the placement and the start). Target (issue 28): the second configuration's
+start at most 60 % of the cold one.
 
     .venv/bin/python benchmarks/bench_warm_start.py [--keep]
 
