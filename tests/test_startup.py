@@ -6,6 +6,8 @@ import json
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from raysweep import startup
 
 
@@ -165,6 +167,50 @@ def test_the_vllm_plugin_lets_the_cpu_build_load_its_compiled_graph(monkeypatch)
         vllm_plugin.register()
         vllm_plugin.register()  # vLLM loads plugins once per process, but may import them more than once
         assert fn.finalize_loading(None) is None and loaded.finalize_loading is vllm_plugin._nothing_to_finalize
+    finally:
+        delattr(loaded, "finalize_loading")
+
+
+@pytest.mark.vllm
+def test_vllms_own_loader_loads_an_inductor_graph_with_the_plugin_and_compiles_again_without(tmp_path, monkeypatch):
+    """The real code path of a warm start on the CPU build, without a server: torch compiles a function with
+    the Inductor backend as vLLM's CPU build does and saves it; vLLM 0.32's loader
+    (`vllm.compilation.decorators._try_load_aot_compiled_fn`) fails on it without the plugin, as the servers'
+    logs said, and loads it with the plugin, giving the compiled function's results."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
+            pytest.fail("the vLLM CPU build is required here (RAYSWEEP_REQUIRE_VLLM is set)")
+        pytest.skip("the vLLM CPU build is not installed")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import torch
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as loaded
+    from vllm.compilation import decorators
+    from vllm.config import VllmConfig
+
+    from raysweep import vllm_plugin
+
+    def forward(x):
+        return torch.relu(x * 2.0 + 1.0)
+
+    x = torch.randn(4, 8)
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        compiled = torch.compile(forward, fullgraph=True, backend="inductor").aot_compile(((x,), {}))
+    path = str(tmp_path / "model")
+    compiled.save_compiled_function(path)
+    config = VllmConfig()
+    model = SimpleNamespace(vllm_config=config, compilation_config=config.compilation_config, _is_encoder=False,
+                            forward=forward)
+    assert "finalize_loading" not in vars(loaded)
+    assert decorators._try_load_aot_compiled_fn(model, path) is None  # "Compiling model again due to a load failure"
+    monkeypatch.setenv(vllm_plugin.ENV, "1")
+    try:
+        vllm_plugin.register()
+        fn = decorators._try_load_aot_compiled_fn(model, path)
+        assert fn is not None and isinstance(fn._artifacts.compiled_fn, loaded)
+        assert torch.equal(fn(x), forward(x))
     finally:
         delattr(loaded, "finalize_loading")
 
