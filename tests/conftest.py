@@ -88,29 +88,14 @@ def _vllm_cli() -> str | None:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The demo's tiny dummy-weight Llama, for the tests with the real vLLM CPU build (skipped without it,
-    unless RAYSWEEP_REQUIRE_VLLM is set, as in CI).
-
-    It is written in the session's temporary directory, then used from one path per user and content (a
-    digest of its files, which `make_tiny_model` writes the same every time): vLLM keys its compiled graphs
-    by the model's path among the rest, so a compiled start (the pipeline-parallel test) finds what an
-    earlier session on this machine compiled in its campaign's shared cache instead of compiling everything
-    again. `make_tiny_model` writes the shared folder atomically and keeps a complete one, so sessions side
-    by side share it."""
-    import hashlib
-    import tempfile
-
+    unless RAYSWEEP_REQUIRE_VLLM is set, as in CI)."""
     if _vllm_cli() is None:
         if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
             pytest.fail("the vLLM CPU build is required here (RAYSWEEP_REQUIRE_VLLM is set); run scripts/setup-venv.sh")
         pytest.skip("the vLLM CPU build is not installed")
     from raysweep.demo import make_tiny_model
 
-    fresh = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
-    digest = hashlib.sha256()
-    for f in sorted(p for p in fresh.rglob("*") if p.is_file()):
-        digest.update(f.relative_to(fresh).as_posix().encode() + b"\0" + f.read_bytes())
-    root = Path(tempfile.gettempdir()) / f"raysweep-test-model-{os.getuid()}-{digest.hexdigest()[:12]}"
-    return make_tiny_model(root / "tiny-llama")
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 
 
 @pytest.fixture(scope="session")
