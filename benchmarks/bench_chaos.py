@@ -56,6 +56,9 @@ KINDS = ("driver_kill", "server_kill", "client_kill", "node_removed", "server_st
 POINT_TIMEOUT_S = 20.0
 HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "health_check_failure_threshold": 5,
           "health_check_timeout_ms": 2000}
+# in the environment of this run's stand-in servers and benches: faults go to them, and only they are counted
+# as left behind, whatever else runs on the machine
+RUN_MARK = "RAYSWEEP_CHAOS_RUN"
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
        "VLLM_HOST_IP": "127.0.0.1"}
 
@@ -65,8 +68,9 @@ def campaign_file(work: Path, configs: int, inputs: int, runs: int, sleep_s: flo
     data = {
         "name": "chaos", "output_dir": str(work / "out"), "runs": runs, "max_attempts": 100,
         "serve": {"cmd": f"{sys.executable} {STANDIN / 'server.py'} --model m", "ready_timeout_s": 60,
+                  "env": {RUN_MARK: str(work)},
                   "params": {"grid": {"max_num_seqs": [4 * 2**i for i in range(configs)]}}},
-        "bench": {"backend": "command", "timeout_s": POINT_TIMEOUT_S,
+        "bench": {"backend": "command", "timeout_s": POINT_TIMEOUT_S, "env": {RUN_MARK: str(work)},
                   "cmd": f"{sys.executable} {STANDIN / 'bench.py'} --model m --num-prompts 6 --sleep {sleep_s} "
                          f"--journal {work / 'journal.jsonl'}",
                   "params": {"grid": {"random_input_len": [16 * (i + 1) for i in range(inputs)]}}},
@@ -216,10 +220,10 @@ class Chaos:
             os.kill(pid, signal.SIGKILL)
             return True
         if kind == "client_kill":  # a bench call lives a second or two: look for one for up to 30 s
-            actor, deadline = _client_actor(), time.time() + 30
+            actor, deadline = _client_actor(self.work), time.time() + 30
             while actor is None and time.time() < deadline and not self.finished():
                 time.sleep(0.05)
-                actor = _client_actor()
+                actor = _client_actor(self.work)
             if actor is None:
                 return False
             os.kill(actor, signal.SIGKILL)
@@ -234,11 +238,11 @@ class Chaos:
         replaced it (a `server_unresponsive` event) or the stopped process is gone another way; each stop's
         outcome is kept in `self.stops`."""
         deadline = time.time() + 30
-        target = _bench_before_requests(self.sleep_s)
+        target = _bench_before_requests(self.work, self.sleep_s)
         while target is None and time.time() < deadline and not self.finished():
             time.sleep(0.05)
-            target = _bench_before_requests(self.sleep_s)
-        pid = None if target is None else _server_on_port(target)
+            target = _bench_before_requests(self.work, self.sleep_s)
+        pid = None if target is None else _server_on_port(self.work, target)
         if pid is None:
             return False
         before = sum(1 for e in self.watch.events if e["kind"] == "server_unresponsive")
@@ -291,13 +295,21 @@ def _server_process(guard_pid: int) -> int | None:
     return next((k.pid for k in kids if "server.py" in " ".join(k.cmdline())), None)
 
 
-def _bench_before_requests(sleep_s: float) -> int | None:
-    """The port a stand-in bench call will load, for a call still in its opening sleep (younger than
-    `sleep_s` less a margin), or None when no call is."""
+def _of_run(p: psutil.Process, work: Path) -> bool:
+    """Whether `p` was started for the run in `work` (its environment carries the run's mark)."""
+    try:
+        return p.environ().get(RUN_MARK) == str(work)
+    except psutil.Error:
+        return False
+
+
+def _bench_before_requests(work: Path, sleep_s: float) -> int | None:
+    """The port a stand-in bench call of this run will load, for a call still in its opening sleep (younger
+    than `sleep_s` less a margin), or None when no call is."""
     now = time.time()
     for p in psutil.process_iter(["cmdline", "create_time"]):
         cmd = p.info["cmdline"] or []
-        if str(STANDIN / "bench.py") not in cmd or "--base-url" not in cmd:
+        if str(STANDIN / "bench.py") not in cmd or "--base-url" not in cmd or not _of_run(p, work):
             continue
         if now - (p.info["create_time"] or 0) < max(sleep_s - 0.5, 0.1):
             url = cmd[cmd.index("--base-url") + 1]
@@ -306,21 +318,21 @@ def _bench_before_requests(sleep_s: float) -> int | None:
     return None
 
 
-def _server_on_port(port: int) -> int | None:
-    """The stand-in server process started with `--port port` (not its guard, whose command holds it too)."""
+def _server_on_port(work: Path, port: int) -> int | None:
+    """This run's stand-in server started with `--port port` (not its guard, whose command holds it too)."""
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
         if len(cmd) > 1 and cmd[1] == str(STANDIN / "server.py") and "--port" in cmd \
-                and cmd[cmd.index("--port") + 1] == str(port):
+                and cmd[cmd.index("--port") + 1] == str(port) and _of_run(p, work):
             return p.pid
     return None
 
 
-def _client_actor() -> int | None:
-    """The Ray worker (a command client actor) whose child runs a stand-in bench right now."""
+def _client_actor(work: Path) -> int | None:
+    """The Ray worker (a command client actor) whose child runs a stand-in bench of this run right now."""
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if str(STANDIN / "bench.py") in cmd:
+        if str(STANDIN / "bench.py") in cmd and _of_run(p, work):
             try:
                 return p.parent().pid
             except (psutil.Error, AttributeError):
@@ -335,7 +347,7 @@ def leftovers(work: Path, drivers: list[int]) -> list[str]:
     left = []
     for p in psutil.process_iter(["cmdline", "pid"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if (str(STANDIN) in cmd and ("server.py" in cmd or "bench.py" in cmd)) or \
+        if (str(STANDIN) in cmd and ("server.py" in cmd or "bench.py" in cmd) and _of_run(p, work)) or \
                 any(f"/tmp/rs-{d}" in cmd for d in drivers):
             with contextlib.suppress(psutil.Error):
                 if p.status() != psutil.STATUS_ZOMBIE:

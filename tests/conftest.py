@@ -34,12 +34,34 @@ FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_m
 HEAVY_FIXTURES = {"gpu_cluster": "ray", "tiny_model": "vllm", "vllm_server": "vllm"}
 
 
+# The tests that take over 40 s on 2 cores, longest first (docs/tests.md): `make test` runs them first, so that
+# its two workers take the long ones early and end together.
+LONGEST = ("test_demo_campaign_killed_mid_run_then_resumed",
+           "test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica",
+           "test_one_fault_of_each_kind_loses_nothing_runs_nothing_twice_and_leaves_nothing",
+           "test_a_real_vllm_tuning_campaign_killed_mid_way_then_resumed",
+           "test_real_vllm_server_spanning_two_simulated_nodes",
+           "test_levels_match_vllms_serve_workload_on_the_real_server",
+           "test_offline_throughput_sweep_killed_mid_run_then_resumed",
+           "test_sla_search_on_the_real_server",
+           "test_a_startup_sweep_of_the_real_vllm_and_the_phases_of_real_server_starts")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses a fixture starting Ray or vLLM carries that fixture's marker."""
+    """Every test that uses a fixture starting Ray or vLLM carries that fixture's marker; the longest tests
+    come first, then the other vLLM tests, then the other Ray tests, then the rest, each in file order."""
     for item in items:
         for fixture, marker in HEAVY_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
                 item.add_marker(getattr(pytest.mark, marker))
+
+    def rank(item) -> tuple[int, int]:
+        name = getattr(item, "originalname", item.name)
+        if name in LONGEST:
+            return 0, LONGEST.index(name)
+        return (1 if item.get_closest_marker("vllm") else 2 if item.get_closest_marker("ray") else 3), 0
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")

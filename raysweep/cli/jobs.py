@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from raysweep.cli._common import console, deprecated_alias, main, out
+from raysweep.cli._common import console, deprecated_alias, main, out, print_table
 from raysweep.errors import UserError
 
 
@@ -100,7 +100,7 @@ def jobs(address: str | None, show_all: bool, follow_id: str | None) -> None:
     rows = job_client.list_jobs() if show_all else jobs_mod.find_jobs(job_client)
     table = Table()
     for name in ("job", "campaign", "status", "output dir", "started", "ended", "message"):
-        table.add_column(name, overflow="fold")  # ids and paths are copied from here: never cut short
+        table.add_column(name)
 
     def when(ms: int | None) -> str:
         return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else ""
@@ -110,7 +110,7 @@ def jobs(address: str | None, show_all: bool, follow_id: str | None) -> None:
         table.add_row(j.submission_id or j.job_id or "", meta.get(jobs_mod.META_KEY, ""), str(j.status),
                       meta.get("output_dir", ""), when(j.start_time), when(j.end_time),
                       escape((j.message or "").splitlines()[0] if j.message else ""))
-    out.print(table)
+    print_table(table)  # ids and paths are copied from here: folded on a terminal, whole when piped
 
 
 @main.command("stop")
