@@ -11,7 +11,8 @@ export RAY_USAGE_STATS_ENABLED := 0
 export VLLM_HOST_IP := 127.0.0.1
 # Two pytest workers (pytest-xdist): while one test waits on a server's start or a stand-in's sleep, the other
 # runs. The longest tests go first (tests/conftest.py) and each worker is sent 2 tests at a time, so that the
-# next free worker takes the next longest; docs/tests.md has the times.
+# next free worker takes the next longest. The tests that judge the client's own timing (marker `timing`) run
+# after them, one at a time, with nothing beside them; docs/tests.md has the times.
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --maxschedchunk 2
 
 .PHONY: setup demo test test-fast lint clean-demo
@@ -24,7 +25,8 @@ demo: setup
 
 test: lint
 	bash scripts/install-browser.sh
-	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(PYTEST) --durations=25
+	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(PYTEST) -m "not timing" --durations=25
+	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m timing
 
 # ruff (lint and import order) and mypy, with the rules in pyproject.toml; .pre-commit-config.yaml runs the same
 lint: setup

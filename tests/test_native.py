@@ -60,6 +60,7 @@ def _mean_in_flight(s, slots: int) -> float:
     return float(np.mean([((np.asarray(s["begin"]) <= t) & (done > t)).sum() for t in grid]))
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.03", "--itl-delay", "0.01"]], indirect=True)
 def test_timings_match_the_servers_clock_and_actors_pool(gpu_cluster, stream_server):
     """The server times each request from the arrival of its bytes to each chunk written; the client's
@@ -134,6 +135,7 @@ def test_native_campaign_records_server_metrics_and_raw_samples(gpu_cluster, tmp
         assert len(s["sent"]) == 30 and all(len(c) == 8 for c in s["chunks"])
 
 
+@pytest.mark.timing
 def test_client_limited_point_runs_again_with_more_actors(gpu_cluster, tmp_path):
     f = native_campaign(tmp_path, bench_args="--random-output-len 1 --random-input-len 4 --num-prompts 3000",
                         bench_params=[{"request_rate": 30000}],
@@ -158,6 +160,7 @@ def test_failed_requests_are_counted_not_fatal(gpu_cluster, tmp_path):
     assert row["completed"] == 16 and row["failed"] == 4 and "HTTP 500" in row["errors_sample"]
 
 
+@pytest.mark.timing
 def test_sla_search_finds_the_largest_concurrency_and_resumes(gpu_cluster, tmp_path):
     """A stand-in with 4 generation slots: TTFT jumps once more than 4 requests are in flight."""
     from raysweep.ledger import Ledger
@@ -209,6 +212,7 @@ def test_sla_search_finds_the_largest_concurrency_and_resumes(gpu_cluster, tmp_p
     assert len(sla_table(out)) == 2
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.5", "--itl-delay", "0.1"]], indirect=True)
 def test_the_concurrency_limit_holds_across_actors_to_the_last_request(gpu_cluster, stream_server):
     """3 actors share 4 slots (2, 1, 1): every free slot of any actor takes the next request, so the load
@@ -236,6 +240,7 @@ def test_the_concurrency_limit_holds_across_actors_to_the_last_request(gpu_clust
     assert capped["result"]["num_clients"] == 2 and capped["result"]["peak_in_flight_requests"] == 2
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("stream_server", [["--slots", "128", "--ttft-delay", "0.1"]], indirect=True)
 def test_large_closed_loops_are_not_held_back_by_their_start(gpu_cluster, stream_server):
     """Large closed loops on a server that is the bottleneck (128 requests generated at a time, 0.1 s each:

@@ -372,6 +372,7 @@ def test_campaign_runs_the_levels_it_decides_and_a_resume_runs_nothing_again(gpu
     assert "Load levels" in page and "1 decided" in page
 
 
+@pytest.mark.timing
 def test_an_sla_campaign_with_workload_levels_searches_from_them_on_the_standin(gpu_cluster, tmp_path):
     """On the streaming stand-in: the serial, batch and level points run first, then the search; none of its
     own probes repeats a value the workload ran (the levels, 1 and the unbounded batch point), and it ends
