@@ -100,6 +100,7 @@ def test_timings_match_the_servers_clock_and_actors_pool(gpu_cluster, stream_ser
     assert sorted(s["index"]) == list(range(30)) and set(s["actor"]) == {0, 1}
 
 
+@pytest.mark.timing
 def test_guard_fires_when_one_actor_is_asked_for_more_than_it_can_send(gpu_cluster, stream_server):
     from raysweep.bench.native import NativeBench
 
@@ -311,6 +312,7 @@ def test_multi_token_chunks_and_a_late_usage_are_timed_as_vllm_times_them(gpu_cl
         (r["median_e2el_ms"] - r["median_ttft_ms"]) / 7, rel=0.3)
 
 
+@pytest.mark.timing
 def test_a_client_whose_loop_is_blocked_is_flagged(gpu_cluster, stream_server):
     """A closed loop on a zero-work stand-in is client-bound; with the client's event loop blocked half the
     time its throughput falls, and the guard says so (the send lag alone cannot: slots look busy)."""
