@@ -292,6 +292,7 @@ def test_incomplete_streams_and_short_outputs_fail(gpu_cluster, stream_server, c
     assert any(check in e for e in r["errors_sample"]), r["errors_sample"]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("stream_server", [["--ttft-delay", "0.01", "--itl-delay", "0.02", "--tokens-per-chunk", "4",
                                             "--tail-delay", "0.3"]], indirect=True)
 def test_multi_token_chunks_and_a_late_usage_are_timed_as_vllm_times_them(gpu_cluster, stream_server):
