@@ -278,6 +278,7 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert res.exit_code == 0, res.output
 
 
+@pytest.mark.timing
 @pytest.mark.ray
 def test_sla_search_runs_against_an_endpoint(gpu_cluster, tmp_path):
     """A streaming stand-in with 4 generation slots, started here and given by URL: the search finds where its

@@ -380,6 +380,7 @@ def test_server_metric_targets_are_judged_from_the_probes_runs(tmp_path):
     assert e.value.field == "sla.targets[0].server_kv_cache_peak" and "server_kv_cache_usage_perc_peak" in str(e.value)
 
 
+@pytest.mark.timing
 @pytest.mark.ray
 def test_sla_campaign_with_two_runs_reports_one_runs_throughput_and_judges_server_targets(gpu_cluster, tmp_path):
     """On the stand-in (4 generation slots), 2 runs per probe: the passing probe's throughput is the runs'
