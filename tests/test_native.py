@@ -116,6 +116,7 @@ def test_guard_fires_when_one_actor_is_asked_for_more_than_it_can_send(gpu_clust
     assert not calm["client_limited"] and calm["achieved_request_rate"] == pytest.approx(100, rel=0.05)
 
 
+@pytest.mark.timing
 def test_native_campaign_records_server_metrics_and_raw_samples(gpu_cluster, tmp_path):
     f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005", warmup=5,
                         bench_args="--random-output-len 8 --max-concurrency 4 --num-prompts 30",

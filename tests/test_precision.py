@@ -283,6 +283,7 @@ def test_stopping_rule_coverage_by_simulation():
     assert covered / total >= 0.93
 
 
+@pytest.mark.timing
 @pytest.mark.ray
 def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_cluster, tmp_path):
     """On the stand-in server: every point stops at its second narrow look (a wide width); resumed with a

@@ -314,6 +314,7 @@ def test_failed_points_stay_failed_on_resume_unless_retry_failed(gpu_cluster, tm
     assert summary.counts == {"pending": 0, "running": 0, "done": 2, "failed": 0}
 
 
+@pytest.mark.timing
 def test_every_native_result_carries_its_validity_record_and_provenance(gpu_cluster, tmp_path):
     import importlib.metadata
     import socket

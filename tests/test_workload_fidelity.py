@@ -165,6 +165,7 @@ def test_sessions_from_a_file_carry_their_system_prompt(tmp_path, tiny_model):
     assert conv.systems == ["be brief"] and conv.messages == ["hi"]
 
 
+@pytest.mark.timing
 @pytest.mark.ray
 @pytest.mark.parametrize("stream_server", [["--fail-every", "2"]], indirect=True)
 def test_a_failed_turn_counts_the_rest_of_its_session_as_failed(gpu_cluster, stream_server, tiny_model):  # noqa: F811
