@@ -10,10 +10,11 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 export VLLM_HOST_IP := 127.0.0.1
 # Two pytest workers (pytest-xdist): while one test waits on a server's start or a stand-in's sleep, the other
-# runs. The longest tests go first (tests/conftest.py) and each worker is sent 2 tests at a time, so that the
-# next free worker takes the next longest. The tests that judge the client's own timing (marker `timing`) run
-# after them, one at a time, with nothing beside them; docs/tests.md has the times.
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --maxschedchunk 2
+# runs. The longest tests go first (tests/conftest.py) and each worker holds at most 3 tests, so that the next
+# free worker takes the next longest; the tests of the shared real server form one group (`--dist loadgroup`),
+# sent to one worker, so that one `vllm serve` serves them all. The tests that judge the client's own timing
+# (marker `timing`) run after them, one at a time, with nothing beside them; docs/tests.md has the times.
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 .PHONY: setup demo test test-fast lint clean-demo
 setup:

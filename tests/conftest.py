@@ -47,13 +47,22 @@ LONGEST = ("test_demo_campaign_killed_mid_run_then_resumed",
            "test_a_startup_sweep_of_the_real_vllm_and_the_phases_of_real_server_starts")
 
 
+# The tests of the session's shared real server (`vllm_server`) form one group that `make test`'s two workers
+# (`--dist loadgroup`) send to one worker, so that one `vllm serve` is started for the whole run, not one per worker.
+SHARED_SERVER_GROUP = "vllm-server"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses a fixture starting Ray or vLLM carries that fixture's marker; the longest tests
-    come first, then the other vLLM tests, then the other Ray tests, then the rest, each in file order."""
+    """Every test that uses a fixture starting Ray or vLLM carries that fixture's marker, and every test of the
+    shared real server its group; the longest tests come first, then the other vLLM tests, then the other Ray
+    tests, then the rest, each in file order."""
     for item in items:
         for fixture, marker in HEAVY_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
                 item.add_marker(getattr(pytest.mark, marker))
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(SHARED_SERVER_GROUP))
 
     def rank(item) -> tuple[int, int]:
         name = getattr(item, "originalname", item.name)
@@ -62,6 +71,25 @@ def pytest_collection_modifyitems(config, items):
         return (1 if item.get_closest_marker("vllm") else 2 if item.get_closest_marker("ray") else 3), 0
 
     items.sort(key=rank)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup`, a worker tells the controller a test's group by the `@group` that pytest-xdist
+    appends to the test's id before sending the ids. pytest-xdist 3.8 writes that id to `item._nodeid`, which
+    pytest 9 no longer reads (the id lives in `item._id`), so the groups were silently lost; this writes the same
+    id where pytest 9 reads it, before pytest-xdist sends the ids. Elsewhere it does nothing."""
+    if not hasattr(session.config, "workerinput") or not session.config.getoption("loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:   # a pytest before 9 reads `_nodeid`, where pytest-xdist writes the group
+        return
+    for item in session.items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 @pytest.fixture(scope="session")
