@@ -20,7 +20,8 @@ from raysweep.bench import backend_for
 from raysweep.ledger import PointRow
 from raysweep.live_server import ConfigRun, Server, Servers
 from raysweep.offline_points import OfflinePoints
-from raysweep.plan import ServeConfig
+from raysweep.order import in_rounds, round_key
+from raysweep.plan import PointRun, ServeConfig
 from raysweep.point import PointRunner
 from raysweep.sla_probe import SlaSearches
 from raysweep.workload import Workload
@@ -78,7 +79,7 @@ class ConfigLife:
             w.give_up(run.serve, refused, search_state="transport refused")
             return "finished"
         while not run.abort and not w.stopping():
-            runnable = w.ledger.runnable(run.serve.id, self.c.max_attempts)
+            runnable = w.runnable(run.serve.id)  # with order.instances: those of its instance due now
             if not w.work_left(run.serve.id):
                 return "finished"
             server = self.servers.start(run, runnable)
@@ -113,6 +114,9 @@ class ConfigLife:
         points = [p for p in (w.plan.point(r.point_id) for r in runnable) if p is not None]
         if hasattr(w, "in_order"):  # a tuning candidate: its most informative points first
             points = w.in_order(points)
+        elif w.order.rounds:  # every point once per round, in the seeded order (raysweep.order)
+            points = in_rounds(points, w.order.seed)
+        instance = w.instance_of(points[0].run) if points else 0
         if self.c.warmup and (points or self.c.sla is not None):
             self.points.warmup(run, server, (points or w.plan.points_of(run.serve.id))[0])
         refused = self.servers.check_transport(run, server)
@@ -140,11 +144,22 @@ class ConfigLife:
             if not ok and not self.c.continue_on_error and not run.abort:
                 w.stop_reason = f"point {point.id} failed and continue_on_error is false"
             more = sequential.settle(w, point.serve, point.bench.id)  # bench.precision: one more run?
-            if more is not None:
-                queue.appendleft(more)
+            if more is not None and w.instance_of(more.run) == instance:
+                _place(queue, more, w.order.seed if w.order.rounds and not hasattr(w, "in_order") else None)
             queue.extendleft(reversed(workload_levels.settle(w, point.serve, point.bench)))  # bench.workload
             if run.abort or w.stopping() or server.down() is not None:
                 return
             reset = self.points.reset(run, server)
         if self.c.sla is not None and not run.abort and not w.stopping() and server.down() is None:
             self.searches.run(run, server)
+
+
+def _place(queue: deque[PointRun], run: PointRun, seed: int | None) -> None:
+    """A run `bench.precision` added: in rounds (`seed`), at its place in the next round, after every run of
+    the rounds before it; else right away (the point's runs back to back)."""
+    if seed is None:
+        queue.appendleft(run)
+        return
+    key = round_key(seed, run.serve.id, run.run, run.bench.id)
+    at = next((i for i, q in enumerate(queue) if round_key(seed, q.serve.id, q.run, q.bench.id) > key), len(queue))
+    queue.insert(at, run)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep import grid
-from raysweep.plan import Plan, PointRun
+from raysweep.plan import Plan, PointRun, first_runs
 
 __all__ = ["DEFAULTS", "Defaults", "Estimate", "Measured", "add_recorded", "estimate", "eta_s", "format_duration",
            "guess_point_s", "measured_from", "precision_runs"]
@@ -268,10 +268,9 @@ def _estimate(plan: Plan, extra: list[PointRun], done: set[str] | None, measured
         per_serve[p.serve.id] = per_serve.get(p.serve.id, 0.0) + _point_s(p, measured, scale, offline, defaults)
     starts = 0
     if not offline:
-        for serve_id in per_serve:
-            if serve_id not in running:
-                starts += 1
-                per_serve[serve_id] += _start_s(serve_id, measured, defaults)
+        for serve_id, n in _starts_left(plan, left, running).items():
+            starts += n
+            per_serve[serve_id] += n * _start_s(serve_id, measured, defaults)
     gpus = gpus_of or {s.id: s.shape.gpu_count for s in plan.serves}
     gpu_hours = sum(gpus.get(sid, 0) * s for sid, s in per_serve.items()) / 3600
     basis = ("measured" if measured and all((p.serve.id, p.bench.id) in measured.point_s for p in left)
@@ -279,6 +278,19 @@ def _estimate(plan: Plan, extra: list[PointRun], done: set[str] | None, measured
     return Estimate(server_starts=starts if not offline else len(left), points=len(left), gpu_hours=gpu_hours,
                     wall_s=_wall(list(per_serve.values()), lanes), work_s=sum(per_serve.values()), basis=basis,
                     per_serve_s=per_serve)
+
+
+def _starts_left(plan: Plan, left: list[PointRun], running: set[str]) -> dict[str, int]:
+    """Server starts each configuration with runs left still needs: one (none while its server runs), or with
+    `order.instances` one per instance its runs left go to (`raysweep.order`)."""
+    from raysweep.order import instance_of, order_of
+
+    n = order_of(plan.spec.campaign).instances
+    first = first_runs(plan.spec)
+    out: dict[str, set[int]] = {}
+    for p in left:
+        out.setdefault(p.serve.id, set()).add(instance_of(p.run, n, first) if n > 1 else 0)
+    return {sid: len(inst) - (1 if sid in running else 0) for sid, inst in out.items()}
 
 
 def _wall(durations: list[float], lanes: int) -> float:

@@ -393,6 +393,14 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
         lines += ["", (f"Precision: {describe(precision)}; the runs above are the first {precision.min_runs} of "
                        "each point, the others are added one at a time")]
     lines += ["", *workload_lines(plan.spec, len(plan.points))] if workload_lines(plan.spec) else []
+    if not plan.spec.offline and c.tune is None and c.sla is None:
+        from raysweep.order import order_lines, order_of
+
+        first = next((s for s in plan.serves if plan.points_of(s.id)), None)
+        benches = list(dict.fromkeys(p.bench.id for p in plan.points_of(first.id))) if first is not None else []
+        said = order_lines(order_of(c), [s.label for s in plan.serves], benches, first_runs(plan.spec),
+                           first.id if first is not None else "")
+        lines += ["", *said] if said else []
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]
     if c.sla is not None:

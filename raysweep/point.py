@@ -92,6 +92,7 @@ class PointRunner:
     def __init__(self, work: Workload) -> None:
         self.work = work
         self.c = work.c
+        self._slots: dict[str, int] = {}  # runs started per server: a run's place in its server's life
 
     @property
     def bench_spec(self) -> BenchSpec:
@@ -214,6 +215,7 @@ class PointRunner:
         if attempt is None:
             attempt = ledger.mark_running(point.id, server.server_id)
         emit("point_start", point=point, attempt=attempt, server_id=server.server_id)
+        self._slots[server.server_id] = self._slots.get(server.server_id, -1) + 1
         started = time.time()
         try:
             status, out = self.bench_point(run, server, point)
@@ -333,6 +335,8 @@ class PointRunner:
             "attempt": attempt, "started_at": started,
             "ended_at": time.time(), "bench_wall_s": out.get("duration_s"), "cache_state_before": reset,
             "bench_command": out.get("command"),
+            **(self.work.order_fields(point.serve.id, point.run, self._slots.get(server.server_id, 0))
+               if hasattr(self.work, "order_fields") else {}),
             **transport_fields(server.transport), **fabric_fields(server.fabric),
             # GPU telemetry over the load's own window, not from the start of the data set's building
             **telemetry_fields(server, float(result.get("start_time") or started),

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from raysweep import estimate, sla, workload_levels
-from raysweep.ledger import Ledger
-from raysweep.plan import Plan, ServeConfig
+from raysweep.ledger import Ledger, PointRow, PointState
+from raysweep.order import Turn, block_order, instance_of, open_turns, order_of, turns
+from raysweep.plan import Plan, ServeConfig, first_runs
 
 __all__ = ["EventSink", "Workload"]
 
@@ -36,6 +37,10 @@ class Workload:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stop_reason: str | None = None
         self.targets = sla.parse_targets(self.c.sla.targets) if self.c.sla is not None else []
+        self.order = order_of(self.c)
+        self.first_runs = first_runs(plan.spec)
+        # several servers at once (a cluster with GPUs, no cap of one): a block's configurations run together
+        self.together = with_gpus and self.c.placement.max_servers != 1
 
     @property
     def serves(self) -> list[ServeConfig]:
@@ -51,7 +56,58 @@ class Workload:
         `bench.workload` points they start from."""
         if self.c.sla is not None:  # with bench.workload, its points first (the searches start from them)
             return self.c.runs * len(self.open_searches(serve_id)) + len(workload_levels.pending(self, serve_id))
-        return len(self.ledger.runnable(serve_id, self.c.max_attempts))
+        return len(self.runnable(serve_id))
+
+    # -- the order of server starts (raysweep.order) ------------------------------------------------------
+
+    def instance_of(self, run: int) -> int:
+        """The server start (instance) of a configuration a run number goes to (`order.instances`)."""
+        return instance_of(run, self.order.instances, self.first_runs)
+
+    def design(self) -> list[Turn]:
+        """Every server start of the design (one per configuration without `order.instances`)."""
+        return turns([s.id for s in self.serves], self.order.instances)
+
+    def turn_of(self, serve_id: str, instance: int) -> Turn | None:
+        """Where a configuration's instance sits in the design (its block and place in it)."""
+        if self.order.instances <= 1:
+            return None
+        block = block_order([s.id for s in self.serves], instance)
+        return Turn(serve_id, instance, instance, block.index(serve_id)) if serve_id in block else None
+
+    def order_fields(self, serve_id: str, run: int, slot: int) -> dict[str, Any]:
+        """Where a run sat in the design, for its record: `round` (its run number: every point once per
+        round), `instance` and `block` (the server start of its configuration, AB BA across configurations),
+        `turn` (its configuration's place in the block) and `slot` (its place in its server's life)."""
+        instance = self.instance_of(run)
+        turn = self.turn_of(serve_id, instance)
+        return {"round": run, "instance": instance, "block": turn.block if turn else 0,
+                "turn": turn.turn if turn else None, "slot": slot, "order_seed": self.order.seed,
+                "order_rounds": self.order.rounds}
+
+    def instance_now(self, serve_id: str) -> int | None:
+        """The instance a configuration is to measure now; None when it is not its turn (`order.instances`:
+        blocks ordered AB BA, one start after another unless the cluster runs several at once)."""
+        if self.order.instances <= 1:
+            return 0
+        rows: dict[str, list[PointRow]] = {}
+        for r in self.ledger.points():
+            rows.setdefault(r.serve_id, []).append(r)
+
+        def unfinished(sid: str, instance: int) -> bool:
+            return any(self.instance_of(r.run) == instance and _unfinished(r, self.c.max_attempts)
+                       for r in rows.get(sid, []))
+        now = [t.instance for t in open_turns(self.design(), unfinished, self.together) if t.serve_id == serve_id]
+        return now[0] if now else None
+
+    def runnable(self, serve_id: str) -> list[PointRow]:
+        """A configuration's runs still to run now: with `order.instances`, those of the instance whose turn it
+        is (none when it is not its turn)."""
+        rows = self.ledger.runnable(serve_id, self.c.max_attempts)
+        if self.order.instances <= 1 or self.c.sla is not None:
+            return rows
+        now = self.instance_now(serve_id)
+        return [] if now is None else [r for r in rows if self.instance_of(r.run) == now]
 
     def pace(self, serve_id: str) -> tuple[float, float] | None:
         """Its median seconds per done point and per server start, as the ledger recorded them; None before
@@ -88,3 +144,9 @@ class Workload:
         self.close_searches(serve.id, search_state, reason)
         log.error("server config %s: %s", serve.id, reason)
         self.emit("config_failed", serve=serve, error=reason)
+
+
+def _unfinished(row: PointRow, max_attempts: int) -> bool:
+    """A run still to end: pending, running, or failed with attempts left."""
+    return row.state in (PointState.PENDING, PointState.RUNNING) or (
+        row.state == PointState.FAILED and row.attempts < max_attempts)

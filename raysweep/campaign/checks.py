@@ -135,6 +135,31 @@ def _check_tail_replicas(campaign: Campaign) -> None:
                                                             "or remove it")
 
 
+def _check_order(campaign: Campaign) -> None:
+    """`order.instances` deals a point's first runs to the server starts: each start needs at least one, and
+    only a plain sweep of server configurations has starts to deal them to."""
+    n = campaign.order.instances
+    if n <= 1:
+        return
+    for part, why in (("sla", "an SLA search's probes follow one another on one server"),
+                      ("tune", "tuning candidates are stopped early by rung, one server each"),
+                      ("offline", "offline runs start no server to measure on")):
+        if getattr(campaign, part) is not None:
+            raise CampaignError("order.instances", f"cannot be used with `{part}:` ({why}); set it to 1 or "
+                                                   "remove it")
+    if campaign.serve is not None and campaign.serve.url is not None:
+        raise CampaignError("order.instances", "cannot be used with serve.url (no server is started); set it to 1")
+    if campaign.placement.tail_replicas:
+        raise CampaignError("order.instances", "cannot be used with placement.tail_replicas (both decide which "
+                                               "server runs which runs); use one of them")
+    precision = getattr(campaign.bench, "precision", None) if campaign.bench is not None else None
+    first, where = (precision.min_runs, "bench.precision.min_runs") if precision is not None else (
+        campaign.runs, "runs")
+    if n > first:
+        raise CampaignError("order.instances", f"is {n}, but a point has only {first} first run(s) ({where}) to deal "
+                                               f"to its server starts; accepted: 1 to {first}, or raise {where}")
+
+
 def _check_affinity(campaign: Campaign) -> None:
     """The server's and the clients' CPUs, when both are given, must not overlap (the validity record would
     mark every run "shared CPUs")."""

@@ -28,6 +28,7 @@ from raysweep.campaign.checks import (
     _check_links,
     _check_mode,
     _check_native,
+    _check_order,
     _check_percentiles,
     _check_precision,
     _check_sla,
@@ -137,6 +138,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     _check_mode(campaign)
     _check_endpoints(campaign)
     _check_tail_replicas(campaign)
+    _check_order(campaign)
     _check_precision(campaign)
     _check_affinity(campaign)
     if campaign.slo is not None:

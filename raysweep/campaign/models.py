@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from raysweep.load_levels import WorkloadSpec
+from raysweep.order import OrderSpec
 from raysweep.precision import PrecisionSpec
 
 __all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "EndpointSpec", "NodeRule", "OfflineSpec", "Pin",
@@ -427,6 +428,9 @@ class Campaign(_Strict):
     link: dict[str, str] = Field(default_factory=dict,
                                  description="serve parameter -> bench parameter that must be equal")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="node rules and concurrency cap")
+    order: OrderSpec = Field(default_factory=OrderSpec, description="the order runs go in: rounds within a "
+                             "server's life (the order within a round drawn from a seed), and server starts "
+                             "per configuration ordered AB BA (`instances`)")
     sla: SlaSpec | None = Field(None, description="search, per config and bench point, the largest load that "
                                 "meets latency targets")
     slo: dict[str, float | str] | None = Field(None, description="the service-level objective the report, its "
