@@ -190,8 +190,11 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     try:
         nodes = placement.cluster_nodes()
         endpoints = is_endpoint_campaign(spec)  # serve.url: nothing is placed, the endpoints run already
+        with_gpus = not endpoints and campaign_gpus(ledger, nodes)
         if not endpoints:
-            check_placement(plan, nodes)
+            check_placement(plan, nodes, with_gpus)
+        if with_gpus and ledger.meta(GPUS_META) != "1":  # kept for later drivers (`campaign_gpus`)
+            ledger.set_meta(GPUS_META, "1")
         settings = drift.measured_with(spec, drift.node_versions(embedded=_embedded))
         accepted = drift.check(ledger, settings, accept_changes or force)
         me = psutil.Process()
@@ -201,7 +204,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
         outcome = "interrupted"
         try:
             recovery.recover(ledger, retry_failed)
-            stopped = run_plan(plan, ledger, output_dir, emit, with_gpus=placement.has_gpus(nodes) and not endpoints)
+            stopped = run_plan(plan, ledger, output_dir, emit, with_gpus=with_gpus)
             outcome = "stopped" if stopped else "finished"
         finally:
             ledger.release_driver(driver_id, outcome)
@@ -229,14 +232,31 @@ def _mirrored(emit: EventSink, mirror: storage.Mirror) -> EventSink:
     return sink
 
 
-def check_placement(plan: Plan, nodes: list[placement.NodeInfo]) -> dict[str, placement.Layout]:
-    """The layout of every configuration with points on this cluster; refuses (a UserError naming each
-    configuration and why) those that can never be placed."""
+GPUS_META = "cluster_gpus"  # ledger meta: "1" once the campaign ran on a cluster with GPUs
+
+
+def campaign_gpus(ledger: Ledger, nodes: list[placement.NodeInfo]) -> bool:
+    """Whether the campaign runs on GPUs, decided once: the cluster has GPUs now, or had them when an earlier
+    driver of this campaign ran (kept in the ledger). The CPU fallback is only for a campaign whose cluster
+    never had a GPU: a driver started while the GPU nodes are gone does not turn a GPU campaign into a CPU one."""
+    had = ledger.meta(GPUS_META) == "1"
+    now = placement.has_gpus(nodes)
+    if had and not now:
+        log.warning("no alive node has GPUs, but this campaign ran on GPUs before: its configurations wait for "
+                    "GPU nodes rather than run on CPUs")
+    return now or had
+
+
+def check_placement(plan: Plan, nodes: list[placement.NodeInfo],
+                    with_gpus: bool | None = None) -> dict[str, placement.Layout]:
+    """The layout of every configuration with points on this cluster (`with_gpus`: the campaign's decision,
+    `campaign_gpus`; None: from the nodes); refuses (a UserError naming each configuration and why) those
+    that can never be placed."""
     layouts, bad = {}, []
     for serve in plan.serves:
         if not plan.points_of(serve.id):
             continue
-        lay = placement.layout_for(serve.shape, serve.rule, nodes)
+        lay = placement.layout_for(serve.shape, serve.rule, nodes, with_gpus)
         if isinstance(lay, str):
             bad.append(f"server config {serve.id} ({serve.label}): {lay}")
         else:
@@ -309,6 +329,11 @@ class RayCluster:
             thread.join()
 
 
+def in_flight(ledger: Ledger, serve_id: str) -> list[str]:
+    """The points of a configuration running now (those a node loss interrupts)."""
+    return [p.point_id for p in ledger.points(serve_id=serve_id) if p.state == "running"]
+
+
 def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool) -> str | None:
     """Run the pending points of a plan: as many server configurations at once as free GPUs allow (most
     work first, largest first among equals, smaller ones filling the gaps), each in its own thread with
@@ -326,9 +351,10 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     else:
         work = Workload(plan, ledger, output_dir, emit, with_gpus)
         cluster = RayCluster(ConfigLife(work))
-    scheduler = Scheduler(cluster, work, with_event_log(emit, ledger.add_event),  # node losses: ledger rows
-                          max_servers=c.placement.max_servers or (None if with_gpus else 1),
-                          tail_replicas=c.placement.tail_replicas)
+    scheduler = Scheduler(cluster, work, with_event_log(emit, ledger.add_event, lambda sid: in_flight(ledger, sid)),
+                          max_servers=c.placement.max_servers or (None if with_gpus else 1),  # node losses: ledger rows
+                          tail_replicas=c.placement.tail_replicas, with_gpus=with_gpus,
+                          replace_wait_s=c.placement.replace_wait_s)
     sequential.settle_all(work)  # a point whose last run ended as the previous driver died
     workload_levels.settle_all(work)  # endpoints of bench.workload that ended as it died
     emit("campaign_start", total=len(plan.points), counts=ledger.counts())

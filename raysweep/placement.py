@@ -46,7 +46,7 @@ from raysweep.plan import ServeConfig, Shape
 __all__ = ["HOST_CPUS", "NODE_ID_LABEL", "Busy", "Demand", "Layout", "NodeInfo", "NotPlaced", "Reservation",
            "Share", "actor_options", "bundles_for", "rule_text", "choose_starts", "cluster_nodes", "eligible_nodes",
            "fit_nodes",
-           "has_gpus", "layout_for", "local_nodes", "release", "reserve", "tail_starts"]
+           "has_gpus", "layout_fits", "layout_for", "local_nodes", "release", "reserve", "tail_starts"]
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,16 @@ def has_gpus(nodes: Iterable[NodeInfo]) -> bool:
     return any(n.gpus > 0 for n in nodes)
 
 
+def layout_fits(layout: Layout, rule: NodeRule, nodes: list[NodeInfo]) -> bool:
+    """Whether these nodes could hold `layout` at all (enough eligible nodes with its GPUs per node), busy
+    or not: a configuration keeps the layout it first ran with, so that a re-placement never changes how
+    its GPUs sit on nodes."""
+    pool = eligible_nodes(rule, nodes)
+    if not layout.gpus_per_node:
+        return bool(pool)
+    return sum(1 for n in pool if n.gpus >= layout.gpus_per_node) >= layout.nnodes
+
+
 def _label_ok(have: str | None, want: str | list[str]) -> bool:
     return have is not None and (have in want if isinstance(want, list) else have == want)
 
@@ -174,14 +184,22 @@ def rule_text(rule: NodeRule) -> str:
     return ", ".join(parts)
 
 
-def layout_for(shape: Shape, rule: NodeRule, nodes: list[NodeInfo]) -> Layout | str:
-    """Where a shape can go on this cluster: a `Layout`, or why it can never be placed."""
+def layout_for(shape: Shape, rule: NodeRule, nodes: list[NodeInfo], gpus: bool | None = None) -> Layout | str:
+    """Where a shape can go on these nodes: a `Layout`, or why it cannot be placed on them.
+
+    `gpus` is the campaign's decision, taken once (`campaign_gpus`): True, the shape's GPUs are asked for
+    and only nodes with GPUs count, even when none of them is alive now; False, the cluster has no GPUs at
+    all and every configuration takes one CPU bundle (`Layout(1, 0)`). None decides from `nodes` (a plan
+    shown before anything runs)."""
     pool = eligible_nodes(rule, nodes)
     if not pool:
         return (("no alive node matches the placement rule " + rule_text(rule)) if nodes
                 else "the cluster has no alive node")
-    if not has_gpus(nodes):
+    if not (has_gpus(nodes) if gpus is None else gpus):
         return Layout(1, 0)
+    if not has_gpus(nodes):
+        return (f"no alive node has GPUs and it needs {shape.gpu_count} ({shape.describe()}); the campaign's "
+                "cluster has GPUs, so it never runs on a CPU in their place")
     pool = [n for n in pool if n.gpus > 0]
     if not pool:
         return "no node with GPUs matches the placement rule " + rule_text(rule)

@@ -4,7 +4,13 @@ Each `step` looks at the cluster's nodes, tears down configurations whose nodes 
 ones that ended (a configuration not placed yet waits `NOT_PLACED_RETRY_S` before it is tried again; one
 whose host actors keep getting lost is given up after `HOST_LOSS_LIMIT` starts; an error stops the
 campaign), and starts what fits: most work first, largest shapes first among equals, smaller ones filling
-the gaps (`placement.choose_starts`), never more than `max_servers` at once. With `tail_replicas`, once
+the gaps (`placement.choose_starts`), never more than `max_servers` at once.
+
+A configuration is placed again (after a node loss) only where its shape fits: the GPUs it asks for, in
+the layout it first ran with. Whether the campaign runs on GPUs is decided once (`with_gpus`): the CPU
+fallback (one CPU bundle per configuration) is for a cluster without any GPU, never for GPU nodes that are
+gone. A configuration that fits none of the nodes left waits for nodes up to `replace_wait_s` (a
+`waiting_for_nodes` event), then its points fail with the reason (`cannot_place`). With `tail_replicas`, once
 nothing is waiting, GPUs that would idle start more servers of running configurations to share their
 unclaimed points (`placement.tail_starts`, from each one's measured pace: `Work.pace`).
 
@@ -25,8 +31,8 @@ from raysweep import placement
 from raysweep.placement import Layout, NodeInfo
 from raysweep.plan import ServeConfig
 
-__all__ = ["Cluster", "HOST_LOSS_LIMIT", "INTERRUPTED", "NOT_PLACED_RETRY_S", "Running", "Scheduler", "Work",
-           "replica_key", "with_event_log"]
+__all__ = ["Cluster", "HOST_LOSS_LIMIT", "INTERRUPTED", "NOT_PLACED_RETRY_S", "REPLACE_WAIT_S", "Running", "Scheduler",
+           "Work", "replica_key", "with_event_log"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +40,7 @@ INTERRUPTED = "interrupted"  # the abort reason when the campaign itself stops: 
 HOST_LOSS_LIMIT = 3          # starts lost to host actors before a configuration's points fail
 NODE_LOSS_WINDOW_S = 30.0    # a host loss this close to a node leaving the cluster is the node's, not counted
 NOT_PLACED_RETRY_S = 10.0    # how long a configuration Ray could not place waits before it is tried again
+REPLACE_WAIT_S = 300.0       # how long a configuration that fits none of the nodes left waits for nodes (default)
 
 
 class Cluster(Protocol):
@@ -95,20 +102,30 @@ def replica_key(serve_id: str, replica: int) -> str:
     return f"{serve_id}~{replica}" if replica else serve_id
 
 
-def with_event_log(emit: Callable[..., None], add_event: Callable[[str, list[str], list[str], str], None]
-                   ) -> Callable[..., None]:
-    """The event sink that also records node losses, re-placements and tail replicas (`add_event(kind, serve
-    ids, nodes, detail)`, e.g. `Ledger.add_event`) before passing every event on."""
+def with_event_log(emit: Callable[..., None], add_event: Callable[[str, list[str], list[str], str], None],
+                   in_flight: Callable[[str], list[str]] | None = None) -> Callable[..., None]:
+    """The event sink that also records node losses (with the points in flight on the configuration then,
+    `in_flight(serve id)`), re-placements, waits for nodes, configurations that cannot be placed and tail
+    replicas (`add_event(kind, serve ids, nodes, detail)`, e.g. `Ledger.add_event`) before passing every
+    event on."""
     def sink(kind: str, **data: object) -> None:
         if kind == "node_lost":
-            add_event(kind, [data["serve"].id], list(data["nodes"]), str(data["reason"]))  # type: ignore[attr-defined,call-overload]
+            points = in_flight(data["serve"].id) if in_flight is not None else []  # type: ignore[attr-defined]
+            data["points"] = points
+            add_event(kind, [data["serve"].id], list(data["nodes"]),  # type: ignore[attr-defined,call-overload]
+                      f"{data['reason']}; points in flight: {', '.join(points) or 'none'}")
+        elif kind in ("waiting_for_nodes", "cannot_place"):
+            add_event(kind, [data["serve"].id], list(data.get("nodes") or []),  # type: ignore[attr-defined,call-overload]
+                      str(data["reason"]))
         elif kind == "replica":
             add_event(kind, [data["serve"].id], list(data["nodes"]),  # type: ignore[attr-defined,call-overload]
                       f"one more server of it (replica {data['replica']}) to share its {data['points_left']} "
                       "points left")
         elif kind == "replaced":
             add_event(kind, [data["serve"].id], list(data["nodes"]),  # type: ignore[attr-defined,call-overload]
-                      f"placed again after losing {', '.join(n[:12] for n in data['lost'])}")  # type: ignore[attr-defined]
+                      f"placed again on {data.get('where') or ', '.join(n[:12] for n in data['nodes'])} "  # type: ignore[attr-defined]
+                      f"({data['layout'].describe()}) after losing "  # type: ignore[attr-defined]
+                      f"{', '.join(n[:12] for n in data['lost'])}")  # type: ignore[attr-defined]
         emit(kind, **data)
     return sink
 
@@ -128,9 +145,14 @@ class Scheduler:
     """Decides which configurations run where; `run` steps until nothing is left to start or running."""
 
     def __init__(self, cluster: Cluster, work: Work, emit: Callable[..., None], max_servers: int | None,
-                 clock: Callable[[], float] = time.monotonic, tail_replicas: int = 0) -> None:
+                 clock: Callable[[], float] = time.monotonic, tail_replicas: int = 0, with_gpus: bool | None = None,
+                 replace_wait_s: float = REPLACE_WAIT_S) -> None:
         self.cluster, self.work, self.emit, self.max_servers, self.clock = cluster, work, emit, max_servers, clock
         self.tail_replicas = tail_replicas
+        self.with_gpus = with_gpus  # the campaign's decision (None: taken from the nodes at the first step)
+        self.replace_wait_s = replace_wait_s
+        self.layouts: dict[str, Layout] = {}  # the layout each configuration first ran with: kept
+        self.waiting: dict[str, float] = {}  # configurations that fit none of the nodes left: since when
         self.replicas: dict[str, int] = {}  # further servers started per configuration, for their keys
         self.running: dict[str, Running] = {}
         self.not_before: dict[str, float] = {}
@@ -156,6 +178,8 @@ class Scheduler:
     def step(self) -> bool:
         """One look at the cluster: lost nodes, ended configurations, new starts. False when done."""
         nodes = self.cluster.nodes()
+        if self.with_gpus is None:
+            self.with_gpus = placement.has_gpus(nodes)
         self.node_ips.update({n.node_id: n.ip for n in nodes})
         self._notice_lost_nodes({n.node_id for n in nodes})
         self._collect_finished()
@@ -232,10 +256,11 @@ class Scheduler:
     def _start_what_fits(self, ready: list[tuple[ServeConfig, int]], nodes: list[NodeInfo]) -> None:
         demands, by_id = [], {}
         for serve, work in ready:
-            lay = placement.layout_for(serve.shape, serve.rule, nodes)
+            lay = self._layout(serve, nodes)
             if isinstance(lay, str):
-                self.work.give_up(serve, f"can no longer be placed on the nodes left: {lay}")
+                self._cannot_place_now(serve, lay)
                 continue
+            self.waiting.pop(serve.id, None)
             eligible = tuple(n.node_id for n in placement.eligible_nodes(serve.rule, nodes))
             demands.append(placement.Demand(serve.id, lay, eligible, float(work)))
             by_id[serve.id] = serve
@@ -245,9 +270,45 @@ class Scheduler:
         slots = None if self.max_servers is None else max(0, self.max_servers - len(self.running))
         for d, node_ids in placement.choose_starts(demands, free, slots):
             self.running[d.key] = Running(by_id[d.key], d.layout, node_ids)
+            self.layouts.setdefault(d.key, d.layout)
             if d.key in self.lost_from:  # placed again after a node loss
-                self.emit("replaced", serve=by_id[d.key], nodes=node_ids, lost=self.lost_from.pop(d.key))
+                where = ", ".join(f"{n[:12]} ({self.node_ips.get(n, '?')})" for n in node_ids)
+                self.emit("replaced", serve=by_id[d.key], nodes=node_ids, lost=self.lost_from.pop(d.key),
+                          layout=d.layout, where=where)
             self.cluster.start(by_id[d.key], d.layout, node_ids)
+
+    def _layout(self, serve: ServeConfig, nodes: list[NodeInfo]) -> Layout | str:
+        """Where a configuration can go on these nodes: the layout it first ran with, as long as the nodes
+        can hold it; or why it fits none of them now."""
+        lay = placement.layout_for(serve.shape, serve.rule, nodes, self.with_gpus)
+        first = self.layouts.get(serve.id)
+        if first is None or lay == first:
+            return lay
+        if placement.layout_fits(first, serve.rule, nodes):
+            return first
+        if isinstance(lay, str):
+            return lay
+        return (f"the nodes left cannot hold the layout it ran with ({first.describe()}); they would give "
+                f"{lay.describe()}, other hardware")
+
+    def _cannot_place_now(self, serve: ServeConfig, why: str) -> None:
+        """A configuration that fits none of the nodes left: it waits for nodes (they may come back, or be
+        added) up to `replace_wait_s`, then its points fail with the reason."""
+        now = self.clock()
+        if serve.id not in self.waiting:
+            self.waiting[serve.id] = now
+            log.warning("server config %s fits none of the nodes left (%s); waiting up to %.0f s for nodes",
+                        serve.id, why, self.replace_wait_s)
+            self.emit("waiting_for_nodes", serve=serve, reason=f"{why}; waiting up to {self.replace_wait_s:g} s "
+                      "for nodes it fits", nodes=self.lost_from.get(serve.id, []), wait_s=self.replace_wait_s)
+        if now - self.waiting[serve.id] < self.replace_wait_s:
+            return
+        del self.waiting[serve.id]
+        reason = (f"can no longer be placed on the nodes left: {why} (waited {self.replace_wait_s:g} s for nodes "
+                  "it fits)")
+        self.lost_from.pop(serve.id, None)
+        self.work.give_up(serve, reason)
+        self.emit("cannot_place", serve=serve, reason=reason, nodes=[])
 
     def _start_tail_replicas(self, nodes: list[NodeInfo]) -> None:
         """Nothing waits: more servers of running configurations on the GPUs left free (see the module)."""

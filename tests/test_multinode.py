@@ -187,7 +187,7 @@ def test_config_that_no_longer_fits_after_a_node_loss_fails_with_the_reason(gpu_
         f = standin_campaign(tmp_path, bench_args="--sleep 1.5",
                              serve_params=[{"tensor_parallel_size": 4, "pipeline_parallel_size": 2}],
                              bench_params={"grid": {"random_input_len": [16, 32]}},
-                             placement={"node_labels": {"pool": "gone"}})
+                             placement={"node_labels": {"pool": "gone"}, "replace_wait_s": 2})
         out = tmp_path / "out"
         removed: list[str] = []
         watcher = remove_node_when_running(gpu_cluster, out, pool, removed)
@@ -196,7 +196,11 @@ def test_config_that_no_longer_fits_after_a_node_loss_fails_with_the_reason(gpu_
         assert removed
         assert summary.counts == {"pending": 0, "running": 0, "done": 0, "failed": 2}
         assert all("can no longer be placed on the nodes left" in p.error and "have 4 in all" in p.error
-                   for p in summary.failures)
+                   and "waited 2 s for nodes it fits" in p.error for p in summary.failures)
+        led = Ledger.open_existing(out)
+        kinds = [e["kind"] for e in led.events()]
+        led.close()
+        assert kinds == ["node_lost", "waiting_for_nodes", "cannot_place"], kinds
         _assert_no_orphans(out)
     finally:
         remove_nodes(gpu_cluster, pool)

@@ -13,6 +13,7 @@ from raysweep.scheduler import (
     NOT_PLACED_RETRY_S,
     Scheduler,
     replica_key,
+    with_event_log,
 )
 
 
@@ -27,6 +28,7 @@ class FakeCluster:
     def __init__(self, **gpus: int) -> None:
         self.alive = [NodeInfo(name, f"10.0.0.{i}", g, 8.0) for i, (name, g) in enumerate(gpus.items())]
         self.started: list[tuple[str, tuple[str, ...]]] = []
+        self.layouts: list[Layout] = []
         self.running: set[str] = set()
         self.aborted: dict[str, str] = {}
         self.ended: list[tuple[str, str]] = []
@@ -37,6 +39,7 @@ class FakeCluster:
 
     def start(self, serve: ServeConfig, layout: Layout, node_ids: list[str], replica: int = 0) -> None:
         self.started.append((replica_key(serve.id, replica), tuple(node_ids)))
+        self.layouts.append(layout)
         self.running.add(replica_key(serve.id, replica))
 
     def finished(self) -> list[tuple[str, str]]:
@@ -59,6 +62,9 @@ class FakeCluster:
 
     def lose(self, node_id: str) -> None:
         self.alive = [n for n in self.alive if n.node_id != node_id]
+
+    def add(self, node_id: str, gpus: int) -> None:
+        self.alive.append(NodeInfo(node_id, f"10.0.1.{len(self.alive)}", gpus, 8.0))
 
 
 class FakeWork:
@@ -94,11 +100,11 @@ class Clock:
 
 
 def make(cluster: FakeCluster, work: FakeWork, max_servers: int | None = None,
-         tail_replicas: int = 0) -> tuple[Scheduler, list, Clock]:
+         tail_replicas: int = 0, **kw) -> tuple[Scheduler, list, Clock]:
     events: list[tuple[str, dict]] = []
     clock = Clock()
     sched = Scheduler(cluster, work, lambda kind, **data: events.append((kind, data)), max_servers, clock=clock,
-                      tail_replicas=tail_replicas)
+                      tail_replicas=tail_replicas, **kw)
     return sched, events, clock
 
 
@@ -179,17 +185,99 @@ def test_a_lost_node_tears_the_config_down_and_it_is_placed_again_on_the_nodes_l
     assert len(cluster.started) == 2 and cluster.started[1][1] != first
 
 
-def test_a_config_that_no_node_left_can_hold_is_given_up():
+def test_a_config_that_no_node_left_can_hold_waits_for_nodes_then_is_given_up_with_the_reason():
     cluster = FakeCluster(a=2, b=1)
     work = FakeWork(serve("x", 2))
-    sched, _, _ = make(cluster, work)
+    sched, events, clock = make(cluster, work, replace_wait_s=60)
     sched.step()
     cluster.lose("a")
     sched.step()
     cluster.end("x", "aborted")
-    sched.step()                          # it had work left: given up rather than started
+    assert sched.step() is True            # it had work left: it waits for nodes rather than starting elsewhere
+    assert [k for k, _ in events] == ["node_lost", "waiting_for_nodes"] and events[1][1]["nodes"] == ["a"]
+    assert "waiting up to 60 s" in events[1][1]["reason"] and "x" not in work.given_up
+    clock.t += 59
+    assert sched.step() is True and len(cluster.started) == 1
+    clock.t += 1
+    sched.step()
     assert sched.step() is False
-    assert "can no longer be placed" in work.given_up["x"] and len(cluster.started) == 1
+    assert "can no longer be placed" in work.given_up["x"] and "waited 60 s" in work.given_up["x"]
+    assert [k for k, _ in events][-1] == "cannot_place" and len(cluster.started) == 1
+
+
+def test_a_gpu_config_whose_gpu_nodes_are_all_lost_never_falls_back_to_cpu_and_waits_for_a_gpu_node():
+    """The lab's finding: the head without GPUs was all that was left, and a one-GPU configuration was placed
+    again there with 0 GPUs (the CPU fallback, meant for a cluster that never had a GPU)."""
+    cluster = FakeCluster(head=0, w=1)
+    work = FakeWork(serve("x", 1), serve("y", 1), work={"x": 3, "y": 3})
+    sched, events, clock = make(cluster, work, replace_wait_s=300)
+    sched.step()
+    assert cluster.started == [("x", ("w",))] and cluster.layouts == [Layout(1, 1)]
+    cluster.lose("w")
+    sched.step()
+    cluster.end("x", "aborted")
+    for _ in range(3):
+        clock.t += 10
+        assert sched.step() is True
+    assert len(cluster.started) == 1, "placed on the head without GPUs"
+    assert sorted(d["serve"].id for k, d in events if k == "waiting_for_nodes") == ["x", "y"]
+    assert "no alive node has GPUs" in next(d["reason"] for k, d in events if k == "waiting_for_nodes")
+    cluster.add("w2", 1)                   # the node comes back (or another joins): placed there, 1 GPU
+    sched.step()
+    assert cluster.started[1:] == [("x", ("w2",))] and cluster.layouts[1:] == [Layout(1, 1)]
+    replaced = next(d for k, d in events if k == "replaced")
+    assert replaced["lost"] == ["w"] and replaced["nodes"] == ["w2"] and "10.0.1.1" in replaced["where"]
+    assert not work.given_up
+
+
+def test_a_cluster_that_never_had_gpus_runs_every_config_on_one_cpu_bundle():
+    cluster = FakeCluster(head=0, w=0)
+    work = FakeWork(serve("x", 2))
+    sched, _, _ = make(cluster, work, max_servers=1)
+    sched.step()
+    assert cluster.layouts == [Layout(1, 0)]
+    # decided for the campaign: a campaign told it has GPUs does not fall back on such a cluster
+    cluster2, work2 = FakeCluster(head=0), FakeWork(serve("x", 1))
+    sched2, events2, _ = make(cluster2, work2, with_gpus=True)
+    assert sched2.step() is True and cluster2.started == [] and [k for k, _ in events2] == ["waiting_for_nodes"]
+
+
+def test_a_config_is_placed_again_only_in_the_layout_it_ran_with():
+    """tp=1 pp=2 ran on one node with 2 GPUs; the nodes left have one GPU each: across two nodes would be
+    other hardware (its stages then talk over the network), so it waits."""
+    cluster = FakeCluster(a=2, b=1, c=1)
+    work = FakeWork(serve("x", tp=1, pp=2), work={"x": 4})
+    sched, events, _ = make(cluster, work)
+    sched.step()
+    assert cluster.started == [("x", ("a",))] and cluster.layouts == [Layout(1, 2)]
+    cluster.lose("a")
+    sched.step()
+    cluster.end("x", "aborted")
+    sched.step()
+    assert len(cluster.started) == 1
+    why = next(d["reason"] for k, d in events if k == "waiting_for_nodes")
+    assert "cannot hold the layout it ran with (1 node x 2 GPU(s))" in why and "2 nodes x 1 GPU(s)" in why, why
+    cluster.add("d", 4)
+    sched.step()
+    assert cluster.started[-1] == ("x", ("d",)) and cluster.layouts[-1] == Layout(1, 2)
+
+
+def test_the_event_log_records_the_points_in_flight_and_where_a_config_went_again():
+    rows: list[tuple] = []
+    sink = with_event_log(lambda kind, **d: None, lambda *a: rows.append(a),
+                          in_flight=lambda sid: ["x/b1/run=0"] if sid == "x" else [])
+    cluster = FakeCluster(a=1, b=1)
+    work = FakeWork(serve("x"), work={"x": 3})
+    sched = Scheduler(cluster, work, sink, None, clock=Clock())
+    sched.step()
+    first = cluster.started[0][1][0]
+    cluster.lose(first)
+    sched.step()
+    cluster.end("x", "aborted")
+    sched.step()
+    (k1, s1, n1, d1), (k2, s2, n2, d2) = rows
+    assert (k1, s1, n1) == ("node_lost", ["x"], [first]) and "points in flight: x/b1/run=0" in d1
+    assert (k2, s2) == ("replaced", ["x"]) and n2 != [first] and "(1 node x 1 GPU(s)) after losing" in d2
 
 
 def test_host_actors_lost_again_and_again_give_the_config_up():

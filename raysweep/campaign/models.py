@@ -209,6 +209,10 @@ class PlacementSpec(NodeRule):
                                "this many more servers of a running configuration start on GPUs that would idle and "
                                "share its unclaimed points, while each server's share takes longer than a server "
                                "start (0: off). Each point still runs alone on one server; `server_id` says which")
+    replace_wait_s: float = Field(300.0, ge=0, description="after a node loss, how long a configuration that fits "
+                                  "none of the nodes left (the GPUs it asks for, in the layout it ran with) waits "
+                                  "for nodes before its points fail with the reason; it never runs on other "
+                                  "hardware in the meantime")
 
 
 class ClientGuardSpec(_Strict):

@@ -16,15 +16,17 @@ from raysweep.cli._common import console
 # the bar advanced with it), or nothing (a later event or the final summary says it).
 SHOWN = frozenset({"server_starting", "server_ready", "server_failed", "transport", "node_lost", "config_failed",
                    "point_done", "point_failed", "sla_done", "candidate_start", "candidate_done", "fabric",
-                   "topology_warning", "replica", "precision", "workload_levels", "disk_full"})
+                   "topology_warning", "replica", "precision", "workload_levels", "disk_full", "replaced",
+                   "waiting_for_nodes", "cannot_place"})
 SILENT = frozenset({"campaign_start", "campaign_end", "server_stopped", "warmup_done", "client_limited",
-                    "point_start", "replaced"})
+                    "point_start"})
 # The driver's log records that an event line already says (they still go to the log file).
 _TOLD = frozenset({"server config %s: %s; tearing its server down",  # node_lost
                    "server config %s: %s",  # config_failed, and transport with `refused`
                    "candidate %d: %s (%s)", "candidate %d (%s) %s: %s", "candidate %d (%s) stopped: %s",
                    "server config %s, bench %s: serial %s=%d, batch %s=%d; levels %s",  # workload_levels
-                   "disk full: %s"})  # disk_full
+                   "disk full: %s",  # disk_full
+                   "server config %s fits none of the nodes left (%s); waiting up to %.0f s for nodes"})
 
 
 def told_by_event(record: logging.LogRecord) -> bool:
@@ -73,8 +75,20 @@ class _ProgressDisplay:
             self.running.discard(data["server_id"])
         elif kind == "node_lost":
             what = (f"replica {data['replica']} of server config {data['serve'].id} is torn down (its other servers go "
-                    "on)" if data.get("replica") else f"server config {data['serve'].id} is torn down and placed again")
-            p.console.print(f"[yellow]{escape(data['reason'])}[/]: {what}", highlight=False)
+                    "on)" if data.get("replica") else f"server config {data['serve'].id} is torn down, to be placed "
+                    "again where its shape fits")
+            points = data.get("points")
+            what += f" (points in flight: {', '.join(points) or 'none'})" if points is not None else ""
+            p.console.print(f"[yellow]{escape(data['reason'])}[/]: {escape(what)}", highlight=False)
+        elif kind == "replaced":
+            p.console.print(f"server config {data['serve'].id} placed again on {escape(str(data.get('where')))} "
+                            f"({data['layout'].describe()})", highlight=False)
+        elif kind == "waiting_for_nodes":
+            p.console.print(f"[yellow]server config {data['serve'].id} waits for nodes:[/] {escape(data['reason'])}",
+                            highlight=False)
+        elif kind == "cannot_place":
+            p.console.print(f"[red]server config {data['serve'].id} cannot be placed:[/] {escape(data['reason'])}",
+                            highlight=False)
         elif kind == "replica":
             p.console.print(f"server config {data['serve'].id}: one more server (replica {data['replica']}) to share "
                             f"its {data['points_left']} points left", highlight=False)
