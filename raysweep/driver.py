@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,9 +330,19 @@ class RayCluster:
             thread.join()
 
 
-def in_flight(ledger: Ledger, serve_id: str) -> list[str]:
-    """The points of a configuration running now (those a node loss interrupts)."""
-    return [p.point_id for p in ledger.points(serve_id=serve_id) if p.state == "running"]
+IN_FLIGHT_WINDOW_S = 60.0  # a node's actors die at once; Ray marks the node dead seconds (up to ~30 s) later
+
+
+def in_flight(ledger: Ledger, serve_id: str, now: float | None = None) -> list[str]:
+    """The points of a configuration that a node loss interrupts: those running now, and those whose attempt
+    ended with an error in the last `IN_FLIGHT_WINDOW_S` (the host actors on a lost node die before Ray
+    marks the node dead, so the point has often failed by the time the loss is seen)."""
+    now = time.time() if now is None else now
+    points = ledger.points(serve_id=serve_id)
+    ids = {p.point_id for p in points}
+    recent = {e["point_id"] for e in ledger.attempt_errors() if e["point_id"] in ids
+              and e["at"] >= now - IN_FLIGHT_WINDOW_S}
+    return sorted({p.point_id for p in points if p.state == "running"} | recent)
 
 
 def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool) -> str | None:
