@@ -27,6 +27,7 @@ from raysweep import caches, fabric, placement, preflight, procs, telemetry, tra
 from raysweep.grid import shell_join
 from raysweep.ledger import Ledger, PointRow
 from raysweep.plan import ServeConfig
+from raysweep.rapl import POWERCAP, RAPL_ENV
 from raysweep.server import ServerHost, expected_model, rank_argv
 from raysweep.workload import Workload
 
@@ -355,8 +356,9 @@ class Servers:
         warn_niced(server)
         if self.c.transport.telemetry:
             fake = run.serve.env.get(telemetry.FAKE_ENV)  # an NVML stand-in named in serve.env (tests, demos)
-            run.wait([h.telemetry_start.remote(self.c.transport.telemetry_interval_s, str(fake) if fake else None)
-                      for h in server.hosts], 60)
+            rapl = run.serve.env.get(RAPL_ENV, POWERCAP)  # a fake powercap tree in serve.env (tests)
+            run.wait([h.telemetry_start.remote(self.c.transport.telemetry_interval_s, str(fake) if fake else None,
+                                               self.c.transport.idle_power_s, str(rapl)) for h in server.hosts], 60)
         if self.work.with_gpus:
             self._topology(run, server)
         self.work.ledger.update_server(

@@ -24,6 +24,7 @@ from raysweep import files, metrics, placement, provenance, validity
 from raysweep.bench import timeseries
 from raysweep.bench.command import CommandBench, result_record
 from raysweep.campaign import BenchSpec
+from raysweep.cost import point_cost_fields
 from raysweep.errors import UserError
 from raysweep.files import write_json_atomic
 from raysweep.live_server import (
@@ -37,6 +38,7 @@ from raysweep.live_server import (
     transport_fields,
 )
 from raysweep.plan import PointRun
+from raysweep.point_energy import node_label_values, point_energy_fields
 from raysweep.results import write_samples
 from raysweep.scheduler import INTERRUPTED
 from raysweep.server import expected_model, reset_caches
@@ -353,6 +355,10 @@ class PointRunner:
                          workload_value=point.bench.workload_value,
                          workload_variable=self.c.bench.workload.variable
                          if self.c.bench and self.c.bench.workload else None)
+        # energy over the point's steady window (raysweep.point_energy), then its price per token
+        extra.update(point_energy_fields(server.hosts, result, out.get("samples"), started, extra["ended_at"],
+                                         self.c.transport.telemetry))
         record = result_record(result, point.serve.params, point.bench.params, point.run, extra)
+        record.update(point_cost_fields(self.c.cost, record, node_label_values(server.nodes)))
         record.update(validity.validity_fields(record))
         return record

@@ -249,16 +249,26 @@ class ServerHost:
         self._provenance_thread = threading.Thread(target=gather, name="provenance", daemon=True)
         self._provenance_thread.start()
 
-    def telemetry_start(self, interval_s: float, fake: str | None = None) -> str:
+    def telemetry_start(self, interval_s: float, fake: str | None = None, idle_s: float = 0.0,
+                        rapl_root: str | None = None) -> str:
         """Start sampling this node's GPUs of the server through NVML (`raysweep.telemetry`; `fake`: the JSON
-        file of an NVML stand-in); its source."""
+        file of an NVML stand-in; without NVML, the RAPL packages under `rapl_root`), after reading their
+        idle power for `idle_s` (the server is up, nothing loads it yet); its source."""
         from raysweep import telemetry
 
         if getattr(self, "_telemetry", None) is None:
             gpus = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
             nvml = telemetry.FileNvml(fake) if fake else None
-            self._telemetry = telemetry.Sampler(gpus, interval_s, nvml, "fake NVML" if fake else "").start()
+            sampler = telemetry.Sampler(gpus, interval_s, nvml, "fake NVML" if fake else "", rapl_root=rapl_root)
+            if idle_s > 0:
+                sampler.measure_idle(idle_s)
+            self._telemetry = sampler.start()
         return str(self._telemetry.source)
+
+    def telemetry_energy(self, t0: float, t1: float) -> dict[str, Any]:
+        """The energy readings of this node's devices of the server around t0..t1 (`Sampler.energy_window`)."""
+        sampler = getattr(self, "_telemetry", None)
+        return sampler.energy_window(t0, t1) if sampler is not None else {}
 
     def telemetry_window(self, t0: float, t1: float) -> dict[str, Any]:
         """The GPU samples taken between t0 and t1 (empty before `telemetry_start`)."""

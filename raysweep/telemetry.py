@@ -9,9 +9,17 @@ the user's will (power cap, thermal, hardware slowdown, power brake); idle, appl
 boost are not throttling.
 
 Without NVML (a CPU node, no driver, `nvidia-ml-py` missing) the sampler records why (`gpu_telemetry`
-says `unavailable: ...`), never an error. `FileNvml` is an NVML stand-in that replays GPUs described in a
-JSON file (named by `RAYSWEEP_FAKE_NVML` in the environment, or in a campaign's `serve.env`): for tests and
-demos on machines without GPUs.
+says `unavailable: ...`), never an error.
+
+Energy (`raysweep.energy`): every sample also reads each GPU's total energy counter
+(`nvmlDeviceGetTotalEnergyConsumption`, mJ; None where the board has none), kept with its power as the
+device's energy readings; without NVML, a node's readable RAPL package counters (`raysweep.rapl`) are read
+instead. `measure_idle` reads them for a while before the server's first load (its idle power);
+`energy_window(t0, t1)` returns the readings around a window for `raysweep.energy.window_energy`.
+
+`FileNvml` is an NVML stand-in that replays GPUs described in a JSON file (named by `RAYSWEEP_FAKE_NVML` in
+the environment, or in a campaign's `serve.env`): for tests and demos on machines without GPUs; a GPU with
+`energy_mj` has an energy counter.
 """
 
 from __future__ import annotations
@@ -77,6 +85,12 @@ class FileNvml:
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802
         return int(self._gpu(h).get("reasons", 0))
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:  # noqa: N802
+        gpu = self._gpu(h)
+        if "energy_mj" not in gpu:
+            raise NotImplementedError("no energy counter")  # as NVML_ERROR_NOT_SUPPORTED before Volta
+        return int(gpu["energy_mj"])
+
 
 def load_nvml() -> tuple[Any, str]:
     """NVML initialised (or the file stand-in when `RAYSWEEP_FAKE_NVML` names one), and its source; (None,
@@ -104,10 +118,14 @@ def _physical_indices(gpu_ids: list[str]) -> list[int | str]:
 class Sampler:
     """Samples a node's GPUs in a thread (see the module docstring)."""
 
-    def __init__(self, gpu_ids: list[str], interval_s: float = 0.5, nvml: Any = None, source: str = "") -> None:
+    def __init__(self, gpu_ids: list[str], interval_s: float = 0.5, nvml: Any = None, source: str = "",
+                 rapl_root: str | None = None, clock: Any = time.time) -> None:
         self.interval_s = interval_s
+        self.clock = clock
         self.nvml, self.source = (nvml, source or "nvml") if nvml is not None else load_nvml()
         self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_SAMPLES)
+        self.energy: collections.deque[tuple[str, float, Any, Any]] = collections.deque(maxlen=MAX_SAMPLES)
+        self.idle_w: dict[str, float | None] = {}
         self.handles: list[tuple[str, Any]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,6 +136,17 @@ class Sampler:
                 self.nvml, self.source = None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
         if self.nvml is not None and not self.handles:
             self.nvml, self.source = None, "unavailable: no GPU assigned to this server"
+        self.rapl: Any = None
+        self.energy_source, self.energy_why = ("NVML energy counter", "") if self.nvml is not None else ("", "")
+        self.wraps: dict[str, float] = {}
+        if self.nvml is None and rapl_root is not None:
+            from raysweep.rapl import SCOPE, Rapl
+
+            rapl = Rapl(rapl_root)
+            if rapl.zones:
+                self.rapl, self.energy_source, self.wraps = rapl, SCOPE, dict(rapl.wraps_mj)
+            else:
+                self.energy_why = f"no energy reading: NVML {self.source}; {rapl.why}"
 
     def _handle(self, gpu: int | str) -> Any:
         if isinstance(gpu, int):
@@ -125,11 +154,52 @@ class Sampler:
         return self.nvml.nvmlDeviceGetHandleByUUID(gpu)
 
     def sample(self) -> list[dict[str, Any]]:
-        """One reading of every GPU (a value NVML cannot give is None)."""
-        now, out = time.time(), []
+        """One reading of every GPU (a value NVML cannot give is None); its energy readings kept apart."""
+        now, out = self.clock(), []
         for gpu, h in self.handles:
-            out.append({"t": now, "gpu": gpu, **self._readings(h)})
+            row = {"t": now, "gpu": gpu, **self._readings(h)}
+            self.energy.append((gpu, now, row.pop("energy_mj"), row["power_w"]))
+            out.append(row)
+        if self.rapl is not None:
+            for name, mj in self.rapl.read_mj().items():
+                self.energy.append((name, now, mj, None))
         return out
+
+    def measure_idle(self, seconds: float) -> dict[str, float | None]:
+        """Each device's idle power, read for `seconds` before the server's first load (`raysweep.energy`)."""
+        if self.nvml is None and self.rapl is None:
+            return {}
+        t0 = self.clock()
+        self.samples.extend(self.sample())
+        while self.clock() - t0 < seconds:
+            time.sleep(min(self.interval_s, 0.1))
+            self.samples.extend(self.sample())
+        return self.idle_since(t0)
+
+    def idle_since(self, t0: float) -> dict[str, float | None]:
+        """Each device's idle power over its readings since t0 (kept as `idle_w`)."""
+        from raysweep.energy import NVML_WRAP_MJ, idle_power
+
+        rows: dict[str, list[tuple[float, Any, Any]]] = {}
+        for dev, t, mj, w in list(self.energy):
+            if t >= t0:
+                rows.setdefault(dev, []).append((t, mj, w))
+        self.idle_w = {dev: idle_power(r, self.wraps.get(dev, NVML_WRAP_MJ)) for dev, r in rows.items()}
+        return self.idle_w
+
+    def energy_window(self, t0: float, t1: float) -> dict[str, Any]:
+        """Every device's energy readings from the last before t0 to the first after t1, its idle power, the
+        counters' wraps and the source (or why there is none)."""
+        rows: dict[str, list[tuple[float, Any, Any]]] = {}
+        for dev, t, mj, w in list(self.energy):
+            rows.setdefault(dev, []).append((t, mj, w))
+        devices = {}
+        for dev, r in rows.items():
+            before = [x for x in r if x[0] < t0][-1:]
+            after = [x for x in r if x[0] > t1][:1]
+            devices[dev] = before + [x for x in r if t0 <= x[0] <= t1] + after
+        return {"source": self.energy_source, "why": self.energy_why, "devices": devices, "idle_w": self.idle_w,
+                "wraps": {d: self.wraps[d] for d in devices if d in self.wraps}}
 
     def _readings(self, h: Any) -> dict[str, Any]:
         """One GPU's values; each lambda reads this handle `h` (a parameter, not a loop variable)."""
@@ -138,7 +208,8 @@ class Sampler:
                 "mem_mib": self._read(lambda: nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20),
                 "power_w": self._read(lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
                 "sm_mhz": self._read(lambda: nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
-                "reasons": self._read(lambda: self._reasons(h))}
+                "reasons": self._read(lambda: self._reasons(h)),
+                "energy_mj": self._read(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))}
 
     def _reasons(self, h: Any) -> int:
         get = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
@@ -153,7 +224,7 @@ class Sampler:
             return None
 
     def start(self) -> Sampler:
-        if self.nvml is not None and self._thread is None:
+        if (self.nvml is not None or self.rapl is not None) and self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="gpu-telemetry", daemon=True)
             self._thread.start()
         return self

@@ -288,7 +288,8 @@ def per_second_throughput(s: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 STEADY_FIELDS = ("steady_state", "steady_state_slope_pct_per_s", "steady_state_drift_pct",
-                 "steady_state_detectable_pct", "steady_state_note")
+                 "steady_state_detectable_pct", "steady_state_note", "steady_state_window_start_s",
+                 "steady_state_window_end_s")
 
 
 def _ratio_c(pct: float) -> float:
@@ -332,7 +333,9 @@ def steady_state(s: dict[str, Any]) -> dict[str, Any]:
     `STEADY_DETECT_DRIFT_PCT` (its minimum detectable drift at `STEADY_POWER`, from the slope's standard
     error, is at most that); otherwise `steady_state` is None with `steady_state_note` "not judged: too few
     requests" and how many would do (a Poisson load needs roughly 6,000 to 12,000). None too ("not judged: too
-    short") with a window under `STEADY_MIN_WINDOW_S` or under `STEADY_MIN_BINS` bins, or nothing generated."""
+    short") with a window under `STEADY_MIN_WINDOW_S` or under `STEADY_MIN_BINS` bins, or nothing generated.
+    A judged window's bounds are `steady_state_window_start_s`/`_end_s` (seconds from the load's start): the
+    window the point's energy is measured over (`raysweep.point_energy`)."""
     from raysweep.verdicts import slope_test, t_quantile
 
     out: dict[str, Any] = dict.fromkeys(STEADY_FIELDS)
@@ -345,6 +348,7 @@ def steady_state(s: dict[str, Any]) -> dict[str, Any]:
     if hi - lo < STEADY_MIN_WINDOW_S or bins < STEADY_MIN_BINS:
         out["steady_state_note"] = "not judged: too short"
         return out
+    out.update(steady_state_window_start_s=lo, steady_state_window_end_s=hi)  # the judged window (energy too)
     series = np.histogram(mid[inside], bins=bins, range=(lo, hi), weights=tokens[inside])[0]
     q = t_quantile(1.0 - STEADY_ALPHA / 2.0, bins - 2)
     slope = slope_test(series.tolist(), STEADY_MAX_DRIFT_PCT, confidence=1.0 - STEADY_ALPHA)

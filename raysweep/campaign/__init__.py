@@ -16,6 +16,7 @@ from raysweep.campaign.models import (
     BenchSpec,
     Campaign,
     ClientGuardSpec,
+    CostSpec,
     EndpointSpec,
     EnvValue,
     NodeRule,
@@ -33,7 +34,8 @@ from raysweep.campaign.models import (
     TuneSpec,
 )
 
-__all__ = ["NATIVE_DEFAULT_CMD", "BenchSpec", "Campaign", "CampaignSpec", "ClientGuardSpec", "EndpointSpec", "EnvValue",
+__all__ = ["NATIVE_DEFAULT_CMD", "BenchSpec", "Campaign", "CampaignSpec", "ClientGuardSpec", "CostSpec",
+           "EndpointSpec", "EnvValue",
            "NodeRule", "OfflineSpec", "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec",
            "TuneBudget",
            "TuneEarlyStop", "TuneObjective", "TuneParam", "TuneSpec", "campaign_from_dict", "load_campaign",

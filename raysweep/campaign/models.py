@@ -15,9 +15,9 @@ from raysweep.load_levels import WorkloadSpec
 from raysweep.order import OrderSpec
 from raysweep.precision import PrecisionSpec
 
-__all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "EndpointSpec", "NodeRule", "OfflineSpec", "Pin",
-           "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget", "TuneEarlyStop",
-           "TuneObjective", "TuneParam", "TuneSpec"]
+__all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "CostSpec", "EndpointSpec", "NodeRule", "OfflineSpec",
+           "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget",
+           "TuneEarlyStop", "TuneObjective", "TuneParam", "TuneSpec"]
 
 EnvValue = str | int | float | bool
 NATIVE_DEFAULT_CMD = "vllm bench serve"
@@ -405,12 +405,48 @@ class TransportSpec(_Strict):
                             "(utilisation, memory, power, SM clock, throttle reasons); no NVML is recorded, "
                             "not an error")
     telemetry_interval_s: float = Field(0.5, gt=0, description="seconds between GPU telemetry samples")
+    idle_power_s: float = Field(1.0, ge=0, description="seconds the server's GPUs (or RAPL packages) are read "
+                                "after its start and before its first load, for the idle power subtracted from "
+                                "the net energy (0: not measured, no net energy)")
 
     @model_validator(mode="after")
     def _fraction_needs_baseline(self) -> TransportSpec:
         if self.min_busbw_fraction is not None and not self.baseline:
             raise ValueError("min_busbw_fraction needs `baseline`: the file `raysweep preflight --bandwidth "
                              "--out FILE` wrote")
+        return self
+
+
+class CostSpec(_Strict):
+    """What the hardware costs: $ per million tokens for every point, and the campaign's own spend."""
+
+    currency: str = Field("USD", pattern=r"^[A-Za-z$€£¥]{1,8}$", description="the unit the prices are in")
+    gpu_hour: float | dict[str, float] | None = Field(
+        None, description="price per GPU-hour: one price, or by GPU type or node type: a key matches a server "
+        "whose GPU name contains it (case-insensitive, e.g. H100) or one of whose Ray nodes has it as a label "
+        "value (e.g. p5.48xlarge); `default` for the rest")
+    node_hour: float | None = Field(None, gt=0, description="price per node-hour of a server without GPUs (CPU)")
+    power_price_kwh: float | None = Field(None, ge=0, description="price per kWh of energy, added to the hardware's "
+                                          "price: the measured energy where there is one, else provisioned_w")
+    provisioned_w_per_gpu: float | None = Field(None, gt=0, description="the power provisioned per GPU (W): "
+                                                "charged at power_price_kwh where no energy was measured")
+
+    @field_validator("gpu_hour")
+    @classmethod
+    def _prices(cls, v: float | dict[str, float] | None) -> float | dict[str, float] | None:
+        prices = v.values() if isinstance(v, dict) else [] if v is None else [v]
+        if any(p <= 0 for p in prices):
+            raise ValueError(f"prices must be positive numbers, got {v!r}")
+        if isinstance(v, dict) and not v:
+            raise ValueError("name at least one GPU type, node type or `default`")
+        return v
+
+    @model_validator(mode="after")
+    def _some_price(self) -> CostSpec:
+        if self.gpu_hour is None and self.node_hour is None:
+            raise ValueError("give gpu_hour (price per GPU-hour) or node_hour (price per node-hour of CPU servers)")
+        if self.provisioned_w_per_gpu is not None and self.power_price_kwh is None:
+            raise ValueError("provisioned_w_per_gpu needs power_price_kwh")
         return self
 
 
@@ -451,6 +487,8 @@ class Campaign(_Strict):
                                           "report at the end")
     tune: TuneSpec | None = Field(None, description="search the serve parameters (Optuna) instead of running "
                                   "their whole grid")
+    cost: CostSpec | None = Field(None, description="prices: $ per million tokens beside every point, and the "
+                                  "campaign's own GPU-hours and cost (docs/energy.md)")
 
     @field_validator("storage")
     @classmethod

@@ -1,0 +1,171 @@
+"""Energy per point: the counter's arithmetic on a fake NVML whose energy counter wraps and ticks every 100 ms,
+with idle power and a load step; the fallbacks (a counter that did not tick, a window too short, power
+samples only); RAPL on a fake sysfs tree (and on this machine's, where it has one); the per-token fields."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from raysweep import energy, rapl, telemetry
+
+TICK = 0.1          # the fake counter updates every 100 ms
+STEP = 1003.0       # the load step: 100 W idle before, 400 W after
+IDLE_W, LOAD_W = 100.0, 400.0
+
+
+def _joules(t: float) -> float:
+    """Energy since t=990 of one GPU of the fake (exact)."""
+    return IDLE_W * (min(t, STEP) - 990.0) + LOAD_W * max(0.0, t - STEP)
+
+
+class ClockNvml:
+    """An NVML stand-in on a clock the test moves: power steps from 100 W to 400 W at STEP; the energy counter
+    (mJ, an unsigned 64-bit count) starts so that it wraps at `wrap_at`, and only ticks every 100 ms."""
+
+    def __init__(self, wrap_at: float, counter: bool = True, stuck: bool = False) -> None:
+        self.now = 990.0
+        self.start = 2 ** 64 - round(_joules(wrap_at) * 1000)
+        self.counter, self.stuck = counter, stuck
+
+    def clock(self) -> float:
+        return self.now
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802 - NVML's names
+        return index
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+        return int((LOAD_W if self.now >= STEP else IDLE_W) * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:  # noqa: N802
+        if not self.counter:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        tick = 990.0 if self.stuck else 990.0 + math.floor(round((self.now - 990.0) / TICK, 6)) * TICK
+        return (self.start + round(_joules(tick) * 1000)) % 2 ** 64
+
+    def __getattr__(self, name: str):  # utilisation, memory, clocks: not what this test reads
+        raise AttributeError(name)
+
+
+def _run(nvml: ClockNvml, gpus: list[str], until: float, every: float = 0.25) -> telemetry.Sampler:
+    """A sampler read every `every` s from 990 to `until`; idle power from its readings before 1000."""
+    s = telemetry.Sampler(gpus, nvml=nvml, clock=nvml.clock)
+    while nvml.now <= until + 1e-9:
+        s.samples.extend(s.sample())
+        if abs(nvml.now - 1000.0) < 1e-9:
+            s.idle_since(990.0)
+        nvml.now = round(nvml.now + every, 6)
+    return s
+
+
+def _window(s: telemetry.Sampler, t0: float, t1: float) -> dict:
+    w = s.energy_window(t0, t1)
+    return energy.window_energy(w["devices"], w["idle_w"], t0, t1, w["wraps"])
+
+
+def test_the_counter_gives_the_windows_energy_to_the_joule_across_a_wrap_net_of_idle():
+    nvml = ClockNvml(wrap_at=1010.0)
+    s = _run(nvml, ["0", "1"], until=1020.0)
+    raw = [mj for dev, t, mj, _ in s.energy if dev == "0"]
+    assert any(b < a for a, b in zip(raw, raw[1:]))  # the counter did wrap inside the window
+    assert s.idle_w == {"0": pytest.approx(IDLE_W, abs=1e-6), "1": pytest.approx(IDLE_W, abs=1e-6)}
+    e = _window(s, 1005.0, 1015.0)
+    assert e["energy_method"] == "counter" and e["energy_devices"] == 2
+    assert e["energy_j"] == pytest.approx(2 * LOAD_W * 10, abs=1.0)            # 8000 J, to the joule
+    assert e["energy_net_j"] == pytest.approx(2 * (LOAD_W - IDLE_W) * 10, abs=1.0)  # 6000 J
+    assert e["power_mean_w"] == pytest.approx(800, abs=0.1) and e["idle_power_w"] == pytest.approx(200)
+    # a window across the load step: 2 s of idle and 10 s of load per GPU
+    e = _window(s, 1001.0, 1013.0)
+    assert e["energy_j"] == pytest.approx(2 * (IDLE_W * 2 + LOAD_W * 10), abs=1.0)
+    # edges between readings: the counter is read at its last tick, so each edge is off by at most one tick
+    e = _window(s, 1005.1, 1014.9)
+    assert abs(e["energy_j"] - 2 * LOAD_W * 9.8) <= 2 * 2 * LOAD_W * TICK
+
+
+def test_a_window_too_short_for_the_counter_is_power_times_time_and_says_so():
+    s = _run(ClockNvml(wrap_at=1e6), ["0"], until=1008.0)
+    e = _window(s, 1005.0, 1005.5)
+    assert e["energy_method"] == "power x time" and e["energy_j"] == pytest.approx(LOAD_W * 0.5)
+    assert "too short for the counter" in e["energy_fallback"]
+
+
+def test_a_counter_that_does_not_tick_falls_back_to_power_times_time():
+    s = _run(ClockNvml(wrap_at=1e6, stuck=True), ["0"], until=1012.0)
+    e = _window(s, 1005.0, 1010.0)
+    assert e["energy_method"] == "power x time" and e["energy_j"] == pytest.approx(LOAD_W * 5)
+    assert "did not tick" in e["energy_fallback"]
+
+
+def test_without_a_counter_the_power_samples_are_integrated_and_their_coverage_given():
+    s = _run(ClockNvml(wrap_at=1e6, counter=False), ["0"], until=1010.0, every=0.5)
+    assert all(mj is None for _, _, mj, _ in s.energy)
+    e = _window(s, 1002.0, 1006.0)
+    # trapezoids through the samples (0.5 s apart): the step at 1003.0 is seen as a ramp from 1002.5
+    by_hand = 0.5 * (IDLE_W + IDLE_W) / 2 + 0.5 * (IDLE_W + LOAD_W) / 2 + 3.0 * LOAD_W
+    assert e["energy_method"] == "power samples" and e["energy_j"] == pytest.approx(by_hand)
+    assert e["energy_sample_coverage"] == 1.0
+    assert e["energy_net_j"] == pytest.approx(by_hand - IDLE_W * 4)
+
+
+def test_unwrap_is_exact_on_64_bit_integers():
+    near = 2 ** 64 - 1500
+    assert energy.unwrap([near, near + 1000, 500, 2500], energy.NVML_WRAP_MJ) == [0.0, 1000.0, 2000.0, 4000.0]
+
+
+def test_per_token_fields_gross_and_net():
+    f = energy.energy_fields({"energy_j": 600.0, "energy_net_j": 300.0}, output_tokens=1200, total_tokens=3000)
+    assert f["j_per_output_token"] == 0.5 and f["j_per_total_token"] == 0.2 and f["output_tokens_per_j"] == 2.0
+    assert f["net_j_per_output_token"] == 0.25 and f["net_output_tokens_per_j"] == 4.0
+    assert "j_per_output_token" not in energy.energy_fields({"energy_j": 600.0}, None, None)
+
+
+def _zone(root: Path, name: str, zone: str, uj: int, max_uj: int) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "name").write_text(zone + "\n")
+    (d / "energy_uj").write_text(f"{uj}\n")
+    (d / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    return d
+
+
+def test_rapl_packages_on_a_fake_sysfs_tree_wrap_at_their_max_range(tmp_path):
+    root = tmp_path / "powercap"
+    pkg = _zone(root, "intel-rapl:0", "package-0", uj=262_143_000_000, max_uj=262_143_328_850)
+    _zone(root, "intel-rapl:0:0", "core", uj=5, max_uj=10)  # a sub-zone: part of the package, not counted
+    r = rapl.Rapl(root)
+    assert list(r.zones) == ["package-0"] and r.read_mj() == {"package-0": 262_143_000.0}
+    clock = iter([100.0, 101.0, 102.0])
+    s = telemetry.Sampler([], nvml=None, rapl_root=str(root), clock=lambda: next(clock))
+    assert s.nvml is None and s.energy_source == rapl.SCOPE
+    for uj in (261_843_328_850, 262_143_328_850, 199_999_999):
+        (pkg / "energy_uj").write_text(f"{uj}\n")
+        s.sample()
+    w = s.energy_window(100.0, 102.0)
+    e = energy.window_energy(w["devices"], {"package-0": None}, 100.0, 102.0, w["wraps"])
+    # 300 J to the top of the range, 1 uJ to wrap to 0, then 199.999999 J
+    assert e["energy_method"] == "counter" and e["energy_j"] == pytest.approx(500.0, abs=1e-6)
+    assert e["energy_net_j"] is None  # idle not measured: no net figure, never a guess
+
+
+def test_unreadable_rapl_says_why(tmp_path):
+    assert rapl.Rapl(tmp_path / "absent").why.startswith("RAPL unavailable")
+    root = tmp_path / "powercap"
+    pkg = _zone(root, "intel-rapl:0", "package-0", uj=1, max_uj=10)
+    (pkg / "energy_uj").unlink()
+    (pkg / "energy_uj").mkdir()  # unreadable as a file, as energy_uj is to a non-root user
+    r = rapl.Rapl(root)
+    assert not r.zones and "not readable" in r.why
+    s = telemetry.Sampler([], nvml=None, rapl_root=str(root))
+    assert s.energy_source == "" and "RAPL unavailable" in s.energy_why
+
+
+def test_this_machines_rapl_where_it_has_one():
+    r = rapl.Rapl()
+    if not r.zones:
+        pytest.skip(f"this machine has no readable RAPL counter: {r.why}")
+    first = r.read_mj()
+    assert all(v is None or v >= 0 for v in first.values())
+    assert os.path.isdir(rapl.POWERCAP)
