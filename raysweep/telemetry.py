@@ -18,8 +18,9 @@ instead. `measure_idle` reads them for a while before the server's first load (i
 `energy_window(t0, t1)` returns the readings around a window for `raysweep.energy.window_energy`.
 
 `FileNvml` is an NVML stand-in that replays GPUs described in a JSON file (named by `RAYSWEEP_FAKE_NVML` in
-the environment, or in a campaign's `serve.env`): for tests and demos on machines without GPUs; a GPU with
-`energy_mj` has an energy counter.
+the environment, or in a campaign's `serve.env`): for tests and demos on machines without GPUs. A GPU with
+`energy_mj` has an energy counter, worth that at the time `energy_at` and rising at its power since; a file
+with `step_at` (a time) steps every GPU from `power_w` to its `load_power_w` then.
 """
 
 from __future__ import annotations
@@ -76,8 +77,20 @@ class FileNvml:
     def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:  # noqa: N802
         return type("Mem", (), {"used": int(self._gpu(h).get("mem_used_mib", 0)) * 2**20})()
 
+    def _load(self) -> dict[str, Any]:
+        with open(self.path) as f:
+            return dict(json.load(f))
+
+    def _power_w(self, h: int, now: float) -> float:
+        """A GPU's power: `power_w`, or `load_power_w` from the file's `step_at` (a time) on."""
+        data = self._load()
+        gpu = data["gpus"][h]
+        step = data.get("step_at")
+        return float(gpu.get("load_power_w", gpu.get("power_w", 0)) if step is not None and now >= step
+                     else gpu.get("power_w", 0))
+
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
-        return int(float(self._gpu(h).get("power_w", 0)) * 1000)
+        return int(self._power_w(h, time.time()) * 1000)
 
     def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
         return int(self._gpu(h).get("sm_mhz", 0))
@@ -86,10 +99,17 @@ class FileNvml:
         return int(self._gpu(h).get("reasons", 0))
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:  # noqa: N802
-        gpu = self._gpu(h)
+        """`energy_mj` at the time `energy_at`, rising at the GPU's power since (through `step_at`), as a
+        64-bit counter that wraps."""
+        data, now = self._load(), time.time()
+        gpu = data["gpus"][h]
         if "energy_mj" not in gpu:
             raise NotImplementedError("no energy counter")  # as NVML_ERROR_NOT_SUPPORTED before Volta
-        return int(gpu["energy_mj"])
+        at = float(gpu.get("energy_at", now))
+        step = max(at, float(data.get("step_at") or now))
+        p0, p1 = float(gpu.get("power_w", 0)), float(gpu.get("load_power_w", gpu.get("power_w", 0)))
+        joules = p0 * (min(now, step) - at) + p1 * max(0.0, now - step)
+        return (int(gpu["energy_mj"]) + round(joules * 1000)) % 2 ** 64
 
 
 def load_nvml() -> tuple[Any, str]:

@@ -4,6 +4,7 @@ samples only); RAPL on a fake sysfs tree (and on this machine's, where it has on
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -169,3 +170,66 @@ def test_this_machines_rapl_where_it_has_one():
     first = r.read_mj()
     assert all(v is None or v >= 0 for v in first.values())
     assert os.path.isdir(rapl.POWERCAP)
+
+
+STEP_HOOK = """
+import fcntl, json, os, time
+
+def requests(num_prompts, seed):
+    # the point's data set is built before its load: from here on, every GPU draws its load power
+    with open({fake!r} + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open({fake!r}) as f:
+            data = json.load(f)
+        if data.get("step_at") is None:
+            data["step_at"] = time.time()
+            with open({fake!r} + ".tmp", "w") as f:
+                json.dump(data, f)
+            os.replace({fake!r} + ".tmp", {fake!r})
+    time.sleep(0.5)
+    return [{{"prompt": [5] * 8, "output_len": 4}} for _ in range(num_prompts)]
+"""
+
+
+@pytest.mark.ray
+def test_each_server_gets_its_own_gpus_energy_over_its_points_steady_window(gpu_cluster, tmp_path):
+    """Two servers share node w2 (one GPU each). Until the first point's data set is built every GPU draws
+    100 W x (index + 1), the server starts and the warmup included; from then on 1000 W + 100 W x (index + 1).
+    Each point's mean power is its own GPU's load power, exactly: the window is inside the load, and no other
+    GPU is counted. GPU 0's counter wraps during the start-up."""
+    import time
+
+    from helpers import native_campaign, run_file
+
+    from raysweep.results import results_table
+
+    now = time.time()
+    gpus = [{"util": 50, "mem_used_mib": 1, "sm_mhz": 1, "reasons": 0, "power_w": 100.0 * (i + 1),
+             "load_power_w": 1000.0 + 100.0 * (i + 1), "energy_mj": 2 ** 64 - 1000 if i == 0 else 10 ** 9 * i,
+             "energy_at": now} for i in range(4)]
+    fake = tmp_path / "nvml.json"
+    fake.write_text(json.dumps({"gpus": gpus, "step_at": None}))
+    hook = tmp_path / "hook.py"
+    hook.write_text(STEP_HOOK.format(fake=str(fake)))
+    f = native_campaign(tmp_path, server_args="--ttft-delay 0.05 --itl-delay 0.03",
+                        bench_args=f"--dataset-name custom --dataset-path {hook}:requests --max-concurrency 4",
+                        serve_params=[{"max_num_seqs": 4, "tensor_parallel_size": 1},
+                                      {"max_num_seqs": 8, "tensor_parallel_size": 1}],
+                        bench_params=[{"num_prompts": 240}],
+                        bench={"client_cpus": 0.5}, warmup=4, placement={"node_labels": {"node-name": "w2"}},
+                        serve={"env": {telemetry.FAKE_ENV: str(fake)}},
+                        transport={"telemetry_interval_s": 0.1}, cost={"gpu_hour": {"A100": 2.0, "default": 9.0}})
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 2, summary.failures
+    rows = results_table(out)
+    assert sorted(rows["gpu_ids"]) == sorted({str(g) for g in rows["gpu_ids"]}) and rows["node_ids"].nunique() == 1
+    for _, row in rows.iterrows():
+        gpu = int(row["gpu_ids"])
+        assert row["energy_window"] == "steady" and row["energy_method"] == "counter", row["energy_window"]
+        assert row["energy_source"] == "NVML energy counter" and row["energy_devices"] == 1
+        assert row["power_mean_w"] == pytest.approx(1000.0 + 100.0 * (gpu + 1), rel=1e-3)
+        assert row["energy_window_s"] >= 5.0 and row["energy_window_s"] < row["duration"]
+        assert row["energy_j"] == pytest.approx(row["power_mean_w"] * row["energy_window_s"])
+        assert row["j_per_output_token"] == pytest.approx(row["energy_j"] / row["energy_output_tokens"])
+        assert 0 < row["energy_output_tokens"] < row["total_output_tokens"]
+        assert row["cost_per_hour"] == 2.0  # the node's label gpu-type=A100
