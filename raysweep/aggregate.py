@@ -8,7 +8,9 @@ the statistics (`left_out_mask`; `runs` counts the runs used, `runs_total` all o
 of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`, `M_median`, `M_std`
 (sample standard deviation over the runs), `M_cv` (std / |mean|) and `M_ci_low`, `M_ci_high`: the Student
 t-interval of the mean over the runs (`confidence`, two-sided; one run has no interval). For a percentile
-column that is the t-interval of the per-run percentiles, the same quantity the verdicts test.
+column that is the t-interval of the per-run percentiles, the same quantity the verdicts test. The energy
+and cost columns of a run (`ENERGY_COST_METRICS`: J per token, power, $ per million tokens; docs/energy.md)
+are aggregated the same way where the runs have them.
 
 For the percentile columns (`median_*`, `p<P>_*`) of points whose runs all kept their raw samples (the
 native backend), `M_pooled` is the percentile of the requests of all runs pooled, and `M_pooled_ci_low`,
@@ -53,6 +55,10 @@ STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
 # `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
 STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
                    "cold_encoder_compilation_s", "warm_encoder_compilation_s")
+# energy and cost per run (raysweep.energy, raysweep.cost): each with its interval across runs
+ENERGY_COST_METRICS = ("energy_j", "energy_net_j", "power_mean_w", "power_net_mean_w", "j_per_output_token",
+                       "j_per_total_token", "output_tokens_per_j", "net_j_per_output_token", "net_j_per_total_token",
+                       "net_output_tokens_per_j", "cost_per_m_output_tokens", "cost_per_m_total_tokens")
 SUMMARY_FORMATS = ("parquet", "csv")
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_RESAMPLES = 1000
@@ -92,8 +98,8 @@ def headline_metrics(df: pd.DataFrame) -> list[str]:
         stat = {"mean": -2.0, "median": -1.0}.get(m.group(1), float(m.group(2) or 0))
         return _LATENCY_ORDER.index(m.group(3)), stat
 
-    return [c for c in HEADLINE_RATES if has(c)] + sorted(latency, key=order) + [c for c in STARTUP_METRICS
-                                                                                if has(c)]
+    return ([c for c in HEADLINE_RATES if has(c)] + sorted(latency, key=order)
+            + [c for c in STARTUP_METRICS + ENERGY_COST_METRICS if has(c)])
 
 
 def point_keys(df: pd.DataFrame, params: Sequence[str] | None = None) -> list[str]:
@@ -127,7 +133,8 @@ def _param_columns(df: pd.DataFrame, keys: list[str], params: Sequence[str] | No
 _MEASURED = re.compile(r"^((mean|median|std|p\d+(\.\d+)?)_\w+_ms|duration|completed|failed|total_\w+_tokens|"
                        r"\w+_throughput(_per_gpu)?|request_goodput|max_output_tokens_per_s|max_concurrent_requests|"
                        r"peak_\w+|rtfx|error_rate|shared_cpus|client_limited\w*|errors_sample|"
-                       r"(server|provenance|transport|validity|steady_state|spec_decode|probe|client)_?\w*)$")
+                       r"(server|provenance|transport|validity|steady_state|spec_decode|probe|client|energy|power|idle|"
+                       r"cost|(net_)?j_per|(net_)?output_tokens_per_j)_?\w*)$")
 
 
 def _is_measurement(col: str) -> bool:

@@ -21,6 +21,9 @@ the leader is tested against every other one with Welch's t over their runs, Hol
 family (the leader is the best of many, `verdicts.tied_with_leader`): those not shown to be behind are
 *tied with the leader*. Without an slo, the *knee* is the point of highest objective among those whose
 median E2EL (else median TPOT, else median TTFT) is at most `KNEE_FACTOR` times the lowest of the shape.
+Beside the best, each shape names its *cheapest* point (under the slo where there is one): the least
+`cost_per_m_output_tokens` where the campaign has a `cost:` block, else the least `j_per_output_token` where
+energy was measured (`CHEAPEST_METRICS`; docs/energy.md).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from raysweep.errors import UserError, unknown_names
 from raysweep.sla import Target, meets
 
 __all__ = [
+    "CHEAPEST_METRICS",
     "CONFIDENCE",
     "DEFAULT_OBJECTIVE",
     "KNEE_FACTOR",
@@ -46,6 +50,7 @@ __all__ = [
     "Objective",
     "ShapeVerdict",
     "conclude",
+    "cheapest_text",
     "finite",
     "fmt",
     "headlines",
@@ -62,7 +67,10 @@ CONFIDENCE = 0.95
 _PER_GPU = "_per_gpu"
 _STATS = ("mean", "median", "std", "ci_low", "ci_high")
 _POINT = ["serve_id", "bench_id"]
-_LOWER_IS_BETTER = ("_ms", "_s", "duration", "failed", "error_rate", "num_preemptions")
+_LOWER_IS_BETTER = ("_ms", "_s", "duration", "failed", "error_rate", "num_preemptions", "j_per_output_token",
+                    "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens", "energy_j", "energy_net_j")
+# what a point costs, first found first: the cheapest configuration under the bound is named beside the best
+CHEAPEST_METRICS = ("cost_per_m_output_tokens", "j_per_output_token")
 KNEE_FACTOR = 2.0
 CARD_LATENCIES = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
 _KNEE_LATENCIES = ("median_e2el_ms", "median_tpot_ms", "median_ttft_ms")
@@ -143,6 +151,8 @@ class ShapeVerdict:
     slo_met: bool | None = None  # None: no slo; False: no point of the shape meets it (ranked without it)
     knee: pd.Series | None = None
     knee_bound: str = ""
+    cheapest: pd.Series | None = None  # the point of least cost (else energy) per output token, under the slo
+    cheapest_metric: str = ""
 
     @property
     def clear(self) -> bool:
@@ -188,7 +198,7 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     verdicts_ = [_verdict(shape, rows, obj, slo) for shape, rows in points.groupby("shape", sort=False)]
     fronts, front_notes = _fronts(df, points)
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
-                       _sla_capacities(sla if sla is not None else pd.DataFrame()), notes, slo)
+                       _sla_capacities(sla if sla is not None else pd.DataFrame(), df), notes, slo)
 
 
 def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
@@ -210,6 +220,8 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     stats = [f"{obj.metric}_{s}" for s in _STATS if f"{obj.metric}_{s}" in summary.columns]
     wanted = {*CARD_LATENCIES, *_KNEE_LATENCIES, *(t.metric for t in (slo.thresholds if slo else ()))}
     means = [f"{m}_mean" for m in sorted(wanted) if f"{m}_mean" in summary.columns and f"{m}_mean" not in stats]
+    means += [f"{m}_{st}" for m in CHEAPEST_METRICS for st in ("mean", "ci_low", "ci_high")
+              if f"{m}_{st}" in summary.columns and f"{m}_{st}" not in (*stats, *means)]
     extra = [c for c in (*_RUN_COUNTS, f"{obj.metric}_cv") if c in summary.columns]
     pts = info.merge(summary[[*_POINT, *stats, *extra, *means]], on=_POINT, how="inner")
     for col in stats:
@@ -251,6 +263,7 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
         meeting = rows[rows["meets_slo"]]
         slo_met = bool(len(meeting))
         rows = meeting if len(meeting) else rows
+    cheapest, cheap_metric = _cheapest(rows)
     sign = -1.0 if obj.maximize else 1.0
     ordered = rows.assign(_key=sign * pd.to_numeric(rows["objective_mean"], errors="coerce")) \
         .sort_values(["failed_last", "_key"], kind="stable").drop(columns="_key")
@@ -261,7 +274,7 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
     runner = others.iloc[0] if len(others) else None
     if runner is None:
         return ShapeVerdict(shape, ranking, leader, None, None, None, slo_met=slo_met, knee=knee, knee_bound=bound,
-                            flagged=_flagged(leader))
+                            flagged=_flagged(leader), cheapest=cheapest, cheapest_metric=cheap_metric)
     a, b = float(leader["objective_mean"]), float(runner["objective_mean"])
     lead = (a - b) / abs(b) if b else None
     if lead is not None and not obj.maximize:
@@ -271,12 +284,26 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
         family = family[~family["failed_last"].astype(bool)]
     if len(family) < 2:
         return ShapeVerdict(shape, ranking, leader, runner, True, lead, [], None, _flagged(leader) or
-                            _flagged(runner), slo_met, knee, bound)
+                            _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric)
     led = verdicts.tied_with_leader([_cand(r) for _, r in family.iterrows()], obj.maximize)
     significant = None if 1 in led.not_judged or _cand(family.iloc[0])[2] < 2 else (1 in led.behind)
     tied = [at_load(family.iloc[i], None) for i in led.tied]
     return ShapeVerdict(shape, ranking, leader, runner, significant, lead, tied, led.adjusted_p.get(1),
-                        _flagged(leader) or _flagged(runner), slo_met, knee, bound)
+                        _flagged(leader) or _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric)
+
+
+def _cheapest(rows: pd.DataFrame) -> tuple[pd.Series | None, str]:
+    """The point of least cost per million output tokens (else least energy per output token) among
+    `rows` (those meeting the slo where one is set; never a point its failures rank last), and the metric."""
+    for metric in CHEAPEST_METRICS:
+        col = f"{metric}_mean"
+        if col not in rows.columns:
+            continue
+        values = pd.to_numeric(rows[col], errors="coerce")
+        ok = rows[values.notna() & ~rows["failed_last"].astype(bool)]
+        if len(ok):
+            return ok.loc[pd.to_numeric(ok[col], errors="coerce").idxmin()], metric
+    return None, ""
 
 
 def _cand(row: pd.Series) -> tuple[float, float, int]:
@@ -337,15 +364,36 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
     return fronts, notes
 
 
-def _sla_capacities(sla: pd.DataFrame) -> pd.DataFrame:
+def _sla_capacities(sla: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per bench point and target, each config's largest passing value, best first (unbounded first, none
-    last)."""
+    last); with the cost (else energy) per output token of its probe at that value (`<metric>_at_pass`, the
+    mean of its runs) and `cheapest` marking the least of them per bench point and target."""
     if sla.empty or not set(plots.SLA_COLUMNS) <= set(sla.columns):
         return pd.DataFrame()
     value = pd.to_numeric(sla["largest_pass"], errors="coerce")
     ranked = sla.assign(_v=value.fillna(-math.inf)).sort_values(["bench_label", "target", "_v"],
                                                                ascending=[True, True, False], kind="stable")
-    return ranked.drop(columns="_v").reset_index(drop=True)
+    return _cheapest_at_pass(ranked.drop(columns="_v").reset_index(drop=True), df)
+
+
+def _cheapest_at_pass(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFrame:
+    """`_sla_capacities`'s cost columns, from the runs of each search's probe at its largest passing value."""
+    if df is None or not {"sla_base_id", "sla_value", "serve_id"} <= set(df.columns):
+        return table
+    for metric in CHEAPEST_METRICS:
+        if metric not in df.columns or not pd.to_numeric(df[metric], errors="coerce").notna().any():
+            continue
+        col = f"{metric}_at_pass"
+        values = []
+        for _, r in table.iterrows():
+            runs = df[(df["serve_id"] == r["serve_id"]) & (df["sla_base_id"] == r["bench_id"])
+                      & (pd.to_numeric(df["sla_value"], errors="coerce") == r["largest_pass"])]
+            got = pd.to_numeric(runs[metric], errors="coerce").dropna()
+            values.append(float(got.mean()) if len(got) else math.nan)
+        table = table.assign(**{col: values, "cheapest_metric": metric})
+        least = table.groupby(["bench_label", "target"])[col].transform("min")
+        return table.assign(cheapest=table[col].notna() & (table[col] == least))
+    return table
 
 
 # -- text ------------------------------------------------------------------------------------------------
@@ -385,6 +433,16 @@ def noise_text(verdict: ShapeVerdict) -> str:
     return verdict_text(verdict)
 
 
+def cheapest_text(v: ShapeVerdict) -> str:
+    """`cost_per_m_output_tokens 0.412 (95 % CI 0.40 to 0.43)` of a shape's cheapest point."""
+    row, m = v.cheapest, v.cheapest_metric
+    if row is None:
+        return ""
+    lo, hi = row.get(f"{m}_ci_low"), row.get(f"{m}_ci_high")
+    ci = f" ({CONFIDENCE:.0%} CI {fmt(lo)} to {fmt(hi)})" if finite(lo) and finite(hi) else ""
+    return f"{m} {fmt(row[f'{m}_mean'])}{ci}"
+
+
 def headlines(c: Conclusions) -> list[str]:
     """One line per bench shape: the winner, its value, its lead and what the test shows."""
     lines = []
@@ -401,4 +459,7 @@ def headlines(c: Conclusions) -> list[str]:
         flagged = "; some of their runs were flagged" if v.flagged else ""
         lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}{slo}, {c.objective.name} "
                      f"{fmt(v.leader['objective_mean'])} {c.objective.unit}".rstrip() + lead + flagged)
+        if v.cheapest is not None:
+            lines.append(f"Cheapest for {v.shape}{' under the slo' if v.slo_met else ''}: "
+                         f"{at_load(v.cheapest, c.load)}, {cheapest_text(v)}")
     return lines

@@ -23,7 +23,8 @@ from typing import Any
 
 from raysweep.campaign import CostSpec
 
-__all__ = ["COST_METRICS", "J_PER_KWH", "campaign_spend", "hourly_price", "point_cost_fields"]
+__all__ = ["COST_METRICS", "J_PER_KWH", "campaign_spend", "estimate_line", "hourly_price", "point_cost_fields",
+           "spend_line"]
 
 J_PER_KWH = 3.6e6
 COST_METRICS = ("cost_per_m_output_tokens", "cost_per_m_total_tokens")
@@ -131,3 +132,27 @@ def campaign_spend(cost: CostSpec | None, servers: Iterable[Any], gpus_of: dict[
     if cost is not None:
         out.update(cost=total, currency=cost.currency, unpriced=unpriced)
     return out
+
+
+def spend_line(cost: CostSpec | None, servers: Iterable[Any], gpus_of: dict[str, int] | None = None,
+               now: float | None = None) -> str:
+    """`status`'s line: the GPU-hours the campaign's servers held so far, and their cost where priced."""
+    s = campaign_spend(cost, servers, gpus_of, now)
+    text = (f"spent: {s['gpu_hours']:.2f} GPU-hour(s), {s['node_hours']:.2f} node-hour(s) over {s['servers']} "
+            "server start(s) (weights loading, warmups and failed starts included)")
+    if cost is None:
+        return text
+    unpriced = f"; {s['unpriced']} server(s) not priced by cost:" if s["unpriced"] else ""
+    return text + f": {s['cost']:.2f} {cost.currency}{unpriced}"
+
+
+def estimate_line(cost: CostSpec | None, gpu_hours: float) -> str:
+    """The dry run's price of the GPU-hours it estimates: one price (or `default`) applies to all; prices
+    by GPU or node type only once the servers' GPUs are known (`status`, the report)."""
+    if cost is None:
+        return ""
+    price = cost.gpu_hour if not isinstance(cost.gpu_hour, dict) else cost.gpu_hour.get("default")
+    if price is None:
+        return ("Cost: priced by GPU or node type only (no default in cost.gpu_hour): known once the servers run "
+                "(raysweep status, the report)")
+    return f"Cost: about {gpu_hours * price:.2f} {cost.currency} ({gpu_hours:.2f} GPU-hour(s) x {price:g})"

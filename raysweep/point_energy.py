@@ -71,6 +71,9 @@ def point_energy_fields(hosts: list[Any], result: dict[str, Any], samples: dict[
     `energy_note` saying why there are none (never zeros)."""
     if not enabled:
         return {"energy_note": "off (transport.telemetry: false)"}
+    if not hosts:
+        return {"energy_note": "no energy reading: the server is not raysweep's (an endpoint), its devices are "
+                               "not read"}
     t0, t1, kind = load_window(result, started, ended)
     if kind != "steady" and samples is None and result.get("start_time") is None:
         kind = "load (as the client's JSON gives it)"

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raysweep import conclusions, report_cache
+from raysweep.energy_report import report_section as energy_section
 from raysweep.files import write_text_atomic
 from raysweep.ledger import Ledger
 from raysweep.report_cards import conclusions_section
@@ -190,6 +191,7 @@ SECTIONS: list[Section] = [
     Section("figures", "Figures", _figures),
     Section("timeseries", "Time series", "raysweep.bench.timeseries:report_section"),
     Section("results", "Results", results_section),
+    Section("energy", "Energy and cost", energy_section),
     Section("sla", "SLA", sla_section),
     Section("workload", "Load levels", "raysweep.workload_levels:report_section",
             lambda d: bool((d.campaign.get("bench") or {}).get("workload"))),

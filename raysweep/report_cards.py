@@ -65,6 +65,11 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
         parts.append(f"<p>Knee (best among points with {esc(v.knee_bound)}): "
                      f"<b>{esc(conclusions.at_load(v.knee, c.load))}</b>, {conclusions.fmt(v.knee['objective_mean'])} "
                      f"{esc(c.objective.unit)}{' (the leader itself)' if same else ''}.</p>" + _latencies(v.knee))
+    if v.cheapest is not None:
+        same = v.cheapest["serve_id"] == lead["serve_id"] and v.cheapest["bench_id"] == lead["bench_id"]
+        parts.append(f"<p>Cheapest{' meeting the slo' if v.slo_met else ''}: "
+                     f"<b>{esc(conclusions.at_load(v.cheapest, c.load))}</b>, {esc(conclusions.cheapest_text(v))}"
+                     f"{' (the best itself)' if same else ''} (see Energy and cost).</p>")
     parts.append(card_figure(data, c, v))
     rows = [[i + 1, r.get("serve_label"), *([r.get(c.load)] if c.load else []),
              conclusions.rounded(r["objective_mean"]), _interval(r, bare=True), r.get("runs"),
@@ -126,11 +131,16 @@ def _runs(row: Any) -> str:
 def _sla_capacities(c: conclusions.Conclusions) -> str:
     if c.sla.empty:
         return ""
-    rows = [[r["bench_label"], r["target"], r["serve_label"], r["largest_pass"], r["state"]]
+    metric = str(c.sla["cheapest_metric"].iloc[0]) if "cheapest_metric" in c.sla.columns else ""
+    rows = [[r["bench_label"], r["target"], r["serve_label"], r["largest_pass"], r["state"],
+             *([conclusions.rounded(r[f"{metric}_at_pass"]), "cheapest" if r["cheapest"] else ""] if metric else [])]
             for _, r in c.sla.iterrows()]
+    cost = (f" Beside it, the {metric} of its runs at that load, and the cheapest configuration that meets the "
+            "bound." if metric else "")
     return ("<h3>SLA capacities</h3><p>Per bench point and target, the largest load each server config meets it "
-            "at, best first (inf: met at every load tried).</p>"
-            + html_table(["bench point", "target", "server config", "largest passing value", "search"], rows))
+            f"at, best first (inf: met at every load tried).{esc(cost)}</p>"
+            + html_table(["bench point", "target", "server config", "largest passing value", "search",
+                          *([f"{metric} at it", ""] if metric else [])], rows))
 
 
 def _noise(c: conclusions.Conclusions) -> str:

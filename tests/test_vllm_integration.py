@@ -272,6 +272,7 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
             "placement": {"node_labels": {"pool": "vllm-mn"}},
             # the fabric probe (gloo on CPU) across exactly the server's two bundles, gated on a minimum
             "transport": {"probe": True, "probe_mib": 4, "probe_iters": 2, "min_busbw_gbps": 0.001},
+            "cost": {"gpu_hour": 1.5},
         }
         summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
         led = Ledger.open_existing(out)
@@ -306,6 +307,12 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
         assert sorted(probe["node_ids"]) == sorted(set(row["node_ids"].split(",")))  # the server's own nodes
         assert row["fabric_busbw_gbps"] == probe["busbw_gbps"] > 0.001 and row["fabric_backend"] == "gloo"
         assert row["placement_layout"] == "pack" and str(row["gpu_telemetry"]).startswith("unavailable")
+        # no NVML and no RAPL on this machine: no energy field at all (never a zero), and why; the price per
+        # token still comes from the GPU-hour price (2 GPUs x 1.5 over the whole load's output rate)
+        assert row["energy_note"].startswith("no energy reading: NVML unavailable"), row["energy_note"]
+        assert "RAPL unavailable" in row["energy_note"]
+        assert "energy_j" not in df.columns and "j_per_output_token" not in df.columns
+        assert row["cost_per_m_output_tokens"] == pytest.approx(3.0 / 3600 / row["output_throughput"] * 1e6)
         assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60), \
             f"left running: {[(p.pid, p.name()) for p in _ours(str(tmp_path))]}"
     finally:

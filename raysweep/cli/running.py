@@ -100,7 +100,8 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
 
         _say(dry_run_estimate(plan, measured_from(*estimate_from)))
         return
-    _say(_estimate_text(plan, output_dir, estimate_from, layouts, gpus, spec.campaign.placement.max_servers))
+    _say(_estimate_text(plan, output_dir, estimate_from, layouts, gpus, spec.campaign.placement.max_servers,
+                        spec.campaign.cost))
 
 
 def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path) -> bool:
@@ -133,7 +134,7 @@ def _recorded_links(output_dir: Path) -> str:
 
 
 def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], layouts: dict[str, Any], gpus: int,
-                   max_servers: int | None) -> str:
+                   max_servers: int | None, cost: Any = None) -> str:
     """The estimate of what is left: the output dir's own finished points are not counted again."""
     from raysweep.estimate import estimate, measured_from
     from raysweep.ledger import LEDGER_FILE, Ledger, PointState
@@ -157,7 +158,10 @@ def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], 
         "from the commands and raysweep.estimate.DEFAULTS")
     notes = [f"durations {source}"] + [f"{len(done)} run(s) already done are not counted"] * bool(done) + [
         "GPU-hours of the configurations' shapes: no GPUs here"] * (not gpus)
-    return f"{est.text()} ({'; '.join(notes)})"
+    from raysweep.cost import estimate_line
+
+    priced = estimate_line(cost, est.gpu_hours)
+    return f"{est.text()} ({'; '.join(notes)})" + (f"\n{priced}" if priced else "")
 
 
 @main.command()

@@ -100,6 +100,7 @@ def _show(output_dir: str) -> bool:
     _progress(output_dir, points, {s.serve_id for s in active} if live else set())
     _precision_line(output_dir, stored)
     _workload_lines(output_dir, stored)
+    _spend_line(servers, stored)
     if active:
         st = Table(title="servers running" if live else "servers left by a driver that is gone (reaped on resume)")
         for col in ("server", "nodes", "port", "pids", "gpus per node", "state"):
@@ -131,6 +132,17 @@ def _show(output_dir: str) -> bool:
             if p.log_tail:
                 _say("  " + "\n  ".join(p.log_tail.splitlines()[-5:]), style="dim")
     return not counts.get("pending") and not counts.get("running") and not live
+
+
+def _spend_line(servers: list[Any], stored: dict[str, Any]) -> None:
+    """The GPU-hours held so far and, with a `cost:` block, what they cost (`raysweep.cost`)."""
+    if not servers:
+        return
+    from raysweep.campaign import CostSpec
+    from raysweep.cost import spend_line
+
+    block = stored.get("cost")
+    _say(spend_line(CostSpec.model_validate(block) if block else None, servers))
 
 
 def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:

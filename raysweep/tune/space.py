@@ -147,6 +147,9 @@ def check_tune(campaign: Campaign, serve_combos: list[dict[str, Any]], bench_com
         elif not o.metric.isidentifier():
             raise CampaignError(f"{fld}.metric",
                                 f"must be a result field name (e.g. output_throughput), got {o.metric!r}")
+        elif o.metric.startswith("cost_per_m_") and campaign.cost is None:
+            raise CampaignError(f"{fld}.metric", f"{o.metric} needs a cost: section (the price per GPU-hour; "
+                                                 "docs/energy.md)")
         if o.per == "user" and not all(_concurrency(b, bench_cmd) for b in bench_combos):
             raise CampaignError(f"{fld}.per", "per user divides by max_concurrency; give it in every bench point "
                                               "(bench.params or --max-concurrency in bench.cmd)")
