@@ -68,7 +68,11 @@ log = logging.getLogger(__name__)
 COMPARE_DIR = "compare"
 BASELINE_FILE = "baseline.json"
 DEFAULT_METRICS = ("output_throughput", "output_throughput_per_gpu", "request_throughput", "median_ttft_ms",
-                   "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
+                   "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms",
+                   "j_per_output_token", "cost_per_m_output_tokens")  # the last two where both sides have them
+# energy and cost per token (raysweep.energy, raysweep.cost) are better lower, like latencies
+_LOWER_IS_BETTER = ("_ms", "j_per_output_token", "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens",
+                    "energy_j", "energy_net_j", "power_mean_w", "power_net_mean_w")
 FIGURE_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
 _LABELS = ("serve_label", "bench_label")
 _COLORS = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
@@ -104,8 +108,9 @@ class Comparison:
 
 
 def higher_is_better(metric: str) -> bool:
-    """Throughputs are better higher, latencies (`*_ms`) lower."""
-    return not metric.endswith("_ms")
+    """Throughputs (and output tokens per joule) are better higher; latencies (`*_ms`), energy, power and cost
+    per token lower."""
+    return not metric.endswith(_LOWER_IS_BETTER)
 
 
 # ---------------------------------------------------------------------------------------------------

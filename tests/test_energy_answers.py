@@ -123,3 +123,11 @@ def test_the_reports_energy_section_says_why_it_is_empty_then_shows_the_points(t
     status = CliRunner().invoke(main, ["status", str(out)])
     assert status.exit_code == 0, status.output
     assert "spent:" in status.output and "GPU-hour(s)" in status.output and "USD" in status.output
+
+
+def test_compare_judges_energy_and_cost_per_token_lower_is_better():
+    from raysweep.compare import DEFAULT_METRICS, higher_is_better
+
+    assert not higher_is_better("j_per_output_token") and not higher_is_better("cost_per_m_output_tokens")
+    assert not higher_is_better("net_j_per_total_token") and higher_is_better("output_tokens_per_j")
+    assert {"j_per_output_token", "cost_per_m_output_tokens"} <= set(DEFAULT_METRICS)
