@@ -33,6 +33,7 @@ from typing import Any
 
 from raysweep import placement
 from raysweep.config_life import ConfigLife
+from raysweep.cost import point_cost_fields
 from raysweep.errors import CampaignError
 from raysweep.ledger import Ledger
 from raysweep.live_server import ConfigRun, Server, Servers, new_server_id
@@ -202,6 +203,10 @@ class EndpointPoints(PointRunner):
         rec.update(server_origin=ORIGIN, endpoint_url=server.url,
                    server_unknown=UNKNOWN + ("" if version else ", versions"),
                    gpu_count=None, gpus_per_node=None, num_nodes=None)
+        if self.c.cost is not None:  # priced again without the GPUs the endpoint's are not known to be
+            for key in [k for k in rec if k.startswith("cost_")]:
+                del rec[key]
+            rec.update(point_cost_fields(self.c.cost, rec))
         return rec
 
 

@@ -64,7 +64,8 @@ def test_the_campaigns_spend_counts_every_server_from_its_start_failed_ones_too(
     led.close()
     t = rows["a"].started_at
     fixed = [rows["a"].__class__(**{**rows["a"].__dict__, "stopped_at": t + 1800}),       # 2 GPUs x 0.5 h
-             rows["b"].__class__(**{**rows["b"].__dict__, "state": "failed", "stopped_at": t + 360}),  # failed start
+             rows["b"].__class__(**{**rows["b"].__dict__, "state": "failed", "started_at": t,
+                                                  "stopped_at": t + 360}),  # failed start
              rows["c"].__class__(**{**rows["c"].__dict__, "started_at": t, "stopped_at": None})]  # still running
     spend = cost.campaign_spend(CostSpec(gpu_hour=2.5), fixed, gpus_of={"s1": 4}, now=t + 3600)
     # a: 2 x 0.5 = 1.0; b: 2 x 0.1 = 0.2; c: no GPU ids yet, its configuration's 4 x 1.0 = 4.0 GPU-hours
@@ -85,3 +86,16 @@ def test_a_bad_cost_block_exits_2_naming_the_field(tmp_path, block, expected):
     for text in expected:
         assert text in result.output, (text, result.output)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_prices_its_gpu_hour_estimate(tmp_path):
+    one = dry_run(write_campaign(tmp_path, modified(lambda d: d.update(cost={"gpu_hour": {"H100": 3.0,
+                                                                                          "default": 2.0}}))))
+    assert one.exit_code == 0, one.output
+    line = next(x for x in one.output.splitlines() if x.startswith("Cost:"))
+    hours = float(line.split("(")[1].split(" GPU-hour")[0])
+    price = float(line.split("about ")[1].split(" USD")[0])
+    assert line.endswith("GPU-hour(s) x 2)") and price == pytest.approx(hours * 2.0, abs=0.011)  # both rounded
+    (tmp_path / "typed").mkdir()
+    typed = dry_run(write_campaign(tmp_path / "typed", modified(lambda d: d.update(cost={"gpu_hour": {"H100": 3.0}}))))
+    assert "known once the servers run" in typed.output

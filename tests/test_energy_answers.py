@@ -123,6 +123,9 @@ def test_the_reports_energy_section_says_why_it_is_empty_then_shows_the_points(t
     status = CliRunner().invoke(main, ["status", str(out)])
     assert status.exit_code == 0, status.output
     assert "spent:" in status.output and "GPU-hour(s)" in status.output and "USD" in status.output
+    doc = json.loads(CliRunner().invoke(main, ["status", str(out), "--json"]).output)
+    assert doc["spend"]["servers"] == 2 and doc["spend"]["currency"] == "USD"
+    assert doc["spend"]["cost"] == pytest.approx(doc["spend"]["gpu_hours"] * 2.0)
 
 
 def test_compare_judges_energy_and_cost_per_token_lower_is_better():

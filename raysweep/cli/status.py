@@ -301,6 +301,8 @@ def _events_table(events: list[dict[str, Any]]) -> None:
 def status_document(output_dir: str) -> dict[str, Any]:
     """What `status --json` prints (raysweep/schemas/status.json)."""
     from raysweep import grid
+    from raysweep.campaign import CostSpec
+    from raysweep.cost import campaign_spend
     from raysweep.driver import driver_alive
     from raysweep.estimate import eta_s, measured_from
     from raysweep.ledger import Ledger, PointState
@@ -310,6 +312,7 @@ def status_document(output_dir: str) -> dict[str, Any]:
     try:
         counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
         name, driver = ledger.meta("name"), ledger.last_driver()
+        block = ledger.stored_campaign().get("cost")
     finally:
         ledger.close()
     live = driver is not None and driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"],
@@ -342,4 +345,5 @@ def status_document(output_dir: str) -> dict[str, Any]:
                                       for r in bad]},
         "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
                       "attempts": p.attempts, "error": p.error} for p in points if p.state == PointState.FAILED],
+        "spend": campaign_spend(CostSpec.model_validate(block) if block else None, servers),
     }
