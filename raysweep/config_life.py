@@ -1,9 +1,10 @@
 """The life of one server configuration, from its placement group to its last stop.
 
-`ConfigLife.main` reserves the placement group on the nodes the scheduler chose, then (server mode)
-starts the server (`Servers.start`), warms it up, checks its transport (a refused one gives the
-configuration up), runs its pending points one after another with caches reset between them (or its open
-SLA searches), with the runs `bench.precision` adds to a point right after its last one
+`ConfigLife.main` reserves the placement group on the nodes the scheduler chose, checks its hosts'
+interface and address variables (`netcheck.start_refusal`: a misconfiguration gives the configuration up
+with the fix), then (server mode) starts the server (`Servers.start`), warms it up, checks its transport
+(a refused one gives the configuration up), runs its pending points one after another with caches reset
+between them (or its open SLA searches), with the runs `bench.precision` adds to a point right after its last one
 (`raysweep.sequential`), and stops it; a server that died is started again for the points it had left, a lost host
 actor sends the configuration back to the scheduler. Offline configurations run their points through
 `OfflinePoints`. The group is always released. What it ended with is `ConfigRun.outcome` ("finished",
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from raysweep import placement, sequential, workload_levels
+from raysweep import netcheck, placement, sequential, workload_levels
 from raysweep.bench import backend_for
 from raysweep.ledger import PointRow
 from raysweep.live_server import ConfigRun, Server, Servers
@@ -72,6 +73,11 @@ class ConfigLife:
 
     def _run_config(self, run: ConfigRun) -> str:
         w = self.work
+        assert run.res is not None
+        refused = netcheck.start_refusal(run.res.node_ids, run.serve.env)  # GLOO/NCCL_SOCKET_IFNAME, VLLM_HOST_IP
+        if refused is not None:
+            w.give_up(run.serve, f"refused before its server started:\n{refused}", search_state="host check refused")
+            return "finished"
         if w.plan.spec.offline:
             return self.offline.run(run)
         refused = self.servers.probe_fabric(run)  # transport.probe: before the server takes the GPUs

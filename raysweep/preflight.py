@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from raysweep import netcheck
 from raysweep.preflight_facts import (
     NO_NVIDIA_SMI,
     gpu_facts,
@@ -214,6 +215,7 @@ def gather_node(sysfs_root: str = IB_SYSFS, timeout_s: float = 20.0) -> dict[str
     facts["ibv_devinfo"] = run_command(("ibv_devinfo",), timeout_s)
     facts["env"] = nccl_env(os.environ)
     facts["versions"] = node_versions(timeout_s)
+    facts["net"] = netcheck.host_facts()  # interfaces, addresses, GLOO/NCCL_SOCKET_IFNAME, VLLM_HOST_IP
     facts["gather_s"] = round(time.monotonic() - t0, 3)
     return facts
 
@@ -247,10 +249,13 @@ class Preflight:
     nodes: list[dict[str, Any]]
     findings: list[Finding] = field(default_factory=list)
     warnings: list[NodeWarning] = field(default_factory=list)
+    reachability: list[dict[str, Any]] = field(default_factory=list)  # netcheck.probe_reachability
+    driver: dict[str, str] = field(default_factory=dict)  # the driver's raysweep and vLLM versions
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "findings": [asdict(f) for f in self.findings],
-                "warnings": [asdict(w) for w in self.warnings],
+                "warnings": [asdict(w) for w in self.warnings], "reachability": self.reachability,
+                "driver": self.driver,
                 "summary": {"nodes": len(self.nodes), "gpu_nodes": sum(1 for n in self.nodes if gpu_node(n)),
                             "findings": len(self.findings), "warnings": len(self.warnings)}}
 
@@ -318,8 +323,10 @@ def _most_common(values: list[Any]) -> tuple[Any, bool]:
     return ranked[0][0], len(ranked) > 1 and ranked[0][1] == ranked[1][1]
 
 
-def compare(reports: Sequence[Mapping[str, Any]]) -> tuple[list[Finding], list[NodeWarning]]:
-    """The nodes that differ from the others, field by field, and what is wrong on each node by itself."""
+def compare(reports: Sequence[Mapping[str, Any]], driver: Mapping[str, str] | None = None
+            ) -> tuple[list[Finding], list[NodeWarning]]:
+    """The nodes that differ from the others, field by field, and what is wrong on each node by itself
+    (`driver`: the driver's raysweep and vLLM versions, which every node should have)."""
     answered = [r for r in reports if not r.get("error") and "gpu" in r]
     gpu_reports = [r for r in answered if gpu_node(r)]
     findings: list[Finding] = []
@@ -331,13 +338,18 @@ def compare(reports: Sequence[Mapping[str, Any]]) -> tuple[list[Finding], list[N
         majority, tie = _most_common([v for _, v in pool])
         findings += [Finding(r["node_id"], node_label(r), check.field, v, None if tie else majority, tie)
                      for r, v in pool if tie or v != majority]
-    warnings = [w for r in reports for w in node_warnings(r)]
+    warnings = [w for r in reports for w in node_warnings(r, driver)]
     return findings, warnings
 
 
-def node_warnings(rep: Mapping[str, Any]) -> list[NodeWarning]:
-    """What is wrong on one node, whatever the others have."""
+def node_warnings(rep: Mapping[str, Any], driver: Mapping[str, str] | None = None) -> list[NodeWarning]:
+    """What is wrong on one node, whatever the others have (and, with `driver`, where its raysweep or vLLM
+    differs from the driver's)."""
     say = [] if not rep.get("error") else [f"no report from this node: {rep['error']}"]
+    net = rep.get("net")
+    if net:  # interface and address variables that do not fit this host (netcheck)
+        say += netcheck.env_problems(net, net.get("env") or {})
+        say += netcheck.version_problems(net, driver or {})
     if "gpu" in rep:
         gpu, ib, ray_gpus = rep["gpu"], rep["infiniband"], rep["ray"]["gpus"]
         if gpu_node(rep) and not ib["active_ports"]:
@@ -392,6 +404,11 @@ def describe_node(rep: Mapping[str, Any]) -> list[tuple[str, str]]:
             torch = f"{torch} (CUDA {v.get('torch_cuda') or '-'}, NCCL {v.get('torch_nccl') or '-'})"
         rows.append(("versions", f"python {v.get('python')}, ray {v.get('ray')}, vllm {v.get('vllm')}, "
                                  f"torch {torch}"))
+    if rep.get("net"):
+        net = rep["net"]
+        rows.append(("interfaces", netcheck.interfaces_text(net) or "-"))
+        rows.append(("address env", ", ".join(f"{k}={val}" for k, val in (net.get("env") or {}).items()) or "none set"))
+        rows.append(("raysweep", str((net.get("versions") or {}).get("raysweep"))))
     rows.append(("labels", ", ".join(f"{k}={val}" for k, val in sorted(ray_view["labels"].items())) or "none"))
     rows.append(("resources", ", ".join(f"{k} {_num(val)}" for k, val in sorted(ray_view["resources"].items())
                                         if not k.startswith("node:"))))
@@ -433,16 +450,25 @@ def _alive_nodes() -> list[dict[str, Any]]:
                                         n.get("NodeManagerAddress", ""), n["NodeID"]))
 
 
+def driver_versions() -> dict[str, str]:
+    """The driver's raysweep and vLLM versions, which every host should have."""
+    return dict(netcheck.host_facts()["versions"])
+
+
 def run_preflight(sysfs_root: str | None = None, timeout_s: float = 120.0,
-                  command_timeout_s: float = 20.0) -> Preflight:
+                  command_timeout_s: float = 20.0, reach: bool = True,
+                  driver: Mapping[str, str] | None = None) -> Preflight:
     """Gather every alive node of the connected Ray cluster and compare them. `sysfs_root` (default
     `IB_SYSFS`) is where each node's InfiniBand devices are read; a node that has not answered within
-    `timeout_s` is reported with the reason."""
+    `timeout_s` is reported with the reason. With `reach`, every node dials a TCP listener on every other
+    node's address (`netcheck.probe_reachability`); `driver` (default: this process's) is the raysweep and
+    vLLM versions every node is compared with."""
     import ray
     import ray.cloudpickle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # nodes need no raysweep to answer
+    ray.cloudpickle.register_pickle_by_value(netcheck)
     task = ray.remote(num_cpus=0, max_retries=0)(gather_node)
     root = sysfs_root or IB_SYSFS
     nodes = _alive_nodes()
@@ -469,7 +495,14 @@ def run_preflight(sysfs_root: str | None = None, timeout_s: float = 120.0,
             reports.append(node_report(n, None, last[:300]))
             continue
         reports.append(node_report(n, facts))
-    findings, warnings = compare(reports)
+    driver = dict(driver) if driver is not None else driver_versions()
+    findings, warnings = compare(reports, driver)
+    reached: list[dict[str, Any]] = []
+    if reach:
+        reached = netcheck.probe_reachability([(n["NodeID"], n.get("NodeManagerAddress", "")) for n in nodes])
+        labels = {r["node_id"]: f"{node_label(r)} ({r.get('ip')})" for r in reports}
+        for node_id, says in netcheck.reach_problems(reached, labels).items():
+            warnings += [NodeWarning(node_id, labels.get(node_id, node_id[:8]), s) for s in says]
     log.info("preflight: %d node(s), %d finding(s), %d warning(s)", len(reports), len(findings), len(warnings))
-    return Preflight(nodes=reports, findings=findings, warnings=warnings)
+    return Preflight(nodes=reports, findings=findings, warnings=warnings, reachability=reached, driver=driver)
 

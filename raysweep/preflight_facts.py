@@ -190,5 +190,7 @@ def node_report(node: Mapping[str, Any], facts: Mapping[str, Any] | None, error:
     rep.update(topo_facts(facts.get("topo")))
     rep.update(gpu=gpu_facts(facts.get("nvidia_smi")), infiniband=ib, env=dict(facts.get("env") or {}),
                versions=dict(facts.get("versions") or {}), gather_s=facts.get("gather_s"))
+    if facts.get("net"):
+        rep["net"] = dict(facts["net"])  # interfaces and their addresses, the interface variables (netcheck)
     return rep
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from raysweep import preflight
+from raysweep import netcheck, preflight
 from raysweep.preflight import (
     NO_NVIDIA_SMI,
     compare,
@@ -234,6 +234,7 @@ def test_the_gathering_function_runs_where_raysweep_is_not_installed(tmp_path):
 
     root = fake_ib_tree(tmp_path / "infiniband")
     ray.cloudpickle.register_pickle_by_value(preflight)  # what run_preflight does
+    ray.cloudpickle.register_pickle_by_value(netcheck)
     blob = tmp_path / "gather.pkl"
     blob.write_bytes(ray.cloudpickle.dumps(gather_node))
     code = ("import json, pickle, sys; sys.modules['raysweep'] = None; "
@@ -244,6 +245,8 @@ def test_the_gathering_function_runs_where_raysweep_is_not_installed(tmp_path):
     assert facts["ib_sysfs"] == read_ib_sysfs(root)
     assert facts["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
     assert facts["versions"]["vllm"] == importlib.metadata.version("vllm")
+    assert facts["net"]["interfaces"]["lo"][0] == "127.0.0.1" and facts["net"]["versions"]["vllm"] == \
+        importlib.metadata.version("vllm")
 
 
 # ---------------------------------------------------------------------------------------------------

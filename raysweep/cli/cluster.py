@@ -26,7 +26,9 @@ from raysweep.cli._common import _say, console, main, out
 def preflight(address: str | None, as_json: bool, out_path: str | None, strict: bool, bandwidth: bool,
               bandwidth_mib: float) -> None:
     """Check every node before a sweep: GPUs and driver, InfiniBand ports, NCCL environment, Python, Ray and
-    vLLM versions; flag the nodes that differ from the others."""
+    vLLM versions; flag the nodes that differ from the others, interface and address variables a host lacks
+    (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, VLLM_HOST_IP), raysweep or vLLM versions that differ from the
+    driver's, and hosts that cannot reach each other over TCP."""
     import json
 
     from raysweep.driver import ray_session
@@ -61,6 +63,10 @@ def preflight(address: str | None, as_json: bool, out_path: str | None, strict: 
             out.print(table)
         for w in pre.warnings:
             out.print(f"[yellow]warning[/] {escape(w.node)}: {escape(w.message)}", highlight=False)
+        if pre.reachability:
+            bad = [r for r in pre.reachability if not r["ok"]]
+            _say(f"TCP reachability between hosts: {len(pre.reachability) - len(bad)} of {len(pre.reachability)} "
+                 "connection(s) made")
         if bandwidth:
             table = Table("nodes", "backend", "ranks", "bus bandwidth", title="fabric bandwidth (all-reduce)")
             for row in base["pairs"]:
