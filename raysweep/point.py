@@ -15,13 +15,14 @@ import logging
 import math
 import sqlite3
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import ray
 
 from raysweep import files, metrics, placement, provenance, validity
-from raysweep.bench import timeseries
+from raysweep.bench import sane, timeseries
 from raysweep.bench.command import CommandBench, result_record
 from raysweep.campaign import BenchSpec
 from raysweep.cost import point_cost_fields
@@ -157,11 +158,17 @@ class PointRunner:
             scraper.stop()
         if status != "ok":
             return status, answers
-        out = run.bench.finish(job, answers)
+        try:
+            out = run.bench.finish(job, answers)
+        except Exception as exc:  # its analysis raised: the point fails with the traceback, the campaign goes on
+            trace = traceback.format_exc()
+            log.error("point %s: its analysis raised; the point is recorded failed:\n%s", point.id, trace)
+            return "ok", {"ok": False, "error": f"the point's analysis failed: {type(exc).__name__}: {exc}",
+                          "output_tail": trace}
         res = out.get("result") if out.get("ok") else None
         if res is not None:
             window, bracket = load_windows(res, submitted, returned)
-            res.update(scraper.summary(window, bracket))
+            sane.merge(res, sane.guarded("server_metrics", scraper.summary, window, bracket))
             timeseries.attach(out, scraper.samples)  # per-bin series and the steady-state window (native)
             out["clients"] = job.clients
         return status, out
@@ -253,6 +260,14 @@ class PointRunner:
                 self.keep(run, point, lambda: self.write(run, server, point, result, attempt, started, reset, out))
             except Aborted as exc:  # stopped while waiting for space: nothing of it is recorded as done
                 self.abandon(point, str(exc), attempt)
+                return False
+            except Exception as exc:  # its record could not be made: the point fails, the campaign goes on
+                trace = traceback.format_exc()
+                log.error("point %s: its record could not be made; the point is recorded failed:\n%s", point.id,
+                          trace)
+                error = f"the point's record could not be made: {type(exc).__name__}: {exc}"
+                ledger.mark_failed(point.id, error, trace)
+                emit("point_failed", point=point, error=error, attempt=attempt)
                 return False
             return True
         if out.get("final"):  # a deterministic failure: not tried again (nor with another server start)
@@ -359,6 +374,7 @@ class PointRunner:
         extra.update(point_energy_fields(server.hosts, result, out.get("samples"), started, extra["ended_at"],
                                          self.c.transport.telemetry))
         record = result_record(result, point.serve.params, point.bench.params, point.run, extra)
-        record.update(point_cost_fields(self.c.cost, record, node_label_values(server.nodes)))
-        record.update(validity.validity_fields(record))
+        sane.merge(record, sane.guarded("cost", point_cost_fields, self.c.cost, record,
+                                        node_label_values(server.nodes)))
+        sane.merge(record, sane.guarded("validity", validity.validity_fields, record))
         return record

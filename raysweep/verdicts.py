@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-__all__ = ["ALPHA", "Equivalence", "Slope", "Verdict", "compare_means", "compare_values", "equivalence",
-           "mean_interval", "relative_half_width", "row_stats", "runs_for_half_width", "slope_test",
+__all__ = ["ALPHA", "MIN_RUNS", "WELCH", "Equivalence", "Slope", "Verdict", "compare_means", "compare_values",
+           "equivalence", "mean_interval", "relative_half_width", "row_stats", "runs_for_half_width", "slope_test",
            "t_quantile", "tied_with_leader"]
 
 ALPHA = 0.05   # two-sided level of every test (95 % intervals)
@@ -96,25 +96,34 @@ def runs_for_half_width(cv: float, rel_half_width: float, confidence: float = 0.
 # Two means: Welch's t
 # ---------------------------------------------------------------------------------------------------
 
+MIN_RUNS = 3   # fewer runs on a side: a verdict is "not shown" (Welch with 2 runs errs about twice as often)
+WELCH = "Welch's t over runs"
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """B against A: `word` is `better`, `worse`, `not shown` or `not judged`; `ratio` is mean B / mean A."""
+    """B against A: `word` is `better`, `worse`, `not shown` or `not judged`; `ratio` is mean B / mean A;
+    `test` names the test that decided (Welch's t over runs, or a paired t over blocks: `over_time`) and
+    `reason` why a verdict is not shown or not judged, where that is not the test's p-value."""
 
     word: str
     runs_a: int
     runs_b: int
     ratio: float = math.nan
     p_value: float = math.nan
+    test: str = WELCH
+    reason: str = ""
 
     @property
     def text(self) -> str:
-        """`better`, `worse`, `not shown with 3 and 3 runs`, `not judged: fewer than 2 runs on a side`."""
+        """`better`, `worse`, `not shown with 3 and 3 runs`, `not shown with 2 and 5 runs (fewer than 3 runs
+        on a side)`, `not judged: fewer than 2 runs on a side`."""
         if self.word == "not shown":
             runs = (f"{self.runs_a} runs" if self.runs_a == self.runs_b
                     else f"{self.runs_a} and {self.runs_b} runs")
-            return f"not shown with {runs}"
+            return f"not shown with {runs}" + (f" ({self.reason})" if self.reason else "")
         if self.word == "not judged":
-            return "not judged: fewer than 2 runs on a side"
+            return f"not judged: {self.reason or 'fewer than 2 runs on a side'}"
         return self.word
 
     @property
@@ -131,6 +140,8 @@ def compare_means(a: tuple[float, float, int], b: tuple[float, float, int], high
     if na < 2 or nb < 2 or not all(math.isfinite(v) for v in (ma, sa, mb, sb)):
         return Verdict("not judged", na, nb, ratio)
     p = _welch_p(ma, sa, na, mb, sb, nb)
+    if min(na, nb) < MIN_RUNS:
+        return Verdict("not shown", na, nb, ratio, p, reason=f"fewer than {MIN_RUNS} runs on a side")
     if not p < alpha:
         return Verdict("not shown", na, nb, ratio, p)
     up = mb > ma
@@ -198,17 +209,21 @@ def tied_with_leader(candidates: Sequence[tuple[float, float, int]], higher_is_b
     """The candidate with the best mean, and which of the others it is not shown to beat: Welch's test of the
     leader against each (two-sided p-values), Holm's step-down correction over the family (a candidate is
     behind only when its adjusted p-value is under `alpha` and it is worse). A candidate with fewer than 2
-    runs, or a leader with fewer than 2, is `not_judged`."""
+    runs, or a leader with fewer than 2, is `not_judged`; one with fewer than `MIN_RUNS` (or a leader with
+    fewer) is tied: it cannot be shown behind."""
     means = [c[0] if math.isfinite(c[0]) else (-math.inf if higher_is_better else math.inf) for c in candidates]
     lead = int(np.argmax(means) if higher_is_better else np.argmin(means))
     out = Leadership(lead)
     pvals: dict[int, float] = {}
+    short: list[int] = []
     for i, c in enumerate(candidates):
         if i == lead:
             continue
         v = compare_means(candidates[lead], c, higher_is_better, alpha=1.0)   # p only
         if v.word == "not judged":
             out.not_judged.append(i)
+        elif v.reason:   # too few runs to be shown behind: tied, outside the family
+            short.append(i)
         else:
             pvals[i] = v.p_value
     order = sorted(pvals, key=lambda i: pvals[i])
@@ -218,6 +233,7 @@ def tied_with_leader(candidates: Sequence[tuple[float, float, int]], higher_is_b
         out.adjusted_p[i] = running
         stopped = stopped or running >= alpha
         (out.tied if stopped else out.behind).append(i)
+    out.tied.extend(short)
     out.tied.sort(key=lambda i: means[i], reverse=higher_is_better)
     return out
 

@@ -41,7 +41,7 @@ import aiohttp
 import ray
 
 from raysweep import procs
-from raysweep.bench import arrivals, stats
+from raysweep.bench import arrivals, sane, stats
 from raysweep.bench.datasets import Request, make_requests, payload, tokenizer_for
 from raysweep.bench.options import LoadOptions, parse_load_options
 from raysweep.bench.sessions import conversations, system_history, with_history
@@ -507,7 +507,7 @@ class NativeBench:
             result.update(ramp_up_strategy=opts.ramp_up_strategy, ramp_up_start_rps=opts.ramp_up_start_rps,
                           ramp_up_end_rps=opts.ramp_up_end_rps)
         result.update(stats.point_metrics(samples, opts))
-        result.update(stats.client_check(samples, opts, job.rate, **self.guard))
+        sane.merge(result, sane.guarded("client_check", stats.client_check, samples, opts, job.rate, **self.guard))
         result.update(bench_backend="native", num_clients=job.clients, dataset_name=opts.dataset_name,
                       prompt_format=job.prompt_format, client_node_ips=",".join(job.nodes),
                       client_start_late_ms=1000 * max(a.get("start_late_s", 0.0) for a in answers),

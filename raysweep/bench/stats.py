@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from raysweep.bench.options import PERCENTILE_METRICS, LoadOptions
+from raysweep.bench.sane import finite_samples, guarded, merge
 
 __all__ = ["COLUMNS", "WORKLOAD_COLUMNS", "MAX_LOOP_LAG_MS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION",
            "STEADY_DETECT_DRIFT_PCT", "STEADY_MAX_DRIFT_PCT",
@@ -144,7 +145,7 @@ def vllm_buckets(starts: np.ndarray, ends: np.ndarray, chunks: list[np.ndarray])
     """vLLM's `max_output_tokens_per_s` and `max_concurrent_requests` of successful requests: 1-s buckets from
     the earliest start; each token chunk counts 1 in its bucket, each request 1 in every bucket from its start's
     to its end's."""
-    if starts.size == 0:
+    if starts.size == 0 or not (np.isfinite(starts).all() and np.isfinite(ends).all()):
         return 0.0, 0
     t0 = float(np.min(starts))
     n = int(np.ceil(float(np.max(ends)) - t0)) + 1
@@ -159,7 +160,10 @@ def vllm_buckets(starts: np.ndarray, ends: np.ndarray, chunks: list[np.ndarray])
 
 
 def point_metrics(s: dict[str, Any], opts: LoadOptions) -> dict[str, Any]:
-    """Every metric of the point, from the pooled (and `settle`d) samples."""
+    """Every metric of the point, from the pooled (and `settle`d) samples (made finite first:
+    `bench.sane.finite_samples`); an analysis beside the headline metrics that raises (steady state, reasoning,
+    turns) marks its own fields not computed (`bench.sane.guarded`) and the point keeps the others."""
+    s = finite_samples(s)
     ok = _arr(s, "ok", bool)
     begin, sent, end, first = _begin(s), _arr(s, "sent"), _arr(s, "end"), _arr(s, "first")
     done = _arr(s, "done", instead="end")
@@ -196,10 +200,10 @@ def point_metrics(s: dict[str, Any], opts: LoadOptions) -> dict[str, Any]:
              "ttft_on_wire": (first - sent)[ok], "e2el_on_wire": (end - sent)[ok]}
     for name, values in extra.items():
         out.update({k: v for k, v in _summary(values, name, (99.0,)).items() if not k.startswith("std")})
-    out.update(steady_state(s))
-    out.update(_reasoning(s, ok, begin, pcts))
+    merge(out, guarded("steady_state", steady_state, s))
+    merge(out, guarded("reasoning", _reasoning, s, ok, begin, pcts))
     if any(t is not None and t >= 0 for t in s.get("turn") or []):
-        out.update(turn_metrics(s))
+        merge(out, guarded("turns", turn_metrics, s))
     errors = [e for e in s["error"] if e]
     if errors:
         out["errors_sample"] = sorted(set(errors))[:5]
@@ -248,6 +252,7 @@ def turn_metrics(s: dict[str, Any]) -> dict[str, Any]:
 def per_request(s: dict[str, Any]) -> dict[str, np.ndarray]:
     """Per request, in ms: TTFT, TPOT (0 for one-token outputs), mean ITL and E2EL (NaN for failed requests),
     with `ok`: what an attainment judge counts."""
+    s = finite_samples(s)
     ok = _arr(s, "ok", bool)
     begin, end, first = _begin(s), _arr(s, "end"), _arr(s, "first")
     outs = _arr(s, "out_tok", np.int64)
@@ -274,14 +279,15 @@ def _good(ttft: np.ndarray, e2el: np.ndarray, outs: np.ndarray, slo: dict[str, f
 def per_second_throughput(s: dict[str, Any]) -> dict[str, np.ndarray]:
     """Completed requests and output tokens of each whole 1-s bucket from the common start to the last token
     (a request's tokens spread evenly over its chunks; a partial last second is left out)."""
+    s = finite_samples(s)
     ok = _arr(s, "ok", bool)
     if not ok.any():
         return {"requests": np.zeros(0), "tokens": np.zeros(0)}
     begin, end, outs = _begin(s)[ok], _arr(s, "end")[ok], _arr(s, "out_tok", np.int64)[ok]
     chunks = [np.asarray(c, dtype=float) for c, good in zip(s["chunks"], ok) if good]
     n = int(math.floor(float(np.max(end))))
-    times = np.concatenate([b + c for b, c in zip(begin, chunks)])
-    weights = np.concatenate([np.full(c.size, o / c.size) for c, o in zip(chunks, outs) if c.size])
+    times = np.concatenate([np.zeros(0), *(b + c for b, c in zip(begin, chunks))])
+    weights = np.concatenate([np.zeros(0), *(np.full(c.size, o / c.size) for c, o in zip(chunks, outs) if c.size)])
     tokens = np.histogram(times, bins=n, range=(0, n), weights=weights)[0] if n else np.zeros(0)
     requests = np.histogram(end, bins=n, range=(0, n))[0].astype(float) if n else np.zeros(0)
     return {"requests": requests, "tokens": tokens}
@@ -339,7 +345,9 @@ def steady_state(s: dict[str, Any]) -> dict[str, Any]:
     from raysweep.verdicts import slope_test, t_quantile
 
     out: dict[str, Any] = dict.fromkeys(STEADY_FIELDS)
+    s = finite_samples(s)
     if not _arr(s, "ok", bool).any():
+        out["steady_state_note"] = "not judged: no request succeeded"
         return out
     begin, mid, tokens = _token_mass(s)
     lo, hi = float(np.min(begin)) + float(np.max(mid - begin)), float(np.max(begin))
@@ -353,12 +361,16 @@ def steady_state(s: dict[str, Any]) -> dict[str, Any]:
     q = t_quantile(1.0 - STEADY_ALPHA / 2.0, bins - 2)
     slope = slope_test(series.tolist(), STEADY_MAX_DRIFT_PCT, confidence=1.0 - STEADY_ALPHA)
     if slope is None:
+        out["steady_state_note"] = "not judged: no output tokens in the judged window"
         return out
     width = (hi - lo) / bins
     span = float(max(np.max(_arr(s, "end")), np.max(_arr(s, "done", instead="end"))))  # the whole point
     per_s = slope.pct_per_step / width
     c, half = per_s * span / 100.0, (slope.high - slope.low) / 2.0 / width * span / 100.0
     allowed, target = _ratio_c(STEADY_MAX_DRIFT_PCT), _ratio_c(STEADY_DETECT_DRIFT_PCT)
+    if not (math.isfinite(c) and math.isfinite(half)):
+        out["steady_state_note"] = "not judged: the slope of the judged window is not finite"
+        return out
     flagged = c - half > allowed or c + half < -allowed
     se = half / q
     detectable = allowed + (q + t_quantile(STEADY_POWER, bins - 2)) * se
@@ -406,6 +418,7 @@ def client_check(s: dict[str, Any], opts: LoadOptions, rate: float, max_send_lag
     loop's send lag counts only where it left the slots idle: over `1 - min_rate_fraction` of their time
     (`_slot_idle_fraction`); a wait of tens of ms before requests that the server holds for seconds costs the
     server nothing."""
+    s = finite_samples(s)
     begin, ready = _begin(s), _arr(s, "ready")
     sessions = opts.dataset_name == "multi_turn"  # later turns are ready when the think time is over
     if math.isinf(rate) and not opts.max_concurrency and not sessions:

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raysweep.bench.sane import finite_samples, guarded, merge
 from raysweep.bench.stats import _arr, _begin, _summary
 from raysweep.files import write_bytes_atomic
 
@@ -62,6 +63,7 @@ def series(s: dict[str, Any], scrapes: list[Any] | None = None, interval: float 
            start_wall: float | None = None) -> dict[str, np.ndarray]:
     """The point's time series (see the module docstring) from its pooled samples and the server scrapes
     (objects with `.at`, a wall time, and `.values`; `start_wall` is the point's start on that clock)."""
+    s = finite_samples(s)
     ok = _arr(s, "ok", bool)
     begin, end, first = _begin(s), _arr(s, "end"), _arr(s, "first")
     done = np.maximum(_arr(s, "done", instead="end"), end)
@@ -77,8 +79,7 @@ def series(s: dict[str, Any], scrapes: list[Any] | None = None, interval: float 
     chunks = [np.asarray(c, dtype=float) for c, good in zip(s["chunks"], ok) if good]
     outs = _arr(s, "out_tok", float)[ok]
     times = np.concatenate([b + c for b, c in zip(begin[ok], chunks)]) if chunks else np.zeros(0)
-    weights = np.concatenate([np.full(c.size, o / c.size) for c, o in zip(chunks, outs) if c.size]) \
-        if chunks else np.zeros(0)
+    weights = np.concatenate([np.zeros(0), *(np.full(c.size, o / c.size) for c, o in zip(chunks, outs) if c.size)])
     out["output_throughput"] = np.bincount(idx(times), weights=weights, minlength=n)[:n] / width
     out["in_flight"] = np.diff(_in_flight_integral(begin, done, edges)) / width
     ttft, at = ((first - begin) * 1000.0)[ok], idx(first[ok])
@@ -158,6 +159,7 @@ def steady_fields(s: dict[str, Any], ts: dict[str, np.ndarray], interval: float,
         return out
     a, b = window
     t0, t1 = a * interval, b * interval
+    s = finite_samples(s)
     ok = _arr(s, "ok", bool)
     begin, end, first = _begin(s), _arr(s, "end"), _arr(s, "first")
     inside = ok & (begin >= t0) & (begin < t1)
@@ -181,9 +183,17 @@ def attach(out: dict[str, Any], scrapes: list[Any] | None) -> None:
     if res is None or samples is None or not len(samples.get("ok") or []):
         return
     interval = float(res.get("timeseries_interval_s") or 1.0)
-    ts = series(samples, scrapes, interval, res.get("start_time"))
+    try:
+        ts = series(samples, scrapes, interval, res.get("start_time"))
+    except Exception as exc:  # the point keeps its result without a time series, and says why
+        merge(res, guarded("timeseries", _raise, exc))
+        return
     out["timeseries"] = ts
-    res.update(steady_fields(samples, ts, interval))
+    merge(res, guarded("steady_window", steady_fields, samples, ts, interval))
+
+
+def _raise(exc: BaseException) -> dict[str, Any]:
+    raise exc
 
 
 def write_timeseries(path: str | Path, ts: dict[str, np.ndarray]) -> Path:
