@@ -17,6 +17,12 @@ native backend), `M_pooled` is the percentile of the requests of all runs pooled
 `M_pooled_ci_high` its two-level bootstrap interval (runs resampled, then requests within each drawn run;
 for ITL, whole requests with their gaps); none for a single run. The column `ci_method` says which a row got.
 
+Over the order its runs were measured in (`runs_over_time`, `raysweep.over_time`), a point gets the trend
+test of its first rate metric (`drift`, `drift_pct_per_run`, `drift_p`, `drift_text`: a point whose runs
+drift is flagged, never green in the conclusions nor "reached" by `bench.precision`) and, where it does
+not drift, Grubbs' outlier rule on that metric: an outlier run is left out of the point's statistics
+(`runs_left_out`, `left_out_reasons` "outlier run 1", `outlier_text` says which and how far).
+
 A point is `noisy` when the coefficient of variation of one of its `NOISE_METRICS` exceeds `threshold`
 (default 5 %; `noisy_metrics` names them), and `runs_needed` is the number of runs that would bring the
 t-interval's half-width of every one of them under `threshold` of its mean (estimated from the spread
@@ -40,8 +46,9 @@ from raysweep.errors import UserError, unknown_names
 from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.verdicts import t_quantile
 
-__all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "check_names", "headline_metrics",
-           "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed", "summarize",
+__all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "TIME_COLUMNS", "check_names", "headline_metrics",
+           "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed", "runs_over_time",
+           "summarize",
            "summary_params", "summary_table", "t_quantile", "write_summary"]
 
 log = logging.getLogger(__name__)
@@ -233,6 +240,12 @@ def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: 
     used = group if not left.any() else group[~left] if (~left).any() else group  # no copy when none is left out
     row.update(runs=len(used), runs_total=len(group), runs_left_out=int(left.sum()) if (~left).any() else 0,
                left_out_reasons=left_out_reasons(group[left]), on_flagged_runs=bool(left.all()) and len(group) > 0)
+    timed, outlier = runs_over_time(used, metrics)
+    row.update(timed)
+    if outlier is not None:   # shown and judged: left out of the point's statistics like a flagged run
+        used = used.drop(index=outlier)
+        reasons = ", ".join(r for r in (row["left_out_reasons"], "outlier run 1") if r)
+        row.update(runs=len(used), runs_left_out=row["runs_left_out"] + 1, left_out_reasons=reasons)
     group = used
     values = group[metrics].to_numpy(dtype=float)  # numeric already (summarize): one array per point
     stats = {m: _stats(values[:, i], confidence) for i, m in enumerate(metrics)}
@@ -250,6 +263,36 @@ def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: 
         if m in pooled:
             row[f"{m}_pooled"], row[f"{m}_pooled_ci_low"], row[f"{m}_pooled_ci_high"] = pooled[m]
     return row
+
+
+TREND_METRICS = ("output_throughput", "request_throughput", "total_token_throughput")
+TIME_COLUMNS = ("drift", "drift_pct_per_run", "drift_p", "drift_text", "drift_metric", "outlier_text")
+
+
+def runs_over_time(runs: pd.DataFrame, metrics: Sequence[str]) -> tuple[dict[str, Any], Any]:
+    """A point's runs over the order they were measured in (`over_time.run_order`): the trend test of its
+    first rate metric (`drift`: drifts / no drift shown / not judged, with the slope in % per run, its p-value
+    and the answer in words) and Grubbs' outlier rule on the same metric where it does not drift; returns
+    those fields and the index label of the outlier run (None: none)."""
+    from raysweep import over_time
+
+    metric = next((m for m in TREND_METRICS if m in metrics), None)
+    fields: dict[str, Any] = dict.fromkeys(TIME_COLUMNS)
+    if metric is None or runs.empty:
+        return fields, None
+    order = over_time.run_order(runs)
+    values = pd.to_numeric(runs.loc[order, metric], errors="coerce").tolist()
+    t = over_time.trend(values)
+    fields.update(drift=t.word, drift_pct_per_run=t.pct_per_run, drift_p=t.p_value, drift_text=t.text,
+                  drift_metric=metric)
+    if t.drifts:
+        fields["outlier_text"] = "not judged: the runs drift"
+        return fields, None
+    marks = over_time.outliers(values)
+    fields["outlier_text"] = marks.text
+    if marks.count and len(values) - marks.count >= 2:
+        return fields, order[marks.mask.index(True)]
+    return fields, None
 
 
 def left_out_mask(runs: pd.DataFrame) -> pd.Series:

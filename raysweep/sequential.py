@@ -111,16 +111,16 @@ def settle(work: Workload, serve: ServeConfig, bench_id: str, announce: bool = T
     nxt = PointRun(id=point_id(serve.id, bench_id, spent), serve=serve, bench=base.bench, run=spent)
     work.ledger.add_points([(nxt.id, serve.id, bench_id, spent, serve.params, base.bench.params)])
     work.plan.add_runs([nxt])
-    log.info("point %s/%s: +-%.1f %% of %s after %d run(s), wider than +-%.1f %%: run %d added", serve.id, bench_id,
-             100 * decision.rel_half_width, spec.metric, decision.runs_done, 100 * spec.rel_half_width, spent)
+    log.info("point %s/%s: %s: run %d added", serve.id, bench_id, decision.text(spec), spent)
     return nxt
 
 
 def _announce(work: Workload, serve: ServeConfig, bench_id: str, decision: Decision, spec: PrecisionSpec) -> None:
-    log.info("point %s/%s: %s after %d run(s) (+-%.1f %% of %s)", serve.id, bench_id, decision.state,
-             decision.runs_done, 100 * decision.rel_half_width, spec.metric)
+    log.info("point %s/%s: %s after %d run(s): %s", serve.id, bench_id, decision.state, decision.runs_done,
+             decision.text(spec))
     work.emit("precision", serve=serve, bench_id=bench_id, state=decision.state, runs_done=decision.runs_done,
-              rel_half_width=decision.rel_half_width, target=spec.rel_half_width, metric=spec.metric)
+              rel_half_width=decision.rel_half_width, target=spec.rel_half_width, metric=spec.metric,
+              text=decision.text(spec), drift=decision.drift)
 
 
 def settle_all(work: Workload) -> int:

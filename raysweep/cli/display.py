@@ -152,9 +152,11 @@ class _ProgressDisplay:
         elif kind == "precision":  # bench.precision decided a point
             what = {"reached": "reached", "max_runs": "[yellow]stopped at max_runs without[/]",
                     "max_duration": "[yellow]stopped at max_duration_s without[/]"}.get(data["state"], data["state"])
-            p.console.print(f"precision {escape(data['serve'].label)} / {data['bench_id']}: {what} "
-                            f"+-{100 * data['target']:g} % of {data['metric']} after {data['runs_done']} run(s) "
-                            f"(+-{100 * data['rel_half_width']:.1f} %)", highlight=False)
+            said = (f"{what} +-{100 * data['target']:g} % of {data['metric']} after {data['runs_done']} run(s) "
+                    f"(+-{100 * data['rel_half_width']:.1f} %)") if not data.get("text") else \
+                f"{what if data['state'] != 'reached' else 'reached'} after {data['runs_done']} run(s): " \
+                f"{escape(data['text'])}"
+            p.console.print(f"precision {escape(data['serve'].label)} / {data['bench_id']}: {said}", highlight=False)
         elif kind == "workload_levels":  # bench.workload decided a shape's load levels
             levels = ", ".join(str(v) for v in data["levels"]) or "none"
             p.console.print(f"load levels {escape(data['serve'].label)} / {data['bench_id']}: {data['variable']} "

@@ -1,0 +1,124 @@
+"""raysweep.over_time and its use: the trend test over a point's runs, Grubbs' outlier rule, the paired verdict,
+families of verdicts, bounds judged on intervals; the summary's drift and outlier columns and bench.precision's
+stopping rule on a drifting point. Synthetic data; the error rates are measured by
+benchmarks/bench_verdicts.py (and its seeded quick version in tests/test_bench_verdicts.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from raysweep import aggregate, over_time, precision
+
+
+def test_the_demo_point_that_lost_15_percent_over_its_runs_drifts():
+    # a real CPU demo point of 2026-11-28, every run of which passed its validity record
+    t = over_time.trend([101.0, 100.1, 94.7, 90.1, 85.6])
+    assert t.drifts and t.p_value == pytest.approx(0.0025, abs=0.001)
+    assert t.pct_per_run == pytest.approx(-4.2, abs=0.2) and t.high < 0
+    assert t.text.startswith("drifts -4.") and "over 5 runs" in t.text
+    fit = stats.linregress(np.arange(5), [101.0, 100.1, 94.7, 90.1, 85.6])
+    assert t.p_value == pytest.approx(fit.pvalue)
+
+
+def test_stationary_runs_show_no_drift_and_too_few_are_not_judged():
+    assert over_time.trend([100.0, 101.0, 99.5, 100.4, 99.8]).word == "no drift shown"
+    short = over_time.trend([100.0, 90.0])
+    assert short.word == "not judged" and short.text == "not judged: fewer than 3 runs with a value"
+    assert over_time.trend([100.0, math.nan, 100.0, 100.0]).word == "no drift shown"
+
+
+def test_one_slow_run_in_ten_is_an_outlier_and_a_normal_spread_has_none():
+    rng = np.random.default_rng(5)
+    v = list(1000 * (1 + 0.02 * rng.standard_normal(10)))
+    v[6] *= 0.8
+    o = over_time.outliers(v)
+    assert o.mask == [i == 6 for i in range(10)] and o.deviation_pct < -15
+    assert "run 6 of 10 is an outlier" in o.text
+    assert over_time.outliers(list(1000 * (1 + 0.02 * rng.standard_normal(10)))).count == 0
+    assert over_time.outliers([1.0, 2.0]).text.startswith("not judged")
+
+
+def test_the_paired_verdict_removes_a_drift_common_to_both_arms():
+    # a 5 % lead of B, both arms drifting down 3 % per block, little noise within a block
+    rng = np.random.default_rng(2)
+    blocks = np.arange(6)
+    level = 1000 * (1 - 0.03 * blocks)
+    a = level * (1 + 0.005 * rng.standard_normal(6))
+    b = 1.05 * level * (1 + 0.005 * rng.standard_normal(6))
+    v = over_time.paired_verdict(blocks, a, blocks, b)
+    assert v.word == "better" and v.ratio == pytest.approx(1.05, abs=0.01)
+    assert v.test == "paired t over 6 blocks"
+    from raysweep import verdicts
+
+    assert verdicts.compare_values(a, b).word == "not shown"   # unpaired, the drift hides it
+    two = over_time.paired_verdict([0, 1], a[:2], [0, 1], b[:2])
+    assert two.word == "not shown" and "fewer than 3 pairs" in two.text
+    none = over_time.paired_verdict([0, 1, 2], a[:3], [7, 8, 9], b[:3])
+    assert none.word == "not judged"
+
+
+def test_families_holm_and_benjamini_hochberg():
+    p = [0.01, 0.02, 0.03, 0.5, math.nan]
+    holm = over_time.adjust(p, "holm")
+    assert holm.adjusted[:4] == pytest.approx([0.04, 0.06, 0.06, 0.5]) and math.isnan(holm.adjusted[4])
+    bh = over_time.adjust(p, "bh")
+    assert bh.adjusted[:4] == pytest.approx(list(stats.false_discovery_control([0.01, 0.02, 0.03, 0.5])))
+    assert bh.text == "4 tests, false discovery rate (Benjamini-Hochberg) at 5%"
+
+
+@pytest.mark.parametrize("low, high, op, word", [(400, 480, "<=", "met"), (480, 520, "<=", "not shown"),
+                                                 (510, 600, "<=", "missed"), (10, 12, ">=", "met"),
+                                                 (math.nan, 1, "<=", "not shown")])
+def test_a_bound_is_met_only_when_the_whole_interval_is_inside(low, high, op, word):
+    assert over_time.bound_verdict(low, high, op, 500 if op == "<=" else 9) == word
+
+
+def _runs(values, started=None):
+    n = len(values)
+    return pd.DataFrame({"serve_id": "s", "bench_id": "b", "point_id": [f"p{i}" for i in range(n)],
+                         "run_number": range(n), "max_concurrency": 4, "output_throughput": values,
+                         "started_at": started if started is not None else [100.0 * i for i in range(n)],
+                         "validity_ok": True, "validity_issues": ""})
+
+
+def test_the_summary_flags_a_drifting_point_and_leaves_an_outlier_run_out():
+    drifting = aggregate.summarize(_runs([101.0, 100.1, 94.7, 90.1, 85.6])).iloc[0]
+    assert drifting["drift"] == "drifts" and drifting["drift_pct_per_run"] < -3
+    assert drifting["outlier_text"] == "not judged: the runs drift" and drifting["runs"] == 5
+    # the runs' order is their start time, not their run number
+    shuffled = aggregate.summarize(_runs([85.6, 101.0, 90.1, 100.1, 94.7], [400.0, 0.0, 300.0, 100.0, 200.0]))
+    assert shuffled.iloc[0]["drift"] == "drifts"
+    rng = np.random.default_rng(1)
+    v = list(1000 * (1 + 0.01 * rng.standard_normal(8)))
+    v[3] *= 0.8
+    s = aggregate.summarize(_runs(v)).iloc[0]
+    assert s["runs"] == 7 and s["runs_left_out"] == 1 and "outlier run 1" in s["left_out_reasons"]
+    assert s["output_throughput_mean"] == pytest.approx(np.mean(np.delete(v, 3)))
+
+
+def test_a_drifting_point_is_never_reached_by_the_precision_rule_and_says_so():
+    spec = precision.PrecisionSpec(metric="output_throughput", rel_half_width=0.05, min_runs=3, max_runs=6)
+    values = [100.0, 98.6, 97.0, 95.5, 94.1]   # narrow enough, but falling 1.5 % a run
+    d = precision.decide(values, 5, spec)
+    assert d.state == "measuring" and d.drift.startswith("drifts")
+    assert "never reached while they do" in d.text(spec)
+    d6 = precision.decide([*values, 92.6], 6, spec)
+    assert d6.state == "max_runs" and d6.text(spec).endswith("stopped at max_runs")
+
+
+def test_the_rules_state_in_words_quotes_the_intervals_it_read():
+    spec = precision.PrecisionSpec(metric="output_throughput", rel_half_width=0.05, min_runs=3, max_runs=5)
+    values = [100.0, 108.0, 93.0, 104.0, 97.0]
+    d = precision.decide(values, 5, spec)
+    from raysweep.verdicts import relative_half_width
+
+    w5, w4 = (relative_half_width(values[:n], 0.95) for n in (5, 4))
+    assert d.state == "max_runs"
+    assert d.text(spec) == (f"95% interval of output_throughput's mean: +-{100 * w5:.1f} % at run 5, "
+                            f"+-{100 * w4:.1f} % at run 4: the rule needs 2 successive runs within +-5.0 %; "
+                            "stopped at max_runs")
