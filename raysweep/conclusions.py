@@ -15,11 +15,16 @@ latency (`_ms`), a duration or a failure count; `min:`/`max:` in front of it say
 objective ranks a point whose failed requests would reach its percentile (any failure for a mean) after
 every point whose requests did not, as the SLA judge counts a failed request as infinitely slow.
 
-With a service-level objective (the campaign's `slo:`), only points whose means meet it are ranked
-(goodput-style); a shape where none does says so. Per shape the best point of each server config is ranked;
-the leader is tested against every other one with Welch's t over their runs, Holm's correction over the
-family (the leader is the best of many, `verdicts.tied_with_leader`): those not shown to be behind are
-*tied with the leader*. Without an slo, the *knee* is the point of highest objective among those whose
+With a service-level objective (the campaign's `slo:`), only points shown to meet it are ranked
+(goodput-style): the 95 % interval of each threshold's metric inside its bound (`slo_judgement`: met,
+missed or not shown; a latency percentile judged on its pooled requests where the raw samples are
+kept); a shape where none is shown to meet it names no winner, only the nearest point. Per shape the
+best point of each server config is ranked; the leader is tested against every other one with Welch's t
+over their runs (or, where their runs carry a pairing key, `block` or `slot`, a paired t over those
+pairs: `over_time.paired_verdict`), Holm's correction over the family (the leader is the best of many,
+`verdicts.tied_with_leader`): those not shown to be behind are *tied with the leader*. A leader or
+runner-up whose runs drift over their order is never green (`ShapeVerdict.clear`). Without an slo, the
+*knee* is the point of highest objective among those whose
 median E2EL (else median TPOT, else median TTFT) is at most `KNEE_FACTOR` times the lowest of the shape.
 Beside the best, each shape names its *cheapest* point (under the slo where there is one): the least
 `cost_per_m_output_tokens` where the campaign has a `cost:` block, else the least `j_per_output_token` where
@@ -39,7 +44,7 @@ import pandas as pd
 
 from raysweep import aggregate, plots, verdicts
 from raysweep.errors import UserError, unknown_names
-from raysweep.sla import Target, meets
+from raysweep.sla import Target
 
 __all__ = [
     "CHEAPEST_METRICS",
@@ -75,7 +80,8 @@ KNEE_FACTOR = 2.0
 CARD_LATENCIES = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
 _KNEE_LATENCIES = ("median_e2el_ms", "median_tpot_ms", "median_ttft_ms")
 _RUN_COUNTS = ("runs", "runs_total", "runs_left_out", "left_out_reasons", "on_flagged_runs", "noisy",
-               "noisy_metrics", "runs_needed")
+               "noisy_metrics", "runs_needed", *aggregate.TIME_COLUMNS)
+_SLO_STATS = ("mean", "ci_low", "ci_high", "pooled", "pooled_ci_low", "pooled_ci_high")
 
 
 @dataclass(frozen=True)
@@ -153,11 +159,16 @@ class ShapeVerdict:
     knee_bound: str = ""
     cheapest: pd.Series | None = None  # the point of least cost (else energy) per output token, under the slo
     cheapest_metric: str = ""
+    test: str = verdicts.WELCH   # the test that decided the leader against the runner-up
+    drifting: bool = False       # the leader's or the runner-up's runs drift over their order
+    nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
 
     @property
     def clear(self) -> bool:
-        """A verdict shown in green: the leader beats every other config and none of their runs is flagged."""
-        return bool(self.significant) and not self.tied and not self.flagged and self.slo_met is not False
+        """A verdict shown in green: the leader beats every other config, none of their runs is flagged, and
+        neither drifts."""
+        return (bool(self.significant) and not self.tied and not self.flagged and self.slo_met is not False
+                and not self.drifting)
 
 
 @dataclass
@@ -195,7 +206,8 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     load = plots.load_variable(df, "")
     keys = shape_keys(df, bench_vars, load or None, sla_variable)
     points, notes = _points(df, summary, obj, load or None, keys, slo)
-    verdicts_ = [_verdict(shape, rows, obj, slo) for shape, rows in points.groupby("shape", sort=False)]
+    verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None)
+                 for shape, rows in points.groupby("shape", sort=False)]
     fronts, front_notes = _fronts(df, points)
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
                        _sla_capacities(sla if sla is not None else pd.DataFrame(), df), notes, slo)
@@ -222,6 +234,8 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     means = [f"{m}_mean" for m in sorted(wanted) if f"{m}_mean" in summary.columns and f"{m}_mean" not in stats]
     means += [f"{m}_{st}" for m in CHEAPEST_METRICS for st in ("mean", "ci_low", "ci_high")
               if f"{m}_{st}" in summary.columns and f"{m}_{st}" not in (*stats, *means)]
+    means += [f"{t.metric}_{k}" for t in (slo.thresholds if slo else ()) for k in _SLO_STATS[1:]
+              if f"{t.metric}_{k}" in summary.columns and f"{t.metric}_{k}" not in stats + means]
     extra = [c for c in (*_RUN_COUNTS, f"{obj.metric}_cv") if c in summary.columns]
     pts = info.merge(summary[[*_POINT, *stats, *extra, *means]], on=_POINT, how="inner")
     for col in stats:
@@ -230,8 +244,10 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     pts = pts[np.isfinite(pd.to_numeric(pts["objective_mean"], errors="coerce"))]
     pts = pts.assign(failed_last=_failed_last(df, pts, obj))
     if slo is not None:
-        pts = pts.assign(meets_slo=[meets({t.metric: r.get(f"{t.metric}_mean") for t in slo.thresholds}, slo)
-                                    is True for _, r in pts.iterrows()])
+        judged = [slo_judgement(r, slo) for _, r in pts.iterrows()]
+        pts = pts.assign(slo_verdict=[j[0] for j in judged], slo_text=[j[1] for j in judged],
+                         slo_excess=[j[2] for j in judged])
+        pts = pts.assign(meets_slo=pts["slo_verdict"] == "met")
     if keys:  # shapes in the order of their values
         order = sorted(range(len(pts)), key=lambda i: tuple(plots.sort_key(v) for v in pts[keys].iloc[i]))
         pts = pts.iloc[order]
@@ -257,12 +273,88 @@ def _failed_last(df: pd.DataFrame, pts: pd.DataFrame, obj: Objective) -> list[bo
             float(frac.get((r["serve_id"], r["bench_id"]), 0.0)) > 0 for _, r in pts.iterrows()]
 
 
-def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None = None) -> ShapeVerdict:
+def slo_judgement(row: pd.Series, slo: Target) -> tuple[str, str, float]:
+    """Whether a point meets the slo: `met` when the interval of every threshold's metric lies inside its
+    bound, `missed` when one lies outside, `not shown` otherwise (`over_time.bound_verdict`); a latency
+    percentile is judged on the interval of the pooled requests' percentile (a bootstrap over runs, then
+    requests) where the point kept its raw samples, else on the t-interval of its per-run percentiles.
+    Returns the word, the thresholds in words and how far the worst estimate lies past its bound (a
+    fraction of the bound, negative when inside: the nearest point is the one with the least)."""
+    from raysweep import over_time
+
+    words, texts, excess = [], [], -math.inf
+    for t in slo.thresholds:
+        pooled = finite(row.get(f"{t.metric}_pooled_ci_low")) and finite(row.get(f"{t.metric}_pooled_ci_high"))
+        pre = f"{t.metric}_pooled" if pooled else f"{t.metric}_mean"
+        low, high = (row.get(f"{t.metric}_pooled_ci_low"), row.get(f"{t.metric}_pooled_ci_high")) if pooled \
+            else (row.get(f"{t.metric}_ci_low"), row.get(f"{t.metric}_ci_high"))
+        value = row.get(pre)
+        word = over_time.bound_verdict(low, high, t.op, t.bound)
+        words.append(word)
+        how = "pooled requests" if pooled else "mean of runs"
+        texts.append(f"{t.metric} {fmt(value)} ({CONFIDENCE:.0%} CI {fmt(low)} to {fmt(high)}, {how}) against "
+                     f"{t.op}{t.bound:g}: {word}")
+        if finite(value):
+            past = (float(value) - t.bound) / t.bound
+            excess = max(excess, past if t.op in ("<=", "<") else -past)
+        else:
+            excess = math.inf
+    word = "missed" if "missed" in words else "met" if words and all(w == "met" for w in words) else "not shown"
+    return word, "; ".join(texts), excess
+
+
+def _paired(df: pd.DataFrame | None, family: pd.DataFrame, obj: Objective) -> Any:
+    """The paired test of two members of the family where their runs carry a pairing key (`over_time`):
+    a function (leader, other) -> Verdict, or None without pairs."""
+    from raysweep import over_time
+
+    if df is None or not any(k in df.columns for k in over_time.PAIR_KEYS) or obj.metric not in df.columns:
+        return None
+    used = df[~aggregate.left_out_mask(df)] if (~aggregate.left_out_mask(df)).any() else df
+
+    def runs(i: int) -> pd.DataFrame:
+        r = family.iloc[i]
+        return used[(used["serve_id"] == r["serve_id"]) & (used["bench_id"] == r["bench_id"])]
+
+    def test(lead: int, other: int) -> verdicts.Verdict | None:
+        a, b = runs(lead), runs(other)
+        key = over_time.pair_key(a, b)
+        if key is None:
+            return None
+        ga, gb = float(family.iloc[lead].get("gpus") or 1.0), float(family.iloc[other].get("gpus") or 1.0)
+        va = pd.to_numeric(a[obj.metric], errors="coerce") / ga
+        vb = pd.to_numeric(b[obj.metric], errors="coerce") / gb
+        v = over_time.paired_verdict(list(a[key]), list(va), list(b[key]), list(vb), obj.maximize, key=key)
+        return None if v.word == "not judged" else v
+
+    return test
+
+
+def _nearest(rows: pd.DataFrame, load: str | None = None) -> str:
+    """The point nearest to meeting the slo, with its thresholds' intervals."""
+    if "slo_excess" not in rows.columns or rows.empty:
+        return ""
+    best = rows.assign(_e=pd.to_numeric(rows["slo_excess"], errors="coerce").fillna(math.inf)) \
+        .sort_values("_e", kind="stable").iloc[0]
+    return f"{at_load(best, load)}: {best.get('slo_text')}"
+
+
+def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None = None,
+             df: pd.DataFrame | None = None, load: str | None = None) -> ShapeVerdict:
     slo_met = None
+    nearest = ""
     if slo is not None:
         meeting = rows[rows["meets_slo"]]
         slo_met = bool(len(meeting))
-        rows = meeting if len(meeting) else rows
+        if not len(meeting):   # none shown to meet it: no winner; the nearest is named
+            nearest = _nearest(rows, load)
+            near = rows.assign(_e=pd.to_numeric(rows["slo_excess"], errors="coerce").fillna(math.inf)) \
+                .sort_values("_e", kind="stable").drop(columns="_e")
+            leader = near.iloc[0]
+            return ShapeVerdict(shape, near.drop_duplicates("serve_id").reset_index(drop=True), leader, None, None,
+                                None, slo_met=False, flagged=_flagged(leader), nearest=nearest,
+                                drifting=_drifts(leader))
+        rows = meeting
     cheapest, cheap_metric = _cheapest(rows)
     sign = -1.0 if obj.maximize else 1.0
     ordered = rows.assign(_key=sign * pd.to_numeric(rows["objective_mean"], errors="coerce")) \
@@ -282,14 +374,22 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
     family = ranking if len(ranking) > 1 else ordered.reset_index(drop=True).iloc[:2]
     if not bool(leader.get("failed_last")):   # failed-last points are behind by rule, not by test
         family = family[~family["failed_last"].astype(bool)]
+    drifting = _drifts(leader) or _drifts(runner)
     if len(family) < 2:
         return ShapeVerdict(shape, ranking, leader, runner, True, lead, [], None, _flagged(leader) or
-                            _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric)
-    led = verdicts.tied_with_leader([_cand(r) for _, r in family.iterrows()], obj.maximize)
+                            _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric, drifting=drifting)
+    family = family.reset_index(drop=True)
+    led = verdicts.tied_with_leader([_cand(r) for _, r in family.iterrows()], obj.maximize,
+                                    paired=_paired(df, family, obj))
     significant = None if 1 in led.not_judged or _cand(family.iloc[0])[2] < 2 else (1 in led.behind)
     tied = [at_load(family.iloc[i], None) for i in led.tied]
     return ShapeVerdict(shape, ranking, leader, runner, significant, lead, tied, led.adjusted_p.get(1),
-                        _flagged(leader) or _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric)
+                        _flagged(leader) or _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric,
+                        led.tests.get(1, verdicts.WELCH), drifting)
+
+
+def _drifts(row: pd.Series | None) -> bool:
+    return row is not None and row.get("drift") == "drifts"
 
 
 def _cheapest(rows: pd.DataFrame) -> tuple[pd.Series | None, str]:
@@ -418,14 +518,16 @@ def verdict_text(verdict: ShapeVerdict) -> str:
     """What the test of the leader against the others shows, in words."""
     if verdict.runner_up is None:
         return "nothing to compare it with"
+    drift = ("; not green: the runs of the leader or the runner-up drift over their order (see Warnings)"
+             if verdict.drifting else "")
     if verdict.significant is None:
-        return "not judged: a point with fewer than 2 runs cannot be tested"
+        return "not judged: a point with fewer than 2 runs cannot be tested" + drift
     if verdict.tied:
         runs = int(verdict.leader.get("runs") or 0)
         return (f"not shown better with {runs} runs: tied with the leader: {', '.join(verdict.tied)} "
-                "(Welch's t over runs, Holm over the configs)")
+                f"({verdict.test}, Holm over the configs)" + drift)
     p = f", adjusted p={verdict.p_value:.2g}" if verdict.p_value is not None else ""
-    return f"better than every other config (Welch's t over runs, Holm over the configs{p})"
+    return f"better than every other config ({verdict.test}, Holm over the configs{p})" + drift
 
 
 def noise_text(verdict: ShapeVerdict) -> str:
@@ -453,12 +555,16 @@ def headlines(c: Conclusions) -> list[str]:
             lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(v.runner_up['objective_mean'])}), " \
                    f"{verdict_text(v)}"
         slo = ""
+        if c.slo is not None and not v.slo_met:
+            lines.append(f"No point of {v.shape} is shown to meet the slo {c.slo.label} (its {CONFIDENCE:.0%} "
+                         f"interval inside the bound); nearest: {v.nearest}")
+            continue
         if c.slo is not None:
-            slo = (f" (meets the slo {c.slo.label})" if v.slo_met
-                   else f" (no point meets the slo {c.slo.label}; ranked without it)")
+            slo = f" (shown to meet the slo {c.slo.label})"
         flagged = "; some of their runs were flagged" if v.flagged else ""
+        drift = "; their runs drift over their order" if v.drifting else ""
         lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}{slo}, {c.objective.name} "
-                     f"{fmt(v.leader['objective_mean'])} {c.objective.unit}".rstrip() + lead + flagged)
+                     f"{fmt(v.leader['objective_mean'])} {c.objective.unit}".rstrip() + lead + flagged + drift)
         if v.cheapest is not None:
             lines.append(f"Cheapest for {v.shape}{' under the slo' if v.slo_met else ''}: "
                          f"{at_load(v.cheapest, c.load)}, {cheapest_text(v)}")

@@ -26,13 +26,15 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
     except UserError as exc:  # the default objective does not fit these results (a latency-only sweep)
         return f'<p class="muted">No conclusions: {esc(exc)}</p>'
     pct = f"{conclusions.CONFIDENCE:.0%}"
-    slo = (f" Only points whose means meet the campaign's service-level objective <b>{esc(c.slo.label)}</b> are "
-           "ranked." if c.slo is not None else " No service-level objective (<code>slo:</code>): the leader is "
+    slo = (f" Only points shown to meet the campaign's service-level objective <b>{esc(c.slo.label)}</b> (the "
+           f"{pct} interval of each bounded metric inside its bound) are ranked." if c.slo is not None else
+           " No service-level objective (<code>slo:</code>): the leader is "
            "the raw best, whatever its latency; each card names the knee beside it.")
     head = (f'<p class="muted">Objective: <b>{esc(c.objective.text)}</b> (<code>raysweep report --objective</code> '
             f"chooses another).{slo} A point is a server config at one bench point; its value is the mean over its "
             f"runs that passed their checks, with a {pct} confidence interval. The leader is tested against every "
-            f"other config with Welch's t over runs and Holm's correction over the configs. Load: "
+            f"other config with Welch's t over runs (a paired t where their runs were measured side by side) and "
+            f"Holm's correction over the configs; a point whose runs drift over their order is never green. Load: "
             f"{esc(c.load or 'not swept')}; bench shape: {esc(', '.join(c.shape_keys) or 'one')}.</p>")
     cards = "".join(_shape_card(data, c, v, card_figure) for v in c.verdicts)
     if not cards:
@@ -48,9 +50,11 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
              f"({_interval(lead)}, {_backing(lead)})")
     parts = [f"<h3>{esc(v.shape)}</h3>"]
     if v.slo_met is False and c.slo is not None:
-        parts.append(f'<p class="flag">No point of this shape meets the service-level objective '
-                     f"{esc(c.slo.label)}; the ranking below ignores it.</p>")
-    parts.append(f'<p class="win">Best: <b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>')
+        parts.append(f'<p class="flag">No point of this shape is shown to meet the service-level objective '
+                     f"{esc(c.slo.label)}: no winner. Nearest: {esc(v.nearest)}. The ranking below is by "
+                     "nearness to the bound.</p>")
+    else:
+        parts.append(f'<p class="win">Best: <b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>')
     parts.append(_latencies(lead))
     if v.runner_up is not None:
         cls = "sig" if v.clear else "insig"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +195,7 @@ class Leadership:
     behind: list[int] = field(default_factory=list)
     not_judged: list[int] = field(default_factory=list)
     adjusted_p: dict[int, float] = field(default_factory=dict)
+    tests: dict[int, str] = field(default_factory=dict)
 
     @property
     def clear(self) -> bool | None:
@@ -205,12 +206,14 @@ class Leadership:
 
 
 def tied_with_leader(candidates: Sequence[tuple[float, float, int]], higher_is_better: bool = True,
-                     alpha: float = ALPHA) -> Leadership:
+                     alpha: float = ALPHA, paired: Callable[[int, int], Verdict | None] | None = None) -> Leadership:
     """The candidate with the best mean, and which of the others it is not shown to beat: Welch's test of the
     leader against each (two-sided p-values), Holm's step-down correction over the family (a candidate is
     behind only when its adjusted p-value is under `alpha` and it is worse). A candidate with fewer than 2
     runs, or a leader with fewer than 2, is `not_judged`; one with fewer than `MIN_RUNS` (or a leader with
-    fewer) is tied: it cannot be shown behind."""
+    fewer) is tied: it cannot be shown behind. `paired(leader, i)`, where it gives a verdict, replaces
+    Welch's for that candidate (a paired test on runs measured side by side: `over_time.paired_verdict`);
+    `tests` names the test each candidate got."""
     means = [c[0] if math.isfinite(c[0]) else (-math.inf if higher_is_better else math.inf) for c in candidates]
     lead = int(np.argmax(means) if higher_is_better else np.argmin(means))
     out = Leadership(lead)
@@ -219,7 +222,9 @@ def tied_with_leader(candidates: Sequence[tuple[float, float, int]], higher_is_b
     for i, c in enumerate(candidates):
         if i == lead:
             continue
-        v = compare_means(candidates[lead], c, higher_is_better, alpha=1.0)   # p only
+        v = (paired(lead, i) if paired is not None else None) or \
+            compare_means(candidates[lead], c, higher_is_better, alpha=1.0)   # p only
+        out.tests[i] = v.test
         if v.word == "not judged":
             out.not_judged.append(i)
         elif v.reason:   # too few runs to be shown behind: tied, outside the family
