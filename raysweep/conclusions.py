@@ -20,7 +20,7 @@ With a service-level objective (the campaign's `slo:`), only points shown to mee
 missed or not shown; a latency percentile judged on its pooled requests where the raw samples are
 kept); a shape where none is shown to meet it names no winner, only the nearest point. Per shape the
 best point of each server config is ranked; the leader is tested against every other one with Welch's t
-over their runs (or, where their runs carry a pairing key, `block` or `slot`, a paired t over those
+over their runs (or, where their runs were measured side by side, `over_time.pairs`, a paired t over those
 pairs: `over_time.paired_verdict`), Holm's correction over the family (the leader is the best of many,
 `verdicts.tied_with_leader`): those not shown to be behind are *tied with the leader*. A leader or
 runner-up whose runs drift over their order is never green (`ShapeVerdict.clear`). Without an slo, the
@@ -318,13 +318,14 @@ def _paired(df: pd.DataFrame | None, family: pd.DataFrame, obj: Objective) -> An
 
     def test(lead: int, other: int) -> verdicts.Verdict | None:
         a, b = runs(lead), runs(other)
-        key = over_time.pair_key(a, b)
-        if key is None:
+        paired = over_time.pairs(a, b)
+        if paired is None:
             return None
+        what, ka, kb = paired
         ga, gb = float(family.iloc[lead].get("gpus") or 1.0), float(family.iloc[other].get("gpus") or 1.0)
         va = pd.to_numeric(a[obj.metric], errors="coerce") / ga
         vb = pd.to_numeric(b[obj.metric], errors="coerce") / gb
-        v = over_time.paired_verdict(list(a[key]), list(va), list(b[key]), list(vb), obj.maximize, key=key)
+        v = over_time.paired_verdict(ka, list(va), kb, list(vb), obj.maximize, key=what)
         return None if v.word == "not judged" else v
 
     return test

@@ -13,8 +13,8 @@ a point's runs are not independent draws of one level. What this module judges:
   (two-sided, 1 %); at most one per point, only among at least `MIN_OUTLIER_RUNS` runs, and never in a
   drifting point (the drift explains the far run). An outlier run is shown and left out of the point's
   statistics like a run failing a validity check.
-- `paired_verdict`: B against A where their runs carry a pairing key (see `PAIR_KEYS`): the runs of each
-  key averaged per side, the log-ratios of the pairs tested by the one-sample t-test (a paired t-test on
+- `paired_verdict`: B against A where their runs pair (`pairs`, below): the runs of each key averaged
+  per side, the log-ratios of the pairs tested by the one-sample t-test (a paired t-test on
   the logarithms); a slow drift common to both arms falls out of every pair. Fewer than `MIN_RUNS` pairs:
   `not shown`.
 - `adjust`: p-values of a family of verdicts adjusted by Holm's step-down (`holm`, family-wise error) or
@@ -23,12 +23,14 @@ a point's runs are not independent draws of one level. What this module judges:
 - `bound_verdict`: whether an interval of a metric lies inside a service-level bound (`met`), outside it
   (`missed`) or across it (`not shown`).
 
-Pairing keys (columns of a run's record, filled by the run order, `raysweep.order`): `block` is the AB BA
-block of the configurations being compared (runs of several configurations with the same `block` were
-measured next to each other in time); `slot` the time slot of arms measured at once; `instance` the server
-start a run belongs to (several starts of one configuration); `round` the pass over a server's points a run
-belongs to (every point once per round). Across configurations, `block` or else `slot` pairs runs; `round`
-orders a point's runs (`run_order`) where the start times are unknown.
+Pairing (the run order's fields on each run's record, `raysweep.order`): `block` is the block of server
+starts a run belongs to (`order.instances`: block k starts instance k of every configuration, ordered AB BA
+across them), `round` its pass over its server's points, `slot` its place in its server's life. Two sides'
+runs are paired (`pairs`) only where they were measured in the same time span (their start-to-end spans
+overlap): by `block` and `round` where the runs of a pair overlap in time (configurations measured at once,
+concurrent arms), else by `block` where they hold at least two blocks in common (the unit is then a server
+start: the runs of a side within a block are averaged, so that the variation between starts is in the
+test). Without either, there are no pairs and Welch's t over runs decides.
 """
 
 from __future__ import annotations
@@ -44,13 +46,13 @@ from scipy import stats
 from raysweep.verdicts import ALPHA, Verdict
 
 __all__ = ["ALPHA", "MIN_RUNS", "MIN_TREND_RUNS", "OUTLIER_ALPHA", "PAIR_KEYS", "Outliers", "Trend", "adjust",
-           "bound_verdict", "outliers", "pair_key", "paired_verdict", "run_order", "trend"]
+           "bound_verdict", "outliers", "paired_verdict", "pairs", "run_order", "trend"]
 
 MIN_RUNS = 3            # fewer runs (or pairs) on a side: a verdict is "not shown"
 MIN_TREND_RUNS = 3      # fewer finite values: no trend is judged
 MIN_OUTLIER_RUNS = 3    # fewer runs: no outlier is judged
 OUTLIER_ALPHA = 0.01
-PAIR_KEYS = ("block", "slot")        # across configurations: runs measured next to each other in time
+PAIR_KEYS = ("block",)      # a run table without it has no pairs
 ORDER_KEYS = ("started_at", "round", "run_number")
 
 
@@ -191,15 +193,47 @@ def outliers(values: Sequence[Any], alpha: float = OUTLIER_ALPHA) -> Outliers:
 # Paired verdicts
 # ---------------------------------------------------------------------------------------------------
 
-def pair_key(a: Any, b: Any) -> str | None:
-    """The pairing key two sides' run tables share with at least one common value (`PAIR_KEYS` in order),
-    or None: their runs were not measured side by side."""
-    for key in PAIR_KEYS:
-        if key in getattr(a, "columns", ()) and key in getattr(b, "columns", ()):
-            ka = {str(v) for v in a[key] if _known(v)}
-            kb = {str(v) for v in b[key] if _known(v)}
-            if ka & kb:
-                return key
+def _span(runs: Any) -> tuple[float, float] | None:
+    if "started_at" not in runs.columns:
+        return None
+    start = np.asarray([_num(v) for v in runs["started_at"]], dtype=float)
+    end = np.asarray([_num(v) for v in runs["ended_at"]], dtype=float) if "ended_at" in runs.columns else start
+    good = np.isfinite(start)
+    if not good.any():
+        return None
+    end = np.where(np.isfinite(end), end, start)
+    return float(start[good].min()), float(end[good].max())
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+
+def pairs(a: Any, b: Any) -> tuple[str, list[Any], list[Any]] | None:
+    """How two sides' runs (DataFrames of one point each) pair (see the module docstring): (what a pair is,
+    the key of each run of A, of B), or None: not measured side by side."""
+    cols_a, cols_b = getattr(a, "columns", ()), getattr(b, "columns", ())
+    if "block" not in cols_a or "block" not in cols_b or a.empty or b.empty:
+        return None
+    if not _overlap(_span(a), _span(b)):   # different campaigns, or different times
+        return None
+    if "round" in cols_a and "round" in cols_b:
+        ka = [f"{x}/{y}" for x, y in zip(a["block"], a["round"])]
+        kb = [f"{x}/{y}" for x, y in zip(b["block"], b["round"])]
+        common = set(ka) & set(kb)
+        if common and all(_overlap(_span(a[[k == c for k in ka]]), _span(b[[k == c for k in kb]]))
+                          for c in common):
+            return "runs measured at once", ka, kb
+    ka, kb = [str(x) for x in a["block"]], [str(x) for x in b["block"]]
+    if len({k for k in ka if _known(k)} & {k for k in kb if _known(k)}) >= 2:
+        return "blocks", ka, kb
     return None
 
 
@@ -218,14 +252,14 @@ def _by_key(keys: Sequence[Any], values: Sequence[Any]) -> dict[str, float]:
 
 def paired_verdict(keys_a: Sequence[Any], values_a: Sequence[Any], keys_b: Sequence[Any],
                    values_b: Sequence[Any], higher_is_better: bool = True, alpha: float = ALPHA,
-                   key: str = "block") -> Verdict:
+                   key: str = "blocks") -> Verdict:
     """B against A over the pairs their keys make (see the module docstring); `ratio` is the geometric mean
     of the pairs' ratios B / A."""
     a, b = _by_key(keys_a, values_a), _by_key(keys_b, values_b)
     common = sorted(set(a) & set(b))
-    test = f"paired t over {len(common)} {key}s"
+    test = f"paired t over {len(common)} {key}"
     if not common:
-        return Verdict("not judged", 0, 0, test=test, reason=f"no {key} holds runs of both sides")
+        return Verdict("not judged", 0, 0, test=test, reason=f"no pair ({key}) holds runs of both sides")
     d = np.log([b[k] for k in common]) - np.log([a[k] for k in common])
     ratio = float(math.exp(float(np.mean(d))))
     n = len(common)

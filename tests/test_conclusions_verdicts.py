@@ -116,7 +116,9 @@ def test_runs_measured_side_by_side_are_compared_in_pairs():
     # pairs, where Welch over the runs cannot see it for the drift
     rng = np.random.default_rng(4)
     df = runs({"A": [(8, 1000.0, 100.0, 500.0)], "B": [(8, 1050.0, 100.0, 500.0)]}, n=6, spread=0.0)
-    df["block"] = [f"c1-b{r}" for r in df["run_number"]]
+    df["block"] = df["run_number"]
+    df["started_at"] = 100.0 * df["run_number"] + np.where(df["serve_id"] == "A", 0.0, 40.0)
+    df["ended_at"] = df["started_at"] + 30.0
     df["output_throughput"] *= (1 - 0.03 * df["run_number"]) * (1 + 0.003 * rng.standard_normal(len(df)))
     v = conclusions.conclude(df, SHAPE[:1], objective="output_throughput").verdicts[0]
     assert v.leader["serve_id"] == "B" and v.significant and v.test == "paired t over 6 blocks"

@@ -122,3 +122,24 @@ def test_the_rules_state_in_words_quotes_the_intervals_it_read():
     assert d.text(spec) == (f"95% interval of output_throughput's mean: +-{100 * w5:.1f} % at run 5, "
                             f"+-{100 * w4:.1f} % at run 4: the rule needs 2 successive runs within +-5.0 %; "
                             "stopped at max_runs")
+
+
+def _side(blocks, rounds, starts, length=30.0):
+    return pd.DataFrame({"block": blocks, "round": rounds, "started_at": starts,
+                         "ended_at": [t + length for t in starts]})
+
+
+def test_runs_pair_only_where_they_were_measured_side_by_side():
+    # configurations measured at once: each run of A overlaps B's run of the same block and round
+    a = _side([0, 0, 1, 1], [0, 1, 2, 3], [0.0, 40.0, 80.0, 120.0])
+    b = _side([0, 0, 1, 1], [0, 1, 2, 3], [5.0, 45.0, 85.0, 125.0])
+    what, ka, kb = over_time.pairs(a, b)
+    assert what == "runs measured at once" and ka == ["0/0", "0/1", "1/2", "1/3"] and ka == kb
+    # one after another in AB BA blocks of server starts: the blocks pair
+    b_later = _side([0, 0, 1, 1], [0, 1, 2, 3], [60.0, 70.0, 300.0, 310.0])
+    assert over_time.pairs(a, b_later)[0] == "blocks"
+    # the default order (every run in block 0): one block, no pairs; nor across campaigns of other days
+    one = _side([0] * 4, [0, 1, 2, 3], [200.0, 240.0, 280.0, 320.0])
+    assert over_time.pairs(_side([0] * 4, [0, 1, 2, 3], [0.0, 40.0, 80.0, 120.0]), one) is None
+    assert over_time.pairs(a, _side([0, 0, 1, 1], [0, 1, 2, 3], [1e6, 1e6 + 40, 1e6 + 80, 1e6 + 120])) is None
+    assert over_time.pairs(a.drop(columns="block"), b) is None
