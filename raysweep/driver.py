@@ -30,7 +30,7 @@ from raysweep.bench import offline
 from raysweep.campaign import CampaignSpec
 from raysweep.config_life import ConfigLife
 from raysweep.endpoint import is_endpoint_campaign
-from raysweep.errors import UserError
+from raysweep.errors import RayStartError, UserError
 from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, CampaignHeld, Ledger, PointRow
 from raysweep.live_server import ConfigRun
@@ -102,6 +102,29 @@ def _pinned(cpus: set[int] | None) -> Iterator[None]:
             procs.pin_cpus(before)
 
 
+def ray_start_error(address: str | None, exc: BaseException) -> RayStartError:
+    """What Ray's failure to start (or to be joined) means, and what to try, in one message."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    low = text.lower()
+    if address is None:
+        head = f"the embedded local Ray did not start ({text})"
+        if "timed out" in low or "timeout" in low:
+            tip = ("Ray gives its processes 30 s to start, and a heavily loaded machine can take longer: run the "
+                   "command again when the machine is less busy (`raysweep resume OUTPUT_DIR` keeps every finished "
+                   "point), or start Ray yourself (`ray start --head`) and pass `--address auto`")
+        elif "in use" in low or "address already" in low or "port" in low:
+            tip = ("a port Ray needs is taken, perhaps by another Ray on this machine: join that one with "
+                   "`--address auto`, or stop it, then run the command again")
+        else:
+            tip = ("see the logs under /tmp/ray/session_latest/logs; try again, or start Ray yourself "
+                   "(`ray start --head`) and pass `--address auto`")
+    else:
+        head = f"could not join the Ray cluster at --address {address} ({text})"
+        tip = (f"check that it runs and is reachable from here (`ray status --address {address}`), or leave "
+               "--address out to start an embedded local Ray")
+    return RayStartError(f"{head}. Nothing was run. {tip[0].upper()}{tip[1:]}.")
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None, cpus: set[int] | None = None) -> Iterator[None]:
     """Join the cluster at `address`, or start an embedded local Ray (on loopback) when there is none: with
@@ -121,11 +144,22 @@ def ray_session(address: str | None, cpus: set[int] | None = None) -> Iterator[N
         # Ray starts its workers at nice 15 by default; servers and clients run in (or under) them
         os.environ.setdefault(WORKER_NICENESS_ENV, "0")
         temp_dir = embedded_temp_dir(os.getpid())
-        ray.init(address="local", include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
-                 num_cpus=max(os.cpu_count() or 1, 4), _temp_dir=temp_dir)
+        try:
+            ray.init(address="local", include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
+                     num_cpus=max(os.cpu_count() or 1, 4), _temp_dir=temp_dir)
+        except Exception as exc:  # noqa: BLE001 - whatever Ray raises, one message that says what to try
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise ray_start_error(None, exc) from None
         _embedded = True
     else:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        try:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            raise ray_start_error(address, exc) from None
     try:
         yield
     finally:

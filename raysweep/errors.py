@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["UserError", "CampaignError", "LedgerError", "unknown_names"]
+__all__ = ["UserError", "CampaignError", "LedgerError", "RayStartError", "unknown_names"]
 
 
 class UserError(Exception):
@@ -24,6 +24,13 @@ class CampaignError(UserError):
 
 class LedgerError(UserError):
     """The output directory's ledger refuses the operation (fingerprint mismatch, another driver, ...)."""
+
+
+class RayStartError(UserError):
+    """Ray did not start (the embedded local one) or could not be joined (`--address`): the CLI prints the
+    message, which says what to try, without a traceback, and exits with code 3. No point was run."""
+
+    exit_code = 3
 
 
 def unknown_names(option: str, missing: Sequence[str], accepted: Sequence[str], what: str = "column",

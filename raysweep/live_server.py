@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from raysweep.grid import shell_join
 from raysweep.ledger import Ledger, PointRow
 from raysweep.plan import ServeConfig
 from raysweep.rapl import POWERCAP, RAPL_ENV
+from raysweep.root_cause import root_cause, same_cause
 from raysweep.server import ServerHost, expected_model, rank_argv
 from raysweep.workload import Workload
 
@@ -86,6 +87,19 @@ class Server:
             except (urllib.error.URLError, OSError) as exc:
                 why = str(getattr(exc, "reason", exc))
         return f"/health did not answer within {timeout_s:.0f} s ({why})"
+
+    def root_cause(self) -> dict[str, Any] | None:
+        """The first error line of the first rank's log that has one (`raysweep.root_cause`), with its rank."""
+        for rank, h in enumerate(self.hosts):
+            try:
+                cause = ray.get(h.root_cause.remote(), timeout=30)
+            except ray.exceptions.RayError:
+                path = self.infos[rank].get("log_path", "") if rank < len(self.infos) else ""
+                found = root_cause(procs.tail(path, 10**9, max_bytes=4 * 1024 * 1024)) if path else None
+                cause = asdict(found) if found is not None else None
+            if cause is not None:
+                return {**cause, "rank": rank}
+        return None
 
     def log_tail(self, lines: int = 40) -> str:
         tails = []
@@ -265,6 +279,7 @@ class Servers:
         self.c = work.c
         self._warm_lock = threading.Lock()
         self._warmed: set[str] = set()  # nodes whose page cache holds the model (serve.warm_weights)
+        self._causes: dict[str, str] = {}  # per configuration, the root cause of its last failed start
 
     def start(self, run: ConfigRun, runnable: list[PointRow]) -> Server | None:
         """A ready server for the run, or None: aborted, its host actors lost (`run.outcome` says so), or it
@@ -298,9 +313,14 @@ class Servers:
             w.emit("server_ready", serve=serve, server_id=server_id, elapsed=time.monotonic() - t0)
             return server
         tail = server.log_tail()
+        cause = server.root_cause() if ready.get("exited") and not server.host_lost else None
+        if cause is not None:
+            where = f" (rank {cause['rank']})" if len(server.hosts) > 1 else ""
+            ready["error"] = f"{ready['error']}: {cause['line']}{where}"
         w.ledger.update_server(server_id, state="failed", error=ready["error"], log_tail=tail)
         self.stop(server, state="failed")
-        w.emit("server_failed", serve=serve, server_id=server_id, error=ready["error"], log_tail=tail)
+        w.emit("server_failed", serve=serve, server_id=server_id, error=ready["error"], log_tail=tail,
+               root_cause=cause)
         if ready.get("aborted"):
             return None
         if server.host_lost:  # not the server's fault: the scheduler places the configuration again
@@ -308,9 +328,26 @@ class Servers:
             return None
         for p in runnable:
             w.ledger.mark_failed(p.point_id, f"server failed to start: {ready['error']}", tail, started=False)
-        w.close_searches(serve.id, "server failed", f"server failed to start: {ready['error']}")
+        again = self._no_retry(serve.id, cause)
+        if again is not None:
+            w.give_up(serve, f"server failed to start: {ready['error']}; not started again: {again}")
+        else:
+            w.close_searches(serve.id, "server failed", f"server failed to start: {ready['error']}")
         if not self.c.continue_on_error:
             w.stop_reason = f"server config {serve.id} failed to start and continue_on_error is false"
+        return None
+
+    def _no_retry(self, serve_id: str, cause: dict[str, Any] | None) -> str | None:
+        """Why a configuration whose server just failed to start is not started again, or None: an argument
+        error fails the same way every time, and so does a start whose root cause repeats the last one's."""
+        if cause is None:
+            return None
+        before = self._causes.get(serve_id)
+        self._causes[serve_id] = cause["line"]
+        if cause["kind"] == "argument":
+            return "an argument error fails the same way every time"
+        if same_cause(before, cause["line"]):
+            return "it failed twice with the same root cause"
         return None
 
     def _moved(self, run: ConfigRun, server: Server, ready: dict[str, Any]) -> None:
@@ -423,7 +460,7 @@ class Servers:
                 return ans
             why = server.down() if len(server.hosts) > 1 else None
             if why is not None:
-                return {"ok": False, "error": f"a rank ended before the server was ready: {why}"}
+                return {"ok": False, "exited": True, "error": f"a rank ended before the server was ready: {why}"}
             if left <= step:
                 return {"ok": False, "error": f"server not ready after {limit:.0f} s (/health and /v1/models)"}
 

@@ -338,7 +338,8 @@ class ServerHost:
                 continue
             if code is not None:
                 self._release_port()
-                return {"ok": False, "error": f"server process exited with code {code} before it was ready"}
+                return {"ok": False, "exited": True,
+                        "error": f"server process exited with code {code} before it was ready"}
             status, _ = _http("GET", self.url() + "/health", timeout=2)
             if status == 200:
                 status, body = _http("GET", self.url() + "/v1/models", timeout=5)
@@ -370,6 +371,15 @@ class ServerHost:
 
     def log_tail(self, lines: int = 40) -> str:
         return procs.tail(self.log_path, lines)
+
+    def root_cause(self) -> dict[str, Any] | None:
+        """The first error line of the server's log (`raysweep.root_cause`): {line, kind, lineno}, or None."""
+        from dataclasses import asdict
+
+        from raysweep.root_cause import root_cause
+
+        cause = root_cause(self.read_log())
+        return asdict(cause) if cause is not None else None
 
     def read_log(self, max_bytes: int = 4 * 1024 * 1024) -> str:
         return procs.tail(self.log_path, lines=10**9, max_bytes=max_bytes)

@@ -7,7 +7,8 @@ export), checking a campaign file (`campaign_file`: schema, validate) and cluste
 operations (`cluster`: preflight, tiny-model; `acceptance`: acceptance, checklist).
 
 Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing
-was started); 130 interrupted (finished points are kept; `raysweep resume` continues).
+was started); 3 Ray did not start or could not be joined (one message says what to try; nothing was run);
+130 interrupted (finished points are kept; `raysweep resume` continues).
 """
 
 from raysweep.cli import (  # noqa: F401  # noqa: F401  # noqa: F401

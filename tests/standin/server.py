@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--die-once-file", default=None, help="with --die-after: die only if this file is absent "
                                                           "(and create it), so a restarted server lives")
     ap.add_argument("--fail-start", action="store_true", help="exit(1) before listening")
+    ap.add_argument("--fail-usage", default=None, help="exit(2) at once with this argparse error message")
+    ap.add_argument("--fail-with", default=None, help="exit(1) before listening, with this exception line in the log "
+                    "above a traceback that ends on vLLM's 'See root cause above'")
     ap.add_argument("--reset-refuses", action="store_true", help="answer {success: false} to cache resets")
     ap.add_argument("--pid-file", default=None, help="append our pid (and the child's) to this file")
     ap.add_argument("--headless", action="store_true", help="a multi-node rank > 0: no HTTP, just run")
@@ -78,6 +81,13 @@ def main() -> None:
                 f.write(f"{child.pid}\n")
     print(f"standin: starting {model} with argv {sys.argv[1:]} env CVD={os.environ.get('CUDA_VISIBLE_DEVICES')} "
           f"HF_TOKEN={os.environ.get('HF_TOKEN')}", flush=True)
+    if args.fail_usage:
+        ap.error(args.fail_usage)  # argparse's usage line and `server.py: error: ...`, exit 2
+    if args.fail_with:
+        print(f"(EngineCore_DP0 pid={os.getpid()}) ERROR 11-28 14:00:06 [core.py:700] {args.fail_with}", flush=True)
+        print("Traceback (most recent call last):\n  File \"main.py\", line 1, in main\nRuntimeError: Engine core "
+              "initialization failed. See root cause above. Failed core proc(s): {}", flush=True)
+        sys.exit(1)
     if args.fail_start:
         print("standin: failing on purpose", flush=True)
         sys.exit(1)

@@ -1,0 +1,95 @@
+"""Why a server exited before it was ready: the first error line of its own log.
+
+vLLM prints the exception that stopped it (`ValueError: ...`) tens of lines above the traceback that ends
+its log ("RuntimeError: Engine core initialization failed. See root cause above"). `root_cause` reads a
+log from the top and returns the first line that says what went wrong:
+
+- argparse's message (`vllm serve: error: unrecognized arguments: --max-num-seqz 4`): kind `argument`;
+- an out-of-memory line (`torch.OutOfMemoryError: ...`, `... out of memory ...`, the kernel's OOM kill):
+  kind `oom`;
+- the first exception line of a traceback (`ValueError: ...`; a pydantic `ValidationError` with the
+  line that says which value is wrong): kind `argument` for a configuration's validation error, else
+  `exception`.
+
+Lines vLLM logs below ERROR (a warning that quotes an exception it recovered from) and the wrappers that
+only point up ("See root cause above", "Engine core initialization failed") are skipped. A start that
+fails on an argument fails the same way every time: `deterministic` says so, and the driver does not try
+it again (see `live_server`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["RootCause", "root_cause", "same_cause"]
+
+# vLLM's per-process prefix and its logger's prefix: `(EngineCore_DP0 pid=12) ERROR 11-28 14:00:00 [core.py:7] `
+_PROC = re.compile(r"^\((?:[\w.-]+ )?pid=\d+\)\s?")
+_LOG = re.compile(r"^(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\] ?")
+_ARGPARSE = re.compile(r"^[\w./ -]*: error: (?P<msg>.+)$")
+_EXC = re.compile(r"^(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Failure))(?::\s*(?P<msg>.*))?$")
+_OOM = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|oom-kill|Killed process", re.IGNORECASE)
+_POINTERS = ("see root cause above", "engine core initialization failed", "failed core proc",
+             "engine process failed to start")
+_VALIDATION = ("ValidationError",)  # pydantic: a configuration value refused (vLLM's config classes)
+_MAX = 400
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The line that says why (as written, without vLLM's log prefix, at most 400 characters), its kind
+    (`argument`, `oom`, `exception`) and its 1-based line number in the log."""
+
+    line: str
+    kind: str
+    lineno: int
+
+    @property
+    def deterministic(self) -> bool:
+        """An argument error: the same command fails the same way every time."""
+        return self.kind == "argument"
+
+
+def _strip(line: str) -> tuple[str, str | None]:
+    """The line without vLLM's prefixes, and its log level (None for a raw line, e.g. a traceback on stderr)."""
+    line = _PROC.sub("", line.rstrip("\n"))
+    m = _LOG.match(line)
+    if m is None:
+        return line, None
+    return line[m.end():], m.group(1)
+
+
+def _cut(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX else text[: _MAX - 3] + "..."
+
+
+def root_cause(log: str) -> RootCause | None:
+    """The first error line of a server's log (see the module doc), or None when it has none."""
+    lines = [_strip(raw) for raw in log.splitlines()]
+    for i, (line, level) in enumerate(lines):
+        if level in ("DEBUG", "INFO", "WARNING", "WARN"):
+            continue
+        if (m := _ARGPARSE.match(line)) is not None and not line.startswith((" ", "\t")):
+            return RootCause(_cut(line), "argument", i + 1)
+        if _OOM.search(line) and not line.startswith((" ", "\t", "File ")):
+            return RootCause(_cut(line), "oom", i + 1)
+        m = _EXC.match(line)
+        if m is None or any(p in line.lower() for p in _POINTERS):
+            continue
+        name = m.group("name")
+        if name.rsplit(".", 1)[-1] in _VALIDATION:
+            detail = [t.strip() for t, _ in lines[i + 1: i + 4] if t.strip() and not t.strip().startswith("For ")]
+            return RootCause(_cut(" ".join([line, *detail[:2]])), "argument", i + 1)
+        return RootCause(_cut(line), "exception", i + 1)
+    return None
+
+
+def same_cause(a: str | None, b: str | None) -> bool:
+    """Two root-cause lines say the same, numbers aside (a port, a pid, an address may differ between starts)."""
+    if not a or not b:
+        return False
+    def norm(s: str) -> str:
+        return re.sub(r"0x[0-9a-f]+|\d+", "N", s.lower())
+    return norm(a) == norm(b)
