@@ -180,7 +180,9 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
     campaign is refused: held by a live driver (unless `force`), or measured with other settings than this
     run's (`raysweep.drift`, unless `accept_changes`)."""
     from raysweep.bench.checks import check_data_files
+    from raysweep.vllm_options import check_campaign
 
+    check_campaign(spec)  # serve and bench options against vLLM's own parser
     check_data_files(spec)
     plan = build_plan(spec)
     if spec.campaign.storage:

@@ -42,7 +42,8 @@ def test_options_follow_vllm_bench_serve_defaults_and_spellings():
 
 @pytest.mark.parametrize("flags, words", [
     (["--num-warmups", "3"], ["--num-warmups", "warmup", "bench.backend: command"]),
-    (["--bogus-flag", "3"], ["unrecognized", "--bogus-flag", "--random-input-len"]),
+    (["--bogus-flag", "3"], ["--bogus-flag: not an option of the native client", "options accepted"]),
+    (["--max-concurency", "3"], ["did you mean --max-concurrency"]),
     (["--request-rate", "0"], ["--request-rate", "positive"]),
     (["--burstiness", "-1"], ["--burstiness"]),
     (["--goodput", "latency:5"], ["--goodput", "ttft, tpot, e2el"]),

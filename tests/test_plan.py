@@ -238,7 +238,7 @@ def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
 
 def test_dry_run_lists_every_command_with_run_counts_and_no_secret(tmp_path):
     d = changed(**{"serve.env": {"HF_TOKEN": "supersecret", "VLLM_LOGGING_LEVEL": "INFO"},
-                   "bench.cmd": "vllm bench serve --model facebook/opt-125m --api-key sk-XYZ --dataset-name random"})
+                   "serve.cmd": "vllm serve facebook/opt-125m --max-num-seqs 8 --api-key sk-XYZ"})
     path = _write(tmp_path, d)
     result = CliRunner().invoke(main, ["run", str(path), "--dry-run"])
     assert result.exit_code == 0, result.output
@@ -250,7 +250,7 @@ def test_dry_run_lists_every_command_with_run_counts_and_no_secret(tmp_path):
     plan = build_plan(spec_of(d))
     for s in plan.serves:
         assert f"[server {s.id}]" in text
-        assert f"command: {shlex.join(s.argv)} --host" in text
+        assert f"command: {shlex.join(s.display_argv())} --host" in text
     for b in plan.benches:
         bench_lines = [ln for ln in text.splitlines() if f"[bench {b.id}]" in ln]
         assert len(bench_lines) == len(plan.serves)  # listed under every server
@@ -261,7 +261,8 @@ def test_dry_run_lists_every_command_with_run_counts_and_no_secret(tmp_path):
     for argv in commands:
         assert argv[argv.index("--percentile-metrics") + 1] == "ttft,tpot,itl,e2el"
         assert argv[argv.index("--metric-percentiles") + 1] == "50,90,95,99"
-        assert argv[argv.index("--api-key") + 1] == "***"
+    for s in plan.serves:  # the server's --api-key masked in its command line
+        assert "--api-key '***'" in text and f"--max-num-seqs {s.params['max_num_seqs']}" in text
     # every bench point's own parameters appear in its command
     lens = sorted(argv[argv.index("--random-input-len") + 1] for argv in commands)
     assert lens == sorted(["16", "32", "64"] * 4)

@@ -210,6 +210,25 @@ def accepted_options() -> list[str]:
     return sorted(o for a in _PARSER._actions for o in a.option_strings if "_" not in o)
 
 
+def _unrecognized(argv: list[str]) -> str:
+    """Each option of `argv` the native client does not read, with at most three closest names it does."""
+    import difflib
+
+    accepted = accepted_options()
+    parts = []
+    for token in argv:
+        name = token.split("=", 1)[0]
+        if not name.startswith("--") or "--" + name[2:].replace("_", "-") in accepted:
+            continue
+        spelled = "--" + name[2:].replace("_", "-")
+        near = difflib.get_close_matches(spelled, accepted, n=3, cutoff=0.6)
+        parts.append(f"{name}: not an option of the native client (it reads `vllm bench serve`'s options)"
+                     + (f"; did you mean {', '.join(near)}?" if near else ""))
+    return ("; ".join(parts) or "unrecognized arguments") + (
+        f" ({len(accepted)} options accepted; or set "
+        "bench.backend: command to run `vllm bench serve` itself)")
+
+
 def parse_load_options(argv: list[str], fld: str = "bench.cmd") -> LoadOptions:
     """Parse a `vllm bench serve ...` command line (program tokens optional) into LoadOptions."""
     args_list = list(argv)
@@ -235,8 +254,7 @@ def parse_load_options(argv: list[str], fld: str = "bench.cmd") -> LoadOptions:
                                          f"client does not build (it builds {', '.join(DATASETS)}); set "
                                          "bench.backend: command to run `vllm bench serve` itself") from None
         if "unrecognized arguments" in msg:
-            msg += ("; the native backend accepts: " + " ".join(accepted_options())
-                    + " (or set bench.backend: command to run `vllm bench serve` itself)")
+            msg = _unrecognized(args_list)
         raise CampaignError(fld, msg) from None
     return _to_options(vars(ns), fld)
 

@@ -51,10 +51,14 @@ def _check(campaign_file: str) -> dict[str, Any]:
     from raysweep.bench.checks import check_data_files
     from raysweep.campaign import load_campaign
     from raysweep.plan import build_plan
+    from raysweep.vllm_options import check_campaign
 
     try:
         plan = build_plan(load_campaign(campaign_file))
+        options = check_campaign(plan.spec)  # serve and bench options against vLLM's own parser
         notes = check_data_files(plan.spec)  # every data file its bench points read, line by line
+        if options.note:
+            notes = [f"vLLM options not checked: {options.note}", *notes]
     except UserError as exc:
         return {"file": campaign_file, "valid": False, "error": str(exc), "field": getattr(exc, "field", None)}
     c = plan.spec.campaign

@@ -62,9 +62,11 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
     from raysweep.bench.command import bench_argv
     from raysweep.driver import check_placement, placement_lines, ray_session
     from raysweep.plan import build_plan, dry_run_text
+    from raysweep.vllm_options import check_campaign
 
     plan = build_plan(spec)
-    if _endpoint_dry_run(spec, plan, output_dir):
+    options = check_campaign(spec)  # refused here as `validate` and `run` refuse it
+    if _endpoint_dry_run(spec, plan, output_dir, options.line() if options.checked or options.note else None):
         return
     if address:
         with logs.routed(), ray_session(address):
@@ -85,6 +87,8 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
             return bench_argv(argv, "http://<node ip>:<port>", "<result dir>")
     text = dry_run_text(plan, render,
                         lambda s: placement_lines(s, layouts[s.id], spec.offline))
+    if options.checked or options.note:
+        text += f"\n\n{options.line()}"
     if spec.campaign.tune is not None:  # the space, budget and first candidates instead of a server list
         from raysweep.tune import dry_run_lines
 
@@ -104,8 +108,9 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
                         spec.campaign.cost))
 
 
-def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path) -> bool:
-    """The dry run of a `serve.url` campaign (nothing is placed: the endpoints run already); False otherwise."""
+def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path, options: str | None = None) -> bool:
+    """The dry run of a `serve.url` campaign (nothing is placed: the endpoints run already); False otherwise.
+    `options` is the verdict of the vLLM options check, when there was one."""
     from raysweep.endpoint import endpoint_lines, endpoints_of
     from raysweep.plan import dry_run_text
 
@@ -113,6 +118,7 @@ def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path) -> bool:
     if not eps:
         return False
     _say(dry_run_text(plan, lambda argv: argv, lambda s: endpoint_lines(eps[s.id]))
+         + (f"\n\n{options}" if options else "")
          + f"\n\nClients: Ray actors (an embedded local Ray here, or the cluster given with --address)"
          f"\nResults would go to {output_dir}")
     return True
