@@ -162,11 +162,16 @@ class ShapeVerdict:
     test: str = verdicts.WELCH   # the test that decided the leader against the runner-up
     drifting: bool = False       # the leader's or the runner-up's runs drift over their order
     nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
+    confirmation: Any = None  # raysweep.confirmation.Confirmation: the leader and runner-up measured again, fresh
+    selection: str = ""       # with a confirmation, what the sweep's own test said (the verdict is the confirmation's)
 
     @property
     def clear(self) -> bool:
-        """A verdict shown in green: the leader beats every other config, none of their runs is flagged, and
-        neither drifts."""
+        """A verdict shown in green: the leader beats every other config (with a confirmation: the confirmation
+        shows it better than the runner-up), none of their runs is flagged, and neither drifts."""
+        if self.confirmation is not None:
+            return (bool(self.confirmation.significant) and not self.flagged and self.slo_met is not False
+                    and not self.drifting)
         return (bool(self.significant) and not self.tied and not self.flagged and self.slo_met is not False
                 and not self.drifting)
 
@@ -199,8 +204,11 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
 
     :raises UserError: the objective is not an aggregated metric.
     """
+    df, confirming = _without_confirmation(df)
     if summary is None:
         summary = aggregate.summarize(df, confidence=confidence)
+    elif len(confirming):
+        summary = summary[~summary["bench_id"].isin(set(confirming["bench_id"]))].reset_index(drop=True)
     aggregated = [c[: -len("_mean")] for c in summary.columns if c.endswith("_mean")]
     obj = parse_objective(objective, aggregated)
     load = plots.load_variable(df, "")
@@ -208,9 +216,49 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     points, notes = _points(df, summary, obj, load or None, keys, slo)
     verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None)
                  for shape, rows in points.groupby("shape", sort=False)]
+    for v in verdicts_:
+        _confirmed(v, confirming, obj, confidence)
     fronts, front_notes = _fronts(df, points)
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
                        _sla_capacities(sla if sla is not None else pd.DataFrame(), df), notes, slo)
+
+
+def _without_confirmation(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The sweep's runs, and the runs of the winner's confirmation (`raysweep.confirm`: `phase` confirm)."""
+    if "phase" not in df.columns:
+        return df, df.iloc[0:0]
+    mask = (df["phase"] == "confirm").fillna(False).astype(bool)
+    return df[~mask].reset_index(drop=True), df[mask].reset_index(drop=True)
+
+
+def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: float) -> None:
+    """A shape's verdict from the confirmation's fresh runs of its leader and runner-up, where there are
+    some: the lead, the test and `clear` are the confirmation's; the sweep's own test is kept in words."""
+    from raysweep.confirmation import confirmed_verdict
+
+    if v.runner_up is None or not len(runs) or "confirms_bench_id" not in runs.columns:
+        return
+    kept = ~aggregate.left_out_mask(runs)
+
+    def arm(row: pd.Series) -> tuple[list[float], int]:
+        of_it = (runs["serve_id"] == row["serve_id"]) & (runs["confirms_bench_id"] == row["bench_id"])
+        # its runs that passed their checks; when none did, all of them, as the sweep's aggregates do
+        mine = runs[of_it & kept] if (of_it & kept).any() else runs[of_it]
+        metric, per_gpu = obj.metric, obj.per_gpu
+        if metric not in mine.columns and metric.endswith(_PER_GPU):  # aggregated per GPU, recorded per server
+            metric, per_gpu = metric[: -len(_PER_GPU)], True
+        values = pd.to_numeric(mine.get(metric, pd.Series(dtype=float)), errors="coerce")
+        if per_gpu:
+            values = values / float(row.get("gpus") or 1.0)
+        return [float(x) for x in values if math.isfinite(x)], int(mine["server_id"].nunique()) if len(mine) else 0
+
+    (a, sa), (b, sb) = arm(v.leader), arm(v.runner_up)
+    c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence)
+    if c is None:
+        return
+    v.selection = verdict_text(v)
+    v.confirmation, v.significant, v.lead, v.p_value = c, c.significant, c.lead, c.p_value
+    v.test = "Welch's t over the confirmation's fresh runs"
 
 
 def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
@@ -521,6 +569,9 @@ def verdict_text(verdict: ShapeVerdict) -> str:
         return "nothing to compare it with"
     drift = ("; not green: the runs of the leader or the runner-up drift over their order (see Warnings)"
              if verdict.drifting else "")
+    if verdict.confirmation is not None:
+        return (verdict.confirmation.text() + (f" (in the sweep: {verdict.selection})" if verdict.selection else "")
+                + drift)
     if verdict.significant is None:
         return "not judged: a point with fewer than 2 runs cannot be tested" + drift
     if verdict.tied:
@@ -564,8 +615,14 @@ def headlines(c: Conclusions) -> list[str]:
             slo = f" (shown to meet the slo {c.slo.label})"
         flagged = "; some of their runs were flagged" if v.flagged else ""
         drift = "; their runs drift over their order" if v.drifting else ""
+        value = fmt(v.leader["objective_mean"])
+        if v.confirmation is not None:  # the leader's value and interval from its fresh runs, not the selection
+            k = v.confirmation
+            value = f"{fmt(k.leader_mean)} [{fmt(k.ci_low)}, {fmt(k.ci_high)}] (confirmation)"
+            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
+            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(k.runner_mean)}), {verdict_text(v)}"
         lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}{slo}, {c.objective.name} "
-                     f"{fmt(v.leader['objective_mean'])} {c.objective.unit}".rstrip() + lead + flagged + drift)
+                     f"{value} {c.objective.unit}".rstrip() + lead + flagged + drift)
         if v.cheapest is not None:
             lines.append(f"Cheapest for {v.shape}{' under the slo' if v.slo_met else ''}: "
                          f"{at_load(v.cheapest, c.load)}, {cheapest_text(v)}")

@@ -149,7 +149,7 @@ class ConfigLife:
                 return  # replaced: the caller stops it and starts another
             if not ok and not self.c.continue_on_error and not run.abort:
                 w.stop_reason = f"point {point.id} failed and continue_on_error is false"
-            more = sequential.settle(w, point.serve, point.bench.id)  # bench.precision: one more run?
+            more = sequential.settle(w, point.serve, point.bench.id) if getattr(w, "adds_runs", True) else None
             if more is not None and w.instance_of(more.run) == instance:
                 _place(queue, more, w.order.seed if w.order.rounds and not hasattr(w, "in_order") else None)
             queue.extendleft(reversed(workload_levels.settle(w, point.serve, point.bench)))  # bench.workload

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import ray
 
-from raysweep import drift, endpoint, placement, procs, recovery, sequential, storage, workload_levels
+from raysweep import confirm, drift, endpoint, placement, procs, recovery, sequential, storage, workload_levels
 from raysweep.bench import offline
 from raysweep.campaign import CampaignSpec
 from raysweep.config_life import ConfigLife
@@ -199,6 +199,7 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
             restore_plan(plan, ledger)
         workload_levels.restore_plan(plan, ledger)  # levels bench.workload decided before
         sequential.restore_plan(plan, ledger)  # runs bench.precision added to points before
+        confirm.restore_plan(plan, ledger)  # the winner's confirmation chosen before (raysweep.confirm)
         ledger.sync(name=spec.campaign.name, fingerprint=plan.fingerprint, meaning=meaning(spec),
                     campaign=spec.stored_form(), campaign_file=spec.source_path,
                     points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points],
@@ -406,5 +407,12 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     workload_levels.settle_all(work)  # endpoints of bench.workload that ended as it died
     emit("campaign_start", total=len(plan.points), counts=ledger.counts())
     scheduler.run()
+    if not work.stop_reason and type(work) is Workload:  # the winner confirmed on fresh servers (confirm:)
+        def run_work(cw: Workload) -> str | None:
+            Scheduler(RayCluster(ConfigLife(cw)), cw, with_event_log(emit, ledger.add_event),
+                      max_servers=c.placement.max_servers or (None if with_gpus else 1)).run()
+            return cw.stop_reason
+
+        work.stop_reason = confirm.run_after(plan, ledger, output_dir, emit, with_gpus, run_work)
     emit("campaign_end", counts=ledger.counts(), stopped=work.stop_reason)
     return work.stop_reason

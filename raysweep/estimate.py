@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep import grid
+from raysweep.order import ROOM
 from raysweep.plan import Plan, PointRun, first_runs
 
 __all__ = ["DEFAULTS", "Defaults", "Estimate", "Measured", "add_recorded", "estimate", "eta_s", "format_duration",
@@ -77,13 +78,17 @@ class Estimate:
     per_serve_s: dict[str, float] = field(default_factory=dict)
     most_points: int | None = None  # bench.precision: every undecided point run to max_runs
     most_wall_s: float | None = None
+    confirm: tuple[int, int, float] | None = None  # the winner's confirmation after it: starts, runs, seconds
 
     def text(self) -> str:
         most = "" if self.most_points is None or self.most_wall_s is None else (
             f"; bench.precision: at most {self.most_points} run(s), about {format_duration(self.most_wall_s)}")
+        then = "" if self.confirm is None else (
+            f"; then the winner's confirmation (per pair confirmed): {self.confirm[0]} server start(s), "
+            f"{self.confirm[1]} run(s), about {format_duration(self.confirm[2])}")
         return (f"Estimate ({self.basis}): {self.server_starts} server start(s), {self.points} run(s)"
                 f"{' expected' if most else ''}, {self.gpu_hours:.2f} GPU-hour(s), wall time about "
-                f"{format_duration(self.wall_s)}{most}")
+                f"{format_duration(self.wall_s)}{most}{then}")
 
 
 def format_duration(seconds: float) -> str:
@@ -234,11 +239,61 @@ def estimate(plan: Plan, *, done: set[str] | None = None, measured: Measured | N
     secs = _run_seconds(plan, measured, defaults)
     est = _estimate(plan, precision_runs(plan, values, decided, run_s=secs), done, measured, lanes, gpus_of,
                     running, defaults)
+    est = _with_confirmation(plan, est, measured)
     if getattr(plan.spec.campaign.bench, "precision", None) is None:
         return est
     top = _estimate(plan, precision_runs(plan, values, decided, most=True, run_s=secs), done, measured, lanes,
                     gpus_of, running, defaults)
     return Estimate(**{**est.__dict__, "most_points": top.points, "most_wall_s": top.wall_s})
+
+
+# -- the winner's confirmation after the sweep (raysweep.confirm runs it) ------------------------------------
+
+def order_of_confirm(plan: Plan) -> Any:
+    """The campaign's `confirm:` section (its defaults when absent)."""
+    from raysweep.order import ConfirmSpec
+
+    return getattr(plan.spec.campaign, "confirm", None) or ConfirmSpec()
+
+
+def confirm_applies(spec: Any) -> bool:
+    """Whether a campaign is one the confirmation can follow: servers raysweep starts, a plain sweep."""
+    c = spec.campaign
+    return not (spec.offline or c.tune is not None or c.sla is not None or c.serve is None
+                or getattr(c.serve, "url", None) is not None
+                or getattr(c.bench, "workload", None) is not None)
+
+
+def confirm_cost(plan: Plan, measured: Measured | None = None, pairs: int = 1) -> tuple[int, int, float]:
+    """Server starts, runs and seconds the confirmation of `pairs` pair(s) takes (two configurations each)."""
+    spec = order_of_confirm(plan)
+    measured = measured or Measured()
+    starts, runs = 2 * pairs * spec.starts, 2 * pairs * spec.per_arm
+    if not plan.points:
+        return starts, runs, math.nan
+    scale = _calibration(plan, measured, plan.spec.offline, DEFAULTS)
+    run_s = sorted(_point_s(p, measured, scale, False, DEFAULTS) for p in plan.points)[len(plan.points) // 2]
+    start_s = sorted(_start_s(s.id, measured, DEFAULTS) for s in plan.serves)[len(plan.serves) // 2]
+    return starts, runs, starts * start_s + runs * run_s
+
+
+def confirm_wanted(plan: Plan, sweep_s: float, measured: Measured | None = None) -> bool:
+    """Whether the campaign confirms its winner: `enabled` true or false as said; auto where it applies and
+    costs at most `order.ROOM` of the sweep's `sweep_s` seconds."""
+    spec = order_of_confirm(plan)
+    if spec.enabled is not True and spec.enabled is not False:
+        if not confirm_applies(plan.spec) or len(plan.serves) < 2:
+            return False
+        return confirm_cost(plan, measured)[2] <= ROOM * sweep_s
+    return bool(spec.enabled) and confirm_applies(plan.spec)
+
+
+def _with_confirmation(plan: Plan, est: Estimate, measured: Measured | None) -> Estimate:
+    """The estimate with the winner's confirmation after the sweep, where the campaign confirms
+    (`raysweep.confirm`: auto decides from the sweep's estimated time)."""
+    if plan.spec.campaign.tune is not None or not confirm_wanted(plan, est.wall_s, measured):
+        return est
+    return Estimate(**{**est.__dict__, "confirm": confirm_cost(plan, measured)})
 
 
 def _run_seconds(plan: Plan, measured: Measured | None, defaults: Defaults) -> dict[tuple[str, str], float]:

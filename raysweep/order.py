@@ -24,12 +24,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["OrderSpec", "Turn", "block_order", "in_rounds", "instance_of", "open_turns", "order_lines",
-           "order_of", "round_key", "turns"]
+__all__ = ["ROOM", "ConfirmSpec", "OrderSpec", "Turn", "block_order", "in_rounds", "instance_of", "open_turns",
+           "order_lines", "order_of", "round_key", "turns"]
 
 
 class OrderSpec(BaseModel):
@@ -44,6 +44,34 @@ class OrderSpec(BaseModel):
                            "ordered AB BA across configurations, so that a point's interval includes the variation "
                            "between starts; a point's first runs are dealt to them in turn (at most the runs of a "
                            "point: `runs`, or bench.precision.min_runs)")
+
+
+ROOM = 0.25  # `confirm.enabled: auto` confirms when it costs at most this fraction of the sweep's estimated time
+
+
+class ConfirmSpec(BaseModel):
+    """`confirm:` (or `confirm: true|false`): the leader and the runner-up re-measured after the sweep
+    (`raysweep.confirm` runs it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool | Literal["auto"] = Field("auto", description="true: always; false: never; auto: when the "
+                                            f"confirmation costs at most {ROOM * 100:.0f} % of the sweep's estimated "
+                                            "time (a plain sweep of servers raysweep starts)")
+    starts: int = Field(2, ge=1, le=16, description="fresh server starts per configuration confirmed, in blocks "
+                        "ordered AB BA (2: A B B A)")
+    runs: int = Field(2, ge=1, le=100, description="runs of each confirmed point per start")
+    objective: str | None = Field(None, description="the objective that names the leader (default: the report's, "
+                                  "output_throughput_per_gpu)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
+
+    @property
+    def per_arm(self) -> int:
+        return self.starts * self.runs
 
 
 def order_of(campaign: Any) -> OrderSpec:

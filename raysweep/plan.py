@@ -107,6 +107,8 @@ class Plan:
     fingerprint: str
     skipped_pairs: int = 0
     searches: list[tuple[str, str]] = field(default_factory=list)  # (serve id, bench id) pairs an SLA search runs on
+    confirm_ids: dict[str, str] = field(default_factory=dict)  # bench ids of the winner's confirmation: labels
+    confirm_base: dict[str, str] = field(default_factory=dict)  # confirmation bench id -> the bench id it confirms
     _by_serve: dict[str, list[PointRun]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

@@ -352,7 +352,7 @@ class PointRunner:
             "attempt": attempt, "started_at": started,
             "ended_at": time.time(), "bench_wall_s": out.get("duration_s"), "cache_state_before": reset,
             "bench_command": out.get("command"),
-            **(self.work.order_fields(point.serve.id, point.run, self._slots.get(server.server_id, 0))
+            **(self.work.order_fields(point.serve.id, point.bench.id, point.run, self._slots.get(server.server_id, 0))
                if hasattr(self.work, "order_fields") else {}),
             **transport_fields(server.transport), **fabric_fields(server.fabric),
             # GPU telemetry over the load's own window, not from the start of the data set's building

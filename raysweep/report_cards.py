@@ -64,6 +64,14 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
         parts.append(f"<p>{esc(amount)} over {esc(conclusions.at_load(v.runner_up, c.load))} "
                      f"({conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}): "
                      f'<span class="{cls}">{esc(conclusions.verdict_text(v))}</span>.{esc(flag)}</p>')
+    if v.confirmation is not None:
+        k = v.confirmation
+        parts.append("<p>Confirmed after the sweep on fresh servers (AB BA): the leader "
+                     f"{conclusions.fmt(k.leader_mean)} "
+                     f"({conclusions.CONFIDENCE:.0%} CI {conclusions.fmt(k.ci_low)} to {conclusions.fmt(k.ci_high)}), "
+                     f"the runner-up {conclusions.fmt(k.runner_mean)} ({conclusions.CONFIDENCE:.0%} CI "
+                     f"{conclusions.fmt(k.runner_ci[0])} to {conclusions.fmt(k.runner_ci[1])}); the verdict above is "
+                     "the confirmation's, not the selection's.</p>")
     if v.knee is not None:
         same = v.knee["serve_id"] == lead["serve_id"] and v.knee["bench_id"] == lead["bench_id"]
         parts.append(f"<p>Knee (best among points with {esc(v.knee_bound)}): "

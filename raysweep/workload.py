@@ -38,6 +38,7 @@ class Workload:
         self.stop_reason: str | None = None
         self.targets = sla.parse_targets(self.c.sla.targets) if self.c.sla is not None else []
         self.order = order_of(self.c)
+        self.instances = self.order.instances  # server starts per configuration (`order.instances`)
         self.first_runs = first_runs(plan.spec)
         # several servers at once (a cluster with GPUs, no cap of one): a block's configurations run together
         self.together = with_gpus and self.c.placement.max_servers != 1
@@ -62,20 +63,25 @@ class Workload:
 
     def instance_of(self, run: int) -> int:
         """The server start (instance) of a configuration a run number goes to (`order.instances`)."""
-        return instance_of(run, self.order.instances, self.first_runs)
+        return instance_of(run, self.instances, self.first_runs)
+
+    def mine(self, row: PointRow) -> bool:
+        """Whether a ledger row is one of this work's runs: the sweep's (the winner's confirmation runs after
+        it, `raysweep.confirm`)."""
+        return row.bench_id not in self.plan.confirm_ids
 
     def design(self) -> list[Turn]:
         """Every server start of the design (one per configuration without `order.instances`)."""
-        return turns([s.id for s in self.serves], self.order.instances)
+        return turns([s.id for s in self.serves], self.instances)
 
     def turn_of(self, serve_id: str, instance: int) -> Turn | None:
         """Where a configuration's instance sits in the design (its block and place in it)."""
-        if self.order.instances <= 1:
+        if self.instances <= 1:
             return None
         block = block_order([s.id for s in self.serves], instance)
         return Turn(serve_id, instance, instance, block.index(serve_id)) if serve_id in block else None
 
-    def order_fields(self, serve_id: str, run: int, slot: int) -> dict[str, Any]:
+    def order_fields(self, serve_id: str, bench_id: str, run: int, slot: int) -> dict[str, Any]:
         """Where a run sat in the design, for its record: `round` (its run number: every point once per
         round), `instance` and `block` (the server start of its configuration, AB BA across configurations),
         `turn` (its configuration's place in the block) and `slot` (its place in its server's life)."""
@@ -88,11 +94,12 @@ class Workload:
     def instance_now(self, serve_id: str) -> int | None:
         """The instance a configuration is to measure now; None when it is not its turn (`order.instances`:
         blocks ordered AB BA, one start after another unless the cluster runs several at once)."""
-        if self.order.instances <= 1:
+        if self.instances <= 1:
             return 0
         rows: dict[str, list[PointRow]] = {}
         for r in self.ledger.points():
-            rows.setdefault(r.serve_id, []).append(r)
+            if self.mine(r):
+                rows.setdefault(r.serve_id, []).append(r)
 
         def unfinished(sid: str, instance: int) -> bool:
             return any(self.instance_of(r.run) == instance and _unfinished(r, self.c.max_attempts)
@@ -103,8 +110,8 @@ class Workload:
     def runnable(self, serve_id: str) -> list[PointRow]:
         """A configuration's runs still to run now: with `order.instances`, those of the instance whose turn it
         is (none when it is not its turn)."""
-        rows = self.ledger.runnable(serve_id, self.c.max_attempts)
-        if self.order.instances <= 1 or self.c.sla is not None:
+        rows = [r for r in self.ledger.runnable(serve_id, self.c.max_attempts) if self.mine(r)]
+        if self.instances <= 1 or self.c.sla is not None:
             return rows
         now = self.instance_now(serve_id)
         return [] if now is None else [r for r in rows if self.instance_of(r.run) == now]

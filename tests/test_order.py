@@ -146,7 +146,7 @@ def test_each_configuration_measures_its_instance_when_its_turn_comes(tmp_path):
         seen.append((due[0], _finish_all(work, due[0])))
     assert seen == [(a, [0, 2]), (b, [0, 2]), (b, [1, 3]), (a, [1, 3])]
     assert not work.work_left(a) and not work.work_left(b)
-    assert work.order_fields(b, 3, 1) == {"round": 3, "instance": 1, "block": 1, "turn": 0, "slot": 1,
+    assert work.order_fields(b, "x", 3, 1) == {"round": 3, "instance": 1, "block": 1, "turn": 0, "slot": 1,
                                           "order_seed": 0, "order_rounds": True}
     work.ledger.close()
 

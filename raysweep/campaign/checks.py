@@ -160,6 +160,20 @@ def _check_order(campaign: Campaign) -> None:
                                                f"to its server starts; accepted: 1 to {first}, or raise {where}")
 
 
+def _check_confirm(campaign: Campaign) -> None:
+    """`confirm: true` re-measures the winner on fresh servers: only a plain sweep of servers raysweep starts
+    has them (`enabled: auto` is off elsewhere, silently)."""
+    if campaign.confirm.enabled is not True:
+        return
+    for part, bad in (("sla", campaign.sla is not None), ("tune", campaign.tune is not None),
+                      ("offline", campaign.offline is not None),
+                      ("bench.workload", getattr(campaign.bench, "workload", None) is not None),
+                      ("serve.url", campaign.serve is not None and campaign.serve.url is not None)):
+        if bad:
+            raise CampaignError("confirm", f"cannot be used with `{part}` (it confirms the leader of a plain sweep "
+                                           "on fresh servers of its own); set it to false or auto")
+
+
 def _check_affinity(campaign: Campaign) -> None:
     """The server's and the clients' CPUs, when both are given, must not overlap (the validity record would
     mark every run "shared CPUs")."""

@@ -24,6 +24,7 @@ from raysweep.bench.checks import check_param_names, check_params_used
 from raysweep.campaign.checks import (
     Origins,
     _check_affinity,
+    _check_confirm,
     _check_endpoints,
     _check_links,
     _check_mode,
@@ -139,6 +140,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     _check_endpoints(campaign)
     _check_tail_replicas(campaign)
     _check_order(campaign)
+    _check_confirm(campaign)
     _check_precision(campaign)
     _check_affinity(campaign)
     if campaign.slo is not None:

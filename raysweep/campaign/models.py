@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from raysweep.load_levels import WorkloadSpec
-from raysweep.order import OrderSpec
+from raysweep.order import ConfirmSpec, OrderSpec
 from raysweep.precision import PrecisionSpec
 
 __all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "CostSpec", "EndpointSpec", "NodeRule", "OfflineSpec",
@@ -471,6 +471,10 @@ class Campaign(_Strict):
     order: OrderSpec = Field(default_factory=OrderSpec, description="the order runs go in: rounds within a "
                              "server's life (the order within a round drawn from a seed), and server starts "
                              "per configuration ordered AB BA (`instances`)")
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec, description="after the sweep, the leader and the "
+                                 "runner-up of each bench shape re-measured on fresh servers in AB BA order; the "
+                                 "headline's verdict and the leader's interval come from these runs (true, false, "
+                                 "or a mapping; default: on where it costs at most a quarter of the sweep)")
     sla: SlaSpec | None = Field(None, description="search, per config and bench point, the largest load that "
                                 "meets latency targets")
     slo: dict[str, float | str] | None = Field(None, description="the service-level objective the report, its "

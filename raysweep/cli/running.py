@@ -89,6 +89,12 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
                         lambda s: placement_lines(s, layouts[s.id], spec.offline))
     if options.checked or options.note:
         text += f"\n\n{options.line()}"
+    if spec.campaign.tune is None:  # the winner's confirmation after the sweep: on or off, and its cost
+        from raysweep.confirm import dry_run_lines as confirm_lines
+        from raysweep.estimate import estimate
+
+        said = confirm_lines(plan, estimate(plan).wall_s)
+        text += "\n\n" + "\n".join(said) if said else ""
     if spec.campaign.tune is not None:  # the space, budget and first candidates instead of a server list
         from raysweep.tune import dry_run_lines
 

@@ -1,0 +1,156 @@
+"""Answers that hold over time, on the real vLLM CPU server: A/A campaigns and repeated demos.
+
+`--mode aa` (the default) runs the CPU demo's design (configs/demo-cpu.yaml: its bench points, precision,
+rounds and confirmation) with two identical server configurations: `max_num_seqs` 16 for both, told apart
+only by `--max-log-len` 1000 and 1001, which does nothing while request logging is off (vLLM's default).
+Each sitting is a fresh campaign in its own output directory, one after another. Target: no sitting names a
+winner (the headline's verdict is not "better" / no green card) in 5 of 5 sittings.
+
+`--mode demos` runs the demo campaign itself N times, fresh, one after another, and checks how well each
+sitting's intervals hold the others: for every point (configuration x load) and every ordered pair of
+sittings (i, j), whether sitting i's reported 95 % interval of output throughput holds sitting j's estimate
+(target: at least 90 % of cases), and whether the leader is the same in all sittings or called tied (or
+not confirmed better). Each sitting's wall time is recorded (the demo's target: within 5 minutes).
+
+    .venv/bin/python benchmarks/bench_aa.py --model DIR [--mode aa|demos] [--sittings 5] [--work /tmp/aa]
+
+`--model`: the tiny model `raysweep tiny-model DIR` writes. Writes benchmarks/results/aa.json (or
+demos.json) and a Markdown table beside it; exits 0 when the target was met, 1 when not, 2 on bad input.
+The machine's load average before and after each sitting is recorded: on a shared machine the figures are
+measured with other work running and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "configs" / "demo-cpu.yaml"
+RESULTS = ROOT / "benchmarks" / "results"
+METRIC = "output_throughput"
+
+
+def _campaign(mode: str, out: Path, model: str) -> Path:
+    """The campaign file of one sitting: the demo, or the demo with two identical configurations."""
+    data = yaml.safe_load(DEMO.read_text())
+    data["output_dir"] = str(out)
+    data["report"] = True
+    if mode == "aa":
+        data["name"] = "demo-cpu-aa"
+        data["serve"]["params"] = {"grid": {"max_num_seqs": [16], "max_log_len": [1000, 1001]}}
+    f = out.parent / f"{out.name}.yaml"
+    f.write_text(yaml.safe_dump(data, sort_keys=False))
+    return f
+
+
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def _sitting(mode: str, work: Path, i: int, model: str) -> dict[str, Any]:
+    out = work / f"{mode}-{i}"
+    f = _campaign(mode, out, model)
+    env = {**os.environ, "RAYSWEEP_DEMO_MODEL": model, "PYTHONPATH": str(ROOT)}
+    before, t0 = _load(), time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "raysweep", "run", str(f)], env=env, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    res: dict[str, Any] = {"sitting": i, "exit": proc.returncode, "wall_s": round(wall, 1),
+                           "load_before": round(before, 2), "load_after": round(_load(), 2), "out": str(out)}
+    if proc.returncode != 0:
+        res["error"] = (proc.stderr or proc.stdout)[-2000:]
+        return res
+    res.update(_read(out))
+    return res
+
+
+def _read(out: Path) -> dict[str, Any]:
+    """What a sitting answered: its headline, whether it names a winner, every point's estimate and interval."""
+    from raysweep.conclusions import headlines
+    from raysweep.report_data import answer_of, read_data
+
+    answer = answer_of(read_data(out))
+    points = {}
+    for _, r in answer.points.iterrows():
+        key = f"{r['serve_label']} @ max_concurrency={r.get('max_concurrency')}"
+        points[key] = {"mean": float(r["objective_mean"]), "low": float(r["objective_ci_low"]),
+                       "high": float(r["objective_ci_high"]), "runs": int(r.get("runs") or 0)}
+    v = answer.verdicts[0] if answer.verdicts else None
+    return {"headline": headlines(answer), "points": points,
+            "leader": None if v is None else str(v.leader["serve_label"]),
+            "winner_named": bool(v is not None and v.clear),
+            "confirmed": None if v is None or v.confirmation is None else bool(v.confirmation.significant),
+            "tied": [] if v is None else list(v.tied)}
+
+
+def _coverage(sittings: list[dict[str, Any]]) -> tuple[int, int]:
+    held = total = 0
+    ok = [s for s in sittings if "points" in s]
+    for a in ok:
+        for b in ok:
+            if a is b:
+                continue
+            for key, pa in a["points"].items():
+                pb = b["points"].get(key)
+                if pb is None:
+                    continue
+                total += 1
+                held += pa["low"] <= pb["mean"] <= pa["high"]
+    return held, total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="the tiny model `raysweep tiny-model DIR` wrote")
+    ap.add_argument("--mode", choices=("aa", "demos"), default="aa")
+    ap.add_argument("--sittings", type=int, default=5)
+    ap.add_argument("--work", default="/tmp/raysweep-aa", help="where the sittings' output dirs go")
+    args = ap.parse_args()
+    if args.sittings < 1 or not (Path(args.model) / "config.json").is_file():
+        print("--sittings must be at least 1 and --model a directory `raysweep tiny-model` wrote", file=sys.stderr)
+        return 2
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    sittings = []
+    for i in range(args.sittings):
+        s = _sitting(args.mode, work, i, str(Path(args.model).resolve()))
+        sittings.append(s)
+        print(json.dumps({k: v for k, v in s.items() if k != "points"}), flush=True)
+    done = [s for s in sittings if "points" in s]
+    summary: dict[str, Any] = {"mode": args.mode, "sittings": len(sittings), "finished": len(done),
+                               "nproc": os.cpu_count(), "at": time.strftime("%Y-%m-%d %H:%M")}
+    if args.mode == "aa":
+        named = sum(s["winner_named"] for s in done)
+        summary.update(winner_named=named, met=len(done) == args.sittings and named == 0)
+    else:
+        held, total = _coverage(done)
+        leaders = {s["leader"] for s in done}
+        summary.update(held=held, cases=total, coverage=held / total if total else None,
+                       leaders=sorted(str(x) for x in leaders),
+                       leader_same_or_tied=len(leaders) <= 1 or all(s["tied"] or s["confirmed"] is False for s in done),
+                       within_5_min=sum(s["wall_s"] <= 300 for s in done))
+        summary["met"] = bool(total and held / total >= 0.9 and summary["leader_same_or_tied"]
+                              and len(done) == args.sittings)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "aa" if args.mode == "aa" else "demos"
+    (RESULTS / f"{name}.json").write_text(json.dumps({"summary": summary, "sittings": sittings}, indent=1))
+    lines = [f"# {name}: {summary}", "", "| sitting | exit | wall s | load before/after | leader | winner named | "
+             "headline |", "|---|---|---|---|---|---|---|"]
+    for s in sittings:
+        lines.append(f"| {s['sitting']} | {s['exit']} | {s['wall_s']} | {s['load_before']}/{s['load_after']} | "
+                     f"{s.get('leader')} | {s.get('winner_named')} | {' '.join(s.get('headline') or [])} |")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(json.dumps(summary))
+    return 0 if summary["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
