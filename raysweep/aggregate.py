@@ -76,7 +76,8 @@ _MIN_RESAMPLES = 100
 # Columns that differ from run to run of one point, or say where it ran: never point parameters.
 _RUN_COLUMNS = {"point_id", "run_number", "server_id", "attempt", "started_at", "ended_at", "bench_wall_s",
                 "cache_state_before", "bench_command", "date", "node_id", "node_ip", "hostname", "gpu_ids",
-                "node_ids", "node_ips", "gpu_ids_per_node", "samples_path", "result_path", "combo_dir"}
+                "node_ids", "node_ips", "gpu_ids_per_node", "samples_path", "result_path", "combo_dir",
+                "node_types", "hardware", "hardware_mixed"}
 _KEYS = ("serve_id", "bench_id")
 _LABELS = ("campaign", "serve_label", "bench_label")
 _SHAPE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "gpu_count", "num_nodes")
@@ -236,6 +237,7 @@ def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: 
         row["runs_flagged"] = int((group["validity_ok"] == False).sum())  # noqa: E712 (None is not flagged)
     if "client_limited" in group.columns:
         row["client_limited_runs"] = int((group["client_limited"] == True).sum())  # noqa: E712
+    runs_all = group
     left = left_out_mask(group)
     used = group if not left.any() else group[~left] if (~left).any() else group  # no copy when none is left out
     row.update(runs=len(used), runs_total=len(group), runs_left_out=int(left.sum()) if (~left).any() else 0,
@@ -247,6 +249,10 @@ def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: 
         reasons = ", ".join(r for r in (row["left_out_reasons"], "outlier run 1") if r)
         row.update(runs=len(used), runs_left_out=row["runs_left_out"] + 1, left_out_reasons=reasons)
     group = used
+    if "hardware" in group.columns:  # what the runs used were measured on (one, unless all were flagged)
+        row["hardware"] = " | ".join(sorted({str(h) for h in group["hardware"].dropna()}))
+        row["hardware_mixed"] = bool(runs_all["hardware_mixed"].fillna(False).astype(bool).any()) \
+            if "hardware_mixed" in runs_all.columns else False
     values = group[metrics].to_numpy(dtype=float)  # numeric already (summarize): one array per point
     stats = {m: _stats(values[:, i], confidence) for i, m in enumerate(metrics)}
     noisy = [m for m in judged if stats[m]["cv"] > threshold]

@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from raysweep import files, metrics, placement, provenance, validity
+from raysweep import files, hardware, metrics, placement, provenance, validity
 from raysweep.bench import sane, timeseries
 from raysweep.bench.command import CommandBench, result_record
 from raysweep.campaign import BenchSpec
@@ -349,6 +349,7 @@ class PointRunner:
             "node_ips": ",".join(n.get("node_ip") or "" for n in server.nodes),
             "gpu_ids_per_node": ";".join(f"{n.get('node_ip')}/{(n.get('node_id') or '')[:8]}={n.get('gpu_ids') or ''}"
                                          for n in server.nodes),
+            "node_types": hardware.node_types(n.get("node_id") or "" for n in server.nodes),  # from Ray's view
             "attempt": attempt, "started_at": started,
             "ended_at": time.time(), "bench_wall_s": out.get("duration_s"), "cache_state_before": reset,
             "bench_command": out.get("command"),
@@ -377,4 +378,5 @@ class PointRunner:
         sane.merge(record, sane.guarded("cost", point_cost_fields, self.c.cost, record,
                                         node_label_values(server.nodes)))
         sane.merge(record, sane.guarded("validity", validity.validity_fields, record))
+        sane.merge(record, sane.guarded("hardware", hardware.fields, record))  # compared per configuration later
         return record

@@ -23,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raysweep import hardware
 from raysweep.files import write_bytes_atomic
 from raysweep.grid import combo_label
 from raysweep.ledger import Ledger, PointState
@@ -39,7 +40,8 @@ _FIRST = ["campaign", "serve_id", "bench_id", "point_id", "run_number", "serve_l
 
 
 def load_records(output_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of every done point of the current plan, read from their result files."""
+    """The records of every done point of the current plan, read from their result files, with
+    `hardware` and `hardware_mixed` (`raysweep.hardware.mark`)."""
     output_dir = Path(output_dir)
     ledger = Ledger.open_existing(output_dir)
     try:
@@ -57,7 +59,7 @@ def load_records(output_dir: str | Path) -> list[dict[str, Any]]:
         if "validity_ok" not in record:
             record.update(validity_fields(record))
         records.append(record)
-    return records
+    return hardware.mark(records)  # a configuration's runs on other hardware are flagged
 
 
 def flagged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -39,12 +39,26 @@ def validity_section(data: ReportData) -> str:
     gaps = ("<p class=\"muted\">Not judged (nothing recorded): "
             + "; ".join(f"{c} for {n} run(s)" for c, n in unknown.items()) + ".</p>") if unknown else ""
     bad = flagged(recs)
+    spans = _hardware_spans(recs)
     if not bad:
         return f"<p>All {len(recs)} run(s) pass every check ({esc(checks)}).</p>{gaps}"
-    return (f'<p class="flag">{len(bad)} of {len(recs)} run(s) fail a check ({esc(checks)}); their numbers may '
+    return spans + (f'<p class="flag">{len(bad)} of {len(recs)} run(s) fail a check ({esc(checks)}); their numbers may '
             "not be the server's, so the conclusions leave them out of every ranking and comparison. They are "
             "marked &#9888; in the results table and, with the check's name, in the figures.</p>"
             + _grouped_by_check(bad) + gaps)
+
+
+def _hardware_spans(recs: list[dict[str, Any]]) -> str:
+    """The configurations whose runs span more than one hardware, with their runs per hardware."""
+    from raysweep.hardware import mixed
+
+    spans = mixed(recs)
+    if not spans:
+        return ""
+    rows = [[sid, h, n] for sid, kinds in spans.items() for h, n in kinds.items()]
+    return (f'<p class="flag">{len(spans)} server config(s) ran on more than one hardware (a node lost, a resume '
+            "on other nodes): the runs off each one's main hardware fail the <em>other hardware</em> check and are "
+            "left out of its aggregates.</p>" + html_table(["server config", "hardware", "runs"], rows))
 
 
 def _grouped_by_check(bad: list[dict[str, Any]]) -> str:
@@ -112,7 +126,9 @@ def results_section(data: ReportData) -> str:
         mark = ["" if ok is None or (isinstance(ok, float) and math.isnan(ok)) else "ok" if bool(ok)
                 else "\u26a0 " + str(i) for ok, i in zip(df["validity_ok"], issues)]
         df = df.assign(validity=mark)
-    cols = [c for c in dict.fromkeys(["serve_label", "bench_label", "run_number", "validity", *params,
+    where = ["hardware"] if "hardware_mixed" in df.columns and df["hardware_mixed"].fillna(False).astype(bool).any() \
+        else []  # shown when a configuration's runs span hardware
+    cols = [c for c in dict.fromkeys(["serve_label", "bench_label", "run_number", "validity", *where, *params,
                                       *TABLE_METRICS]) if c in df.columns]
     cut = (f' The first {MAX_TABLE_ROWS} are shown; every run is in <a href="results.csv">results.csv</a>.'
            if len(df) > MAX_TABLE_ROWS else "")

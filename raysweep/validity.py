@@ -32,7 +32,7 @@ from typing import Any
 __all__ = ["CHECKS", "cpu_set", "cpu_text", "shared_cpus", "unknown_checks", "validity_fields"]
 
 CHECKS = ("client-limited", "niced", "shared CPUs", "errors", "not steady", "socket transport", "throttled",
-          "cache not reset", "client started late")
+          "cache not reset", "client started late", "other hardware")
 START_LATE_MS = 10.0  # an actor that began later than this after the common start: the guard's send-lag bound
 THROTTLED_FRACTION = 0.05  # more throttled NVML samples than this: the point is marked `throttled`
 _SPLIT_ACTORS = re.compile(r"[;|]")

@@ -36,6 +36,9 @@ def test_gpu_node_lost_mid_point_its_configs_wait_for_a_gpu_node_never_the_head_
     assert {s["node_id"] for s in r["servers"]} <= {lost, new} and r["head"] not in {s["node_id"] for s in r["servers"]}
     assert all(s["gpu_ids"] == "0" for s in r["servers"]), r["servers"]
     assert {row["gpu_count"] for row in r["rows"]} == {1} and {row["gpus_per_node"] for row in r["rows"]} == {1}
+    # the old node and the new one are of one type: the same hardware, nothing mixed
+    assert {row["hardware"] for row in r["rows"]} == {"1 node(s) x 1 GPU(s) / nodes 1 GPU, 2 CPU"}
+    assert {row["hardware_mixed"] for row in r["rows"]} == {False}
     # node loss as data: which node, which points were in flight, the wait, where it went again
     events = r["events"]
     kinds = [e["kind"] for e in events]

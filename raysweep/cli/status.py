@@ -236,9 +236,15 @@ def _workload_lines(output_dir: str, stored: dict[str, Any]) -> None:
 
 def _validity_lines(output_dir: str, limit: int = 20) -> None:
     """How many finished runs fail a validity check, and which (the first `limit`) with the checks."""
+    from raysweep.hardware import mixed
     from raysweep.results import flagged, load_records
 
     records = load_records(output_dir)
+    for serve_id, kinds in mixed(records).items():
+        out.print(f"[yellow]hardware: server config {serve_id} ran on {len(kinds)} kinds of hardware[/] ("
+                  + "; ".join(f"{n} run(s) on {escape(h)}" for h, n in kinds.items())
+                  + "): the runs off its main hardware fail the 'other hardware' check and are left out of its "
+                  "aggregates", highlight=False)
     bad = flagged(records)
     if not bad:
         out.print(f"validity: all {len(records)} finished run(s) pass every check", highlight=False)
