@@ -80,6 +80,9 @@ def test_results_summary_status_and_report_say_so_and_never_pool_the_two(tmp_pat
     # status names the configuration and counts its runs per hardware
     text = CliRunner().invoke(main, ["status", str(out)]).output
     assert "hardware: server config s8 ran on 2 kinds of hardware" in " ".join(text.split()), text
+    doc = json.loads(CliRunner().invoke(main, ["status", str(out), "--json"]).output)
+    assert doc["validity"]["hardware_mixed"] == {"s8": {"1 node(s) x 1 GPU(s) / nodes 1 GPU, 1 CPU": 8,
+                                                        "1 node(s), no GPU / nodes 0 GPU, 1 CPU": 7}}
     # the report: a table of the configurations that span hardware, the hardware column in the results
     monkeypatch.setattr(report, "_figure_list", lambda data: [])
     monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")

@@ -306,7 +306,7 @@ def _events_table(events: list[dict[str, Any]]) -> None:
 
 def status_document(output_dir: str) -> dict[str, Any]:
     """What `status --json` prints (raysweep/schemas/status.json)."""
-    from raysweep import grid
+    from raysweep import grid, hardware
     from raysweep.campaign import CostSpec
     from raysweep.cost import campaign_spend
     from raysweep.driver import driver_alive
@@ -348,7 +348,8 @@ def status_document(output_dir: str) -> dict[str, Any]:
                             for s in servers if s.stopped_at is None and live],
         "validity": {"runs": len(records), "flagged": len(bad),
                      "flagged_runs": [{"point_id": r.get("point_id"), "issues": r.get("validity_issues")}
-                                      for r in bad]},
+                                      for r in bad],
+                     "hardware_mixed": hardware.mixed(records)},
         "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
                       "attempts": p.attempts, "error": p.error} for p in points if p.state == PointState.FAILED],
         "spend": campaign_spend(CostSpec.model_validate(block) if block else None, servers),
