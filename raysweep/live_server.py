@@ -395,7 +395,8 @@ class Servers:
             fake = run.serve.env.get(telemetry.FAKE_ENV)  # an NVML stand-in named in serve.env (tests, demos)
             rapl = run.serve.env.get(RAPL_ENV, POWERCAP)  # a fake powercap tree in serve.env (tests)
             run.wait([h.telemetry_start.remote(self.c.transport.telemetry_interval_s, str(fake) if fake else None,
-                                               self.c.transport.idle_power_s, str(rapl)) for h in server.hosts], 60)
+                                               self.c.transport.idle_power_s, str(rapl), self.c.transport.dcgm_url)
+                      for h in server.hosts], 60)
         if self.work.with_gpus:
             self._topology(run, server)
         self.work.ledger.update_server(

@@ -250,16 +250,19 @@ class ServerHost:
         self._provenance_thread.start()
 
     def telemetry_start(self, interval_s: float, fake: str | None = None, idle_s: float = 0.0,
-                        rapl_root: str | None = None) -> str:
+                        rapl_root: str | None = None, dcgm_url: str | None = None) -> str:
         """Start sampling this node's GPUs of the server through NVML (`raysweep.telemetry`; `fake`: the JSON
-        file of an NVML stand-in; without NVML, the RAPL packages under `rapl_root`), after reading their
+        file of an NVML stand-in; without NVML, the DCGM exporter at `dcgm_url` or AMD SMI, and on a node without
+        GPUs the RAPL packages under `rapl_root`), after reading their
         idle power for `idle_s` (the server is up, nothing loads it yet); its source."""
         from raysweep import telemetry
 
         if getattr(self, "_telemetry", None) is None:
             gpus = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
             nvml = telemetry.FileNvml(fake) if fake else None
-            sampler = telemetry.Sampler(gpus, interval_s, nvml, "fake NVML" if fake else "", rapl_root=rapl_root)
+            dcgm = dcgm_url.replace("{node_ip}", ray.util.get_node_ip_address()) if dcgm_url else None
+            sampler = telemetry.Sampler(gpus, interval_s, nvml, "fake NVML" if fake else "", rapl_root=rapl_root,
+                                        dcgm_url=dcgm, amd=True)
             if idle_s > 0:
                 sampler.measure_idle(idle_s)
             self._telemetry = sampler.start()

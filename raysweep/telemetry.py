@@ -13,9 +13,10 @@ says `unavailable: ...`), never an error.
 
 Energy (`raysweep.energy`): every sample also reads each GPU's total energy counter
 (`nvmlDeviceGetTotalEnergyConsumption`, mJ; None where the board has none), kept with its power as the
-device's energy readings; without NVML, a node's readable RAPL package counters (`raysweep.rapl`) are read
-instead. `measure_idle` reads them for a while before the server's first load (its idle power);
-`energy_window(t0, t1)` returns the readings around a window for `raysweep.energy.window_energy`.
+device's energy readings; without NVML, a DCGM exporter's page or AMD SMI (`raysweep.power_sources`), and
+for a server without GPUs its node's readable RAPL package counters (`raysweep.rapl`), are read instead.
+`measure_idle` reads them for a while before the server's first load (its idle power); `energy_window(t0, t1)`
+returns the readings around a window for `raysweep.energy.window_energy`.
 
 `FileNvml` is an NVML stand-in that replays GPUs described in a JSON file (named by `RAYSWEEP_FAKE_NVML` in
 the environment, or in a campaign's `serve.env`): for tests and demos on machines without GPUs. A GPU with
@@ -139,7 +140,8 @@ class Sampler:
     """Samples a node's GPUs in a thread (see the module docstring)."""
 
     def __init__(self, gpu_ids: list[str], interval_s: float = 0.5, nvml: Any = None, source: str = "",
-                 rapl_root: str | None = None, clock: Any = time.time) -> None:
+                 rapl_root: str | None = None, clock: Any = time.time, dcgm_url: str | None = None,
+                 amd: Any = False) -> None:
         self.interval_s = interval_s
         self.clock = clock
         self.nvml, self.source = (nvml, source or "nvml") if nvml is not None else load_nvml()
@@ -157,16 +159,40 @@ class Sampler:
         if self.nvml is not None and not self.handles:
             self.nvml, self.source = None, "unavailable: no GPU assigned to this server"
         self.rapl: Any = None
+        self.gpu_power: Any = None  # a DCGM exporter or AMD SMI, where NVML is absent
         self.energy_source, self.energy_why = ("NVML energy counter", "") if self.nvml is not None else ("", "")
         self.wraps: dict[str, float] = {}
-        if self.nvml is None and rapl_root is not None:
+        whys = [f"NVML {self.source}"]
+        if self.nvml is None and gpu_ids:
+            self._other_gpu_source([str(g) for g in gpu_ids], dcgm_url, amd, whys)
+        if self.nvml is None and gpu_ids and rapl_root is not None:
+            whys.append("RAPL not read: the server has GPUs, and a CPU socket's energy is not theirs")
+        elif self.nvml is None and rapl_root is not None:
             from raysweep.rapl import SCOPE, Rapl
 
             rapl = Rapl(rapl_root)
             if rapl.zones:
                 self.rapl, self.energy_source, self.wraps = rapl, SCOPE, dict(rapl.wraps_mj)
             else:
-                self.energy_why = f"no energy reading: NVML {self.source}; {rapl.why}"
+                whys.append(rapl.why)
+        if not self.energy_source:
+            self.energy_why = "no energy reading: " + "; ".join(whys)
+
+    def _other_gpu_source(self, gpus: list[str], dcgm_url: str | None, amd: Any, whys: list[str]) -> None:
+        """A DCGM exporter (when a URL is given), else AMD SMI (`amd`: True, or a stand-in of the library)."""
+        from raysweep.power_sources import AmdSmi, DcgmExporter
+
+        candidates: list[Any] = []
+        if dcgm_url:
+            candidates.append(lambda: DcgmExporter(dcgm_url, gpus))
+        if amd:
+            candidates.append(lambda: AmdSmi(gpus, None if amd is True else amd))
+        for make in candidates:
+            src = make()
+            if not src.why:
+                self.gpu_power, self.energy_source = src, src.source
+                return
+            whys.append(src.why)
 
     def _handle(self, gpu: int | str) -> Any:
         if isinstance(gpu, int):
@@ -183,11 +209,17 @@ class Sampler:
         if self.rapl is not None:
             for name, mj in self.rapl.read_mj().items():
                 self.energy.append((name, now, mj, None))
+        if self.gpu_power is not None:
+            try:
+                for gpu, (mj, w) in self.gpu_power.read().items():
+                    self.energy.append((gpu, now, mj, w))
+            except OSError as exc:  # the exporter did not answer this time: this reading is missing
+                log.debug("%s: %s", self.energy_source, exc)
         return out
 
     def measure_idle(self, seconds: float) -> dict[str, float | None]:
         """Each device's idle power, read for `seconds` before the server's first load (`raysweep.energy`)."""
-        if self.nvml is None and self.rapl is None:
+        if self.nvml is None and self.rapl is None and self.gpu_power is None:
             return {}
         t0 = self.clock()
         self.samples.extend(self.sample())
@@ -244,7 +276,7 @@ class Sampler:
             return None
 
     def start(self) -> Sampler:
-        if (self.nvml is not None or self.rapl is not None) and self._thread is None:
+        if (self.nvml is not None or self.rapl is not None or self.gpu_power is not None) and self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="gpu-telemetry", daemon=True)
             self._thread.start()
         return self

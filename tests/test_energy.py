@@ -233,3 +233,97 @@ def test_each_server_gets_its_own_gpus_energy_over_its_points_steady_window(gpu_
         assert row["j_per_output_token"] == pytest.approx(row["energy_j"] / row["energy_output_tokens"])
         assert 0 < row["energy_output_tokens"] < row["total_output_tokens"]
         assert row["cost_per_hour"] == 2.0  # the node's label gpu-type=A100
+
+
+DCGM_PAGE = """# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="GPU-a",device="nvidia0",Hostname="h"}} {p0}
+DCGM_FI_DEV_POWER_USAGE{{gpu="1",UUID="GPU-b",device="nvidia1",Hostname="h"}} 999
+# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="0",UUID="GPU-a",device="nvidia0",Hostname="h"}} {e0}
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="1",UUID="GPU-b",device="nvidia1",Hostname="h"}} 5
+"""
+
+
+@pytest.fixture
+def no_nvml(monkeypatch):
+    """NVML absent, as on a node where only another source can read the GPUs (whatever this machine has)."""
+    monkeypatch.setattr(telemetry, "load_nvml", lambda: (None, "unavailable: NVMLError_LibraryNotFound"))
+
+
+def test_a_dcgm_exporters_page_gives_the_energy_of_the_servers_own_gpus(no_nvml):
+    """An exporter on 127.0.0.1 whose GPU 0 draws 250 W: its counter read through the page gives the window's
+    energy; GPU 1 (another server's) is not read."""
+    import http.server
+    import threading
+
+    from raysweep import power_sources
+
+    state = {"t": 0.0}
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the handler's name
+            body = DCGM_PAGE.format(p0=250.0, e0=int(1_000_000 + 250.0 * state["t"] * 1000)).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+        assert power_sources.parse_dcgm(DCGM_PAGE.format(p0=1, e0=2))["1"] == (5.0, 999.0)
+        s = telemetry.Sampler(["0"], nvml=None, clock=lambda: state["t"], dcgm_url=url)
+        assert s.energy_source == "DCGM exporter" and s.gpu_power is not None
+        for t in (0.0, 2.0, 4.0, 6.0):
+            state["t"] = t
+            s.sample()
+        w = s.energy_window(1.0, 5.0)
+        assert set(w["devices"]) == {"0"}
+        e = energy.window_energy(w["devices"], {"0": 100.0}, 1.0, 5.0, w["wraps"])
+        assert e["energy_method"] == "counter" and e["energy_j"] == pytest.approx(1000.0)  # 250 W x 4 s
+        assert e["energy_net_j"] == pytest.approx(600.0)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    gone = telemetry.Sampler(["0"], nvml=None, dcgm_url=url, rapl_root="/nonexistent")
+    assert gone.energy_source == "" and "DCGM exporter" in gone.energy_why and "unreadable" in gone.energy_why
+    assert "RAPL not read: the server has GPUs" in gone.energy_why
+
+
+class FakeAmdSmi:
+    """The calls of `amdsmi` raysweep makes, on a clock: two GPUs, GPU 1 drawing 300 W."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def amdsmi_init(self):
+        pass
+
+    def amdsmi_get_processor_handles(self):
+        return ["h0", "h1"]
+
+    def amdsmi_get_energy_count(self, h):
+        # accumulator x resolution (uJ): 300 W is 300e6 uJ per s, at a resolution of 15.3 uJ
+        return {"energy_accumulator": round(300e6 * self.t / 15.3), "counter_resolution": 15.3}
+
+    def amdsmi_get_power_info(self, h):
+        return {"average_socket_power": 300}
+
+
+def test_amd_smi_gives_the_servers_gpus_energy_counter_and_power(no_nvml):
+    lib = FakeAmdSmi()
+    s = telemetry.Sampler(["1"], nvml=None, clock=lambda: lib.t, amd=lib)
+    assert s.energy_source == "AMD SMI"
+    for t in (0.0, 1.0, 2.0, 3.0):
+        lib.t = t
+        s.sample()
+    w = s.energy_window(0.5, 2.5)
+    e = energy.window_energy(w["devices"], {"1": None}, 0.5, 2.5, w["wraps"])
+    assert e["energy_method"] == "counter" and e["energy_j"] == pytest.approx(600.0, abs=1e-3)
+    missing = telemetry.Sampler(["0"], nvml=None, amd=True)
+    assert "AMD SMI unavailable" in missing.energy_why

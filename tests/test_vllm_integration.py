@@ -307,10 +307,12 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
         assert sorted(probe["node_ids"]) == sorted(set(row["node_ids"].split(",")))  # the server's own nodes
         assert row["fabric_busbw_gbps"] == probe["busbw_gbps"] > 0.001 and row["fabric_backend"] == "gloo"
         assert row["placement_layout"] == "pack" and str(row["gpu_telemetry"]).startswith("unavailable")
-        # no NVML and no RAPL on this machine: no energy field at all (never a zero), and why; the price per
+        # no NVML (nor AMD SMI) on this machine, and RAPL is not a GPU server's energy: no energy field at all
+        # (never a zero), and why; the price per
         # token still comes from the GPU-hour price (2 GPUs x 1.5 over the whole load's output rate)
         assert row["energy_note"].startswith("no energy reading: NVML unavailable"), row["energy_note"]
-        assert "RAPL unavailable" in row["energy_note"]
+        assert "AMD SMI unavailable" in row["energy_note"], row["energy_note"]
+        assert "RAPL not read: the server has GPUs" in row["energy_note"]
         assert "energy_j" not in df.columns and "j_per_output_token" not in df.columns
         assert row["cost_per_m_output_tokens"] == pytest.approx(3.0 / 3600 / row["output_throughput"] * 1e6)
         assert procs.wait_for(lambda: not _ours(str(tmp_path)), 60), \

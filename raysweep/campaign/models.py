@@ -408,6 +408,14 @@ class TransportSpec(_Strict):
     idle_power_s: float = Field(1.0, ge=0, description="seconds the server's GPUs (or RAPL packages) are read "
                                 "after its start and before its first load, for the idle power subtracted from "
                                 "the net energy (0: not measured, no net energy)")
+    dcgm_url: str | None = Field(None, description="where NVML cannot be read: a DCGM exporter's metrics page "
+                                 "giving the GPUs' energy counter and power, `{node_ip}` filled in per node, e.g. "
+                                 "http://{node_ip}:9400/metrics (docs/energy.md)")
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url(cls, v: str | None) -> str | None:
+        return None if v is None else _http_url(v)
 
     @model_validator(mode="after")
     def _fraction_needs_baseline(self) -> TransportSpec:
