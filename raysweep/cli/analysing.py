@@ -109,22 +109,28 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
 @click.option("--fig-dpi", type=int, default=150, show_default=True)
 @click.option("--out", "out_path", default=None, help="Directory for PARETO.<format> and pareto_front.csv "
                                                      "(default OUTPUT_DIR/pareto).")
+@click.option("--y", "y_axis", default="tokens_per_gpu", show_default=True,
+              help="The y axis: tokens_per_gpu (higher is better), or energy or cost per token (lower is better): "
+                   "j_per_output_token, net_j_per_output_token, j_per_total_token, cost_per_m_output_tokens, "
+                   "cost_per_m_total_tokens (docs/energy.md).")
 @click.option("--dry-run", is_flag=True, help="Print the front; write nothing.")
 def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count_var: str, gpu_count: float | None,
-           filter_by: tuple[str, ...], fmt: str, fig_dpi: int, out_path: str | None, dry_run: bool) -> None:
-    """The Pareto front of output tokens/s per user against output tokens/s per GPU, as a figure and a CSV."""
+           filter_by: tuple[str, ...], fmt: str, fig_dpi: int, out_path: str | None, y_axis: str,
+           dry_run: bool) -> None:
+    """The Pareto front of output tokens/s per user against output tokens/s per GPU (or energy or cost per token,
+    --y), as a figure and a CSV."""
     from raysweep import plots
     from raysweep.importer import read_table
 
     table = read_table(output_dir)
-    result = plots.pareto(table.df, user_count_var, gpu_count_var, filter_by, gpu_count)
+    result = plots.pareto(table.df, user_count_var, gpu_count_var, filter_by, gpu_count, y_axis)
     labels = plots.split_list(label_by) or (user_count_var, "gpus")
     plots.check_columns(result.points, labels, "--label-by")
-    front = Table(*labels, "tokens/s/user", "tokens/s/GPU", "GPUs from", title=f"Pareto front: {len(result.front)} "
-                  f"of {len(result.points)} run(s)")
+    front = Table(*labels, "tokens/s/user", "tokens/s/GPU" if result.y == "tokens_per_gpu" else result.y_label,
+                  "GPUs from", title=f"Pareto front: {len(result.front)} of {len(result.points)} run(s)")
     for _, row in result.front.iterrows():
         front.add_row(*(escape(plots.fmt_value(row[c])) for c in labels), f"{row['tokens_per_user']:.4g}",
-                      f"{row['tokens_per_gpu']:.4g}", escape(str(row["gpus_from"])))
+                      f"{row[result.y]:.4g}", escape(str(row["gpus_from"])))
     print_table(front, out)
     paths = [] if dry_run else plots.write_pareto(result, labels, _figure_dir(output_dir, out_path, "pareto"), fmt,
                                                   fig_dpi)
