@@ -164,6 +164,7 @@ class ShapeVerdict:
     nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
     confirmation: Any = None  # raysweep.confirmation.Confirmation: the leader and runner-up measured again, fresh
     selection: str = ""       # with a confirmation, what the sweep's own test said (the verdict is the confirmation's)
+    cheapest_tied: list[str] = field(default_factory=list)  # configs not shown to cost more (Welch's t, Holm)
 
     @property
     def clear(self) -> bool:
@@ -280,7 +281,7 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     stats = [f"{obj.metric}_{s}" for s in _STATS if f"{obj.metric}_{s}" in summary.columns]
     wanted = {*CARD_LATENCIES, *_KNEE_LATENCIES, *(t.metric for t in (slo.thresholds if slo else ()))}
     means = [f"{m}_mean" for m in sorted(wanted) if f"{m}_mean" in summary.columns and f"{m}_mean" not in stats]
-    means += [f"{m}_{st}" for m in CHEAPEST_METRICS for st in ("mean", "ci_low", "ci_high")
+    means += [f"{m}_{st}" for m in CHEAPEST_METRICS for st in ("mean", "std", "ci_low", "ci_high")
               if f"{m}_{st}" in summary.columns and f"{m}_{st}" not in (*stats, *means)]
     means += [f"{t.metric}_{k}" for t in (slo.thresholds if slo else ()) for k in _SLO_STATS[1:]
               if f"{t.metric}_{k}" in summary.columns and f"{t.metric}_{k}" not in stats + means]
@@ -404,7 +405,7 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
                                 None, slo_met=False, flagged=_flagged(leader), nearest=nearest,
                                 drifting=_drifts(leader))
         rows = meeting
-    cheapest, cheap_metric = _cheapest(rows)
+    cheapest, cheap_metric, cheap_tied = _cheapest(rows, load)
     sign = -1.0 if obj.maximize else 1.0
     ordered = rows.assign(_key=sign * pd.to_numeric(rows["objective_mean"], errors="coerce")) \
         .sort_values(["failed_last", "_key"], kind="stable").drop(columns="_key")
@@ -415,7 +416,8 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
     runner = others.iloc[0] if len(others) else None
     if runner is None:
         return ShapeVerdict(shape, ranking, leader, None, None, None, slo_met=slo_met, knee=knee, knee_bound=bound,
-                            flagged=_flagged(leader), cheapest=cheapest, cheapest_metric=cheap_metric)
+                            flagged=_flagged(leader), cheapest=cheapest, cheapest_metric=cheap_metric,
+                            cheapest_tied=cheap_tied)
     a, b = float(leader["objective_mean"]), float(runner["objective_mean"])
     lead = (a - b) / abs(b) if b else None
     if lead is not None and not obj.maximize:
@@ -426,7 +428,8 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
     drifting = _drifts(leader) or _drifts(runner)
     if len(family) < 2:
         return ShapeVerdict(shape, ranking, leader, runner, True, lead, [], None, _flagged(leader) or
-                            _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric, drifting=drifting)
+                            _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric, drifting=drifting,
+                            cheapest_tied=cheap_tied)
     family = family.reset_index(drop=True)
     led = verdicts.tied_with_leader([_cand(r) for _, r in family.iterrows()], obj.maximize,
                                     paired=_paired(df, family, obj))
@@ -434,25 +437,35 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
     tied = [at_load(family.iloc[i], None) for i in led.tied]
     return ShapeVerdict(shape, ranking, leader, runner, significant, lead, tied, led.adjusted_p.get(1),
                         _flagged(leader) or _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric,
-                        led.tests.get(1, verdicts.WELCH), drifting)
+                        led.tests.get(1, verdicts.WELCH), drifting, cheapest_tied=cheap_tied)
 
 
 def _drifts(row: pd.Series | None) -> bool:
     return row is not None and row.get("drift") == "drifts"
 
 
-def _cheapest(rows: pd.DataFrame) -> tuple[pd.Series | None, str]:
+def _cheapest(rows: pd.DataFrame, load: str | None = None) -> tuple[pd.Series | None, str, list[str]]:
     """The point of least cost per million output tokens (else least energy per output token) among
-    `rows` (those meeting the slo where one is set; never a point its failures rank last), and the metric."""
+    `rows` (those meeting the slo where one is set; never a point its failures rank last), the metric, and the
+    other configurations (each at its cheapest point) not shown to cost more: Welch's t over the runs of
+    each against it, Holm over them (`verdicts.tied_with_leader`, lower is better)."""
     for metric in CHEAPEST_METRICS:
         col = f"{metric}_mean"
         if col not in rows.columns:
             continue
         values = pd.to_numeric(rows[col], errors="coerce")
         ok = rows[values.notna() & ~rows["failed_last"].astype(bool)]
-        if len(ok):
-            return ok.loc[pd.to_numeric(ok[col], errors="coerce").idxmin()], metric
-    return None, ""
+        if not len(ok):
+            continue
+        best = ok.assign(_c=pd.to_numeric(ok[col], errors="coerce")).sort_values("_c", kind="stable") \
+            .drop(columns="_c").drop_duplicates("serve_id").reset_index(drop=True)
+        if len(best) < 2:
+            return best.iloc[0], metric, []
+        cands = [(float(r[col]), float(r.get(f"{metric}_std", math.nan)),
+                  int(r["runs"]) if finite(r.get("runs")) else 0) for _, r in best.iterrows()]
+        led = verdicts.tied_with_leader(cands, higher_is_better=False)
+        return best.iloc[led.leader], metric, [at_load(best.iloc[i], load) for i in led.tied + led.not_judged]
+    return None, "", []
 
 
 def _cand(row: pd.Series) -> tuple[float, float, int]:
@@ -594,7 +607,8 @@ def cheapest_text(v: ShapeVerdict) -> str:
         return ""
     lo, hi = row.get(f"{m}_ci_low"), row.get(f"{m}_ci_high")
     ci = f" ({CONFIDENCE:.0%} CI {fmt(lo)} to {fmt(hi)})" if finite(lo) and finite(hi) else ""
-    return f"{m} {fmt(row[f'{m}_mean'])}{ci}"
+    tied = f"; not shown to cost less than {', '.join(v.cheapest_tied)}" if v.cheapest_tied else ""
+    return f"{m} {fmt(row[f'{m}_mean'])}{ci}{tied}"
 
 
 def headlines(c: Conclusions) -> list[str]:

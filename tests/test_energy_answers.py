@@ -43,6 +43,7 @@ def test_the_cheapest_config_under_the_slo_is_named_beside_the_fastest():
     assert v.leader["serve_id"] == "A" and v.cheapest["serve_id"] == "B"
     assert v.cheapest_metric == "cost_per_m_output_tokens"
     assert v.cheapest["cost_per_m_output_tokens_mean"] == pytest.approx(2.0 / 3600 / 600 * 1e6, rel=0.05)
+    assert v.cheapest_tied == []  # A costs 2.4 times as much: shown (Welch's t over 4 runs each)
     lines = conclusions.headlines(c)
     assert any(line.startswith("Cheapest for") and "cfg=B" in line and "under the slo" in line for line in lines)
     # without a price, the least energy per output token
@@ -50,6 +51,11 @@ def test_the_cheapest_config_under_the_slo_is_named_beside_the_fastest():
     v = conclusions.conclude(no_cost, SHAPE, objective="output_throughput").verdicts[0]
     assert v.cheapest_metric == "j_per_output_token" and v.cheapest["serve_id"] == "C"
     assert conclusions.conclude(runs({"A": [(8, 1.0, 1.0, 1.0)]}), SHAPE).verdicts[0].cheapest is None
+    # two configs whose costs differ by 0.1 % with a 1 % spread over 4 runs: not shown to differ, and said so
+    close = _priced(runs({"A": [(8, 1000.0, 100.0, 500.0)], "B": [(8, 1000.0, 100.0, 500.0)]}, seed=3),
+                    {"A": 2.0, "B": 2.002}, {"A": 1.0, "B": 1.0})
+    v = conclusions.conclude(close, SHAPE, objective="output_throughput").verdicts[0]
+    assert len(v.cheapest_tied) == 1 and "not shown to cost less than" in conclusions.cheapest_text(v)
 
 
 def test_cost_and_energy_objectives_are_minimised():
