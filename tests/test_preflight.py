@@ -302,11 +302,16 @@ def test_preflight_command_json_out_and_strict(gpu_cluster, tmp_path, monkeypatc
              if w["message"].startswith("GPU node without any active InfiniBand port (0 device(s), 0 port(s))")]
     assert {w["node_id"] for w in no_ib} == gpu_ids and len(no_ib) == len(gpu_ids) == 3
     assert all(n["infiniband"]["device_count"] == 0 for n in data["nodes"])
+    # every host dialled every other host's TCP port (one machine here: all reached), the driver's versions kept
+    assert len(data["reachability"]) == 4 * 3 and all(r["ok"] for r in data["reachability"])
+    assert data["driver"]["vllm"] == importlib.metadata.version("vllm")
+    assert all(n["net"]["interfaces"]["lo"][0] == "127.0.0.1" for n in data["nodes"])
     # tables, and exit 0 without --strict
     res = CliRunner().invoke(main, ["preflight", "--address", gpu_cluster.address])
     assert res.exit_code == 0, res.output
     assert res.stdout.count("Ray GPUs") == 4 and "(head)" in res.stdout and "gpu-type=A100" in res.stdout
     assert "4 node(s), 0 finding(s), 3 warning(s)" in res.stdout
+    assert "TCP reachability between hosts: 12 of 12 connection(s) made" in res.stdout
     assert res.stdout.count("GPU node without any active InfiniBand port") == 3
 
 
