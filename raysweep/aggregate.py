@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raysweep import verdicts
+from raysweep import bootstrap, verdicts
 from raysweep.errors import UserError, unknown_names
 from raysweep.files import write_bytes_atomic, write_text_atomic
 from raysweep.verdicts import t_quantile
@@ -361,52 +361,50 @@ def _bootstrap(group: pd.DataFrame, metrics: list[str], confidence: float,
     point has its raw samples; empty otherwise. The interval is a two-level bootstrap: the runs resampled,
     then the requests within each drawn run (a run's requests share its server state, so they are not
     independent draws of the configuration); a single run has no interval. The percentiles of one latency
-    share their resamples."""
+    share their resamples, and so do the latencies measured on the same requests (`raysweep.bootstrap`)."""
     if not samples or "point_id" not in group.columns or resamples < 1:
         return {}
     runs = [samples.get(str(pid)) for pid in group["point_id"]]
     if any(r is None for r in runs):
         return {}
     per_run = [_request_values(r) for r in runs if r is not None]
-    rng = np.random.default_rng(0)
     wanted: dict[str, list[tuple[str, float]]] = {}
     for m in metrics:
         match = _LATENCY.match(m)
         if match is not None and match.group(1) != "mean":
             q = 50.0 if match.group(1) == "median" else float(match.group(2))
             wanted.setdefault(match.group(3), []).append((m, q))
-    out: dict[str, Any] = {}
+    pooled: dict[str, tuple[list[tuple[str, float]], np.ndarray, bootstrap.Pooled]] = {}
     for name, asked in wanted.items():
-        parts = [r[name] for r in per_run]
-        flat = [np.concatenate(p) if len(p) else np.zeros(0) for p in parts] if name == "itl" else parts
-        pooled = np.concatenate(flat)
-        if pooled.size == 0:
+        parts = [_owned(r, name) for r in per_run]
+        values = np.concatenate([v for v, _, _ in parts]) if parts else np.zeros(0)
+        if values.size == 0:
             continue
-        qs = [q for _, q in asked]
-        draws = _two_level(parts, qs, resamples, rng, name == "itl") if len(parts) > 1 else None
-        for i, (m, q) in enumerate(asked):
-            lo, hi = (np.percentile(draws[:, i], [50.0 - 50.0 * confidence, 50.0 + 50.0 * confidence])
-                      if draws is not None and len(draws) else (math.nan, math.nan))
-            out[m] = (float(np.percentile(pooled, q)), float(lo), float(hi))
+        n = resamples
+        if name == "itl":  # fewer resamples (never under _MIN_RESAMPLES) when the gaps are many
+            n = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // max(1, values.size)))
+        pooled[name] = (asked, values, bootstrap.Pooled([v for v, _, _ in parts], [o for _, o, _ in parts],
+                                                        [k for _, _, k in parts], [q for _, q in asked], n))
+    ends = bootstrap.intervals([p for _, _, p in pooled.values()], confidence, np.random.default_rng(0))
+    out: dict[str, Any] = {}
+    for (asked, values, _), lows_highs in zip(pooled.values(), ends):
+        for (m, q), (lo, hi) in zip(asked, lows_highs):
+            out[m] = (float(np.percentile(values, q)), lo, hi)
     if out:
         out["_requests"] = sum(int(r["n"]) for r in per_run)
     return out
 
 
-def _two_level(parts: list[Any], qs: list[float], resamples: int, rng: np.random.Generator,
-               itl: bool) -> np.ndarray:
-    """`resamples` rows of the `qs` percentiles: each row draws the runs with replacement, then the
-    requests within each drawn run (`_itl_draws` / `_draws` with one resample)."""
-    if itl:
-        gaps = sum(sum(len(g) for g in p) for p in parts)
-        resamples = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // max(1, gaps)))
-    rows = []
-    for _ in range(resamples):
-        drawn = [parts[i] for i in rng.integers(0, len(parts), len(parts))]
-        one = _itl_draws(drawn, qs, 1, rng) if itl else _draws(drawn, qs, 1, rng)
-        if len(one):
-            rows.append(one[0])
-    return np.asarray(rows).reshape(-1, len(qs))
+def _owned(values: Mapping[str, Any], name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """One run's values of a latency, the request (0..n-1) each belongs to, and n: for ITL every gap, owned
+    by its request, n all successful requests (those of one chunk draw no gap); else one value a request."""
+    if name == "itl":
+        gaps = values["itl"]
+        counts = np.asarray([len(g) for g in gaps], dtype=np.int64)
+        flat = np.concatenate(gaps) if len(gaps) else np.zeros(0)
+        return flat, np.repeat(np.arange(len(gaps)), counts), len(gaps)
+    v = np.asarray(values[name], dtype=float)
+    return v, np.arange(v.size), v.size
 
 
 def _request_values(s: Mapping[str, Any]) -> dict[str, Any]:
@@ -422,69 +420,6 @@ def _request_values(s: Mapping[str, Any]) -> dict[str, Any]:
     tpot = (e2el[multi] - ttft[multi]) / (outs[ok][multi] - 1)
     itl = [np.diff(np.asarray(c, dtype=float)) * 1000.0 for c, good in zip(s["chunks"], ok) if good]
     return {"n": int(ok.sum()), "ttft": ttft, "tpot": tpot, "e2el": e2el, "itl": itl}
-
-
-def _draws(parts: list[np.ndarray], qs: list[float], resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """The `qs` percentiles (columns) of `resamples` resamples (rows) of the pooled values, each run
-    resampled within itself."""
-    out = np.empty((resamples, len(qs)))
-    block = max(1, 2_000_000 // max(1, sum(len(p) for p in parts)))
-    for start in range(0, resamples, block):
-        b = min(block, resamples - start)
-        drawn = np.concatenate([p[rng.integers(0, len(p), (b, len(p)))] for p in parts if len(p)], axis=1)
-        out[start:start + b] = np.percentile(drawn, qs, axis=1).T
-    return out
-
-
-def _itl_draws(parts: list[list[np.ndarray]], qs: list[float], resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """As `_draws` for ITL: whole requests (with all their gaps) resampled within each run; fewer resamples
-    (never under `_MIN_RESAMPLES`) when the gaps are many. A resample repeats each gap as often as its
-    request was drawn, so its percentiles are read from the gaps sorted once, weighted by those counts
-    (numpy's linear interpolation on the repeated values, without building them)."""
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return np.zeros((0, len(qs)))
-    gaps = np.concatenate([np.concatenate(p) if p else np.zeros(0) for p in parts])
-    sizes = [len(p) for p in parts]
-    first = np.cumsum([0, *sizes[:-1]])  # the requests of all runs, numbered in one sequence
-    owner = np.concatenate([f + np.repeat(np.arange(len(p)), [len(g) for g in p]) for f, p in zip(first, parts)])
-    order = np.argsort(gaps, kind="stable")
-    gaps, owner = gaps[order], owner[order]
-    total = max(1, gaps.size)
-    resamples = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // total))
-    out = np.full((resamples, len(qs)), math.nan)
-    block = max(1, 4_000_000 // total)
-    for start in range(0, resamples, block):
-        b = min(block, resamples - start)
-        counts = np.concatenate([np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(b)])
-                                 if n else np.zeros((b, 0), dtype=int) for n in sizes], axis=1)
-        out[start:start + b] = _weighted_percentiles(gaps, counts[:, owner], qs)
-    return out[np.isfinite(out).all(axis=1)]
-
-
-def _weighted_percentiles(sorted_values: np.ndarray, weights: np.ndarray, qs: list[float]) -> np.ndarray:
-    """Per row of `weights`, the `qs` percentiles (numpy's linear method) of `sorted_values` each repeated
-    its weight's number of times: rows x len(qs)."""
-    rows, n = weights.shape
-    cum = np.cumsum(weights, axis=1)
-    count = cum[:, -1]
-    out = np.full((rows, len(qs)), math.nan)
-    live = count > 0
-    if not live.any():
-        return out
-    span = int(count.max()) + 1  # rows laid end to end: one search finds the k-th value of every row
-    flat = (cum + span * np.arange(rows)[:, None]).ravel()
-
-    def kth(k: np.ndarray) -> np.ndarray:
-        pos = np.searchsorted(flat, k + span * np.arange(rows), side="right") - n * np.arange(rows)
-        return sorted_values[np.clip(pos, 0, n - 1)]
-
-    for j, q in enumerate(qs):
-        h = (count - 1) * q / 100.0
-        lo = np.floor(h)
-        a, b = kth(lo.astype(np.int64)), kth(np.minimum(lo + 1, count - 1).astype(np.int64))
-        out[live, j] = (a + (h - lo) * (b - a))[live]
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -246,20 +246,21 @@ def test_a_vllm_sweep_dir_is_summarized_by_its_swept_parameters(tmp_path):
 
 
 def test_weighted_percentiles_equal_numpys_on_the_repeated_values():
-    """The ITL bootstrap reads percentiles of gaps repeated by their request's draw count without building
+    """The bootstrap reads percentiles of values repeated by their request's draw count without building
     the repeats: the same values as np.percentile (linear) on them, and NaN for an empty resample."""
-    from raysweep.aggregate import _weighted_percentiles
+    from raysweep.bootstrap import weighted_percentiles
 
     rng = np.random.default_rng(7)
     values = np.sort(rng.random(40) * 20)
-    weights = rng.integers(0, 4, (50, 40))
+    owner = rng.integers(0, 12, 40)
+    weights = rng.integers(0, 4, (50, 12))
     weights[3] = 0
-    got = _weighted_percentiles(values, weights, [0, 50, 90, 99, 100])
+    got = weighted_percentiles(values, owner, weights, [0, 50, 90, 99, 100])
     for row, w in zip(got, weights):
-        if w.sum() == 0:
+        if w[owner].sum() == 0:
             assert np.isnan(row).all()
         else:
-            assert np.allclose(row, np.percentile(np.repeat(values, w), [0, 50, 90, 99, 100]))
+            assert np.allclose(row, np.percentile(np.repeat(values, w[owner]), [0, 50, 90, 99, 100]))
 
 
 def test_client_limited_and_flagged_runs_are_left_out_of_the_statistics():

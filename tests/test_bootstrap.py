@@ -1,0 +1,227 @@
+"""The two-level bootstrap of pooled percentiles (`raysweep.bootstrap`) against the implementation it
+replaced, which drew one resample at a time in Python (kept below as the reference, unchanged but for its
+names).
+
+Exact where exactness is expected: for given draw counts the percentiles are numpy's on the repeated values.
+In distribution elsewhere (the two draw the generator's numbers in a different order, so the same seed gives
+other resamples): the resampled percentiles of both, many thousands each, are one distribution by the
+two-sample Kolmogorov-Smirnov test, and the same test tells apart a bootstrap that ignores the runs (so the
+check can fail). No Ray, no vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from raysweep import aggregate, bootstrap
+
+_MAX_BOOTSTRAP_VALUES = 5_000_000
+_MIN_RESAMPLES = 100
+
+
+# ---------------------------------------------------------------------------------------------------
+# The reference: the summary's bootstrap before it drew every resample at once
+# ---------------------------------------------------------------------------------------------------
+
+def ref_two_level(parts: list[Any], qs: list[float], resamples: int, rng: np.random.Generator,
+               itl: bool) -> np.ndarray:
+    """`resamples` rows of the `qs` percentiles: each row draws the runs with replacement, then the
+    requests within each drawn run (`_itl_draws` / `_draws` with one resample)."""
+    if itl:
+        gaps = sum(sum(len(g) for g in p) for p in parts)
+        resamples = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // max(1, gaps)))
+    rows = []
+    for _ in range(resamples):
+        drawn = [parts[i] for i in rng.integers(0, len(parts), len(parts))]
+        one = ref_itl_draws(drawn, qs, 1, rng) if itl else ref_draws(drawn, qs, 1, rng)
+        if len(one):
+            rows.append(one[0])
+    return np.asarray(rows).reshape(-1, len(qs))
+
+
+def ref_draws(parts: list[np.ndarray], qs: list[float], resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """The `qs` percentiles (columns) of `resamples` resamples (rows) of the pooled values, each run
+    resampled within itself."""
+    out = np.empty((resamples, len(qs)))
+    block = max(1, 2_000_000 // max(1, sum(len(p) for p in parts)))
+    for start in range(0, resamples, block):
+        b = min(block, resamples - start)
+        drawn = np.concatenate([p[rng.integers(0, len(p), (b, len(p)))] for p in parts if len(p)], axis=1)
+        out[start:start + b] = np.percentile(drawn, qs, axis=1).T
+    return out
+
+
+def ref_itl_draws(parts: list[list[np.ndarray]], qs: list[float], resamples: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """As `_draws` for ITL: whole requests (with all their gaps) resampled within each run; fewer resamples
+    (never under `_MIN_RESAMPLES`) when the gaps are many. A resample repeats each gap as often as its
+    request was drawn, so its percentiles are read from the gaps sorted once, weighted by those counts
+    (numpy's linear interpolation on the repeated values, without building them)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return np.zeros((0, len(qs)))
+    gaps = np.concatenate([np.concatenate(p) if p else np.zeros(0) for p in parts])
+    sizes = [len(p) for p in parts]
+    first = np.cumsum([0, *sizes[:-1]])  # the requests of all runs, numbered in one sequence
+    owner = np.concatenate([f + np.repeat(np.arange(len(p)), [len(g) for g in p]) for f, p in zip(first, parts)])
+    order = np.argsort(gaps, kind="stable")
+    gaps, owner = gaps[order], owner[order]
+    total = max(1, gaps.size)
+    resamples = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // total))
+    out = np.full((resamples, len(qs)), math.nan)
+    block = max(1, 4_000_000 // total)
+    for start in range(0, resamples, block):
+        b = min(block, resamples - start)
+        counts = np.concatenate([np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(b)])
+                                 if n else np.zeros((b, 0), dtype=int) for n in sizes], axis=1)
+        out[start:start + b] = ref_weighted_percentiles(gaps, counts[:, owner], qs)
+    return out[np.isfinite(out).all(axis=1)]
+
+
+def ref_weighted_percentiles(sorted_values: np.ndarray, weights: np.ndarray, qs: list[float]) -> np.ndarray:
+    """Per row of `weights`, the `qs` percentiles (numpy's linear method) of `sorted_values` each repeated
+    its weight's number of times: rows x len(qs)."""
+    rows, n = weights.shape
+    cum = np.cumsum(weights, axis=1)
+    count = cum[:, -1]
+    out = np.full((rows, len(qs)), math.nan)
+    live = count > 0
+    if not live.any():
+        return out
+    span = int(count.max()) + 1  # rows laid end to end: one search finds the k-th value of every row
+    flat = (cum + span * np.arange(rows)[:, None]).ravel()
+
+    def kth(k: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(flat, k + span * np.arange(rows), side="right") - n * np.arange(rows)
+        return sorted_values[np.clip(pos, 0, n - 1)]
+
+    for j, q in enumerate(qs):
+        h = (count - 1) * q / 100.0
+        lo = np.floor(h)
+        a, b = kth(lo.astype(np.int64)), kth(np.minimum(lo + 1, count - 1).astype(np.int64))
+        out[live, j] = (a + (h - lo) * (b - a))[live]
+    return out
+
+
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exact: the percentiles of given draw counts
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_weighted_percentiles_are_numpys_on_the_repeated_values(seed):
+    """Values with ties, owners with no value, rows that draw nothing: each row's percentiles are
+    np.percentile (linear) of the values repeated by their owner's count; NaN for a row that draws none."""
+    rng = np.random.default_rng(seed)
+    owners = int(rng.integers(1, 40))
+    per = rng.integers(0, 5, owners)
+    values = np.sort(np.round(rng.normal(10, 3, int(per.sum())), 1))  # rounded: ties
+    owner = rng.permutation(np.repeat(np.arange(owners), per))
+    counts = rng.integers(0, 4, (60, owners))
+    counts[::7] = 0
+    qs = [0, 1, 25, 50, 90, 99, 99.9, 100]
+    got = bootstrap.weighted_percentiles(values, owner, counts, qs)
+    for row, c in zip(got, counts):
+        repeated = np.repeat(values, c[owner])
+        if repeated.size == 0:
+            assert np.isnan(row).all()
+        else:
+            np.testing.assert_allclose(row, np.percentile(repeated, qs), rtol=1e-12, atol=1e-12)
+
+
+def test_the_old_percentiles_of_given_counts_are_the_new_ones():
+    """The same counts give the same percentiles through both implementations."""
+    rng = np.random.default_rng(3)
+    values = np.sort(rng.random(300))
+    owner = rng.integers(0, 50, 300)
+    counts = rng.integers(0, 3, (40, 50))
+    qs = [50.0, 90.0, 99.0]
+    np.testing.assert_allclose(bootstrap.weighted_percentiles(values, owner, counts, qs),
+                               ref_weighted_percentiles(values, counts[:, owner], qs), rtol=1e-12)
+
+
+def test_the_counts_are_two_level_draws():
+    """Each row draws as many requests as the runs it drew hold: a multiple of a run's size per run, the
+    run's total a multiple of its size, and each request drawn once on average, with the two-level variance
+    2 - 1/n - 1/k (Var of the copies of its run, 1 - 1/k, plus the binomial within, 1 - 1/n)."""
+    sizes = [5, 8, 3]
+    counts = bootstrap.two_level_counts(sizes, 40_000, np.random.default_rng(1))
+    edges = np.cumsum([0, *sizes])
+    per_run = np.stack([counts[:, a:b].sum(axis=1) for a, b in zip(edges[:-1], edges[1:])], axis=1)
+    assert (per_run % np.asarray(sizes) == 0).all()
+    assert ((per_run // np.asarray(sizes)).sum(axis=1) == len(sizes)).all()  # k runs drawn per row
+    assert counts.mean(axis=0) == pytest.approx(np.ones(sum(sizes)), abs=0.03)
+    want = np.concatenate([[2 - 1 / n - 1 / len(sizes)] * n for n in sizes])
+    assert counts.var(axis=0) == pytest.approx(want, rel=0.05)
+
+
+# ---------------------------------------------------------------------------------------------------
+# In distribution: the resampled percentiles, old and new
+# ---------------------------------------------------------------------------------------------------
+
+def runs_of(seed: int) -> list[dict[str, Any]]:
+    """Per-request values of three runs of different sizes and levels (a run effect), as the summary's
+    `_request_values` gives them: TTFT in ms, and each request's ITL gaps (some requests of one chunk)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n, level in ((12, 20.0), (20, 26.0), (9, 17.0)):
+        ttft = rng.gamma(4.0, level / 4.0, n)
+        itl = [rng.gamma(3.0, level / 30.0, int(k)) for k in rng.integers(0, 6, n)]
+        out.append({"n": n, "ttft": ttft, "itl": itl})
+    return out
+
+
+def new_draws(runs: list[dict[str, Any]], name: str, qs: list[float], resamples: int, seed: int) -> np.ndarray:
+    parts = [aggregate._owned(r, name) for r in runs]
+    pooled = bootstrap.Pooled([v for v, _, _ in parts], [o for _, o, _ in parts], [k for _, _, k in parts], qs,
+                              resamples)
+    bootstrap.intervals([pooled], 0.95, np.random.default_rng(seed))
+    draws = np.concatenate(pooled.draws)
+    return draws[np.isfinite(draws).all(axis=1)]
+
+
+def one_level(runs: list[dict[str, Any]], qs: list[float], resamples: int, seed: int) -> np.ndarray:
+    """A bootstrap that ignores the runs (requests pooled, then drawn): too narrow, the wrong distribution."""
+    rng = np.random.default_rng(seed)
+    pooled = np.concatenate([r["ttft"] for r in runs])
+    return np.percentile(pooled[rng.integers(0, pooled.size, (resamples, pooled.size))], qs, axis=1).T
+
+
+@pytest.mark.parametrize("name", ["ttft", "itl"])
+def test_the_resampled_percentiles_have_the_old_distribution(name):
+    """6,000 resamples of each: per percentile, the two-sample KS test does not tell old from new (p above
+    0.001; the draws are discrete, which makes the test conservative), and at the reference's 2.5 and 97.5 %
+    points, the interval's ends, both put the same share of their draws at or below (within 0.01: about 3.5
+    standard errors of the difference of two shares near 2.5 % from 6,000 draws each)."""
+    runs, qs, n = runs_of(11), [50.0, 90.0, 99.0], 6000
+    parts = [r[name] for r in runs]
+    old = ref_two_level(parts, qs, n, np.random.default_rng(1), name == "itl")
+    new = new_draws(runs, name, qs, n, seed=2)
+    assert len(old) == len(new) == n
+    for j in range(len(qs)):
+        assert stats.ks_2samp(old[:, j], new[:, j]).pvalue > 0.001, (name, qs[j])
+        for end in np.percentile(old[:, j], [2.5, 97.5]):
+            share_old, share_new = (old[:, j] <= end).mean(), (new[:, j] <= end).mean()
+            assert abs(share_old - share_new) < 0.01, (name, qs[j], end, share_old, share_new)
+
+
+def test_the_check_tells_apart_a_bootstrap_that_ignores_the_runs():
+    """The same KS test rejects the one-level bootstrap against the two-level reference: it can fail."""
+    runs, qs, n = runs_of(11), [50.0], 6000
+    old = ref_two_level([r["ttft"] for r in runs], qs, n, np.random.default_rng(1), False)
+    assert stats.ks_2samp(old[:, 0], one_level(runs, qs, n, seed=3)[:, 0]).pvalue < 0.001
+
+
+def test_a_single_run_has_no_interval():
+    """One run: no interval (its requests are not independent draws of the configuration)."""
+    runs = runs_of(5)
+    parts = [aggregate._owned(r, "ttft") for r in runs[:1]]
+    pooled = bootstrap.Pooled([parts[0][0]], [parts[0][1]], [parts[0][2]], [50.0], 100)
+    [[(low, high)]] = bootstrap.intervals([pooled], 0.95, np.random.default_rng(0))
+    assert math.isnan(low) and math.isnan(high) and not pooled.draws
