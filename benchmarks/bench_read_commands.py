@@ -1,22 +1,29 @@
-"""How long raysweep's read commands take on finished campaigns of 36, 2,000 and 20,000 runs.
+"""How long raysweep's read commands take on finished campaigns of many points and of many runs.
 
 Each campaign is a stub: a real campaign file (a `vllm serve` grid over max_num_seqs, a bench grid over
 random_input_len x max_concurrency, 2 runs), its ledger synced from the real plan, every point marked done
 with a result file as raysweep writes it (vLLM's fields, server metrics, the validity record, 64 per-request
-latencies), made here directly: no server, no Ray. Then each read command runs as a user runs it (a fresh
+latencies) and, as the native backend keeps them, the raw samples of its requests (32 requests of 16
+chunks, `points/.../run=N.samples.parquet`: the summary's pooled percentiles and their two-level bootstrap
+read them), made here directly: no server, no Ray. Two shapes: many points (2 configurations x 9, 500 or 5,000
+bench points x 2 runs: 36, 2,000 and 20,000 runs, 18, 1,000 and 10,000 points; the cost of the summary grows
+with the points) and many runs (`runs2000`: 2 configurations x 5 bench points x 200 runs, 10 points).
+Then each read command runs as a user runs it (a fresh
 `python -m raysweep` process, so imports count) and its wall time is taken; `run` on the finished campaign
-checks that it answers without starting Ray. The stub ends as `run` ends, with results.* and summary.* written
+checks that it answers without starting Ray; `run (end)` is the same with results.* and summary.* removed, so
+that it writes them again: the work `run` does after its last point (a campaign without `report: true`;
+`report (cold)` is what that adds). The stub ends as `run` ends, with results.* and summary.* written
 (`results --aggregate` and `compare` read the kept aggregates); `results --aggregate --confidence 0.9` computes
 them again. `report (cold)` writes the report into the campaign dir with no figure kept (every figure drawn and
 kept in .figures/, as at the end of a `run` with `report: true`); `report` then writes it elsewhere (`--out`)
 from the kept figures, as a user's `raysweep report` after `run` (it makes them first, untimed, when none are
 kept).
 
-    .venv/bin/python benchmarks/bench_read_commands.py [--sizes 36,2000,20000] [--commands ...] [--keep DIR]
-        [--record]   # rewrite the `## read commands` section of benchmarks/RESULTS.md with the table
+    .venv/bin/python benchmarks/bench_read_commands.py [--sizes 36,2000,20000,runs2000] [--commands ...]
+        [--keep DIR] [--record]   # rewrite the `## read commands` section of benchmarks/RESULTS.md with the table
 
-Sizes: 36 = 2 server configs x 9 bench points x 2 runs (the demo's shape); 2,000 = 2 x 500 x 2;
-20,000 = 2 x 5,000 x 2.
+Sizes: 36 = 2 server configs x 9 bench points x 2 runs (the demo's shape); 2000 = 2 x 500 x 2;
+20000 = 2 x 5,000 x 2; runs2000 = 2 x 5 x 200.
 """
 
 from __future__ import annotations
@@ -39,14 +46,17 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SIZES = {36: (3, 3), 2000: (20, 25), 20000: (50, 100)}  # runs -> (input lengths, concurrencies) per server config
+# name -> (input lengths, concurrencies per server config, runs)
+SIZES = {"36": (3, 3, 2), "2000": (20, 25, 2), "20000": (50, 100, 2), "runs2000": (1, 5, 200)}
 COMMANDS = ("status", "results --aggregate", "results --aggregate --confidence 0.9", "compare", "report (cold)",
-            "report", "plot", "pareto", "run (finished)")
+            "report", "plot", "pareto", "run (finished)", "run (end)")
+REQUESTS, CHUNKS = 32, 16  # raw samples per run: requests, and token chunks per request
 # What a command may write into the campaign dir (anything else is noted in the table)
-WRITES = {"report (cold)": ("report.html", ".figures/")}
+WRITES = {"report (cold)": ("report.html", ".figures/"), "run (end)": ("results.", "summary.")}
 # The names in RESULTS.md's table
 LABELS = {"compare": "`compare DIR DIR`", "report (cold)": "`report` (cold: every figure drawn)",
-          "report": "`report` (figures kept, after `run`)", "run (finished)": "`run` (finished)"}
+          "report": "`report` (figures kept, after `run`)", "run (finished)": "`run` (finished)",
+          "run (end)": "`run` (end: results and summary written)"}
 
 
 def campaign_data(name: str, out: Path, lengths: int, concurrencies: int, runs: int = 2) -> dict[str, Any]:
@@ -57,6 +67,26 @@ def campaign_data(name: str, out: Path, lengths: int, concurrencies: int, runs: 
                                                   "--num-prompts 32 --random-output-len 16",
                       "params": {"grid": {"random_input_len": [16 * (i + 1) for i in range(lengths)],
                                           "max_concurrency": [i + 1 for i in range(concurrencies)]}}}}
+
+
+def stub_samples(rng: random.Random, ttft_ms: float, tpot_ms: float) -> dict[str, Any]:
+    """Raw samples of one run as the native backend writes them: REQUESTS requests, CHUNKS chunks each."""
+    cols: dict[str, list[Any]] = {k: [] for k in ("index", "actor", "due", "ready", "sent", "first", "end", "in_tok",
+                                                  "out_tok", "ok", "error", "chunks", "begin", "done", "text",
+                                                  "first_out", "reasoning", "session", "turn")}
+    for i in range(REQUESTS):
+        begin = i * 0.01
+        first = ttft_ms / 1000.0 * rng.uniform(0.7, 1.4)
+        chunks = [first]
+        for _ in range(CHUNKS - 1):
+            chunks.append(chunks[-1] + tpot_ms / 1000.0 * rng.uniform(0.6, 1.5))
+        for key, value in (("index", i), ("actor", 0), ("due", begin), ("ready", begin), ("sent", begin),
+                           ("first", begin + first), ("end", begin + chunks[-1]), ("in_tok", 64), ("out_tok", CHUNKS),
+                           ("ok", True), ("error", None), ("chunks", chunks), ("begin", begin),
+                           ("done", begin + chunks[-1]), ("text", None), ("first_out", begin + first),
+                           ("reasoning", False), ("session", -1), ("turn", -1)):
+            cols[key].append(value)
+    return cols
 
 
 def stub_record(point: Any, rng: random.Random) -> dict[str, Any]:
@@ -93,29 +123,34 @@ def stub_record(point: Any, rng: random.Random) -> dict[str, Any]:
     return rec
 
 
-def build_stub(out: Path, runs_total: int, name: str = "stub") -> Path:
-    """A finished stub campaign of `runs_total` runs (a key of SIZES) in `out`; returns the campaign file."""
+def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
+    """A finished stub campaign of shape `size` (a key of SIZES) in `out`; returns the campaign file."""
+    size = str(size)
     from raysweep.campaign import load_campaign
     from raysweep.driver import open_campaign
     from raysweep.files import write_json_atomic
+    from raysweep.records import write_samples
 
-    lengths, concurrencies = SIZES[runs_total]
+    lengths, concurrencies, runs = SIZES[size]
     out.mkdir(parents=True, exist_ok=True)
     cfile = out.parent / f"{out.name}.yaml"
-    cfile.write_text(yaml.safe_dump(campaign_data(name, out, lengths, concurrencies)))
+    cfile.write_text(yaml.safe_dump(campaign_data(name, out, lengths, concurrencies, runs)))
     spec = load_campaign(cfile)
     plan, ledger = open_campaign(spec, out)
-    rng = random.Random(runs_total)
+    rng = random.Random(size)
     try:
         for p in plan.points:
             rel = f"points/{p.serve.id}/{p.bench.id}/run={p.run}.json"
-            write_json_atomic(out / rel, stub_record(p, rng))
+            record = stub_record(p, rng)
+            kept = f"points/{p.serve.id}/{p.bench.id}/run={p.run}.samples.parquet"
+            write_samples(out / kept, stub_samples(rng, record["median_ttft_ms"], record["median_tpot_ms"]))
+            write_json_atomic(out / rel, {**record, "samples_path": kept})
         with ledger._tx() as c:  # one transaction for all: the per-point calls would take minutes at 20,000
             c.executemany("UPDATE points SET state = 'done', attempts = 1, result_path = ? WHERE point_id = ?",
                           [(f"points/{p.serve.id}/{p.bench.id}/run={p.run}.json", p.id) for p in plan.points])
     finally:
         ledger.close()
-    assert len(plan.points) == runs_total, len(plan.points)
+    assert len(plan.points) == 2 * lengths * concurrencies * runs, len(plan.points)
     from raysweep.results import write_results
 
     write_results(out)  # as `run` does at its end: results.* and summary.* (the aggregates, kept)
@@ -123,7 +158,7 @@ def build_stub(out: Path, runs_total: int, name: str = "stub") -> Path:
 
 
 def argv_of(command: str, out: Path, cfile: Path, scratch: Path) -> list[str]:
-    if command == "run (finished)":
+    if command in ("run (finished)", "run (end)"):
         return ["run", str(cfile)]
     if command == "compare":
         return ["compare", str(out), str(out)]
@@ -157,6 +192,9 @@ def prepare(command: str, out: Path, cfile: Path, scratch: Path) -> None:
         (out / "report.html").unlink(missing_ok=True)
     elif command == "report" and not (out / ".figures").is_dir():
         time_command(argv_of("report (cold)", out, cfile, scratch))
+    elif command == "run (end)":  # as at the end of `run`: the results and their summary not yet written
+        for kept in (*out.glob("results.*"), *out.glob("summary.*")):
+            kept.unlink()
 
 
 def snapshot(out: Path) -> dict[str, tuple[int, int]]:
@@ -165,22 +203,25 @@ def snapshot(out: Path) -> dict[str, tuple[int, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="36,2000,20000")
+    ap.add_argument("--sizes", default="36,2000,20000,runs2000")
     ap.add_argument("--commands", default=",".join(COMMANDS))
     ap.add_argument("--keep", default=None, help="Build the stubs here and keep them (default: a temp dir).")
     ap.add_argument("--record", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [s.strip() for s in args.sizes.split(",")]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        ap.error(f"--sizes {','.join(unknown)}: accepted: {', '.join(SIZES)}")
     commands = [c.strip() for c in args.commands.split(",")]
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rs-read-"))
-    table: dict[str, dict[int, str]] = {c: {} for c in commands}
+    table: dict[str, dict[str, str]] = {c: {} for c in commands}
     try:
         for size in sizes:
             out = base / f"stub{size}"
             if not (out / "ledger.sqlite").exists():
                 t0 = time.perf_counter()
                 build_stub(out, size)
-                print(f"built {size} runs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+                print(f"built {shape(size)} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
             cfile = base / f"stub{size}.yaml"
             for command in commands:
                 scratch = base / f"scratch{size}"
@@ -194,7 +235,7 @@ def main() -> None:
                 if wrote:
                     note += f" (wrote {len(wrote)} file(s) in the campaign dir)"
                 table[command][size] = f"{wall:.1f} ({cpu:.1f}){note}"
-                print(f"{size:>6} runs  {command:<38} {wall:7.2f} s wall {cpu:7.2f} s CPU{note}", file=sys.stderr)
+                print(f"{size:>8}  {command:<38} {wall:7.2f} s wall {cpu:7.2f} s CPU{note}", file=sys.stderr)
                 if rc:
                     print(err, file=sys.stderr)
     finally:
@@ -206,14 +247,19 @@ def main() -> None:
         record(text)
 
 
-def markdown(table: dict[str, dict[int, str]], sizes: list[int]) -> str:
-    """Wall seconds (CPU seconds) per command and size; with two sizes or more, the growth of the wall time
-    from the second largest to the largest (linear growth would be their ratio of runs)."""
-    grow = len(sizes) > 1
-    head = ("| command | " + " | ".join(f"{s:,} runs" for s in sizes)
-            + (f" | {sizes[-1]:,} / {sizes[-2]:,} |" if grow else " |"))
+def shape(size: str) -> str:
+    """`1,000 points x 2 runs`: the shape of a stub."""
+    lengths, concurrencies, runs = SIZES[size]
+    return f"{2 * lengths * concurrencies:,} points x {runs} runs"
+
+
+def markdown(table: dict[str, dict[str, str]], sizes: list[str]) -> str:
+    """Wall seconds (CPU seconds) per command and shape; with 2,000 and 20,000 runs both measured, the growth
+    of the wall time from one to the other (10x the points: linear growth is 10x)."""
+    grow = "2000" in sizes and "20000" in sizes
+    head = ("| command | " + " | ".join(shape(s) for s in sizes) + (" | 10,000 / 1,000 points |" if grow else " |"))
     rows = [f"| {LABELS.get(c, f'`{c}`')} | " + " | ".join(table[c].get(s, "-") for s in sizes)
-            + (f" | {_growth(table[c].get(sizes[-1]), table[c].get(sizes[-2]))} |" if grow else " |") for c in table]
+            + (f" | {_growth(table[c].get('20000'), table[c].get('2000'))} |" if grow else " |") for c in table]
     return "\n".join([head, "|---" * (len(sizes) + 1 + grow) + "|", *rows])
 
 

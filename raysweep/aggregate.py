@@ -40,6 +40,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from raysweep import bootstrap, verdicts
 from raysweep.errors import UserError, unknown_names
@@ -399,17 +402,14 @@ def _owned(values: Mapping[str, Any], name: str) -> tuple[np.ndarray, np.ndarray
     """One run's values of a latency, the request (0..n-1) each belongs to, and n: for ITL every gap, owned
     by its request, n all successful requests (those of one chunk draw no gap); else one value a request."""
     if name == "itl":
-        gaps = values["itl"]
-        counts = np.asarray([len(g) for g in gaps], dtype=np.int64)
-        flat = np.concatenate(gaps) if len(gaps) else np.zeros(0)
-        return flat, np.repeat(np.arange(len(gaps)), counts), len(gaps)
+        return values["itl_gaps"], values["itl_owner"], int(values["n"])
     v = np.asarray(values[name], dtype=float)
     return v, np.arange(v.size), v.size
 
 
 def _request_values(s: Mapping[str, Any]) -> dict[str, Any]:
-    """Per successful request, in ms: TTFT, TPOT (outputs longer than one token, as vLLM), E2EL, and the
-    list of its ITL gaps, as `bench.stats.point_metrics` defines them."""
+    """Per successful request, in ms: TTFT, TPOT (outputs longer than one token, as vLLM), E2EL, and its ITL
+    gaps (`itl_gaps`, with `itl_owner` the request of each), as `bench.stats.point_metrics` defines them."""
     ok = np.asarray(s["ok"], dtype=bool)
     begin_col = s.get("begin")
     begin = np.asarray(begin_col if begin_col is not None and len(begin_col) == ok.size else s["sent"], dtype=float)
@@ -418,8 +418,29 @@ def _request_values(s: Mapping[str, Any]) -> dict[str, Any]:
     e2el, ttft = ((end - begin) * 1000.0)[ok], ((first - begin) * 1000.0)[ok]
     multi = outs[ok] > 1
     tpot = (e2el[multi] - ttft[multi]) / (outs[ok][multi] - 1)
-    itl = [np.diff(np.asarray(c, dtype=float)) * 1000.0 for c, good in zip(s["chunks"], ok) if good]
-    return {"n": int(ok.sum()), "ttft": ttft, "tpot": tpot, "e2el": e2el, "itl": itl}
+    offsets, flat = _chunk_offsets(s["chunks"])
+    every = np.diff(offsets)
+    lengths, flat = every[ok], flat[np.repeat(ok, every)]  # the chunks of the successful requests, in order
+    inner = np.ones(flat.size, dtype=bool)  # a gap from each chunk to the next of its own request
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    inner[starts[lengths > 0]] = False
+    gaps = (np.diff(flat, prepend=0.0) * 1000.0)[inner]
+    owner = np.repeat(np.arange(lengths.size), np.maximum(lengths - 1, 0))
+    return {"n": int(ok.sum()), "ttft": ttft, "tpot": tpot, "e2el": e2el, "itl_gaps": gaps, "itl_owner": owner}
+
+
+def _chunk_offsets(chunks: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The chunk offsets of every request laid end to end, and where each request's start (n + 1 offsets):
+    from an Arrow list column as read (`_read_samples`) or from lists of numbers."""
+    if isinstance(chunks, pa.ChunkedArray):
+        chunks = chunks.combine_chunks()
+    if isinstance(chunks, pa.ListArray):
+        lengths = pc.fill_null(pc.list_value_length(chunks), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        flat = chunks.flatten().to_numpy(zero_copy_only=False).astype(float)
+    else:
+        lengths = np.fromiter((len(c) if c is not None else 0 for c in chunks), dtype=np.int64, count=len(chunks))
+        flat = np.fromiter((x for c in chunks if c is not None for x in c), dtype=float, count=int(lengths.sum()))
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), flat
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -467,8 +488,6 @@ def _dir_params(output_dir: Path) -> list[str] | None:
 def _dir_samples(output_dir: Path, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """The raw samples of the runs that kept them, by point id (runs whose file cannot be read are left
     out: their point gets t-intervals only)."""
-    from raysweep.records import read_samples
-
     if "samples_path" not in df.columns or "point_id" not in df.columns:
         return {}
     out = {}
@@ -476,11 +495,23 @@ def _dir_samples(output_dir: Path, df: pd.DataFrame) -> dict[str, dict[str, Any]
         if not isinstance(rel, str) or not rel:
             continue
         try:
-            out[str(pid)] = read_samples(output_dir / rel)
-        except (OSError, ValueError) as exc:
+            out[str(pid)] = _read_samples(output_dir / rel)
+        except (OSError, ValueError, pa.ArrowException) as exc:
             log.warning("run %s: its raw samples %s cannot be read (%s); its point gets t-intervals only", pid,
                         rel, exc)
     return out
+
+
+_SAMPLE_COLUMNS = ("ok", "begin", "sent", "first", "end", "out_tok", "chunks")
+
+
+def _read_samples(path: Path) -> dict[str, Any]:
+    """The columns of a run's raw samples (`records.write_samples`) that the pooled percentiles need, as
+    arrays (the chunks as Arrow's list column): no Python value per request."""
+    f = pq.ParquetFile(path)
+    names = [c for c in _SAMPLE_COLUMNS if c in f.schema_arrow.names]
+    table = f.read(columns=names)
+    return {c: table.column(c) if c == "chunks" else table.column(c).to_numpy(zero_copy_only=False) for c in names}
 
 
 def write_summary(output_dir: str | Path, formats: Sequence[str] = SUMMARY_FORMATS,

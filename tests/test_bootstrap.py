@@ -167,13 +167,15 @@ def test_the_counts_are_two_level_draws():
 
 def runs_of(seed: int) -> list[dict[str, Any]]:
     """Per-request values of three runs of different sizes and levels (a run effect), as the summary's
-    `_request_values` gives them: TTFT in ms, and each request's ITL gaps (some requests of one chunk)."""
+    `_request_values` gives them: TTFT in ms, and each request's ITL gaps (some requests of one chunk), as
+    the reference takes them (`itl`: a list per request) and as the summary does (`itl_gaps`, `itl_owner`)."""
     rng = np.random.default_rng(seed)
     out = []
     for n, level in ((12, 20.0), (20, 26.0), (9, 17.0)):
         ttft = rng.gamma(4.0, level / 4.0, n)
         itl = [rng.gamma(3.0, level / 30.0, int(k)) for k in rng.integers(0, 6, n)]
-        out.append({"n": n, "ttft": ttft, "itl": itl})
+        out.append({"n": n, "ttft": ttft, "itl": itl, "itl_gaps": np.concatenate(itl),
+                    "itl_owner": np.repeat(np.arange(n), [len(g) for g in itl])})
     return out
 
 
@@ -225,3 +227,23 @@ def test_a_single_run_has_no_interval():
     pooled = bootstrap.Pooled([parts[0][0]], [parts[0][1]], [parts[0][2]], [50.0], 100)
     [[(low, high)]] = bootstrap.intervals([pooled], 0.95, np.random.default_rng(0))
     assert math.isnan(low) and math.isnan(high) and not pooled.draws
+
+
+def test_the_gaps_read_from_a_samples_file_are_those_of_each_request(tmp_path):
+    """ITL gaps from the Arrow columns of a samples file (as the summary reads them) and from lists of
+    numbers: per successful request, np.diff of its chunks in ms, a request of one chunk or none drawing none."""
+    from test_aggregate import samples
+
+    from raysweep.records import write_samples
+
+    s = samples(4)
+    s["chunks"][3], s["chunks"][5] = s["chunks"][3][:1], []
+    ok = np.asarray(s["ok"], dtype=bool)
+    per_request = [np.diff(np.asarray(c, dtype=float)) * 1000.0 for c, good in zip(s["chunks"], ok) if good]
+    write_samples(tmp_path / "run.samples.parquet", s)
+    for source in (s, aggregate._read_samples(tmp_path / "run.samples.parquet")):
+        got = aggregate._request_values(source)
+        assert got["n"] == len(per_request) == ok.sum()
+        np.testing.assert_array_equal(got["itl_gaps"], np.concatenate(per_request))
+        np.testing.assert_array_equal(got["itl_owner"], np.repeat(np.arange(len(per_request)),
+                                                                  [len(g) for g in per_request]))
