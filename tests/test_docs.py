@@ -84,3 +84,14 @@ def test_readme_links_resolve():
     for link in links:
         if not re.match(r"[a-z]+://", link):
             assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
+
+
+def test_the_index_links_every_page():
+    """docs/index.md is the map: every page of docs/ (and the generated reference) is linked from it, so a new
+    page nobody linked fails here, and every page it links exists."""
+    index = (ROOT / "docs" / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w./-]+\.md)(?:#[\w-]*)?\)", index))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert not pages - linked, f"docs/index.md does not link: {sorted(pages - linked)}"
+    generated = {"reference.md", "benchmarks/RESULTS.md"}  # written by docs/hooks.py when the site is built
+    assert not {p for p in linked - pages - generated if not (ROOT / "docs" / p).is_file()}
