@@ -180,8 +180,7 @@ def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: flo
     keys = point_keys(df, params)
     names, shape = _param_columns(df, keys, params)
     df = df.assign(**{m: pd.to_numeric(df[m], errors="coerce") for m in metrics})  # once, not once per point
-    rows = [_point_row(group, keys, names + shape, metrics, judged, confidence, threshold, samples, resamples)
-            for _, group in df.groupby(keys, dropna=False, sort=True)]
+    rows = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples, resamples)
     out = pd.DataFrame.from_records(rows)
     out["runs_needed"] = out["runs_needed"].astype("Int64")
     out["noisy"] = out["noisy"].astype(bool)
@@ -230,48 +229,105 @@ def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
     return df.copy().assign(output_throughput_per_gpu=thr / gpus)  # copy: one block, not many inserts
 
 
-def _point_row(group: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
-               confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
-               resamples: int) -> dict[str, Any]:
-    first = group.iloc[0]
-    row: dict[str, Any] = {c: first[c] for c in (*keys, *_LABELS, *names) if c in group.columns}
-    row["runs"] = len(group)  # the first column after the parameters (`summary_params`); the runs used below
-    if "validity_ok" in group.columns:
-        row["runs_flagged"] = int((group["validity_ok"] == False).sum())  # noqa: E712 (None is not flagged)
-    if "client_limited" in group.columns:
-        row["client_limited_runs"] = int((group["client_limited"] == True).sum())  # noqa: E712
-    runs_all = group
-    left = left_out_mask(group)
-    used = group if not left.any() else group[~left] if (~left).any() else group  # no copy when none is left out
-    row.update(runs=len(used), runs_total=len(group), runs_left_out=int(left.sum()) if (~left).any() else 0,
-               left_out_reasons=left_out_reasons(group[left]), on_flagged_runs=bool(left.all()) and len(group) > 0)
-    timed, outlier = runs_over_time(used, metrics)
-    row.update(timed)
-    if outlier is not None:   # shown and judged: left out of the point's statistics like a flagged run
-        used = used.drop(index=outlier)
-        reasons = ", ".join(r for r in (row["left_out_reasons"], "outlier run 1") if r)
-        row.update(runs=len(used), runs_left_out=row["runs_left_out"] + 1, left_out_reasons=reasons)
-    group = used
-    if "hardware" in group.columns:  # what the runs used were measured on (one, unless all were flagged)
-        row["hardware"] = " | ".join(sorted({str(h) for h in group["hardware"].dropna()}))
-        row["hardware_mixed"] = bool(runs_all["hardware_mixed"].fillna(False).astype(bool).any()) \
-            if "hardware_mixed" in runs_all.columns else False
-    values = group[metrics].to_numpy(dtype=float)  # numeric already (summarize): one array per point
-    stats = {m: _stats(values[:, i], confidence) for i, m in enumerate(metrics)}
-    noisy = [m for m in judged if stats[m]["cv"] > threshold]
-    needed = [runs_needed(stats[m]["cv"], threshold, confidence) for m in judged]
-    known = [n for n in needed if n is not None]
-    row.update(noisy=bool(noisy), noisy_metrics=",".join(noisy), runs_needed=max(known) if known else None,
-               ci_method="t")
-    pooled = _bootstrap(group, metrics, confidence, samples, resamples)
-    if pooled:
-        row["ci_method"] = (f"t over runs; pooled percentiles with a two-level bootstrap (runs, then requests; "
-                            f"{pooled.pop('_requests')} requests)")
-    for m in metrics:
-        row.update({f"{m}_{k}": v for k, v in stats[m].items()})
-        if m in pooled:
-            row[f"{m}_pooled"], row[f"{m}_pooled_ci_low"], row[f"{m}_pooled_ci_high"] = pooled[m]
-    return row
+def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
+                confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
+                resamples: int) -> list[dict[str, Any]]:
+    """One row per point, in the order of its keys: the counts and statistics of every point at once (one
+    group-by over the table, not a table per point), then each point's row."""
+    grouped = df.groupby(keys, dropna=False, sort=True)
+    codes = grouped.ngroup().to_numpy()
+    points = grouped.ngroups
+    left = left_out_mask(df).to_numpy(dtype=bool)
+    total = np.bincount(codes, minlength=points)
+    n_left = np.bincount(codes, weights=left, minlength=points).astype(int)
+    all_left = n_left == total
+    used = ~left | all_left[codes]  # a point whose runs are all left out keeps them
+    firsts = np.unique(codes, return_index=True)[1]
+    labels = [c for c in dict.fromkeys((*keys, *_LABELS, *names)) if c in df.columns]
+    heads = df.iloc[firsts][labels].to_dict("records")
+    flagged = (np.bincount(codes, weights=(df["validity_ok"] == False).to_numpy(dtype=bool),  # noqa: E712
+                           minlength=points).astype(int) if "validity_ok" in df.columns else None)
+    limited = (np.bincount(codes, weights=(df["client_limited"] == True).to_numpy(dtype=bool),  # noqa: E712
+                           minlength=points).astype(int) if "client_limited" in df.columns else None)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(total)])
+    ids = df["point_id"].to_numpy(dtype=object) if "point_id" in df.columns else None
+    slim = df[[c for c in ("started_at", "round", "run_number", *TREND_METRICS) if c in df.columns]]
+    slim = slim.set_axis(pd.RangeIndex(len(df)))  # the runs by position
+    hardware = df["hardware"].to_numpy(dtype=object) if "hardware" in df.columns else None
+    mixed = (df["hardware_mixed"].fillna(False).astype(bool).to_numpy()
+             if hardware is not None and "hardware_mixed" in df.columns else None)
+    rows = []
+    for i in range(points):
+        members = order[bounds[i]:bounds[i + 1]]  # the point's runs, in the table's order
+        row: dict[str, Any] = dict(heads[i])
+        row["runs"] = int(used[members].sum())  # the first column after the parameters (`summary_params`)
+        if flagged is not None:
+            row["runs_flagged"] = int(flagged[i])
+        if limited is not None:
+            row["client_limited_runs"] = int(limited[i])
+        gone = members[left[members]]
+        row.update(runs_total=int(total[i]), runs_left_out=0 if all_left[i] else int(n_left[i]),
+                   left_out_reasons=left_out_reasons(df.iloc[gone]) if gone.size else "",
+                   on_flagged_runs=bool(all_left[i]) and total[i] > 0)
+        timed, outlier = runs_over_time(slim.iloc[members[used[members]]], metrics)
+        row.update(timed)
+        if outlier is not None:   # shown and judged: left out of the point's statistics like a flagged run
+            used[outlier] = False
+            reasons = ", ".join(r for r in (row["left_out_reasons"], "outlier run 1") if r)
+            row.update(runs=row["runs"] - 1, runs_left_out=row["runs_left_out"] + 1, left_out_reasons=reasons)
+        if hardware is not None:  # what the runs used were measured on (one, unless all were flagged)
+            row["hardware"] = " | ".join(sorted({str(h) for h in hardware[members[used[members]]] if not pd.isna(h)}))
+            row["hardware_mixed"] = bool(mixed[members].any()) if mixed is not None else False
+        rows.append(row)
+    stats = _group_stats(df[metrics].to_numpy(dtype=float)[used], codes[used], points, confidence)
+    for i, row in enumerate(rows):
+        members = order[bounds[i]:bounds[i + 1]]
+        mine = {m: {k: float(stats[k][i, j]) for k in STATS} for j, m in enumerate(metrics)}
+        noisy = [m for m in judged if mine[m]["cv"] > threshold]
+        needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
+        known = [n for n in needed if n is not None]
+        row.update(noisy=bool(noisy), noisy_metrics=",".join(noisy), runs_needed=max(known) if known else None,
+                   ci_method="t")
+        pooled = (_bootstrap([str(p) for p in ids[members[used[members]]]], metrics, confidence, samples, resamples)
+                  if ids is not None else {})
+        if pooled:
+            row["ci_method"] = (f"t over runs; pooled percentiles with a two-level bootstrap (runs, then requests; "
+                                f"{pooled.pop('_requests')} requests)")
+        for m in metrics:
+            row.update({f"{m}_{k}": v for k, v in mine[m].items()})
+            if m in pooled:
+                row[f"{m}_pooled"], row[f"{m}_pooled_ci_low"], row[f"{m}_pooled_ci_high"] = pooled[m]
+    return rows
+
+
+def _group_stats(values: np.ndarray, codes: np.ndarray, points: int, confidence: float) -> dict[str, np.ndarray]:
+    """Per point (rows) and metric (columns): mean, median, std, cv and the t-interval of the mean over its
+    runs' values (NaN skipped): numpy's mean and two-pass std, Student's t-interval (one run has none)."""
+    index = pd.RangeIndex(points)
+    median = pd.DataFrame(values).groupby(codes).median().reindex(index).to_numpy(dtype=float)
+    known = ~np.isnan(values)
+    n = np.zeros((points, values.shape[1]))  # values counted per point and metric
+    for j in range(values.shape[1]):
+        n[:, j] = np.bincount(codes[known[:, j]], minlength=points)
+    mean, std = np.full(n.shape, math.nan), np.full(n.shape, math.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for j in range(values.shape[1]):  # two passes, as numpy's std: the spread about the mean
+            v, c = values[known[:, j], j], codes[known[:, j]]
+            mean[:, j] = np.bincount(c, weights=v, minlength=points) / n[:, j]
+            std[:, j] = np.sqrt(np.bincount(c, weights=(v - mean[c, j]) ** 2, minlength=points) / (n[:, j] - 1))
+    nan = math.nan
+    many = n > 1
+    std = np.where(many, std, nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cv = np.where(many & np.isfinite(mean) & (mean != 0) & np.isfinite(std), std / np.abs(mean), nan)
+        q = np.full(n.shape, nan)
+        for dof in np.unique(n[many]):
+            q[n == dof] = t_quantile(0.5 + confidence / 2.0, dof - 1)
+        half = np.where(many, q * std / np.sqrt(np.maximum(n, 1)), nan)
+    ok = np.isfinite(half)
+    return {"mean": mean, "median": median, "std": std, "cv": cv, "ci_low": np.where(ok, mean - half, nan),
+            "ci_high": np.where(ok, mean + half, nan)}
 
 
 TREND_METRICS = ("output_throughput", "request_throughput", "total_token_throughput")
@@ -337,37 +393,20 @@ def check_names(issues: Any) -> list[str]:
     return list(dict.fromkeys(i.split(" (")[0].strip() for i in issues.split("; ") if i.strip()))
 
 
-def _stats(values: pd.Series | np.ndarray, confidence: float) -> dict[str, float]:
-    """Mean, median, std, cv and the t-interval of the mean of one metric over the runs of a point."""
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    n = v.size
-    nan = math.nan
-    if n == 0:
-        return dict.fromkeys(STATS, nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean, median = float(np.mean(v)), float(np.median(v))
-        std = float(np.std(v, ddof=1)) if n > 1 else nan
-        cv = std / abs(mean) if n > 1 and math.isfinite(mean) and mean != 0 and math.isfinite(std) else nan
-        half = t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n) if n > 1 else nan
-    low, high = (mean - half, mean + half) if math.isfinite(half) else (nan, nan)
-    return {"mean": mean, "median": median, "std": std, "cv": cv, "ci_low": low, "ci_high": high}
-
-
 # ---------------------------------------------------------------------------------------------------
 # Bootstrap of the percentiles of the pooled requests
 # ---------------------------------------------------------------------------------------------------
 
-def _bootstrap(group: pd.DataFrame, metrics: list[str], confidence: float,
+def _bootstrap(point_ids: list[str], metrics: list[str], confidence: float,
                samples: Mapping[str, Mapping[str, Any]] | None, resamples: int) -> dict[str, Any]:
     """{metric: (pooled percentile, ci low, ci high)} for the percentile metrics, when every run of the
     point has its raw samples; empty otherwise. The interval is a two-level bootstrap: the runs resampled,
     then the requests within each drawn run (a run's requests share its server state, so they are not
     independent draws of the configuration); a single run has no interval. The percentiles of one latency
     share their resamples, and so do the latencies measured on the same requests (`raysweep.bootstrap`)."""
-    if not samples or "point_id" not in group.columns or resamples < 1:
+    if not samples or resamples < 1:
         return {}
-    runs = [samples.get(str(pid)) for pid in group["point_id"]]
+    runs = [samples.get(pid) for pid in point_ids]
     if any(r is None for r in runs):
         return {}
     per_run = [_request_values(r) for r in runs if r is not None]

@@ -278,3 +278,36 @@ def test_client_limited_and_flagged_runs_are_left_out_of_the_statistics():
     q = aggregate.summarize(table(all_flagged)).iloc[0]
     assert q["runs"] == 2 and q["runs_left_out"] == 0 and bool(q["on_flagged_runs"])
     assert q["output_throughput_mean"] == pytest.approx(100.5)
+
+
+def one_point_stats(values: np.ndarray, confidence: float) -> dict[str, float]:
+    """The statistics of one metric over one point's runs as the summary computed them a point at a time."""
+    v = values[~np.isnan(values)]
+    n, nan = v.size, math.nan
+    if n == 0:
+        return dict.fromkeys(aggregate.STATS, nan)
+    mean, median = float(np.mean(v)), float(np.median(v))
+    std = float(np.std(v, ddof=1)) if n > 1 else nan
+    cv = std / abs(mean) if n > 1 and math.isfinite(mean) and mean != 0 and math.isfinite(std) else nan
+    half = aggregate.t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n) if n > 1 else nan
+    low, high = (mean - half, mean + half) if math.isfinite(half) else (nan, nan)
+    return {"mean": mean, "median": median, "std": std, "cv": cv, "ci_low": low, "ci_high": high}
+
+
+def test_every_points_statistics_at_once_are_those_of_each_point_alone():
+    """Points of 1 to 7 runs, NaN values, identical runs (a spread of exactly 0), a metric all NaN for a
+    point: the statistics computed for all points at once equal those of each point alone (to 1e-12)."""
+    rng = np.random.default_rng(5)
+    sizes = [1, 2, 2, 3, 5, 7, 4]
+    codes = np.repeat(np.arange(len(sizes)), sizes)
+    values = rng.normal(100, 5, (codes.size, 3))
+    values[rng.random(values.shape) < 0.15] = np.nan
+    values[codes == 2, 1] = 42.0
+    values[codes == 4, 2] = np.nan
+    got = aggregate._group_stats(values, codes, len(sizes), 0.9)
+    for point in range(len(sizes)):
+        for j in range(values.shape[1]):
+            want = one_point_stats(values[codes == point, j], 0.9)
+            for k in aggregate.STATS:
+                assert got[k][point, j] == pytest.approx(want[k], rel=1e-12, nan_ok=True), (point, j, k)
+    assert got["std"][2, 1] == 0.0 and got["cv"][2, 1] == 0.0
