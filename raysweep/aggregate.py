@@ -282,23 +282,47 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
         rows.append(row)
     stats = _group_stats(df[metrics].to_numpy(dtype=float)[used], codes[used], points, confidence)
     for i, row in enumerate(rows):
-        members = order[bounds[i]:bounds[i + 1]]
         mine = {m: {k: float(stats[k][i, j]) for k in STATS} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
         needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
         known = [n for n in needed if n is not None]
         row.update(noisy=bool(noisy), noisy_metrics=",".join(noisy), runs_needed=max(known) if known else None,
                    ci_method="t")
-        pooled = (_bootstrap([str(p) for p in ids[members[used[members]]]], metrics, confidence, samples, resamples)
-                  if ids is not None else {})
-        if pooled:
-            row["ci_method"] = (f"t over runs; pooled percentiles with a two-level bootstrap (runs, then requests; "
-                                f"{pooled.pop('_requests')} requests)")
         for m in metrics:
             row.update({f"{m}_{k}": v for k, v in mine[m].items()})
-            if m in pooled:
-                row[f"{m}_pooled"], row[f"{m}_pooled_ci_low"], row[f"{m}_pooled_ci_high"] = pooled[m]
+    if ids is not None and samples and resamples >= 1:
+        _add_pooled(rows, [[str(p) for p in ids[m[used[m]]]] for m in
+                           (order[bounds[i]:bounds[i + 1]] for i in range(points))], metrics, confidence, samples,
+                    resamples)
     return rows
+
+
+def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: list[str], confidence: float,
+                samples: Mapping[str, Mapping[str, Any]], resamples: int) -> None:
+    """Into each point's row, after each percentile metric's statistics: its pooled value and two-level
+    bootstrap interval (`_pooled`), every point's resamples drawn at once (`bootstrap.intervals`)."""
+    wanted = _wanted(metrics)
+    found = [_pooled(ids, wanted, samples, resamples) for ids in runs_of]
+    ends = iter(bootstrap.intervals([p for f in found if f for _, _, p in f[0]], confidence))
+    for i, f in enumerate(found):
+        if not f:
+            continue
+        parts, requests = f
+        extra: dict[str, tuple[float, float, float]] = {}
+        for (asked, values, _), lows_highs in zip(parts, ends):
+            for (name, q), (lo, hi) in zip(asked, lows_highs):
+                extra[name] = (float(np.percentile(values, q)), lo, hi)
+        if not extra:
+            continue
+        row = rows[i]
+        row["ci_method"] = (f"t over runs; pooled percentiles with a two-level bootstrap (runs, then requests; "
+                            f"{requests} requests)")
+        rows[i] = {}
+        for k, v in row.items():  # the pooled columns after the metric's interval, as before
+            rows[i][k] = v
+            m = k[: -len("_ci_high")] if k.endswith("_ci_high") else ""
+            if m in extra:
+                rows[i][f"{m}_pooled"], rows[i][f"{m}_pooled_ci_low"], rows[i][f"{m}_pooled_ci_high"] = extra[m]
 
 
 def _group_stats(values: np.ndarray, codes: np.ndarray, points: int, confidence: float) -> dict[str, np.ndarray]:
@@ -397,44 +421,44 @@ def check_names(issues: Any) -> list[str]:
 # Bootstrap of the percentiles of the pooled requests
 # ---------------------------------------------------------------------------------------------------
 
-def _bootstrap(point_ids: list[str], metrics: list[str], confidence: float,
-               samples: Mapping[str, Mapping[str, Any]] | None, resamples: int) -> dict[str, Any]:
-    """{metric: (pooled percentile, ci low, ci high)} for the percentile metrics, when every run of the
-    point has its raw samples; empty otherwise. The interval is a two-level bootstrap: the runs resampled,
-    then the requests within each drawn run (a run's requests share its server state, so they are not
-    independent draws of the configuration); a single run has no interval. The percentiles of one latency
-    share their resamples, and so do the latencies measured on the same requests (`raysweep.bootstrap`)."""
-    if not samples or resamples < 1:
-        return {}
-    runs = [samples.get(pid) for pid in point_ids]
-    if any(r is None for r in runs):
-        return {}
-    per_run = [_request_values(r) for r in runs if r is not None]
+def _wanted(metrics: list[str]) -> dict[str, list[tuple[str, float]]]:
+    """The percentile metrics by latency: {"ttft": [("median_ttft_ms", 50.0), ("p99_ttft_ms", 99.0)], ...}."""
     wanted: dict[str, list[tuple[str, float]]] = {}
     for m in metrics:
         match = _LATENCY.match(m)
         if match is not None and match.group(1) != "mean":
             q = 50.0 if match.group(1) == "median" else float(match.group(2))
             wanted.setdefault(match.group(3), []).append((m, q))
-    pooled: dict[str, tuple[list[tuple[str, float]], np.ndarray, bootstrap.Pooled]] = {}
+    return wanted
+
+
+_Parts = list[tuple[list[tuple[str, float]], np.ndarray, bootstrap.Pooled]]
+
+
+def _pooled(point_ids: list[str], wanted: dict[str, list[tuple[str, float]]],
+            samples: Mapping[str, Mapping[str, Any]], resamples: int) -> tuple[_Parts, int] | None:
+    """A point's percentile metrics to bootstrap, when every run of it has its raw samples (None otherwise):
+    per latency with values, the metrics and percentiles asked, the pooled values, and what the bootstrap
+    resamples (`raysweep.bootstrap.Pooled`); and the point's requests. The interval is a two-level
+    bootstrap: the runs resampled, then the requests within each drawn run (a run's requests share its
+    server state, so they are not independent draws of the configuration); a single run has no interval.
+    The latencies measured on the same requests share their resamples."""
+    runs = [samples.get(pid) for pid in point_ids]
+    if not runs or any(r is None for r in runs):
+        return None
+    per_run = [_request_values(r) for r in runs if r is not None]
+    parts: _Parts = []
     for name, asked in wanted.items():
-        parts = [_owned(r, name) for r in per_run]
-        values = np.concatenate([v for v, _, _ in parts]) if parts else np.zeros(0)
+        owned = [_owned(r, name) for r in per_run]
+        values = np.concatenate([v for v, _, _ in owned]) if owned else np.zeros(0)
         if values.size == 0:
             continue
         n = resamples
         if name == "itl":  # fewer resamples (never under _MIN_RESAMPLES) when the gaps are many
             n = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // max(1, values.size)))
-        pooled[name] = (asked, values, bootstrap.Pooled([v for v, _, _ in parts], [o for _, o, _ in parts],
-                                                        [k for _, _, k in parts], [q for _, q in asked], n))
-    ends = bootstrap.intervals([p for _, _, p in pooled.values()], confidence, np.random.default_rng(0))
-    out: dict[str, Any] = {}
-    for (asked, values, _), lows_highs in zip(pooled.values(), ends):
-        for (m, q), (lo, hi) in zip(asked, lows_highs):
-            out[m] = (float(np.percentile(values, q)), lo, hi)
-    if out:
-        out["_requests"] = sum(int(r["n"]) for r in per_run)
-    return out
+        parts.append((asked, values, bootstrap.Pooled([v for v, _, _ in owned], [o for _, o, _ in owned],
+                                                      [k for _, _, k in owned], [q for _, q in asked], n)))
+    return parts, sum(int(r["n"]) for r in per_run)
 
 
 def _owned(values: Mapping[str, Any], name: str) -> tuple[np.ndarray, np.ndarray, int]:

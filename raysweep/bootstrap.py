@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse
 
-__all__ = ["Pooled", "intervals", "two_level_counts", "weighted_percentiles"]
+__all__ = ["Pooled", "intervals", "stacked_percentiles", "two_level_counts", "weighted_percentiles"]
 
 _BLOCK_CELLS = 2_000_000  # resamples x requests generated at once, at most
+_BATCH_CELLS = 300_000  # resamples x sets x blocks read at once, about: small enough to stay in the CPU's cache
 
 
 @dataclass
@@ -71,73 +72,94 @@ def weighted_percentiles(sorted_values: np.ndarray, owner: np.ndarray, counts: n
                          qs: Sequence[float]) -> np.ndarray:
     """Per row of `counts` (rows x owners), the `qs` percentiles (numpy's linear method) of `sorted_values`
     each repeated as often as its owner's count in the row: rows x len(qs); NaN where a row draws nothing."""
-    values = np.asarray(sorted_values, dtype=float)
-    owner = np.asarray(owner, dtype=np.int64)
-    rows, owners = counts.shape
-    out = np.full((rows, len(qs)), math.nan)
-    g = values.size
-    if g == 0 or rows == 0:
+    return stacked_percentiles([np.asarray(sorted_values, dtype=float)], [np.asarray(owner, dtype=np.int64)],
+                               counts, qs)[:, 0, :]
+
+
+def stacked_percentiles(sorted_values: Sequence[np.ndarray], owners: Sequence[np.ndarray], counts: np.ndarray,
+                        qs: Sequence[float]) -> np.ndarray:
+    """`weighted_percentiles` of several sets of sorted values (one per metric of a point) drawn with the
+    same counts: rows x sets x len(qs).
+
+    Each set is cut into blocks of a few consecutive sorted values; one sparse product gives every row's
+    weight per block of every set, the block holding a wanted rank is found from their running sum, and the
+    rank among that block's values alone."""
+    rows, n_owners = counts.shape
+    sets = len(sorted_values)
+    out = np.full((rows, sets, len(qs)), math.nan)
+    longest = max((v.size for v in sorted_values), default=0)
+    if longest == 0 or rows == 0:
         return out
-    blocks = max(1, min(g, math.isqrt(16 * g)))  # about 4 sqrt(g) blocks of sqrt(g) / 4 values
-    size = -(-g // blocks)
-    blocks = -(-g // size)
-    pad = blocks * size - g
-    # each row's weight per block of `size` consecutive sorted values: counts x (owners x blocks)
-    member = scipy.sparse.csr_matrix((np.ones(g), (owner, np.arange(g) // size)), shape=(owners, blocks))
-    cum = np.cumsum(np.asarray(counts.astype(float) @ member), axis=1)
-    count = cum[:, -1]
+    blocks = max(1, min(longest, math.isqrt(16 * longest)))  # about 4 sqrt(g) blocks of sqrt(g) / 4 values
+    size = -(-longest // blocks)
+    blocks = -(-longest // size)
+    cells = blocks * size
+    block_owner = np.full((sets, cells), n_owners, dtype=np.int64)  # `n_owners`: padding, never drawn
+    block_value = np.zeros((sets, cells))
+    for i, (v, o) in enumerate(zip(sorted_values, owners)):
+        block_owner[i, : v.size], block_value[i, : v.size] = o, v
+        block_value[i, v.size:] = v[-1] if v.size else 0.0
+    real = block_owner < n_owners
+    set_of, cell = np.nonzero(real)
+    member = scipy.sparse.csr_matrix((np.ones(set_of.size), (block_owner[real], set_of * blocks + cell // size)),
+                                     shape=(n_owners, sets * blocks))
+    cum = np.cumsum(np.asarray(counts.astype(float) @ member).reshape(rows, sets, blocks), axis=2)
+    count = cum[:, :, -1]
     live = count > 0
     if not live.any():
         return out
     last = np.maximum(count, 1.0) - 1.0
-    h = last[:, None] * (np.asarray(qs, dtype=float) / 100.0)[None, :]
+    h = last[:, :, None] * (np.asarray(qs, dtype=float) / 100.0)
     lo = np.floor(h)
-    ranks = np.concatenate([lo, np.minimum(lo + 1.0, last[:, None])], axis=1)
-    block_owner = np.concatenate([owner, np.full(pad, owners)]).reshape(blocks, size)  # `owners`: padding
-    block_value = np.concatenate([values, np.full(pad, values[-1])]).reshape(blocks, size)
-    found = _kth(ranks, cum, np.concatenate([counts, np.zeros((rows, 1), dtype=counts.dtype)], axis=1),
-                 block_owner, block_value)
-    a, b = found[:, : len(qs)], found[:, len(qs):]
+    ranks = np.concatenate([lo, np.minimum(lo + 1.0, last[:, :, None])], axis=2)
+    padded = np.concatenate([counts, np.zeros((rows, 1), dtype=counts.dtype)], axis=1)
+    found = _kth(ranks.reshape(rows * sets, -1), cum.reshape(rows * sets, blocks), padded, sets,
+                 block_owner.reshape(sets, blocks, size), block_value.reshape(sets, blocks, size))
+    found = found.reshape(rows, sets, -1)
+    a, b = found[:, :, : len(qs)], found[:, :, len(qs):]
     out[live] = (a + (h - lo) * (b - a))[live]
     return out
 
 
-def _kth(ranks: np.ndarray, cum: np.ndarray, padded: np.ndarray, block_owner: np.ndarray,
+def _kth(ranks: np.ndarray, cum: np.ndarray, padded: np.ndarray, sets: int, block_owner: np.ndarray,
          block_value: np.ndarray) -> np.ndarray:
-    """The value of 0-based rank `ranks[r, j]` in row r's repeated values (rows x ranks): the block whose
-    running weight passes the rank (one search over all rows laid end to end), then the value within it."""
-    rows, blocks = cum.shape
-    size = block_owner.shape[1]
+    """The value of 0-based rank `ranks[i, j]` in line i's repeated values, line i being row i // sets of
+    `padded` (its counts) and set i % sets: the block whose running weight passes the rank (one search over
+    all lines laid end to end), then the value within it."""
+    lines, blocks = cum.shape
+    size = block_owner.shape[2]
+    line = np.arange(lines)[:, None]
     span = float(cum[:, -1].max()) + 1.0
-    offset = span * np.arange(rows)[:, None]
-    block = np.searchsorted((cum + offset).ravel(), ranks + offset, side="right") - blocks * np.arange(rows)[:, None]
+    block = np.searchsorted((cum + span * line).ravel(), ranks + span * line, side="right") - blocks * line
     block = np.clip(block, 0, blocks - 1)
-    before = np.where(block > 0, cum.ravel()[np.maximum(block - 1, 0) + blocks * np.arange(rows)[:, None]], 0.0)
-    width = padded.shape[1]
-    weight = padded.ravel()[(np.arange(rows) * width)[:, None, None] + block_owner[block]]  # rows x ranks x size
+    before = np.where(block > 0, cum.ravel()[np.maximum(block - 1, 0) + blocks * line], 0.0)
+    which = (line % sets) * blocks + block  # the block among all sets' blocks
+    owners = block_owner.reshape(sets * blocks, size)[which]  # lines x ranks x size
+    weight = padded.ravel()[((line // sets) * padded.shape[1])[:, :, None] + owners]
     pos = (np.cumsum(weight, axis=2) <= (ranks - before)[:, :, None]).sum(axis=2)
-    return block_value.ravel()[block * size + np.minimum(pos, size - 1)]
+    return block_value.ravel()[which * size + np.minimum(pos, size - 1)]
 
 
-def intervals(metrics: Sequence[Pooled], confidence: float,
-              rng: np.random.Generator) -> list[list[tuple[float, float]]]:
+def intervals(metrics: Sequence[Pooled], confidence: float, seed: int = 0) -> list[list[tuple[float, float]]]:
     """Per metric, per percentile in its `qs`, the two-level bootstrap interval (`confidence`, percentile
-    method; NaN with fewer than two runs). Metrics over the same requests (the same `sizes`) share their
-    resamples, drawn a block at a time."""
+    method; NaN with fewer than two runs).
+
+    The resamples depend only on the runs' sizes and the seed: metrics over the same requests (the same
+    `sizes`), of one point or of many, are read from the same draw counts, made once (a block of resamples at
+    a time, each from a generator seeded `seed` afresh per set of sizes). So a point's interval is the same
+    whatever other points are summarized with it, and the points of a campaign, whose runs mostly hold as
+    many requests, are done together: one sparse product and one search for a batch of them."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, m in enumerate(metrics):
         if len(m.sizes) > 1 and sum(m.sizes) > 0:
             groups.setdefault(tuple(m.sizes), []).append(i)
     for sizes, members in groups.items():
-        prepared = {i: metrics[i].prepared() for i in members}
+        rng = np.random.default_rng(seed)
         most = max(metrics[i].resamples for i in members)
         step = max(1, _BLOCK_CELLS // max(1, sum(sizes)))
         for start in range(0, most, step):
             counts = two_level_counts(sizes, min(step, most - start), rng)
-            for i in members:
-                m = metrics[i]
-                if m.resamples > start:
-                    m.draws.append(weighted_percentiles(*prepared[i], counts[: m.resamples - start], m.qs))
+            _draw_batches([i for i in members if metrics[i].resamples > start], metrics, counts, start)
     out = []
     for m in metrics:
         draws = np.concatenate(m.draws) if m.draws else np.zeros((0, len(m.qs)))
@@ -148,3 +170,24 @@ def intervals(metrics: Sequence[Pooled], confidence: float,
         ends = np.percentile(draws, [50.0 - 50.0 * confidence, 50.0 + 50.0 * confidence], axis=0)
         out.append([(float(ends[0, j]), float(ends[1, j])) for j in range(len(m.qs))])
     return out
+
+
+def _draw_batches(members: list[int], metrics: Sequence[Pooled], counts: np.ndarray, start: int) -> None:
+    """Append to each member metric its percentiles of these counts' resamples (those within its number),
+    members with the same percentiles and resamples a batch at a time."""
+    same: dict[tuple[tuple[float, ...], int], list[int]] = {}
+    for i in members:
+        same.setdefault((tuple(metrics[i].qs), min(len(counts), metrics[i].resamples - start)), []).append(i)
+    for (qs, rows), batch in same.items():
+        length = {i: sum(len(v) for v in metrics[i].values) for i in batch}
+        batch.sort(key=length.__getitem__)
+        while batch:  # sets of like lengths together (each is padded to the longest of its batch)
+            per = max(1, _BATCH_CELLS // max(1, rows * math.isqrt(16 * max(1, length[batch[0]]))))
+            part = [i for i in batch[:per] if length[i] <= 1.5 * length[batch[0]] + 8]
+            batch = batch[len(part):]
+            prepared = [metrics[i].prepared() for i in part]
+            got = stacked_percentiles([v for v, _ in prepared], [o for _, o in prepared], counts[:rows], list(qs))
+            for k, i in enumerate(part):
+                metrics[i].draws.append(got[:, k, :])
+
+

@@ -146,6 +146,40 @@ def test_the_old_percentiles_of_given_counts_are_the_new_ones():
                                ref_weighted_percentiles(values, counts[:, owner], qs), rtol=1e-12)
 
 
+def test_sets_stacked_on_the_same_counts_are_each_alone():
+    """Several sets of values of different lengths (a batch of points' metrics) drawn with one count matrix:
+    each set's percentiles are exactly those it gets alone."""
+    rng = np.random.default_rng(9)
+    counts = rng.integers(0, 4, (30, 25))
+    sets = []
+    for g in (1, 7, 40, 300):
+        owner = rng.integers(0, 25, g)
+        sets.append((np.sort(rng.gamma(2.0, 3.0, g)), owner))
+    qs = [10.0, 50.0, 99.0]
+    stacked = bootstrap.stacked_percentiles([v for v, _ in sets], [o for _, o in sets], counts, qs)
+    for k, (v, o) in enumerate(sets):
+        np.testing.assert_array_equal(stacked[:, k, :], bootstrap.weighted_percentiles(v, o, counts, qs))
+        for r in range(len(counts)):
+            repeated = np.repeat(v, counts[r, o])
+            want = np.percentile(repeated, qs) if repeated.size else np.full(len(qs), np.nan)
+            np.testing.assert_allclose(stacked[r, k], want, rtol=1e-12)
+
+
+def test_a_points_interval_does_not_depend_on_the_points_beside_it():
+    """The resamples depend on the runs' sizes and the seed only: a point bootstrapped alone and among
+    others (of the same and of other sizes) gets the same interval, and the same seed the same again."""
+    def pooled(seed: int, name: str = "ttft") -> bootstrap.Pooled:
+        runs = runs_of(seed)
+        parts = [aggregate._owned(r, name) for r in runs]
+        return bootstrap.Pooled([v for v, _, _ in parts], [o for _, o, _ in parts], [k for _, _, k in parts],
+                                [50.0, 99.0], 400)
+
+    alone = bootstrap.intervals([pooled(1)], 0.95)
+    among = bootstrap.intervals([pooled(2), pooled(3, "itl"), pooled(1), pooled(4)], 0.95)
+    assert [among[2]] == alone and bootstrap.intervals([pooled(1)], 0.95) == alone
+    assert [among[0]] != alone  # other values, other interval
+
+
 def test_the_counts_are_two_level_draws():
     """Each row draws as many requests as the runs it drew hold: a multiple of a run's size per run, the
     run's total a multiple of its size, and each request drawn once on average, with the two-level variance
@@ -183,7 +217,7 @@ def new_draws(runs: list[dict[str, Any]], name: str, qs: list[float], resamples:
     parts = [aggregate._owned(r, name) for r in runs]
     pooled = bootstrap.Pooled([v for v, _, _ in parts], [o for _, o, _ in parts], [k for _, _, k in parts], qs,
                               resamples)
-    bootstrap.intervals([pooled], 0.95, np.random.default_rng(seed))
+    bootstrap.intervals([pooled], 0.95, seed)
     draws = np.concatenate(pooled.draws)
     return draws[np.isfinite(draws).all(axis=1)]
 
@@ -225,7 +259,7 @@ def test_a_single_run_has_no_interval():
     runs = runs_of(5)
     parts = [aggregate._owned(r, "ttft") for r in runs[:1]]
     pooled = bootstrap.Pooled([parts[0][0]], [parts[0][1]], [parts[0][2]], [50.0], 100)
-    [[(low, high)]] = bootstrap.intervals([pooled], 0.95, np.random.default_rng(0))
+    [[(low, high)]] = bootstrap.intervals([pooled], 0.95, 0)
     assert math.isnan(low) and math.isnan(high) and not pooled.draws
 
 
