@@ -168,6 +168,8 @@ class PointRunner:
         res = out.get("result") if out.get("ok") else None
         if res is not None:
             window, bracket = load_windows(res, submitted, returned)
+            res.setdefault("load_window_start", window[0])  # where the energy is measured without a steady
+            res.setdefault("load_window_end", window[1])    # window (raysweep.point_energy)
             sane.merge(res, sane.guarded("server_metrics", scraper.summary, window, bracket))
             timeseries.attach(out, scraper.samples)  # per-bin series and the steady-state window (native)
             out["clients"] = job.clients

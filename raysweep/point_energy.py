@@ -25,12 +25,15 @@ log = logging.getLogger(__name__)
 
 
 def load_window(result: dict[str, Any], started: float, ended: float) -> tuple[float, float, str]:
-    """The absolute window to measure and its name: the steady-state test's window, else the whole load."""
+    """The absolute window to measure and its name: the steady-state test's window, else the whole load (for a
+    command's JSON, which gives no start, its duration back from the process's return: `point.load_windows`)."""
     t0 = float(result.get("start_time") or started)
     lo, hi = result.get("steady_state_window_start_s"), result.get("steady_state_window_end_s")
     if lo is not None and hi is not None and hi > lo:
         return t0 + float(lo), t0 + float(hi), "steady"
     why = str(result.get("steady_state_note") or "no steady-state window")
+    if result.get("start_time") is None and result.get("load_window_start") is not None:  # a command's JSON
+        return float(result["load_window_start"]), float(result["load_window_end"]), f"load ({why})"
     return t0, float(result.get("end_time") or ended), f"load ({why})"
 
 
@@ -75,8 +78,6 @@ def point_energy_fields(hosts: list[Any], result: dict[str, Any], samples: dict[
         return {"energy_note": "no energy reading: the server is not raysweep's (an endpoint), its devices are "
                                "not read"}
     t0, t1, kind = load_window(result, started, ended)
-    if kind != "steady" and samples is None and result.get("start_time") is None:
-        kind = "load (as the client's JSON gives it)"
     try:
         windows = ray.get([h.telemetry_energy.remote(t0, t1) for h in hosts], timeout=60)
     except (ray.exceptions.RayError, AttributeError) as exc:

@@ -327,3 +327,15 @@ def test_amd_smi_gives_the_servers_gpus_energy_counter_and_power(no_nvml):
     assert e["energy_method"] == "counter" and e["energy_j"] == pytest.approx(600.0, abs=1e-3)
     missing = telemetry.Sampler(["0"], nvml=None, amd=True)
     assert "AMD SMI unavailable" in missing.energy_why
+
+
+def test_a_command_points_energy_is_measured_over_its_load_not_from_the_points_start():
+    from raysweep import point_energy
+
+    steady = {"start_time": 100.0, "steady_state_window_start_s": 2.0, "steady_state_window_end_s": 9.0}
+    assert point_energy.load_window(steady, 90.0, 120.0) == (102.0, 109.0, "steady")
+    short = {"start_time": 100.0, "end_time": 103.0, "steady_state_note": "not judged: too short"}
+    assert point_energy.load_window(short, 90.0, 120.0) == (100.0, 103.0, "load (not judged: too short)")
+    # `vllm bench serve`'s JSON: no start; its load is its duration back from the process's return
+    command = {"load_window_start": 110.0, "load_window_end": 118.0}
+    assert point_energy.load_window(command, 90.0, 120.0) == (110.0, 118.0, "load (no steady-state window)")
