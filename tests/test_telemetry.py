@@ -72,6 +72,11 @@ def test_host_actors_sample_the_servers_gpus_during_each_point(gpu_cluster, tmp_
     assert row["gpu_util_mean_pct"] == pytest.approx(70 + sum(gpus) / 2)  # only the server's own GPUs
     assert row["gpu_throttle_reasons"] == "sw_power_cap" and row["gpu_throttled_fraction"] == 1.0
     assert "throttled (sw_power_cap" in row["validity_issues"]
+    # these fake GPUs have no energy counter: the power samples are integrated over the command's load, and
+    # the fields say so (2 GPUs at 650 W each)
+    assert row["energy_method"] == "power samples" and row["energy_window"].startswith("load")
+    assert row["power_mean_w"] == pytest.approx(1300.0) and row["energy_devices"] == 2
+    assert row["idle_power_w"] == pytest.approx(1300.0) and row["energy_net_j"] == pytest.approx(0.0, abs=1e-6)
 
 
 HOOK = """
