@@ -6,11 +6,14 @@ A side is a raysweep output dir, a `vllm bench sweep` dir, a dir written by `ray
 both sides have (or `--match-on`); the baseline must hold one point per matched value, the other side may hold
 several (several server configs against one baseline point). Per metric a comparison gives the baseline and
 the other mean over runs (for a percentile, the mean of the per-run percentiles), their ratio (other /
-baseline), Welch's p-value and a verdict (`raysweep.verdicts.compare_means`, higher is better for
-throughputs, lower for latencies): `better` or `worse` when Welch's t-test over the runs rejects equal means
-at 5 %, `not shown` when it does not (the runs cannot tell them apart: not a claim that they are equal),
-`not judged` when a side has fewer than 2 runs. Each matched point is one test at 5 %; nothing is corrected
-for their number (benchmarks/bench_verdicts.py measures the false "better" rate per comparison).
+baseline), the p-value of the test that decided (`M_test`: Welch's t over runs, `verdicts.compare_means`;
+or a paired t where the two points' runs were measured side by side, `over_time.pairs`) and a verdict
+(higher is better for throughputs, lower for latencies): `better` or `worse` when the test rejects equal
+means, `not shown` when it does not (the runs cannot tell them apart: not a claim that they are equal) or
+a side has fewer than 3 runs, `not judged` when a side has fewer than 2. Every verdict of a comparison
+(all matched points x metrics) is one family: its p-values are adjusted for the false discovery rate
+(Benjamini-Hochberg, `FAMILY`; `M_p_adjusted`), and `family_text` says how many were tested
+(benchmarks/bench_verdicts.py measures the false verdicts per comparison).
 
 With a service-level objective (`slo`, e.g. the campaign's `slo:` or `--slo`), a point compared is judged
 only when both sides meet it; the others get `outside slo` and the `slo` column says which side meets it.
@@ -38,9 +41,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from raysweep import aggregate, plots, verdicts
+from raysweep import aggregate, over_time, plots, verdicts
 from raysweep.errors import UserError, unknown_names
 from raysweep.files import write_json_atomic, write_text_atomic
+from raysweep.over_time import Family
 from raysweep.sla import Target, meets
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "compare",
     "comparison_figure",
     "distinct_names",
+    "family_text",
     "higher_is_better",
     "load_side",
     "parse_slo_option",
@@ -65,6 +70,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+FAMILY = "bh"   # the rate controlled over all a comparison's verdicts: the false discovery rate
 COMPARE_DIR = "compare"
 BASELINE_FILE = "baseline.json"
 DEFAULT_METRICS = ("output_throughput", "output_throughput_per_gpu", "request_throughput", "median_ttft_ms",
@@ -81,12 +87,14 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 @dataclass
 class Side:
-    """One campaign's aggregates per point: its name, where it came from and its parameter columns."""
+    """One campaign's aggregates per point: its name, where it came from and its parameter columns; `runs`
+    its results table (one row per run) where it was read from one, for the paired verdicts."""
 
     name: str
     source: Path
     summary: pd.DataFrame
     params: list[str]
+    runs: pd.DataFrame | None = None
 
 
 @dataclass
@@ -105,6 +113,7 @@ class Comparison:
     unmatched_other: int = 0
     notes: list[str] = field(default_factory=list)
     slo: Target | None = None
+    family: Family | None = None   # the control over every verdict of the comparison
 
 
 def higher_is_better(metric: str) -> bool:
@@ -123,22 +132,36 @@ def load_side(path: str | Path, option: str = "DIR", confidence: float = 0.95) -
     :raises UserError: the path is none of them (naming `option`).
     """
     p = Path(path)
+    runs: pd.DataFrame | None = None
     if p.is_file():
         df = _read_file(p, option)
         summary = df if _is_summary(df) else aggregate.summarize(df, confidence)
+        runs = None if _is_summary(df) else df
         name = _campaign_name(summary) or p.stem
     elif p.is_dir():
         from raysweep.results import kept_summary
 
         kept = kept_summary(p, confidence)  # as the campaign's end wrote it, when nothing finished since
         summary = kept if kept is not None else aggregate.summary_table(p, confidence)
+        runs = _runs_of(p)
         name = _campaign_name(summary) or p.name
     else:
         raise UserError(f"{option} {path}: no such file or directory; accepted: a raysweep output dir, a `vllm bench "
                         "sweep` dir, a dir written by `raysweep import`, or a summary/results .parquet or .csv file")
     if summary.empty:
         raise UserError(f"{option} {path}: no finished run to compare")
-    return Side(name, p, summary, aggregate.summary_params(summary))
+    return Side(name, p, summary, aggregate.summary_params(summary), runs)
+
+
+def _runs_of(path: Path) -> pd.DataFrame | None:
+    """The results table of a directory (None when it cannot be read: the verdicts are then Welch's)."""
+    from raysweep.importer import read_table
+
+    try:
+        return read_table(path).df
+    except (UserError, OSError, ValueError) as exc:
+        log.info("%s: its runs are not read (%s); no paired verdicts", path, exc)
+        return None
 
 
 def distinct_names(sides: list[Side]) -> list[Side]:
@@ -193,7 +216,8 @@ def _norm(value: Any) -> Any:
 
 
 def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
-            metrics: Sequence[str] | None = None, slo: Target | None = None) -> Comparison:
+            metrics: Sequence[str] | None = None, slo: Target | None = None,
+            family: str = FAMILY) -> Comparison:
     """Match the points of `other` against `baseline` and compare them metric by metric (only the points
     meeting `slo` on both sides, when given).
 
@@ -211,8 +235,10 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
         if key not in index:
             continue
         matched.add(key)
-        rows.append(_row(baseline.summary.iloc[index[key]], b, keys, names, slo))
+        a = baseline.summary.iloc[index[key]]
+        rows.append(_row(a, b, keys, names, slo, _point_runs(baseline, a), _point_runs(other, b)))
     table = pd.DataFrame.from_records(rows)
+    fam = _control(table, names, family)
     notes = []
     if not rows:
         notes.append(f"no point of {other.name} has the parameters of a point of {baseline.name} "
@@ -220,7 +246,35 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     elif slo is not None and not (table["slo"] == "both meet").any():
         notes.append(f"no matched point meets the slo {slo.label} on both sides: nothing is ranked")
     return Comparison(baseline, other, keys, names, table, len(set(base_keys) - matched),
-                      len(other.summary) - len(rows), notes, slo)
+                      len(other.summary) - len(rows), notes, slo, fam)
+
+
+def _point_runs(side: Side, row: pd.Series) -> pd.DataFrame | None:
+    """The runs of one point of a side (those its summary used: left-out runs dropped), or None."""
+    runs = side.runs
+    if runs is None or not {"serve_id", "bench_id"} <= set(runs.columns):
+        return None
+    mine = runs[(runs["serve_id"] == row.get("serve_id")) & (runs["bench_id"] == row.get("bench_id"))]
+    left = aggregate.left_out_mask(mine)
+    return mine[~left] if (~left).any() else mine
+
+
+def _control(table: pd.DataFrame, metrics: list[str], method: str) -> Family:
+    """The verdicts of the whole comparison (every matched point and metric) as one family: the p-values
+    adjusted (`over_time.adjust`) and a verdict better or worse only where the adjusted p-value is under 5 %
+    (`M_p_adjusted`); the others not shown."""
+    cells = [(i, m) for m in metrics for i in range(len(table))
+             if table.at[i, f"{m}_verdict"] in ("better", "worse", "not shown")
+             and math.isfinite(float(table.at[i, f"{m}_p"]))]
+    fam = over_time.adjust([float(table.at[i, f"{m}_p"]) for i, m in cells], method)
+    for m in metrics:
+        if len(table):
+            table[f"{m}_p_adjusted"] = math.nan
+    for (i, m), q in zip(cells, fam.adjusted):
+        table.at[i, f"{m}_p_adjusted"] = q
+        if table.at[i, f"{m}_verdict"] in ("better", "worse") and not q < verdicts.ALPHA:
+            table.at[i, f"{m}_verdict"] = "not shown"
+    return fam
 
 
 def _meets(row: pd.Series, slo: Target) -> bool:
@@ -269,7 +323,8 @@ def _check_unique(baseline: Side, keys: list[str], base_keys: list[tuple[Any, ..
         seen[k] = i
 
 
-def _row(a: pd.Series, b: pd.Series, keys: list[str], metrics: list[str], slo: Target | None = None) -> dict[str, Any]:
+def _row(a: pd.Series, b: pd.Series, keys: list[str], metrics: list[str], slo: Target | None = None,
+         runs_a: pd.DataFrame | None = None, runs_b: pd.DataFrame | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {k: b[k] for k in keys}
     for lab in _LABELS:
         row[f"{lab}_a"], row[f"{lab}_b"] = a.get(lab), b.get(lab)
@@ -280,11 +335,18 @@ def _row(a: pd.Series, b: pd.Series, keys: list[str], metrics: list[str], slo: T
         row["slo"] = {(True, True): "both meet", (True, False): "only the baseline meets",
                       (False, True): "only this one meets", (False, False): "neither meets"}[(ma, mb)]
         judged = ma and mb
+    paired = over_time.pairs(runs_a, runs_b) if runs_a is not None and runs_b is not None else None
     for m in metrics:
         v = verdicts.compare_means(verdicts.row_stats(a, m), verdicts.row_stats(b, m), higher_is_better(m))
+        if paired is not None and m in runs_a.columns and m in runs_b.columns:  # type: ignore[union-attr]
+            what, ka, kb = paired
+            pv = over_time.paired_verdict(ka, list(runs_a[m]), kb, list(runs_b[m]),  # type: ignore[index]
+                                          higher_is_better(m), key=what)
+            v = pv if pv.word != "not judged" else v
         row[f"{m}_a"], row[f"{m}_b"] = verdicts.row_stats(a, m)[0], verdicts.row_stats(b, m)[0]
         row[f"{m}_ratio"] = v.ratio
         row[f"{m}_p"] = v.p_value
+        row[f"{m}_test"] = v.test
         row[f"{m}_verdict"] = v.word if judged else "outside slo"
     return row
 
@@ -476,9 +538,8 @@ def report_section(output_dir: Path) -> str | None:
     head = (f"<p>Against the baseline <b>{html.escape(base.name)}</b> ({html.escape(str(base.source))}), matched "
             f"on {html.escape(', '.join(cmp.on))}: {len(cmp.table)} point(s) compared, "
             f"{cmp.unmatched_other} here and {cmp.unmatched_baseline} in the baseline without a match. Ratio = "
-            "this campaign / baseline; better or worse only when Welch's t-test over the runs rejects equal means "
-            "at 5 %, "
-            "not shown when the runs cannot tell them apart.</p>")
+            f"this campaign / baseline; better or worse only when {family_text(cmp)} rejects equal means, "
+            "not shown when the runs cannot tell them apart (or a side has fewer than 3 runs).</p>")
     notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in cmp.notes)
     if cmp.table.empty:
         return head + notes
@@ -487,6 +548,14 @@ def report_section(output_dir: Path) -> str | None:
               "<figcaption>this campaign (solid) and the baseline (dashed), mean and confidence interval per "
               "point</figcaption></figure>")
     return head + notes + _html_table(totals(cmp)) + figure + _html_table(_point_view(cmp))
+
+
+def family_text(cmp: Comparison) -> str:
+    """Which tests decided and what controls them: `Welch's t over runs (or a paired t over runs measured
+    side by side), 24 tests, false discovery rate (Benjamini-Hochberg) at 5%`."""
+    tests = sorted({str(t) for m in cmp.metrics if f"{m}_test" in cmp.table.columns for t in cmp.table[f"{m}_test"]})
+    fam = cmp.family.text if cmp.family is not None else "no test"
+    return f"{' / '.join(tests) or verdicts.WELCH}, {fam}"
 
 
 def _point_view(cmp: Comparison) -> pd.DataFrame:

@@ -143,3 +143,55 @@ def test_runs_pair_only_where_they_were_measured_side_by_side():
     assert over_time.pairs(_side([0] * 4, [0, 1, 2, 3], [0.0, 40.0, 80.0, 120.0]), one) is None
     assert over_time.pairs(a, _side([0, 0, 1, 1], [0, 1, 2, 3], [1e6, 1e6 + 40, 1e6 + 80, 1e6 + 120])) is None
     assert over_time.pairs(a.drop(columns="block"), b) is None
+
+
+def _summary_side(name, means, std=10.0, runs=5):
+    from pathlib import Path
+
+    from raysweep import compare
+
+    df = pd.DataFrame({"max_concurrency": [2 ** i for i in range(len(means))], "runs": runs,
+                       "output_throughput_mean": means, "output_throughput_std": std})
+    return compare.Side(name, Path(name), df, ["max_concurrency"])
+
+
+def test_compare_controls_its_verdicts_as_one_family_and_says_how_many_it_tested():
+    from raysweep import compare, verdicts
+
+    base = _summary_side("a", [1000.0] * 6)
+    # one load far ahead (p ~ 1e-6), one just under 5 % alone (p ~ 0.04), four alike: one family of 6 tests
+    other = _summary_side("b", [1060.0, 1015.5, 1000.0, 1000.0, 1000.0, 1000.0])
+    alone = verdicts.compare_means((1000.0, 10.0, 5), (1015.5, 10.0, 5)).p_value
+    assert 0.02 < alone < 0.05
+    cmp = compare.compare(base, other, ["max_concurrency"], ["output_throughput"])
+    words = list(cmp.table["output_throughput_verdict"])
+    assert words == ["better"] + ["not shown"] * 5
+    assert cmp.family is not None and cmp.family.tested == 6
+    assert compare.family_text(cmp) == ("Welch's t over runs, 6 tests, false discovery rate (Benjamini-Hochberg) "
+                                        "at 5%")
+    assert (cmp.table["output_throughput_p_adjusted"] >= cmp.table["output_throughput_p"]).all()
+
+
+def test_compare_pairs_the_runs_of_two_points_measured_at_once():
+    from pathlib import Path
+
+    from raysweep import aggregate, compare
+
+    rng = np.random.default_rng(9)
+    rows = []
+    for sid, level in (("A", 1000.0), ("B", 1030.0)):
+        for r in range(6):
+            t = 100.0 * r + (5.0 if sid == "B" else 0.0)
+            rows.append({"serve_id": sid, "bench_id": "c8", "point_id": f"{sid}{r}", "run_number": r, "round": r,
+                         "block": 0, "max_concurrency": 8, "started_at": t, "ended_at": t + 60.0,
+                         "output_throughput": level * (1 - 0.03 * r) * (1 + 0.002 * rng.standard_normal())})
+    df = pd.DataFrame(rows)
+    sides = [compare.Side(s, Path(s), aggregate.summarize(df[df.serve_id == s], params=["max_concurrency"]),
+                          ["max_concurrency"], df[df.serve_id == s]) for s in ("A", "B")]
+    cmp = compare.compare(sides[0], sides[1], ["max_concurrency"], ["output_throughput"])
+    assert cmp.table.at[0, "output_throughput_test"] == "paired t over 6 runs measured at once"
+    assert cmp.table.at[0, "output_throughput_verdict"] == "better"
+    welch = compare.compare(compare.Side("A", Path("A"), sides[0].summary, ["max_concurrency"]),
+                            compare.Side("B", Path("B"), sides[1].summary, ["max_concurrency"]),
+                            ["max_concurrency"], ["output_throughput"])
+    assert welch.table.at[0, "output_throughput_verdict"] == "not shown"

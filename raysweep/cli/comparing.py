@@ -194,13 +194,14 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
         points.append({"params": {c: r[c] for c in cmp.on}, "runs_baseline": r.get("runs_a"),
                        "runs_other": r.get("runs_b"),
                        "metrics": {m: {"baseline": r.get(f"{m}_a"), "other": r.get(f"{m}_b"),
-                                       "ratio": r.get(f"{m}_ratio"), "verdict": r.get(f"{m}_verdict")}
+                                       "ratio": r.get(f"{m}_ratio"), "verdict": r.get(f"{m}_verdict"),
+                                       "test": r.get(f"{m}_test"), "p_adjusted": r.get(f"{m}_p_adjusted")}
                                    for m in cmp.metrics}})
     totals = compare.totals(cmp).to_dict(orient="records") if not cmp.table.empty else []
     return {"baseline": cmp.baseline.name, "baseline_source": cmp.baseline.source, "other": cmp.other.name,
             "other_source": cmp.other.source, "match_on": list(cmp.on), "metrics": list(cmp.metrics),
             "unmatched_baseline": cmp.unmatched_baseline, "unmatched_other": cmp.unmatched_other,
-            "totals": totals, "points": points}
+            "tests": compare.family_text(cmp), "totals": totals, "points": points}
 
 
 def _print_comparison(cmp: Any) -> None:
@@ -212,6 +213,7 @@ def _print_comparison(cmp: Any) -> None:
               f"{escape(cmp.other.name)}, {cmp.unmatched_baseline} of {escape(cmp.baseline.name)}")
     if cmp.table.empty:
         return
+    out.print(f"verdicts by {escape(compare.family_text(cmp))}", highlight=False)
     words = [w for w in _VERDICT_STYLE if w != "outside slo" or cmp.slo is not None]
     slo = f"; judged only where both meet the slo {cmp.slo.label}" if cmp.slo is not None else ""
     sums = Table("metric", "ratio (geomean)", "min", "max", *words,
