@@ -6,9 +6,11 @@ bench point, the two clients take turns N times each, the first of a round alter
 vllm, native, ...: a drift of the server's pace, or a cost of going first after the reset, falls on both
 alike), with the caches reset before every run, both in Ray actors and with the campaign's own bench
 command and parameters.
-Each judged metric is an equivalence test on the runs (`verdicts.equivalence`): the ratio native / vllm
-of the clients' geometric means with its 90 % interval (Welch's t on the logarithms of the per-run values:
-the two one-sided tests at 5 %), `equivalent` only when the whole interval lies within the tolerance
+Each judged metric is an equivalence test on the runs, in pairs: the two clients' runs of one round were
+measured one after the other, so the ratio native / vllm is the geometric mean of the rounds' ratios with
+its 90 % interval from the t on their logarithms (`over_time.paired_equivalence`: the two one-sided tests
+at 5 %; a drift of the server's pace falls out of every round), or with fewer than 3 complete rounds the
+ratio of the clients' geometric means over their runs unpaired (`verdicts.equivalence`, Welch), `equivalent` only when the whole interval lies within the tolerance
 (throughputs 5 %, median TTFT and TPOT 10 % by default), `different` when it lies wholly outside, `not shown`
 otherwise, with the runs per client that would settle it at the spread seen. One slow run no longer decides:
 it widens the interval.
@@ -113,12 +115,28 @@ def compare(runs: list[dict[str, Any]], tol: Tolerances) -> list[CompareRow]:
                                        word="" if t is None else "missing",
                                        text="" if t is None else "missing on a side"))
                 continue
-            eq = verdicts.equivalence(vv, nv, t)
+            eq = _equivalence(mine, metric, t)
             within = True if eq.word == "equivalent" else False if eq.word == "different" else None
             rows.append(CompareRow(bench_id, metric, n, v, eq.ratio if math.isfinite(eq.ratio) else n / v, t, within,
                                    counts, _finite_or_none(eq.low), _finite_or_none(eq.high), eq.word,
                                    eq.runs_needed, eq.text))
     return rows
+
+
+def _equivalence(mine: dict[str, list[dict[str, Any]]], metric: str, tol: float) -> verdicts.Equivalence:
+    """native / vllm: in pairs (the two clients' runs of one round, measured one after the other) where at
+    least 3 rounds have both (`over_time.paired_equivalence`), else over the runs unpaired
+    (`verdicts.equivalence`)."""
+    from raysweep.over_time import paired_equivalence
+
+    def side(tool: str) -> tuple[list[Any], list[float]]:
+        rows = [r for r in mine[tool] if isinstance(r.get(metric), (int, float)) and math.isfinite(float(r[metric]))]
+        return [r.get("round") for r in rows], [float(r[metric]) for r in rows]
+
+    (kv, vv), (kn, nv) = side("vllm"), side("native")
+    if len({k for k in kv if k is not None} & {k for k in kn if k is not None}) >= 3:
+        return paired_equivalence(kv, vv, kn, nv, tol)
+    return verdicts.equivalence(vv, nv, tol)
 
 
 def _finite_or_none(x: float) -> float | None:

@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from raysweep.verdicts import ALPHA, Verdict
+from raysweep.verdicts import ALPHA, Equivalence, Verdict
 
 __all__ = ["ALPHA", "MIN_RUNS", "MIN_TREND_RUNS", "OUTLIER_ALPHA", "PAIR_KEYS", "Outliers", "Trend", "adjust",
-           "bound_verdict", "outliers", "paired_verdict", "pairs", "run_order", "trend"]
+           "bound_verdict", "outliers", "paired_equivalence", "paired_verdict", "pairs", "run_order", "trend"]
 
 MIN_RUNS = 3            # fewer runs (or pairs) on a side: a verdict is "not shown"
 MIN_TREND_RUNS = 3      # fewer finite values: no trend is judged
@@ -273,6 +273,36 @@ def paired_verdict(keys_a: Sequence[Any], values_a: Sequence[Any], keys_b: Seque
     if not p < alpha:
         return Verdict("not shown", n, n, ratio, p, test=test)
     return Verdict("better" if (ratio > 1.0) == higher_is_better else "worse", n, n, ratio, p, test=test)
+
+
+def paired_equivalence(keys_a: Sequence[Any], values_a: Sequence[Any], keys_b: Sequence[Any],
+                       values_b: Sequence[Any], tolerance: float = 0.05, confidence: float = 1 - 2 * ALPHA,
+                       limit: int = 1000) -> Equivalence:
+    """B / A over the pairs their keys make (the geometric mean of the pairs' ratios) with its interval from
+    the one-sample t on the pairs' log-ratios (90 %: the two one-sided tests at 5 %), judged against
+    [1 - tol, 1 + tol] as `verdicts.equivalence` judges it; `not judged` with fewer than 2 pairs."""
+    a, b = _by_key(keys_a, values_a), _by_key(keys_b, values_b)
+    common = sorted(set(a) & set(b))
+    n = len(common)
+    d = np.log([b[k] for k in common]) - np.log([a[k] for k in common]) if n else np.zeros(0)
+    ratio = float(math.exp(float(np.mean(d)))) if n else math.nan
+    if n < 2:
+        return Equivalence("not judged", ratio, math.nan, math.nan, tolerance, n, n)
+    sd = float(np.std(d, ddof=1))
+    q = float(stats.t.ppf(0.5 + confidence / 2.0, n - 1))
+    mean = float(np.mean(d))
+    low, high = math.exp(mean - q * sd / math.sqrt(n)), math.exp(mean + q * sd / math.sqrt(n))
+    lo_tol, hi_tol = 1.0 - tolerance, 1.0 + tolerance
+    word = ("equivalent" if lo_tol <= low and high <= hi_tol else
+            "different" if high < lo_tol or low > hi_tol else "not shown")
+    needed = None
+    if word == "not shown":
+        inside = min(math.log(hi_tol) - mean, mean - math.log(lo_tol))
+        room = inside if inside > 0 else max(mean - math.log(hi_tol), math.log(lo_tol) - mean)
+        if room > 0 and sd > 0:
+            needed = next((m for m in range(n, limit)
+                           if stats.t.ppf(0.5 + confidence / 2.0, m - 1) * sd / math.sqrt(m) < room), None)
+    return Equivalence(word, ratio, low, high, tolerance, n, n, needed)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -195,3 +195,22 @@ def test_compare_pairs_the_runs_of_two_points_measured_at_once():
                             compare.Side("B", Path("B"), sides[1].summary, ["max_concurrency"]),
                             ["max_concurrency"], ["output_throughput"])
     assert welch.table.at[0, "output_throughput_verdict"] == "not shown"
+
+
+def test_crosscheck_judges_its_alternating_clients_in_pairs():
+    # the server's pace drifts 4 % a round; the clients differ by 1 %: in pairs equivalent within 5 %, unpaired
+    # the drift's spread leaves it not shown
+    from raysweep import crosscheck
+
+    runs = []
+    for rnd in range(5):
+        pace = 1000.0 * (1 - 0.04 * rnd)
+        for tool, f in (("native", 1.01), ("vllm", 1.0)):
+            runs.append({"tool": tool, "round": rnd, "bench_id": "b", "ok": True, "output_throughput": pace * f})
+    row = next(r for r in crosscheck.compare(runs, crosscheck.Tolerances(0.05, 0.10))
+               if r.metric == "output_throughput")
+    assert row.word == "equivalent" and row.ratio == pytest.approx(1.01)
+    unpaired = [dict(r, round=None) for r in runs]
+    row = next(r for r in crosscheck.compare(unpaired, crosscheck.Tolerances(0.05, 0.10))
+               if r.metric == "output_throughput")
+    assert row.word == "not shown"
