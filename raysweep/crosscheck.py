@@ -10,7 +10,8 @@ Each judged metric is an equivalence test on the runs, in pairs: the two clients
 measured one after the other, so the ratio native / vllm is the geometric mean of the rounds' ratios with
 its 90 % interval from the t on their logarithms (`over_time.paired_equivalence`: the two one-sided tests
 at 5 %; a drift of the server's pace falls out of every round), or with fewer than 3 complete rounds the
-ratio of the clients' geometric means over their runs unpaired (`verdicts.equivalence`, Welch), `equivalent` only when the whole interval lies within the tolerance
+ratio of the clients' geometric means over their runs unpaired (`verdicts.equivalence`, Welch),
+`equivalent` only when the whole interval lies within the tolerance
 (throughputs 5 %, median TTFT and TPOT 10 % by default), `different` when it lies wholly outside, `not shown`
 otherwise, with the runs per client that would settle it at the spread seen. One slow run no longer decides:
 it widens the interval.
