@@ -19,7 +19,11 @@ Measured:
   by 30 % over the point (at least 90 % flagged among the points long enough to be judged: a point whose
   test could not see a 30 % drift is "not judged", counted apart).
 
-    .venv/bin/python benchmarks/bench_verdicts.py [--reps 400] [--quick]
+    .venv/bin/python benchmarks/bench_verdicts.py [--reps 400] [--quick] [--precision | --time]
+
+`--time` measures the verdicts with time in the model (benchmarks/verdicts_time.py): drift on one arm and
+on both, blocked against designed order, a step mid-campaign, instance effects, outlier runs, unequal spreads
+with few runs, families, the slo's "met" and the leader's interval after selection.
 
 Writes benchmarks/results/verdicts.md and verdicts.json (`--quick`: a few repetitions, for the test that
 checks it runs; nothing written unless --out is given).
@@ -39,6 +43,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from raysweep import aggregate, compare, conclusions
 from raysweep.bench import stats as bench_stats
@@ -340,6 +345,21 @@ def precision_main(reps: int, seed: int, dest: Path | None) -> int:
     return 0
 
 
+def time_main(reps: int, seed: int, dest: Path | None) -> int:
+    import verdicts_time
+
+    start = time.monotonic()
+    rows = verdicts_time.measure_time(reps, seed)
+    text = verdicts_time.time_markdown(rows, reps, time.monotonic() - start)
+    print(text)
+    if dest is not None:
+        from raysweep.files import write_json_atomic, write_text_atomic
+
+        write_text_atomic(dest / "verdicts_time.md", text)
+        write_json_atomic(dest / "verdicts_time.json", {"reps": reps, "seed": seed, "rows": rows})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=400)
@@ -350,7 +370,14 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: benchmarks/results, or nothing with --quick)")
     ap.add_argument("--precision", action="store_true", help="bench.precision's sequential stopping instead "
                     "(runs saved, coverage): writes precision.md and precision.json")
+    ap.add_argument("--time", action="store_true", help="verdicts with time in the model instead (drift, order, "
+                    "steps, instances, outliers, few runs, families, the slo, selection): writes verdicts_time.md "
+                    "and verdicts_time.json")
     args = ap.parse_args(argv)
+    if args.time:
+        return time_main(40 if args.quick else 5 * args.reps, args.seed,
+                         args.out if args.out is not None else (None if args.quick else ROOT / "benchmarks"
+                                                                / "results"))
     if args.precision:
         return precision_main(20 if args.quick else 5 * args.reps, args.seed,
                               args.out if args.out is not None else (None if args.quick else ROOT / "benchmarks"

@@ -10,7 +10,8 @@ baseline), the p-value of the test that decided (`M_test`: Welch's t over runs, 
 or a paired t where the two points' runs were measured side by side, `over_time.pairs`) and a verdict
 (higher is better for throughputs, lower for latencies): `better` or `worse` when the test rejects equal
 means, `not shown` when it does not (the runs cannot tell them apart: not a claim that they are equal) or
-a side has fewer than 3 runs, `not judged` when a side has fewer than 2. Every verdict of a comparison
+a side has fewer than 3 runs or, unpaired, a side's runs drift over their order (`drift`), `not judged`
+when a side has fewer than 2. Every verdict of a comparison
 (all matched points x metrics) is one family: its p-values are adjusted for the false discovery rate
 (Benjamini-Hochberg, `FAMILY`; `M_p_adjusted`), and `family_text` says how many were tested
 (benchmarks/bench_verdicts.py measures the false verdicts per comparison).
@@ -336,8 +337,13 @@ def _row(a: pd.Series, b: pd.Series, keys: list[str], metrics: list[str], slo: T
                       (False, True): "only this one meets", (False, False): "neither meets"}[(ma, mb)]
         judged = ma and mb
     paired = over_time.pairs(runs_a, runs_b) if runs_a is not None and runs_b is not None else None
+    drifts = [s for s, r in (("baseline", a), ("this campaign", b)) if r.get("drift") == "drifts"]
+    row["drift"] = " and ".join(drifts)
     for m in metrics:
         v = verdicts.compare_means(verdicts.row_stats(a, m), verdicts.row_stats(b, m), higher_is_better(m))
+        if drifts and v.decided:   # a level that drifts over the runs is no level to compare unpaired
+            v = verdicts.Verdict("not shown", v.runs_a, v.runs_b, v.ratio, v.p_value,
+                                 reason=f"the runs of {row['drift']} drift")
         if paired is not None and m in runs_a.columns and m in runs_b.columns:  # type: ignore[union-attr]
             what, ka, kb = paired
             pv = over_time.paired_verdict(ka, list(runs_a[m]), kb, list(runs_b[m]),  # type: ignore[index]

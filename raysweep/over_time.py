@@ -15,8 +15,9 @@ a point's runs are not independent draws of one level. What this module judges:
   statistics like a run failing a validity check.
 - `paired_verdict`: B against A where their runs pair (`pairs`, below): the runs of each key averaged
   per side, the log-ratios of the pairs tested by the one-sample t-test (a paired t-test on
-  the logarithms); a slow drift common to both arms falls out of every pair. Fewer than `MIN_RUNS` pairs:
-  `not shown`.
+  the logarithms); a slow drift common to both arms falls out of every pair, and a decided verdict whose
+  pairs' ratio itself drifts over the pairs' order (one arm drifting alone) is `not shown`. Fewer than
+  `MIN_RUNS` pairs: `not shown`.
 - `adjust`: p-values of a family of verdicts adjusted by Holm's step-down (`holm`, family-wise error) or
   Benjamini-Hochberg (`bh`, false discovery rate, which on identical campaigns is also the chance of any
   false verdict).
@@ -272,6 +273,10 @@ def paired_verdict(keys_a: Sequence[Any], values_a: Sequence[Any], keys_b: Seque
         p = float(stats.ttest_1samp(d, 0.0).pvalue)
     if not p < alpha:
         return Verdict("not shown", n, n, ratio, p, test=test)
+    drift = trend(list(np.exp(d)))   # the pairs in their order: one arm drifting alone does not cancel
+    if drift.drifts:
+        return Verdict("not shown", n, n, ratio, p, test=test,
+                       reason=f"the pairs' ratio drifts {drift.pct_per_run:+.1f} % a pair")
     return Verdict("better" if (ratio > 1.0) == higher_is_better else "worse", n, n, ratio, p, test=test)
 
 
