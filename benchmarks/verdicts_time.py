@@ -115,12 +115,12 @@ def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
             _count(reps, lambda a=a_blk, b=b_blk: unpaired(_runs(rng, a, drift=-0.01), _runs(rng, b, drift=-0.01))
                    != "not shown"))
         add(f"both arms drift -1 %/slot, AB BA in pairs, {n} runs", "false verdict (paired)", "<= 0.05",
-            _count(reps, lambda a=a_ab, b=b_ab: paired(_runs(rng, a, drift=-0.01), _runs(rng, b, drift=-0.01),
-                                                       keys, keys) != "not shown"))
+            _count(reps, lambda a=a_ab, b=b_ab, k=keys: paired(_runs(rng, a, drift=-0.01),
+                                                               _runs(rng, b, drift=-0.01), k, k) != "not shown"))
         add(f"both arms drift -1 %/slot, AB BA in pairs, {n} runs, B 5 % ahead", "power (paired)",
             ">= 0.80" if n == 10 else "",
-            _count(reps, lambda a=a_ab, b=b_ab: paired(_runs(rng, a, drift=-0.01),
-                                                       _runs(rng, b, level=1050.0, drift=-0.01), keys, keys)
+            _count(reps, lambda a=a_ab, b=b_ab, k=keys: paired(_runs(rng, a, drift=-0.01),
+                                                               _runs(rng, b, level=1050.0, drift=-0.01), k, k)
                    == "better"))
     # a 10 % step in the middle of the campaign
     n = 5
@@ -178,7 +178,7 @@ def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
         ps = []
         for _ in range(6):
             ea, eb = rng.standard_normal(5), rng.standard_normal(5)
-            for k in range(4):
+            for _metric in range(4):
                 own = 0.5 * rng.standard_normal((2, 5))
                 a = 1000.0 * (1 + 0.02 * (ea + own[0]))
                 b = 1000.0 * (1 + 0.02 * (eb + own[1]))
