@@ -186,7 +186,8 @@ def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
         if method is None:
             return any(p < verdicts.ALPHA for p in ps)
         return any(q < verdicts.ALPHA for q in over_time.adjust(ps, method).adjusted)
-    add("6 loads x 4 metrics, identical campaigns", "any false verdict, each test at 5 %", "", _count(reps, lambda: family(None)))
+    add("6 loads x 4 metrics, identical campaigns", "any false verdict, each test at 5 %", "",
+        _count(reps, lambda: family(None)))
     add("6 loads x 4 metrics, identical campaigns", "any false verdict (Benjamini-Hochberg)", "<= 0.05",
         _count(reps, lambda: family("bh")))
     rows += slo_rows(rng, max(50, reps // 8))
