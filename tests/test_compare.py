@@ -27,7 +27,7 @@ def rows(name: str, thr: float, ttft: float, configs: tuple[str, ...] = ("s8",),
         for c in CONCS:
             for r in range(3):
                 spread = 0.5 if c == noisy_at else jitter
-                f = 1.0 + spread * (r - 1)
+                f = 1.0 + spread * (0, -1, 1)[r]   # not a straight line over the runs: no drift
                 out.append(run_row(sid, c, r, thr * c * f, ttft * c * f, campaign=name))
     return out
 
