@@ -5,7 +5,7 @@ Each condition simulates campaigns with a known answer and counts how often the 
 often the interval holds the true value), through the functions the summary, `compare` and the conclusions
 call on every point: `over_time.trend` (drift), `over_time.outliers` (outlier runs, left out as the summary
 leaves them out), `verdicts.compare_values` (Welch, with the 3-run floor), `over_time.paired_verdict`
-(runs measured side by side), `over_time.adjust` (a comparison's family), `aggregate._two_level` (the
+(runs measured side by side), `over_time.adjust` (a comparison's family), `bootstrap.intervals` (the
 pooled percentile's interval) and `over_time.bound_verdict` (the slo). Run values are a level times
 (1 + spread x N(0, 1)); a drift multiplies the run at slot k by (1 + d k).
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from raysweep import aggregate, over_time, verdicts
+from raysweep import bootstrap, over_time, verdicts
 
 SPREAD = 0.02
 REFERENCE = ""   # a row without a target: what raysweep's verdict meets where the order gives no pairs
@@ -206,19 +206,19 @@ def _lognormal_runs(rng: np.random.Generator, p99: float, runs: int, requests: i
 
 def slo_rows(rng: np.random.Generator, reps: int) -> list[dict[str, Any]]:
     """A point whose true p99 TTFT is 5 % over a bound of 500 ms: how often it is called met by the pooled
-    percentile's interval (two-level bootstrap, `aggregate._two_level`) against the mean of per-run p99s
+    percentile's interval (two-level bootstrap, `bootstrap.intervals`) against the mean of per-run p99s
     (the rule before); 5 runs of 200 requests."""
+    def interval(parts: list[np.ndarray]) -> tuple[float, float]:
+        pooled = bootstrap.Pooled(values=parts, owners=[np.arange(p.size) for p in parts],
+                                  sizes=[p.size for p in parts], qs=[99.0], resamples=200)
+        return bootstrap.intervals([pooled], 0.95, seed=int(rng.integers(2**31)))[0][0]
+
     met_ci, met_mean, met_true = 0, 0, 0
     for _ in range(reps):
         parts = _lognormal_runs(rng, 525.0, 5, 200)
-        draws = aggregate._two_level(parts, [99.0], 200, rng, False)
-        lo, hi = np.percentile(draws[:, 0], [2.5, 97.5])
-        met_ci += over_time.bound_verdict(lo, hi, "<=", 500.0) == "met"
+        met_ci += over_time.bound_verdict(*interval(parts), "<=", 500.0) == "met"
         met_mean += float(np.mean([np.percentile(p, 99) for p in parts])) <= 500.0
-        ok = _lognormal_runs(rng, 450.0, 5, 200)
-        d2 = aggregate._two_level(ok, [99.0], 200, rng, False)
-        lo2, hi2 = np.percentile(d2[:, 0], [2.5, 97.5])
-        met_true += over_time.bound_verdict(lo2, hi2, "<=", 500.0) == "met"
+        met_true += over_time.bound_verdict(*interval(_lognormal_runs(rng, 450.0, 5, 200)), "<=", 500.0) == "met"
     return [{"condition": "true p99 TTFT 525 ms against <= 500 ms, 5 runs x 200 requests",
              "measure": "false met (pooled p99, 95 % interval inside the bound)", "target": "<= 0.05",
              **_rate(met_ci, reps)},
