@@ -10,7 +10,7 @@ mid-point), `client_kill` (SIGKILL to the client actor running a point's benchma
 under a running point removed, a fresh one added), `server_stop` (SIGSTOP to a server while a bench call
 against it still sleeps before its requests: the point fails at its timeout and the server is replaced; no
 other fault comes until it was, so that each stop is told apart and counted) and `disk_full` (every write
-of the driver fails with ENOSPC, through `raysweep.files.DISK_FULL_ENV`, from a random moment until the
+of the driver fails with ENOSPC, through `raysweep.record.files.DISK_FULL_ENV`, from a random moment until the
 driver has said so in the ledger, then space is "freed").
 
 It counts, from the ledger, the result files and the stand-in bench's own journal (each call logs its id at
@@ -49,8 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "standin"
 sys.path.insert(0, str(ROOT))
 
-from raysweep import files, procs  # noqa: E402
+from raysweep import procs  # noqa: E402
 from raysweep.ledger import LEDGER_FILE, Ledger  # noqa: E402
+from raysweep.record import files
 
 KINDS = ("driver_kill", "server_kill", "client_kill", "node_removed", "server_stop", "disk_full")
 POINT_TIMEOUT_S = 20.0

@@ -110,7 +110,7 @@ def capacity(model: Path, work: Path) -> str:
 
 def served(url: str) -> tuple[dict[str, float], int]:
     """The stand-in's token counters and how many requests its own record (`/timings`) holds."""
-    from raysweep.metrics import parse_metrics
+    from raysweep.serve.metrics import parse_metrics
 
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         counters = parse_metrics(r.read().decode())
@@ -255,7 +255,7 @@ def overhead(model: Path, work: Path) -> str:
     import yaml
 
     from raysweep.campaign import load_campaign
-    from raysweep.driver import ray_session, run_campaign
+    from raysweep.drive.driver import ray_session, run_campaign
 
     out = work / "camp"
     f = work / "c.yaml"
@@ -294,7 +294,7 @@ def main() -> None:
     ap.add_argument("part", choices=[*PARTS, "all"], default="all", nargs="?")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from raysweep.demo import make_tiny_model
+    from raysweep.serve.demo import make_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="rs-bnc") as tmp:
         work = Path(tmp)

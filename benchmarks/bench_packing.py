@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.campaign import NodeRule
-from raysweep.placement import (
+from raysweep.place.placement import (
     Busy,
     Demand,
     Layout,
@@ -59,7 +59,7 @@ from raysweep.placement import (
     layout_for,
     tail_starts,
 )
-from raysweep.plan import Shape
+from raysweep.plan.plan import Shape
 
 Policy = Callable[[list[Demand], dict[str, int]], list[tuple[Demand, list[str]]]]
 RULE = NodeRule()

@@ -1,7 +1,7 @@
 """Packing by the real driver on a real Ray cluster with simulated GPUs, with stand-in servers.
 
 `benchmarks/bench_packing.py` simulates the packing policy with modeled durations. This benchmark runs a
-campaign through the real `raysweep.driver.run_campaign` instead, on a local Ray cluster
+campaign through the real `raysweep.drive.driver.run_campaign` instead, on a local Ray cluster
 (`ray.cluster_utils.Cluster`): a head without GPUs and 4 nodes x 8 simulated GPUs. The servers are
 `tests/standin/server.py` and the benchmarks `tests/standin/bench.py`, so nothing computes, but every
 placement group, host actor, guard, server process, health check, cache reset, bench process and stop is
@@ -78,7 +78,7 @@ from helpers import standin_campaign
 
 from raysweep import procs
 from raysweep.ledger import Ledger, PointRow, ServerRow
-from raysweep.plan import Shape
+from raysweep.plan.plan import Shape
 
 NODES, GPUS_PER_NODE = 4, 8
 GPUS = NODES * GPUS_PER_NODE
@@ -129,7 +129,7 @@ def run(configs: list[Config], work: Path, points: int, prompts: int) -> dict[st
     from ray.cluster_utils import Cluster
 
     from raysweep.campaign import load_campaign
-    from raysweep.driver import run_campaign
+    from raysweep.drive.driver import run_campaign
 
     pid_file = work / "standin-pids"
     f = standin_campaign(work, name="packing-ray", server_args=f"--pid-file {pid_file}",

@@ -116,9 +116,9 @@ def sessions_check(model: Path, url: str, runs: int) -> tuple[int, str, list[dic
     """The multi-turn case: the native client's counts against the server's counters, run by run."""
     import ray
 
-    from raysweep import metrics
     from raysweep.bench.native import NativeBench
-    from raysweep.server import reset_caches
+    from raysweep.serve import metrics
+    from raysweep.serve.server import reset_caches
 
     ray.init(include_dashboard=False, log_to_driver=False)
     nb = NativeBench(cpus=0.5)
@@ -287,8 +287,8 @@ def main() -> int:
     if args.sittings <= 1:
         args.prompts = args.prompts or 100
     sys.path.insert(0, str(REPO))
-    from raysweep.demo import make_tiny_model
     from raysweep.procs import free_port
+    from raysweep.serve.demo import make_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="rs-parity-") as tmp:
         work = Path(tmp)

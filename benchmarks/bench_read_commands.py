@@ -127,9 +127,9 @@ def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
     """A finished stub campaign of shape `size` (a key of SIZES) in `out`; returns the campaign file."""
     size = str(size)
     from raysweep.campaign import load_campaign
-    from raysweep.driver import open_campaign
-    from raysweep.files import write_json_atomic
-    from raysweep.records import write_samples
+    from raysweep.drive.driver import open_campaign
+    from raysweep.record.files import write_json_atomic
+    from raysweep.results.records import write_samples
 
     lengths, concurrencies, runs = SIZES[size]
     out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +151,7 @@ def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
     finally:
         ledger.close()
     assert len(plan.points) == 2 * lengths * concurrencies * runs, len(plan.points)
-    from raysweep.results import write_results
+    from raysweep.results.table import write_results
 
     write_results(out)  # as `run` does at its end: results.* and summary.* (the aggregates, kept)
     return cfile

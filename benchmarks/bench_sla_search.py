@@ -48,8 +48,8 @@ from typing import Any
 
 from servers import ENV, start_server, stop_server  # benchmarks/servers.py
 
-from raysweep import sla
-from raysweep.sla import INFINITE, Verdict
+from raysweep.sla import search as sla
+from raysweep.sla.search import INFINITE, Verdict
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "results" / "sla_search.md"

@@ -1,6 +1,6 @@
 """Does tuning pay? A `tune:` campaign against the full grid, on a simulated 4 x 8 GPU cluster.
 
-No Ray and no servers. The real scheduler (`raysweep.scheduler.Scheduler`), the real tuning work
+No Ray and no servers. The real scheduler (`raysweep.place.scheduler.Scheduler`), the real tuning work
 (`raysweep.tune.TuneWork`, `TunedCluster`: Optuna ask-and-tell, successive halving, budget) and a real
 ledger run against `SimCluster`, a discrete-event cluster whose stand-in servers answer every bench point
 from a known response surface of the serve parameters, with noise:
@@ -46,12 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.campaign import campaign_from_dict
-from raysweep.driver import open_campaign
-from raysweep.placement import Layout, NodeInfo
-from raysweep.plan import ServeConfig
-from raysweep.scheduler import Scheduler
+from raysweep.drive.driver import open_campaign
+from raysweep.maths.pareto import hypervolume as tune_hypervolume
+from raysweep.place.placement import Layout, NodeInfo
+from raysweep.place.scheduler import Scheduler
+from raysweep.plan.plan import ServeConfig
 from raysweep.tune import TunedCluster, TuneWork
-from raysweep.tune import hypervolume as tune_hypervolume
 
 SPACE = {"tensor_parallel_size": [1, 2, 4, 8], "max_num_seqs": [64, 128, 256, 512],
          "max_num_batched_tokens": [2048, 4096, 8192, 16384], "async_scheduling": [False, True]}

@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from raysweep import aggregate, compare, conclusions
 from raysweep.bench import stats as bench_stats
+from raysweep.results import aggregate, compare, conclusions
 
 PHI = 0.9          # lag-1 correlation of neighbouring requests' log TTFT within a run
 REQUESTS = 200     # requests per run
@@ -267,7 +267,7 @@ def fixed_runs_for(cv: float, width: float, confidence: float = 0.95) -> int:
 
 def sequential_point(rng: np.random.Generator, cv: float, spec: Any) -> list[float]:
     """One simulated point under bench.precision: its runs' output throughput until `decide` stops it."""
-    from raysweep.precision import decide
+    from raysweep.maths.precision import decide
 
     values = [float(v) for v in rng.normal(THROUGHPUT, cv * THROUGHPUT, spec.min_runs)]
     while decide(values, len(values), spec).wants_more:
@@ -279,8 +279,8 @@ def measure_precision(reps: int, seed: int) -> dict[str, Any]:
     """Per stopping rule (stop at the first narrow interval, or at two successive ones as raysweep does) and
     noise level: mean runs, share that reached the width, coverage of the 95 % interval and of the interval
     the summary reports for the precision metric (`precision.reported_confidence`, raised for the looks)."""
-    from raysweep import precision
-    from raysweep.verdicts import mean_interval
+    from raysweep.maths import precision
+    from raysweep.maths.verdicts import mean_interval
 
     spec = precision.PrecisionSpec(metric="output_throughput", rel_half_width=0.03, min_runs=3, max_runs=12)
     fixed = fixed_runs_for(max(PRECISION_CVS), spec.rel_half_width)
@@ -338,7 +338,7 @@ def precision_main(reps: int, seed: int, dest: Path | None) -> int:
     text = precision_markdown(res, time.monotonic() - start)
     print(text)
     if dest is not None:
-        from raysweep.files import write_json_atomic, write_text_atomic
+        from raysweep.record.files import write_json_atomic, write_text_atomic
 
         write_text_atomic(dest / "precision.md", text)
         write_json_atomic(dest / "precision.json", res)
@@ -353,7 +353,7 @@ def time_main(reps: int, seed: int, dest: Path | None) -> int:
     text = verdicts_time.time_markdown(rows, reps, time.monotonic() - start)
     print(text)
     if dest is not None:
-        from raysweep.files import write_json_atomic, write_text_atomic
+        from raysweep.record.files import write_json_atomic, write_text_atomic
 
         write_text_atomic(dest / "verdicts_time.md", text)
         write_json_atomic(dest / "verdicts_time.json", {"reps": reps, "seed": seed, "rows": rows})
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     dest = args.out if args.out is not None else (None if args.quick else ROOT / "benchmarks" / "results")
     if dest is not None:
-        from raysweep.files import write_json_atomic, write_text_atomic
+        from raysweep.record.files import write_json_atomic, write_text_atomic
 
         write_text_atomic(dest / "verdicts.md", text)
         write_json_atomic(dest / "verdicts.json", res)

@@ -6,8 +6,8 @@ without prefix caching, which vLLM leaves out of its compilation hash, so it has
 `max_num_seqs` 16, which vLLM keys apart) on this machine with `serve.share_caches: true` and a campaign name
 never used before, so its shared compilation caches (~/.cache/raysweep/<name>) start empty: the first start
 is cold. Campaign 2, the same name in another output dir, starts the first configuration again. Each start's
-phases come from raysweep's own record of it (the ledger's servers rows, `raysweep.startup`), with its
-compilation label (cold, warm, recompiled, none: `raysweep.caches.compile_cache_state`; on the CPU build a start
+phases come from raysweep's own record of it (the ledger's servers rows, `raysweep.serve.startup`), with its
+compilation label (cold, warm, recompiled, none: `raysweep.serve.caches.compile_cache_state`; on the CPU build a start
 loads its compiled graph with raysweep's vLLM plugin, `raysweep.vllm_plugin`). For a later configuration also
 what the campaign waited for it: from the end of the previous configuration's last point to its server being
 ready (the previous server's stop, the placement and the start). Target (issue 28): the second configuration's

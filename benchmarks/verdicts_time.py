@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from raysweep import bootstrap, over_time, verdicts
+from raysweep.maths import bootstrap, over_time, verdicts
 
 SPREAD = 0.02
 REFERENCE = ""   # a row without a target: what raysweep's verdict meets where the order gives no pairs

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from raysweep.files import write_text_atomic  # whole or not at all: temp file, then os.replace
+from raysweep.record.files import write_text_atomic  # whole or not at all: temp file, then os.replace
 
 # AF_UNIX socket paths are limited to 107 bytes; Ray puts `session_<date>_<pid>/sockets/plasma_store` under
 # the temp dir, so the temp dir itself must stay short.

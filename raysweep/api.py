@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import raysweep.modes  # noqa: F401 - every mode registered (the report's sections)
+
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from raysweep.conclusions import Conclusions as _Conclusions
-    from raysweep.driver import RunSummary
+    from raysweep.drive.driver import RunSummary
+    from raysweep.results.conclusions import Conclusions as _Conclusions
 
 __all__ = ["Campaign", "Conclusions", "load", "run"]
 
@@ -35,7 +37,7 @@ class Conclusions:
     """What the report's first section says: per bench shape, the best configuration for the objective and
     whether its lead over the others is shown (`headlines`, one line each); `points` (one row per point with
     the objective's statistics), `fronts` (Pareto front per shape) and `sla` (capacities); `detail` is the
-    full `raysweep.conclusions.Conclusions`."""
+    full `raysweep.results.conclusions.Conclusions`."""
 
     headlines: list[str]
     objective: str
@@ -77,7 +79,7 @@ class Campaign:
     def results(self) -> pd.DataFrame:
         """One row per finished run: its parameters, every metric (vLLM's names), placement, validity and
         provenance (the columns of results.parquet)."""
-        from raysweep.importer import read_table
+        from raysweep.results.importer import read_table
 
         return read_table(self.output_dir).df
 
@@ -90,7 +92,7 @@ class Campaign:
     def aggregate(self, confidence: float = 0.95, threshold: float = 0.05,
                   noise_metrics: list[str] | None = None) -> pd.DataFrame:
         """The summary with other settings (`raysweep results --aggregate`)."""
-        from raysweep import aggregate
+        from raysweep.results import aggregate
 
         return aggregate.summary_table(self.output_dir, confidence, threshold, results=self.results,
                                        noise_metrics=noise_metrics)
@@ -105,8 +107,8 @@ class Campaign:
         """The conclusions for `objective` (`[max:|min:]METRIC[_per_gpu]`, as `report --objective`)."""
         if not self.is_raysweep:
             return None
-        from raysweep import conclusions
-        from raysweep.report import conclusions_of
+        from raysweep.report.page import conclusions_of
+        from raysweep.results import conclusions
 
         c = conclusions_of(self.output_dir, objective)
         if c is None:
@@ -117,7 +119,7 @@ class Campaign:
     def sla(self) -> pd.DataFrame:
         """One row per SLA search (server config x bench point x target): the largest load meeting the target;
         empty without `sla:`."""
-        from raysweep.importer import read_sla
+        from raysweep.results.importer import read_sla
 
         return read_sla(self.output_dir)[0]
 
@@ -133,7 +135,7 @@ class Campaign:
         """The curves `raysweep plot` draws (mean over runs, band for the spread), one figure per `fig_by`
         value: matplotlib Figures, or with `out` the paths of the files written there. `spec`: the other
         options of `raysweep plot` as keywords (row_by, col_by, curve_by, filter_by, bin_by, scale_x, ...)."""
-        from raysweep import plots
+        from raysweep.report import plots
 
         lists = ("row_by", "col_by", "curve_by", "fig_by", "filter_by", "bin_by")
         options: dict[str, Any] = {k: plots.split_list(v) if k in lists else v for k, v in spec.items()}
@@ -148,14 +150,14 @@ class Campaign:
 
     def pareto(self, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count") -> pd.DataFrame:
         """The Pareto front of output tokens/s per user against output tokens/s per GPU (`raysweep pareto`)."""
-        from raysweep import plots
+        from raysweep.report import plots
 
         return plots.pareto(self.results, user_count_var, gpu_count_var, ()).front
 
     def compare(self, baseline: str | Path | Campaign, metrics: list[str] | None = None) -> pd.DataFrame:
         """This campaign against `baseline`: points matched by parameters, per metric both values, the ratio
         and the verdict (`raysweep compare BASELINE THIS`)."""
-        from raysweep import compare
+        from raysweep.results import compare
 
         base = baseline.output_dir if isinstance(baseline, Campaign) else baseline
         a, b = compare.distinct_names([compare.load_side(base), compare.load_side(self.output_dir)])
@@ -163,7 +165,7 @@ class Campaign:
 
     def report(self, out: str | Path, objective: str | None = None) -> Path:
         """Write the HTML report to `out` (never into the campaign's directory unless `out` says so)."""
-        from raysweep.report import write_report
+        from raysweep.report.page import write_report
 
         return write_report(self.output_dir, out, objective)
 
@@ -174,8 +176,8 @@ def load(dir_or_uri: str | Path) -> Campaign:
 
     :raises UserError: nothing readable is there.
     """
-    from raysweep import storage
     from raysweep.errors import UserError
+    from raysweep.record import storage
 
     path = storage.resolve_output(str(dir_or_uri))
     if not path.is_dir():
@@ -187,8 +189,8 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
         force: bool = False, retry_failed: bool = False, accept_changes: bool = False) -> Campaign:
     """Run a campaign (a YAML file, or its content as a dict) as `raysweep run` does, on an embedded Ray or
     the cluster at `address`, and return it loaded. The results table is written at the end; the run's
-    counts are in `.last_run` (a `raysweep.driver.RunSummary`). `accept_changes`: go on although what the
-    finished points were measured with changed (`raysweep.drift`).
+    counts are in `.last_run` (a `raysweep.drive.driver.RunSummary`). `accept_changes`: go on although what the
+    finished points were measured with changed (`raysweep.record.drift`).
 
     :raises CampaignError: (a `UserError`) the campaign is invalid, naming the field (`.field`): the file or
         dict, its data files, a `serve.url` endpoint that does not answer as an OpenAI server, a `tracking`
@@ -196,10 +198,10 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     :raises UserError: the output dir's ledger refuses the campaign (changed without `force`, another driver
         alive, changed measuring settings without `accept_changes`). Nothing is started.
 
-    The checks before the start are `raysweep run`'s own (`raysweep.run_checks`).
+    The checks before the start are `raysweep run`'s own (`raysweep.drive.checks`).
     """
     from raysweep.campaign import campaign_from_dict, load_campaign
-    from raysweep.run_checks import check_before_run, finished
+    from raysweep.drive.checks import check_before_run, finished
 
     if isinstance(campaign, dict):
         spec = campaign_from_dict(campaign, base_dir=Path.cwd())
@@ -212,9 +214,9 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
         done = Campaign(out)
         done.last_run = _summary(out, *ended)  # type: ignore[attr-defined]
         return done
-    from raysweep.driver import driver_cpus, ray_session, run_campaign
+    from raysweep.drive.driver import driver_cpus, ray_session, run_campaign
     from raysweep.errors import LedgerError
-    from raysweep.results import write_results
+    from raysweep.results.table import write_results
 
     check_before_run(spec, out, force=force, accept_changes=accept_changes)
     summary: RunSummary | None = None

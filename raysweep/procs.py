@@ -1,22 +1,26 @@
-"""Processes we start: free ports, killing a whole process tree, log tails, and liveness by pid + start time.
+"""Processes we start: free ports, killing a whole process tree, log tails, liveness by pid + start time, and the
+CPU sets they are pinned to (`cpu_set`, `cpu_text`).
 
 Nothing here kills by name: only process ids that we started (and their descendants) are signalled.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-__all__ = ["child_env", "free_port", "hold_port", "is_alive", "kill_tree", "port_is_free", "resolve_executable", "tail"]
+__all__ = ["child_env", "cpu_set", "cpu_text", "free_port", "hold_port", "is_alive", "kill_tree", "port_is_free",
+           "resolve_executable", "tail"]
 
 
 RAY_WORKER_ONLY_ENV = ("OMP_NUM_THREADS",)
@@ -181,3 +185,44 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, interval_s: float =
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+def cpu_set(value: Any) -> set[int] | None:
+    """CPU ids from an affinity as recorded: a list of ints, or text like "0-3,6" (None when unknown)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {value}
+    if isinstance(value, (list, tuple, set)):
+        out: set[int] = set()
+        for v in value:
+            got = cpu_set(v)
+            if got is None:
+                return None
+            out |= got
+        return out
+    text = str(value).strip().strip("[]{}")
+    if not text:
+        return None
+    out = set()
+    for part in re.split(r"[,;|\s]+", text):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return None
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def cpu_text(cpus: Iterable[int]) -> str:
+    """CPU ids as compact ranges: {0, 1, 2, 5} -> "0-2,5"."""
+    ids = sorted(set(cpus))
+    parts, i = [], 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts)

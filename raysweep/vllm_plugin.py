@@ -13,7 +13,7 @@ that function whole by then (its Inductor kernels included), so there is nothing
 gives the class a `finalize_loading` that does nothing, and vLLM then logs `Directly load AOT compilation`.
 
 vLLM calls `register` in each of its processes (entry point `vllm.general_plugins` in pyproject.toml). It acts
-only on servers that raysweep started with shared caches (`RAYSWEEP_AOT_LOAD=1`, `raysweep.caches.node_dirs`)
+only on servers that raysweep started with shared caches (`RAYSWEEP_AOT_LOAD=1`, `raysweep.serve.caches.node_dirs`)
 and only when the class lacks the method (a torch or vLLM that has it, or a GPU start, whose functions are
 vLLM's own, is left as it is). It imports nothing that vLLM has not imported already.
 """

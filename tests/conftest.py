@@ -143,7 +143,7 @@ def tiny_model(tmp_path_factory):
         if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
             pytest.fail("the vLLM CPU build is required here (RAYSWEEP_REQUIRE_VLLM is set); run scripts/setup-venv.sh")
         pytest.skip("the vLLM CPU build is not installed")
-    from raysweep.demo import make_tiny_model
+    from raysweep.serve.demo import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 

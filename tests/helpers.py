@@ -39,7 +39,7 @@ def standin_campaign(path: Path, *, name: str = "t", server_args: str = "", benc
 def run_file(campaign_file: Path, **kw: Any) -> tuple[Any, Path]:
     """Run a campaign file on the connected Ray cluster; returns the run summary and the output dir."""
     from raysweep.campaign import load_campaign
-    from raysweep.driver import run_campaign
+    from raysweep.drive.driver import run_campaign
 
     spec = load_campaign(campaign_file)
     out = Path(spec.campaign.output_dir or "")

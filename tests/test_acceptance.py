@@ -14,11 +14,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from raysweep import acceptance, transport
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
 from raysweep.ledger import LEDGER_FILE, Ledger, ServerRow
-from raysweep.placement import NodeInfo
+from raysweep.place import transport
+from raysweep.place.placement import NodeInfo
+from raysweep.results import acceptance
 
 CONFIG = Path(__file__).parent.parent / "configs" / "gpu-acceptance.yaml"
 
@@ -160,7 +161,7 @@ def test_acceptance_run_on_the_simulated_cluster_passes_its_checklist(gpu_cluste
     InfiniBand lines; the gloo probe across its two bundles; a fake NVML. Every item is seen and passes."""
     from helpers import PY, STANDIN
 
-    from raysweep import telemetry
+    from raysweep.serve import telemetry
 
     nvml = tmp_path / "nvml.json"
     nvml.write_text(json.dumps({"gpus": [{"util": 60, "mem_used_mib": 1000, "power_w": 300, "sm_mhz": 1900,

@@ -15,11 +15,12 @@ import yaml
 from click.testing import CliRunner
 from helpers import standin_campaign
 
-from raysweep import procs, validity
+from raysweep import procs
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
+from raysweep.drive import validity
 from raysweep.errors import CampaignError
-from raysweep.plan import build_plan, dry_run_text
+from raysweep.plan.plan import build_plan, dry_run_text
 
 
 def _campaign(tmp_path: Path, serve: object, bench: object) -> Path:
@@ -66,7 +67,7 @@ def _guarded(cpus: str | None) -> str:
     state.mkdir(exist_ok=True)
     child = ("import os, time; time.sleep(0.2); print('cpus', sorted(os.sched_getaffinity(0)), "
              "os.environ.get('RAYSWEEP_CPU_AFFINITY'), flush=True)")
-    out = subprocess.run([sys.executable, "-m", "raysweep.guard", str(me.pid), repr(me.create_time()), str(state),
+    out = subprocess.run([sys.executable, "-m", "raysweep.serve.guard", str(me.pid), repr(me.create_time()), str(state),
                           "--", sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=60)
     return out.stdout
 
@@ -94,7 +95,7 @@ def test_disjoint_pinned_processes_pass_the_shared_cpus_check():
 
 
 def test_the_driver_runs_beside_the_clients_only_when_the_server_has_cpus_of_its_own(tmp_path):
-    from raysweep.driver import driver_cpus
+    from raysweep.drive.driver import driver_cpus
 
     for i, (serve, bench, driver) in enumerate([([0], "1", {1}), ("0-1", [2, 3], {2, 3}), (None, [1], None),
                                                 ([0], None, None)]):
@@ -109,7 +110,7 @@ def _child_cpus() -> str:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell a pinned process apart")
 def test_the_pinned_driver_starts_its_processes_there_and_gets_its_cpus_back():
-    from raysweep.driver import _pinned
+    from raysweep.drive.driver import _pinned
 
     before, last = os.sched_getaffinity(0), max(os.sched_getaffinity(0))
     with _pinned({last}):
@@ -125,7 +126,7 @@ def test_an_embedded_ray_runs_on_the_driver_cpus():
     """`raysweep run` with disjoint server and client CPUs and no --address: the embedded Ray's own processes
     (GCS, raylet, workers) run on the clients' CPUs, not on the server's, and the driver gets its CPUs back."""
     last = max(os.sched_getaffinity(0))
-    code = ("import os, psutil, ray\nfrom raysweep.driver import ray_session\n"
+    code = ("import os, psutil, ray\nfrom raysweep.drive.driver import ray_session\n"
             f"with ray_session(None, {{{last}}}):\n"
             "    ray.get(ray.remote(lambda: 1).remote())\n"
             "    for p in psutil.Process().children(recursive=True):\n"

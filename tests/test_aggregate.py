@@ -1,4 +1,4 @@
-"""Unit tests for raysweep.aggregate (aggregates per point) and `raysweep results --aggregate`.
+"""Unit tests for raysweep.results.aggregate (aggregates per point) and `raysweep results --aggregate`.
 
 Result tables and output dirs are made here (through the ledger API); raw samples are built by hand in the
 form the native backend writes them. No Ray, no vLLM.
@@ -16,14 +16,14 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from raysweep import aggregate
 from raysweep.bench import stats
 from raysweep.bench.options import parse_load_options
 from raysweep.cli import main
 from raysweep.errors import UserError
-from raysweep.files import write_json_atomic
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.results import write_results
+from raysweep.record.files import write_json_atomic
+from raysweep.results import aggregate
+from raysweep.results.table import write_results
 
 T2_975 = 4.302652729911275  # Student t, 2 degrees of freedom, 97.5 %
 
@@ -248,7 +248,7 @@ def test_a_vllm_sweep_dir_is_summarized_by_its_swept_parameters(tmp_path):
 def test_weighted_percentiles_equal_numpys_on_the_repeated_values():
     """The bootstrap reads percentiles of values repeated by their request's draw count without building
     the repeats: the same values as np.percentile (linear) on them, and NaN for an empty resample."""
-    from raysweep.bootstrap import weighted_percentiles
+    from raysweep.maths.bootstrap import weighted_percentiles
 
     rng = np.random.default_rng(7)
     values = np.sort(rng.random(40) * 20)

@@ -43,7 +43,7 @@ def test_the_api_page_runs_as_a_notebook(stub, capsys):
 
 
 def test_load_gives_the_tables_of_the_cli(stub):
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     c = raysweep.load(stub)
     assert c.name == "stub" and len(c.results) == 36 and len(c.summary) == 18

@@ -75,7 +75,7 @@ def test_the_command_backends_client_is_said_to_be_not_judged():
     """vllm bench serve's JSON has no send times: the client-bottleneck check is not judged, and says so,
     and the validity record counts it among the checks with nothing to judge."""
     from raysweep.bench.command import NOT_JUDGED, client_judgement
-    from raysweep.validity import unknown_checks, validity_fields
+    from raysweep.drive.validity import unknown_checks, validity_fields
 
     record = {"completed": 10, "failed": 0, "server_nice": 0, "client_nice": 0, "steady_state": True}
     record.update(client_judgement(record))

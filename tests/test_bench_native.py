@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raysweep import metrics
 from raysweep.bench import arrivals, stats
 from raysweep.bench.datasets import make_requests, payload, vocab_size
 from raysweep.bench.options import LoadOptions, parse_load_options
 from raysweep.errors import CampaignError
+from raysweep.serve import metrics
 
 
 def opts(*flags: str) -> LoadOptions:

@@ -1,4 +1,4 @@
-"""The two-level bootstrap of pooled percentiles (`raysweep.bootstrap`) against the implementation it
+"""The two-level bootstrap of pooled percentiles (`raysweep.maths.bootstrap`) against the implementation it
 replaced, which drew one resample at a time in Python (kept below as the reference, unchanged but for its
 names).
 
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from raysweep import aggregate, bootstrap
+from raysweep.maths import bootstrap
+from raysweep.results import aggregate
 
 _MAX_BOOTSTRAP_VALUES = 5_000_000
 _MIN_RESAMPLES = 100
@@ -268,7 +269,7 @@ def test_the_gaps_read_from_a_samples_file_are_those_of_each_request(tmp_path):
     numbers: per successful request, np.diff of its chunks in ms, a request of one chunk or none drawing none."""
     from test_aggregate import samples
 
-    from raysweep.records import write_samples
+    from raysweep.results.records import write_samples
 
     s = samples(4)
     s["chunks"][3], s["chunks"][5] = s["chunks"][3][:1], []

@@ -308,7 +308,7 @@ def test_resolving_a_masked_secret_names_the_field(tmp_path):
 
 
 def test_stored_form_round_trip_keeps_boolean_env(tmp_path):
-    from raysweep.plan import fingerprint
+    from raysweep.plan.plan import fingerprint
 
     d = modified(_set("serve.env", {"VLLM_USE_V1": True, "N": 1}))
     spec = load_campaign(write_campaign(tmp_path, d))

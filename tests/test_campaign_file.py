@@ -11,8 +11,8 @@ from pathlib import Path
 from click.testing import CliRunner
 from helpers import standin_campaign
 
+from raysweep.campaign.schema import SCHEMA_FILE, campaign_schema
 from raysweep.cli import main
-from raysweep.schema import SCHEMA_FILE, campaign_schema
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

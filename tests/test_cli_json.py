@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 from test_plots import build_output_dir
 
-from raysweep import report
 from raysweep.cli import main
 from raysweep.cli.jsonout import JSON_COMMANDS, jsonable, schema
+from raysweep.report import page as report
 
 ROOT = Path(__file__).parent.parent
 
@@ -135,7 +135,7 @@ def test_report_imports_only_what_its_sections_show(tmp_path):
     code = ("import sys; from raysweep.cli import main\n"
             "try:\n    main(['report', sys.argv[1], '--out', sys.argv[2], '--json'])\n"
             "except SystemExit as e:\n    assert e.code in (0, None), e\n"
-            "heavy = [m for m in ('ray', 'optuna', 'raysweep.recovery', 'raysweep.workload_levels')\n"
+            "heavy = [m for m in ('ray', 'optuna', 'raysweep.drive.recovery', 'raysweep.levels.search')\n"
             "         if m in sys.modules]\n"
             "assert not heavy, heavy")
     page = tmp_path / "report.html"
@@ -217,7 +217,7 @@ def test_kept_aggregates_are_used_only_while_fresh(tmp_path):
     import time
 
     from raysweep.ledger import Ledger
-    from raysweep.results import kept_summary, write_results
+    from raysweep.results.table import kept_summary, write_results
 
     out = build_output_dir(tmp_path / "out")
     assert kept_summary(out) is None                       # none written yet

@@ -1,4 +1,4 @@
-"""Unit tests for raysweep.compare and `raysweep compare`: campaigns built here (output dirs through the
+"""Unit tests for raysweep.results.compare and `raysweep compare`: campaigns built here (output dirs through the
 ledger API, or summary/results files), compared point by point. No Ray, no vLLM."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from test_aggregate import build_dir, run_row
 
-from raysweep import aggregate, compare
 from raysweep.cli import main
 from raysweep.errors import UserError
+from raysweep.results import aggregate, compare
 
 CONCS = (1, 2, 4)
 
@@ -138,7 +138,7 @@ def test_cli_refuses_one_side(dirs):
 
 
 def test_the_report_of_a_compared_dir_has_the_comparison(dirs):
-    from raysweep.report import build_report
+    from raysweep.report.page import build_report
 
     a, b = dirs
     compare.record_baseline(b, a)

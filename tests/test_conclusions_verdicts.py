@@ -1,4 +1,4 @@
-"""The conclusions' verdicts (raysweep.conclusions and the report's cards): the leader tested against every
+"""The conclusions' verdicts (raysweep.results.conclusions and the report's cards): the leader tested against every
 config with Holm, runs left out and counted, failed requests ranking a latency objective last, the slo
 ranking only the points that meet it, the knee beside the raw maximum. Synthetic run tables; no Ray."""
 
@@ -13,9 +13,10 @@ import pytest
 from test_plots import build_output_dir
 from test_report import no_figures, section  # noqa: F401 (fixture)
 
-from raysweep import conclusions, report
-from raysweep.files import write_json_atomic
-from raysweep.sla import parse_slo
+from raysweep.record.files import write_json_atomic
+from raysweep.report import page as report
+from raysweep.results import conclusions
+from raysweep.sla.search import parse_slo
 
 SHAPE = ["random_input_len", "max_concurrency"]
 
@@ -153,8 +154,8 @@ def test_the_card_says_how_many_runs_back_the_leader_its_latencies_and_groups_wa
 
 
 def test_a_flagged_run_is_marked_in_the_figures_with_its_checks_name(tmp_path):
-    from raysweep import plots
-    from raysweep.results import results_table
+    from raysweep.report import plots
+    from raysweep.results.table import results_table
 
     out = build_output_dir(tmp_path / "out")
     path = sorted((out / "points").rglob("run=*.json"))[0]

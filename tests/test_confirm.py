@@ -1,4 +1,4 @@
-"""The winner confirmed (raysweep.confirm): its settings and bad input, the verdict from fresh runs, and on the
+"""The winner confirmed (raysweep.drive.confirm): its settings and bad input, the verdict from fresh runs, and on the
 stand-in servers a campaign that re-measures its leader and runner-up in AB BA order after the sweep, records
 the pairs in the ledger, takes its headline from them and resumes without running anything twice."""
 
@@ -15,12 +15,12 @@ from helpers import standin_campaign
 
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
-from raysweep.confirm import ConfirmSpec, confirm_bench_id, dry_run_lines, wanted
-from raysweep.confirmation import confirmed_verdict
+from raysweep.drive.confirm import ConfirmSpec, confirm_bench_id, dry_run_lines, wanted
 from raysweep.errors import CampaignError
-from raysweep.estimate import estimate
 from raysweep.ledger import Ledger
-from raysweep.plan import build_plan
+from raysweep.maths.confirmation import confirmed_verdict
+from raysweep.plan.estimate import estimate
+from raysweep.plan.plan import build_plan
 
 
 def _campaign(tmp_path: Path, confirm=None, **fields) -> Path:
@@ -94,7 +94,7 @@ def test_the_verdict_comes_from_the_fresh_runs_and_needs_three_a_side():
 
 
 def test_the_conclusions_leave_the_confirmation_out_of_the_ranking_and_take_the_verdict_from_it():
-    from raysweep.conclusions import conclude, headlines
+    from raysweep.results.conclusions import conclude, headlines
 
     rows = []
     for serve, label, base in (("A", "max_num_seqs=8", 110.0), ("B", "max_num_seqs=4", 100.0)):
@@ -125,7 +125,7 @@ def test_a_campaign_confirms_its_winner_in_ab_ba_order_and_resumes_without_runni
     from helpers import run_file
 
     from raysweep import api
-    from raysweep.report_data import answer_of, read_data
+    from raysweep.report.data import answer_of, read_data
 
     f = _campaign(tmp_path, {"enabled": True, "starts": 2, "runs": 2}, runs=3, placement={"max_servers": 1})
     summary, out = run_file(f)

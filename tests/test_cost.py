@@ -9,9 +9,9 @@ import json
 import pytest
 from test_campaign import dry_run, modified, write_campaign
 
-from raysweep import cost
 from raysweep.campaign import CostSpec
 from raysweep.ledger import Ledger
+from raysweep.plan import cost
 
 RUN = {"gpu_count": 2, "num_nodes": 1, "provenance_gpu": "8 x NVIDIA H100 80GB HBM3",
        "output_throughput": 1000.0, "total_token_throughput": 4000.0}

@@ -15,11 +15,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from raysweep import crosscheck as xc
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
+from raysweep.drive import crosscheck as xc
 from raysweep.errors import UserError
-from raysweep.plan import build_plan
+from raysweep.plan.plan import build_plan
 
 
 def run(tool: str, rnd: int, bench: str = "b1", ok: bool = True, **metrics: float) -> dict:
@@ -176,7 +176,7 @@ def test_select_by_index_and_id(campaign):
 
 
 def test_vllm_runs_the_campaigns_command_without_native_only_options():
-    from raysweep.plan import BenchPoint, PointRun
+    from raysweep.plan.plan import BenchPoint, PointRun
 
     point = PointRun("p", None, BenchPoint("b", {}, ["--dataset-name", "random", "--clients", "2", "--vocab-size",
                                                      "100", "--prompt-format", "text", "--num-prompts", "5"], ""), 0)
@@ -197,7 +197,7 @@ def test_vllm_runs_the_campaigns_command_without_native_only_options():
       "--trace-speedup", "2"], ["--timed-trace-sec-multiplier", "0.005", "--timed-trace-chunk-hash-size", "64"]),
 ])
 def test_vllm_gets_the_trace_format_and_speedup_as_its_own_timed_trace_units(given, expected):
-    from raysweep.plan import BenchPoint, PointRun
+    from raysweep.plan.plan import BenchPoint, PointRun
 
     head = ["vllm", "bench", "serve", "--dataset-name", "timed_trace", "--dataset-path", "t.jsonl"]
     point = PointRun("p", None, BenchPoint("b", {}, [*head, *given, "--num-prompts", "5"], ""), 0)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from raysweep import conclusions
 from raysweep.campaign import load_campaign
-from raysweep.plan import build_plan
+from raysweep.plan.plan import build_plan
+from raysweep.results import conclusions
 
 REPO = Path(__file__).resolve().parent.parent
 PAIR = re.compile(r"\b([a-z_]+)=([0-9][\w.]*)")

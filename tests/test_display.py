@@ -104,9 +104,9 @@ def test_log_records_an_event_already_tells_are_dropped():
     def record(name: str, msg: str) -> logging.LogRecord:
         return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, ("cfg1", "why"), None)
 
-    assert display.told_by_event(record("raysweep.scheduler", "server config %s: %s; tearing its server down"))
-    assert display.told_by_event(record("raysweep.workload", "server config %s: %s"))
-    assert not display.told_by_event(record("raysweep.driver", "warmup against server %s failed: %s"))
+    assert display.told_by_event(record("raysweep.place.scheduler", "server config %s: %s; tearing its server down"))
+    assert display.told_by_event(record("raysweep.drive.state", "server config %s: %s"))
+    assert not display.told_by_event(record("raysweep.drive.driver", "warmup against server %s failed: %s"))
     assert not display.told_by_event(record("other", "server config %s: %s"))
 
 
@@ -125,8 +125,8 @@ def test_ray_notices_go_to_the_log_file_not_the_terminal(tmp_path):
             assert all(h.level >= logging.ERROR for h in terminal)
             logging.getLogger("ray._private.worker").info("Started a local Ray instance.")
             logging.getLogger("ray.auth").warning("Token authentication is enabled for this Ray cluster.")
-            logging.getLogger("raysweep.workload").error("server config %s: %s", "cfg1", "gave up")
-            logging.getLogger("raysweep.driver").warning("servers run at niceness %s", 5)
+            logging.getLogger("raysweep.drive.state").error("server config %s: %s", "cfg1", "gave up")
+            logging.getLogger("raysweep.drive.driver").warning("servers run at niceness %s", 5)
         assert [h.level for h in terminal] == before
         text = log_file.read_text()
         assert "Started a local Ray instance." in text and "Token authentication" in text

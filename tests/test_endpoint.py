@@ -90,7 +90,7 @@ def test_serve_params_and_neither_cmd_nor_url_are_refused(tmp_path):
 
 def test_plan_has_one_server_config_per_endpoint(tmp_path):
     from raysweep.campaign import load_campaign
-    from raysweep.plan import build_plan
+    from raysweep.plan.plan import build_plan
 
     f = endpoint_campaign(tmp_path, ["http://127.0.0.1:1/v1", {"url": "http://127.0.0.1:2", "reset_url": "http://x/r"}])
     plan = build_plan(load_campaign(f))
@@ -170,7 +170,7 @@ def _standin(port: int, *args: str) -> subprocess.Popen[bytes]:
 @pytest.mark.ray
 def test_endpoint_that_goes_away_fails_its_point_and_resume_finishes(gpu_cluster, tmp_path):
     from raysweep.ledger import Ledger
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -240,7 +240,7 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert res.exit_code == 0, res.output
     written = yaml.safe_load((out / "campaign.yaml").read_text())
     assert written["serve"] == {"url": {"url": url, "reset_url": f"{url}/reset_prefix_cache"}}
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     df = results_table(out)
     assert len(df) == 2 and sorted(df["max_concurrency"]) == [1, 4]
@@ -265,7 +265,7 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert url in (tmp_path / "report.html").read_text()
     # the report into the campaign dir keeps its figures; written again on the same runs it draws none, and
     # shows what a report drawing every figure afresh shows
-    from raysweep.report import build_report
+    from raysweep.report.page import build_report
 
     assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
     kept = {p.name: p.stat().st_mtime_ns for p in (out / ".figures").glob("*.json")}
@@ -283,7 +283,7 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
 def test_sla_search_runs_against_an_endpoint(gpu_cluster, tmp_path):
     """A streaming stand-in with 4 generation slots, started here and given by URL: the search finds where its
     TTFT target breaks, as it does against a server raysweep starts (tests/test_native.py)."""
-    from raysweep.results import sla_table
+    from raysweep.results.table import sla_table
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from raysweep import energy, rapl, telemetry
+from raysweep.maths import energy
+from raysweep.serve import rapl, telemetry
 
 TICK = 0.1          # the fake counter updates every 100 ms
 STEP = 1003.0       # the load step: 100 W idle before, 400 W after
@@ -201,7 +202,7 @@ def test_each_server_gets_its_own_gpus_energy_over_its_points_steady_window(gpu_
 
     from helpers import native_campaign, run_file
 
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     now = time.time()
     gpus = [{"util": 50, "mem_used_mib": 1, "sm_mhz": 1, "reasons": 0, "power_w": 100.0 * (i + 1),
@@ -257,7 +258,7 @@ def test_a_dcgm_exporters_page_gives_the_energy_of_the_servers_own_gpus(no_nvml)
     import http.server
     import threading
 
-    from raysweep import power_sources
+    from raysweep.serve import power_sources
 
     state = {"t": 0.0}
 
@@ -330,7 +331,7 @@ def test_amd_smi_gives_the_servers_gpus_energy_counter_and_power(no_nvml):
 
 
 def test_a_command_points_energy_is_measured_over_its_load_not_from_the_points_start():
-    from raysweep import point_energy
+    from raysweep.drive import point_energy
 
     steady = {"start_time": 100.0, "steady_state_window_start_s": 2.0, "steady_state_window_end_s": 9.0}
     assert point_energy.load_window(steady, 90.0, 120.0) == (102.0, 109.0, "steady")

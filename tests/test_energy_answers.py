@@ -12,8 +12,9 @@ import pytest
 from test_conclusions_verdicts import SHAPE, runs
 from test_report import no_figures  # noqa: F401 (fixture)
 
-from raysweep import aggregate, conclusions, energy_report
-from raysweep.sla import parse_slo
+from raysweep.report import energy as energy_report
+from raysweep.results import aggregate, conclusions
+from raysweep.sla.search import parse_slo
 
 
 def _priced(df: pd.DataFrame, usd_per_hour: dict[str, float], joules: dict[str, float]) -> pd.DataFrame:
@@ -105,10 +106,10 @@ def test_the_reports_energy_section_says_why_it_is_empty_then_shows_the_points(t
     from test_plots import build_output_dir
     from test_report import section
 
-    from raysweep import report
     from raysweep.cli import main
-    from raysweep.files import write_json_atomic
     from raysweep.ledger import Ledger
+    from raysweep.record.files import write_json_atomic
+    from raysweep.report import page as report
 
     out = build_output_dir(tmp_path / "out")
     html = section(report.write_report(out).read_text(), "energy")
@@ -135,7 +136,7 @@ def test_the_reports_energy_section_says_why_it_is_empty_then_shows_the_points(t
 
 
 def test_compare_judges_energy_and_cost_per_token_lower_is_better():
-    from raysweep.compare import DEFAULT_METRICS, higher_is_better
+    from raysweep.results.compare import DEFAULT_METRICS, higher_is_better
 
     assert not higher_is_better("j_per_output_token") and not higher_is_better("cost_per_m_output_tokens")
     assert not higher_is_better("net_j_per_total_token") and higher_is_better("output_tokens_per_j")
@@ -146,9 +147,9 @@ def test_raysweep_pareto_draws_the_front_of_energy_per_token_against_tokens_per_
     from click.testing import CliRunner
     from test_plots import build_output_dir
 
-    from raysweep import plots
     from raysweep.cli import main
-    from raysweep.results import results_table
+    from raysweep.report import plots
+    from raysweep.results.table import results_table
 
     out = build_output_dir(tmp_path / "out")
     df = results_table(out)

@@ -1,4 +1,4 @@
-"""raysweep.estimate (pure) and the estimate of `raysweep run --dry-run`."""
+"""raysweep.plan.estimate (pure) and the estimate of `raysweep run --dry-run`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from helpers import standin_campaign
 
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
-from raysweep.estimate import DEFAULTS, Measured, estimate, eta_s, format_duration, guess_point_s, measured_from
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.plan import build_plan
+from raysweep.plan.estimate import DEFAULTS, Measured, estimate, eta_s, format_duration, guess_point_s, measured_from
+from raysweep.plan.plan import build_plan
 
 REQ_S = DEFAULTS.ttft_s + 31 * DEFAULTS.itl_s  # one request of 32 output tokens
 

@@ -1,4 +1,4 @@
-"""Unit tests for raysweep.export and `raysweep export`: MLflow against a local file store, Weights & Biases
+"""Unit tests for raysweep.report.export and `raysweep export`: MLflow against a local file store, Weights & Biases
 through a small stand-in module put in sys.modules (its library is an optional extra). No Ray, no vLLM."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from test_aggregate import build_dir, run_row
 
-from raysweep import export
 from raysweep.cli import main
 from raysweep.errors import UserError
+from raysweep.report import export
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_mlflow_export_to_a_local_file_store(outdir, tmp_path, monkeypatch):
     p2 = by_conc["2"]
     assert p2.data.params["max_num_seqs"] == "8" and p2.data.params["serve_id"] == "s8"
     assert p2.data.metrics["output_throughput_mean"] == pytest.approx(202.0)
-    # the flagged (client-limited) run is left out of the aggregates (raysweep.aggregate)
+    # the flagged (client-limited) run is left out of the aggregates (raysweep.results.aggregate)
     assert p2.data.metrics["runs"] == 2 and "output_throughput_ci_high" in p2.data.metrics
     assert p2.data.tags["raysweep.validity_ok"] == "False"
     assert p2.data.tags["raysweep.validity_issues"] == "client-limited"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from raysweep.fabric import bus_bandwidth, gate
+from raysweep.place.fabric import bus_bandwidth, gate
 
 
 def test_bus_bandwidth_is_nccl_tests_arithmetic():
@@ -41,8 +41,8 @@ def test_gloo_probe_runs_across_exactly_the_placement_groups_two_nodes(gpu_clust
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-    from raysweep import fabric
-    from raysweep.placement import Layout
+    from raysweep.place import fabric
+    from raysweep.place.placement import Layout
 
     pg = placement_group([{"CPU": 0.5, "GPU": 1}, {"CPU": 0.5, "GPU": 1}], strategy="STRICT_SPREAD")
     assert pg.wait(60)
@@ -65,7 +65,7 @@ def test_bandwidth_baseline_measures_node_pairs_and_feeds_the_fraction_gate(gpu_
 
     from helpers import add_nodes, remove_nodes
 
-    from raysweep import fabric, placement
+    from raysweep.place import fabric, placement
 
     pool = add_nodes(gpu_cluster, "bw", num_gpus=1)
     try:

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from helpers import run_file, standin_campaign
 
 from raysweep.cli import main
-from raysweep.driver import ray_start_error
+from raysweep.drive.driver import ray_start_error
 from raysweep.errors import RayStartError
 
 

@@ -17,11 +17,12 @@ import yaml
 from click.testing import CliRunner
 from helpers import PY, STANDIN, run_file, standin_campaign
 
-from raysweep import drift, procs
+from raysweep import procs
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
-from raysweep.driver import driver_alive, open_campaign
+from raysweep.drive.driver import driver_alive, open_campaign
 from raysweep.ledger import CampaignHeld, Ledger
+from raysweep.record import drift
 
 
 def _tree(path: Path) -> dict[str, str]:
@@ -179,7 +180,7 @@ def test_open_campaign_refuses_a_held_campaign_unless_forced(campaign_dir, live_
 
 
 def test_report_events_section_shows_accepted_changes_and_lost_drivers(campaign_dir):
-    from raysweep import recovery
+    from raysweep.drive import recovery
 
     _, out = campaign_dir
     assert recovery.report_section(out) is None
@@ -208,7 +209,7 @@ def _sleeper(ignore_term: bool = False, child: bool = False) -> subprocess.Popen
 def test_what_dead_drivers_left_is_killed_at_once_and_a_live_drivers_helpers_are_left_alone(tmp_path):
     """Helpers that ignore SIGTERM (as Ray's agents waiting on a dead GCS do) and their children go with
     one SIGKILL each; the helpers of a driver that still runs stay."""
-    from raysweep import recovery
+    from raysweep.drive import recovery
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -261,7 +262,7 @@ def test_many_servers_started_at_once_on_one_node_each_get_their_own_port(gpu_cl
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raysweep.server import ServerHost
+    from raysweep.serve.server import ServerHost
 
     node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU"))
     hosts = [ServerHost.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
@@ -321,7 +322,7 @@ def test_a_server_that_lost_its_port_starts_again_on_another_without_a_failed_at
 def test_an_injected_full_disk_fails_writes_with_enospc_naming_the_path_until_it_is_freed(tmp_path, monkeypatch):
     import errno
 
-    from raysweep import files
+    from raysweep.record import files
 
     flag = tmp_path / "full"
     monkeypatch.setenv(files.DISK_FULL_ENV, str(flag))
@@ -340,7 +341,7 @@ def test_an_injected_full_disk_fails_writes_with_enospc_naming_the_path_until_it
 
 
 def test_an_unreachable_mirror_loses_nothing_and_catches_up_when_it_is_back(tmp_path):
-    from raysweep import storage
+    from raysweep.record import storage
 
     out = tmp_path / "out"
     out.mkdir()
@@ -365,7 +366,8 @@ def test_a_full_disk_at_a_result_write_waits_and_loses_nothing(gpu_cluster, tmp_
     saying which path and how much space is free, and finishes once space is freed; no attempt is lost."""
     import threading
 
-    from raysweep import files, point
+    from raysweep.drive import point
+    from raysweep.record import files
 
     flag = tmp_path / "full"
     flag.touch()

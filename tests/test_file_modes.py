@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from test_plots import build_output_dir
 
-from raysweep import storage
 from raysweep.cli import main
-from raysweep.files import file_mode, write_json_atomic
-from raysweep.results import write_samples
+from raysweep.record import storage
+from raysweep.record.files import file_mode, write_json_atomic
+from raysweep.results.table import write_samples
 
 
 @pytest.fixture(params=[0o022, 0o027])
@@ -44,7 +44,7 @@ def test_every_file_raysweep_writes_follows_the_umask(tmp_path, umask, monkeypat
     run_ok("sla", str(out), "--out", str(out / "sla.csv"))
     run_ok("pareto", str(out))
     run_ok("plot", str(out), "--no-server-metrics")
-    from raysweep import report
+    from raysweep.report import page as report
 
     monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
     run_ok("report", str(out))

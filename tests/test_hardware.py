@@ -1,4 +1,4 @@
-"""The hardware a run was measured on (raysweep.hardware): its signature, configurations whose runs span
+"""The hardware a run was measured on (raysweep.serve.hardware): its signature, configurations whose runs span
 hardware flagged in the results table, left out of the aggregates with the reason, named by status and the
 report."""
 
@@ -9,10 +9,12 @@ import json
 from click.testing import CliRunner
 from test_plots import build_output_dir
 
-from raysweep import aggregate, hardware, report
 from raysweep.cli import main
-from raysweep.files import write_json_atomic
-from raysweep.results import load_records, results_table
+from raysweep.record.files import write_json_atomic
+from raysweep.report import page as report
+from raysweep.results import aggregate
+from raysweep.results.table import load_records, results_table
+from raysweep.serve import hardware
 
 GPU_HOST = {"num_nodes": 1, "gpus_per_node": 1, "gpu_count": 1, "provenance_gpu": "none", "node_types": "1 GPU, 1 CPU"}
 HEAD = {"num_nodes": 1, "gpus_per_node": 0, "gpu_count": 0, "provenance_gpu": "none", "node_types": "0 GPU, 1 CPU"}

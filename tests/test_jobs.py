@@ -13,9 +13,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from raysweep import jobs
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
+from raysweep.drive import jobs
 from raysweep.errors import UserError
 
 
@@ -189,7 +189,7 @@ def test_an_endpoint_campaign_is_submitted_as_a_run_that_places_no_server(tmp_pa
     assert sorted(str(p.relative_to(job_dir)) for p in job_dir.rglob("*") if p.is_file()) == ["c.yaml",
                                                                                               "data/p.jsonl"]
     monkeypatch.chdir(job_dir)  # where the job's `raysweep run` reads its campaign
-    from raysweep.endpoint import endpoints_of
+    from raysweep.drive.endpoint import endpoints_of
 
     spec = load_campaign("c.yaml")
     assert [ep.url for ep in endpoints_of(spec)] == urls and spec.campaign.serve.cmd is None

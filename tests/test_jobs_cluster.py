@@ -162,8 +162,8 @@ def test_real_vllm_campaign_as_a_job_with_its_results_read_from_the_mirror(job_s
     r = CliRunner().invoke(main, ["submit", str(f), "--dashboard-url", url, "--python", sys.executable, "--follow"])
     assert r.exit_code == 0, r.output[-4000:]
     assert "SUCCEEDED" in r.output
-    from raysweep.results import results_table
-    from raysweep.storage import resolve_output
+    from raysweep.record.storage import resolve_output
+    from raysweep.results.table import results_table
 
     df = results_table(resolve_output(mirror.as_uri(), tmp_path / "copy"))
     assert len(df) == 1

@@ -309,7 +309,7 @@ def test_lost_driver_helpers_are_stopped_by_pid(ledger):
 
     import psutil
 
-    from raysweep.recovery import reap_lost_drivers
+    from raysweep.drive.recovery import reap_lost_drivers
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

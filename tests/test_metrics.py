@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from raysweep import metrics
+from raysweep.serve import metrics
 
 S = metrics._Sample
 
@@ -150,7 +150,7 @@ def test_a_command_runs_counters_cover_it_from_before_its_launch_to_after_its_ex
     """`vllm bench serve` records no start or end: its load ended before the process returned (its own
     /metrics fetch, the JSON, the interpreter's exit, the Ray return). A window anchored at the return puts the
     baseline inside the load; the counters are bracketed by the scrapes before the launch and after the exit."""
-    from raysweep.point import load_windows
+    from raysweep.drive.point import load_windows
 
     submitted, returned = 0.0, 12.0
     # launched at 0, the load ran from 4 to 8 (1000 prompt tokens), the process returned at 12

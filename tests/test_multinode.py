@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 from raysweep import procs  # noqa: E402
 from raysweep.cli import main  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
-from raysweep.results import results_table  # noqa: E402
+from raysweep.results.table import results_table  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

@@ -14,7 +14,7 @@ import pytest
 from helpers import PY, STANDIN, native_campaign, run_file
 
 from raysweep import procs
-from raysweep.results import read_samples, results_table
+from raysweep.results.table import read_samples, results_table
 
 pytestmark = pytest.mark.ray
 
@@ -166,7 +166,7 @@ def test_failed_requests_are_counted_not_fatal(gpu_cluster, tmp_path):
 def test_sla_search_finds_the_largest_concurrency_and_resumes(gpu_cluster, tmp_path):
     """A stand-in with 4 generation slots: TTFT jumps once more than 4 requests are in flight."""
     from raysweep.ledger import Ledger
-    from raysweep.results import results_table, sla_table
+    from raysweep.results.table import results_table, sla_table
 
     f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005 --slots 4",
                         bench_args="--random-output-len 4 --random-input-len 8 --num-prompts 24",

@@ -1,4 +1,4 @@
-"""Host network checks (raysweep.netcheck): interface and address variables a host lacks, versions that differ
+"""Host network checks (raysweep.place.netcheck): interface and address variables a host lacks, versions that differ
 from the driver's, hosts that cannot reach each other; judged from injected facts, then on simulated Ray nodes
 (which share one machine: what differs between them is injected through each node's environment)."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from raysweep import netcheck, preflight
-from raysweep.netcheck import env_problems, reach_problems, version_problems
+from raysweep.place import netcheck, preflight
+from raysweep.place.netcheck import env_problems, reach_problems, version_problems
 
 # a lab host: its own address on a veth, as on a cluster of real hosts
 HOST = {"hostname": "rs2", "interfaces": {"lo": ["127.0.0.1", "::1"], "rsp2": ["10.77.0.12", "fe80::1"]},

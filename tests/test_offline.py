@@ -138,7 +138,7 @@ def test_offline_grid_runs_each_point_as_a_gpu_task_side_by_side(gpu_cluster, tm
                                       "tensor_parallel_size": [2]}})
     summary, out = run_file(f)
     assert summary.counts["done"] == 8, summary.failures
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     df = results_table(out)
     assert len(df) == 8
@@ -171,7 +171,7 @@ def test_offline_grid_runs_each_point_as_a_gpu_task_side_by_side(gpu_cluster, tm
 def test_latency_failures_retries_and_no_leftovers(gpu_cluster, tmp_path):
     from raysweep import procs
     from raysweep.ledger import Ledger
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     pids = tmp_path / "pids"
     die = tmp_path / "died"
@@ -197,7 +197,7 @@ def test_latency_failures_retries_and_no_leftovers(gpu_cluster, tmp_path):
 @pytest.mark.ray
 def test_node_loss_mid_point_runs_it_again_elsewhere(gpu_cluster, tmp_path):
     from raysweep.ledger import Ledger
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     pool = add_nodes(gpu_cluster, "offloss")
     try:
@@ -223,7 +223,7 @@ def test_multi_node_offline_ranks_and_the_transport_gate(gpu_cluster, tmp_path):
     `serve MODEL --headless` with the engine options; a config on TCP sockets is stopped by
     `transport.require: ib`."""
     from raysweep.ledger import Ledger
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     env_file = tmp_path / "env.jsonl"
     f = offline_file(tmp_path, args=f"--sleep 3 --env-file {env_file}", max_attempts=1,

@@ -1,4 +1,4 @@
-"""The order runs go in by design (raysweep.order): rounds within a server's life, instances in AB BA blocks,
+"""The order runs go in by design (raysweep.maths.order): rounds within a server's life, instances in AB BA blocks,
 their bad input, the dry run and the estimate, and on the stand-in servers the order the runs really took,
 what each records, and a resume in the middle of a round."""
 
@@ -16,12 +16,12 @@ from helpers import standin_campaign
 
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
+from raysweep.drive.state import Workload
 from raysweep.errors import CampaignError
-from raysweep.estimate import estimate
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.order import Turn, in_rounds, instance_of, open_turns, turns
-from raysweep.plan import build_plan, dry_run_text
-from raysweep.workload import Workload
+from raysweep.maths.order import Turn, in_rounds, instance_of, open_turns, turns
+from raysweep.plan.estimate import estimate
+from raysweep.plan.plan import build_plan, dry_run_text
 
 TWO_SERVES = {"grid": {"max_num_seqs": [4, 8]}}
 THREE_BENCHES = {"grid": {"random_input_len": [16, 32, 48]}}

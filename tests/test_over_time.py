@@ -1,4 +1,4 @@
-"""raysweep.over_time and its use: the trend test over a point's runs, Grubbs' outlier rule, the paired verdict,
+"""raysweep.maths.over_time and its use: the trend test over a point's runs, Grubbs' outlier rule, the paired verdict,
 families of verdicts, bounds judged on intervals; the summary's drift and outlier columns and bench.precision's
 stopping rule on a drifting point. Synthetic data; the error rates are measured by
 benchmarks/bench_verdicts.py (and its seeded quick version in tests/test_bench_verdicts.py)."""
@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from raysweep import aggregate, over_time, precision
+from raysweep.maths import over_time, precision
+from raysweep.results import aggregate
 
 
 def test_the_demo_point_that_lost_15_percent_over_its_runs_drifts():
@@ -53,7 +54,7 @@ def test_the_paired_verdict_removes_a_drift_common_to_both_arms():
     v = over_time.paired_verdict(blocks, a, blocks, b)
     assert v.word == "better" and v.ratio == pytest.approx(1.05, abs=0.01)
     assert v.test == "paired t over 6 blocks"
-    from raysweep import verdicts
+    from raysweep.maths import verdicts
 
     assert verdicts.compare_values(a, b).word == "not shown"   # unpaired, the drift hides it
     two = over_time.paired_verdict([0, 1], a[:2], [0, 1], b[:2])
@@ -115,7 +116,7 @@ def test_the_rules_state_in_words_quotes_the_intervals_it_read():
     spec = precision.PrecisionSpec(metric="output_throughput", rel_half_width=0.05, min_runs=3, max_runs=5)
     values = [100.0, 108.0, 93.0, 104.0, 97.0]
     d = precision.decide(values, 5, spec)
-    from raysweep.verdicts import relative_half_width
+    from raysweep.maths.verdicts import relative_half_width
 
     w5, w4 = (relative_half_width(values[:n], 0.95) for n in (5, 4))
     assert d.state == "max_runs"
@@ -148,7 +149,7 @@ def test_runs_pair_only_where_they_were_measured_side_by_side():
 def _summary_side(name, means, std=10.0, runs=5):
     from pathlib import Path
 
-    from raysweep import compare
+    from raysweep.results import compare
 
     df = pd.DataFrame({"max_concurrency": [2 ** i for i in range(len(means))], "runs": runs,
                        "output_throughput_mean": means, "output_throughput_std": std})
@@ -156,7 +157,8 @@ def _summary_side(name, means, std=10.0, runs=5):
 
 
 def test_compare_controls_its_verdicts_as_one_family_and_says_how_many_it_tested():
-    from raysweep import compare, verdicts
+    from raysweep.maths import verdicts
+    from raysweep.results import compare
 
     base = _summary_side("a", [1000.0] * 6)
     # one load far ahead (p ~ 1e-6), one just under 5 % alone (p ~ 0.04), four alike: one family of 6 tests
@@ -175,7 +177,7 @@ def test_compare_controls_its_verdicts_as_one_family_and_says_how_many_it_tested
 def test_compare_pairs_the_runs_of_two_points_measured_at_once():
     from pathlib import Path
 
-    from raysweep import aggregate, compare
+    from raysweep.results import aggregate, compare
 
     rng = np.random.default_rng(9)
     rows = []
@@ -200,7 +202,7 @@ def test_compare_pairs_the_runs_of_two_points_measured_at_once():
 def test_crosscheck_judges_its_alternating_clients_in_pairs():
     # the server's pace drifts 4 % a round; the clients differ by 1 %: in pairs equivalent within 5 %, unpaired
     # the drift's spread leaves it not shown
-    from raysweep import crosscheck
+    from raysweep.drive import crosscheck
 
     runs = []
     for rnd in range(5):

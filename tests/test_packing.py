@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_scheduler import FakeCluster, FakeWork, serve
 
-from raysweep.placement import Demand, Layout
-from raysweep.scheduler import Scheduler, with_event_log
+from raysweep.place.placement import Demand, Layout
+from raysweep.place.scheduler import Scheduler, with_event_log
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_packing  # noqa: E402

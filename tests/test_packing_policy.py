@@ -5,7 +5,7 @@ configuration while each server's share of its points takes longer than a server
 
 from __future__ import annotations
 
-from raysweep.placement import Busy, Demand, Layout, Share, choose_starts, tail_starts
+from raysweep.place.placement import Busy, Demand, Layout, Share, choose_starts, tail_starts
 
 NODES = ("a", "b", "c")
 

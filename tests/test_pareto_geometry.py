@@ -1,4 +1,4 @@
-"""The Pareto geometry (raysweep.tune.pareto) shared by tuning and the Pareto plot: the front as one sweep is
+"""The Pareto geometry (raysweep.maths.pareto) shared by tuning and the Pareto plot: the front as one sweep is
 the set the pairwise definition gives, in every direction, with ties and identical points."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import pandas as pd
 import pytest
 
-from raysweep import plots
-from raysweep.tune.pareto import _dominates, pareto_front
+from raysweep.maths.pareto import _dominates, pareto_front
+from raysweep.report import plots
 
 
 def pairwise(points, directions):

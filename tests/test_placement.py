@@ -8,7 +8,7 @@ from helpers import standin_campaign
 
 from raysweep.campaign import NodeRule, load_campaign
 from raysweep.errors import CampaignError
-from raysweep.placement import (
+from raysweep.place.placement import (
     Demand,
     Layout,
     NodeInfo,
@@ -18,8 +18,8 @@ from raysweep.placement import (
     fit_nodes,
     layout_for,
 )
-from raysweep.plan import Shape, build_plan
-from raysweep.server import rank_argv
+from raysweep.plan.plan import Shape, build_plan
+from raysweep.serve.server import rank_argv
 
 ANY = NodeRule()
 

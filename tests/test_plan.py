@@ -1,4 +1,4 @@
-"""Unit tests for raysweep.plan: expansion, stable ids, GPU shapes, the fingerprint and the dry-run text."""
+"""Unit tests for raysweep.plan.plan: expansion, stable ids, GPU shapes, the fingerprint and the dry-run text."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from raysweep.campaign import CampaignSpec, campaign_from_dict
 from raysweep.cli import main
-from raysweep.plan import Shape, build_plan, fingerprint, meaning, shape_of
+from raysweep.plan.plan import Shape, build_plan, fingerprint, meaning, shape_of
 
 BASE: dict[str, Any] = {
     "name": "plan",

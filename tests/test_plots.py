@@ -1,4 +1,4 @@
-"""Unit tests for raysweep.plots and raysweep.importer and the `plot` / `pareto` / `import` commands.
+"""Unit tests for raysweep.report.plots and raysweep.results.importer and the `plot` / `pareto` / `import` commands.
 
 Figures are drawn from results tables made here (a DataFrame, or an output dir with a real ledger) and
 checked through the matplotlib objects: axes, lines, points, labels. No Ray.
@@ -19,12 +19,12 @@ from click.testing import CliRunner
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.container import ErrorbarContainer
 
-from raysweep import plots
 from raysweep.cli import main
 from raysweep.errors import UserError
-from raysweep.files import write_json_atomic
-from raysweep.importer import combo_labels, import_vllm_sweep, read_table
 from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.record.files import write_json_atomic
+from raysweep.report import plots
+from raysweep.results.importer import combo_labels, import_vllm_sweep, read_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SERVES = {"s8": {"max_num_seqs": 8}, "s16": {"max_num_seqs": 16, "tensor_parallel_size": 2}}

@@ -13,25 +13,26 @@ from click.testing import CliRunner
 from helpers import standin_campaign
 from scipy import stats
 
-from raysweep import precision, sequential
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
+from raysweep.drive import sequential
+from raysweep.drive.state import Workload
 from raysweep.errors import CampaignError
-from raysweep.estimate import estimate, precision_runs
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.plan import build_plan, dry_run_text, point_id
-from raysweep.precision import (
+from raysweep.maths import precision
+from raysweep.maths.precision import (
     AT_DURATION,
     AT_MAX,
     MEASURING,
-    REACHED,
     PrecisionSpec,
     decide,
     expected_runs,
     most_runs,
     reported_confidence,
 )
-from raysweep.workload import Workload
+from raysweep.plan.estimate import estimate, precision_runs
+from raysweep.plan.plan import build_plan, dry_run_text, point_id
+from raysweep.results.precision import REACHED
 
 SPEC = PrecisionSpec(metric="output_throughput", rel_half_width=0.03, min_runs=3, max_runs=6)
 
@@ -68,7 +69,7 @@ def test_the_reported_interval_is_wider_for_the_sequential_looks_and_covers_by_s
     """The precision metric's interval of a stopped point, at `reported_confidence` (97.5 % for 95 %), covers
     the true mean at least 93 % of the time at the noisiest level bench_verdicts --precision simulates, where
     the 95 % interval of the same points does not (92.6 % with 2000 points there)."""
-    from raysweep.verdicts import mean_interval
+    from raysweep.maths.verdicts import mean_interval
 
     spec = PrecisionSpec(metric="output_throughput", rel_half_width=0.03, min_runs=3, max_runs=12)
     assert reported_confidence(spec) == pytest.approx(0.975)
@@ -268,7 +269,7 @@ def test_dry_run_and_estimate_know_the_range_of_runs(tmp_path):
 def test_stopping_rule_coverage_by_simulation():
     """On points of mixed noise the sequential rule's 95 % intervals still cover the true mean at least 93 %
     of the time (benchmarks/bench_verdicts.py --precision measures it per noise level, with 2000 points each)."""
-    from raysweep.verdicts import mean_interval
+    from raysweep.maths.verdicts import mean_interval
 
     rng = np.random.default_rng(7)
     spec = PrecisionSpec(metric="output_throughput", rel_half_width=0.03, min_runs=3, max_runs=12)
@@ -290,7 +291,7 @@ def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_
     width no point reaches, each point continues from its count to max_runs, and no finished run runs again."""
     from helpers import run_file
 
-    from raysweep.aggregate import summary_table
+    from raysweep.results.aggregate import summary_table
 
     f = _campaign(tmp_path, {"metric": "request_throughput", "rel_half_width": 0.99, "min_runs": 3, "max_runs": 5},
                   bench_params={"grid": {"random_input_len": [16, 32]}})
@@ -342,7 +343,7 @@ def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_
 def test_the_summary_reports_a_decided_points_interval_at_the_raised_confidence():
     import pandas as pd
 
-    from raysweep.precision import _widen_for_looks
+    from raysweep.results.precision import _widen_for_looks
 
     spec = PrecisionSpec(metric="request_throughput", rel_half_width=0.5)
     table = pd.DataFrame({"runs": np.array([5, 1, 4]), "request_throughput_mean": [10.0, 10.0, 10.0],

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from raysweep import netcheck, preflight
-from raysweep.preflight import (
+from raysweep.place import netcheck, preflight
+from raysweep.place.preflight import (
     NO_NVIDIA_SMI,
     compare,
     gather_node,
@@ -342,7 +342,7 @@ def _topo(name: str) -> str:
 
 
 def test_topo_matrix_is_parsed_with_links_cpu_and_numa_affinity():
-    from raysweep.preflight import parse_topo
+    from raysweep.place.preflight import parse_topo
 
     t = parse_topo(_topo("topo_nvlink_2numa.txt"))
     assert sorted(t["gpus"]) == ["0", "1", "2", "3"]
@@ -359,14 +359,14 @@ def test_topo_matrix_is_parsed_with_links_cpu_and_numa_affinity():
     ("topo_pcie.txt", ["0", "1"], 1, []),                              # no tensor parallelism: nothing to say
 ])
 def test_tensor_parallel_groups_without_nvlink_or_across_numa_are_warned(fixture, gpus, tp, words):
-    from raysweep.preflight import parse_topo, tp_group_warnings
+    from raysweep.place.preflight import parse_topo, tp_group_warnings
 
     got = " | ".join(tp_group_warnings(parse_topo(_topo(fixture)), gpus, tp))
     assert all(w in got for w in words) and (bool(got) == bool(words))
 
 
 def test_topology_facts_without_nvidia_smi_or_with_an_error():
-    from raysweep.preflight import NO_NVIDIA_SMI, topo_facts
+    from raysweep.place.preflight import NO_NVIDIA_SMI, topo_facts
 
     assert topo_facts(None) == {"topology": {}, "topology_status": NO_NVIDIA_SMI}
     bad = topo_facts({"rc": 9, "stdout": "", "stderr": "driver not loaded", "error": ""})

@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 from raysweep import procs  # noqa: E402
 from raysweep.errors import LedgerError, UserError  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
-from raysweep.results import results_table  # noqa: E402
+from raysweep.results.table import results_table  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -154,7 +154,7 @@ def test_changed_command_is_refused_unless_forced_and_new_grid_values_only_add_p
 
 
 def test_no_orphan_after_ray_kill_of_the_host_actor(gpu_cluster, tmp_path):
-    from raysweep.server import ServerHost
+    from raysweep.serve.server import ServerHost
 
     pids = tmp_path / "pids"
     actor = ServerHost.options(num_cpus=0).remote("orphans", str(tmp_path))
@@ -177,7 +177,7 @@ def test_no_orphan_after_ray_kill_of_the_host_actor(gpu_cluster, tmp_path):
 
 
 def test_clean_stop_leaves_nothing_and_frees_the_port(gpu_cluster, tmp_path):
-    from raysweep.server import ServerHost
+    from raysweep.serve.server import ServerHost
 
     pids = tmp_path / "pids"
     actor = ServerHost.options(num_cpus=0).remote("stop", str(tmp_path))
@@ -192,7 +192,7 @@ def test_clean_stop_leaves_nothing_and_frees_the_port(gpu_cluster, tmp_path):
 
 
 def test_ready_wait_fails_when_the_model_is_not_listed(gpu_cluster, tmp_path):
-    from raysweep.server import ServerHost
+    from raysweep.serve.server import ServerHost
 
     actor = ServerHost.options(num_cpus=0).remote("model", str(tmp_path))
     ray.get(actor.start.remote([PY, str(STANDIN / "server.py"), "--model", "other"], {}))
@@ -246,7 +246,7 @@ def test_killed_driver_leaves_no_process_and_resume_finishes_exactly_once(tmp_pa
     assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
     assert not any(procs.is_alive(p, None) for p in map(int, pids.read_text().split()))
     assert len(results_table(out)) == 8
-    from raysweep.driver import embedded_temp_dir
+    from raysweep.drive.driver import embedded_temp_dir
 
     assert not Path(embedded_temp_dir(proc.pid)).exists(), "the killed driver's Ray session dir was left"
 
@@ -357,7 +357,7 @@ def test_every_native_result_carries_its_validity_record_and_provenance(gpu_clus
 
 def test_embedded_ray_starts_its_workers_at_niceness_0(tmp_path):
     """Ray's default worker niceness is 15; the embedded Ray of a driver starts them at 0."""
-    code = ("import os, ray\nfrom raysweep.driver import ray_session\n"
+    code = ("import os, ray\nfrom raysweep.drive.driver import ray_session\n"
             "with ray_session(None):\n"
             "    print('NICE', ray.get(ray.remote(lambda: os.getpriority(os.PRIO_PROCESS, 0)).remote()))\n")
     env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}

@@ -1,4 +1,4 @@
-"""Unit tests for raysweep.report and the `report` command, on output dirs made through the ledger API."""
+"""Unit tests for raysweep.report.page and the `report` command, on output dirs made through the ledger API."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 from click.testing import CliRunner
 from test_plots import PNG, build_output_dir
 
-from raysweep import report
 from raysweep.cli import main
-from raysweep.files import write_json_atomic
 from raysweep.ledger import Ledger
+from raysweep.record.files import write_json_atomic
+from raysweep.report import page as report
+from raysweep.report import registry
 
 BUILT_IN = ("conclusions", "validity", "figures", "results", "sla", "transport", "failures", "campaign", "plan",
             "environment")
@@ -83,7 +84,7 @@ def no_figures(monkeypatch):
 
 
 def test_transport_verdict_per_server_config_with_evidence_and_recorded_versions(tmp_path, no_figures):
-    from raysweep.transport import server_verdict
+    from raysweep.place.transport import server_verdict
 
     out = build_output_dir(tmp_path / "out")
     gdr = "n1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/IB/0/GDRDMA"
@@ -195,8 +196,8 @@ def test_environment_shows_the_recorded_provenance(tmp_path, no_figures):
 
 
 def test_plots_cross_flagged_runs_but_not_client_limited_ones(tmp_path):
-    from raysweep import plots
-    from raysweep.results import results_table
+    from raysweep.report import plots
+    from raysweep.results.table import results_table
 
     out = build_output_dir(tmp_path / "out")
     _flag_one_run(out)
@@ -238,7 +239,7 @@ def _runs_table() -> pd.DataFrame:
 
 
 def test_conclusions_name_the_best_config_per_shape_and_judge_its_lead():
-    from raysweep import conclusions
+    from raysweep.results import conclusions
 
     df = _runs_table()
     c = conclusions.conclude(df, ["random_input_len", "max_concurrency", "num_prompts"])
@@ -267,7 +268,7 @@ def test_conclusions_name_the_best_config_per_shape_and_judge_its_lead():
 
 
 def test_conclusions_for_another_objective_and_with_one_run():
-    from raysweep import conclusions
+    from raysweep.results import conclusions
 
     df = _runs_table()
     raw = conclusions.conclude(df, ["random_input_len", "max_concurrency"], objective="output_throughput")
@@ -313,17 +314,21 @@ def test_report_leads_with_the_conclusions_and_prints_them(tmp_path, monkeypatch
     assert sla_rows.index("above max") < sla_rows.index("found")
 
 
-def fragment_section(output_dir):
-    return f"<p>made from {output_dir.name}</p>"
+def fragment_section(data):
+    return f"<p>made from {data.output_dir.name}</p>"
+
+
+def no_such_section(data):
+    return report._no_such_function(data)
 
 
 def test_sections_registered_by_other_modules(tmp_path, no_figures, monkeypatch):
     out = build_output_dir(tmp_path / "out")
-    extra = [report.Section("extra", "Extra", "test_report:fragment_section"),
-             report.Section("absent", "Absent", "raysweep.report:_no_such_function"),
-             report.Section("nothing", "Nothing", lambda data: None)]
-    mine = [sec for sec in report.SECTIONS if sec.sid in BUILT_IN]
-    monkeypatch.setattr(report, "SECTIONS", [*mine[:3], *extra, *mine[3:]])
+    mine = {sid: sec for sid, sec in registry._SECTIONS.items() if sid in BUILT_IN}
+    monkeypatch.setattr(registry, "_SECTIONS", mine)   # only the built-in ones, then three registered after
+    registry.register(registry.Section("extra", "Extra", fragment_section, order=45))     # after Figures (40)
+    registry.register(registry.Section("absent", "Absent", no_such_section, order=46))
+    registry.register(registry.Section("nothing", "Nothing", lambda data: None, order=47))
     html = report.build_report(out)
     assert sections(html)[:5] == ["conclusions", "validity", "figures", "extra", "absent"]
     assert "nothing" not in sections(html) and '<a href="#nothing">' not in html  # None: left out

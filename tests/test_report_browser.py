@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from test_plots import PNG, build_output_dir
 
-from raysweep import report
+from raysweep.report import page as report
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 

@@ -1,4 +1,4 @@
-"""The report's kept figures (raysweep.report_cache), on output dirs made through the ledger API: a report
+"""The report's kept figures (raysweep.report.cache), on output dirs made through the ledger API: a report
 written again on unchanged data draws nothing, does not import matplotlib and is the same page; a changed
 campaign draws again exactly the figures whose data changed; an unreadable or altered entry is drawn again;
 a report written elsewhere keeps nothing in the output dir. No Ray."""
@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 from test_plots import FAILED, _pid, build_output_dir, run_record
 
-from raysweep import report, report_cache, report_figures
 from raysweep.bench import timeseries
-from raysweep.files import write_json_atomic
 from raysweep.ledger import Ledger
+from raysweep.record.files import write_json_atomic
+from raysweep.report import cache as report_cache
+from raysweep.report import figures as report_figures
+from raysweep.report import page as report
 
 ROOT = Path(__file__).resolve().parent.parent
 SLA_CAPTION = "SLA: largest passing value per server config and target"
@@ -118,7 +120,7 @@ def test_a_report_written_again_on_unchanged_data_draws_nothing_and_is_the_same_
 
 
 def test_a_report_of_kept_figures_does_not_import_matplotlib(copy):
-    code = ("import sys\nfrom raysweep.report import write_report\n"
+    code = ("import sys\nfrom raysweep.report.page import write_report\n"
             "write_report(sys.argv[1])\nprint('matplotlib' in sys.modules)")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     proc = subprocess.run([sys.executable, "-c", code, str(copy)], capture_output=True, text=True, env=env, cwd=ROOT)
@@ -193,6 +195,6 @@ def test_a_report_written_elsewhere_uses_the_kept_figures_and_writes_nothing_int
 def test_the_written_out_colours_are_matplotlibs_tab10():
     import matplotlib
 
-    from raysweep.plots.style import _COLORS
+    from raysweep.report.plots.style import _COLORS
 
     assert tuple(_COLORS) == tuple(matplotlib.colormaps["tab10"].colors)

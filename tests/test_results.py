@@ -1,4 +1,4 @@
-"""Unit tests for raysweep.results and the `status` / `results` commands, on an output dir built by hand."""
+"""Unit tests for raysweep.results.table and the `status` / `results` commands, on an output dir built by hand."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from raysweep.cli import main
-from raysweep.files import write_json_atomic
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.results import PER_REQUEST_KEYS, load_records, results_table, write_results
+from raysweep.record.files import write_json_atomic
+from raysweep.results.table import PER_REQUEST_KEYS, load_records, results_table, write_results
 
 SERVE_A = {"max_num_seqs": 4, "compilation_config": {"mode": 3}}
 SERVE_B = {"max_num_seqs": 8, "compilation_config": {"mode": 0}}
@@ -231,7 +231,7 @@ def test_json_keeps_infinite_request_rate(outdir):
 
 
 def test_records_written_before_the_validity_record_get_it_when_read(outdir):
-    from raysweep.results import flagged, load_records
+    from raysweep.results.table import flagged, load_records
 
     path = sorted((outdir / "points").rglob("run=*.json"))[0]
     rec = json.loads(path.read_text())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raysweep.root_cause import root_cause, same_cause
+from raysweep.serve.root_cause import root_cause, same_cause
 
 # The shape of a vLLM 0.32 log whose engine refused its configuration: the exception 30 lines above the
 # traceback's last line, each line behind the engine process's prefix and the logger's.

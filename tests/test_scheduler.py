@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from raysweep.placement import Layout, NodeInfo
-from raysweep.plan import ServeConfig, Shape
-from raysweep.scheduler import (
+from raysweep.place.placement import Layout, NodeInfo
+from raysweep.place.scheduler import (
     HOST_LOSS_LIMIT,
     INTERRUPTED,
     NODE_LOSS_WINDOW_S,
@@ -15,6 +14,7 @@ from raysweep.scheduler import (
     replica_key,
     with_event_log,
 )
+from raysweep.plan.plan import ServeConfig, Shape
 
 
 def serve(sid: str, gpus: int = 1, tp: int | None = None, pp: int = 1) -> ServeConfig:

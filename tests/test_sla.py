@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from raysweep.errors import CampaignError
-from raysweep.sla import (
+from raysweep.sla.search import (
     INFINITE,
     Target,
     Threshold,
@@ -213,7 +213,7 @@ def test_campaign_refuses_bad_sla_sections(tmp_path, change, where, words):
 
 
 def test_sla_plan_starts_every_search_at_unbounded_load(tmp_path):
-    from raysweep.plan import build_plan, dry_run_text, probe_bench
+    from raysweep.plan.plan import build_plan, dry_run_text, probe_bench
 
     data, load = _campaign()
     data["serve"]["params"] = {"grid": {"max_num_seqs": [4, 8]}}
@@ -291,7 +291,7 @@ def _run_samples(n: int = 20, gap: float = 0.1, e2el: float = 0.5, failed: int =
 def _write_runs(out, runs: list[dict], extra: list[dict] | None = None) -> list[str]:
     import json
 
-    from raysweep.results import write_samples
+    from raysweep.results.table import write_samples
 
     paths = []
     for i, s in enumerate(runs):
@@ -306,7 +306,7 @@ def test_a_probe_of_several_runs_reports_one_runs_throughput_not_their_sum(tmp_p
     """Each run starts at its own zero: pooled as one run, two runs would look twice as fast."""
     from raysweep.bench import stats
     from raysweep.bench.options import parse_load_options
-    from raysweep.sla_probe import capacity, pool_probe
+    from raysweep.sla.probe import capacity, pool_probe
 
     argv = ["vllm", "bench", "serve", "--model", "m", "--num-prompts", "20"]
     one = stats.point_metrics(_run_samples(), parse_load_options(argv))
@@ -351,7 +351,7 @@ def test_the_percentile_judge_counts_failed_requests_against_latency_targets():
 
 
 def test_failures_ranked_last_match_numpy_on_all_requests():
-    from raysweep.sla import _with_failures
+    from raysweep.sla.search import _with_failures
 
     rng = np.random.default_rng(1)
     ok = np.sort(rng.uniform(10, 100, 995))
@@ -362,7 +362,7 @@ def test_failures_ranked_last_match_numpy_on_all_requests():
 
 
 def test_server_metric_targets_are_judged_from_the_probes_runs(tmp_path):
-    from raysweep.sla_probe import pool_probe
+    from raysweep.sla.probe import pool_probe
 
     argv = ["vllm", "bench", "serve", "--model", "m", "--num-prompts", "20"]
     server = [{"server_num_preemptions": 0, "server_kv_cache_usage_perc_peak": 0.4, "server_metrics_complete": True},
@@ -387,7 +387,7 @@ def test_sla_campaign_with_two_runs_reports_one_runs_throughput_and_judges_serve
     combined throughput (not their sum), and a server-metric target is judged from the scraped metrics."""
     from helpers import native_campaign, run_file
 
-    from raysweep.results import results_table, sla_table
+    from raysweep.results.table import results_table, sla_table
 
     f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005 --slots 4", runs=2,
                         bench_args="--random-output-len 4 --random-input-len 8 --num-prompts 24",

@@ -1,4 +1,4 @@
-"""Server starts as data: the phases of a start read from the server's own log (raysweep.startup)."""
+"""Server starts as data: the phases of a start read from the server's own log (raysweep.serve.startup)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from raysweep import startup
+from raysweep.serve import startup
 
 
 def _at(t: float) -> str:
@@ -90,7 +90,7 @@ def test_medians_per_configuration_and_the_table():
 
 
 def test_compilation_caches_shared_per_campaign_fresh_per_server_or_the_users(tmp_path, monkeypatch):
-    from raysweep import caches
+    from raysweep.serve import caches
 
     monkeypatch.setenv("HOME", str(tmp_path))
     camp = SimpleNamespace(name="my campaign/1", serve=SimpleNamespace(share_caches=True))
@@ -116,7 +116,7 @@ def test_compilation_caches_shared_per_campaign_fresh_per_server_or_the_users(tm
 
 
 def test_a_start_says_whether_it_found_compiled_graphs():
-    from raysweep import caches
+    from raysweep.serve import caches
 
     assert caches.compile_cache_state("INFO [backends.py:296] Directly load the compiled graph(s) for compile "
                                       "range (1, 2048) from the cache, took 0.52 s") == "warm"
@@ -216,7 +216,7 @@ def test_vllms_own_loader_loads_an_inductor_graph_with_the_plugin_and_compiles_a
 
 
 def test_weights_are_read_once_into_the_page_cache(tmp_path):
-    from raysweep import caches
+    from raysweep.serve import caches
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "model.safetensors").write_bytes(b"w" * 3000)
@@ -248,7 +248,7 @@ def test_a_startup_campaign_is_a_plan_of_startup_runs_and_refuses_bench_paramete
     from raysweep.campaign import load_campaign
     from raysweep.cli import main
     from raysweep.errors import CampaignError
-    from raysweep.plan import build_plan
+    from raysweep.plan.plan import build_plan
 
     spec = load_campaign(_startup_campaign(tmp_path))
     plan = build_plan(spec)
@@ -290,7 +290,7 @@ def test_a_startup_sweep_of_the_real_vllm_and_the_phases_of_real_server_starts(t
     import yaml
     from helpers import run_file
 
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     f = tmp_path / "startup.yaml"
     f.write_text(yaml.safe_dump({
@@ -311,7 +311,7 @@ def test_a_startup_sweep_of_the_real_vllm_and_the_phases_of_real_server_starts(t
 def test_the_summary_aggregates_startup_runs():
     import pandas as pd
 
-    from raysweep.aggregate import summarize
+    from raysweep.results.aggregate import summarize
 
     df = pd.DataFrame({"serve_id": ["a"] * 3 + ["b"] * 3, "bench_id": ["o"] * 6, "max_num_seqs": [8] * 3 + [16] * 3,
                        "run": [0, 1, 2] * 2, "cold_startup_s": [30.0, 32.0, 34.0, 40.0, 41.0, 42.0],
@@ -327,7 +327,7 @@ def test_provenance_reads_a_cpu_torch_without_importing_it_beside_a_starting_ser
     asked in a subprocess for its NCCL."""
     import importlib.util
 
-    from raysweep import preflight
+    from raysweep.place import preflight
 
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "version.py").write_text("from typing import Optional\n__version__ = '2.13.0+cpu'\n"

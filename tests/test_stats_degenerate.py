@@ -112,7 +112,7 @@ NUM = st.one_of(st.floats(-1e6, 1e6, allow_nan=False), ODD, st.none())
 @PROFILE
 @given(a=st.lists(NUM, max_size=6), b=st.lists(NUM, max_size=6), tol=st.sampled_from([0.05, 0.5]))
 def test_verdicts_answer_degenerate_runs_with_a_word(a, b, tol):
-    from raysweep import verdicts
+    from raysweep.maths import verdicts
 
     v = verdicts.compare_values(a, b)
     assert v.word in ("better", "worse", "not shown", "not judged") and v.text
@@ -128,7 +128,7 @@ def test_verdicts_answer_degenerate_runs_with_a_word(a, b, tol):
 @PROFILE
 @given(values=st.lists(NUM, max_size=12))
 def test_the_trend_and_outlier_rules_answer_degenerate_runs(values):
-    from raysweep import over_time
+    from raysweep.maths import over_time
 
     t = over_time.trend(values)
     assert t.word in ("drifts", "no drift shown", "not judged") and t.text
@@ -139,7 +139,7 @@ def test_the_trend_and_outlier_rules_answer_degenerate_runs(values):
 @PROFILE
 @given(data=st.data(), runs=st.integers(0, 4), points=st.integers(1, 3))
 def test_the_summary_of_degenerate_runs_is_a_table(data, runs, points):
-    from raysweep import aggregate
+    from raysweep.results import aggregate
 
     rows = []
     for p in range(points):
@@ -159,7 +159,7 @@ def test_the_summary_of_degenerate_runs_is_a_table(data, runs, points):
 def test_a_point_whose_analysis_raises_fails_with_its_traceback_and_nothing_else_stops():
     from types import SimpleNamespace
 
-    from raysweep.point import PointRunner
+    from raysweep.drive.point import PointRunner
 
     class Bench:
         def submit(self, argv, url, model, num_prompts=None, clients=None):

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from raysweep import storage
 from raysweep.campaign import campaign_from_dict
 from raysweep.cli import main
 from raysweep.errors import CampaignError, UserError
 from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.record import storage
 
 
 def _ledger_with_points(out: Path, n: int) -> Ledger:

@@ -1,4 +1,4 @@
-"""The Pareto tuner's model (raysweep.surrogate): a Gaussian process fit, and the candidate whose optimistic
+"""The Pareto tuner's model (raysweep.tune.surrogate): a Gaussian process fit, and the candidate whose optimistic
 predicted points add the most hypervolume. Pure numpy."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from raysweep.surrogate import GaussianProcess, best_addition
-from raysweep.tune import hypervolume
+from raysweep.maths.pareto import hypervolume
+from raysweep.tune.surrogate import GaussianProcess, best_addition
 
 
 def test_the_process_fits_what_it_saw_and_knows_less_far_from_it():

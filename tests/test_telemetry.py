@@ -9,8 +9,9 @@ import json
 import pytest
 from helpers import native_campaign, run_file, standin_campaign
 
-from raysweep import telemetry
-from raysweep.validity import validity_fields
+from raysweep.drive.validity import validity_fields
+from raysweep.report.run_sections import multinode_section
+from raysweep.serve import telemetry
 
 
 def _gpus(path, *gpus):
@@ -64,7 +65,7 @@ def test_host_actors_sample_the_servers_gpus_during_each_point(gpu_cluster, tmp_
                          serve={"env": {telemetry.FAKE_ENV: fake}}, transport={"telemetry_interval_s": 0.1})
     summary, out = run_file(f)
     assert summary.counts["done"] == 1
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     row = results_table(out).iloc[0]
     gpus = [int(g) for g in row["gpu_ids"].split(",")]
@@ -110,7 +111,7 @@ def test_gpu_telemetry_is_averaged_over_the_load_not_the_data_sets_building(gpu_
                         serve={"env": {telemetry.FAKE_ENV: fake}}, transport={"telemetry_interval_s": 0.1})
     summary, out = run_file(f)
     assert summary.counts["done"] == 1, summary.failures
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     row = results_table(out).iloc[0]
     assert row["completed"] == 4 and row["start_time"] - row["started_at"] >= 1.0  # the building was in the point
@@ -118,8 +119,8 @@ def test_gpu_telemetry_is_averaged_over_the_load_not_the_data_sets_building(gpu_
     assert row["gpu_util_mean_pct"] == 90
 
 def test_the_report_section_shows_node_pair_links_the_probe_topology_and_events(tmp_path):
-    from raysweep import transport
     from raysweep.ledger import Ledger
+    from raysweep.place import transport
 
     def efa(r: int) -> list[str]:
         return [f"node{r}:1:1 [0] NCCL INFO Channel 00/0 : {2 * r + 1}[1] -> {2 * (1 - r)}[0] [send] via "
@@ -134,11 +135,11 @@ def test_the_report_section_shows_node_pair_links_the_probe_topology_and_events(
                       ranks=json.dumps([{"rank": 0, "node_ip": "10.0.0.1"}, {"rank": 1, "node_ip": "10.0.0.2"}]))
     led.add_event("node_lost", ["s1"], ["abcdef1234567890"], "node abcdef123456 (10.0.0.2) was lost")
     led.close()
-    html = telemetry.report_section(tmp_path)
+    html = multinode_section(tmp_path)
     assert "node 0 (10.0.0.1) -&gt; node 1 (10.0.0.2): OFI+GDR (1 rank pair)" in html
     assert "12.50 GB/s (nccl, 16 ranks)" in html and "spans NUMA nodes 0,1" in html
     assert "Cluster events" in html and "node_lost" in html and "abcdef123456" in html
     empty = tmp_path / "empty"
     empty.mkdir()
     Ledger(empty / "ledger.sqlite").close()
-    assert telemetry.report_section(empty) is None
+    assert multinode_section(empty) is None

@@ -16,12 +16,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from raysweep import export, tracking
 from raysweep.cli import main
+from raysweep.drive.progress_metrics import Progress, eta_s
 from raysweep.errors import CampaignError
-from raysweep.files import write_json_atomic
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.progress_metrics import Progress, eta_s
+from raysweep.record.files import write_json_atomic
+from raysweep.report import export, tracking
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_aggregate import run_row  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raysweep.transport import classify, meets, parse_nccl, refusal, server_verdict
+from raysweep.place.transport import classify, meets, parse_nccl, refusal, server_verdict
 
 REAL = {
     "ib_gdr_old_busid": "10-90-43-152:120890:121560 [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] "

@@ -16,20 +16,18 @@ from click.testing import CliRunner
 
 from raysweep.campaign import campaign_from_dict
 from raysweep.cli import main
-from raysweep.driver import open_campaign
+from raysweep.drive.driver import open_campaign
 from raysweep.errors import CampaignError
-from raysweep.scheduler import Scheduler
+from raysweep.maths.pareto import beaten, hypervolume, pareto_front
+from raysweep.place.scheduler import Scheduler
 from raysweep.tune import (
     TunedCluster,
     Tuner,
     TuneWork,
-    beaten,
-    hypervolume,
     leaderboard,
-    pareto_front,
-    report_section,
     rung_sizes,
 )
+from raysweep.tune.report_section import report_section
 
 _spec = importlib.util.spec_from_file_location("bench_tune",
                                                Path(__file__).parent.parent / "benchmarks" / "bench_tune.py")
@@ -261,7 +259,7 @@ def test_an_interrupted_tuning_campaign_resumes_without_running_a_finished_candi
     assert f"{best['objective'][0]:.4g}" in first_row
     html = report_section(tmp_path / "out")
     assert "<table>" in html and html.count("data:image/png;base64,") >= 2   # leaderboard, objective, importance
-    from raysweep.report import build_report
+    from raysweep.report.page import build_report
 
     assert '<section id="tuning"><h2>Tuning</h2>' in build_report(tmp_path / "out")
     ledger.close()
@@ -449,7 +447,7 @@ def test_the_sla_capacity_objective_is_the_largest_load_meeting_every_target(tmp
 
 
 def work_key(work: TuneWork, target: Any) -> str:
-    from raysweep import sla
+    from raysweep.sla import search as sla
 
     return sla.search_key(work.c.sla, target)
 

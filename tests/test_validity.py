@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from raysweep.validity import cpu_set, cpu_text, shared_cpus, unknown_checks, validity_fields
+from raysweep.drive.validity import shared_cpus, unknown_checks, validity_fields
+from raysweep.procs import cpu_set, cpu_text
 
 
 def fair(**over):
@@ -82,7 +83,7 @@ def test_absent_facts_are_unknown_not_failures():
 
 
 def test_client_room_counts_only_cpus_of_their_own():
-    from raysweep.point import client_room
+    from raysweep.drive.point import client_room
 
     # the 2-core demo: the server's bundle (0.5) and one client (1 CPU) leave no core for another
     assert client_room(2.5, [(2, 0.5, 1)], 0, 1.0) == 0
@@ -97,7 +98,7 @@ def test_client_room_counts_only_cpus_of_their_own():
 def test_the_guard_lowers_its_niceness_or_says_why(monkeypatch):
     import os
 
-    from raysweep import guard
+    from raysweep.serve import guard
 
     state = {"nice": 15}
     monkeypatch.setattr(os, "getpriority", lambda which, who: state["nice"])
@@ -119,12 +120,12 @@ def test_the_guard_lowers_its_niceness_or_says_why(monkeypatch):
 
 
 def test_a_niced_server_is_warned_about_once_per_node(caplog):
-    from raysweep import live_server
+    from raysweep.serve import live_server
 
     server = live_server.Server("srv", hosts=[], nodes=[{"hostname": "node-x", "node_ip": "10.0.0.9"}],
                                  facts=[{"nice": 15, "cpu_affinity": "0-3", "renice": {"error": "Permission denied"}}])
     live_server._NICE_WARNED.discard("node-x")
-    with caplog.at_level("WARNING", logger="raysweep.live_server"):
+    with caplog.at_level("WARNING", logger="raysweep.serve.live_server"):
         live_server.warn_niced(server)
         live_server.warn_niced(server)
     lines = [r.getMessage() for r in caplog.records if "niceness" in r.getMessage()]

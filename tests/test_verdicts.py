@@ -1,4 +1,4 @@
-"""Unit tests for raysweep.verdicts: Welch's verdicts, the leader among many (Holm), equivalence of a ratio,
+"""Unit tests for raysweep.maths.verdicts: Welch's verdicts, the leader among many (Holm), equivalence of a ratio,
 the slope test. Synthetic data; the calibration of each is measured by benchmarks/bench_verdicts.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from raysweep import verdicts
+from raysweep.maths import verdicts
 
 
 def test_welch_verdict_words_and_its_p_value_is_scipys():

@@ -24,7 +24,7 @@ from helpers import add_nodes, remove_nodes
 
 from raysweep import procs
 from raysweep.ledger import Ledger
-from raysweep.results import results_table
+from raysweep.results.table import results_table
 
 pytestmark = pytest.mark.vllm
 
@@ -107,7 +107,7 @@ def _demo_with_fewer_runs(tmp_path: Path) -> Path:
     validity is what benchmarks/RESULTS.md records."""
     import yaml
 
-    from raysweep.precision import CONFIRM_LOOKS
+    from raysweep.maths.precision import CONFIRM_LOOKS
 
     data = yaml.safe_load((REPO / "configs/demo-cpu.yaml").read_text())
     data["bench"]["precision"].update(min_runs=2, max_runs=3)
@@ -231,7 +231,7 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
 def _verdicts_on_real_results(out: Path, df) -> None:
     """The verdicts on the demo's real results: the conclusions test every leader over its runs (flagged runs
     left out and counted), and `compare` of the campaign with itself calls nothing better or worse."""
-    from raysweep import aggregate, compare, conclusions
+    from raysweep.results import aggregate, compare, conclusions
 
     summary = aggregate.summary_table(out, results=df)
     assert (summary["runs"] + summary["runs_left_out"] == summary["runs_total"]).all()
@@ -252,7 +252,7 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
     """`vllm serve --pipeline-parallel-size 2` across two Ray nodes of one GPU each: rank 0 on one node
     serves HTTP, rank 1 on the other runs headless; the real `vllm bench serve` measures it."""
     from raysweep.campaign import campaign_from_dict
-    from raysweep.driver import run_campaign
+    from raysweep.drive.driver import run_campaign
 
     added = add_nodes(gpu_cluster, "vllm-mn", num_gpus=1)
     try:
@@ -292,7 +292,7 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
         assert servers[0].state == "stopped"
         # compiled (no --enforce-eager): its start compiled or loaded compiled graphs from the campaign's shared
         # cache (warm when an earlier run of this test left them), never "none", and status's table says which
-        from raysweep.startup import table_rows
+        from raysweep.serve.startup import table_rows
 
         start = json.loads(servers[0].startup or "{}")
         assert start.get("compile_cache") in ("cold", "warm", "recompiled"), start
@@ -329,7 +329,7 @@ def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_mo
     loop (2 requests/s): on 2 cores, a first server kept saturated slowed the second one's start to 65-148 s,
     and at 148 s it came up after the last point."""
     from raysweep.campaign import campaign_from_dict
-    from raysweep.driver import run_campaign
+    from raysweep.drive.driver import run_campaign
 
     out = tmp_path / "out"
     data = {
@@ -366,8 +366,8 @@ def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
     and max_num_seqs=8 meets at a larger concurrency: the search finds both, each probe run once. (The
     median, not the p90: over 16 requests a p90 is one or two requests, too noisy on a shared machine.)"""
     from raysweep.campaign import campaign_from_dict
-    from raysweep.driver import run_campaign
-    from raysweep.results import sla_table
+    from raysweep.drive.driver import run_campaign
+    from raysweep.results.table import sla_table
 
     out = tmp_path / "out"
     data = {

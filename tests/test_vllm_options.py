@@ -11,8 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from raysweep import vllm_options
-from raysweep.campaign import campaign_from_dict
+from raysweep.campaign import campaign_from_dict, vllm_options
 from raysweep.cli import main
 from raysweep.errors import CampaignError
 

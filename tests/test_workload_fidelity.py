@@ -426,7 +426,7 @@ def test_a_sweep_directory_written_by_vllm_bench_sweep_serve_is_imported_and_plo
     runner = CliRunner()
     imported = runner.invoke(main, ["import", str(out), str(tmp_path / "imp")])
     assert imported.exit_code == 0 and "3 run(s)" in imported.output, imported.output
-    from raysweep.importer import read_table
+    from raysweep.results.importer import read_table
 
     df = read_table(tmp_path / "imp").df
     assert sorted(df["random_input_len"].tolist()) == [128, 256, 512]
@@ -504,7 +504,7 @@ def test_warmup_requests_reach_the_server_before_the_point(gpu_cluster, tmp_path
     requests are the server's 4th, 5th, ...: its 1st, 5th and 9th fail (without the warmup: its 4th and 8th)."""
     from helpers import run_file
 
-    from raysweep.results import read_samples, results_table
+    from raysweep.results.table import read_samples, results_table
 
     f = native_campaign(tmp_path, server_args="--fail-every 4",
                         bench_args="--random-input-len 8 --random-output-len 2 --max-concurrency 1",

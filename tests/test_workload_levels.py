@@ -10,13 +10,13 @@ import yaml
 from click.testing import CliRunner
 from helpers import standin_campaign
 
-from raysweep import workload_levels as wl
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
+from raysweep.drive.state import Workload
 from raysweep.errors import CampaignError
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.plan import build_plan, dry_run_text, point_id
-from raysweep.workload import Workload
+from raysweep.levels import search as wl
+from raysweep.plan.plan import build_plan, dry_run_text, point_id
 
 
 def test_levels_are_computed_as_vllm_computes_them():
@@ -108,7 +108,7 @@ def _work(tmp_path: Path, workload: dict | None = None, precision: dict | None =
     out.mkdir(exist_ok=True)
     ledger = Ledger(out / LEDGER_FILE)
     wl.restore_plan(plan, ledger)
-    from raysweep import sequential
+    from raysweep.drive import sequential
 
     sequential.restore_plan(plan, ledger)
     ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
@@ -145,7 +145,7 @@ def test_plan_holds_serial_and_batch_points_and_the_dry_run_says_levels_come_lat
 def test_a_level_equal_to_the_serial_value_is_a_point_of_its_own(tmp_path):
     # On a narrow range (serial 1, batch 2, 5 levels) vLLM's spacing gives the levels [1, 2]: both run again
     # as levels, as vLLM's sweep runs them, and neither takes the id of the serial or batch point.
-    from raysweep.plan import level_bench
+    from raysweep.plan.plan import level_bench
 
     work = _work(tmp_path)
     base = work.plan.benches[0]
@@ -214,7 +214,7 @@ def test_endpoints_that_failed_decide_no_level(tmp_path):
 
 
 def test_with_precision_the_levels_wait_for_the_endpoints_to_be_decided(tmp_path):
-    from raysweep import sequential
+    from raysweep.drive import sequential
 
     work = _work(tmp_path, precision={"metric": "request_throughput", "rel_half_width": 0.5, "min_runs": 2,
                                       "max_runs": 4})
@@ -242,7 +242,7 @@ def test_with_precision_the_levels_wait_for_the_endpoints_to_be_decided(tmp_path
 def _finish_samples(work: Workload, run_id: str, ttft_ms: float, rps: float, e2el_ms: float) -> None:
     """A done native run of 10 requests, all with the same TTFT, with its raw samples (an SLA probe pools them)."""
     from raysweep.bench import stats
-    from raysweep.results import write_samples
+    from raysweep.results.table import write_samples
 
     assert work.ledger.claim(run_id, "s", work.c.max_attempts) is not None
     s = stats.empty_samples()
@@ -267,8 +267,8 @@ def test_an_sla_search_runs_after_the_levels_and_starts_from_them(tmp_path, vari
     """With `sla:`, the plan holds the serial and batch points (no unbounded probe of its own); the search's
     work counts the levels still to run; once they are done, every level, and with max_concurrency the serial
     and batch points, is a probe of the search, pooled from its runs' samples and judged as any probe."""
-    from raysweep import sla_probe
-    from raysweep.sla import Verdict, parse_targets
+    from raysweep.sla import probe as sla_probe
+    from raysweep.sla.search import Verdict, parse_targets
 
     work = _work(tmp_path, {"variable": variable, "levels": 6}, sla={"variable": variable})
     assert [p.bench.workload_role for p in work.plan.points] == ["serial", "batch"]
@@ -303,7 +303,7 @@ def _vllm_run(**fields) -> dict:
 def test_import_reads_a_serve_workload_directory(tmp_path):
     """Every level of a `vllm bench sweep serve_workload` dir is a bench point of its own, with its variable,
     value and role, as vLLM names the combo directories (`<serve/bench>-WL--<var>=<value>`)."""
-    from raysweep.importer import import_vllm_sweep, read_table, workload_part
+    from raysweep.results.importer import import_vllm_sweep, read_table, workload_part
 
     exp = tmp_path / "vllm" / "exp"
     dirs = {"SERVE--max_num_seqs=8-WL--max_concurrency=1": _vllm_run(max_concurrency=1, num_prompts=10),
@@ -340,7 +340,7 @@ def _achieved_levels(records: list[dict], role: str, variable: str) -> list[floa
 def test_campaign_runs_the_levels_it_decides_and_a_resume_runs_nothing_again(gpu_cluster, tmp_path):
     from helpers import run_file
 
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     f = _campaign(tmp_path, {"variable": "max_concurrency", "levels": 5}, runs=2)
     summary, out = run_file(f)
@@ -379,7 +379,7 @@ def test_an_sla_campaign_with_workload_levels_searches_from_them_on_the_standin(
     with an answer recorded."""
     from helpers import native_campaign, run_file
 
-    from raysweep.results import sla_table
+    from raysweep.results.table import sla_table
 
     f = native_campaign(tmp_path, server_args="--ttft-delay 0.01 --itl-delay 0.005 --slots 4",
                         bench_args="--random-output-len 4 --random-input-len 8 --num-prompts 16",
@@ -419,8 +419,8 @@ def test_levels_match_vllms_serve_workload_on_the_real_server(vllm_server, gpu_c
     from conftest import _vllm_cli
     from helpers import run_file
 
-    from raysweep.importer import read_table
-    from raysweep.results import results_table
+    from raysweep.results.importer import read_table
+    from raysweep.results.table import results_table
 
     url, model = vllm_server["url"], vllm_server["model"]
     port = url.rsplit(":", 1)[1]

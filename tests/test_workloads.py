@@ -54,7 +54,7 @@ def test_every_vllm_bench_serve_option_is_accepted_or_refused_with_the_way_out()
 
 def test_crosscheck_hands_vllm_none_of_the_workload_options_only_raysweep_knows():
     from raysweep.bench.options import accepted_options
-    from raysweep.crosscheck import NATIVE_ONLY_FLAGS
+    from raysweep.drive.crosscheck import NATIVE_ONLY_FLAGS
 
     ours = set(accepted_options()) - _vllm_serve_options() - {"--no-self-timed"}  # vLLM's, made by argparse
     workload = {"--duration", "--trace-format", "--trace-speedup", "--multi-turn-turns", "--multi-turn-think-time",
@@ -96,7 +96,7 @@ def test_duration_makes_an_open_loop_of_rate_times_duration_and_a_closed_loop_cy
     o, cycle = arrivals.for_duration(opts("--duration", "4", "--max-concurrency", "2", "--num-prompts", "7"))
     assert o.num_prompts == 7 and cycle
     assert arrivals.for_duration(opts("--max-concurrency", "2"))[1] is False
-    from raysweep.estimate import guess_point_s  # the dry run's estimate follows the duration, not the count
+    from raysweep.plan.estimate import guess_point_s  # the dry run's estimate follows the duration, not the count
     assert 300 < guess_point_s(["vllm", "bench", "serve", "--duration", "300", "--max-concurrency", "4"]) < 310
 
 
@@ -250,7 +250,7 @@ def test_steady_window_leaves_out_the_ramp_and_the_drain():
 
 
 def test_the_time_series_keeps_the_servers_gauges_by_bin(tmp_path):
-    from raysweep.metrics import _Sample
+    from raysweep.serve.metrics import _Sample
 
     s = _ramp_samples()
     scrapes = [_Sample(1000.0 + t, {"vllm:kv_cache_usage_perc": t / 20, "vllm:num_requests_running": 3.0})
@@ -359,8 +359,8 @@ def test_a_trace_is_replayed_on_its_timeline_sped_up(gpu_cluster, stream_server,
 def test_a_campaign_stores_time_series_and_the_report_draws_them(gpu_cluster, tmp_path):
     from helpers import native_campaign, run_file
 
-    from raysweep.report import build_report
-    from raysweep.results import results_table
+    from raysweep.report.page import build_report
+    from raysweep.results.table import results_table
 
     # Each request lasts about 0.13 s, so at 30 req/s about four are running at any time: every 0.5-s bin's
     # mean of the running-requests gauge is well above one even when the machine is loaded (a 0.02-s request
@@ -391,9 +391,9 @@ def test_a_campaign_stores_time_series_and_the_report_draws_them(gpu_cluster, tm
 def test_real_server_runs_sessions_a_trace_and_a_duration_point(gpu_cluster, vllm_server, tmp_path):
     """Multi-turn with the tiny model's chat template (the prefix cache serves the later turns), a small
     trace with shared blocks, and a duration-bounded closed loop, each with its time series."""
-    from raysweep import metrics
     from raysweep.bench.native import NativeBench
-    from raysweep.server import reset_caches
+    from raysweep.serve import metrics
+    from raysweep.serve.server import reset_caches
 
     url, model = vllm_server["url"], vllm_server["model"]
     trace = _trace(tmp_path / "trace.jsonl", [{"timestamp": 0.1 * i, "input_length": 48, "output_length": 4,

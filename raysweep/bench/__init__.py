@@ -10,6 +10,9 @@
 The two serving backends give the driver the same interface (`warm`, `submit`, `finish`, `close`); `backend_for`
 picks one.
 Submodules are imported on use, so the pure parts load without Ray.
+
+May import: the stage-free rooms, `ledger` and `record`. Knows nothing of the campaign file, placement or
+servers (the campaign uses its option parser, not the other way round).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 def backend_for(bench: Any, env: dict[str, str]) -> Any:
     """The driver-side client of a campaign's `bench` section."""
-    from raysweep.validity import cpu_set
+    from raysweep.procs import cpu_set
 
     wanted = getattr(bench, "cpu_affinity", None)
     cpu_ids = sorted(cpu_set(wanted) or ()) if wanted is not None else None

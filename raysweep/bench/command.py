@@ -24,7 +24,7 @@ import psutil
 import ray
 
 from raysweep import grid, procs
-from raysweep.validity import cpu_text
+from raysweep.procs import cpu_text
 
 __all__ = ["METRIC_PERCENTILES", "NOT_JUDGED", "PERCENTILE_METRICS", "CommandBench", "CommandClient", "bench_argv",
            "client_judgement", "result_record"]

@@ -45,7 +45,7 @@ from raysweep.bench import arrivals, sane, stats
 from raysweep.bench.datasets import Request, make_requests, payload, tokenizer_for
 from raysweep.bench.options import LoadOptions, parse_load_options
 from raysweep.bench.sessions import conversations, system_history, with_history
-from raysweep.validity import cpu_text
+from raysweep.procs import cpu_text
 
 __all__ = ["Dispenser", "Job", "NativeBench", "NativeClient", "deal", "planned_prompts", "slots_of"]
 

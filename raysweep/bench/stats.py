@@ -341,8 +341,8 @@ def steady_state(s: dict[str, Any]) -> dict[str, Any]:
     requests" and how many would do (a Poisson load needs roughly 6,000 to 12,000). None too ("not judged: too
     short") with a window under `STEADY_MIN_WINDOW_S` or under `STEADY_MIN_BINS` bins, or nothing generated.
     A judged window's bounds are `steady_state_window_start_s`/`_end_s` (seconds from the load's start): the
-    window the point's energy is measured over (`raysweep.point_energy`)."""
-    from raysweep.verdicts import slope_test, t_quantile
+    window the point's energy is measured over (`raysweep.drive.point_energy`)."""
+    from raysweep.maths.verdicts import slope_test, t_quantile
 
     out: dict[str, Any] = dict.fromkeys(STEADY_FIELDS)
     s = finite_samples(s)

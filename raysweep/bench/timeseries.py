@@ -25,12 +25,8 @@ result's `timeseries_path`); `report_section` draws one figure per bench point o
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 import logging
 import math
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +36,9 @@ import pyarrow.parquet as pq
 
 from raysweep.bench.sane import finite_samples, guarded, merge
 from raysweep.bench.stats import _arr, _begin, _summary
-from raysweep.files import write_bytes_atomic
+from raysweep.record.files import write_bytes_atomic
 
-__all__ = ["MAX_DRIFT_PCT", "MIN_BINS", "SERVER_GAUGES", "attach", "read_timeseries", "report_section", "series",
+__all__ = ["MAX_DRIFT_PCT", "MIN_BINS", "SERVER_GAUGES", "attach", "read_timeseries", "series",
            "steady_fields", "steady_window", "write_timeseries"]
 
 log = logging.getLogger(__name__)
@@ -52,7 +48,6 @@ MAX_DRIFT_PCT = 10.0
 SERVER_GAUGES = {"vllm:kv_cache_usage_perc": "server_kv_cache_usage_perc",
                  "vllm:num_requests_running": "server_num_requests_running",
                  "vllm:num_requests_waiting": "server_num_requests_waiting"}
-_MAX_FIGURES = 40
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -242,57 +237,3 @@ def figure(ts: dict[str, np.ndarray], record: dict[str, Any]) -> Any:
         if a is not None and b is not None:
             ax.axvspan(a, b, color="tab:green", alpha=0.08)
     return fig
-
-
-def report_section(output_dir: Path) -> str | None:
-    """The report's time-series section: one figure per bench point of each server config (its first
-    run), the steady-state window shaded; None when no point has a time series."""
-    from raysweep.report_cache import cached
-    from raysweep.results import load_records
-
-    records = sorted((r for r in load_records(output_dir) if r.get("timeseries_path")),
-                     key=lambda r: (str(r.get("serve_id")), str(r.get("bench_id")), r.get("run_number") or 0))
-    firsts: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in records:
-        firsts.setdefault((str(r.get("serve_id")), str(r.get("bench_id"))), r)
-    if not firsts:
-        return None
-    e = html.escape
-    parts = ['<p>Per bench point (its first run): output throughput and requests in flight, TTFT and ITL '
-             'percentiles per bin, and the server\'s gauges; the shaded band is the steady-state window over '
-             'which the <code>steady_*</code> fields are computed (see docs/workloads.md).</p>']
-    for r in list(firsts.values())[:_MAX_FIGURES]:
-        caption = f"{r.get('serve_label') or r.get('serve_id')} · {r.get('bench_label') or r.get('bench_id')}"
-        window = ("no steady-state window" if r.get("steady_window_start_s") is None else
-                  f"steady {r['steady_window_start_s']:g} to {r['steady_window_end_s']:g} s")
-        try:
-            path = Path(output_dir) / r["timeseries_path"]
-            # kept by a written report while the record and its time series are unchanged (raysweep.report_cache)
-            parts.append(cached(partial(_figure_key, path, r, caption, window),
-                                partial(_figure_html, path, r, caption, window)))
-        except Exception as exc:  # noqa: BLE001 - a figure that fails costs only itself
-            log.warning("time series of %s not drawn: %s", r.get("point_id"), exc)
-            parts.append(f'<p class="note">{e(caption)}: not drawn ({e(str(exc))})</p>')
-    if len(firsts) > _MAX_FIGURES:
-        parts.append(f'<p class="muted">{len(firsts) - _MAX_FIGURES} more points have a time series (their '
-                     "parquet files are under points/).</p>")
-    return "\n".join(parts)
-
-
-def _figure_html(path: Path, record: dict[str, Any], caption: str, window: str) -> str:
-    """A point's time-series figure drawn, as the report embeds it."""
-    from raysweep.plots import figure_bytes
-
-    png = base64.b64encode(figure_bytes(figure(read_timeseries(path), record), "png", dpi=90)).decode()
-    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{png}">'
-            f"<figcaption>{html.escape(caption)} ({html.escape(window)})</figcaption></figure>")
-
-
-def _figure_key(path: Path, record: dict[str, Any], caption: str, window: str) -> tuple[Any, ...]:
-    """What a time-series figure is drawn from: its record, its file's bytes (None when unreadable: then
-    drawing fails and says why), its caption."""
-    try:
-        data: bytes | None = path.read_bytes()
-    except OSError:
-        data = None
-    return ("timeseries", json.dumps(record, sort_keys=True, default=str), data, caption, window)

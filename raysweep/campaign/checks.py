@@ -88,7 +88,7 @@ def _check_mode(campaign: Campaign) -> None:
 
 
 def _check_startup_mode(campaign: Campaign) -> None:
-    """`mode: startup` runs `vllm bench startup` (raysweep.startup); that command in mode offline too."""
+    """`mode: startup` runs `vllm bench startup` (raysweep.serve.startup); that command in mode offline too."""
     from raysweep.bench.offline import offline_kind
 
     assert campaign.offline is not None
@@ -177,7 +177,7 @@ def _check_confirm(campaign: Campaign) -> None:
 def _check_affinity(campaign: Campaign) -> None:
     """The server's and the clients' CPUs, when both are given, must not overlap (the validity record would
     mark every run "shared CPUs")."""
-    from raysweep.validity import cpu_set, cpu_text
+    from raysweep.procs import cpu_set, cpu_text
 
     if campaign.serve is None or campaign.bench is None:
         return
@@ -201,7 +201,7 @@ def _check_precision(campaign: Campaign) -> None:
 
 
 def _check_sla(campaign: Campaign, bench_combos: list[dict[str, Any]]) -> None:
-    from raysweep.sla import parse_targets
+    from raysweep.sla.search import parse_targets
 
     sla = campaign.sla
     assert sla is not None and campaign.bench is not None

@@ -144,7 +144,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     _check_precision(campaign)
     _check_affinity(campaign)
     if campaign.slo is not None:
-        from raysweep.sla import parse_slo
+        from raysweep.sla.search import parse_slo
 
         parse_slo(campaign.slo)
     if campaign.offline is not None:
@@ -168,7 +168,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     if campaign.bench.backend == "native":
         _check_native(bench_argv, bench_combos, bench_origins)
     if campaign.bench.workload is not None:
-        from raysweep.load_levels import check_workload
+        from raysweep.campaign.levels import check_workload
 
         check_workload(campaign, serve_combos, bench_combos)
     if campaign.sla is not None:

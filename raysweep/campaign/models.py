@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from raysweep.load_levels import WorkloadSpec
-from raysweep.order import ConfirmSpec, OrderSpec
-from raysweep.precision import PrecisionSpec
+from raysweep.campaign.levels import WorkloadSpec
+from raysweep.maths.order import ConfirmSpec, OrderSpec
+from raysweep.maths.precision import PrecisionSpec
 
 __all__ = ["BenchSpec", "Campaign", "ClientGuardSpec", "CostSpec", "EndpointSpec", "NodeRule", "OfflineSpec",
            "Pin", "PlacementSpec", "ServeSpec", "SlaSpec", "TrackingSpec", "TransportSpec", "TuneBudget",
@@ -24,8 +24,8 @@ NATIVE_DEFAULT_CMD = "vllm bench serve"
 
 
 def _check_cpus(v: list[int] | str | None) -> list[int] | str | None:
-    """CPU ids as a list of non-negative integers or text like "0-3,6" (`raysweep.validity.cpu_set`)."""
-    from raysweep.validity import cpu_set
+    """CPU ids as a list of non-negative integers or text like "0-3,6" (`raysweep.procs.cpu_set`)."""
+    from raysweep.procs import cpu_set
 
     if v is not None and (not cpu_set(v) or (isinstance(v, list) and any(c < 0 for c in v))):
         raise ValueError(f"{v!r} is not a set of CPU ids; accepted: a list of CPU ids like [0, 1], or text like "

@@ -9,8 +9,12 @@ operations (`cluster`: preflight, tiny-model; `acceptance`: acceptance, checklis
 Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing
 was started); 3 Ray did not start or could not be joined (one message says what to try; nothing was run);
 130 interrupted (finished points are kept; `raysweep resume` continues).
+
+A face: may import every room; every mode is imported (`raysweep.modes`) so that what it registers is
+there.
 """
 
+import raysweep.modes  # noqa: F401 - every mode registered (the report's sections)
 from raysweep.cli import (  # noqa: F401  # noqa: F401  # noqa: F401
     acceptance,
     analysing,

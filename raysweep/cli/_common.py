@@ -56,7 +56,7 @@ class _OutputDir(click.ParamType):
         self.must_exist = must_exist
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        from raysweep import storage
+        from raysweep.record import storage
 
         if storage.is_uri(str(value)):
             return str(storage.resolve_output(str(value)))

@@ -15,9 +15,9 @@ from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, address
 
 def _print_checklist(output_dir: Path, not_run: dict[str, str] | None = None) -> int:
     """Print the checklist of an output dir; the number of items that failed or were not seen."""
-    from raysweep import acceptance
     from raysweep.ledger import Ledger
-    from raysweep.results import results_table
+    from raysweep.results import acceptance
+    from raysweep.results.table import results_table
 
     ledger = Ledger.open_existing(output_dir)
     try:
@@ -48,11 +48,11 @@ def checklist(output_dir: str) -> None:
 def acceptance(campaign_file: str, address: str | None, output_dir: str | None, dry_run: bool) -> None:
     """Run a GPU acceptance campaign (configs/gpu-acceptance.yaml) on the cluster, leaving out configurations it
     cannot hold (a pipeline across two nodes on one node), then print its checklist."""
-    from raysweep import acceptance as acc
-    from raysweep import placement
     from raysweep.campaign import load_campaign
     from raysweep.cli.running import _dry_run, _run
-    from raysweep.driver import ray_session
+    from raysweep.drive.driver import ray_session
+    from raysweep.place import placement
+    from raysweep.results import acceptance as acc
 
     spec = load_campaign(campaign_file)
     out = _output_dir(spec, output_dir)

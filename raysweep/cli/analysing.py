@@ -63,8 +63,8 @@ def default_figures(output_dir: str | Path) -> tuple[list[Path], list[str]]:
 
 def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_server_metrics: bool,
           out_path: str | None, fig_dir: str | None, dry_run: bool, **spec: Any) -> tuple[list[Path], list[str]]:
-    from raysweep import plots
-    from raysweep.importer import read_sla, read_table
+    from raysweep.report import plots
+    from raysweep.results.importer import read_sla, read_table
 
     if fig_dir is not None and out_path is not None:
         raise UserError("--out and --fig-dir both say where the figures go; accepted: one of them")
@@ -119,8 +119,8 @@ def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count
            dry_run: bool) -> None:
     """The Pareto front of output tokens/s per user against output tokens/s per GPU (or energy or cost per token,
     --y), as a figure and a CSV."""
-    from raysweep import plots
-    from raysweep.importer import read_table
+    from raysweep.report import plots
+    from raysweep.results.importer import read_table
 
     table = read_table(output_dir)
     result = plots.pareto(table.df, user_count_var, gpu_count_var, filter_by, gpu_count, y_axis)
@@ -148,7 +148,7 @@ def report(output_dir: str, out_path: str | None, objective: str | None, as_json
     Pareto front, SLA capacities), warnings, figures, results, SLA, transport, failures, campaign, plan,
     environment. Prints its path and the conclusions."""
     from raysweep.ledger import Ledger
-    from raysweep.report import write_report_with_headlines
+    from raysweep.report.page import write_report_with_headlines
 
     Ledger.open_existing(output_dir).close()
     path, lines = write_report_with_headlines(output_dir, out_path, objective)
@@ -166,7 +166,7 @@ def report(output_dir: str, out_path: str | None, objective: str | None, as_json
 def import_(vllm_dir: str, output_dir: str) -> None:
     """Turn a `vllm bench sweep` output dir (its summary.json files) into a results table (parquet + csv)
     that `plot` and `pareto` read."""
-    from raysweep.importer import import_vllm_sweep
+    from raysweep.results.importer import import_vllm_sweep
 
     paths, table = import_vllm_sweep(vllm_dir, output_dir)
     out.print(f"{len(table.df)} run(s), {len(table.df.columns)} column(s)")

@@ -16,7 +16,7 @@ from raysweep.errors import UserError
 @main.command()
 def schema() -> None:
     """Print the JSON Schema of a campaign file (configs/raysweep-campaign.schema.json is a copy)."""
-    from raysweep.schema import campaign_schema
+    from raysweep.campaign.schema import campaign_schema
 
     _say(json.dumps(campaign_schema(), indent=2))
 
@@ -50,8 +50,8 @@ def validate(campaign_files: tuple[str, ...], as_json: bool) -> None:
 def _check(campaign_file: str) -> dict[str, Any]:
     from raysweep.bench.checks import check_data_files
     from raysweep.campaign import load_campaign
-    from raysweep.plan import build_plan
-    from raysweep.vllm_options import check_campaign
+    from raysweep.campaign.vllm_options import check_campaign
+    from raysweep.plan.plan import build_plan
 
     try:
         plan = build_plan(load_campaign(campaign_file))

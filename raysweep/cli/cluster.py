@@ -31,14 +31,14 @@ def preflight(address: str | None, as_json: bool, out_path: str | None, strict: 
     driver's, and hosts that cannot reach each other over TCP."""
     import json
 
-    from raysweep.driver import ray_session
-    from raysweep.files import write_json_atomic
-    from raysweep.preflight import describe_node, finding_text, node_label, run_preflight
+    from raysweep.drive.driver import ray_session
+    from raysweep.place.preflight import describe_node, finding_text, node_label, run_preflight
+    from raysweep.record.files import write_json_atomic
 
     with logs.routed(), ray_session(address):
         pre = run_preflight()
         if bandwidth:
-            from raysweep import fabric, placement
+            from raysweep.place import fabric, placement
 
             base = fabric.bandwidth_baseline(placement.cluster_nodes(), bandwidth_mib)
     data = pre.to_dict()
@@ -86,6 +86,6 @@ def preflight(address: str | None, as_json: bool, out_path: str | None, strict: 
 @click.option("--overwrite", is_flag=True)
 def tiny_model(directory: str, overwrite: bool) -> None:
     """Write a tiny dummy-weight Llama (config + tokenizer) that the vLLM CPU build can serve."""
-    from raysweep.demo import make_tiny_model
+    from raysweep.serve.demo import make_tiny_model
 
     out.print(str(make_tiny_model(directory, overwrite=overwrite)))

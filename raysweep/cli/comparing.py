@@ -51,7 +51,7 @@ def _sorted_by(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def shown_metrics(option: str, given: str | None, available: list[str], default: tuple[str, ...] = _SHOWN) -> list[str]:
     """The metrics a table shows: `given` (a comma list, each checked) or the defaults that are there."""
-    from raysweep.plots import split_list
+    from raysweep.report.plots import split_list
 
     names = list(split_list(given))
     if not names:
@@ -68,8 +68,9 @@ def print_aggregates(output_dir: str, results: pd.DataFrame, formats: tuple[str,
     """Print the aggregates per point (`results --aggregate`), and write summary.* into `dest` when given."""
     import pandas as pd
 
-    from raysweep import aggregate, plots
-    from raysweep.results import kept_summary
+    from raysweep.report import plots
+    from raysweep.results import aggregate
+    from raysweep.results.table import kept_summary
 
     names = plots.split_list(noise_metrics) or None
     kept = kept_summary(output_dir, confidence, threshold) if names is None else None  # as the run's end wrote it
@@ -157,8 +158,9 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
     verdict over the runs (better, worse, not shown with N runs, not judged). Writes the tables and one figure with
     the curves
     of all with --out, and records the baseline with --record; nothing otherwise."""
-    from raysweep import compare, plots
     from raysweep.ledger import LEDGER_FILE
+    from raysweep.report import plots
+    from raysweep.results import compare
 
     if record and no_record:
         raise UserError("--record and --no-record: accepted: one of them")
@@ -186,7 +188,7 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
 
 
 def _comparison_document(cmp: Any) -> dict[str, Any]:
-    from raysweep import compare
+    from raysweep.results import compare
 
     table = _sorted_by(cmp.table, list(cmp.on))
     points = []
@@ -205,7 +207,8 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
 
 
 def _print_comparison(cmp: Any) -> None:
-    from raysweep import compare, plots
+    from raysweep.report import plots
+    from raysweep.results import compare
 
 
     out.print(f"[bold]{escape(cmp.other.name)}[/] against [bold]{escape(cmp.baseline.name)}[/]: {len(cmp.table)} "

@@ -45,11 +45,11 @@ def crosscheck(campaign_file: str, serve_index: int | None, serve_id: str | None
     import json
     import time
 
-    from raysweep import crosscheck as xc
     from raysweep.campaign import load_campaign
-    from raysweep.driver import ray_session
-    from raysweep.files import write_json_atomic, write_text_atomic
-    from raysweep.plan import build_plan
+    from raysweep.drive import crosscheck as xc
+    from raysweep.drive.driver import ray_session
+    from raysweep.plan.plan import build_plan
+    from raysweep.record.files import write_json_atomic, write_text_atomic
 
     spec = load_campaign(campaign_file)
     serve, benches = xc.select(build_plan(spec), serve_index, serve_id, points)

@@ -93,7 +93,7 @@ class _ProgressDisplay:
             p.console.print(f"server config {data['serve'].id}: one more server (replica {data['replica']}) to share "
                             f"its {data['points_left']} points left", highlight=False)
         elif kind == "transport":
-            from raysweep.transport import describe
+            from raysweep.place.transport import describe
 
             refused = data["refused"]
             if not (refused or _says_something(data["verdict"])):

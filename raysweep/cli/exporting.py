@@ -23,7 +23,7 @@ def export_cmd(output_dir: str, mlflow_uri: str | None, wandb_project: str | Non
                entity: str | None, no_report: bool) -> None:
     """Log every point (parameters, aggregates, per-run values, validity record) and the report to an
     experiment tracker: one run per point and one for the campaign."""
-    from raysweep import export
+    from raysweep.report import export
 
     if (mlflow_uri is None) == (wandb_project is None):
         raise UserError("export: name one tracker: --mlflow URI or --wandb PROJECT")

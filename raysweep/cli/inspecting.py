@@ -40,7 +40,7 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
     """The merged results table (one row per run) and, with --aggregate, the aggregates per point. Writes
     results.* and summary.* only when asked (--out DIR, or --format)."""
     from raysweep.ledger import Ledger
-    from raysweep.results import results_table, write_results
+    from raysweep.results.table import results_table, write_results
 
     Ledger.open_existing(output_dir).close()
     df = results_table(output_dir)
@@ -71,8 +71,8 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
 @json_option
 def sla(output_dir: str, out_path: str | None, as_json: bool) -> None:
     """The SLA table: per server config x bench point x target, the largest load that meets the target."""
-    from raysweep.files import write_text_atomic
-    from raysweep.results import sla_table
+    from raysweep.record.files import write_text_atomic
+    from raysweep.results.table import sla_table
 
     df = sla_table(output_dir)
     if df.empty:

@@ -41,8 +41,8 @@ def submit(campaign_file: str, address: str | None, output_dir: str | None, foll
     """Send a campaign to a Ray cluster as a job (`raysweep run` there). Submitting it again resumes it."""
     import tempfile
 
-    from raysweep import jobs
     from raysweep.campaign import load_campaign
+    from raysweep.drive import jobs
 
     spec = load_campaign(campaign_file)
     target = output_dir or spec.campaign.output_dir or f"results/{spec.campaign.name}"
@@ -67,7 +67,7 @@ def submit(campaign_file: str, address: str | None, output_dir: str | None, foll
 
 
 def _follow(job_client: Any, job_id: str) -> None:
-    from raysweep import jobs
+    from raysweep.drive import jobs
 
     def write(chunk: str) -> None:
         sys.stdout.write(chunk)
@@ -91,7 +91,7 @@ def jobs(address: str | None, show_all: bool, follow_id: str | None) -> None:
     """The cluster's raysweep jobs: id, campaign, status, output dir, start and end."""
     from datetime import datetime
 
-    from raysweep import jobs as jobs_mod
+    from raysweep.drive import jobs as jobs_mod
 
     job_client = jobs_mod.client(address)
     if follow_id:
@@ -120,7 +120,7 @@ def jobs(address: str | None, show_all: bool, follow_id: str | None) -> None:
               help="Seconds to wait for the job to end (0: do not wait).")
 def stop_job(job_id: str, address: str | None, wait_s: float) -> None:
     """Stop a submitted campaign: its servers are stopped, finished points kept; submit it again to resume."""
-    from raysweep import jobs
+    from raysweep.drive import jobs
 
     status = jobs.stop(jobs.client(address), job_id, wait_s)
     out.print(f"{job_id}: {status}", highlight=False)

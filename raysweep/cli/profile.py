@@ -80,7 +80,7 @@ def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, na
     OUTPUT_DIR/campaign.yaml with `serve.url: URL` and runs it like `raysweep run` (resumed when run again)."""
     from raysweep.campaign import campaign_from_dict
     from raysweep.cli.running import _dry_run, _run
-    from raysweep.files import write_text_atomic
+    from raysweep.record.files import write_text_atomic
 
     name = name or default_name(url)
     out = Path(output_dir or f"results/{name}")
@@ -90,7 +90,7 @@ def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, na
     if dry_run:
         _dry_run(spec, address, out, ())
         return
-    from raysweep.endpoint import check_endpoints
+    from raysweep.drive.endpoint import check_endpoints
 
     check_endpoints(spec)  # the endpoint answers with an OpenAI API before the file is written
     path = write_text_atomic(out / "campaign.yaml", yaml.safe_dump(data, sort_keys=False))

@@ -58,11 +58,11 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
 
 
 def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tuple[str, ...]) -> None:
-    from raysweep import placement
     from raysweep.bench.command import bench_argv
-    from raysweep.driver import check_placement, placement_lines, ray_session
-    from raysweep.plan import build_plan, dry_run_text
-    from raysweep.vllm_options import check_campaign
+    from raysweep.campaign.vllm_options import check_campaign
+    from raysweep.drive.driver import check_placement, placement_lines, ray_session
+    from raysweep.place import placement
+    from raysweep.plan.plan import build_plan, dry_run_text
 
     plan = build_plan(spec)
     options = check_campaign(spec)  # refused here as `validate` and `run` refuse it
@@ -90,8 +90,8 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
     if options.checked or options.note:
         text += f"\n\n{options.line()}"
     if spec.campaign.tune is None:  # the winner's confirmation after the sweep: on or off, and its cost
-        from raysweep.confirm import dry_run_lines as confirm_lines
-        from raysweep.estimate import estimate
+        from raysweep.drive.confirm import dry_run_lines as confirm_lines
+        from raysweep.plan.estimate import estimate
 
         said = confirm_lines(plan, estimate(plan).wall_s)
         text += "\n\n" + "\n".join(said) if said else ""
@@ -105,7 +105,7 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
     if links := _recorded_links(output_dir):  # a campaign being resumed
         _say(links)
     if spec.campaign.tune is not None:
-        from raysweep.estimate import measured_from
+        from raysweep.plan.estimate import measured_from
         from raysweep.tune import dry_run_estimate
 
         _say(dry_run_estimate(plan, measured_from(*estimate_from)))
@@ -117,8 +117,8 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
 def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path, options: str | None = None) -> bool:
     """The dry run of a `serve.url` campaign (nothing is placed: the endpoints run already); False otherwise.
     `options` is the verdict of the vLLM options check, when there was one."""
-    from raysweep.endpoint import endpoint_lines, endpoints_of
-    from raysweep.plan import dry_run_text
+    from raysweep.drive.endpoint import endpoint_lines, endpoints_of
+    from raysweep.plan.plan import dry_run_text
 
     eps = {s.id: ep for s, ep in zip(plan.serves, endpoints_of(spec))}
     if not eps:
@@ -133,7 +133,7 @@ def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path, options: str | Non
 def _recorded_links(output_dir: Path) -> str:
     """For a campaign being resumed: the links and fabric probe its servers got so far (empty otherwise)."""
     from raysweep.ledger import LEDGER_FILE, Ledger
-    from raysweep.transport import recorded_lines
+    from raysweep.place.transport import recorded_lines
 
     if not (output_dir / LEDGER_FILE).is_file():
         return ""
@@ -148,8 +148,8 @@ def _recorded_links(output_dir: Path) -> str:
 def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], layouts: dict[str, Any], gpus: int,
                    max_servers: int | None, cost: Any = None) -> str:
     """The estimate of what is left: the output dir's own finished points are not counted again."""
-    from raysweep.estimate import estimate, measured_from
     from raysweep.ledger import LEDGER_FILE, Ledger, PointState
+    from raysweep.plan.estimate import estimate, measured_from
 
     own = (output_dir / LEDGER_FILE).is_file()
     done: set[str] = set()
@@ -167,10 +167,10 @@ def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], 
     gpus_of = {sid: lay.gpu_count for sid, lay in layouts.items()} if gpus else None  # None: their shapes
     est = estimate(plan, done=done, measured=measured, lanes=max(1, lanes), gpus_of=gpus_of)
     source = ("measured in " + ", ".join([str(output_dir)] * own + list(estimate_from))) if measured else (
-        "from the commands and raysweep.estimate.DEFAULTS")
+        "from the commands and raysweep.plan.estimate.DEFAULTS")
     notes = [f"durations {source}"] + [f"{len(done)} run(s) already done are not counted"] * bool(done) + [
         "GPU-hours of the configurations' shapes: no GPUs here"] * (not gpus)
-    from raysweep.cost import estimate_line
+    from raysweep.plan.cost import estimate_line
 
     priced = estimate_line(cost, est.gpu_hours)
     return f"{est.text()} ({'; '.join(notes)})" + (f"\n{priced}" if priced else "")
@@ -206,14 +206,14 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
 
 def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False,
          as_json: bool = False, accept_changes: bool = False) -> None:
-    from raysweep import run_checks
+    from raysweep.drive import checks as run_checks
 
     finished = run_checks.finished(spec, output_dir, retry_failed)
     if finished is not None:  # nothing left to run: answered from the files; Ray is not even imported
         _answer_finished(spec, output_dir, finished, as_json)
         return
-    from raysweep.driver import driver_cpus, ray_session, run_campaign
-    from raysweep.results import write_results
+    from raysweep.drive.driver import driver_cpus, ray_session, run_campaign
+    from raysweep.results.table import write_results
 
     # endpoints, tracking, a changed campaign, a live driver or changed settings: refused before Ray starts
     run_checks.check_before_run(spec, output_dir, force=force, accept_changes=accept_changes)
@@ -251,7 +251,7 @@ def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int]
     """A finished campaign run again: its counts, results and report, each made again only where a point
     finished after it was written."""
     from raysweep.ledger import Ledger
-    from raysweep.results import write_results
+    from raysweep.results.table import write_results
 
     counts, failed = finished
     ledger = Ledger.open_existing(output_dir)
@@ -301,7 +301,7 @@ def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:
     """`report: true`: the HTML report and the default figures, with their paths; (report, figures,
     conclusions)."""
     from raysweep.cli.analysing import default_figures
-    from raysweep.report import write_report_with_headlines
+    from raysweep.report.page import write_report_with_headlines
 
     figures, _ = default_figures(output_dir)  # their notes are in the report
     path, lines = write_report_with_headlines(output_dir)

@@ -65,7 +65,7 @@ def _watch_json(output_dir: str, every: float) -> None:
 
 def _local(output_dir: str) -> str:
     """The output dir as a local directory (a URI is downloaded, again on every call)."""
-    from raysweep import storage
+    from raysweep.record import storage
 
     return str(storage.resolve_output(output_dir))
 
@@ -90,7 +90,7 @@ def _show(output_dir: str) -> bool:
     print_table(table, out)
     live = False
     if driver:
-        from raysweep.driver import driver_alive
+        from raysweep.drive.driver import driver_alive
 
         live = driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"], driver["pid_create_time"])
         state = "running" if live else (driver["outcome"] or "gone without a trace (killed?)")
@@ -135,11 +135,11 @@ def _show(output_dir: str) -> bool:
 
 
 def _spend_line(servers: list[Any], stored: dict[str, Any]) -> None:
-    """The GPU-hours held so far and, with a `cost:` block, what they cost (`raysweep.cost`)."""
+    """The GPU-hours held so far and, with a `cost:` block, what they cost (`raysweep.plan.cost`)."""
     if not servers:
         return
     from raysweep.campaign import CostSpec
-    from raysweep.cost import spend_line
+    from raysweep.plan.cost import spend_line
 
     block = stored.get("cost")
     _say(spend_line(CostSpec.model_validate(block) if block else None, servers))
@@ -148,8 +148,8 @@ def _spend_line(servers: list[Any], stored: dict[str, Any]) -> None:
 def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:
     """Done / total per server configuration, and the ETA of what is left from the measured durations."""
     from raysweep import grid
-    from raysweep.estimate import eta_s, format_duration, measured_from
     from raysweep.ledger import PointState
+    from raysweep.plan.estimate import eta_s, format_duration, measured_from
 
     by_serve: dict[str, list[Any]] = {}
     for p in points:
@@ -204,8 +204,8 @@ def _precision_line(output_dir: str, stored: dict[str, Any]) -> None:
 
 
 def _startup_table(servers: list[Any]) -> None:
-    """The phases of the server starts, medians per configuration (raysweep.startup)."""
-    from raysweep.startup import table_rows
+    """The phases of the server starts, medians per configuration (raysweep.serve.startup)."""
+    from raysweep.serve.startup import table_rows
 
     header, rows = table_rows(servers)
     if not rows:
@@ -221,7 +221,7 @@ def _startup_table(servers: list[Any]) -> None:
 def _workload_lines(output_dir: str, stored: dict[str, Any]) -> None:
     """bench.workload: the levels decided per server config and bench point."""
     from raysweep.ledger import Ledger
-    from raysweep.workload_levels import status_lines
+    from raysweep.levels.search import status_lines
 
     if not (stored.get("bench") or {}).get("workload"):
         return
@@ -236,8 +236,8 @@ def _workload_lines(output_dir: str, stored: dict[str, Any]) -> None:
 
 def _validity_lines(output_dir: str, limit: int = 20) -> None:
     """How many finished runs fail a validity check, and which (the first `limit`) with the checks."""
-    from raysweep.hardware import mixed
-    from raysweep.results import flagged, load_records
+    from raysweep.results.table import flagged, load_records
+    from raysweep.serve.hardware import mixed
 
     records = load_records(output_dir)
     for serve_id, kinds in mixed(records).items():
@@ -259,7 +259,7 @@ def _validity_lines(output_dir: str, limit: int = 20) -> None:
 
 def _transport_table(servers: list[Any], require: str) -> None:
     """The NCCL transport verdict of the latest server of every configuration, refused ones in red."""
-    from raysweep import transport
+    from raysweep.place import transport
 
     latest = {s.serve_id: s for s in servers if s.transport}
     if not latest:
@@ -306,13 +306,14 @@ def _events_table(events: list[dict[str, Any]]) -> None:
 
 def status_document(output_dir: str) -> dict[str, Any]:
     """What `status --json` prints (raysweep/schemas/status.json)."""
-    from raysweep import grid, hardware
+    from raysweep import grid
     from raysweep.campaign import CostSpec
-    from raysweep.cost import campaign_spend
-    from raysweep.driver import driver_alive
-    from raysweep.estimate import eta_s, measured_from
+    from raysweep.drive.driver import driver_alive
     from raysweep.ledger import Ledger, PointState
-    from raysweep.results import flagged, load_records
+    from raysweep.plan.cost import campaign_spend
+    from raysweep.plan.estimate import eta_s, measured_from
+    from raysweep.results.table import flagged, load_records
+    from raysweep.serve import hardware
 
     ledger = Ledger.open_existing(output_dir)
     try:

@@ -60,7 +60,7 @@ def tune(output_dir: str, top: int | None, csv_out: str | None, as_json: bool) -
         import csv
         import io
 
-        from raysweep.files import write_text_atomic
+        from raysweep.record.files import write_text_atomic
 
         text = io.StringIO()
         w = csv.writer(text)

@@ -8,6 +8,8 @@ The rooms: `store` (tables, added columns, the connection), `rows` (what readers
 (the stored campaign and the sync of its plan), `drivers` (who holds it, recovery), `points` (their states
 and moves), `servers` (server starts, cluster events), `decisions` (SLA searches, precision, load levels,
 tuning candidates).
+
+May import: the stage-free rooms only. Knows nothing of Ray or HTTP.
 """
 
 from __future__ import annotations

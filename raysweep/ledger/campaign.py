@@ -22,7 +22,7 @@ class CampaignLedger(Store):
         return row["value"] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
-        """Keep one value of the campaign's record (e.g. `measured_with`, raysweep.drift)."""
+        """Keep one value of the campaign's record (e.g. `measured_with`, raysweep.record.drift)."""
         with self._tx() as c:
             c.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                       (key, value))

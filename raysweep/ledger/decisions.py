@@ -1,6 +1,6 @@
 """What the campaign decided while it ran, kept so that a resume takes it up: SLA searches
-(raysweep.sla_probe), `bench.precision` states (raysweep.sequential), `bench.workload` load levels
-(raysweep.workload_levels) and tuning candidates (raysweep.tune)."""
+(raysweep.sla.probe), `bench.precision` states (raysweep.drive.sequential), `bench.workload` load levels
+(raysweep.levels.search) and tuning candidates (raysweep.tune)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class DecisionLedger(Store):
         return [{**dict(r), "notes": json.loads(r["notes"] or "[]"), "metrics": json.loads(r["metrics"] or "{}")}
                 for r in rows]
 
-    # -- bench.precision (raysweep.sequential) ---------------------------------------------------------
+    # -- bench.precision (raysweep.drive.sequential) ---------------------------------------------------------
 
     def record_precision(self, serve_id: str, bench_id: str, state: str, runs_done: int, runs_spent: int,
                          rel_half_width: float | None) -> None:
@@ -49,7 +49,7 @@ class DecisionLedger(Store):
             rows = self._conn.execute("SELECT * FROM precision ORDER BY serve_id, bench_id").fetchall()
         return [dict(r) for r in rows]
 
-    # -- bench.workload (raysweep.workload_levels) -----------------------------------------------------
+    # -- bench.workload (raysweep.levels.search) -----------------------------------------------------
 
     def record_workload_levels(self, serve_id: str, bench_id: str, variable: str, serial: float | None,
                                batch: float | None, levels: list[int], state: str, replace: bool = False) -> None:

@@ -60,13 +60,13 @@ class ServerRow:
     error: str | None
     log_tail: str | None
     log_path: str | None
-    transport: str | None = None  # JSON: the NCCL transport verdict (raysweep.transport.server_verdict)
+    transport: str | None = None  # JSON: the NCCL transport verdict (raysweep.place.transport.server_verdict)
     nice: str | None = None  # the server process's niceness (the highest of its ranks)
     cpu_affinity: str | None = None  # its CPU affinity per node: "ip=0-3;ip=0-7"
-    provenance: str | None = None  # JSON: versions, GPUs, model, hostnames (raysweep.provenance)
-    fabric: str | None = None  # JSON: the all-reduce bandwidth probe before it started (raysweep.fabric)
+    provenance: str | None = None  # JSON: versions, GPUs, model, hostnames (raysweep.serve.provenance)
+    fabric: str | None = None  # JSON: the all-reduce bandwidth probe before it started (raysweep.place.fabric)
     topology: str | None = None  # JSON: per node, its GPUs' NVLink / PCIe / NUMA topology and the TP warnings
-    startup: str | None = None  # JSON: the phases of its start, from its log (raysweep.startup)
+    startup: str | None = None  # JSON: the phases of its start, from its log (raysweep.serve.startup)
 
     def transport_verdict(self) -> dict[str, Any] | None:
         return dict(json.loads(self.transport)) if self.transport else None

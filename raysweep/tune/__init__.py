@@ -19,11 +19,13 @@ candidate runs again.
 
 Rooms: `space` (the search space and its checks), `sampler` and `surrogate` (who proposes), `candidates`,
 `work` (a candidate's life as the scheduler's work), `objective`, `rungs` (early stopping), `budget`,
-`proposals` (the surrogate's and the front's neighbours), `pareto` (dominance, hypervolume, the front),
-`ranking` (the leaderboard), `dry_run`. The report's Tuning section is `raysweep.report_tuning`.
+`proposals` (the surrogate's and the front's neighbours), `ranking` (the leaderboard), `dry_run`; the Pareto
+geometry (dominance, hypervolume, the front) is `raysweep.maths.pareto`. The report's Tuning section is
+`report_section`, registered with the report when this package is imported.
 
-The names below are loaded on first use, so that importing one room (the Pareto geometry, say) does not
-import Optuna.
+A mode: may import every stage and the stage-free rooms, never another mode.
+
+The names below are loaded on first use, so that importing one room does not import Optuna.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from raysweep.report.registry import Section, register
+
 if TYPE_CHECKING:
-    from raysweep.report_tuning import report_section
+    from raysweep.report.data import ReportData
     from raysweep.tune.budget import Budget
     from raysweep.tune.candidates import STATES, Candidate, restore_plan
     from raysweep.tune.dry_run import dry_run_estimate, dry_run_lines
     from raysweep.tune.objective import Objective
-    from raysweep.tune.pareto import FRONT_MARGIN, LIFT, beaten, hypervolume, pareto_front
     from raysweep.tune.proposals import MODEL_CANDIDATES, POLISH_SHARE, Proposals
     from raysweep.tune.ranking import leaderboard, objective_names
     from raysweep.tune.rungs import Rungs, rung_sizes
@@ -57,24 +60,30 @@ if TYPE_CHECKING:
 _WHERE = {
     "Budget": "budget", "STATES": "candidates", "Candidate": "candidates", "restore_plan": "candidates",
     "dry_run_estimate": "dry_run", "dry_run_lines": "dry_run", "leaderboard": "ranking",
-    "objective_names": "ranking", "Objective": "objective", "FRONT_MARGIN": "pareto", "LIFT": "pareto",
-    "beaten": "pareto", "hypervolume": "pareto", "pareto_front": "pareto", "MODEL_CANDIDATES": "proposals",
+    "objective_names": "ranking", "Objective": "objective",
+    "MODEL_CANDIDATES": "proposals",
     "POLISH_SHARE": "proposals", "Proposals": "proposals", "Rungs": "rungs", "rung_sizes": "rungs",
     "MAX_ASKS": "sampler", "STARTUP": "sampler", "Tuner": "sampler", "GRID_LIMIT": "space", "SHAPE_KEYS": "space",
     "SLA_CAPACITY": "space", "candidate_serve": "space", "check_tune": "space", "distribution": "space",
     "distributions": "space", "refusal": "space", "TunedCluster": "work", "TuneWork": "work",
 }
 
-__all__ = ["Budget", "Candidate", "FRONT_MARGIN", "GRID_LIMIT", "LIFT", "MAX_ASKS", "MODEL_CANDIDATES", "Objective",
-           "POLISH_SHARE", "Proposals", "Rungs", "SHAPE_KEYS", "SLA_CAPACITY", "STARTUP", "STATES", "TuneWork",
-           "TunedCluster", "Tuner", "beaten", "candidate_serve", "check_tune", "distribution", "distributions",
-           "dry_run_estimate", "dry_run_lines", "hypervolume", "leaderboard", "objective_names", "pareto_front",
-           "refusal", "report_section", "restore_plan", "rung_sizes"]
+__all__ = ["Budget", "Candidate", "GRID_LIMIT", "MAX_ASKS", "MODEL_CANDIDATES", "Objective", "POLISH_SHARE",
+           "Proposals", "Rungs", "SHAPE_KEYS", "SLA_CAPACITY", "STARTUP", "STATES", "TuneWork", "TunedCluster", "Tuner",
+           "candidate_serve", "check_tune", "distribution", "distributions", "dry_run_estimate", "dry_run_lines",
+           "leaderboard", "objective_names", "refusal", "restore_plan", "rung_sizes"]
+
+
+def _tuning_section(data: ReportData) -> str | None:
+    from raysweep.tune.report_section import report_section  # imports Optuna: only for a campaign with `tune:`
+
+    return report_section(data.output_dir)
+
+
+register(Section("tuning", "Tuning", _tuning_section, lambda d: bool(d.campaign.get("tune")), order=90))
 
 
 def __getattr__(name: str) -> Any:
-    if name == "report_section":  # the report's section, where it was before it moved to the report's side
-        return importlib.import_module("raysweep.report_tuning").report_section
     if name in _WHERE:
         return getattr(importlib.import_module(f"raysweep.tune.{_WHERE[name]}"), name)
     raise AttributeError(f"module 'raysweep.tune' has no attribute {name!r}")

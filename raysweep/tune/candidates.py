@@ -10,7 +10,7 @@ from typing import Any
 
 from raysweep import grid
 from raysweep.ledger import Ledger, PointState
-from raysweep.plan import Plan, ServeConfig, serve_points
+from raysweep.plan.plan import Plan, ServeConfig, serve_points
 from raysweep.tune.space import candidate_serve
 
 STATES = ("running", "complete", "pruned", "failed", "refused")

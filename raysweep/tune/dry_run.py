@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from raysweep import grid, placement
-from raysweep.plan import Plan, ServeConfig, serve_points
+from raysweep import grid
+from raysweep.place import placement
+from raysweep.plan.plan import Plan, ServeConfig, serve_points
 from raysweep.tune.ranking import objective_names
 from raysweep.tune.sampler import Tuner
 from raysweep.tune.space import SLA_CAPACITY, candidate_serve, refusal
@@ -68,7 +69,7 @@ def dry_run_lines(plan: Plan, nodes: list[placement.NodeInfo] | None = None,
 def dry_run_estimate(plan: Plan, measured: Any = None, first: int = 4) -> str:
     """What one candidate costs (the mean of the first candidates the sampler asks for, from the commands or
     what `measured` holds), and what the budget's candidate count would then hold at most."""
-    from raysweep.estimate import estimate, format_duration
+    from raysweep.plan.estimate import estimate, format_duration
 
     t = plan.spec.campaign.tune
     assert t is not None

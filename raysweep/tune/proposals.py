@@ -16,14 +16,14 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from raysweep import placement
 from raysweep.campaign import TuneSpec
-from raysweep.plan import Plan
+from raysweep.maths.pareto import LIFT, _lifted, hypervolume
+from raysweep.place import placement
+from raysweep.plan.plan import Plan
 from raysweep.tune import surrogate
 from raysweep.tune.budget import Budget
 from raysweep.tune.candidates import Candidate, _load_key
 from raysweep.tune.objective import Objective
-from raysweep.tune.pareto import LIFT, _lifted, hypervolume
 from raysweep.tune.sampler import STARTUP, Tuner
 from raysweep.tune.space import _draw, _finite, _grid_values, candidate_serve, refusal
 

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from raysweep.campaign import TuneSpec
-from raysweep.tune.pareto import pareto_front
+from raysweep.maths.pareto import pareto_front
 from raysweep.tune.sampler import _steps
 
 

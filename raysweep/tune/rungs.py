@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from raysweep.campaign import TuneEarlyStop, TuneObjective
 from raysweep.ledger import Ledger, PointState
+from raysweep.maths.pareto import FRONT_MARGIN, beaten
 from raysweep.tune.candidates import Candidate
 from raysweep.tune.objective import Objective
-from raysweep.tune.pareto import FRONT_MARGIN, beaten
 
 
 def rung_sizes(n_bench: int, eta: int) -> list[int]:

@@ -17,16 +17,11 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from raysweep import grid, placement
-from raysweep.campaign import (
-    Campaign,
-    CampaignSpec,
-    TuneParam,
-    TuneSpec,
-    register_check,
-)
+from raysweep import grid
+from raysweep.campaign import Campaign, CampaignSpec, TuneParam, TuneSpec, register_check
 from raysweep.errors import CampaignError
-from raysweep.plan import ServeConfig, make_serve
+from raysweep.place import placement
+from raysweep.plan.plan import ServeConfig, make_serve
 
 SHAPE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 SLA_CAPACITY = "sla_capacity"

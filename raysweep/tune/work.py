@@ -18,10 +18,11 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from raysweep import placement
 from raysweep.campaign import TuneSpec
+from raysweep.drive.state import EventSink, Workload
 from raysweep.ledger import Ledger
-from raysweep.plan import Plan, PointRun, ServeConfig, serve_points
+from raysweep.place import placement
+from raysweep.plan.plan import Plan, PointRun, ServeConfig, serve_points
 from raysweep.tune.budget import Budget
 from raysweep.tune.candidates import Candidate, _load_key
 from raysweep.tune.objective import Objective
@@ -29,7 +30,6 @@ from raysweep.tune.proposals import Proposals
 from raysweep.tune.rungs import Rungs
 from raysweep.tune.sampler import MAX_ASKS, Tuner
 from raysweep.tune.space import SLA_CAPACITY, candidate_serve, refusal
-from raysweep.workload import EventSink, Workload
 
 log = logging.getLogger(__name__)
 

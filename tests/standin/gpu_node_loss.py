@@ -42,7 +42,7 @@ def main(work: Path, rejoin_after_s: float) -> dict:
 
     from raysweep import procs
     from raysweep.ledger import Ledger
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     temp_dir = f"/tmp/rs-nl{os.getpid()}"
     cluster = Cluster(initialize_head=True, head_node_args=dict(

@@ -1,0 +1,25 @@
+"""The load-levels mode (`bench.workload`): serial, batch and levels in between, found from the server itself
+as `vllm bench sweep serve_workload` finds them. The YAML schema and vLLM's rule for the levels are the
+campaign's (`campaign.levels`).
+
+A mode: may import every stage and the stage-free rooms, never another mode.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from raysweep.report.registry import Section, register
+
+if TYPE_CHECKING:
+    from raysweep.report.data import ReportData
+
+
+def _levels_section(data: ReportData) -> str | None:
+    from raysweep.levels.search import report_section
+
+    return report_section(data.output_dir)
+
+
+register(Section("workload", "Load levels", _levels_section,
+                 lambda d: bool((d.campaign.get("bench") or {}).get("workload")), order=80))

@@ -1,0 +1,170 @@
+"""The Conclusions section: per bench shape a card with the best configuration, its lead over the next and
+whether the noise allows it, the knee, the ranking and the Pareto front; then the SLA capacities and the
+noisy points."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from raysweep.errors import UserError
+from raysweep.report.data import ReportData, answer_of
+from raysweep.report.markup import esc, html_table
+from raysweep.results import conclusions
+
+CardFigure = Callable[[ReportData, conclusions.Conclusions, conclusions.ShapeVerdict], str]
+"""The figure of a card as HTML (`raysweep.report.figures.card_figure`)."""
+
+
+def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
+    """The answer first: the best configuration per bench shape, its lead and the noise, the Pareto fronts,
+    the SLA capacities and the noisy points."""
+    if data.df.empty:
+        return "<p>No finished run yet.</p>"
+    try:
+        c = answer_of(data)
+    except UserError as exc:  # the default objective does not fit these results (a latency-only sweep)
+        return f'<p class="muted">No conclusions: {esc(exc)}</p>'
+    pct = f"{conclusions.CONFIDENCE:.0%}"
+    slo = (f" Only points shown to meet the campaign's service-level objective <b>{esc(c.slo.label)}</b> (the "
+           f"{pct} interval of each bounded metric inside its bound) are ranked." if c.slo is not None else
+           " No service-level objective (<code>slo:</code>): the leader is "
+           "the raw best, whatever its latency; each card names the knee beside it.")
+    head = (f'<p class="muted">Objective: <b>{esc(c.objective.text)}</b> (<code>raysweep report --objective</code> '
+            f"chooses another).{slo} A point is a server config at one bench point; its value is the mean over its "
+            f"runs that passed their checks, with a {pct} confidence interval. The leader is tested against every "
+            f"other config with Welch's t over runs (a paired t where their runs were measured side by side) and "
+            f"Holm's correction over the configs; a point whose runs drift over their order is never green. Load: "
+            f"{esc(c.load or 'not swept')}; bench shape: {esc(', '.join(c.shape_keys) or 'one')}.</p>")
+    cards = "".join(_shape_card(data, c, v, card_figure) for v in c.verdicts)
+    if not cards:
+        cards = f'<p class="note">No point has a value of {esc(c.objective.name)}.</p>'
+    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in dict.fromkeys([*c.notes, *c.front_notes]))
+    return head + f'<div class="cards">{cards}</div>' + _sla_capacities(c) + _noise(c) + notes
+
+
+def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict,
+                card_figure: CardFigure) -> str:
+    lead = v.leader
+    value = (f"{esc(c.objective.name)} {conclusions.fmt(lead['objective_mean'])} {esc(c.objective.unit)} "
+             f"({_interval(lead)}, {_backing(lead)})")
+    parts = [f"<h3>{esc(v.shape)}</h3>"]
+    if v.slo_met is False and c.slo is not None:
+        parts.append(f'<p class="flag">No point of this shape is shown to meet the service-level objective '
+                     f"{esc(c.slo.label)}: no winner. Nearest: {esc(v.nearest)}. The ranking below is by "
+                     "nearness to the bound.</p>")
+    else:
+        parts.append(f'<p class="win">Best: <b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>')
+    parts.append(_latencies(lead))
+    if v.runner_up is not None:
+        cls = "sig" if v.clear else "insig"
+        amount = f"{v.lead:+.1%}" if v.lead is not None else "ahead"
+        flag = (" Some runs of these points were flagged (see Warnings): the verdict rests on the others."
+                if v.flagged else "")
+        parts.append(f"<p>{esc(amount)} over {esc(conclusions.at_load(v.runner_up, c.load))} "
+                     f"({conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}): "
+                     f'<span class="{cls}">{esc(conclusions.verdict_text(v))}</span>.{esc(flag)}</p>')
+    if v.confirmation is not None:
+        k = v.confirmation
+        parts.append("<p>Confirmed after the sweep on fresh servers (AB BA): the leader "
+                     f"{conclusions.fmt(k.leader_mean)} "
+                     f"({conclusions.CONFIDENCE:.0%} CI {conclusions.fmt(k.ci_low)} to {conclusions.fmt(k.ci_high)}), "
+                     f"the runner-up {conclusions.fmt(k.runner_mean)} ({conclusions.CONFIDENCE:.0%} CI "
+                     f"{conclusions.fmt(k.runner_ci[0])} to {conclusions.fmt(k.runner_ci[1])}); the verdict above is "
+                     "the confirmation's, not the selection's.</p>")
+    if v.knee is not None:
+        same = v.knee["serve_id"] == lead["serve_id"] and v.knee["bench_id"] == lead["bench_id"]
+        parts.append(f"<p>Knee (best among points with {esc(v.knee_bound)}): "
+                     f"<b>{esc(conclusions.at_load(v.knee, c.load))}</b>, {conclusions.fmt(v.knee['objective_mean'])} "
+                     f"{esc(c.objective.unit)}{' (the leader itself)' if same else ''}.</p>" + _latencies(v.knee))
+    if v.cheapest is not None:
+        same = v.cheapest["serve_id"] == lead["serve_id"] and v.cheapest["bench_id"] == lead["bench_id"]
+        parts.append(f"<p>Cheapest{' meeting the slo' if v.slo_met else ''}: "
+                     f"<b>{esc(conclusions.at_load(v.cheapest, c.load))}</b>, {esc(conclusions.cheapest_text(v))}"
+                     f"{' (the best itself)' if same else ''} (see Energy and cost).</p>")
+    parts.append(card_figure(data, c, v))
+    rows = [[i + 1, r.get("serve_label"), *([r.get(c.load)] if c.load else []),
+             conclusions.rounded(r["objective_mean"]), _interval(r, bare=True), r.get("runs"),
+             _left_out(r)] for i, (_, r) in enumerate(v.ranking.iterrows())]
+    unit = f" ({c.objective.unit})" if c.objective.unit else ""
+    cols = ["#", "server config", *([f"at {c.load}"] if c.load else []), f"mean{unit}",
+            f"{conclusions.CONFIDENCE:.0%} CI", "runs used", "left out"]
+    parts.append(html_table(cols, rows))
+    front = c.fronts.get(v.shape)
+    if front is not None and len(front):
+        frows = [[r.get("serve_label"), r.get("max_concurrency"), conclusions.rounded(r["tokens_per_user"]),
+                  conclusions.rounded(r["tokens_per_gpu"])] for _, r in front.iterrows()]
+        parts.append(f"<p>Pareto front ({len(front)} point(s), none better on both):</p>"
+                     + html_table(["server config", "max_concurrency", "output tok/s per user", "output tok/s per GPU"],
+                              frows))
+    return f'<div class="card">{"".join(parts)}</div>'
+
+
+def _backing(row: Any) -> str:
+    """`backed by 3 run(s); 2 left out (shared CPUs 2)`, or that every run is flagged."""
+    if row.get("on_flagged_runs") is True:
+        return f"{_runs(row)}, every one flagged (see Warnings)"
+    text = f"backed by {_runs(row)}"
+    left = row.get("runs_left_out")
+    if conclusions.finite(left) and int(left) > 0:
+        text += f"; {int(left)} left out ({row.get('left_out_reasons') or 'flagged'})"
+    return text
+
+
+def _left_out(row: Any) -> str:
+    if row.get("on_flagged_runs") is True:
+        return "all flagged"
+    left = row.get("runs_left_out")
+    return f"{int(left)} ({row.get('left_out_reasons')})" if conclusions.finite(left) and int(left) > 0 else "0"
+
+
+def _latencies(row: Any) -> str:
+    """The latencies of a card's point: median and p99 TTFT and TPOT (means over its runs)."""
+    have = [(m, row.get(f"{m}_mean")) for m in conclusions.CARD_LATENCIES if conclusions.finite(row.get(f"{m}_mean"))]
+    if not have:
+        return ""
+    return ('<p class="muted">At this point: ' + ", ".join(f"{esc(m[:-3])} {conclusions.fmt(x)} ms" for m, x in have)
+            + ".</p>")
+
+
+def _interval(row: Any, bare: bool = False) -> str:
+    low, high = row.get("objective_ci_low"), row.get("objective_ci_high")
+    if not (conclusions.finite(low) and conclusions.finite(high)):
+        return "no interval: one run" if not bare else "n/a"
+    text = f"{conclusions.fmt(low)} to {conclusions.fmt(high)}"
+    return text if bare else f"{conclusions.CONFIDENCE:.0%} CI {text}"
+
+
+def _runs(row: Any) -> str:
+    n = row.get("runs")
+    return f"{int(n)} run(s)" if conclusions.finite(n) else "runs unknown"
+
+
+def _sla_capacities(c: conclusions.Conclusions) -> str:
+    if c.sla.empty:
+        return ""
+    metric = str(c.sla["cheapest_metric"].iloc[0]) if "cheapest_metric" in c.sla.columns else ""
+    rows = [[r["bench_label"], r["target"], r["serve_label"], r["largest_pass"], r["state"],
+             *([conclusions.rounded(r[f"{metric}_at_pass"]), "cheapest" if r["cheapest"] else ""] if metric else [])]
+            for _, r in c.sla.iterrows()]
+    cost = (f" Beside it, the {metric} of its runs at that load, and the cheapest configuration that meets the "
+            "bound." if metric else "")
+    return ("<h3>SLA capacities</h3><p>Per bench point and target, the largest load each server config meets it "
+            f"at, best first (inf: met at every load tried).{esc(cost)}</p>"
+            + html_table(["bench point", "target", "server config", "largest passing value", "search",
+                          *([f"{metric} at it", ""] if metric else [])], rows))
+
+
+def _noise(c: conclusions.Conclusions) -> str:
+    noisy = c.noisy
+    if not len(c.points):
+        return ""
+    if not len(noisy):
+        return (f'<p class="muted">Noise: no point has a spread above the threshold over its runs '
+                f"({len(c.points)} point(s)).</p>")
+    rows = [[r.get("serve_label"), r.get("bench_label"), r.get("runs"), r.get("noisy_metrics", ""),
+             r.get("runs_needed")] for _, r in noisy.iterrows()]
+    return (f'<details><summary class="note">Noise: {len(noisy)} of {len(c.points)} point(s) are noisy (a '
+            "coefficient of variation over their runs above the threshold); more runs would tighten them."
+            "</summary>" + html_table(["server config", "bench point", "runs", "noisy metrics", "runs needed"], rows)
+            + "</details>")

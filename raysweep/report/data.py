@@ -1,0 +1,86 @@
+"""What the report shows, read once from an output dir (the ledger's campaign, points and servers, the
+records and their table, the SLA searches), and what more than one section derives from it: the
+parameters that vary, and the conclusions, made once per report."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from raysweep.errors import UserError
+from raysweep.ledger import Ledger, PointRow, ServerRow
+from raysweep.results import aggregate, conclusions
+from raysweep.results.importer import read_sla
+from raysweep.results.table import load_records, records_table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReportData:
+    """Everything the report shows, read once from the output dir."""
+
+    output_dir: Path
+    name: str
+    campaign: dict[str, Any]
+    points: list[PointRow]
+    servers: list[ServerRow]
+    out_of_plan: int
+    df: pd.DataFrame
+    sla: pd.DataFrame
+    sla_variable: str
+    records: list[dict[str, Any]]
+    objective: str | None = None
+    answer: conclusions.Conclusions | None = None  # made once, by `answer_of`
+
+
+def read_data(output_dir: Path, objective: str | None = None) -> ReportData:
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        campaign = ledger.stored_campaign()
+        name = ledger.meta("name") or campaign.get("name", "")
+        points, servers, extra = ledger.points(), ledger.servers(), ledger.out_of_plan()
+    finally:
+        ledger.close()
+    sla, variable = read_sla(output_dir)
+    records = load_records(output_dir)
+    return ReportData(output_dir, name, campaign, points, servers, extra, records_table(records), sla, variable,
+                      records, objective)
+
+
+def param_names(points: list[PointRow], df: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The serve and bench parameter names that take several values in the results."""
+    def varying(names: Iterable[str]) -> list[str]:
+        return [n for n in dict.fromkeys(names) if n in df.columns and df[n].astype(str).nunique() > 1]
+    return (varying(k for p in points for k in p.serve_params), varying(k for p in points for k in p.bench_params))
+
+
+def answer_of(data: ReportData) -> conclusions.Conclusions:
+    """The conclusions of the report's results (made once per report)."""
+    if data.answer is None:
+        _, bench_vars = param_names(data.points, data.df)
+        params = list(dict.fromkeys(k for p in data.points for k in (*p.serve_params, *p.bench_params)))
+        # t-intervals over the runs (the raw-sample bootstrap of summary.csv would cost seconds per point)
+        summary = aggregate.summarize(data.df, confidence=conclusions.CONFIDENCE, params=params)
+        data.answer = conclusions.conclude(data.df, bench_vars, data.objective, data.sla, data.sla_variable,
+                                           summary=summary, slo=_slo(data.campaign))
+    return data.answer
+
+
+def _slo(campaign: dict[str, Any]) -> Any:
+    """The campaign's service-level objective (`slo:`), None without one or when it no longer parses."""
+    from raysweep.sla.search import parse_slo
+
+    raw = campaign.get("slo") if isinstance(campaign, dict) else None
+    if not raw:
+        return None
+    try:
+        return parse_slo(raw)
+    except UserError as exc:
+        log.warning("the campaign's slo is not used: %s", exc)
+        return None

@@ -1,0 +1,165 @@
+"""The report's figures: which ones it draws (curves against the load, server-side metrics, the Pareto
+front, SLA bars; the first bench shapes only), each drawn on its own and embedded as a PNG, and the
+latency-throughput figure of a conclusions card. Each names what it is drawn from, so that a written report
+keeps it and draws it again only when that changes (`raysweep.report.cache`); matplotlib is imported only
+when a figure is drawn."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from raysweep.report import cache as report_cache
+from raysweep.report import plots
+from raysweep.report.data import ReportData, param_names
+from raysweep.report.markup import esc
+from raysweep.results import conclusions
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
+
+CURVE_METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
+LATENCY_THROUGHPUT = ("output_throughput", "median_ttft_ms")  # x, y of the first figure
+# Figures of the first bench shapes only (`raysweep plot` draws every one): the report's cost stops
+# growing with the runs
+MAX_SHAPES_DRAWN = 6
+
+Draw = Callable[[], "tuple[Figure | None, list[str]]"]
+"""A figure's drawing: the figure (None when there is nothing to draw) and its notes."""
+Listed = tuple[str, Draw] | tuple[str, Draw, tuple[Any, ...]]
+"""A figure of the section: its caption, its drawing and, to keep it, what it is drawn from (the frames,
+options and values its drawing reads; without them it is drawn every time)."""
+
+
+def figures_section(data: ReportData, figures: Callable[[ReportData], Sequence[Listed]]) -> str:
+    """The Figures section: every figure `figures` lists for the data, drawn one by one (or kept)."""
+    if data.df.empty:
+        return "<p>No finished run yet.</p>"
+    return "\n".join(figure_html(*entry) for entry in figures(data))
+
+
+def figure_list(data: ReportData) -> list[tuple[str, Draw, tuple[Any, ...]]]:
+    """(caption, drawing function, what it is drawn from) of every figure the report shows."""
+    df = data.df
+    if plots.is_offline(df):
+        base = plots.PlotSpec(fig_height=3.2)
+        return [(f"{spec.var_y} against {spec.var_x}", partial(_curves, df, spec), ("curves", df, spec))
+                for spec in plots.offline_specs(df, base)]
+    serve_vars, bench_vars = param_names(data.points, df)
+    load = plots.load_variable(df, "total_token_throughput")
+    cols = tuple(conclusions.shape_keys(df, bench_vars, load, data.sla_variable))
+    df, shown = _first_shapes(df, list(cols))
+    out: list[tuple[str, Draw, tuple[Any, ...]]] = []
+    x, y = LATENCY_THROUGHPUT
+    if {x, y} <= set(df.columns):
+        spec = plots.PlotSpec(var_x=x, var_y=y, col_by=cols, curve_by=tuple(serve_vars), fig_height=3.2)
+        out.append((f"latency against throughput: {y} against {x}, one point per {load} (mean of its runs)"
+                    if load != "total_token_throughput" else f"{y} against {x}",
+                    partial(_curves, df, spec), ("curves", df, spec)))
+    for metric in (m for m in CURVE_METRICS if m in df.columns):
+        spec = plots.PlotSpec(var_x=load, var_y=metric, col_by=cols, curve_by=tuple(serve_vars), fig_height=3.2)
+        out.append((f"{metric} against {load}", partial(_curves, df, spec), ("curves", df, spec)))
+    spec = plots.PlotSpec(col_by=(), row_by=cols, curve_by=tuple(serve_vars), fig_height=3.0)
+    out.append((f"server-side metrics against {load}",
+                lambda: _one(plots.plan_server_metrics(df, spec, load), spec), ("server metrics", df, spec, load)))
+    out.append(("Pareto front (every run; front without dominated ties)", lambda: _pareto(df), ("pareto", df)))
+    if not data.sla.empty:
+        out.append(("SLA: largest passing value per server config and target",
+                    lambda: (plots.sla_figure(data.sla, data.sla_variable), []),
+                    ("sla", data.sla, data.sla_variable)))
+    if shown:
+        out = [(f"{caption} ({shown})", draw, parts) for caption, draw, parts in out]
+    return out
+
+
+def _curves(df: pd.DataFrame, spec: plots.PlotSpec) -> tuple[Figure | None, list[str]]:
+    return _one(plots.plan_curves(df, spec), spec)
+
+
+def _first_shapes(df: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, str]:
+    """The runs of the first MAX_SHAPES_DRAWN bench shapes (in the order of their values), and what that
+    leaves out ("" when nothing)."""
+    if not cols:
+        return df, ""
+    shapes = df[cols].drop_duplicates()
+    if len(shapes) <= MAX_SHAPES_DRAWN:
+        return df, ""
+    keep = shapes.sort_values(cols, key=lambda col: col.map(plots.sort_key)).head(MAX_SHAPES_DRAWN)
+    return (df.merge(keep, on=cols), f"the first {MAX_SHAPES_DRAWN} of {len(shapes)} bench shapes; "
+            f"`raysweep plot OUTPUT_DIR --col-by {','.join(cols)}` draws every one")
+
+
+def _one(plans: list[plots.FigurePlan], spec: plots.PlotSpec) -> tuple[Figure | None, list[str]]:
+    if not plans:
+        return None, []
+    return plots.render(plans[0], spec), plans[0].notes
+
+
+def _pareto(df: pd.DataFrame) -> tuple[Figure | None, list[str]]:
+    result = plots.pareto(df)
+    return plots.pareto_figure(result, ["max_concurrency", "gpus"]), result.notes
+
+
+def figure_html(caption: str, draw: Draw, parts: tuple[Any, ...] | None = None) -> str:
+    """One embedded PNG with its caption and notes; the reason instead when it cannot be drawn. With `parts`
+    (what the figure is drawn from), kept by the report being written and drawn only when they change."""
+    def make() -> str:
+        fig, notes = draw()
+        if fig is None:
+            return f'<p class="muted">{esc(caption)}: no data for it in these results.</p>'
+        return img_html(fig, caption, notes)
+
+    try:
+        return make() if parts is None else report_cache.cached((*parts, caption), make)
+    except Exception as exc:  # a figure that fails costs only itself
+        log.warning("report figure %r not drawn: %s", caption, exc)
+        return f'<p class="note">{esc(caption)}: not drawn ({esc(exc)})</p>'
+
+
+def img_html(fig: Figure, caption: str, notes: Sequence[str] = (), dpi: int = 110) -> str:
+    """The figure as an embedded PNG with its caption and notes (encoded fast: the report is read once, and
+    its encoding was a tenth of its time)."""
+    png = base64.b64encode(plots.figure_bytes(fig, "png", dpi=dpi, png_compression=1)).decode()
+    note = "".join(f'<br><span class="note">{esc(n)}</span>' for n in notes)
+    return (f'<figure><img alt="{esc(caption)}" src="data:image/png;base64,{png}">'
+            f"<figcaption>{esc(caption)}{note}</figcaption></figure>")
+
+
+def card_figure(data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict) -> str:
+    """Latency against throughput of one bench shape: a curve per server config, a point per load value (the
+    mean of its runs), the best point starred. Empty without those metrics; the reason when it fails."""
+    x, y = LATENCY_THROUGHPUT
+    if not {x, y, "serve_label"} <= set(data.df.columns):
+        return ""
+    if next(i for i, w in enumerate(c.verdicts) if w is v) >= MAX_SHAPES_DRAWN:
+        return (f'<p class="muted">Figure drawn for the first {MAX_SHAPES_DRAWN} bench shapes only; '
+                "<code>raysweep plot</code> draws any.</p>")
+    caption = f"{y} against {x}, one point per {c.load or 'bench point'}; \u2605 the best point"
+    try:
+        mine = c.points.loc[c.points["shape"] == v.shape, ["serve_id", "bench_id"]]
+        # no validity crosses here: the Warnings section lists those runs, the Figures mark them
+        rows = data.df.merge(mine, on=["serve_id", "bench_id"]).drop(columns=["validity_ok"], errors="ignore")
+        spec = plots.PlotSpec(var_x=x, var_y=y, curve_by=("serve_label",), fig_height=2.3)
+        leader = (v.leader["serve_id"], v.leader["bench_id"])
+        return report_cache.cached(("card", rows, spec, leader, caption), partial(_card_html, rows, spec, leader,
+                                                                                   caption))
+    except Exception as exc:  # the card stays without its figure
+        log.warning("conclusions figure of %s not drawn: %s", v.shape, exc)
+        return f'<p class="note">{esc(caption)}: not drawn ({esc(exc)})</p>'
+
+
+def _card_html(rows: pd.DataFrame, spec: plots.PlotSpec, leader: tuple[Any, Any], caption: str) -> str:
+    """A card's figure drawn, the leader's point starred."""
+    x, y = spec.var_x, spec.var_y
+    fig = plots.render(plots.plan_curves(rows, spec)[0], spec)
+    best = rows[(rows["serve_id"] == leader[0]) & (rows["bench_id"] == leader[1]) & ~plots.client_limited_mask(rows)]
+    fig.axes[0].scatter(best[x].mean(), best[y].mean(), marker="*", s=200, color="gold", edgecolors="black",
+                        linewidths=0.8, zorder=5)
+    return img_html(fig, caption, dpi=90)

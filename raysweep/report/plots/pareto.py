@@ -1,0 +1,190 @@
+"""The Pareto front of tokens/s per user against tokens/s per GPU (or energy or cost per token).
+
+It follows `plot_pareto` (x = output tokens/s per user, y = output tokens/s per GPU) without its dominated
+ties (vLLM issue #55561), and takes the GPU count as recorded (see `pareto`). With `y` one of `ENERGY_AXES`
+(J per output token, $ per million output tokens, ...: docs/energy.md) the front is of the runs that no other
+beats on tokens/s per user (higher) and that column (lower).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from raysweep.errors import UserError
+from raysweep.maths import pareto as geometry
+from raysweep.record.files import write_text_atomic
+from raysweep.report.plots.style import _COLORS, _FLAG_STYLE, fmt_value, save_figure, styled
+from raysweep.report.plots.table import (
+    _flagged,
+    _flagged_note,
+    _limited_note,
+    apply_filters,
+    check_columns,
+    client_limited_mask,
+)
+
+if TYPE_CHECKING:  # imported where the figure is drawn
+    from matplotlib.figure import Figure
+
+_PARALLEL = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
+PER_GPU = "tokens_per_gpu"
+# the y axes beside tokens/s per GPU: per-run columns, lower is better (raysweep.maths.energy, raysweep.plan.cost)
+ENERGY_AXES = {"j_per_output_token": "J per output token", "net_j_per_output_token": "J per output token, net of idle",
+               "j_per_total_token": "J per total token", "cost_per_m_output_tokens": "cost per million output tokens",
+               "cost_per_m_total_tokens": "cost per million total tokens"}
+
+
+@dataclass
+class ParetoResult:
+    """Every usable run with `user_count`, `gpus`, `tokens_per_user`, `tokens_per_gpu` (and where the counts
+    came from), the front (a subset, by tokens per user), and notes on what was left out or derived."""
+
+    points: pd.DataFrame
+    front: pd.DataFrame
+    notes: list[str]
+    y: str = PER_GPU  # the y axis: tokens_per_gpu, or one of ENERGY_AXES (lower is better)
+
+    @property
+    def y_label(self) -> str:
+        return ENERGY_AXES.get(self.y, "output tokens/s per GPU")
+
+
+def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count",
+           filter_by: Sequence[str] = (), gpu_count: float | None = None, y: str = PER_GPU) -> ParetoResult:
+    """Tokens/s per user against tokens/s per GPU for every run, and the front of the non-dominated runs.
+
+    - users: `user_count_var`; where it is empty, 0 or infinite (a rate-limited run), the observed
+      `max_concurrent_requests`, as vLLM does. Runs with neither are left out and counted.
+    - GPUs: `gpu_count_var` as recorded. Where it is 0 or missing (a CPU-only cluster reserves no GPU; a
+      vLLM sweep records none), tensor x pipeline x data parallel size from the record (sizes not recorded
+      count as 1, as vLLM's plot_pareto does), said in the notes and in `gpus_from`. A table with neither (a
+      single-GPU `vllm bench sweep` directory) counts 1 GPU per run as vLLM's plot_pareto does, said in the
+      notes; `gpu_count` (the CLI's --gpu-count N) gives the count of the runs without a recorded one instead.
+    - client-limited runs are kept in `points` but never on the front; ties that another run dominates
+      (same tokens/s per GPU at fewer tokens/s per user) are not on the front.
+    """
+    if df.empty:
+        raise UserError("OUTPUT_DIR: the results table has no finished run")
+    check_columns(df, [user_count_var], "--user-count-var")
+    check_columns(df, ["output_throughput"], "(needed by the Pareto plot)")
+    if y != PER_GPU:
+        if y not in ENERGY_AXES:
+            raise UserError(f"--y {y}: accepted: {', '.join([PER_GPU, *ENERGY_AXES])}")
+        check_columns(df, [y], "--y (measured where the GPUs' energy is read, or priced with cost:; docs/energy.md)")
+    df = apply_filters(df, filter_by)
+    users, user_from = _user_counts(df, user_count_var)
+    gpus, gpus_from, notes = gpu_counts(df, gpu_count_var, gpu_count)
+    pts = df.assign(user_count=users, user_count_from=user_from, gpus=gpus, gpus_from=gpus_from)
+    usable = np.isfinite(pts["user_count"]) & (pts["user_count"] > 0)
+    if (~usable).any():
+        notes.append(f"{int((~usable).sum())} run(s) without a user count ({user_count_var} or "
+                     "max_concurrent_requests) left out")
+    pts = pts[usable]
+    thr = pd.to_numeric(pts["output_throughput"], errors="coerce")
+    pts = pts.assign(tokens_per_user=thr / pts["user_count"], tokens_per_gpu=thr / pts["gpus"],
+                     client_limited=client_limited_mask(pts))
+    notes += _limited_note(pts, "on the front") + _flagged_note(pts)
+    if y != PER_GPU:
+        pts = pts.assign(**{y: pd.to_numeric(pts[y], errors="coerce")})
+        if pts[y].isna().any():
+            notes.append(f"{int(pts[y].isna().sum())} run(s) without {y} left off the front")
+    candidates = pts[~pts["client_limited"] & (pts[y].notna() if y != PER_GPU else True)]
+    return ParetoResult(pts.reset_index(drop=True), pareto_front(candidates, y), notes, y)
+
+
+def _user_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series]:
+    given = pd.to_numeric(df[var], errors="coerce")
+    ok = np.isfinite(given) & (given > 0)
+    seen = pd.to_numeric(df.get("max_concurrent_requests", pd.Series(np.nan, index=df.index)), errors="coerce")
+    return given.where(ok, seen), pd.Series(np.where(ok, var, "max_concurrent_requests (observed)"), index=df.index)
+
+
+def gpu_counts(df: pd.DataFrame, var: str, fixed: float | None = None) -> tuple[pd.Series, pd.Series, list[str]]:
+    """GPUs per run as recorded in `var`, else `fixed` (--gpu-count), else TP x PP x DP from the record, else 1
+    as vLLM's plot_pareto takes it (see `pareto`)."""
+    if var != "gpu_count":
+        check_columns(df, [var], "--gpu-count-var")
+    recorded = pd.to_numeric(df[var], errors="coerce") if var in df.columns else pd.Series(np.nan, index=df.index)
+    ok = np.isfinite(recorded) & (recorded > 0)
+    if ok.all():
+        return recorded, pd.Series(var, index=df.index), []
+    missing = int((~ok).sum())
+    if fixed is not None:
+        if not fixed > 0:
+            raise UserError(f"--gpu-count: must be a positive number of GPUs per run, got {fixed:g}")
+        return (recorded.where(ok, float(fixed)), pd.Series(np.where(ok, var, "--gpu-count"), index=df.index),
+                [f"{missing} run(s) have no {var}; their GPUs are --gpu-count {fixed:g}"])
+    sizes = [c for c in _PARALLEL if c in df.columns]
+    if not sizes:
+        note = (f"{missing} run(s) have no {var} (0 or missing) and the table has none of {', '.join(_PARALLEL)}: "
+                "each counts 1 GPU, as vLLM's plot_pareto takes it; --gpu-count N says otherwise")
+        return recorded.where(ok, 1.0), pd.Series(np.where(ok, var, "1 (no record)"), index=df.index), [note]
+    product = np.prod([pd.to_numeric(df[c], errors="coerce").fillna(1) for c in sizes], axis=0)
+    source = " x ".join(_PARALLEL[c] for c in sizes) + " (record)"
+    note = (f"{missing} run(s) have no {var} (0 or missing: no GPU reserved or recorded); their "
+            f"GPUs are {' x '.join(sizes)} from the record" + ("" if len(sizes) == 3 else ", other sizes taken as 1"))
+    return recorded.where(ok, product), pd.Series(np.where(ok, var, source), index=df.index), [note]
+
+
+def pareto_front(points: pd.DataFrame, y: str = PER_GPU) -> pd.DataFrame:
+    """The runs no other run dominates (at least as good on both axes, better on one), by tokens per user.
+
+    A tie on tokens per GPU at fewer tokens per user is dominated, and of two identical runs one is kept
+    (`raysweep.maths.pareto.pareto_front`, both axes maximized; `y` other than tokens per GPU is minimized).
+    """
+    xy = list(zip(points["tokens_per_user"].astype(float), points[y].astype(float), strict=True))
+    keep = geometry.pareto_front(xy, ("maximize", "maximize" if y == PER_GPU else "minimize"), distinct=True)
+    return points.iloc[keep].sort_values("tokens_per_user", ignore_index=True)
+
+
+@styled
+def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: float = 4.5) -> Figure:
+    """Every run (grey; client-limited hollow), the front (line), front runs labelled by `label_by`."""
+    from matplotlib.figure import Figure
+
+    check_columns(result.points, label_by, "--label-by")
+    fig = Figure(figsize=(fig_height * 1.6, fig_height + 0.4 + 0.18 * len(result.notes)), layout="constrained")
+    ax = fig.subplots()
+    pts, front, y = result.points, result.front, result.y
+    ok = pts[~pts["client_limited"]]
+    ax.scatter(ok["tokens_per_user"], ok[y], color="0.6", alpha=0.6, s=22, label="all runs")
+    lim = pts[pts["client_limited"]]
+    if len(lim):
+        ax.scatter(lim["tokens_per_user"], lim[y], facecolors="none", edgecolors="0.4", s=30,
+                   label="client-limited run (not on the front)")
+    bad = pts[_flagged(pts)]
+    if len(bad):
+        ax.scatter(bad["tokens_per_user"], bad[y], label="fails a validity check", **_FLAG_STYLE)
+    ax.plot(front["tokens_per_user"], front[y], marker="o", color=_COLORS[0], label="Pareto front")
+    for _, row in front.iterrows():
+        text = "\n".join(f"{k}={fmt_value(row[k])}" for k in label_by)
+        ax.annotate(text, (row["tokens_per_user"], row[y]), textcoords="offset points",
+                    xytext=(5, 4), fontsize=7)
+    ax.set_xlabel("output tokens/s per user")
+    ax.set_ylabel(result.y_label)
+    ax.legend(frameon=False)
+    fig.suptitle("Pareto front: per-user speed against " + ("per-GPU throughput" if y == PER_GPU else result.y_label))
+    if result.notes:
+        fig.supxlabel("\n".join(textwrap.fill(n, 120) for n in result.notes), fontsize=7, color="0.3", ha="left",
+                      x=0.01)
+    return fig
+
+
+def write_pareto(result: ParetoResult, label_by: Sequence[str], out_dir: str | Path, fmt: str = "png",
+                 dpi: int = 150) -> list[Path]:
+    """The figure (`PARETO.<fmt>`) and the front as `pareto_front.csv`, in `out_dir`."""
+    out = Path(out_dir)
+    cols = list(dict.fromkeys([*(c for c in ("serve_label", "bench_label", "run_number", "point_id")
+                                 if c in result.front.columns), *label_by, "output_throughput", "user_count",
+                               "user_count_from", "gpus", "gpus_from", "tokens_per_user", "tokens_per_gpu",
+                               result.y]))
+    fig = pareto_figure(result, label_by)
+    return [save_figure(fig, out / f"PARETO.{fmt}", fmt, dpi),
+            write_text_atomic(out / "pareto_front.csv", result.front[cols].to_csv(index=False))]

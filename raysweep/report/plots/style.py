@@ -1,0 +1,121 @@
+"""raysweep's one figure style: fonts, colours and markers, axis labels with units, figures encoded and
+written whole, values formatted and sorted for labels.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+import numpy as np
+
+from raysweep.record.files import write_bytes_atomic
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn or encoded, not with this module
+    from matplotlib.figure import Figure
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# matplotlib's "tab10" colormap, written out so that this module does not import matplotlib (a test checks
+# they are the same)
+_COLORS: tuple[Any, ...] = (
+    (0.12156862745098039, 0.4666666666666667, 0.7058823529411765), (1.0, 0.4980392156862745, 0.054901960784313725),
+    (0.17254901960784313, 0.6274509803921569, 0.17254901960784313),
+    (0.8392156862745098, 0.15294117647058825, 0.1568627450980392),
+    (0.5803921568627451, 0.403921568627451, 0.7411764705882353),
+    (0.5490196078431373, 0.33725490196078434, 0.29411764705882354),
+    (0.8901960784313725, 0.4666666666666667, 0.7607843137254902),
+    (0.4980392156862745, 0.4980392156862745, 0.4980392156862745),
+    (0.7372549019607844, 0.7411764705882353, 0.13333333333333333),
+    (0.09019607843137255, 0.7450980392156863, 0.8117647058823529))
+_STYLE: dict[Any, Any] = {
+    "font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8, "figure.titlesize": 11,
+    "axes.grid": True, "grid.linestyle": "--", "grid.alpha": 0.5, "axes.spines.top": False, "axes.spines.right": False,
+    "lines.linewidth": 1.6, "lines.markersize": 5, "figure.facecolor": "white", "savefig.facecolor": "white"}
+_UNITS = {"request_throughput": "req/s", "request_rate": "req/s", "request_goodput": "req/s",
+          "output_throughput": "tok/s", "total_token_throughput": "tok/s", "max_output_tokens_per_s": "tok/s",
+          "output_throughput_per_gpu": "tok/s", "duration": "s", "server_kv_cache_usage_perc_peak": "1 = full",
+          "server_kv_cache_usage_perc_mean": "1 = full"}
+
+
+def styled(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run a figure-building function inside raysweep's one figure style (fonts, grid, spines)."""
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        import matplotlib
+
+        with matplotlib.rc_context(_STYLE):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def axis_label(column: str) -> str:
+    """A column name with its unit, e.g. `median_ttft_ms (ms)`; the name stays so users can filter by it."""
+    unit = _UNITS.get(column) or ("ms" if column.endswith("_ms") else None)
+    return f"{column} ({unit})" if unit else column
+
+
+def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 150, png_compression: int | None = None) -> bytes:
+    """The figure encoded as `fmt` (png, svg, pdf); `png_compression`: zlib's level for a PNG (0 to 9, default
+    Pillow's 6; the same pixels, 1 encodes the report's figures in about a fifth less time, 11 % larger)."""
+    import matplotlib
+
+    buf = io.BytesIO()
+    extra: dict[str, Any] = ({"pil_kwargs": {"compress_level": png_compression}}
+                             if png_compression is not None and fmt == "png" else {})
+    with matplotlib.rc_context(_STYLE):
+        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight", **extra)
+    return buf.getvalue()
+
+
+def save_figure(fig: Figure, path: str | Path, fmt: str = "png", dpi: int = 150) -> Path:
+    """Write the figure whole or not at all."""
+    return write_bytes_atomic(path, figure_bytes(fig, fmt, dpi))
+
+
+def _file_stem(text: str) -> str:
+    """vLLM's `sanitize_filename`, plus characters no file system likes."""
+    return re.sub(r"[\\/:*?\"<>|\s]", "_", text.replace("..", "__")).strip("'\"")
+
+
+def fmt_value(value: Any) -> str:
+    """A value as a label shows it: whole floats as integers, missing values as `none`."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "none"
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):g}"
+    return str(value)
+
+
+def sort_key(value: Any) -> tuple[int, float, str]:
+    """Numbers in numeric order, then text, then missing values."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return (2, 0.0, "")
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
+
+
+def _label(keys: Sequence[str], values: Sequence[Any]) -> str:
+    """`k=v, k2=v2`; a label column alone (`serve_label`, itself `k=v-...`) shows its value only."""
+    if len(keys) == 1 and keys[0].endswith("_label"):
+        return fmt_value(values[0])
+    return ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True))
+
+
+def _curve_styles(labels: Sequence[str]) -> dict[str, tuple[Any, str]]:
+    """A colour and marker per curve label, the same in every panel of a figure."""
+    return {lab: (_COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]) for i, lab in enumerate(labels)}
+
+
+_FLAG_STYLE: dict[str, Any] = {"marker": "x", "color": "#d62728", "linewidths": 1.4, "s": 55, "zorder": 4}

@@ -1,0 +1,595 @@
+"""Aggregates per point over its runs: mean, median, spread and confidence interval of the headline metrics.
+
+A point is one server configuration x one bench point (`serve_id`, `bench_id`); its runs are the rows of
+the results table that share them. Runs that are client-limited or fail a validity check are left out of
+the statistics (`left_out_mask`; `runs` counts the runs used, `runs_total` all of them, `runs_left_out` and
+`left_out_reasons` the others by check); a point whose runs are all flagged keeps them, and says so in
+`on_flagged_runs`. For each headline metric M (`HEADLINE_RATES` and the mean, median and percentile columns
+of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`, `M_median`, `M_std`
+(sample standard deviation over the runs), `M_cv` (std / |mean|) and `M_ci_low`, `M_ci_high`: the Student
+t-interval of the mean over the runs (`confidence`, two-sided; one run has no interval). For a percentile
+column that is the t-interval of the per-run percentiles, the same quantity the verdicts test. The energy
+and cost columns of a run (`ENERGY_COST_METRICS`: J per token, power, $ per million tokens; docs/energy.md)
+are aggregated the same way where the runs have them.
+
+For the percentile columns (`median_*`, `p<P>_*`) of points whose runs all kept their raw samples (the
+native backend), `M_pooled` is the percentile of the requests of all runs pooled, and `M_pooled_ci_low`,
+`M_pooled_ci_high` its two-level bootstrap interval (runs resampled, then requests within each drawn run;
+for ITL, whole requests with their gaps); none for a single run. The column `ci_method` says which a row got.
+
+Over the order its runs were measured in (`runs_over_time`, `raysweep.maths.over_time`), a point gets the trend
+test of its first rate metric (`drift`, `drift_pct_per_run`, `drift_p`, `drift_text`: a point whose runs
+drift is flagged, never green in the conclusions nor "reached" by `bench.precision`) and, where it does
+not drift, Grubbs' outlier rule on that metric: an outlier run is left out of the point's statistics
+(`runs_left_out`, `left_out_reasons` "outlier run 1", `outlier_text` says which and how far).
+
+A point is `noisy` when the coefficient of variation of one of its `NOISE_METRICS` exceeds `threshold`
+(default 5 %; `noisy_metrics` names them), and `runs_needed` is the number of runs that would bring the
+t-interval's half-width of every one of them under `threshold` of its mean (estimated from the spread
+seen; empty with one run). `lead_is_significant` is Welch's t-test of two points (`raysweep.maths.verdicts`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raysweep.maths import bootstrap, verdicts
+from raysweep.errors import UserError, unknown_names
+from raysweep.record.files import write_bytes_atomic, write_text_atomic
+from raysweep.maths.verdicts import t_quantile
+
+__all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "TIME_COLUMNS", "check_names", "headline_metrics",
+           "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed", "runs_over_time",
+           "summarize",
+           "summary_params", "summary_table", "t_quantile", "write_summary"]
+
+log = logging.getLogger(__name__)
+
+HEADLINE_RATES = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
+                  "output_throughput_per_gpu")
+NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms",
+                 "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms",
+                 "mean_e2el_ms", "median_e2el_ms")
+STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
+# `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
+STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
+                   "cold_encoder_compilation_s", "warm_encoder_compilation_s")
+# energy and cost per run (raysweep.maths.energy, raysweep.plan.cost): each with its interval across runs
+ENERGY_COST_METRICS = ("energy_j", "energy_net_j", "power_mean_w", "power_net_mean_w", "j_per_output_token",
+                       "j_per_total_token", "output_tokens_per_j", "net_j_per_output_token", "net_j_per_total_token",
+                       "net_output_tokens_per_j", "cost_per_m_output_tokens", "cost_per_m_total_tokens")
+SUMMARY_FORMATS = ("parquet", "csv")
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_RESAMPLES = 1000
+_LATENCY = re.compile(r"^(mean|median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
+_LATENCY_ORDER = ("ttft", "tpot", "itl", "e2el")
+_MAX_BOOTSTRAP_VALUES = 5_000_000    # resamples x pooled ITL gaps at most per point (200 resamples of 25k gaps)
+_MIN_RESAMPLES = 100
+# Columns that differ from run to run of one point, or say where it ran: never point parameters.
+_RUN_COLUMNS = {"point_id", "run_number", "server_id", "attempt", "started_at", "ended_at", "bench_wall_s",
+                "cache_state_before", "bench_command", "date", "node_id", "node_ip", "hostname", "gpu_ids",
+                "node_ids", "node_ips", "gpu_ids_per_node", "samples_path", "result_path", "combo_dir",
+                "node_types", "hardware", "hardware_mixed"}
+_KEYS = ("serve_id", "bench_id")
+_LABELS = ("campaign", "serve_label", "bench_label")
+_SHAPE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "gpu_count", "num_nodes")
+
+
+def runs_needed(cv: float, threshold: float, confidence: float = 0.95, limit: int = 100_000) -> int | None:
+    """The fewest runs whose t-interval half-width is at most `threshold` of the mean, for a spread `cv`."""
+    return verdicts.runs_for_half_width(cv, threshold, confidence, limit)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which columns
+# ---------------------------------------------------------------------------------------------------
+
+def headline_metrics(df: pd.DataFrame) -> list[str]:
+    """The headline metric columns the table has (with a value): throughputs, then per latency metric its
+    mean, median and percentiles."""
+    def has(col: str) -> bool:
+        return col in df.columns and pd.to_numeric(df[col], errors="coerce").notna().any()
+
+    latency = [c for c in df.columns if _LATENCY.match(str(c)) and has(c)]
+
+    def order(col: str) -> tuple[int, float]:
+        m = _LATENCY.match(col)
+        assert m is not None
+        stat = {"mean": -2.0, "median": -1.0}.get(m.group(1), float(m.group(2) or 0))
+        return _LATENCY_ORDER.index(m.group(3)), stat
+
+    return ([c for c in HEADLINE_RATES if has(c)] + sorted(latency, key=order)
+            + [c for c in STARTUP_METRICS + ENERGY_COST_METRICS if has(c)])
+
+
+def point_keys(df: pd.DataFrame, params: Sequence[str] | None = None) -> list[str]:
+    """The columns that identify a point: `serve_id` and `bench_id`, else the parameters, else every
+    column that is neither a metric nor a fact of one run."""
+    if all(k in df.columns for k in _KEYS):
+        return list(_KEYS)
+    if params:
+        return [p for p in params if p in df.columns]
+    metrics = set(headline_metrics(df))
+    return [c for c in df.columns if c not in metrics and c not in _RUN_COLUMNS and not _is_measurement(c)
+            and not pd.api.types.is_bool_dtype(df[c])]
+
+
+def _param_columns(df: pd.DataFrame, keys: list[str], params: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """The parameter columns of the points: those given (that the table has), else the columns that are
+    constant within every point and differ between points; and the GPU shape columns besides them."""
+    if params is not None:
+        names = [p for p in params if p in df.columns]
+    elif list(keys) != list(_KEYS):  # points told apart by their parameters
+        names = [k for k in keys if k not in _LABELS and k not in _SHAPE]
+    else:
+        metrics = set(headline_metrics(df))
+        skip = metrics | _RUN_COLUMNS | set(keys) | set(_LABELS)
+        grouped = df.groupby(keys, dropna=False, sort=False)
+        names = [c for c in df.columns if c not in skip and not _is_measurement(c)
+                 and df[c].astype(str).nunique() > 1 and (grouped[c].nunique(dropna=False) <= 1).all()]
+    return names, [c for c in _SHAPE if c in df.columns and c not in names and c not in keys]
+
+
+_MEASURED = re.compile(r"^((mean|median|std|p\d+(\.\d+)?)_\w+_ms|duration|completed|failed|total_\w+_tokens|"
+                       r"\w+_throughput(_per_gpu)?|request_goodput|max_output_tokens_per_s|max_concurrent_requests|"
+                       r"peak_\w+|rtfx|error_rate|shared_cpus|client_limited\w*|errors_sample|"
+                       r"(server|provenance|transport|validity|steady_state|spec_decode|probe|client|energy|power|idle|"
+                       r"cost|(net_)?j_per|(net_)?output_tokens_per_j|load_window)_?\w*)$")
+
+
+def _is_measurement(col: str) -> bool:
+    """A field a run measures or records about itself (vLLM's result fields and raysweep's own), never a
+    parameter of its point."""
+    return bool(_MEASURED.match(str(col)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The summary
+# ---------------------------------------------------------------------------------------------------
+
+def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: float = DEFAULT_THRESHOLD,
+              params: Sequence[str] | None = None, noise_metrics: Sequence[str] | None = None,
+              samples: Mapping[str, Mapping[str, Any]] | None = None,
+              resamples: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
+    """One row per point (see the module docstring): its keys, labels and parameter columns, `runs`,
+    `runs_flagged` (runs failing a validity check), `client_limited_runs`, `noisy`, `noisy_metrics`,
+    `runs_needed`, `ci_method`, then `M_mean, M_median, M_std, M_cv, M_ci_low, M_ci_high` per headline
+    metric (and `M_pooled` for percentiles bootstrapped from raw samples).
+
+    :param params: the parameter columns (default: inferred, see `_param_columns`).
+    :param samples: raw per-request samples by `point_id` (one run), as `results.read_samples` returns.
+    :raises UserError: a confidence or threshold out of range, or a noise metric the table lacks.
+    """
+    _check(confidence, threshold)
+    df = _with_per_gpu(results)
+    metrics = headline_metrics(df)
+    if df.empty:
+        return pd.DataFrame(columns=["runs", "noisy", "runs_needed"])
+    judged = _noise_metrics(noise_metrics, metrics)
+    keys = point_keys(df, params)
+    names, shape = _param_columns(df, keys, params)
+    df = df.assign(**{m: pd.to_numeric(df[m], errors="coerce") for m in metrics})  # once, not once per point
+    rows = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples, resamples)
+    out = pd.DataFrame.from_records(rows)
+    out["runs_needed"] = out["runs_needed"].astype("Int64")
+    out["noisy"] = out["noisy"].astype(bool)
+    out.attrs.update(keys=keys, params=names,
+                     confidence=confidence, threshold=threshold)
+    return out
+
+
+def summary_params(summary: pd.DataFrame) -> list[str]:
+    """The parameter columns of a summary: as `summarize` recorded them (kept in parquet), else the columns
+    before `runs` that are neither keys, labels nor the GPU shape."""
+    if summary.attrs.get("params") is not None:
+        return [p for p in summary.attrs["params"] if p in summary.columns]
+    lead = list(summary.columns[: list(summary.columns).index("runs")]) if "runs" in summary.columns else []
+    return [c for c in lead if c not in (*_KEYS, *_LABELS, *_SHAPE)]
+
+
+def _check(confidence: float, threshold: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise UserError(f"--confidence {confidence}: accepted: a number between 0 and 1 (exclusive), e.g. 0.95")
+    if not threshold > 0.0:
+        raise UserError(f"--noise-threshold {threshold}: accepted: a positive fraction of the mean, e.g. 0.05")
+
+
+def _noise_metrics(given: Sequence[str] | None, metrics: list[str]) -> list[str]:
+    if given is None:
+        return [m for m in NOISE_METRICS if m in metrics]
+    missing = [m for m in given if m not in metrics]
+    if missing:
+        raise UserError(unknown_names("--noise-metrics", missing, metrics, "headline metric"))
+    return list(given)
+
+
+def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
+    """The table with `output_throughput_per_gpu`: GPUs counted as the Pareto plot counts them (gpu_count,
+    else tensor x pipeline x data parallel size from the record)."""
+    if df.empty or "output_throughput" not in df.columns or "output_throughput_per_gpu" in df.columns:
+        return df
+    from raysweep.report import plots
+
+    try:
+        gpus = plots.gpu_counts(df, "gpu_count")[0]
+    except UserError:
+        return df
+    thr = pd.to_numeric(df["output_throughput"], errors="coerce")
+    return df.copy().assign(output_throughput_per_gpu=thr / gpus)  # copy: one block, not many inserts
+
+
+def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
+                confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
+                resamples: int) -> list[dict[str, Any]]:
+    """One row per point, in the order of its keys: the counts and statistics of every point at once (one
+    group-by over the table, not a table per point), then each point's row."""
+    grouped = df.groupby(keys, dropna=False, sort=True)
+    codes = grouped.ngroup().to_numpy()
+    points = grouped.ngroups
+    left = left_out_mask(df).to_numpy(dtype=bool)
+    total = np.bincount(codes, minlength=points)
+    n_left = np.bincount(codes, weights=left, minlength=points).astype(int)
+    all_left = n_left == total
+    used = ~left | all_left[codes]  # a point whose runs are all left out keeps them
+    firsts = np.unique(codes, return_index=True)[1]
+    labels = [c for c in dict.fromkeys((*keys, *_LABELS, *names)) if c in df.columns]
+    heads = df.iloc[firsts][labels].to_dict("records")
+    flagged = (np.bincount(codes, weights=(df["validity_ok"] == False).to_numpy(dtype=bool),  # noqa: E712
+                           minlength=points).astype(int) if "validity_ok" in df.columns else None)
+    limited = (np.bincount(codes, weights=(df["client_limited"] == True).to_numpy(dtype=bool),  # noqa: E712
+                           minlength=points).astype(int) if "client_limited" in df.columns else None)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(total)])
+    ids = df["point_id"].to_numpy(dtype=object) if "point_id" in df.columns else None
+    slim = df[[c for c in ("started_at", "round", "run_number", *TREND_METRICS) if c in df.columns]]
+    slim = slim.set_axis(pd.RangeIndex(len(df)))  # the runs by position
+    hardware = df["hardware"].to_numpy(dtype=object) if "hardware" in df.columns else None
+    mixed = (df["hardware_mixed"].fillna(False).astype(bool).to_numpy()
+             if hardware is not None and "hardware_mixed" in df.columns else None)
+    rows = []
+    for i in range(points):
+        members = order[bounds[i]:bounds[i + 1]]  # the point's runs, in the table's order
+        row: dict[str, Any] = dict(heads[i])
+        row["runs"] = int(used[members].sum())  # the first column after the parameters (`summary_params`)
+        if flagged is not None:
+            row["runs_flagged"] = int(flagged[i])
+        if limited is not None:
+            row["client_limited_runs"] = int(limited[i])
+        gone = members[left[members]]
+        row.update(runs_total=int(total[i]), runs_left_out=0 if all_left[i] else int(n_left[i]),
+                   left_out_reasons=left_out_reasons(df.iloc[gone]) if gone.size else "",
+                   on_flagged_runs=bool(all_left[i]) and total[i] > 0)
+        timed, outlier = runs_over_time(slim.iloc[members[used[members]]], metrics)
+        row.update(timed)
+        if outlier is not None:   # shown and judged: left out of the point's statistics like a flagged run
+            used[outlier] = False
+            reasons = ", ".join(r for r in (row["left_out_reasons"], "outlier run 1") if r)
+            row.update(runs=row["runs"] - 1, runs_left_out=row["runs_left_out"] + 1, left_out_reasons=reasons)
+        if hardware is not None:  # what the runs used were measured on (one, unless all were flagged)
+            row["hardware"] = " | ".join(sorted({str(h) for h in hardware[members[used[members]]] if not pd.isna(h)}))
+            row["hardware_mixed"] = bool(mixed[members].any()) if mixed is not None else False
+        rows.append(row)
+    stats = _group_stats(df[metrics].to_numpy(dtype=float)[used], codes[used], points, confidence)
+    for i, row in enumerate(rows):
+        mine = {m: {k: float(stats[k][i, j]) for k in STATS} for j, m in enumerate(metrics)}
+        noisy = [m for m in judged if mine[m]["cv"] > threshold]
+        needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
+        known = [n for n in needed if n is not None]
+        row.update(noisy=bool(noisy), noisy_metrics=",".join(noisy), runs_needed=max(known) if known else None,
+                   ci_method="t")
+        for m in metrics:
+            row.update({f"{m}_{k}": v for k, v in mine[m].items()})
+    if ids is not None and samples and resamples >= 1:
+        _add_pooled(rows, [[str(p) for p in ids[m[used[m]]]] for m in
+                           (order[bounds[i]:bounds[i + 1]] for i in range(points))], metrics, confidence, samples,
+                    resamples)
+    return rows
+
+
+def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: list[str], confidence: float,
+                samples: Mapping[str, Mapping[str, Any]], resamples: int) -> None:
+    """Into each point's row, after each percentile metric's statistics: its pooled value and two-level
+    bootstrap interval (`_pooled`), every point's resamples drawn at once (`bootstrap.intervals`)."""
+    wanted = _wanted(metrics)
+    found = [_pooled(ids, wanted, samples, resamples) for ids in runs_of]
+    ends = iter(bootstrap.intervals([p for f in found if f for _, _, p in f[0]], confidence))
+    for i, f in enumerate(found):
+        if not f:
+            continue
+        parts, requests = f
+        extra: dict[str, tuple[float, float, float]] = {}
+        for (asked, values, _), lows_highs in zip(parts, ends):
+            for (name, q), (lo, hi) in zip(asked, lows_highs):
+                extra[name] = (float(np.percentile(values, q)), lo, hi)
+        if not extra:
+            continue
+        row = rows[i]
+        row["ci_method"] = (f"t over runs; pooled percentiles with a two-level bootstrap (runs, then requests; "
+                            f"{requests} requests)")
+        rows[i] = {}
+        for k, v in row.items():  # the pooled columns after the metric's interval, as before
+            rows[i][k] = v
+            m = k[: -len("_ci_high")] if k.endswith("_ci_high") else ""
+            if m in extra:
+                rows[i][f"{m}_pooled"], rows[i][f"{m}_pooled_ci_low"], rows[i][f"{m}_pooled_ci_high"] = extra[m]
+
+
+def _group_stats(values: np.ndarray, codes: np.ndarray, points: int, confidence: float) -> dict[str, np.ndarray]:
+    """Per point (rows) and metric (columns): mean, median, std, cv and the t-interval of the mean over its
+    runs' values (NaN skipped): numpy's mean and two-pass std, Student's t-interval (one run has none)."""
+    index = pd.RangeIndex(points)
+    median = pd.DataFrame(values).groupby(codes).median().reindex(index).to_numpy(dtype=float)
+    known = ~np.isnan(values)
+    n = np.zeros((points, values.shape[1]))  # values counted per point and metric
+    for j in range(values.shape[1]):
+        n[:, j] = np.bincount(codes[known[:, j]], minlength=points)
+    mean, std = np.full(n.shape, math.nan), np.full(n.shape, math.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for j in range(values.shape[1]):  # two passes, as numpy's std: the spread about the mean
+            v, c = values[known[:, j], j], codes[known[:, j]]
+            mean[:, j] = np.bincount(c, weights=v, minlength=points) / n[:, j]
+            std[:, j] = np.sqrt(np.bincount(c, weights=(v - mean[c, j]) ** 2, minlength=points) / (n[:, j] - 1))
+    nan = math.nan
+    many = n > 1
+    std = np.where(many, std, nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cv = np.where(many & np.isfinite(mean) & (mean != 0) & np.isfinite(std), std / np.abs(mean), nan)
+        q = np.full(n.shape, nan)
+        for dof in np.unique(n[many]):
+            q[n == dof] = t_quantile(0.5 + confidence / 2.0, dof - 1)
+        half = np.where(many, q * std / np.sqrt(np.maximum(n, 1)), nan)
+    ok = np.isfinite(half)
+    return {"mean": mean, "median": median, "std": std, "cv": cv, "ci_low": np.where(ok, mean - half, nan),
+            "ci_high": np.where(ok, mean + half, nan)}
+
+
+TREND_METRICS = ("output_throughput", "request_throughput", "total_token_throughput")
+TIME_COLUMNS = ("drift", "drift_pct_per_run", "drift_p", "drift_text", "drift_metric", "outlier_text")
+
+
+def runs_over_time(runs: pd.DataFrame, metrics: Sequence[str]) -> tuple[dict[str, Any], Any]:
+    """A point's runs over the order they were measured in (`over_time.run_order`): the trend test of its
+    first rate metric (`drift`: drifts / no drift shown / not judged, with the slope in % per run, its p-value
+    and the answer in words) and Grubbs' outlier rule on the same metric where it does not drift; returns
+    those fields and the index label of the outlier run (None: none)."""
+    from raysweep.maths import over_time
+
+    metric = next((m for m in TREND_METRICS if m in metrics), None)
+    fields: dict[str, Any] = dict.fromkeys(TIME_COLUMNS)
+    if metric is None or runs.empty:
+        return fields, None
+    order = over_time.run_order(runs)
+    values = pd.to_numeric(runs.loc[order, metric], errors="coerce").tolist()
+    t = over_time.trend(values)
+    fields.update(drift=t.word, drift_pct_per_run=t.pct_per_run, drift_p=t.p_value, drift_text=t.text,
+                  drift_metric=metric)
+    if t.drifts:
+        fields["outlier_text"] = "not judged: the runs drift"
+        return fields, None
+    marks = over_time.outliers(values)
+    fields["outlier_text"] = marks.text
+    if marks.count and len(values) - marks.count >= 2:
+        return fields, order[marks.mask.index(True)]
+    return fields, None
+
+
+def left_out_mask(runs: pd.DataFrame) -> pd.Series:
+    """The runs left out of every statistic that ranks or compares: client-limited ones (the load was not
+    what was asked) and those failing a validity check (`validity_ok` False)."""
+    mask = pd.Series(False, index=runs.index)
+    for col in ("client_limited", "validity_ok"):
+        if col in runs.columns:
+            mask |= runs[col] == (col == "client_limited")
+    return mask
+
+
+def left_out_reasons(runs: pd.DataFrame) -> str:
+    """`client-limited 2, shared CPUs 3`: how many of these runs each check flagged (a run may count under
+    several)."""
+    counts: dict[str, int] = {}
+    if runs.empty:  # the usual case; iterrows would still build the values of every column
+        return ""
+    for _, r in runs.iterrows():
+        names = check_names(r.get("validity_issues"))
+        if r.get("client_limited") is True and "client-limited" not in names:
+            names.insert(0, "client-limited")
+        for n in names or ["flagged"]:
+            counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def check_names(issues: Any) -> list[str]:
+    """The names of the checks in a run's `validity_issues` (`shared CPUs; not steady (slope +3 %/s)` gives
+    `shared CPUs`, `not steady`)."""
+    if not isinstance(issues, str) or not issues.strip():
+        return []
+    return list(dict.fromkeys(i.split(" (")[0].strip() for i in issues.split("; ") if i.strip()))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bootstrap of the percentiles of the pooled requests
+# ---------------------------------------------------------------------------------------------------
+
+def _wanted(metrics: list[str]) -> dict[str, list[tuple[str, float]]]:
+    """The percentile metrics by latency: {"ttft": [("median_ttft_ms", 50.0), ("p99_ttft_ms", 99.0)], ...}."""
+    wanted: dict[str, list[tuple[str, float]]] = {}
+    for m in metrics:
+        match = _LATENCY.match(m)
+        if match is not None and match.group(1) != "mean":
+            q = 50.0 if match.group(1) == "median" else float(match.group(2))
+            wanted.setdefault(match.group(3), []).append((m, q))
+    return wanted
+
+
+_Parts = list[tuple[list[tuple[str, float]], np.ndarray, bootstrap.Pooled]]
+
+
+def _pooled(point_ids: list[str], wanted: dict[str, list[tuple[str, float]]],
+            samples: Mapping[str, Mapping[str, Any]], resamples: int) -> tuple[_Parts, int] | None:
+    """A point's percentile metrics to bootstrap, when every run of it has its raw samples (None otherwise):
+    per latency with values, the metrics and percentiles asked, the pooled values, and what the bootstrap
+    resamples (`raysweep.maths.bootstrap.Pooled`); and the point's requests. The interval is a two-level
+    bootstrap: the runs resampled, then the requests within each drawn run (a run's requests share its
+    server state, so they are not independent draws of the configuration); a single run has no interval.
+    The latencies measured on the same requests share their resamples."""
+    runs = [samples.get(pid) for pid in point_ids]
+    if not runs or any(r is None for r in runs):
+        return None
+    per_run = [_request_values(r) for r in runs if r is not None]
+    parts: _Parts = []
+    for name, asked in wanted.items():
+        owned = [_owned(r, name) for r in per_run]
+        values = np.concatenate([v for v, _, _ in owned]) if owned else np.zeros(0)
+        if values.size == 0:
+            continue
+        n = resamples
+        if name == "itl":  # fewer resamples (never under _MIN_RESAMPLES) when the gaps are many
+            n = min(resamples, max(_MIN_RESAMPLES, _MAX_BOOTSTRAP_VALUES // max(1, values.size)))
+        parts.append((asked, values, bootstrap.Pooled([v for v, _, _ in owned], [o for _, o, _ in owned],
+                                                      [k for _, _, k in owned], [q for _, q in asked], n)))
+    return parts, sum(int(r["n"]) for r in per_run)
+
+
+def _owned(values: Mapping[str, Any], name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """One run's values of a latency, the request (0..n-1) each belongs to, and n: for ITL every gap, owned
+    by its request, n all successful requests (those of one chunk draw no gap); else one value a request."""
+    if name == "itl":
+        return values["itl_gaps"], values["itl_owner"], int(values["n"])
+    v = np.asarray(values[name], dtype=float)
+    return v, np.arange(v.size), v.size
+
+
+def _request_values(s: Mapping[str, Any]) -> dict[str, Any]:
+    """Per successful request, in ms: TTFT, TPOT (outputs longer than one token, as vLLM), E2EL, and its ITL
+    gaps (`itl_gaps`, with `itl_owner` the request of each), as `bench.stats.point_metrics` defines them."""
+    ok = np.asarray(s["ok"], dtype=bool)
+    begin_col = s.get("begin")
+    begin = np.asarray(begin_col if begin_col is not None and len(begin_col) == ok.size else s["sent"], dtype=float)
+    first, end = np.asarray(s["first"], dtype=float), np.asarray(s["end"], dtype=float)
+    outs = np.asarray(s["out_tok"], dtype=float)
+    e2el, ttft = ((end - begin) * 1000.0)[ok], ((first - begin) * 1000.0)[ok]
+    multi = outs[ok] > 1
+    tpot = (e2el[multi] - ttft[multi]) / (outs[ok][multi] - 1)
+    offsets, flat = _chunk_offsets(s["chunks"])
+    every = np.diff(offsets)
+    lengths, flat = every[ok], flat[np.repeat(ok, every)]  # the chunks of the successful requests, in order
+    inner = np.ones(flat.size, dtype=bool)  # a gap from each chunk to the next of its own request
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    inner[starts[lengths > 0]] = False
+    gaps = (np.diff(flat, prepend=0.0) * 1000.0)[inner]
+    owner = np.repeat(np.arange(lengths.size), np.maximum(lengths - 1, 0))
+    return {"n": int(ok.sum()), "ttft": ttft, "tpot": tpot, "e2el": e2el, "itl_gaps": gaps, "itl_owner": owner}
+
+
+def _chunk_offsets(chunks: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The chunk offsets of every request laid end to end, and where each request's start (n + 1 offsets):
+    from an Arrow list column as read (`_read_samples`) or from lists of numbers."""
+    if isinstance(chunks, pa.ChunkedArray):
+        chunks = chunks.combine_chunks()
+    if isinstance(chunks, pa.ListArray):
+        lengths = pc.fill_null(pc.list_value_length(chunks), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        flat = chunks.flatten().to_numpy(zero_copy_only=False).astype(float)
+    else:
+        lengths = np.fromiter((len(c) if c is not None else 0 for c in chunks), dtype=np.int64, count=len(chunks))
+        flat = np.fromiter((x for c in chunks if c is not None for x in c), dtype=float, count=int(lengths.sum()))
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), flat
+
+
+# ---------------------------------------------------------------------------------------------------
+# Significance
+# ---------------------------------------------------------------------------------------------------
+
+def lead_is_significant(a_row: Mapping[str, Any], b_row: Mapping[str, Any], metric: str,
+                        alpha: float = verdicts.ALPHA) -> bool:
+    """Whether `metric` differs between two summary rows: Welch's t-test on their per-run mean, spread and
+    runs (`verdicts.compare_means`) at level `alpha`; False when either has fewer than 2 runs."""
+    return verdicts.compare_means(verdicts.row_stats(a_row, metric), verdicts.row_stats(b_row, metric),
+                                  alpha=alpha).decided
+
+
+# ---------------------------------------------------------------------------------------------------
+# An output dir's summary
+# ---------------------------------------------------------------------------------------------------
+
+def summary_table(output_dir: str | Path, confidence: float = 0.95, threshold: float = DEFAULT_THRESHOLD,
+                  results: pd.DataFrame | None = None, **kw: Any) -> pd.DataFrame:
+    """`summarize` of a raysweep output dir (parameters from its ledger, raw samples from its result
+    files), a vLLM sweep dir or an imported dir."""
+    from raysweep.results.importer import read_table
+
+    path = Path(output_dir)
+    df = results if results is not None else read_table(path).df
+    params, samples = _dir_params(path), _dir_samples(path, df)
+    # bench.precision: each point's state, from the ledger
+    from raysweep.results.precision import precision_columns
+
+    return precision_columns(path, summarize(df, confidence, threshold=threshold, params=params, samples=samples,
+                                             **kw))
+
+
+def _dir_params(output_dir: Path) -> list[str] | None:
+    """The serve and bench parameter names of a raysweep output dir's plan (None elsewhere)."""
+    from raysweep.ledger import plan_points
+
+    points = plan_points(output_dir)
+    if points is None:
+        return None
+    return list(dict.fromkeys(k for p in points for k in (*p.serve_params, *p.bench_params)))
+
+
+def _dir_samples(output_dir: Path, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """The raw samples of the runs that kept them, by point id (runs whose file cannot be read are left
+    out: their point gets t-intervals only)."""
+    if "samples_path" not in df.columns or "point_id" not in df.columns:
+        return {}
+    out = {}
+    for pid, rel in zip(df["point_id"], df["samples_path"]):
+        if not isinstance(rel, str) or not rel:
+            continue
+        try:
+            out[str(pid)] = _read_samples(output_dir / rel)
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            log.warning("run %s: its raw samples %s cannot be read (%s); its point gets t-intervals only", pid,
+                        rel, exc)
+    return out
+
+
+_SAMPLE_COLUMNS = ("ok", "begin", "sent", "first", "end", "out_tok", "chunks")
+
+
+def _read_samples(path: Path) -> dict[str, Any]:
+    """The columns of a run's raw samples (`records.write_samples`) that the pooled percentiles need, as
+    arrays (the chunks as Arrow's list column): no Python value per request."""
+    f = pq.ParquetFile(path)
+    names = [c for c in _SAMPLE_COLUMNS if c in f.schema_arrow.names]
+    table = f.read(columns=names)
+    return {c: table.column(c) if c == "chunks" else table.column(c).to_numpy(zero_copy_only=False) for c in names}
+
+
+def write_summary(output_dir: str | Path, formats: Sequence[str] = SUMMARY_FORMATS,
+                  results: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> list[Path]:
+    """Write `summary.<format>` (parquet, csv) beside `results.*`, each whole or not at all: `summary` as
+    given, else `summary_table` of the output dir (of `results` when given) with the default settings."""
+    output_dir = Path(output_dir)
+    df = summary if summary is not None else summary_table(output_dir, results=results)
+    written = []
+    for fmt in formats:
+        path = output_dir / f"summary.{fmt}"
+        if fmt == "csv":
+            written.append(write_text_atomic(path, df.to_csv(index=False)))
+        elif fmt == "parquet":
+            written.append(write_bytes_atomic(path, df.to_parquet(index=False)))
+        else:
+            raise ValueError(f"unknown summary format {fmt!r}; accepted: {', '.join(SUMMARY_FORMATS)}")
+    return written

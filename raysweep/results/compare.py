@@ -1,0 +1,588 @@
+"""Comparing campaigns: the points of one or more campaigns against a baseline, matched by their parameters.
+
+A side is a raysweep output dir, a `vllm bench sweep` dir, a dir written by `raysweep import`, or a file: a
+`summary.parquet/csv` (aggregates per point) or a `results.parquet/csv` (one row per run), read through
+`raysweep.results.aggregate` (client-limited and flagged runs left out). Points are matched on the parameter columns
+both sides have (or `--match-on`); the baseline must hold one point per matched value, the other side may hold
+several (several server configs against one baseline point). Per metric a comparison gives the baseline and
+the other mean over runs (for a percentile, the mean of the per-run percentiles), their ratio (other /
+baseline), the p-value of the test that decided (`M_test`: Welch's t over runs, `verdicts.compare_means`;
+or a paired t where the two points' runs were measured side by side, `over_time.pairs`) and a verdict
+(higher is better for throughputs, lower for latencies): `better` or `worse` when the test rejects equal
+means, `not shown` when it does not (the runs cannot tell them apart: not a claim that they are equal) or
+a side has fewer than 3 runs or, unpaired, a side's runs drift over their order (`drift`), `not judged`
+when a side has fewer than 2. Every verdict of a comparison
+(all matched points x metrics) is one family: its p-values are adjusted for the false discovery rate
+(Benjamini-Hochberg, `FAMILY`; `M_p_adjusted`), and `family_text` says how many were tested
+(benchmarks/bench_verdicts.py measures the false verdicts per comparison).
+
+With a service-level objective (`slo`, e.g. the campaign's `slo:` or `--slo`), a point compared is judged
+only when both sides meet it; the others get `outside slo` and the `slo` column says which side meets it.
+`comparison_figure` draws the curves of all sides in one figure.
+
+`raysweep compare` writes `comparison.csv`, `comparison_totals.csv` and `COMPARE.png`, and records the
+baseline in every compared raysweep output dir (`compare/baseline.json`), where `report_section` finds it:
+the report of that dir then shows the comparison.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from raysweep.results import aggregate
+from raysweep.maths import over_time, verdicts
+from raysweep.report import plots
+from raysweep.errors import UserError, unknown_names
+from raysweep.record.files import write_json_atomic, write_text_atomic
+from raysweep.maths.over_time import Family
+from raysweep.sla.search import Target, meets
+
+__all__ = [
+    "BASELINE_FILE",
+    "COMPARE_DIR",
+    "DEFAULT_METRICS",
+    "Comparison",
+    "Side",
+    "campaign_slo",
+    "common_params",
+    "compare",
+    "comparison_figure",
+    "distinct_names",
+    "family_text",
+    "higher_is_better",
+    "load_side",
+    "parse_slo_option",
+    "record_baseline",
+    "report_section",
+    "totals",
+    "write_comparison",
+]
+
+log = logging.getLogger(__name__)
+
+FAMILY = "bh"   # the rate controlled over all a comparison's verdicts: the false discovery rate
+COMPARE_DIR = "compare"
+BASELINE_FILE = "baseline.json"
+DEFAULT_METRICS = ("output_throughput", "output_throughput_per_gpu", "request_throughput", "median_ttft_ms",
+                   "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms",
+                   "j_per_output_token", "cost_per_m_output_tokens")  # the last two where both sides have them
+# energy and cost per token (raysweep.maths.energy, raysweep.plan.cost) are better lower, like latencies
+_LOWER_IS_BETTER = ("_ms", "j_per_output_token", "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens",
+                    "energy_j", "energy_net_j", "power_mean_w", "power_net_mean_w")
+FIGURE_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
+_LABELS = ("serve_label", "bench_label")
+_COLORS = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+@dataclass
+class Side:
+    """One campaign's aggregates per point: its name, where it came from and its parameter columns; `runs`
+    its results table (one row per run) where it was read from one, for the paired verdicts."""
+
+    name: str
+    source: Path
+    summary: pd.DataFrame
+    params: list[str]
+    runs: pd.DataFrame | None = None
+
+
+@dataclass
+class Comparison:
+    """The points of `other` matched against `baseline` on the columns `on`, one row per point of `other`
+    that has a baseline point: the matched values, labels, and per metric `M_a` (baseline mean; for a
+    percentile, the mean of the per-run percentiles), `M_b`, `M_ratio` (b / a), `M_p` (Welch's p-value),
+    `M_verdict`; with an slo, `slo` (which side meets it)."""
+
+    baseline: Side
+    other: Side
+    on: list[str]
+    metrics: list[str]
+    table: pd.DataFrame
+    unmatched_baseline: int = 0
+    unmatched_other: int = 0
+    notes: list[str] = field(default_factory=list)
+    slo: Target | None = None
+    family: Family | None = None   # the control over every verdict of the comparison
+
+
+def higher_is_better(metric: str) -> bool:
+    """Throughputs (and output tokens per joule) are better higher; latencies (`*_ms`), energy, power and cost
+    per token lower."""
+    return not metric.endswith(_LOWER_IS_BETTER)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading a side
+# ---------------------------------------------------------------------------------------------------
+
+def load_side(path: str | Path, option: str = "DIR", confidence: float = 0.95) -> Side:
+    """The aggregates of a directory or file (see the module docstring).
+
+    :raises UserError: the path is none of them (naming `option`).
+    """
+    p = Path(path)
+    runs: pd.DataFrame | None = None
+    if p.is_file():
+        df = _read_file(p, option)
+        summary = df if _is_summary(df) else aggregate.summarize(df, confidence)
+        runs = None if _is_summary(df) else df
+        name = _campaign_name(summary) or p.stem
+    elif p.is_dir():
+        from raysweep.results.table import kept_summary
+
+        kept = kept_summary(p, confidence)  # as the campaign's end wrote it, when nothing finished since
+        summary = kept if kept is not None else aggregate.summary_table(p, confidence)
+        runs = _runs_of(p)
+        name = _campaign_name(summary) or p.name
+    else:
+        raise UserError(f"{option} {path}: no such file or directory; accepted: a raysweep output dir, a `vllm bench "
+                        "sweep` dir, a dir written by `raysweep import`, or a summary/results .parquet or .csv file")
+    if summary.empty:
+        raise UserError(f"{option} {path}: no finished run to compare")
+    return Side(name, p, summary, aggregate.summary_params(summary), runs)
+
+
+def _runs_of(path: Path) -> pd.DataFrame | None:
+    """The results table of a directory (None when it cannot be read: the verdicts are then Welch's)."""
+    from raysweep.results.importer import read_table
+
+    try:
+        return read_table(path).df
+    except (UserError, OSError, ValueError) as exc:
+        log.info("%s: its runs are not read (%s); no paired verdicts", path, exc)
+        return None
+
+
+def distinct_names(sides: list[Side]) -> list[Side]:
+    """The sides, those that share a name told apart by their path."""
+    names = [s.name for s in sides]
+    short = [s.source.name for s in sides]
+    for s in sides:
+        if names.count(s.name) > 1:
+            s.name = f"{s.name} ({s.source.name if short.count(s.source.name) == 1 else s.source})"
+    return sides
+
+
+def common_params(sides: Sequence[Side]) -> list[str]:
+    """The parameter columns every side has, in the order of the first."""
+    return [p for p in sides[0].params if all(p in s.params for s in sides[1:])]
+
+
+def _read_file(path: Path, option: str) -> pd.DataFrame:
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        if path.suffix == ".csv":
+            return pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{option} {path}: cannot be read ({exc})") from exc
+    raise UserError(f"{option} {path}: a file must be .parquet or .csv (a summary.* or results.* table)")
+
+
+def _is_summary(df: pd.DataFrame) -> bool:
+    return "runs" in df.columns and any(str(c).endswith("_mean") for c in df.columns)
+
+
+def _campaign_name(summary: pd.DataFrame) -> str | None:
+    if "campaign" not in summary.columns:
+        return None
+    names = summary["campaign"].dropna().astype(str).unique()
+    return names[0] if len(names) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Matching and comparing
+# ---------------------------------------------------------------------------------------------------
+
+def _norm(value: Any) -> Any:
+    """A value as matching sees it: numbers (and "inf") as floats, missing as None, the rest as text."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
+            metrics: Sequence[str] | None = None, slo: Target | None = None,
+            family: str = FAMILY) -> Comparison:
+    """Match the points of `other` against `baseline` and compare them metric by metric (only the points
+    meeting `slo` on both sides, when given).
+
+    :raises UserError: no parameter to match on, a `--match-on` or `--metrics` name a side lacks, or a
+        baseline with several points for one matched value.
+    """
+    keys = _match_columns(baseline, other, on)
+    names = _metrics(baseline, other, metrics)
+    base_keys = [tuple(_norm(v) for v in row) for row in baseline.summary[keys].itertuples(index=False)]
+    _check_unique(baseline, keys, base_keys)
+    index = {k: i for i, k in enumerate(base_keys)}
+    rows, matched = [], set()
+    for _, b in other.summary.iterrows():
+        key = tuple(_norm(b[k]) for k in keys)
+        if key not in index:
+            continue
+        matched.add(key)
+        a = baseline.summary.iloc[index[key]]
+        rows.append(_row(a, b, keys, names, slo, _point_runs(baseline, a), _point_runs(other, b)))
+    table = pd.DataFrame.from_records(rows)
+    fam = _control(table, names, family)
+    notes = []
+    if not rows:
+        notes.append(f"no point of {other.name} has the parameters of a point of {baseline.name} "
+                     f"(matched on {', '.join(keys)})")
+    elif slo is not None and not (table["slo"] == "both meet").any():
+        notes.append(f"no matched point meets the slo {slo.label} on both sides: nothing is ranked")
+    return Comparison(baseline, other, keys, names, table, len(set(base_keys) - matched),
+                      len(other.summary) - len(rows), notes, slo, fam)
+
+
+def _point_runs(side: Side, row: pd.Series) -> pd.DataFrame | None:
+    """The runs of one point of a side (those its summary used: left-out runs dropped), or None."""
+    runs = side.runs
+    if runs is None or not {"serve_id", "bench_id"} <= set(runs.columns):
+        return None
+    mine = runs[(runs["serve_id"] == row.get("serve_id")) & (runs["bench_id"] == row.get("bench_id"))]
+    left = aggregate.left_out_mask(mine)
+    return mine[~left] if (~left).any() else mine
+
+
+def _control(table: pd.DataFrame, metrics: list[str], method: str) -> Family:
+    """The verdicts of the whole comparison (every matched point and metric) as one family: the p-values
+    adjusted (`over_time.adjust`) and a verdict better or worse only where the adjusted p-value is under 5 %
+    (`M_p_adjusted`); the others not shown."""
+    cells = [(i, m) for m in metrics for i in range(len(table))
+             if table.at[i, f"{m}_verdict"] in ("better", "worse", "not shown")
+             and math.isfinite(float(table.at[i, f"{m}_p"]))]
+    fam = over_time.adjust([float(table.at[i, f"{m}_p"]) for i, m in cells], method)
+    for m in metrics:
+        if len(table):
+            table[f"{m}_p_adjusted"] = math.nan
+    for (i, m), q in zip(cells, fam.adjusted):
+        table.at[i, f"{m}_p_adjusted"] = q
+        if table.at[i, f"{m}_verdict"] in ("better", "worse") and not q < verdicts.ALPHA:
+            table.at[i, f"{m}_verdict"] = "not shown"
+    return fam
+
+
+def _meets(row: pd.Series, slo: Target) -> bool:
+    return meets({t.metric: row.get(f"{t.metric}_mean") for t in slo.thresholds}, slo) is True
+
+
+def _match_columns(baseline: Side, other: Side, on: Sequence[str] | None) -> list[str]:
+    if on:
+        for side in (baseline, other):
+            missing = [c for c in on if c not in side.summary.columns]
+            if missing:
+                raise UserError(unknown_names("--match-on", missing, side.params,
+                                              f"parameter of {side.name} ({side.source})"))
+        return list(on)
+    keys = [p for p in baseline.params if p in other.params]
+    if not keys:
+        raise UserError(f"{baseline.name} and {other.name} have no parameter in common to match points on "
+                        f"({', '.join(baseline.params) or 'none'} vs {', '.join(other.params) or 'none'}); "
+                        "name the columns with --match-on")
+    return keys
+
+
+def _metrics(baseline: Side, other: Side, metrics: Sequence[str] | None) -> list[str]:
+    def has(side: Side, m: str) -> bool:
+        return f"{m}_mean" in side.summary.columns
+
+    if metrics:
+        missing = [m for m in metrics if not (has(baseline, m) and has(other, m))]
+        if missing:
+            both = [c[:-5] for c in baseline.summary.columns if c.endswith("_mean") and has(other, c[:-5])]
+            raise UserError(unknown_names("--metrics", missing, both, "metric aggregated on both sides"))
+        return list(metrics)
+    return [m for m in DEFAULT_METRICS if has(baseline, m) and has(other, m)]
+
+
+def _check_unique(baseline: Side, keys: list[str], base_keys: list[tuple[Any, ...]]) -> None:
+    seen: dict[tuple[Any, ...], int] = {}
+    for i, k in enumerate(base_keys):
+        if k in seen:
+            a, b = baseline.summary.iloc[seen[k]], baseline.summary.iloc[i]
+            differ = [c for c in baseline.params if c not in keys and _norm(a.get(c)) != _norm(b.get(c))]
+            hint = (f"; add {', '.join(differ)} to --match-on" if differ else "")
+            raise UserError(f"the baseline {baseline.name} has several points with "
+                            f"{', '.join(f'{c}={plots.fmt_value(v)}' for c, v in zip(keys, k))}: a point to compare "
+                            f"with must be one{hint}")
+        seen[k] = i
+
+
+def _row(a: pd.Series, b: pd.Series, keys: list[str], metrics: list[str], slo: Target | None = None,
+         runs_a: pd.DataFrame | None = None, runs_b: pd.DataFrame | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {k: b[k] for k in keys}
+    for lab in _LABELS:
+        row[f"{lab}_a"], row[f"{lab}_b"] = a.get(lab), b.get(lab)
+    row["runs_a"], row["runs_b"] = a.get("runs"), b.get("runs")
+    judged = True
+    if slo is not None:
+        ma, mb = _meets(a, slo), _meets(b, slo)
+        row["slo"] = {(True, True): "both meet", (True, False): "only the baseline meets",
+                      (False, True): "only this one meets", (False, False): "neither meets"}[(ma, mb)]
+        judged = ma and mb
+    paired = over_time.pairs(runs_a, runs_b) if runs_a is not None and runs_b is not None else None
+    drifts = [s for s, r in (("baseline", a), ("this campaign", b)) if r.get("drift") == "drifts"]
+    row["drift"] = " and ".join(drifts)
+    for m in metrics:
+        v = verdicts.compare_means(verdicts.row_stats(a, m), verdicts.row_stats(b, m), higher_is_better(m))
+        if drifts and v.decided:   # a level that drifts over the runs is no level to compare unpaired
+            v = verdicts.Verdict("not shown", v.runs_a, v.runs_b, v.ratio, v.p_value,
+                                 reason=f"the runs of {row['drift']} drift")
+        if paired is not None and m in runs_a.columns and m in runs_b.columns:  # type: ignore[union-attr]
+            what, ka, kb = paired
+            pv = over_time.paired_verdict(ka, list(runs_a[m]), kb, list(runs_b[m]),  # type: ignore[index]
+                                          higher_is_better(m), key=what)
+            v = pv if pv.word != "not judged" else v
+        row[f"{m}_a"], row[f"{m}_b"] = verdicts.row_stats(a, m)[0], verdicts.row_stats(b, m)[0]
+        row[f"{m}_ratio"] = v.ratio
+        row[f"{m}_p"] = v.p_value
+        row[f"{m}_test"] = v.test
+        row[f"{m}_verdict"] = v.word if judged else "outside slo"
+    return row
+
+
+def totals(cmp: Comparison) -> pd.DataFrame:
+    """Per metric over the matched points: their number, the geometric mean, lowest and highest ratio, and
+    how many are better, worse, not shown, not judged (and outside the slo, with one)."""
+    rows = []
+    for m in cmp.metrics:
+        if cmp.table.empty:
+            break
+        ratios = pd.to_numeric(cmp.table[f"{m}_ratio"], errors="coerce")
+        good = ratios[np.isfinite(ratios) & (ratios > 0)]
+        verdicts = cmp.table[f"{m}_verdict"].value_counts()
+        rows.append({"metric": m, "points": len(cmp.table),
+                     "ratio_geomean": float(np.exp(np.log(good).mean())) if len(good) else math.nan,
+                     "ratio_min": float(good.min()) if len(good) else math.nan,
+                     "ratio_max": float(good.max()) if len(good) else math.nan,
+                     **{v.replace(" ", "_"): int(verdicts.get(v, 0))
+                        for v in ("better", "worse", "not shown", "not judged", "outside slo")}})
+    return pd.DataFrame.from_records(rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------------------------------
+
+def _x_column(on: list[str], summaries: list[pd.DataFrame]) -> str | None:
+    """The load variable when it is matched on and varies, else the first numeric matched column that
+    varies (None: the points are drawn one after another)."""
+    def varies(c: str) -> bool:
+        values = pd.concat([pd.to_numeric(s[c], errors="coerce") for s in summaries if c in s.columns])
+        return bool(values.notna().all() and values[np.isfinite(values)].nunique() > 1)
+
+    for c in ("max_concurrency", "request_rate", *on):
+        if c in on and varies(c):
+            return c
+    return None
+
+
+@plots.styled
+def comparison_figure(comparisons: Sequence[Comparison], metrics: Sequence[str] | None = None,
+                      fig_height: float = 3.2) -> Figure:
+    """One panel per metric (default `FIGURE_METRICS` that both sides have) against the load variable: a
+    curve per side and server config, the baseline dashed, error bars from the confidence intervals."""
+    first = comparisons[0]
+    names = [m for m in (metrics or FIGURE_METRICS) if m in first.metrics] or first.metrics[:4]
+    sides = [first.baseline, *(c.other for c in comparisons)]
+    x = _x_column(first.on, [s.summary for s in sides])
+    others = [c for c in first.on if c != x]
+    fig = Figure(figsize=(fig_height * 1.35 * len(names) + 2.6, fig_height + 0.6), layout="constrained")
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    keys = _curve_keys(sides, comparisons, others)
+    colors = {k: _COLORS[i % len(_COLORS)] for i, k in enumerate(dict.fromkeys(group for _, group, _ in keys))}
+    for ax, m in zip(axes, names):
+        for n, group, pts in keys:
+            label = " · ".join(p for p in (sides[n].name, group) if p)
+            _draw_curve(ax, pts, x, m, (colors[group], _MARKERS[n % len(_MARKERS)]), dashed=n == 0, label=label)
+        ax.set_title(m)
+        ax.set_xlabel(plots.axis_label(x) if x else "point")
+        ax.set_ylabel(plots.axis_label(m))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", title="baseline dashed")
+    fig.suptitle(" vs ".join(s.name for s in sides))
+    return fig
+
+
+def _curve_keys(sides: list[Side], comparisons: Sequence[Comparison],
+                others: list[str]) -> list[tuple[int, str, pd.DataFrame]]:
+    """(side number, group label, its points) per curve: one per side, server config and value of the other
+    matched columns (the group, coloured alike on every side); only points that take part in a comparison
+    are drawn."""
+    on = comparisons[0].on
+    out = []
+    for n, side in enumerate(sides):
+        tables = [c.table for c in comparisons] if n == 0 else [comparisons[n - 1].table]
+        wanted = {tuple(_norm(v) for v in r) for t in tables if not t.empty for r in t[on].itertuples(index=False)}
+        df = side.summary
+        df = df[[tuple(_norm(v) for v in r) in wanted for r in df[on].itertuples(index=False)]]
+        group_by = [c for c in others if c in df.columns] or [c for c in ("serve_label",) if c in df.columns]
+        for values, pts in (df.groupby(group_by, dropna=False, sort=True) if group_by else [((), df)]):
+            values = values if isinstance(values, tuple) else (values,)
+            out.append((n, " · ".join(f"{c}={plots.fmt_value(v)}" if c in others else plots.fmt_value(v)
+                                      for c, v in zip(group_by, values)), pts))
+    return out
+
+
+def _draw_curve(ax: Any, pts: pd.DataFrame, x: str | None, metric: str, style: tuple[Any, str], dashed: bool,
+                label: str) -> None:
+    if f"{metric}_mean" not in pts.columns or pts.empty:
+        return
+    xs = pd.to_numeric(pts[x], errors="coerce") if x else pd.Series(range(len(pts)), index=pts.index, dtype=float)
+    order = np.argsort(xs.to_numpy(), kind="stable")
+    xs = xs.to_numpy()[order]
+    y = pd.to_numeric(pts[f"{metric}_mean"], errors="coerce")
+    y = y.to_numpy()[order]
+    lo = pd.to_numeric(pts.get(f"{metric}_ci_low"), errors="coerce").to_numpy()[order]
+    hi = pd.to_numeric(pts.get(f"{metric}_ci_high"), errors="coerce").to_numpy()[order]
+    color, marker = style
+    ax.plot(xs, y, linestyle="--" if dashed else "-", marker=marker, color=color, label=label,
+            markerfacecolor="none" if dashed else color)
+    has = np.isfinite(lo) & np.isfinite(hi)
+    if has.any():
+        ax.errorbar(xs[has], y[has], yerr=[y[has] - lo[has], hi[has] - y[has]], fmt="none", ecolor=color, capsize=3,
+                    alpha=0.7)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Writing, recording the baseline, the report section
+# ---------------------------------------------------------------------------------------------------
+
+def write_comparison(comparisons: Sequence[Comparison], out_dir: str | Path, fmt: str = "png",
+                     dpi: int = 150) -> list[Path]:
+    """comparison.csv (every compared pair, with `campaign_a`, `campaign_b`), comparison_totals.csv and
+    COMPARE.<fmt>, each whole or not at all."""
+    out = Path(out_dir)
+    tables = [c.table.assign(campaign_a=c.baseline.name, campaign_b=c.other.name) for c in comparisons]
+    sums = [totals(c).assign(campaign_a=c.baseline.name, campaign_b=c.other.name) for c in comparisons]
+    paths = [write_text_atomic(out / "comparison.csv", pd.concat(tables).to_csv(index=False)),
+             write_text_atomic(out / "comparison_totals.csv", pd.concat(sums).to_csv(index=False))]
+    if any(not c.table.empty for c in comparisons):
+        paths.append(plots.save_figure(comparison_figure(comparisons), out / f"COMPARE.{fmt}", fmt, dpi))
+    return paths
+
+
+def campaign_slo(output_dir: str | Path) -> Target | None:
+    """The service-level objective (`slo:`) of a raysweep output dir's campaign; None elsewhere."""
+    from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.sla.search import parse_slo
+
+    path = Path(output_dir)
+    if not (path / LEDGER_FILE).is_file():
+        return None
+    ledger = Ledger.open_existing(path)
+    try:
+        raw = (ledger.stored_campaign() or {}).get("slo")
+    finally:
+        ledger.close()
+    return parse_slo(raw) if raw else None
+
+
+def parse_slo_option(text: str | None) -> Target | None:
+    """`--slo 'p99_ttft_ms=500,median_tpot_ms=50'` (or YAML: `{p99_ttft_ms: 500}`) as an slo."""
+    import yaml
+
+    from raysweep.sla.search import parse_slo
+
+    if not text:
+        return None
+    if "=" in text and not text.strip().startswith("{"):
+        raw: Any = dict(part.split("=", 1) for part in text.split(",") if part.strip())
+        raw = {k.strip(): _number(v.strip()) for k, v in raw.items()}
+    else:
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise UserError(f"--slo {text}: not METRIC=BOUND,... nor a YAML mapping ({exc})") from exc
+    return parse_slo(raw, "--slo")
+
+
+def _number(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def record_baseline(output_dir: str | Path, baseline: str | Path, on: Sequence[str] | None = None,
+                    metrics: Sequence[str] | None = None) -> Path:
+    """Remember the baseline of a raysweep output dir, for its report (`report_section`)."""
+    return write_json_atomic(Path(output_dir) / COMPARE_DIR / BASELINE_FILE,
+                             {"baseline": str(Path(baseline).resolve()), "match_on": list(on or []),
+                              "metrics": list(metrics or [])})
+
+
+def report_section(output_dir: Path) -> str | None:
+    """The comparison of this output dir with its recorded baseline (`raysweep compare BASELINE OUTPUT_DIR`):
+    totals per metric, the figure and the matched points; None when no baseline is recorded."""
+    path = Path(output_dir) / COMPARE_DIR / BASELINE_FILE
+    if not path.is_file():
+        return None
+    meta = json.loads(path.read_text())
+    try:
+        base = load_side(meta["baseline"], "baseline")
+    except UserError as exc:
+        return f'<p class="note">The recorded baseline cannot be read: {html.escape(str(exc))}</p>'
+    cmp = compare(base, load_side(output_dir), meta.get("match_on") or None, meta.get("metrics") or None,
+                  campaign_slo(output_dir))
+    head = (f"<p>Against the baseline <b>{html.escape(base.name)}</b> ({html.escape(str(base.source))}), matched "
+            f"on {html.escape(', '.join(cmp.on))}: {len(cmp.table)} point(s) compared, "
+            f"{cmp.unmatched_other} here and {cmp.unmatched_baseline} in the baseline without a match. Ratio = "
+            f"this campaign / baseline; better or worse only when {family_text(cmp)} rejects equal means, "
+            "not shown when the runs cannot tell them apart (or a side has fewer than 3 runs).</p>")
+    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in cmp.notes)
+    if cmp.table.empty:
+        return head + notes
+    png = base64.b64encode(plots.figure_bytes(comparison_figure([cmp]), "png", dpi=110)).decode()
+    figure = (f'<figure><img alt="comparison with the baseline" src="data:image/png;base64,{png}">'
+              "<figcaption>this campaign (solid) and the baseline (dashed), mean and confidence interval per "
+              "point</figcaption></figure>")
+    return head + notes + _html_table(totals(cmp)) + figure + _html_table(_point_view(cmp))
+
+
+def family_text(cmp: Comparison) -> str:
+    """Which tests decided and what controls them: `Welch's t over runs (or a paired t over runs measured
+    side by side), 24 tests, false discovery rate (Benjamini-Hochberg) at 5%`."""
+    tests = sorted({str(t) for m in cmp.metrics if f"{m}_test" in cmp.table.columns for t in cmp.table[f"{m}_test"]})
+    fam = cmp.family.text if cmp.family is not None else "no test"
+    return f"{' / '.join(tests) or verdicts.WELCH}, {fam}"
+
+
+def _point_view(cmp: Comparison) -> pd.DataFrame:
+    """The matched points with, per metric, `ratio (verdict)`."""
+    view = cmp.table[[*cmp.on, "serve_label_b"]].copy()
+    for m in cmp.metrics:
+        view[m] = [f"{r:.3f} ({v})" if math.isfinite(r) else v
+                   for r, v in zip(cmp.table[f"{m}_ratio"], cmp.table[f"{m}_verdict"])]
+    return view
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_text(v))}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.4g}"
+    return plots.fmt_value(value) if value is not None else ""

@@ -1,0 +1,645 @@
+"""What a campaign's results answer: per bench shape, the best configuration for an objective, which other
+configurations cannot be told apart from it, the knee of its curve; the SLA capacities; the Pareto front of
+each shape.
+
+Built from the results table (`raysweep.results.table`, one row per run) and its per-point aggregates
+(`raysweep.results.aggregate.summarize`, one row per point with mean and confidence interval per metric; client-limited
+and flagged runs are left out of them and counted). A *bench shape* is a combination of the bench parameters
+that vary, but the load variable (`max_concurrency` or `request_rate`), the SLA search variable and
+parameters that only follow the load (a `num_prompts` scaled with the concurrency). A *point* is a server
+config x bench point; its runs are its repeats.
+
+The objective is a metric of the aggregates, optionally per GPU (`output_throughput_per_gpu`, the default:
+output tokens/s divided by the GPUs of the config, as the Pareto plot counts them), maximised unless it is a
+latency (`_ms`), a duration or a failure count; `min:`/`max:` in front of it says otherwise. A latency
+objective ranks a point whose failed requests would reach its percentile (any failure for a mean) after
+every point whose requests did not, as the SLA judge counts a failed request as infinitely slow.
+
+With a service-level objective (the campaign's `slo:`), only points shown to meet it are ranked
+(goodput-style): the 95 % interval of each threshold's metric inside its bound (`slo_judgement`: met,
+missed or not shown; a latency percentile judged on its pooled requests where the raw samples are
+kept); a shape where none is shown to meet it names no winner, only the nearest point. Per shape the
+best point of each server config is ranked; the leader is tested against every other one with Welch's t
+over their runs (or, where their runs were measured side by side, `over_time.pairs`, a paired t over those
+pairs: `over_time.paired_verdict`), Holm's correction over the family (the leader is the best of many,
+`verdicts.tied_with_leader`): those not shown to be behind are *tied with the leader*. A leader or
+runner-up whose runs drift over their order is never green (`ShapeVerdict.clear`). Without an slo, the
+*knee* is the point of highest objective among those whose
+median E2EL (else median TPOT, else median TTFT) is at most `KNEE_FACTOR` times the lowest of the shape.
+Beside the best, each shape names its *cheapest* point (under the slo where there is one): the least
+`cost_per_m_output_tokens` where the campaign has a `cost:` block, else the least `j_per_output_token` where
+energy was measured (`CHEAPEST_METRICS`; docs/energy.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from raysweep.results import aggregate
+from raysweep.report import plots
+from raysweep.maths import verdicts
+from raysweep.errors import UserError, unknown_names
+from raysweep.sla.search import Target
+
+__all__ = [
+    "CHEAPEST_METRICS",
+    "CONFIDENCE",
+    "DEFAULT_OBJECTIVE",
+    "KNEE_FACTOR",
+    "Conclusions",
+    "Objective",
+    "ShapeVerdict",
+    "conclude",
+    "cheapest_text",
+    "finite",
+    "fmt",
+    "headlines",
+    "parse_objective",
+    "rounded",
+    "shape_keys",
+    "verdict_text",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OBJECTIVE = "output_throughput_per_gpu"
+CONFIDENCE = 0.95
+_PER_GPU = "_per_gpu"
+_STATS = ("mean", "median", "std", "ci_low", "ci_high")
+_POINT = ["serve_id", "bench_id"]
+_LOWER_IS_BETTER = ("_ms", "_s", "duration", "failed", "error_rate", "num_preemptions", "j_per_output_token",
+                    "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens", "energy_j", "energy_net_j")
+# what a point costs, first found first: the cheapest configuration under the bound is named beside the best
+CHEAPEST_METRICS = ("cost_per_m_output_tokens", "j_per_output_token")
+KNEE_FACTOR = 2.0
+CARD_LATENCIES = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
+_KNEE_LATENCIES = ("median_e2el_ms", "median_tpot_ms", "median_ttft_ms")
+_RUN_COUNTS = ("runs", "runs_total", "runs_left_out", "left_out_reasons", "on_flagged_runs", "noisy",
+               "noisy_metrics", "runs_needed", *aggregate.TIME_COLUMNS)
+_SLO_STATS = ("mean", "ci_low", "ci_high", "pooled", "pooled_ci_low", "pooled_ci_high")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """`metric` of the aggregates (divided by the config's GPUs when `per_gpu`), maximised or minimised."""
+
+    metric: str
+    per_gpu: bool = True
+    maximize: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.metric + (_PER_GPU if self.per_gpu else "")
+
+    @property
+    def unit(self) -> str:
+        """`tok/s`, `ms`, ... (empty when the metric has none)."""
+        return plots.axis_label(self.metric)[len(self.metric):].strip(" ()")
+
+    @property
+    def text(self) -> str:
+        """How the report names it: `output_throughput per GPU (tok/s, higher is better)`."""
+        unit = self.unit
+        return (f"{self.metric}{' per GPU' if self.per_gpu else ''} "
+                f"({unit + ', ' if unit else ''}{'higher' if self.maximize else 'lower'} is better)")
+
+
+def parse_objective(text: str | None, aggregated: Iterable[str]) -> Objective:
+    """`[max:|min:]METRIC[_per_gpu]`, METRIC one of the `aggregated` metrics.
+
+    :raises UserError: an unknown metric or direction (naming --objective and what is accepted).
+    """
+    raw = (text or DEFAULT_OBJECTIVE).strip()
+    direction, _, name = raw.rpartition(":")
+    if direction not in ("", "max", "min"):
+        raise UserError(f"--objective {raw}: unknown direction {direction!r}; accepted: max:METRIC or min:METRIC")
+    metrics = list(aggregated)
+    per_gpu = name.endswith(_PER_GPU) and name not in metrics
+    metric = name[: -len(_PER_GPU)] if per_gpu else name
+    if metric not in metrics:
+        if not metrics:
+            raise UserError(f"--objective {raw}: not an aggregated metric; accepted: none (no metric was aggregated)")
+        names = list(dict.fromkeys([DEFAULT_OBJECTIVE, *metrics]))
+        raise UserError(unknown_names("--objective", [raw], [*names, *(m + _PER_GPU for m in metrics)],
+                                      "aggregated metric")
+                        + f" (any of them may end in {_PER_GPU}, and start with max: or min:)")
+    maximize = direction == "max" or (not direction and not metric.endswith(_LOWER_IS_BETTER))
+    return Objective(metric, per_gpu, maximize)
+
+
+def shape_keys(df: pd.DataFrame, bench_vars: Sequence[str], load: str | None, sla_variable: str = "") -> list[str]:
+    """The bench parameters that make a bench shape (see the module doc)."""
+    keys = [v for v in bench_vars if v not in (load, sla_variable)]
+    linked = set(plots.load_linked(df, load, keys))
+    return [k for k in keys if k not in linked]
+
+
+@dataclass
+class ShapeVerdict:
+    """One bench shape: the best point per server config (best first; under an slo only points meeting it),
+    the leader, its runner-up (the best point of another config, or the next point when there is one
+    config), the candidates tied with the leader, and the knee."""
+
+    shape: str
+    ranking: pd.DataFrame
+    leader: pd.Series
+    runner_up: pd.Series | None
+    significant: bool | None  # the leader is shown better than the runner-up (Holm); None: not judged
+    lead: float | None        # relative lead of the leader over the runner-up, in the objective's direction
+    tied: list[str] = field(default_factory=list)        # the configs (at their best load) tied with the leader
+    p_value: float | None = None                           # Holm-adjusted, leader against runner-up
+    flagged: bool = False     # a run of the leader or the runner-up was left out or all their runs are flagged
+    slo_met: bool | None = None  # None: no slo; False: no point of the shape meets it (ranked without it)
+    knee: pd.Series | None = None
+    knee_bound: str = ""
+    cheapest: pd.Series | None = None  # the point of least cost (else energy) per output token, under the slo
+    cheapest_metric: str = ""
+    test: str = verdicts.WELCH   # the test that decided the leader against the runner-up
+    drifting: bool = False       # the leader's or the runner-up's runs drift over their order
+    nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
+    confirmation: Any = None  # raysweep.maths.confirmation.Confirmation: the leader and runner-up measured again, fresh
+    selection: str = ""       # with a confirmation, what the sweep's own test said (the verdict is the confirmation's)
+    cheapest_tied: list[str] = field(default_factory=list)  # configs not shown to cost more (Welch's t, Holm)
+
+    @property
+    def clear(self) -> bool:
+        """A verdict shown in green: the leader beats every other config (with a confirmation: the confirmation
+        shows it better than the runner-up), none of their runs is flagged, and neither drifts."""
+        if self.confirmation is not None:
+            return (bool(self.confirmation.significant) and not self.flagged and self.slo_met is not False
+                    and not self.drifting)
+        return (bool(self.significant) and not self.tied and not self.flagged and self.slo_met is not False
+                and not self.drifting)
+
+
+@dataclass
+class Conclusions:
+    """Everything the report's first section says."""
+
+    objective: Objective
+    load: str | None
+    shape_keys: list[str]
+    points: pd.DataFrame          # one row per point: labels, load, shape, gpus, objective stats, runs, noisy
+    verdicts: list[ShapeVerdict]
+    fronts: dict[str, pd.DataFrame]  # per shape, the Pareto front of the point means
+    front_notes: list[str]
+    sla: pd.DataFrame             # per bench point and target: the configs ranked by their capacity
+    notes: list[str] = field(default_factory=list)
+    slo: Target | None = None
+
+    @property
+    def noisy(self) -> pd.DataFrame:
+        return self.points[self.points["noisy"].fillna(False).astype(bool)] if len(self.points) else self.points
+
+
+def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None = None,
+             sla: pd.DataFrame | None = None, sla_variable: str = "", confidence: float = CONFIDENCE,
+             summary: pd.DataFrame | None = None, slo: Target | None = None) -> Conclusions:
+    """The conclusions of a results table (one row per run); see the module doc. `summary` is its
+    `aggregate.summarize` (made here when not given); `slo` the campaign's service-level objective.
+
+    :raises UserError: the objective is not an aggregated metric.
+    """
+    df, confirming = _without_confirmation(df)
+    if summary is None:
+        summary = aggregate.summarize(df, confidence=confidence)
+    elif len(confirming):
+        summary = summary[~summary["bench_id"].isin(set(confirming["bench_id"]))].reset_index(drop=True)
+    aggregated = [c[: -len("_mean")] for c in summary.columns if c.endswith("_mean")]
+    obj = parse_objective(objective, aggregated)
+    load = plots.load_variable(df, "")
+    keys = shape_keys(df, bench_vars, load or None, sla_variable)
+    points, notes = _points(df, summary, obj, load or None, keys, slo)
+    verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None)
+                 for shape, rows in points.groupby("shape", sort=False)]
+    for v in verdicts_:
+        _confirmed(v, confirming, obj, confidence)
+    fronts, front_notes = _fronts(df, points)
+    return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
+                       _sla_capacities(sla if sla is not None else pd.DataFrame(), df), notes, slo)
+
+
+def _without_confirmation(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The sweep's runs, and the runs of the winner's confirmation (`raysweep.drive.confirm`: `phase` confirm)."""
+    if "phase" not in df.columns:
+        return df, df.iloc[0:0]
+    mask = (df["phase"] == "confirm").fillna(False).astype(bool)
+    return df[~mask].reset_index(drop=True), df[mask].reset_index(drop=True)
+
+
+def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: float) -> None:
+    """A shape's verdict from the confirmation's fresh runs of its leader and runner-up, where there are
+    some: the lead, the test and `clear` are the confirmation's; the sweep's own test is kept in words."""
+    from raysweep.maths.confirmation import confirmed_verdict
+
+    if v.runner_up is None or not len(runs) or "confirms_bench_id" not in runs.columns:
+        return
+    kept = ~aggregate.left_out_mask(runs)
+
+    def arm(row: pd.Series) -> tuple[list[float], int]:
+        of_it = (runs["serve_id"] == row["serve_id"]) & (runs["confirms_bench_id"] == row["bench_id"])
+        # its runs that passed their checks; when none did, all of them, as the sweep's aggregates do
+        mine = runs[of_it & kept] if (of_it & kept).any() else runs[of_it]
+        metric, per_gpu = obj.metric, obj.per_gpu
+        if metric not in mine.columns and metric.endswith(_PER_GPU):  # aggregated per GPU, recorded per server
+            metric, per_gpu = metric[: -len(_PER_GPU)], True
+        values = pd.to_numeric(mine.get(metric, pd.Series(dtype=float)), errors="coerce")
+        if per_gpu:
+            values = values / float(row.get("gpus") or 1.0)
+        return [float(x) for x in values if math.isfinite(x)], int(mine["server_id"].nunique()) if len(mine) else 0
+
+    (a, sa), (b, sb) = arm(v.leader), arm(v.runner_up)
+    c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence)
+    if c is None:
+        return
+    v.selection = verdict_text(v)
+    v.confirmation, v.significant, v.lead, v.p_value = c, c.significant, c.lead, c.p_value
+    v.test = "Welch's t over the confirmation's fresh runs"
+
+
+def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
+    return ", ".join(f"{k}={plots.fmt_value(v)}" for k, v in zip(keys, values, strict=True)) or "all bench points"
+
+
+def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str | None,
+            keys: list[str], slo: Target | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """One row per point with its labels, load, shape, GPUs and the objective's statistics (per GPU when
+    asked), from the aggregates; its run counts, the card's latencies, whether it meets the slo and whether
+    its failed requests rank it last."""
+    first = df.drop_duplicates(_POINT).reset_index(drop=True)
+    gpus, _, notes = plots.gpu_counts(first, "gpu_count") if obj.per_gpu else (pd.Series(1.0, index=first.index),
+                                                                                None, [])
+    info = first[[c for c in (*_POINT, "serve_label", "bench_label", load, *keys) if c and c in first.columns]]
+    info = info.loc[:, ~info.columns.duplicated()].assign(gpus=gpus.to_numpy())
+    info["shape"] = [_shape_label(keys, row) for row in first[keys].itertuples(index=False, name=None)] \
+        if keys else _shape_label([], [])
+    stats = [f"{obj.metric}_{s}" for s in _STATS if f"{obj.metric}_{s}" in summary.columns]
+    wanted = {*CARD_LATENCIES, *_KNEE_LATENCIES, *(t.metric for t in (slo.thresholds if slo else ()))}
+    means = [f"{m}_mean" for m in sorted(wanted) if f"{m}_mean" in summary.columns and f"{m}_mean" not in stats]
+    means += [f"{m}_{st}" for m in CHEAPEST_METRICS for st in ("mean", "std", "ci_low", "ci_high")
+              if f"{m}_{st}" in summary.columns and f"{m}_{st}" not in (*stats, *means)]
+    means += [f"{t.metric}_{k}" for t in (slo.thresholds if slo else ()) for k in _SLO_STATS[1:]
+              if f"{t.metric}_{k}" in summary.columns and f"{t.metric}_{k}" not in stats + means]
+    extra = [c for c in (*_RUN_COUNTS, f"{obj.metric}_cv") if c in summary.columns]
+    pts = info.merge(summary[[*_POINT, *stats, *extra, *means]], on=_POINT, how="inner")
+    for col in stats:
+        pts[col.replace(obj.metric, "objective", 1)] = pd.to_numeric(pts[col], errors="coerce") / pts["gpus"]
+    pts = pts.rename(columns={f"{obj.metric}_cv": "objective_cv"})
+    pts = pts[np.isfinite(pd.to_numeric(pts["objective_mean"], errors="coerce"))]
+    pts = pts.assign(failed_last=_failed_last(df, pts, obj))
+    if slo is not None:
+        judged = [slo_judgement(r, slo) for _, r in pts.iterrows()]
+        pts = pts.assign(slo_verdict=[j[0] for j in judged], slo_text=[j[1] for j in judged],
+                         slo_excess=[j[2] for j in judged])
+        pts = pts.assign(meets_slo=pts["slo_verdict"] == "met")
+    if keys:  # shapes in the order of their values
+        order = sorted(range(len(pts)), key=lambda i: tuple(plots.sort_key(v) for v in pts[keys].iloc[i]))
+        pts = pts.iloc[order]
+    if obj.per_gpu:
+        notes = [n.replace("run(s)", "point(s)", 1) for n in notes]
+    return pts.reset_index(drop=True), notes
+
+
+def _failed_last(df: pd.DataFrame, pts: pd.DataFrame, obj: Objective) -> list[bool]:
+    """Per point, whether a latency objective ranks it last: its failed requests (over the runs used, as a
+    fraction of all requests) would reach the objective's percentile (any failure for a mean)."""
+    stat = obj.metric.split("_", 1)[0]
+    if obj.maximize or not obj.metric.endswith("_ms") or "failed" not in df.columns:
+        return [False] * len(pts)
+    q = 50.0 if stat == "median" else float(stat[1:]) if stat.startswith("p") else 100.0
+    used = df[~aggregate.left_out_mask(df)] if (~aggregate.left_out_mask(df)).any() else df
+    failed = pd.to_numeric(used["failed"], errors="coerce").fillna(0)
+    done = pd.to_numeric(used.get("completed", pd.Series(0, index=used.index)), errors="coerce").fillna(0)
+    frac = (failed.groupby([used[k] for k in _POINT]).sum()
+            / (failed + done).groupby([used[k] for k in _POINT]).sum().replace(0, np.nan)).fillna(0)
+    limit = (100.0 - q) / 100.0
+    return [float(frac.get((r["serve_id"], r["bench_id"]), 0.0)) > limit if q < 100 else
+            float(frac.get((r["serve_id"], r["bench_id"]), 0.0)) > 0 for _, r in pts.iterrows()]
+
+
+def slo_judgement(row: pd.Series, slo: Target) -> tuple[str, str, float]:
+    """Whether a point meets the slo: `met` when the interval of every threshold's metric lies inside its
+    bound, `missed` when one lies outside, `not shown` otherwise (`over_time.bound_verdict`); a latency
+    percentile is judged on the interval of the pooled requests' percentile (a bootstrap over runs, then
+    requests) where the point kept its raw samples, else on the t-interval of its per-run percentiles.
+    Returns the word, the thresholds in words and how far the worst estimate lies past its bound (a
+    fraction of the bound, negative when inside: the nearest point is the one with the least)."""
+    from raysweep.maths import over_time
+
+    words, texts, excess = [], [], -math.inf
+    for t in slo.thresholds:
+        pooled = finite(row.get(f"{t.metric}_pooled_ci_low")) and finite(row.get(f"{t.metric}_pooled_ci_high"))
+        pre = f"{t.metric}_pooled" if pooled else f"{t.metric}_mean"
+        low, high = (row.get(f"{t.metric}_pooled_ci_low"), row.get(f"{t.metric}_pooled_ci_high")) if pooled \
+            else (row.get(f"{t.metric}_ci_low"), row.get(f"{t.metric}_ci_high"))
+        value = row.get(pre)
+        word = over_time.bound_verdict(low, high, t.op, t.bound)
+        words.append(word)
+        how = "pooled requests" if pooled else "mean of runs"
+        texts.append(f"{t.metric} {fmt(value)} ({CONFIDENCE:.0%} CI {fmt(low)} to {fmt(high)}, {how}) against "
+                     f"{t.op}{t.bound:g}: {word}")
+        if finite(value):
+            past = (float(value) - t.bound) / t.bound
+            excess = max(excess, past if t.op in ("<=", "<") else -past)
+        else:
+            excess = math.inf
+    word = "missed" if "missed" in words else "met" if words and all(w == "met" for w in words) else "not shown"
+    return word, "; ".join(texts), excess
+
+
+def _paired(df: pd.DataFrame | None, family: pd.DataFrame, obj: Objective) -> Any:
+    """The paired test of two members of the family where their runs carry a pairing key (`over_time`):
+    a function (leader, other) -> Verdict, or None without pairs."""
+    from raysweep.maths import over_time
+
+    if df is None or not any(k in df.columns for k in over_time.PAIR_KEYS) or obj.metric not in df.columns:
+        return None
+    used = df[~aggregate.left_out_mask(df)] if (~aggregate.left_out_mask(df)).any() else df
+
+    def runs(i: int) -> pd.DataFrame:
+        r = family.iloc[i]
+        return used[(used["serve_id"] == r["serve_id"]) & (used["bench_id"] == r["bench_id"])]
+
+    def test(lead: int, other: int) -> verdicts.Verdict | None:
+        a, b = runs(lead), runs(other)
+        paired = over_time.pairs(a, b)
+        if paired is None:
+            return None
+        what, ka, kb = paired
+        ga, gb = float(family.iloc[lead].get("gpus") or 1.0), float(family.iloc[other].get("gpus") or 1.0)
+        va = pd.to_numeric(a[obj.metric], errors="coerce") / ga
+        vb = pd.to_numeric(b[obj.metric], errors="coerce") / gb
+        v = over_time.paired_verdict(ka, list(va), kb, list(vb), obj.maximize, key=what)
+        return None if v.word == "not judged" else v
+
+    return test
+
+
+def _nearest(rows: pd.DataFrame, load: str | None = None) -> str:
+    """The point nearest to meeting the slo, with its thresholds' intervals."""
+    if "slo_excess" not in rows.columns or rows.empty:
+        return ""
+    best = rows.assign(_e=pd.to_numeric(rows["slo_excess"], errors="coerce").fillna(math.inf)) \
+        .sort_values("_e", kind="stable").iloc[0]
+    return f"{at_load(best, load)}: {best.get('slo_text')}"
+
+
+def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None = None,
+             df: pd.DataFrame | None = None, load: str | None = None) -> ShapeVerdict:
+    slo_met = None
+    nearest = ""
+    if slo is not None:
+        meeting = rows[rows["meets_slo"]]
+        slo_met = bool(len(meeting))
+        if not len(meeting):   # none shown to meet it: no winner; the nearest is named
+            nearest = _nearest(rows, load)
+            near = rows.assign(_e=pd.to_numeric(rows["slo_excess"], errors="coerce").fillna(math.inf)) \
+                .sort_values("_e", kind="stable").drop(columns="_e")
+            leader = near.iloc[0]
+            return ShapeVerdict(shape, near.drop_duplicates("serve_id").reset_index(drop=True), leader, None, None,
+                                None, slo_met=False, flagged=_flagged(leader), nearest=nearest,
+                                drifting=_drifts(leader))
+        rows = meeting
+    cheapest, cheap_metric, cheap_tied = _cheapest(rows, load)
+    sign = -1.0 if obj.maximize else 1.0
+    ordered = rows.assign(_key=sign * pd.to_numeric(rows["objective_mean"], errors="coerce")) \
+        .sort_values(["failed_last", "_key"], kind="stable").drop(columns="_key")
+    ranking = ordered.drop_duplicates("serve_id").reset_index(drop=True)
+    leader = ranking.iloc[0]
+    knee, bound = _knee(rows, obj) if slo is None else (None, "")
+    others = ranking.iloc[1:] if len(ranking) > 1 else ordered.iloc[1:]
+    runner = others.iloc[0] if len(others) else None
+    if runner is None:
+        return ShapeVerdict(shape, ranking, leader, None, None, None, slo_met=slo_met, knee=knee, knee_bound=bound,
+                            flagged=_flagged(leader), cheapest=cheapest, cheapest_metric=cheap_metric,
+                            cheapest_tied=cheap_tied)
+    a, b = float(leader["objective_mean"]), float(runner["objective_mean"])
+    lead = (a - b) / abs(b) if b else None
+    if lead is not None and not obj.maximize:
+        lead = (b - a) / abs(b)
+    family = ranking if len(ranking) > 1 else ordered.reset_index(drop=True).iloc[:2]
+    if not bool(leader.get("failed_last")):   # failed-last points are behind by rule, not by test
+        family = family[~family["failed_last"].astype(bool)]
+    drifting = _drifts(leader) or _drifts(runner)
+    if len(family) < 2:
+        return ShapeVerdict(shape, ranking, leader, runner, True, lead, [], None, _flagged(leader) or
+                            _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric, drifting=drifting,
+                            cheapest_tied=cheap_tied)
+    family = family.reset_index(drop=True)
+    led = verdicts.tied_with_leader([_cand(r) for _, r in family.iterrows()], obj.maximize,
+                                    paired=_paired(df, family, obj))
+    significant = None if 1 in led.not_judged or _cand(family.iloc[0])[2] < 2 else (1 in led.behind)
+    tied = [at_load(family.iloc[i], None) for i in led.tied]
+    return ShapeVerdict(shape, ranking, leader, runner, significant, lead, tied, led.adjusted_p.get(1),
+                        _flagged(leader) or _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric,
+                        led.tests.get(1, verdicts.WELCH), drifting, cheapest_tied=cheap_tied)
+
+
+def _drifts(row: pd.Series | None) -> bool:
+    return row is not None and row.get("drift") == "drifts"
+
+
+def _cheapest(rows: pd.DataFrame, load: str | None = None) -> tuple[pd.Series | None, str, list[str]]:
+    """The point of least cost per million output tokens (else least energy per output token) among
+    `rows` (those meeting the slo where one is set; never a point its failures rank last), the metric, and the
+    other configurations (each at its cheapest point) not shown to cost more: Welch's t over the runs of
+    each against it, Holm over them (`verdicts.tied_with_leader`, lower is better)."""
+    for metric in CHEAPEST_METRICS:
+        col = f"{metric}_mean"
+        if col not in rows.columns:
+            continue
+        values = pd.to_numeric(rows[col], errors="coerce")
+        ok = rows[values.notna() & ~rows["failed_last"].astype(bool)]
+        if not len(ok):
+            continue
+        best = ok.assign(_c=pd.to_numeric(ok[col], errors="coerce")).sort_values("_c", kind="stable") \
+            .drop(columns="_c").drop_duplicates("serve_id").reset_index(drop=True)
+        if len(best) < 2:
+            return best.iloc[0], metric, []
+        cands = [(float(r[col]), float(r.get(f"{metric}_std", math.nan)),
+                  int(r["runs"]) if finite(r.get("runs")) else 0) for _, r in best.iterrows()]
+        led = verdicts.tied_with_leader(cands, higher_is_better=False)
+        return best.iloc[led.leader], metric, [at_load(best.iloc[i], load) for i in led.tied + led.not_judged]
+    return None, "", []
+
+
+def _cand(row: pd.Series) -> tuple[float, float, int]:
+    runs = row.get("runs")
+    return (float(row["objective_mean"]), float(row.get("objective_std", math.nan)),
+            int(runs) if finite(runs) else 0)
+
+
+def _flagged(row: pd.Series) -> bool:
+    left = row.get("runs_left_out")
+    return bool(row.get("on_flagged_runs") is True or (finite(left) and float(left) > 0))
+
+
+def _knee(rows: pd.DataFrame, obj: Objective) -> tuple[pd.Series | None, str]:
+    """The point of best objective among those whose median E2EL (else TPOT) is within `KNEE_FACTOR` of the
+    shape's lowest, and the bound in words; None when the shape has no such latency."""
+    for metric in _KNEE_LATENCIES:
+        col = f"{metric}_mean"
+        if col not in rows.columns:
+            continue
+        lat = pd.to_numeric(rows[col], errors="coerce")
+        if not lat.notna().any():
+            continue
+        limit = KNEE_FACTOR * float(lat.min())
+        within = rows[(lat <= limit) & ~rows["failed_last"].astype(bool)]
+        if within.empty:
+            return None, ""
+        best = within.sort_values("objective_mean", ascending=not obj.maximize, kind="stable").iloc[0]
+        return best, f"{metric} <= {fmt(limit)} ms ({KNEE_FACTOR:g}x the lowest of the shape)"
+    return None, ""
+
+
+def finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Per shape, the Pareto front (output tokens/s per user against per GPU) of the point means; runs
+    marked client-limited stay out of the means."""
+    if "output_throughput" not in df.columns or "max_concurrency" not in df.columns:
+        return {}, ["no Pareto front: the results have no output_throughput or max_concurrency"]
+    usable = df[~plots.client_limited_mask(df)]
+    means = usable.groupby(_POINT, dropna=False)["output_throughput"].mean().rename("output_throughput")
+    # one row per point; its runs' validity is the Warnings section's business, not the front's
+    firsts = usable.drop(columns=["output_throughput", "validity_ok"], errors="ignore").drop_duplicates(_POINT)
+    merged = firsts.merge(means.reset_index(), on=_POINT).merge(points[[*_POINT, "shape"]], on=_POINT)
+    if merged.empty:
+        return {}, []
+    try:
+        notes = [n.replace("run(s)", "point(s)", 1) for n in plots.pareto(merged.drop(columns=["shape"])).notes]
+    except UserError as exc:
+        return {}, [f"no Pareto front: {exc}"]
+    fronts = {str(shape): plots.pareto(rows.drop(columns=["shape"])).front
+              for shape, rows in merged.groupby("shape", sort=False)}
+    return fronts, notes
+
+
+def _sla_capacities(sla: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per bench point and target, each config's largest passing value, best first (unbounded first, none
+    last); with the cost (else energy) per output token of its probe at that value (`<metric>_at_pass`, the
+    mean of its runs) and `cheapest` marking the least of them per bench point and target."""
+    if sla.empty or not set(plots.SLA_COLUMNS) <= set(sla.columns):
+        return pd.DataFrame()
+    value = pd.to_numeric(sla["largest_pass"], errors="coerce")
+    ranked = sla.assign(_v=value.fillna(-math.inf)).sort_values(["bench_label", "target", "_v"],
+                                                               ascending=[True, True, False], kind="stable")
+    return _cheapest_at_pass(ranked.drop(columns="_v").reset_index(drop=True), df)
+
+
+def _cheapest_at_pass(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFrame:
+    """`_sla_capacities`'s cost columns, from the runs of each search's probe at its largest passing value."""
+    if df is None or not {"sla_base_id", "sla_value", "serve_id"} <= set(df.columns):
+        return table
+    for metric in CHEAPEST_METRICS:
+        if metric not in df.columns or not pd.to_numeric(df[metric], errors="coerce").notna().any():
+            continue
+        col = f"{metric}_at_pass"
+        values = []
+        for _, r in table.iterrows():
+            runs = df[(df["serve_id"] == r["serve_id"]) & (df["sla_base_id"] == r["bench_id"])
+                      & (pd.to_numeric(df["sla_value"], errors="coerce") == r["largest_pass"])]
+            got = pd.to_numeric(runs[metric], errors="coerce").dropna()
+            values.append(float(got.mean()) if len(got) else math.nan)
+        table = table.assign(**{col: values, "cheapest_metric": metric})
+        least = table.groupby(["bench_label", "target"])[col].transform("min")
+        return table.assign(cheapest=table[col].notna() & (table[col] == least))
+    return table
+
+
+# -- text ------------------------------------------------------------------------------------------------
+
+def fmt(value: Any) -> str:
+    """A measured value with 4 significant digits."""
+    return f"{float(value):.4g}" if finite(value) else "n/a"
+
+
+def rounded(value: Any) -> Any:
+    """A measured value rounded to 4 significant digits (a number still), other values as they are."""
+    return float(f"{float(value):.4g}") if finite(value) and not isinstance(value, (bool, np.bool_)) else value
+
+
+def at_load(row: pd.Series, load: str | None) -> str:
+    """`serve label at max_concurrency=32` (the load of the point, when the campaign sweeps one)."""
+    where = f" at {load}={plots.fmt_value(row[load])}" if load and load in row.index else ""
+    return f"{row.get('serve_label', row.get('serve_id'))}{where}"
+
+
+def verdict_text(verdict: ShapeVerdict) -> str:
+    """What the test of the leader against the others shows, in words."""
+    if verdict.runner_up is None:
+        return "nothing to compare it with"
+    drift = ("; not green: the runs of the leader or the runner-up drift over their order (see Warnings)"
+             if verdict.drifting else "")
+    if verdict.confirmation is not None:
+        return (verdict.confirmation.text() + (f" (in the sweep: {verdict.selection})" if verdict.selection else "")
+                + drift)
+    if verdict.significant is None:
+        return "not judged: a point with fewer than 2 runs cannot be tested" + drift
+    if verdict.tied:
+        runs = int(verdict.leader.get("runs") or 0)
+        return (f"not shown better with {runs} runs: tied with the leader: {', '.join(verdict.tied)} "
+                f"({verdict.test}, Holm over the configs)" + drift)
+    p = f", adjusted p={verdict.p_value:.2g}" if verdict.p_value is not None else ""
+    return f"better than every other config ({verdict.test}, Holm over the configs{p})" + drift
+
+
+def noise_text(verdict: ShapeVerdict) -> str:
+    """The former name of `verdict_text`."""
+    return verdict_text(verdict)
+
+
+def cheapest_text(v: ShapeVerdict) -> str:
+    """`cost_per_m_output_tokens 0.412 (95 % CI 0.40 to 0.43)` of a shape's cheapest point."""
+    row, m = v.cheapest, v.cheapest_metric
+    if row is None:
+        return ""
+    lo, hi = row.get(f"{m}_ci_low"), row.get(f"{m}_ci_high")
+    ci = f" ({CONFIDENCE:.0%} CI {fmt(lo)} to {fmt(hi)})" if finite(lo) and finite(hi) else ""
+    tied = f"; not shown to cost less than {', '.join(v.cheapest_tied)}" if v.cheapest_tied else ""
+    return f"{m} {fmt(row[f'{m}_mean'])}{ci}{tied}"
+
+
+def headlines(c: Conclusions) -> list[str]:
+    """One line per bench shape: the winner, its value, its lead and what the test shows."""
+    lines = []
+    for v in c.verdicts:
+        lead = ""
+        if v.runner_up is not None:
+            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
+            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(v.runner_up['objective_mean'])}), " \
+                   f"{verdict_text(v)}"
+        slo = ""
+        if c.slo is not None and not v.slo_met:
+            lines.append(f"No point of {v.shape} is shown to meet the slo {c.slo.label} (its {CONFIDENCE:.0%} "
+                         f"interval inside the bound); nearest: {v.nearest}")
+            continue
+        if c.slo is not None:
+            slo = f" (shown to meet the slo {c.slo.label})"
+        flagged = "; some of their runs were flagged" if v.flagged else ""
+        drift = "; their runs drift over their order" if v.drifting else ""
+        value = fmt(v.leader["objective_mean"])
+        if v.confirmation is not None:  # the leader's value and interval from its fresh runs, not the selection
+            k = v.confirmation
+            value = f"{fmt(k.leader_mean)} [{fmt(k.ci_low)}, {fmt(k.ci_high)}] (confirmation)"
+            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
+            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(k.runner_mean)}), {verdict_text(v)}"
+        lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}{slo}, {c.objective.name} "
+                     f"{value} {c.objective.unit}".rstrip() + lead + flagged + drift)
+        if v.cheapest is not None:
+            lines.append(f"Cheapest for {v.shape}{' under the slo' if v.slo_met else ''}: "
+                         f"{at_load(v.cheapest, c.load)}, {cheapest_text(v)}")
+    return lines

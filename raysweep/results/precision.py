@@ -1,0 +1,81 @@
+"""The precision record of each point in a summary, for a campaign with `bench.precision`: how the sequential
+rule (`raysweep.maths.precision`) ended for it, and its interval at the level the rule reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from raysweep.errors import LedgerError
+from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.maths.precision import REACHED, PrecisionSpec, reported_confidence
+from raysweep.maths.verdicts import t_quantile
+
+__all__ = ["precision_columns"]
+
+log = logging.getLogger(__name__)
+
+
+def precision_columns(output_dir: Any, summary: Any) -> Any:
+    """The summary (one row per point) with the ledger's precision record of each point, for a campaign with
+    `bench.precision`: `precision_state` (reached, max_runs, measuring), `precision_reached` and
+    `precision_rel_half_width` (its interval's half-width over the mean when it was decided). Unchanged
+    for any other directory."""
+    path = Path(output_dir)
+    if not (path / LEDGER_FILE).is_file() or summary is None or "serve_id" not in getattr(summary, "columns", ()):
+        return summary
+    ledger = Ledger.open_existing(path)
+    try:
+        rows = {(r["serve_id"], r["bench_id"]): r for r in ledger.precision()}
+        spec = _spec_of(ledger)
+    finally:
+        ledger.close()
+    if not rows:
+        return summary
+    keys = list(zip(summary["serve_id"], summary["bench_id"], strict=True))
+    out = summary.copy()
+    out["precision_state"] = [rows[k]["state"] if k in rows else None for k in keys]
+    out["precision_reached"] = [rows[k]["state"] == REACHED if k in rows else None for k in keys]
+    out["precision_rel_half_width"] = [rows[k]["rel_half_width"] if k in rows else None for k in keys]
+    if spec is not None:
+        _widen_for_looks(out, [k in rows for k in keys], spec)
+    return out
+
+
+def _spec_of(ledger: Any) -> PrecisionSpec | None:
+    """The `bench.precision` of the campaign a ledger holds (None when absent or unreadable)."""
+    try:
+        section = ((ledger.stored_campaign().get("bench") or {}).get("precision"))
+        return PrecisionSpec.model_validate(section) if section else None
+    except (ValueError, LookupError, AttributeError, LedgerError) as exc:  # pydantic's error is a ValueError
+        log.warning("bench.precision of the stored campaign unreadable (%s): plain intervals kept", exc)
+        return None
+
+
+def _real(value: Any) -> float:
+    """A number of a summary cell (numpy scalars included), nan for anything else."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _widen_for_looks(out: Any, decided: list[bool], spec: PrecisionSpec) -> None:
+    """The precision metric's `_ci_low`/`_ci_high` of the points the rule decided, at `reported_confidence`
+    (`precision_confidence` says which level a row's interval has), in place."""
+    m = spec.metric
+    if not {f"{m}_mean", f"{m}_std", f"{m}_ci_low", f"{m}_ci_high", "runs"} <= set(out.columns):
+        return
+    level = reported_confidence(spec)
+    lows, highs, levels = list(out[f"{m}_ci_low"]), list(out[f"{m}_ci_high"]), []
+    for i, (mean, std, n, mine) in enumerate(zip(out[f"{m}_mean"], out[f"{m}_std"], out["runs"], decided)):
+        runs, spread = _real(n), _real(std)
+        ok = mine and runs >= 2 and math.isfinite(spread) and math.isfinite(_real(mean))
+        if ok:
+            half = t_quantile(0.5 + level / 2.0, runs - 1.0) * spread / math.sqrt(runs)
+            lows[i], highs[i] = float(mean) - half, float(mean) + half
+        levels.append(level if ok else None)
+    out[f"{m}_ci_low"], out[f"{m}_ci_high"], out["precision_confidence"] = lows, highs, levels

@@ -1,0 +1,153 @@
+"""The server guard: `python -m raysweep.serve.guard WATCH_PID WATCH_START STATE_DIR -- COMMAND...`.
+
+A host actor starts its server through this small supervisor, which makes sure no server process outlives
+the actor, however the actor ends:
+- The guard forks once and the launcher exits at once, so the guard is not a direct child of the Ray
+  worker: a worker that exits SIGKILLs its direct children, which would leave the server orphaned.
+- The guard stays in the worker's process group, so Ray's group kill (ray.kill, a crashed worker)
+  still reaches the guard, the server and everything the server forked.
+- The guard is a child subreaper: whatever the server forks stays its descendant even when orphaned.
+- It ends the whole tree on SIGTERM/SIGINT, when the watched worker (pid + start time) is gone (the
+  raylet or the driver was killed), or when the server's main process exits.
+- It copies the server's output to the log with secret values (secret env vars and flags) masked.
+- It runs on the CPUs `RAYSWEEP_CPU_AFFINITY` names (`serve.cpu_affinity`), and so does the server.
+- It raises its own priority to niceness 0 where the OS allows (Ray starts workers at nice 15, and the
+  server would inherit it), and records in `nice` the niceness before, after and why it could not.
+It writes `guard.pid`, `nice` and `server.pid` on start and `exit_code` at the end into STATE_DIR.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from raysweep.grid import mask_text, secret_values
+from raysweep.procs import CPUS_ENV, is_alive, kill_tree, pin_cpus
+from raysweep.record.files import write_text_atomic
+
+PR_SET_CHILD_SUBREAPER = 36
+GRACE_S = float(os.environ.get("RAYSWEEP_STOP_GRACE_S", "20"))
+PID_FILE = "guard.pid"
+SERVER_PID_FILE = "server.pid"
+EXIT_FILE = "exit_code"
+NICE_FILE = "nice"
+SERVER_NICENESS = 0  # the priority a server runs at, whatever the Ray worker that starts it has
+
+_stop = False
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _stop
+    _stop = True
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 5 or argv[3] != "--":
+        print("usage: python -m raysweep.serve.guard WATCH_PID WATCH_START STATE_DIR -- COMMAND...", file=sys.stderr)
+        return 2
+    watch, watch_start, state = int(argv[0]), float(argv[1]), Path(argv[2])
+    cmd = argv[4:]
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    if os.fork() > 0:
+        os._exit(0)
+    write_text_atomic(state / NICE_FILE, json.dumps(renice(SERVER_NICENESS)))
+    _pin(os.environ.pop(CPUS_ENV, None))
+    write_text_atomic(state / PID_FILE, str(os.getpid()))
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    code = _supervise(cmd, lambda: not _stop and is_alive(watch, watch_start))
+    if is_alive(watch, watch_start):
+        write_text_atomic(state / EXIT_FILE, str(code))  # the host reads it, then removes the directory
+    else:  # the host is gone (killed, its node lost): nobody will read the state, so leave none behind
+        shutil.rmtree(state, ignore_errors=True)
+    return code
+
+
+def _pin(cpus: str | None) -> None:
+    """`serve.cpu_affinity`: the guard runs on these CPUs, and so does the server it starts, with all it forks."""
+    from raysweep.procs import cpu_set
+
+    wanted = cpu_set(cpus) if cpus else None
+    failure = pin_cpus(wanted) if wanted else None
+    if failure:
+        print(f"# raysweep: the server's {failure}; it runs on CPUs {sorted(os.sched_getaffinity(0))}", flush=True)
+
+
+def renice(target: int) -> dict[str, object]:
+    """Lower this process's niceness to `target` (never raise it); {before, after, error}."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    error = ""
+    if before > target:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, target)
+        except OSError as exc:
+            error = f"{exc.strerror or exc} (lowering niceness needs CAP_SYS_NICE or a RLIMIT_NICE of {20 - target})"
+    return {"before": before, "after": os.getpriority(os.PRIO_PROCESS, 0), "error": error}
+
+
+def _supervise(cmd: list[str], keep_going: object) -> int:
+    try:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        print(f"raysweep guard: cannot start {cmd[0]!r}: {exc}", flush=True)
+        return 127
+    write_text_atomic(Path(sys.argv[3]) / SERVER_PID_FILE, str(child.pid))
+    secrets = secret_values(cmd, os.environ)
+    copier = threading.Thread(target=_copy_masked, args=(child.stdout, secrets), daemon=True)
+    copier.start()
+    code: int | None = None
+    while code is None and keep_going():  # type: ignore[operator]
+        code = _reap(child.pid)
+        time.sleep(0.2)
+    if code is None:  # stop the server first, alone, so it can shut its own workers down and free memory
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
+            os.kill(child.pid, signal.SIGCONT)  # a stopped (hung) server gets the SIGTERM too
+        deadline = time.monotonic() + GRACE_S
+        while code is None and time.monotonic() < deadline:
+            code = _reap(child.pid)
+            time.sleep(0.1)
+    kill_tree(os.getpid(), grace_s=5, include_root=False)  # whatever it left behind
+    copier.join(timeout=5)
+    last = _reap(child.pid)
+    if code is None:
+        code = last if last is not None else 143
+    return code
+
+
+def _copy_masked(stream: IO[bytes], secrets: set[str]) -> None:
+    """Copy the server's output to ours (the log file) line by line, with secret values masked."""
+    out = sys.stdout.buffer
+    for line in iter(stream.readline, b""):
+        if secrets:
+            line = mask_text(line.decode(errors="replace"), secrets).encode()
+        out.write(line)
+        out.flush()
+
+
+def _reap(child_pid: int) -> int | None:
+    """Reap finished descendants without blocking; the exit code if `child_pid` was among them."""
+    code = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return code
+        if pid == 0:
+            return code
+        if pid == child_pid:
+            code = os.waitstatus_to_exitcode(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

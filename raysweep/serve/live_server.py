@@ -1,0 +1,526 @@
+"""A live server: every node's part of one server configuration, seen from the driver.
+
+`ConfigRun` is one configuration being run on the nodes the scheduler chose (its placement group, its
+client side, the scheduler's abort request); its `wait` awaits Ray calls while watching for an abort and
+for ranks that end. `Server` is one start of its server: a `ServerHost` actor per node (`raysweep.serve.server`),
+where each rank runs and what it reported. `Servers` starts one (host actors in the placement group, the
+command on every rank with vLLM's multi-node flags, readiness), checks how its GPUs talk (NCCL transport,
+refusing a multi-node server slower than `transport.require`) and stops it, recording each step in the
+ledger and announcing it as an event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from raysweep import procs
+from raysweep.drive.state import Workload
+from raysweep.grid import shell_join
+from raysweep.ledger import Ledger, PointRow
+from raysweep.place import fabric, placement, preflight, transport
+from raysweep.plan.plan import ServeConfig
+from raysweep.serve import caches, telemetry
+from raysweep.serve.rapl import POWERCAP, RAPL_ENV
+from raysweep.serve.root_cause import root_cause, same_cause
+from raysweep.serve.server import ServerHost, expected_model, rank_argv
+
+__all__ = ["Aborted", "ConfigRun", "Server", "Servers", "fabric_fields", "new_server_id", "process_columns",
+           "resolve_provenance", "server_process_fields", "telemetry_fields", "transport_fields", "warn_niced"]
+
+log = logging.getLogger(__name__)
+
+PORT_RETRIES = 3  # starts of a one-node server on another port after its port was taken (no failed attempt)
+
+
+class Aborted(Exception):
+    """The scheduler asked a configuration to stop (node lost, interrupted)."""
+
+
+@dataclass
+class Server:
+    server_id: str
+    hosts: list[Any]                 # one ServerHost actor per rank; rank 0 serves HTTP
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+    host_lost: bool = False          # a host actor (or its node) went away, not just the server process
+    transport: dict[str, Any] | None = None  # the NCCL transport verdict (raysweep.place.transport.server_verdict)
+    facts: list[dict[str, Any]] = field(default_factory=list)  # per rank: the process's nice and CPU affinity
+    provenance: dict[str, Any] | None = None  # versions, GPUs, model, hostnames (raysweep.serve.provenance)
+    fabric: dict[str, Any] | None = None  # the bandwidth probe of its placement group (raysweep.place.fabric)
+    startup: dict[str, float] = field(default_factory=dict)  # the phases of its start (raysweep.serve.startup)
+
+    def down(self) -> str | None:
+        """None while every rank's process runs; otherwise what ended it."""
+        refs = [h.exit_code.remote() for h in self.hosts]
+        for rank, ref in enumerate(refs):
+            try:
+                code = ray.get(ref, timeout=30)
+            except ray.exceptions.RayError as exc:
+                self.host_lost = True
+                return f"the host actor of rank {rank} was lost ({type(exc).__name__})"
+            if code is not None:
+                return f"exit code {code}" if len(self.hosts) == 1 else f"rank {rank} exited with code {code}"
+        return None
+
+    def unresponsive(self, timeout_s: float = 5.0) -> str | None:
+        """Why a server whose process still runs no longer answers /health (twice), or None when it does:
+        a hung server (stopped, deadlocked) spoils every point after it, and is replaced."""
+        import urllib.error
+        import urllib.request
+
+        why = ""
+        for _ in range(2):
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as resp:
+                    if resp.status == 200:
+                        return None
+                    why = f"HTTP {resp.status}"
+            except (urllib.error.URLError, OSError) as exc:
+                why = str(getattr(exc, "reason", exc))
+        return f"/health did not answer within {timeout_s:.0f} s ({why})"
+
+    def root_cause(self) -> dict[str, Any] | None:
+        """The first error line of the first rank's log that has one (`raysweep.serve.root_cause`), with its rank."""
+        for rank, h in enumerate(self.hosts):
+            try:
+                cause = ray.get(h.root_cause.remote(), timeout=30)
+            except ray.exceptions.RayError:
+                path = self.infos[rank].get("log_path", "") if rank < len(self.infos) else ""
+                found = root_cause(procs.tail(path, 10**9, max_bytes=4 * 1024 * 1024)) if path else None
+                cause = asdict(found) if found is not None else None
+            if cause is not None:
+                return {**cause, "rank": rank}
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        tails = []
+        for rank, h in enumerate(self.hosts):
+            try:
+                tail = ray.get(h.log_tail.remote(lines), timeout=30)
+            except ray.exceptions.RayError:
+                path = self.infos[rank].get("log_path", "") if rank < len(self.infos) else ""
+                tail = procs.tail(path, lines) if path else ""
+            tails.append(tail if len(self.hosts) == 1 else f"== rank {rank} ==\n{tail}")
+        return "\n".join(tails)
+
+    def rank_rows(self) -> list[dict[str, Any]]:
+        return [{"rank": r, "hostname": n.get("hostname"), "node_id": n.get("node_id"), "node_ip": n.get("node_ip"),
+                 "gpu_ids": n.get("gpu_ids"), "pid": i.get("pid"), "pid_create_time": i.get("pid_create_time"),
+                 "log_path": i.get("log_path"),
+                 "cuda_visible_devices": (self.facts[r] if r < len(self.facts) else {}).get("cuda_visible_devices")}
+                for r, (n, i) in enumerate(zip(self.nodes, self.infos))]
+
+
+def record_startup(server: Server, ledger: Any) -> None:
+    """The phases of a server's start from its rank-0 log (`raysweep.serve.startup.phases`), on the server and in
+    its ledger row; nothing when the log cannot be read (the start itself is not at stake)."""
+    from raysweep.serve.startup import phases
+
+    row = next((s for s in ledger.servers() if s.server_id == server.server_id), None)
+    if row is None or not server.hosts:
+        return
+    try:
+        text = ray.get(server.hosts[0].read_log.remote(), timeout=60)
+    except ray.exceptions.RayError as exc:
+        log.warning("server %s: its log could not be read for the phases of its start (%s)", server.server_id, exc)
+        return
+    server.startup = phases(text, row.started_at, row.ready_at)
+    record: dict[str, Any] = {"compile_cache": caches.compile_cache_state(text)}  # it found compiled graphs?
+    try:  # where its compilation caches are and how big
+        info = ray.get(server.hosts[0].cache_info.remote(), timeout=60)
+    except ray.exceptions.RayError:
+        info = {}
+    if info.get("cache_dir"):
+        server.startup["startup_cache_mb"] = (info.get("cache_bytes") or 0) / 1e6
+        record["cache_dir"] = info["cache_dir"]
+    ledger.update_server(server.server_id, startup=json.dumps({**server.startup, **record}))
+
+
+@dataclass
+class ConfigRun:
+    """One server configuration being run in its own thread, on the nodes the packer chose for it."""
+
+    serve: ServeConfig
+    layout: placement.Layout
+    node_ids: list[str]
+    res: placement.Reservation | None = None
+    abort: str | None = None         # set by the scheduler: stop now (node lost, interrupted)
+    outcome: str = "running"
+    bench: Any = None                # the bench backend's client side (its actors stay warm between points)
+    helper: Any = None               # runs after_bench_cmd
+    fabric: dict[str, Any] | None = None  # the fabric probe of its placement group (transport.probe)
+    replica: int = 0                 # > 0: one more server of a running configuration (placement.tail_replicas)
+
+    def drop_client(self) -> None:
+        """Stop the client actors (a point was abandoned); the next point starts fresh ones."""
+        for b in (self.bench, self.helper):
+            if b is not None:
+                b.close()
+
+    def wait(self, ref: Any, timeout_s: float, server: Server | None = None) -> Any:
+        """Wait for a Ray call (or a list of them), checking every second whether the run was aborted and
+        (with `server`) every few seconds whether any of the server's ranks ended. Raises Aborted, or
+        returns `("down", why)` for a server that went down, `("ok", value(s))` otherwise."""
+        refs = ref if isinstance(ref, list) else [ref]
+        deadline, next_check = time.monotonic() + timeout_s, time.monotonic() + 3
+        while True:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+            if len(done) == len(refs):
+                values = ray.get(refs)
+                return "ok", values if isinstance(ref, list) else values[0]
+            if self.abort:
+                raise Aborted(self.abort)
+            if server is not None and time.monotonic() >= next_check:
+                why = server.down()
+                if why is not None:
+                    return "down", why
+                next_check = time.monotonic() + 3
+            if time.monotonic() > deadline:
+                raise ray.exceptions.GetTimeoutError(f"no answer after {timeout_s:.0f} s")
+
+
+def new_server_id(serve_id: str) -> str:
+    """A fresh id for one start of a configuration's server."""
+    return f"{serve_id}-{uuid.uuid4().hex[:6]}"
+
+
+def transport_fields(verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """The `transport_*` columns of a result from its server's verdict."""
+    if verdict is None:
+        return {}
+    one_node = int(verdict.get("nnodes") or 1) < 2
+    return {"transport_inter": "n/a" if one_node else verdict["inter"], "transport_intra": verdict["intra"],
+            "transport_plugins": ",".join(verdict.get("plugins") or []),
+            "transport_ib_devices": ",".join(verdict.get("ib_devices") or []),
+            "transport_nccl": ",".join(verdict.get("versions") or []), "transport": transport.describe(verdict)}
+
+
+def fabric_fields(probe: dict[str, Any] | None) -> dict[str, Any]:
+    """The `fabric_*` columns of a result from its server's bandwidth probe."""
+    if probe is None:
+        return {}
+    return {"fabric_busbw_gbps": probe.get("busbw_gbps"), "fabric_backend": probe.get("backend"),
+            "fabric_baseline_gbps": probe.get("baseline_gbps"), "fabric_error": probe.get("error")}
+
+
+def telemetry_fields(server: Server, t0: float, t1: float, enabled: bool) -> dict[str, Any]:
+    """The `gpu_*` columns of a point: the NVML samples of every node of the server between t0 and t1."""
+    if not enabled:
+        return {"gpu_telemetry": "off"}
+    try:
+        windows = ray.get([h.telemetry_window.remote(t0, t1) for h in server.hosts], timeout=60)
+    except ray.exceptions.RayError as exc:
+        return {"gpu_telemetry": f"unavailable: {type(exc).__name__}"}
+    return telemetry.summarise(windows)
+
+
+def process_columns(nodes: list[dict[str, Any]], facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ledger's `nice` (the highest of the ranks) and `cpu_affinity` ("ip=cpus;...") of a server."""
+    nices = [f["nice"] for f in facts if f.get("nice") is not None]
+    return {"nice": str(max(nices)) if nices else None,
+            "cpu_affinity": ";".join(f"{n.get('node_ip')}={f.get('cpu_affinity') or '?'}"
+                                     for n, f in zip(nodes, facts))}
+
+
+def server_process_fields(nodes: list[dict[str, Any]], facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `server_nice` and `server_cpu_affinity` columns of a result (rank 0's affinity; per node too)."""
+    if not facts:
+        return {}
+    cols = process_columns(nodes, facts)
+    renice = facts[0].get("renice") or {}
+    return {"server_nice": int(cols["nice"]) if cols["nice"] is not None else None,
+            "server_cpu_affinity": facts[0].get("cpu_affinity"), "server_cpu_affinity_per_node": cols["cpu_affinity"],
+            "server_renice_error": renice.get("error") or None}
+
+
+_NICE_WARNED: set[str] = set()
+
+
+def warn_niced(server: Server) -> None:
+    """Warn once per node when a server process runs niced (the guard could not lower it)."""
+    for node, f in zip(server.nodes, server.facts):
+        host = str(node.get("hostname"))
+        if (f.get("nice") or 0) > 0 and host not in _NICE_WARNED:
+            _NICE_WARNED.add(host)
+            why = (f.get("renice") or {}).get("error") or "the server's niceness could not be lowered"
+            log.warning("servers on %s run at niceness %s, not 0: %s. Their numbers are marked 'niced'; start Ray "
+                        "there with RAY_worker_niceness=0 in the environment of `ray start`", host, f["nice"], why)
+
+
+def resolve_provenance(server: Server, ledger: Ledger) -> dict[str, Any] | None:
+    """The server's provenance from its rank 0 host (gathered while it started), stored with the server."""
+    if server.provenance is None and server.hosts:
+        try:
+            prov = ray.get(server.hosts[0].provenance.remote(), timeout=180)
+        except ray.exceptions.RayError as exc:
+            log.info("server %s: provenance not read (%s)", server.server_id, exc)
+            return None
+        if prov is None:
+            return None
+        server.provenance = {**prov, "hostnames": [n.get("hostname") or "" for n in server.nodes]}
+        ledger.update_server(server.server_id, provenance=json.dumps(server.provenance))
+    return server.provenance
+
+
+class Servers:
+    """Starts, checks and stops the servers of configuration runs (see the module docstring)."""
+
+    def __init__(self, work: Workload) -> None:
+        self.work = work
+        self.c = work.c
+        self._warm_lock = threading.Lock()
+        self._warmed: set[str] = set()  # nodes whose page cache holds the model (serve.warm_weights)
+        self._causes: dict[str, str] = {}  # per configuration, the root cause of its last failed start
+
+    def start(self, run: ConfigRun, runnable: list[PointRow]) -> Server | None:
+        """A ready server for the run, or None: aborted, its host actors lost (`run.outcome` says so), or it
+        failed to start (its `runnable` points and open searches fail with the reason)."""
+        w, serve, lay, res = self.work, run.serve, run.layout, run.res
+        assert res is not None
+        server_id = new_server_id(serve.id)
+        w.emit("server_starting", serve=serve, server_id=server_id, layout=lay)
+        server = self.hosts(run, server_id)
+        if run.fabric is not None:
+            server.fabric = run.fabric
+            w.ledger.update_server(server_id, fabric=json.dumps(run.fabric))
+        run.bench.warm()  # its worker process starts while the server does
+        t0 = time.monotonic()
+        try:
+            self.launch(run, server, serve.argv, serve_http=True)
+            head = server.infos[0]
+            server.url = f"http://{head['host']}:{head['port']}"
+            ready = self._wait_ready(run, server)
+        except Aborted as exc:
+            ready = {"ok": False, "error": f"stopped while starting: {exc}", "aborted": True}
+        except ray.exceptions.RayError as exc:
+            server.host_lost = True
+            ready = {"ok": False, "error": f"host actor failed: {type(exc).__name__}: {exc}"}
+        if ready["ok"] and ready.get("port_retries"):
+            self._moved(run, server, ready)
+        if ready["ok"]:
+            w.ledger.update_server(server_id, state="ready", ready_at=time.time())
+            record_startup(server, w.ledger)
+            resolve_provenance(server, w.ledger)
+            w.emit("server_ready", serve=serve, server_id=server_id, elapsed=time.monotonic() - t0)
+            return server
+        tail = server.log_tail()
+        cause = server.root_cause() if ready.get("exited") and not server.host_lost else None
+        if cause is not None:
+            where = f" (rank {cause['rank']})" if len(server.hosts) > 1 else ""
+            ready["error"] = f"{ready['error']}: {cause['line']}{where}"
+        w.ledger.update_server(server_id, state="failed", error=ready["error"], log_tail=tail)
+        self.stop(server, state="failed")
+        w.emit("server_failed", serve=serve, server_id=server_id, error=ready["error"], log_tail=tail,
+               root_cause=cause)
+        if ready.get("aborted"):
+            return None
+        if server.host_lost:  # not the server's fault: the scheduler places the configuration again
+            run.outcome = "host lost"
+            return None
+        for p in runnable:
+            w.ledger.mark_failed(p.point_id, f"server failed to start: {ready['error']}", tail, started=False)
+        again = self._no_retry(serve.id, cause)
+        if again is not None:
+            w.give_up(serve, f"server failed to start: {ready['error']}; not started again: {again}")
+        else:
+            w.close_searches(serve.id, "server failed", f"server failed to start: {ready['error']}")
+        if not self.c.continue_on_error:
+            w.stop_reason = f"server config {serve.id} failed to start and continue_on_error is false"
+        return None
+
+    def _no_retry(self, serve_id: str, cause: dict[str, Any] | None) -> str | None:
+        """Why a configuration whose server just failed to start is not started again, or None: an argument
+        error fails the same way every time, and so does a start whose root cause repeats the last one's."""
+        if cause is None:
+            return None
+        before = self._causes.get(serve_id)
+        self._causes[serve_id] = cause["line"]
+        if cause["kind"] == "argument":
+            return "an argument error fails the same way every time"
+        if same_cause(before, cause["line"]):
+            return "it failed twice with the same root cause"
+        return None
+
+    def _moved(self, run: ConfigRun, server: Server, ready: dict[str, Any]) -> None:
+        """The server lost its port to someone else before binding it and was started again on another one
+        (no failed attempt): its new port and process in the ledger, and an event that says so."""
+        head = server.infos[0]
+        head.update(port=ready["port"], pid=ready["pid"], pid_create_time=ready["pid_create_time"])
+        server.url = f"http://{head['host']}:{head['port']}"
+        self.work.ledger.update_server(server.server_id, port=head["port"], pid=head["pid"],
+                                       pid_create_time=head["pid_create_time"], ranks=json.dumps(server.rank_rows()))
+        detail = f"server {server.server_id}: its port was taken before it bound it; started again on port " \
+                 f"{head['port']} ({ready['port_retries']} time(s))"
+        log.warning("%s", detail)
+        self.work.ledger.add_event("port_retry", [run.serve.id], [server.nodes[0].get("hostname") or ""], detail)
+
+    def hosts(self, run: ConfigRun, server_id: str) -> Server:
+        """One host actor per node of the configuration's placement group, and the server's ledger row."""
+        lay, res = run.layout, run.res
+        assert res is not None
+        hosts = [ServerHost.options(**placement.actor_options(res, r)).remote(  # type: ignore[attr-defined]
+            server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.work.log_dir))
+            for r in range(lay.nnodes)]
+        self.work.ledger.add_server(server_id, run.serve.id, shell_join(run.serve.display_argv()))
+        return Server(server_id, hosts)
+
+    def launch(self, run: ConfigRun, server: Server, argv: list[str], serve_http: bool,
+               follower_argv: list[str] | None = None) -> None:
+        """Start the command on every rank (the multi-node flags added; ranks > 0 run `follower_argv` when
+        given) and record where each runs. Raises Aborted or a RayError."""
+        lay = run.layout
+        server.nodes = [run.wait(h.node_info.remote(), 300)[1] for h in server.hosts]
+        master = server.nodes[0]["node_ip"]
+        port = run.wait(server.hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
+        self._warm_weights(run, server)
+        env = {**run.serve.env, **caches.cache_request(self.c, run.serve.env)}  # compilation caches
+        for r, h in enumerate(server.hosts):
+            base = follower_argv if r and follower_argv is not None else argv
+            ref = h.start.remote(rank_argv(base, lay, r, master, port), env, serve_http and r == 0,
+                                 self.c.transport.nccl_debug, PORT_RETRIES if lay.nnodes == 1 else 0)
+            server.infos.append(run.wait(ref, 120)[1])
+        head = server.infos[0]
+        server.facts = run.wait([h.process_facts.remote() for h in server.hosts], 60)[1]
+        warn_niced(server)
+        if self.c.transport.telemetry:
+            fake = run.serve.env.get(telemetry.FAKE_ENV)  # an NVML stand-in named in serve.env (tests, demos)
+            rapl = run.serve.env.get(RAPL_ENV, POWERCAP)  # a fake powercap tree in serve.env (tests)
+            run.wait([h.telemetry_start.remote(self.c.transport.telemetry_interval_s, str(fake) if fake else None,
+                                               self.c.transport.idle_power_s, str(rapl), self.c.transport.dcgm_url)
+                      for h in server.hosts], 60)
+        if self.work.with_gpus:
+            self._topology(run, server)
+        self.work.ledger.update_server(
+            server.server_id, command=head["command"], hostname=server.nodes[0]["hostname"],
+            node_id=server.nodes[0]["node_id"], node_ip=master, port=head["port"], pid=head["pid"],
+            pid_create_time=head["pid_create_time"], gpu_ids=server.nodes[0]["gpu_ids"], log_path=head["log_path"],
+            ranks=json.dumps(server.rank_rows()), **process_columns(server.nodes, server.facts))
+
+    def _warm_weights(self, run: ConfigRun, server: Server) -> None:
+        """`serve.warm_weights`: the model's files read once per node, before the first server there."""
+        if self.c.serve is None or not self.c.serve.warm_weights:
+            return
+        model = expected_model(run.serve.argv)
+        with self._warm_lock:
+            todo = [(n, h) for n, h in zip(server.nodes, server.hosts) if n["node_id"] not in self._warmed]
+            self._warmed.update(n["node_id"] for n, _ in todo)
+        for node, h in todo:
+            done = run.wait(h.warm_model.remote(model or ""), 3600)[1]
+            log.info("weights of %s read into the page cache of %s: %.0f MB in %.1f s%s", model, node.get("hostname"),
+                     done["bytes"] / 1e6, done["seconds"], f" ({done['note']})" if done.get("note") else "")
+            self.work.ledger.add_event("weights_warmed", [run.serve.id], [node.get("hostname") or ""],
+                                       f"{model}: {done['bytes'] / 1e6:.0f} MB in {done['seconds']:.1f} s"
+                                       + (f" ({done['note']})" if done.get("note") else ""))
+
+    def _topology(self, run: ConfigRun, server: Server) -> None:
+        """Record `nvidia-smi topo -m` of every node with the server and warn about its tensor-parallel groups
+        (GPUs without NVLink between them, or across NUMA nodes)."""
+        topo = run.wait([h.gpu_topology.remote() for h in server.hosts], 60)[1]
+        tp = run.serve.shape.tp
+        for node, t in zip(server.nodes, topo):
+            t["warnings"] = preflight.tp_group_warnings(t.get("topology") or {}, list(t.get("gpus") or []), tp)
+            for warning in t["warnings"]:
+                log.warning("server config %s on %s: %s", run.serve.id, node.get("hostname"), warning)
+                self.work.emit("topology_warning", serve=run.serve, server_id=server.server_id, warning=warning)
+        self.work.ledger.update_server(server.server_id, topology=json.dumps(topo))
+
+    def probe_fabric(self, run: ConfigRun) -> str | None:
+        """With `transport.probe`, measure the all-reduce bandwidth across a multi-node configuration's
+        placement group before its server starts; why it is refused by the bandwidth gate, or None."""
+        cfg = self.c.transport
+        if not cfg.probe or run.layout.nnodes < 2 or run.res is None:
+            return None
+        run.fabric = fabric.probe(run.res, cfg.probe_mib, cfg.probe_iters)
+        refused = fabric.gate(run.fabric, cfg.min_busbw_gbps, cfg.min_busbw_fraction,
+                              fabric.load_baseline(cfg.baseline))
+        self.work.emit("fabric", serve=run.serve, probe=run.fabric, refused=refused)
+        if refused:
+            log.error("server config %s: %s", run.serve.id, refused)
+        return refused
+
+    def _wait_ready(self, run: ConfigRun, server: Server) -> dict[str, Any]:
+        """Rank 0 answers /health and /v1/models, while every other rank still runs."""
+        assert self.c.serve is not None, "servers start in mode serve only, which has a serve section"
+        limit = self.c.serve.ready_timeout_s
+        model = expected_model(run.serve.argv)
+        t0 = time.monotonic()
+        while True:
+            left = limit - (time.monotonic() - t0)
+            step = min(5.0, max(left, 0.5))
+            _, ans = run.wait(server.hosts[0].wait_ready.remote(step, model), step + 60)
+            if ans["ok"] or not ans.get("timeout"):
+                return ans
+            why = server.down() if len(server.hosts) > 1 else None
+            if why is not None:
+                return {"ok": False, "exited": True, "error": f"a rank ended before the server was ready: {why}"}
+            if left <= step:
+                return {"ok": False, "error": f"server not ready after {limit:.0f} s (/health and /v1/models)"}
+
+    def check_transport(self, run: ConfigRun, server: Server) -> str | None:
+        """Read NCCL's lines from every rank and store the verdict with the server. A multi-node config whose
+        cross-node links are slower than `transport.require` is refused (the reason, with the evidence):
+        its lines are awaited up to `transport.wait_s`, since NCCL may connect channels lazily."""
+        cfg = self.c.transport
+        gated = len(server.hosts) > 1 and cfg.require != "any"
+        deadline = time.monotonic() + (cfg.wait_s if gated else 0.0)
+        while True:
+            verdict = self.read_transport(run, server)
+            if verdict is None:
+                return None
+            if not gated or transport.meets(verdict, cfg.require) or time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        refused = transport.refusal(verdict, cfg.require)
+        if refused:
+            log.error("server config %s: %s", run.serve.id, refused)
+        self.work.emit("transport", serve=run.serve, server_id=server.server_id, verdict=verdict, refused=refused)
+        return refused
+
+    def read_transport(self, run: ConfigRun | None, server: Server) -> dict[str, Any] | None:
+        """The server's NCCL transport verdict from every rank's lines now (None when they cannot be read)."""
+        refs = [h.nccl_lines.remote() for h in server.hosts]
+        try:
+            lines = run.wait(refs, 120)[1] if run is not None else ray.get(refs, timeout=60)
+        except ray.exceptions.RayError as exc:
+            log.info("server %s: NCCL lines not read (%s)", server.server_id, exc)
+            return None
+        server.transport = transport.server_verdict(lines)
+        self.work.ledger.update_server(server.server_id, transport=json.dumps(server.transport))
+        return server.transport
+
+    def stop(self, server: Server, state: str = "stopped") -> None:
+        """Stop every rank through its host (no process left behind), keep its log, kill the host actors."""
+        if server.transport is not None:  # channels connected after the check (lazily) count too
+            self.read_transport(None, server)
+        refs = [h.stop.remote() for h in server.hosts]
+        left: list[int] = []
+        for rank, (h, ref) in enumerate(zip(server.hosts, refs)):
+            try:
+                left += ray.get(ref, timeout=120).get("left", [])
+                path = server.infos[rank]["log_path"] if rank < len(server.infos) else ""
+                local = self.work.log_dir / Path(path).name
+                if path and not local.exists():  # the server ran where our output dir is not visible
+                    local.write_text(ray.get(h.read_log.remote(), timeout=60))
+            except ray.exceptions.RayError as exc:
+                log.info("server %s rank %d: stop through its host failed (%s)", server.server_id, rank, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    ray.kill(h)
+        fields: dict[str, Any] = {"stopped_at": time.time()}
+        if state != "failed":
+            fields["state"] = state
+        if left:
+            fields["error"] = f"processes still alive after stop: {left}"
+        self.work.ledger.update_server(server.server_id, **fields)
+        self.work.emit("server_stopped", server_id=server.server_id, left=left)
