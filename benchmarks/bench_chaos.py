@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "standin"
 sys.path.insert(0, str(ROOT))
 
-from raysweep import procs  # noqa: E402
-from raysweep.ledger import LEDGER_FILE, Ledger  # noqa: E402
+from raysweep import procs
+from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.record import files
 
 KINDS = ("driver_kill", "server_kill", "client_kill", "node_removed", "server_stop", "disk_full")
@@ -100,12 +100,12 @@ class Watch:
             return {}
         try:
             led = Ledger.open_existing(self.out)
-        except Exception:  # noqa: BLE001 - being created
+        except Exception:
             return {}
         try:
             points, self.events = led.points(), led.events()
             servers = led.servers(active_only=True)
-        except Exception:  # noqa: BLE001 - a locked ledger: next time
+        except Exception:
             return {}
         finally:
             led.close()
@@ -167,7 +167,7 @@ class Chaos:
         args = ["resume", str(self.out)] if resume else ["run", str(self.work / "campaign.yaml")]
         if self.address:
             args += ["--address", self.address]
-        log = open(self.work / "driver.log", "ab")  # noqa: SIM115 - the driver's, closed with it
+        log = open(self.work / "driver.log", "ab")
         self.driver = subprocess.Popen([*cli, *args], env=self.env(), stdout=log, stderr=log, cwd=self.work)
         self.drivers.append(self.driver.pid)
 

@@ -14,12 +14,12 @@ os.environ["VLLM_HOST_IP"] = "127.0.0.1"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
-import shutil  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import shutil
+import sys
+import time
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 # Node rules of the session cluster: w0 and w1 are "H100", w2 is "A100"
 GPU_NODES = {"w0": "H100", "w1": "H100", "w2": "A100"}

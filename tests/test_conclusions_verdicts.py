@@ -137,7 +137,7 @@ def test_the_knee_is_named_beside_the_raw_maximum():
     assert v.knee is not None and v.knee["max_concurrency"] == 8 and "median_e2el_ms <= 200" in v.knee_bound
 
 
-def test_the_card_says_how_many_runs_back_the_leader_its_latencies_and_groups_warnings(tmp_path, no_figures):  # noqa: F811
+def test_the_card_says_how_many_runs_back_the_leader_its_latencies_and_groups_warnings(tmp_path, no_figures):
     out = build_output_dir(tmp_path / "out")
     paths = sorted((out / "points").rglob("run=*.json"))
     for path, issues in zip(paths[:3], ("shared CPUs", "shared CPUs; not steady (slope +3.0 %/s)", "niced (server 5)")):
@@ -170,7 +170,7 @@ def test_a_flagged_run_is_marked_in_the_figures_with_its_checks_name(tmp_path):
     assert "shared CPUs, not steady" in texts
 
 
-def test_the_report_ranks_under_the_campaigns_slo(tmp_path, no_figures):  # noqa: F811
+def test_the_report_ranks_under_the_campaigns_slo(tmp_path, no_figures):
     from raysweep.ledger import Ledger
 
     out = build_output_dir(tmp_path / "out")

@@ -36,13 +36,13 @@ class ClockNvml:
     def clock(self) -> float:
         return self.now
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802 - NVML's names
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         return index
 
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         return int((LOAD_W if self.now >= STEP else IDLE_W) * 1000)
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
         if not self.counter:
             raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
         tick = 990.0 if self.stuck else 990.0 + math.floor(round((self.now - 990.0) / TICK, 6)) * TICK
@@ -263,7 +263,7 @@ def test_a_dcgm_exporters_page_gives_the_energy_of_the_servers_own_gpus(no_nvml)
     state = {"t": 0.0}
 
     class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the handler's name
+        def do_GET(self):
             body = DCGM_PAGE.format(p0=250.0, e0=int(1_000_000 + 250.0 * state["t"] * 1000)).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))

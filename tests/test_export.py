@@ -80,7 +80,7 @@ class _Run:
 
 
 class _Artifact:
-    def __init__(self, name: str, type: str) -> None:  # noqa: A002 (wandb's own argument name)
+    def __init__(self, name: str, type: str) -> None:
         self.name, self.type, self.files = name, type, []
 
     def add_file(self, path: str) -> None:

@@ -54,7 +54,7 @@ def job_server(tmp_path_factory):
             try:
                 JobSubmissionClient(url, headers={"Authorization": f"Bearer {token}"}).list_jobs()
                 return True
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 return False
 
         assert procs.wait_for(answers, 60, 0.5), "the job server did not answer"

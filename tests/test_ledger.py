@@ -346,7 +346,7 @@ def test_many_points_finishing_at_once_keep_the_ledger_consistent(ledger):
                 else:
                     ledger.mark_done(pid, f"points/{pid}.json")
                 ledger.counts()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(ids[i::8],)) for i in range(8)]
@@ -440,7 +440,7 @@ def test_connections_opening_a_new_ledger_at_once_all_succeed(tmp_path):
             try:
                 go.wait()
                 Ledger(path).close()
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=open_it, args=(path, go, errors)) for _ in range(6)]

@@ -106,7 +106,7 @@ def flaky_metrics_server() -> Iterator[tuple[str, dict]]:
     state = {"fail": 1, "prompt": 0, "asked": 0}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:
             state["asked"] += 1
             if state["fail"] > 0:
                 state["fail"] -= 1

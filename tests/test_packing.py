@@ -14,7 +14,7 @@ from raysweep.place.placement import Demand, Layout
 from raysweep.place.scheduler import Scheduler, with_event_log
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import bench_packing  # noqa: E402
+import bench_packing
 
 
 def test_a_node_loss_and_the_re_placement_are_recorded_with_nodes_and_configs():

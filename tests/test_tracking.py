@@ -24,7 +24,7 @@ from raysweep.record.files import write_json_atomic
 from raysweep.report import export, tracking
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_aggregate import run_row  # noqa: E402
+from test_aggregate import run_row
 
 
 def _rows(runs: range) -> list[dict[str, Any]]:

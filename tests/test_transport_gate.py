@@ -13,10 +13,10 @@ from helpers import run_file, standin_campaign
 
 pytest.importorskip("ray")
 
-from raysweep import procs  # noqa: E402
-from raysweep.cli import main  # noqa: E402
-from raysweep.ledger import Ledger  # noqa: E402
-from raysweep.results.table import results_table  # noqa: E402
+from raysweep import procs
+from raysweep.cli import main
+from raysweep.ledger import Ledger
+from raysweep.results.table import results_table
 
 pytestmark = pytest.mark.ray
 

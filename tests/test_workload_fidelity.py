@@ -168,7 +168,7 @@ def test_sessions_from_a_file_carry_their_system_prompt(tmp_path, tiny_model):
 @pytest.mark.timing
 @pytest.mark.ray
 @pytest.mark.parametrize("stream_server", [["--fail-every", "2"]], indirect=True)
-def test_a_failed_turn_counts_the_rest_of_its_session_as_failed(gpu_cluster, stream_server, tiny_model):  # noqa: F811
+def test_a_failed_turn_counts_the_rest_of_its_session_as_failed(gpu_cluster, stream_server, tiny_model):
     """One slot, two sessions of three turns; the server fails every second request: each session's second
     turn fails, and its third, never sent, counts as failed too ("session aborted")."""
     from raysweep.bench.native import NativeBench

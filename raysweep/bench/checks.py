@@ -182,7 +182,7 @@ def check_data_files(spec: Any) -> list[str]:
             notes += _CHECKED[key]
         except CampaignError as exc:
             raise CampaignError(fld, exc.message) from None
-        except Exception as exc:  # noqa: BLE001 - any failure to read the data is the user's file, named
+        except Exception as exc:
             raise CampaignError(fld, f"--dataset-path {opts.dataset_path!r} cannot be read as --dataset-name "
                                      f"{opts.dataset_name}: {type(exc).__name__}: {exc}") from None
     for note in notes:

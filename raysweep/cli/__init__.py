@@ -28,7 +28,7 @@ from raysweep.cli import (  # noqa: F401  # noqa: F401  # noqa: F401
     profile,
     running,
     status,
-    tuning,  # noqa: F401
+    tuning,
 )
 from raysweep.cli._common import main
 

@@ -69,7 +69,7 @@ class ConfigLife:
             finally:
                 run.drop_client()
                 placement.release(run.res)
-        except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which stops the campaign
+        except Exception as exc:
             log.exception("server config %s", run.serve.id)
             run.outcome = f"error: {type(exc).__name__}: {exc}"
 

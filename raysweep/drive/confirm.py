@@ -181,7 +181,7 @@ def _work_class() -> type:
     return ConfirmWork
 
 
-def ConfirmWork(*args: Any, **kw: Any) -> Any:  # noqa: N802 - the class, built where Workload is importable
+def ConfirmWork(*args: Any, **kw: Any) -> Any:
     """`raysweep.drive.state.Workload` for the confirmation's runs (see `_work_class`)."""
     return _work_class()(*args, **kw)
 

@@ -151,7 +151,7 @@ def ray_session(address: str | None, cpus: set[int] | None = None) -> Iterator[N
         try:
             ray.init(address="local", include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
                      num_cpus=max(os.cpu_count() or 1, 4), _temp_dir=temp_dir)
-        except Exception as exc:  # noqa: BLE001 - whatever Ray raises, one message that says what to try
+        except Exception as exc:
             with contextlib.suppress(Exception):
                 ray.shutdown()
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -160,7 +160,7 @@ def ray_session(address: str | None, cpus: set[int] | None = None) -> Iterator[N
     else:
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             with contextlib.suppress(Exception):
                 ray.shutdown()
             raise ray_start_error(address, exc) from None

@@ -242,7 +242,7 @@ def client(address: str | None) -> Any:
     url = api_address(address)
     try:
         return JobSubmissionClient(url, headers=auth_headers())
-    except Exception as exc:  # noqa: BLE001 - connection, auth and version errors all end here
+    except Exception as exc:
         raise UserError(f"--dashboard-url {url}: cannot reach the Ray job server: {exc}") from None
 
 

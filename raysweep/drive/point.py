@@ -152,7 +152,7 @@ class PointRunner:
             except UserError as exc:  # its options or data: the same on every attempt and every server
                 log.warning("point %s could not be prepared: %s", point.id, exc)
                 return "ok", {"ok": False, "error": f"the point could not be prepared: {exc}", "final": True}
-            except Exception as exc:  # noqa: BLE001 - the point fails with the reason; the campaign goes on
+            except Exception as exc:
                 log.warning("point %s could not be prepared", point.id, exc_info=True)
                 return "ok", {"ok": False, "error": f"the point could not be prepared: {exc}"}
             status, answers = run.wait(job.refs, self.bench_spec.timeout_s + 120, server)

@@ -117,5 +117,5 @@ def node_label_values(nodes: list[dict[str, Any]]) -> list[str]:
     try:
         return sorted({str(v) for n in ray.nodes() if n.get("NodeID") in ids
                        for v in (n.get("Labels") or {}).values()})
-    except Exception:  # noqa: BLE001 - labels only refine the price; none is not an error
+    except Exception:
         return []

@@ -80,7 +80,7 @@ class Progress:
 
             if ray.is_initialized():  # never a Ray of its own
                 self.actor = _recorder().remote()
-        except Exception as exc:  # noqa: BLE001 - progress metrics are a convenience, never a failure
+        except Exception as exc:
             log.info("progress metrics not recorded: %s", exc)
 
     def values(self) -> dict[str, float]:
@@ -114,7 +114,7 @@ class Progress:
             try:
                 self.counts = dict(self.read_counts())
                 return
-            except Exception as exc:  # noqa: BLE001 - counted here instead
+            except Exception as exc:
                 log.info("progress metrics: ledger counts not read (%s)", exc)
         self.counts[to] = self.counts.get(to, 0) + 1
         if self.counts.get("pending", 0) > 0:
@@ -125,7 +125,7 @@ class Progress:
             return
         try:
             self.actor.set.remote(self.campaign, self.values())
-        except Exception as exc:  # noqa: BLE001 - never a failure of the campaign
+        except Exception as exc:
             log.info("progress metrics not recorded: %s", exc)
 
     def sink(self, emit: EventSink) -> EventSink:
@@ -143,7 +143,7 @@ class Progress:
 
             try:
                 ray.get(self.actor.values.remote(), timeout=10)  # the last values were recorded
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.info("progress metrics: %s", exc)
             finally:
                 ray.kill(self.actor)

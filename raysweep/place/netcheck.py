@@ -51,7 +51,7 @@ def interfaces() -> dict[str, list[str]]:
         return {name: sorted({a.address.split("%")[0] for a in addrs
                               if a.family in (socket.AF_INET, socket.AF_INET6)})
                 for name, addrs in psutil.net_if_addrs().items()}
-    except Exception:  # noqa: BLE001 - no psutil there: the names, and each one's first IPv4 address
+    except Exception:
         return {name: _ipv4_of(name) for _, name in socket.if_nameindex()}
 
 
@@ -234,7 +234,7 @@ def gather_facts(node_ids: list[str], timeout_s: float = 60.0) -> dict[str, dict
             continue
         try:
             out[n] = ray.get(ref)
-        except Exception as exc:  # noqa: BLE001 - the node went, or its Python could not run the task
+        except Exception as exc:
             out[n] = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
     return out
 

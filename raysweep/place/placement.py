@@ -147,7 +147,7 @@ def local_nodes() -> list[NodeInfo]:
         from ray._private.accelerators import get_accelerator_manager_for_resource
 
         gpus = int(get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators() or 0)
-    except Exception as exc:  # noqa: BLE001 - no GPU library: count none
+    except Exception as exc:
         log.debug("no local GPU count: %s", exc)
     return [NodeInfo(node_id="local", ip="127.0.0.1", gpus=gpus, cpus=float(os.cpu_count() or 1),
                      resources={"GPU": float(gpus)})]
@@ -389,7 +389,7 @@ def reserve(serve: ServeConfig, layout: Layout, node_ids: list[str], timeout_s: 
 def release(res: Reservation) -> None:
     try:
         remove_placement_group(res.pg)
-    except Exception as exc:  # noqa: BLE001 - the group may already be gone with its cluster
+    except Exception as exc:
         log.warning("could not remove placement group: %s", exc)
 
 

@@ -484,13 +484,13 @@ def run_preflight(sysfs_root: str | None = None, timeout_s: float = 120.0,
         if ref not in done:
             try:
                 ray.cancel(ref, force=True)
-            except Exception as exc:  # noqa: BLE001 - it may have finished or gone meanwhile
+            except Exception as exc:
                 log.debug("could not cancel the preflight task on %s: %s", n["NodeID"][:8], exc)
             reports.append(node_report(n, None, f"no answer within {timeout_s:g} s"))
             continue
         try:
             facts = ray.get(ref)
-        except Exception as exc:  # noqa: BLE001 - the node went, or its Python could not run the task
+        except Exception as exc:
             last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]  # a traceback ends with its error
             reports.append(node_report(n, None, last[:300]))
             continue

@@ -125,7 +125,7 @@ def node_versions(timeout_s: float = 30.0, embedded: bool = False) -> dict[str, 
     for ref in ready:
         try:
             got = ray.get(ref)
-        except Exception as exc:  # noqa: BLE001 - a node lost meanwhile is left out
+        except Exception as exc:
             log.debug("versions of a node: %s", exc)
             continue
         for k, seen in found.items():

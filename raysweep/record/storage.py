@@ -43,7 +43,7 @@ def _filesystem(uri: str, field: str = "storage") -> tuple[Any, str]:
 
     try:
         return fs.FileSystem.from_uri(uri)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad URI
+    except Exception as exc:
         raise UserError(f"{field} {uri!r}: not a filesystem URI pyarrow can open ({exc}); accepted: "
                         "s3://bucket/prefix, gs://bucket/prefix, hdfs://..., file:///absolute/path") from None
 
@@ -90,7 +90,7 @@ class Mirror:
         with self._lock:
             try:
                 self._sync()
-            except Exception as exc:  # noqa: BLE001 - the mirror must never stop the campaign
+            except Exception as exc:
                 log.warning("could not mirror %s to %s: %s: %s", self.output_dir, self.uri, type(exc).__name__, exc)
                 return False
             self.syncs += 1

@@ -203,7 +203,7 @@ def _artifacts(out: Path, summary: pd.DataFrame, results: pd.DataFrame, report: 
 
         try:
             write_report(out)
-        except Exception as exc:  # noqa: BLE001 - the export goes on without it, and says so
+        except Exception as exc:
             notes.append(f"the report could not be made ({type(exc).__name__}: {exc}); exported without it")
     if report and page.is_file():
         paths.append(page)

@@ -52,7 +52,7 @@ def timeseries_section(output_dir: Path) -> str | None:
             # kept by a written report while the record and its time series are unchanged (raysweep.report.cache)
             parts.append(cached(partial(_figure_key, path, r, caption, window),
                                 partial(_figure_html, path, r, caption, window)))
-        except Exception as exc:  # noqa: BLE001 - a figure that fails costs only itself
+        except Exception as exc:
             log.warning("time series of %s not drawn: %s", r.get("point_id"), exc)
             parts.append(f'<p class="note">{e(caption)}: not drawn ({e(str(exc))})</p>')
     if len(firsts) > _MAX_FIGURES:
@@ -117,7 +117,7 @@ def multinode_section(output_dir: Path) -> str | None:
                          for ev in events) + "</table>")
     try:
         df = results_table(Path(output_dir))
-    except Exception:  # noqa: BLE001 - no results yet
+    except Exception:
         df = None
     if df is not None and "gpu_util_mean_pct" in df.columns and df["gpu_util_mean_pct"].notna().any():
         df = df[df["gpu_util_mean_pct"].notna()].sort_values("started_at")

@@ -107,7 +107,7 @@ class LiveTracker:
                 export.export_wandb(campaign, self.spec.project or self.name, self.spec.entity, mode=self.spec.mode,
                                     directory=self.output_dir, with_artifacts=final)
             self.logged += len(campaign.points)
-        except Exception as exc:  # noqa: BLE001 - a tracker never stops the campaign
+        except Exception as exc:
             self.errors.append(f"{type(exc).__name__}: {exc}")
             log.warning("tracking (%s): %s could not be logged: %s", self.spec.backend,
                         "the campaign" if final else f"{len(keys or ())} point(s)", exc)

@@ -51,7 +51,7 @@ def node_types(node_ids: Iterable[str]) -> str:
         import ray
 
         known = {n["NodeID"]: n for n in ray.nodes()} if ray.is_initialized() else {}
-    except Exception as exc:  # noqa: BLE001 - the cluster may be going: the column stays empty
+    except Exception as exc:
         log.debug("node types not read: %s", exc)
         return ""
     if not all(n in known for n in key):

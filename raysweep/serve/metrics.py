@@ -103,7 +103,7 @@ class Scraper:
                 text = r.read().decode(errors="replace")
             self.samples.append(_Sample(asked, parse_metrics(text)))
             return True
-        except Exception as exc:  # noqa: BLE001 - a failed scrape is recorded, the point goes on
+        except Exception as exc:
             self.errors.append(f"{type(exc).__name__}: {exc}")
             return False
 

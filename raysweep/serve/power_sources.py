@@ -60,7 +60,7 @@ class DcgmExporter:
             self.why = f"DCGM exporter {url} has neither {ENERGY_METRIC} nor {POWER_METRIC} for GPUs {self.gpus}"
 
     def read(self) -> dict[str, tuple[float | None, float | None]]:
-        with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:  # noqa: S310 - the user's URL
+        with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:
             page = parse_dcgm(resp.read().decode("utf-8", "replace"))
         return {g: page.get(g, (None, None)) for g in self.gpus}
 
@@ -79,7 +79,7 @@ class AmdSmi:
             lib.amdsmi_init()
             every = lib.amdsmi_get_processor_handles()
             self.handles = {str(g): every[int(g)] for g in gpus}
-        except Exception as exc:  # noqa: BLE001 - no library, no driver, no such GPU: recorded, not an error
+        except Exception as exc:
             self.why = f"AMD SMI unavailable: {type(exc).__name__}: {exc}"[:200]
         self.lib = lib
 
@@ -90,7 +90,7 @@ class AmdSmi:
         try:
             e = self.lib.amdsmi_get_energy_count(h)
             return float(e["energy_accumulator"]) * float(e["counter_resolution"]) / 1000.0
-        except Exception:  # noqa: BLE001 - not every board has it
+        except Exception:
             return None
 
     def _power_w(self, h: Any) -> float | None:
@@ -98,5 +98,5 @@ class AmdSmi:
             p = self.lib.amdsmi_get_power_info(h)
             value = p.get("average_socket_power", p.get("current_socket_power"))
             return float(value) if value not in (None, "N/A") else None
-        except Exception:  # noqa: BLE001
+        except Exception:
             return None

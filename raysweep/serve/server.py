@@ -245,7 +245,7 @@ class ServerHost:
         def gather() -> None:
             try:
                 self._provenance = provenance.gather(list(argv))
-            except Exception as exc:  # noqa: BLE001 - recorded, never a reason to fail the server
+            except Exception as exc:
                 self._provenance = {"hostname": socket.gethostname(), "error": f"{type(exc).__name__}: {exc}"}
         self._provenance_thread = threading.Thread(target=gather, name="provenance", daemon=True)
         self._provenance_thread.start()

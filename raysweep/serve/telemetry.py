@@ -66,16 +66,16 @@ class FileNvml:
         with open(self.path) as f:
             return dict(json.load(f)["gpus"][handle])
 
-    def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
+    def nvmlInit(self) -> None:
         self._gpu(0)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         return int(index)
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         return type("Util", (), {"gpu": self._gpu(h).get("util", 0)})()
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         return type("Mem", (), {"used": int(self._gpu(h).get("mem_used_mib", 0)) * 2**20})()
 
     def _load(self) -> dict[str, Any]:
@@ -90,16 +90,16 @@ class FileNvml:
         return float(gpu.get("load_power_w", gpu.get("power_w", 0)) if step is not None and now >= step
                      else gpu.get("power_w", 0))
 
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         return int(self._power_w(h, time.time()) * 1000)
 
-    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
         return int(self._gpu(h).get("sm_mhz", 0))
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         return int(self._gpu(h).get("reasons", 0))
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
         """`energy_mj` at the time `energy_at`, rising at the GPU's power since (through `step_at`), as a
         64-bit counter that wraps."""
         data, now = self._load(), time.time()
@@ -128,7 +128,7 @@ def load_nvml() -> tuple[Any, str]:
             nvml, source = pynvml, "nvml"
         nvml.nvmlInit()
         return nvml, source
-    except Exception as exc:  # noqa: BLE001 - no library, no driver, no GPU: recorded, not an error
+    except Exception as exc:
         return None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
 
 
@@ -154,7 +154,7 @@ class Sampler:
         if self.nvml is not None:
             try:
                 self.handles = [(str(g), self._handle(g)) for g in _physical_indices(gpu_ids)]
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.nvml, self.source = None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
         if self.nvml is not None and not self.handles:
             self.nvml, self.source = None, "unavailable: no GPU assigned to this server"
@@ -272,7 +272,7 @@ class Sampler:
     def _read(fn: Any) -> Any:
         try:
             return fn()
-        except Exception:  # noqa: BLE001 - e.g. NVML_ERROR_NOT_SUPPORTED for power on some boards
+        except Exception:
             return None
 
     def start(self) -> Sampler:

@@ -62,7 +62,7 @@ def main(work: Path, rejoin_after_s: float) -> dict:
         def campaign() -> None:
             try:
                 result["summary"] = run_file(f, on_event=lambda kind, **d: kinds.append(kind))[0]
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 result["error"] = repr(exc)
 
         runner = threading.Thread(target=campaign, daemon=True)
