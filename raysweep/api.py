@@ -92,10 +92,10 @@ class Campaign:
     def aggregate(self, confidence: float = 0.95, threshold: float = 0.05,
                   noise_metrics: list[str] | None = None) -> pd.DataFrame:
         """The summary with other settings (`raysweep results --aggregate`)."""
-        from raysweep.results import aggregate
+        from raysweep.results.directory import CampaignDir
 
-        return aggregate.summary_table(self.output_dir, confidence, threshold, results=self.results,
-                                       noise_metrics=noise_metrics)
+        return CampaignDir(self.output_dir).summary(confidence, threshold, results=self.results,
+                                                   noise_metrics=noise_metrics)
 
     @functools.cached_property
     def conclusions(self) -> Conclusions | None:
@@ -125,10 +125,11 @@ class Campaign:
 
     def status(self) -> dict[str, Any]:
         """Where the campaign stands, as `raysweep status --json` says it (raysweep/schemas/status.json)."""
-        from raysweep.cli.jsonout import jsonable
-        from raysweep.cli.status import status_document
+        from raysweep.record.jsonvalues import jsonable
+        from raysweep.results.directory import CampaignDir
 
-        return jsonable(status_document(str(self.output_dir)))
+        with CampaignDir(self.output_dir) as directory:
+            return jsonable(directory.status_document())
 
     def plot(self, var_x: str = "total_token_throughput", var_y: str = "median_ttft_ms", *,
              out: str | Path | None = None, fmt: str = "png", dpi: int = 150, **spec: Any) -> list[Any]:
@@ -202,13 +203,14 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     """
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.drive.checks import check_before_run, finished
+    from raysweep.results.directory import default_path
 
     if isinstance(campaign, dict):
         spec = campaign_from_dict(campaign, base_dir=Path.cwd())
     else:
         spec = load_campaign(campaign)
     c = spec.campaign
-    out = Path(output_dir or c.output_dir or f"results/{c.name}")
+    out = default_path(c.name, output_dir, c.output_dir)
     ended = finished(spec, out, retry_failed)
     if ended is not None:  # nothing left to run: answered from its files, without Ray
         done = Campaign(out)

@@ -112,7 +112,9 @@ def _sigterm_to_interrupt() -> None:
 
 def _output_dir(spec: Any, override: str | None) -> Path:
     c = spec.campaign
-    path = Path(override or c.output_dir or f"results/{c.name}")
+    from raysweep.results.directory import default_path
+
+    path = default_path(c.name, override, c.output_dir)
     blocker = next((p for p in (path, *path.parents) if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
         source = "--output-dir" if override else "output_dir"

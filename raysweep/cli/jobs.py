@@ -43,9 +43,10 @@ def submit(campaign_file: str, address: str | None, output_dir: str | None, foll
 
     from raysweep.campaign import load_campaign
     from raysweep.drive import jobs
+    from raysweep.results.directory import default_path
 
     spec = load_campaign(campaign_file)
-    target = output_dir or spec.campaign.output_dir or f"results/{spec.campaign.name}"
+    target = str(default_path(spec.campaign.name, output_dir, spec.campaign.output_dir))
     if not Path(target).is_absolute():
         raise UserError(f"--output-dir: {target!r} is relative, but a submitted campaign runs in a temporary "
                         "directory on the cluster; give an absolute path on storage the cluster keeps (shared, or "

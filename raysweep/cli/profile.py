@@ -81,9 +81,10 @@ def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, na
     from raysweep.campaign import campaign_from_dict
     from raysweep.cli.running import _dry_run, _run
     from raysweep.record.files import write_text_atomic
+    from raysweep.results.directory import default_path
 
     name = name or default_name(url)
-    out = Path(output_dir or f"results/{name}")
+    out = default_path(name, output_dir)
     data = profile_campaign(url, bench_cmd, parse_grid(grid_items), name=name, output_dir=str(out), runs=runs,
                             backend=backend, metrics_url=metrics_url, reset_url=reset_url)
     spec = campaign_from_dict(data, base_dir=Path.cwd())  # refused here (exit 2) before any file is written

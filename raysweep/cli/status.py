@@ -29,7 +29,7 @@ def status(output_dir: str, watch: float | None, as_json: bool) -> None:
         _watch_json(output_dir, watch)
         return
     if as_json:
-        print_json("status", status_document(_local(output_dir)))
+        print_json("status", _status_document(_local(output_dir)))
         return
     if watch is None:
         _show(_local(output_dir))
@@ -54,7 +54,7 @@ def _watch_json(output_dir: str, every: float) -> None:
     one the read that found the campaign complete; Ctrl-C ends it quietly."""
     try:
         while True:
-            doc = status_document(_local(output_dir))
+            doc = _status_document(_local(output_dir))
             print_json("status", doc, one_line=True)
             if doc["complete"]:
                 return
@@ -302,56 +302,8 @@ def _events_table(events: list[dict[str, Any]]) -> None:
     print_table(table, out)
 
 
+def _status_document(output_dir: str) -> dict[str, Any]:
+    from raysweep.results.directory import CampaignDir
 
-
-def status_document(output_dir: str) -> dict[str, Any]:
-    """What `status --json` prints (raysweep/schemas/status.json)."""
-    from raysweep import grid
-    from raysweep.campaign import CostSpec
-    from raysweep.drive.driver import driver_alive
-    from raysweep.ledger import Ledger, PointState
-    from raysweep.plan.cost import campaign_spend
-    from raysweep.plan.estimate import eta_s, measured_from
-    from raysweep.results.table import flagged, load_records
-    from raysweep.serve import hardware
-
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
-        name, driver = ledger.meta("name"), ledger.last_driver()
-        block = ledger.stored_campaign().get("cost")
-    finally:
-        ledger.close()
-    live = driver is not None and driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"],
-                                                                               driver["pid_create_time"])
-    running = {s.serve_id for s in servers if s.stopped_at is None} if live else set()
-    configs = []
-    for serve_id in dict.fromkeys(p.serve_id for p in points):
-        pts = [p for p in points if p.serve_id == serve_id]
-        n = {st: sum(1 for p in pts if p.state == st) for st in PointState}
-        left = n[PointState.PENDING] + n[PointState.RUNNING]
-        configs.append({"serve_id": serve_id, "params": pts[0].serve_params,
-                        "label": grid.combo_label(pts[0].serve_params) or "base command",
-                        "done": n[PointState.DONE], "failed": n[PointState.FAILED], "left": left, "total": len(pts),
-                        "state": "running" if serve_id in running else "finished" if not left else "waiting"})
-    left_runs = [(p.serve_id, p.bench_id) for p in points if p.state in (PointState.PENDING, PointState.RUNNING)]
-    eta = eta_s(left_runs, measured_from(output_dir), running, max(1, len(running))) if left_runs else 0.0
-    records = load_records(output_dir) if counts.get("done") else []
-    bad = flagged(records)
-    total = {k: counts.get(k, 0) for k in ("done", "running", "failed", "pending")}
-    return {
-        "campaign": name, "output_dir": str(output_dir), "counts": {**total, "total": sum(counts.values())},
-        "complete": not total["pending"] and not total["running"] and not live,
-        "driver": None if not driver else {"pid": driver["pid"], "hostname": driver["hostname"], "alive": live,
-                                           "outcome": driver["outcome"]},
-        "server_configs": configs, "eta_s": eta,
-        "servers_running": [{"server_id": s.server_id, "serve_id": s.serve_id, "port": s.port, "state": s.state}
-                            for s in servers if s.stopped_at is None and live],
-        "validity": {"runs": len(records), "flagged": len(bad),
-                     "flagged_runs": [{"point_id": r.get("point_id"), "issues": r.get("validity_issues")}
-                                      for r in bad],
-                     "hardware_mixed": hardware.mixed(records)},
-        "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
-                      "attempts": p.attempts, "error": p.error} for p in points if p.state == PointState.FAILED],
-        "spend": campaign_spend(CostSpec.model_validate(block) if block else None, servers),
-    }
+    with CampaignDir(output_dir) as directory:
+        return directory.status_document()
