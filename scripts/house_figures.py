@@ -41,7 +41,7 @@ def _floors() -> list[tuple[str, ...]]:
 FLOORS = _floors()
 MODES = set(FLOORS[-2])
 MODE_MODULES = {"SLA search": "sla", "load levels": "levels", "offline": "offline", "tune": "tune",
-                "endpoints": "run.endpoint"}
+                "endpoints": "drive.endpoint"}
 
 
 def floor_of(room: str) -> int | None:

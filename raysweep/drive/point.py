@@ -146,6 +146,7 @@ class PointRunner:
                                   self.bench_spec.metrics_interval_s).start()
         submitted = time.time()
         try:
+            assert run.bench is not None, "mode serve: its bench backend is made with the run"
             try:
                 job = run.bench.submit(point.bench.argv, server.url, expected_model(run.serve.argv) or "",
                                        num_prompts=num_prompts, clients=clients)
@@ -161,6 +162,7 @@ class PointRunner:
             scraper.stop()
         if status != "ok":
             return status, answers
+        assert run.bench is not None
         try:
             out = run.bench.finish(job, answers)
         except Exception as exc:  # its analysis raised: the point fails with the traceback, the campaign goes on

@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -33,6 +33,9 @@ from raysweep.serve import caches, telemetry
 from raysweep.serve.rapl import POWERCAP, RAPL_ENV
 from raysweep.serve.root_cause import root_cause, same_cause
 from raysweep.serve.server import ServerHost, expected_model, rank_argv
+
+if TYPE_CHECKING:
+    from raysweep.bench.backend import BenchBackend
 
 __all__ = ["Aborted", "ConfigRun", "Server", "Servers", "fabric_fields", "new_server_id", "process_columns",
            "resolve_provenance", "server_process_fields", "telemetry_fields", "transport_fields", "warn_niced"]
@@ -157,7 +160,7 @@ class ConfigRun:
     res: placement.Reservation | None = None
     abort: str | None = None         # set by the scheduler: stop now (node lost, interrupted)
     outcome: str = "running"
-    bench: Any = None                # the bench backend's client side (its actors stay warm between points)
+    bench: BenchBackend | None = None  # the bench backend's client side (its actors stay warm between points)
     helper: Any = None               # runs after_bench_cmd
     fabric: dict[str, Any] | None = None  # the fabric probe of its placement group (transport.probe)
     replica: int = 0                 # > 0: one more server of a running configuration (placement.tail_replicas)
@@ -294,6 +297,7 @@ class Servers:
         if run.fabric is not None:
             server.fabric = run.fabric
             w.ledger.update_server(server_id, fabric=json.dumps(run.fabric))
+        assert run.bench is not None, "mode serve: its bench backend is made with the run"
         run.bench.warm()  # its worker process starts while the server does
         t0 = time.monotonic()
         try:
