@@ -225,7 +225,6 @@ SEAMS_TO_CUT = {
     ("raysweep.drive.driver", "raysweep.tune"),
     ("raysweep.drive.endpoint", "raysweep.sla.probe"),
     ("raysweep.drive.state", "raysweep.levels.search"),
-    ("raysweep.serve.live_server", "raysweep.drive.state"),
     ("raysweep.sla.probe", "raysweep.levels.search"),
     ("raysweep.drive.confirm", "raysweep.report.data"),       # the winner to confirm, read as the report reads it
 }

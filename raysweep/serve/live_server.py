@@ -19,12 +19,11 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
 from raysweep import procs
-from raysweep.drive.state import Workload
 from raysweep.grid import shell_join
 from raysweep.ledger import Ledger, PointRow
 from raysweep.place import fabric, placement, preflight, transport
@@ -276,10 +275,28 @@ def resolve_provenance(server: Server, ledger: Ledger) -> dict[str, Any] | None:
     return server.provenance
 
 
+class ServingWork(Protocol):
+    """What starting and stopping servers asks of the running campaign (the driver's `drive.state.Workload`):
+    its campaign, ledger, log directory and event sink, whether it has GPUs, why it stops, and giving a
+    configuration (or its open SLA searches) up."""
+
+    c: Any
+    ledger: Ledger
+    log_dir: Path
+    with_gpus: bool
+    stop_reason: str | None
+
+    def emit(self, kind: str, **fields: Any) -> None: ...
+
+    def close_searches(self, serve_id: str, state: str, note: str) -> None: ...
+
+    def give_up(self, serve: ServeConfig, reason: str, search_state: str = "server failed") -> None: ...
+
+
 class Servers:
     """Starts, checks and stops the servers of configuration runs (see the module docstring)."""
 
-    def __init__(self, work: Workload) -> None:
+    def __init__(self, work: ServingWork) -> None:
         self.work = work
         self.c = work.c
         self._warm_lock = threading.Lock()
