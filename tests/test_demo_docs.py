@@ -76,6 +76,18 @@ def _printed_today(plan, spec) -> list[str]:
                      "median_e2el_ms": 200.0, "completed": 100, "failed": 0, "validity_ok": True,
                      "client_limited": False})
     c = conclusions.conclude(pd.DataFrame(rows), list(plan.benches[0].params))
+    if spec.campaign.confirm.enabled is True:  # the demo confirms its winner: the leader and runner-up again
+        from raysweep.confirm import confirm_bench_id
+
+        for v in c.verdicts:
+            for row in (v.leader, v.runner_up):
+                base = next(r for r in rows if r["serve_id"] == row["serve_id"] and r["bench_id"] == row["bench_id"])
+                for r in range(spec.campaign.confirm.per_arm):
+                    rows.append({**base, "bench_id": confirm_bench_id(base["bench_id"]), "run_number": r,
+                                 "point_id": f"c{r}", "phase": "confirm", "confirms_bench_id": base["bench_id"],
+                                 "server_id": f"{base['serve_id']}-{r % spec.campaign.confirm.starts}",
+                                 "output_throughput": base["output_throughput"] * (1 + 0.01 * rng.standard_normal())})
+        c = conclusions.conclude(pd.DataFrame(rows), list(plan.benches[0].params))
     return conclusions.headlines(c)
 
 

@@ -256,3 +256,23 @@ def test_precision_runs_come_in_rounds_and_a_resume_mid_round_runs_nothing_twice
     # the added runs (round 3) came after every run of round 2: a point's runs are not back to back
     last_of_round_2 = max(r["started_at"] for r in recs if r["round"] == 2)
     assert all(r["started_at"] > last_of_round_2 for r in recs if r["round"] == 3)
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+def test_the_real_vllm_server_measures_its_points_in_rounds(vllm_server, gpu_cluster, tmp_path):
+    """The session's real `vllm serve`, swept as an endpoint: 3 loads x 2 runs go round after round, every
+    load once per round in the seeded order, each run recording its round and its slot in the server's life."""
+    out = tmp_path / "rounds"
+    res = CliRunner().invoke(main, ["profile", vllm_server["url"], "--grid", "max_concurrency=1,2,4", "--runs", "2",
+                                    "--bench-cmd", f"vllm bench serve --model {vllm_server['model']} --dataset-name "
+                                                   "random --random-input-len 32 --random-output-len 8 --num-prompts 8 "
+                                                   "--ignore-eos", "--output-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    recs = _records(out)
+    assert len(recs) == 6 and len({r["server_id"] for r in recs}) == 1
+    assert [r["round"] for r in recs] == [0, 0, 0, 1, 1, 1] and [r["slot"] for r in recs] == list(range(6))
+    assert all(r["run_number"] == r["round"] and r["completed"] == 8 for r in recs)
+    assert sorted(r["max_concurrency"] for r in recs[:3]) == [1, 2, 4] == sorted(r["max_concurrency"] for r in recs[3:])
+    expected = in_rounds(build_plan(load_campaign(out / "campaign.yaml")).points, seed=0)
+    assert [r["point_id"] for r in recs] == [p.id for p in expected]  # the seeded order, as planned

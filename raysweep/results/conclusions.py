@@ -259,7 +259,7 @@ def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: 
     c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence)
     if c is None:
         return
-    v.selection = verdict_text(v)
+    v.selection = verdict_text(v, drift_note=False)
     v.confirmation, v.significant, v.lead, v.p_value = c, c.significant, c.lead, c.p_value
     v.test = "Welch's t over the confirmation's fresh runs"
 
@@ -578,12 +578,13 @@ def at_load(row: pd.Series, load: str | None) -> str:
     return f"{row.get('serve_label', row.get('serve_id'))}{where}"
 
 
-def verdict_text(verdict: ShapeVerdict) -> str:
-    """What the test of the leader against the others shows, in words."""
+def verdict_text(verdict: ShapeVerdict, drift_note: bool = True) -> str:
+    """What the test of the leader against the others shows, in words (`drift_note`: with the note that
+    drifting runs keep it from green)."""
     if verdict.runner_up is None:
         return "nothing to compare it with"
     drift = ("; not green: the runs of the leader or the runner-up drift over their order (see Warnings)"
-             if verdict.drifting else "")
+             if verdict.drifting and drift_note else "")
     if verdict.confirmation is not None:
         return (verdict.confirmation.text() + (f" (in the sweep: {verdict.selection})" if verdict.selection else "")
                 + drift)
