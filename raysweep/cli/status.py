@@ -237,6 +237,7 @@ def _workload_lines(output_dir: str, stored: dict[str, Any]) -> None:
 def _validity_lines(output_dir: str, limit: int = 20) -> None:
     """How many finished runs fail a validity check, and which (the first `limit`) with the checks."""
     from raysweep.results.table import flagged, load_records
+    from raysweep.results.validity_story import validity_counts
     from raysweep.serve.hardware import mixed
 
     records = load_records(output_dir)
@@ -246,10 +247,11 @@ def _validity_lines(output_dir: str, limit: int = 20) -> None:
                   + "): the runs off its main hardware fail the 'other hardware' check and are left out of its "
                   "aggregates", highlight=False)
     bad = flagged(records)
+    counts = validity_counts(records)
     if not bad:
-        out.print(f"validity: all {len(records)} finished run(s) pass every check", highlight=False)
+        out.print(f"validity: {escape(counts.sentence())}", highlight=False)
         return
-    out.print(f"[yellow]validity: {len(bad)} of {len(records)} finished run(s) fail a check[/]", highlight=False)
+    out.print(f"[yellow]validity: {escape(counts.sentence())}[/]", highlight=False)
     for r in bad[:limit]:
         out.print(f"  [yellow]![/] {r.get('point_id')} ({r.get('serve_id')}/{r.get('bench_id')} run "
                   f"{r.get('run_number')}): {escape(str(r.get('validity_issues')))}", highlight=False)

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from raysweep.drive.validity import CHECKS, unknown_checks
+from raysweep.drive.validity import CHECKS
 from raysweep.grid import combo_label
 from raysweep.ledger import PointRow, PointState, ServerRow
 from raysweep.place import transport
@@ -19,6 +19,7 @@ from raysweep.report.data import ReportData
 from raysweep.report.markup import esc, frame_table, html_table
 from raysweep.results import aggregate
 from raysweep.results.table import flagged
+from raysweep.results.validity_story import validity_counts
 
 # The first runs of the results table only (every run is in results.csv): the report's cost stops
 # growing with the runs
@@ -37,13 +38,17 @@ def validity_section(data: ReportData) -> str:
     if not recs:
         return "<p>No finished run yet.</p>"
     checks = ", ".join(CHECKS)
-    unknown = Counter(c for r in recs for c in unknown_checks(r))
-    gaps = ("<p class=\"muted\">Not judged (nothing recorded): "
-            + "; ".join(f"{c} for {n} run(s)" for c, n in unknown.items()) + ".</p>") if unknown else ""
+    counts = validity_counts(recs)  # the count `status` prints: a check not judged is never a check passed
+    gaps = (f'<p class="muted">Not judged (nothing recorded): {esc(counts.gaps())}.</p>' if counts.not_judged
+            else "")
     bad = flagged(recs)
     spans = _hardware_spans(recs)
-    if not bad:
+    if not bad and not counts.partly_judged:
         return f"<p>All {len(recs)} run(s) pass every check ({esc(checks)}).</p>{gaps}"
+    if not bad:
+        return (f"<p>None of the {len(recs)} run(s) fails a check ({esc(checks)}): {counts.passed} pass every "
+                f"check; {counts.partly_judged} could not be judged on every check, so they are not counted as "
+                f"passing it.</p>{gaps}")
     return spans + (f'<p class="flag">{len(bad)} of {len(recs)} run(s) fail a check ({esc(checks)}); their numbers may '
             "not be the server's, so the conclusions leave them out of every ranking and comparison. They are "
             "marked &#9888; in the results table and, with the check's name, in the figures.</p>"

@@ -1,0 +1,69 @@
+"""One count of the validity checks for `status` and the report: runs that could not be judged on a check
+(its field not recorded, as steady state on a short run) are never counted, or shown, as passing it. No
+Ray, no vLLM: output dirs made through the ledger API (tests/test_plots.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from click.testing import CliRunner
+from test_plots import build_output_dir
+
+from raysweep.report import page as report
+from raysweep.cli import main
+from raysweep.record.files import write_json_atomic
+from raysweep.results.table import load_records
+from raysweep.results.validity_story import validity_counts
+
+
+def judged_but(out, missing: dict[str, int]) -> int:
+    """Every run of `out` judged on every check and passing, except that the first `n` runs lack the field
+    of each check in `missing` (steady_state: not judged for steady state); returns the runs."""
+    paths = sorted((out / "points").rglob("run=*.json"))
+    for i, path in enumerate(paths):
+        rec = json.loads(path.read_text())
+        rec.update(client_limited=False, validity_ok=True, validity_issues="", server_nice=0, client_nice=0,
+                   server_cpu_affinity_per_node="10.0.0.1=0-3", client_node_ips="10.0.0.2", steady_state=True)
+        for field, n in missing.items():
+            if i < n:
+                rec.pop(field, None)
+        write_json_atomic(path, rec)
+    return len(paths)
+
+
+def validity_text(out) -> tuple[str, str]:
+    res = CliRunner().invoke(main, ["status", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("validity:"))
+    html = report.build_report(out)
+    section = html.split('<section id="validity">', 1)[1].split("</section>", 1)[0]
+    return line, re.sub(r"<[^>]+>", " ", section)
+
+
+def test_runs_not_judged_are_not_shown_as_passing(tmp_path, monkeypatch):
+    """16 of the runs not judged for steady state: status and the report give the same counts, and neither
+    says every run passes every check."""
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])
+    monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
+    out = build_output_dir(tmp_path / "out")
+    runs = judged_but(out, {"steady_state": 16})
+    counts = validity_counts(load_records(out))
+    assert (counts.runs, counts.failed, counts.partly_judged, counts.passed) == (runs, 0, 16, runs - 16)
+    assert counts.not_judged == {"not steady": 16}
+    line, section = validity_text(out)
+    assert "pass every check" not in line.split(";")[0] and f"none of {runs} finished run(s) fails a check" in line
+    assert f"{runs - 16} pass every check, 16 were not judged" in line and "not steady for 16 run(s)" in line
+    assert f"All {runs} run(s) pass every check" not in section
+    assert f"{runs - 16} pass every check; 16 could not be judged" in section
+    assert "not steady for 16 run(s)" in section
+
+
+def test_when_every_check_was_judged_every_run_passes(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])
+    monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
+    out = build_output_dir(tmp_path / "out")
+    runs = judged_but(out, {})
+    line, section = validity_text(out)
+    assert line == f"validity: all {runs} finished run(s) pass every check"
+    assert f"All {runs} run(s) pass every check" in section and "Not judged" not in section
