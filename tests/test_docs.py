@@ -95,3 +95,23 @@ def test_the_index_links_every_page():
     assert not pages - linked, f"docs/index.md does not link: {sorted(pages - linked)}"
     generated = {"reference.md", "benchmarks/RESULTS.md"}  # written by docs/hooks.py when the site is built
     assert not {p for p in linked - pages - generated if not (ROOT / "docs" / p).is_file()}
+
+
+def test_the_grafana_dashboard_queries_the_documented_gauges():
+    """cluster/grafana-raysweep.json is valid JSON whose panels query every progress gauge raysweep
+    publishes (as Ray exports them, `ray_` first) and nothing else of ours; docs/tracking.md names the port,
+    the discovery file and the dashboard."""
+    import json
+
+    from raysweep.progress_metrics import GAUGES
+
+    dashboard = json.loads((ROOT / "cluster" / "grafana-raysweep.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queried = {m for e in exprs for m in re.findall(r"\bray_raysweep_\w+", e)}
+    assert queried == {f"ray_{g}" for g in GAUGES}
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
+    doc = (ROOT / "docs" / "tracking.md").read_text()
+    for name in GAUGES:
+        assert f"`ray_{name}`" in doc
+    assert "--metrics-export-port" in doc and "MetricsExportPort" in doc
+    assert "prom_metrics_service_discovery.json" in doc and "cluster/grafana-raysweep.json" in doc
