@@ -67,3 +67,32 @@ def test_when_every_check_was_judged_every_run_passes(tmp_path, monkeypatch):
     line, section = validity_text(out)
     assert line == f"validity: all {runs} finished run(s) pass every check"
     assert f"All {runs} run(s) pass every check" in section and "Not judged" not in section
+
+
+def test_a_card_says_its_point_stopped_short_of_the_precision_target(tmp_path, monkeypatch):
+    """bench.precision: the leader of each card stopped at max_runs before its interval was as narrow as
+    asked: the card says so, with the target and where it stopped; a point that reached it says nothing."""
+    from raysweep.ledger import Ledger
+
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])
+    monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
+    out = build_output_dir(tmp_path / "out")
+    judged_but(out, {})
+    ledger = Ledger.open_existing(out)
+    try:
+        points = {(p.serve_id, p.bench_id) for p in ledger.points()}
+        for serve_id, bench_id in points:
+            ledger.record_precision(serve_id, bench_id, "max_runs", 2, 2, 0.081)
+    finally:
+        ledger.close()
+    html = report.build_report(out)
+    cards = html.split('<section id="conclusions">', 1)[1].split("</section>", 1)[0]
+    assert cards.count("Precision not reached: this point stopped at max_runs") == cards.count('class="card"') >= 1
+    assert "+-8.1 % of the mean" in cards
+    ledger = Ledger.open_existing(out)
+    try:
+        for serve_id, bench_id in points:
+            ledger.record_precision(serve_id, bench_id, "reached", 2, 2, 0.02)
+    finally:
+        ledger.close()
+    assert "Precision not reached" not in report.build_report(out)

@@ -55,6 +55,7 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
                      "nearness to the bound.</p>")
     else:
         parts.append(f'<p class="win">Best: <b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>')
+    parts.append(_precision(data, lead))
     parts.append(_latencies(lead))
     if v.runner_up is not None:
         cls = "sig" if v.clear else "insig"
@@ -98,6 +99,23 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
                      + html_table(["server config", "max_concurrency", "output tok/s per user", "output tok/s per GPU"],
                               frows))
     return f'<div class="card">{"".join(parts)}</div>'
+
+
+def _precision(data: ReportData, row: Any) -> str:
+    """For a `bench.precision` campaign, a point that stopped before its interval was as narrow as asked:
+    says so, with the target and where it stopped (empty for one that reached it, or without precision)."""
+    state = row.get("precision_state")
+    if not isinstance(state, str) or state == "reached":
+        return ""
+    asked = ((data.campaign.get("bench") or {}).get("precision") or {}) if isinstance(data.campaign, dict) else {}
+    target = asked.get("rel_half_width")
+    why = {"max_runs": f"stopped at max_runs ({asked.get('max_runs', '?')} runs)",
+           "max_duration": "stopped at max_duration", "measuring": "is still being measured"}.get(state, state)
+    reached = row.get("precision_rel_half_width")
+    at = f"; its interval is +-{100 * float(reached):.1f} % of the mean" if conclusions.finite(reached) else ""
+    goal = f" (+-{100 * float(target or 0):.1f} % of the mean)" if conclusions.finite(target) else ""
+    return (f'<p class="flag">Precision not reached: this point {esc(why)} before its interval was as narrow as '
+            f"bench.precision asks{esc(goal)}{esc(at)}. Its value is less certain than the campaign asked.</p>")
 
 
 def _backing(row: Any) -> str:
