@@ -233,13 +233,14 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     _check_unique(baseline, keys, base_keys)
     index = {k: i for i, k in enumerate(base_keys)}
     rows, matched = [], set()
+    runs_a, runs_b = _runs_by_point(baseline, names), _runs_by_point(other, names)  # once, not a scan per point
     for _, b in other.summary.iterrows():
         key = tuple(_norm(b[k]) for k in keys)
         if key not in index:
             continue
         matched.add(key)
         a = baseline.summary.iloc[index[key]]
-        rows.append(_row(a, b, keys, names, slo, _point_runs(baseline, a), _point_runs(other, b)))
+        rows.append(_row(a, b, keys, names, slo, _point_runs(baseline, a, runs_a), _point_runs(other, b, runs_b)))
     table = pd.DataFrame.from_records(rows)
     fam = _control(table, names, family)
     notes = []
@@ -252,12 +253,32 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
                       len(other.summary) - len(rows), notes, slo, fam)
 
 
-def _point_runs(side: Side, row: pd.Series) -> pd.DataFrame | None:
-    """The runs of one point of a side (those its summary used: left-out runs dropped), or None."""
+_RUN_FIELDS = ("serve_id", "bench_id", "client_limited", "validity_ok", "block", "round", "run_number",
+               "started_at", "ended_at")  # what a point's runs are compared by, beside the metrics
+
+
+def _runs_by_point(side: Side, metrics: Sequence[str]) -> tuple[pd.DataFrame, dict[tuple[Any, Any], Any]] | None:
+    """A side's runs (only the fields a comparison reads) and their positions by (serve_id, bench_id), or
+    None where its runs are not known."""
     runs = side.runs
     if runs is None or not {"serve_id", "bench_id"} <= set(runs.columns):
         return None
-    mine = runs[(runs["serve_id"] == row.get("serve_id")) & (runs["bench_id"] == row.get("bench_id"))]
+    runs = runs[[c for c in dict.fromkeys((*_RUN_FIELDS, *metrics)) if c in runs.columns]]
+    return runs, dict(runs.groupby(["serve_id", "bench_id"], sort=False, dropna=False).indices)
+
+
+def _point_runs(side: Side, row: pd.Series,
+                by_point: tuple[pd.DataFrame, dict[tuple[Any, Any], Any]] | None = None) -> pd.DataFrame | None:
+    """The runs of one point of a side (those its summary used: left-out runs dropped), or None;
+    `by_point` (`_runs_by_point`) finds them without scanning every run."""
+    runs = side.runs
+    if runs is None or not {"serve_id", "bench_id"} <= set(runs.columns):
+        return None
+    if by_point is not None:
+        slim, where = by_point
+        mine = slim.iloc[where.get((row.get("serve_id"), row.get("bench_id")), [])]
+    else:
+        mine = runs[(runs["serve_id"] == row.get("serve_id")) & (runs["bench_id"] == row.get("bench_id"))]
     left = aggregate.left_out_mask(mine)
     return mine[~left] if (~left).any() else mine
 
