@@ -103,7 +103,7 @@ def test_the_grafana_dashboard_queries_the_documented_gauges():
     the discovery file and the dashboard."""
     import json
 
-    from raysweep.progress_metrics import GAUGES
+    from raysweep.drive.progress_metrics import GAUGES
 
     dashboard = json.loads((ROOT / "cluster" / "grafana-raysweep.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]

@@ -10,9 +10,9 @@ import re
 from click.testing import CliRunner
 from test_plots import build_output_dir
 
-from raysweep.report import page as report
 from raysweep.cli import main
 from raysweep.record.files import write_json_atomic
+from raysweep.report import page as report
 from raysweep.results.table import load_records
 from raysweep.results.validity_story import validity_counts
 

@@ -67,7 +67,7 @@ def answer_of(data: ReportData) -> conclusions.Conclusions:
         params = list(dict.fromkeys(k for p in data.points for k in (*p.serve_params, *p.bench_params)))
         # t-intervals over the runs (the raw-sample bootstrap of summary.csv would cost seconds per point)
         summary = aggregate.summarize(data.df, confidence=conclusions.CONFIDENCE, params=params)
-        from raysweep.precision import precision_columns  # bench.precision: where each point stopped
+        from raysweep.results.precision import precision_columns  # bench.precision: where each point stopped
 
         summary = precision_columns(data.output_dir, summary)
         data.answer = conclusions.conclude(data.df, bench_vars, data.objective, data.sla, data.sla_variable,
