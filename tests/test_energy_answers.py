@@ -165,3 +165,27 @@ def test_raysweep_pareto_draws_the_front_of_energy_per_token_against_tokens_per_
         plots.pareto(df, y="watts")
     res = CliRunner().invoke(main, ["pareto", str(out), "--y", "j_per_output_token", "--dry-run"])
     assert res.exit_code == 2 and "--y" in res.output  # the recorded runs measured no energy: named, refused
+
+
+def test_raysweep_sla_shows_the_cost_at_each_largest_pass_and_the_cheapest(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+    from test_plots import build_output_dir
+
+    from raysweep.cli import main
+    from raysweep.record.files import write_json_atomic
+
+    out = build_output_dir(tmp_path / "out", sla=True)  # s8 passes p99_ttft_ms<=10 up to 4, s16 at any load
+    for path in out.glob("points/s8/b128-4/run=*.json"):  # s8's probe at 4 (as an SLA search records it)
+        rec = json.loads(path.read_text())
+        rec.update(sla_base_id="b128-1", sla_value=4.0, cost_per_m_output_tokens=1.5 + rec["run_number"])
+        write_json_atomic(path, rec)
+    res = CliRunner().invoke(main, ["sla", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {(r["serve_id"], r["target"]): r for r in json.loads(res.output)["searches"]}
+    found = rows[("s8", "p99_ttft_ms<=10")]
+    assert found["cost_per_m_output_tokens_at_pass"] == 2.0 and found["cheapest"] is True
+    assert rows[("s16", "p99_ttft_ms<=10")]["cost_per_m_output_tokens_at_pass"] is None
+    text = CliRunner().invoke(main, ["sla", str(out)]).output
+    assert "cost_per_m_output_tokens" in text and "cheapest" in text

@@ -64,6 +64,19 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
         _say("nothing written (write the table with --out DIR or --format FORMAT)", err=True)
 
 
+def _with_costs(df: Any, output_dir: str) -> Any:
+    """The SLA table with the cost (else energy) per output token at each largest pass, where the runs have it
+    (`conclusions.sla_costs`; docs/energy.md)."""
+    from raysweep.results.conclusions import sla_costs
+    from raysweep.results.table import results_table
+
+    try:
+        runs = results_table(output_dir)
+    except Exception:  # noqa: BLE001 - no finished run: the table as it is
+        return df
+    return sla_costs(df, runs)
+
+
 @main.command()
 @click.argument("output_dir", type=OUTPUT_DIR)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
@@ -77,21 +90,24 @@ def sla(output_dir: str, out_path: str | None, as_json: bool) -> None:
     df = sla_table(output_dir)
     if df.empty:
         raise UserError(f"{output_dir}: no SLA search has finished here (does the campaign have `sla:`?)")
+    df = _with_costs(df, output_dir)
     path = write_text_atomic(Path(out_path), df.to_csv(index=False)) if out_path else None
     if as_json:
         print_json("sla", {"output_dir": output_dir, "searches": df.to_dict(orient="records"),
                      "written": [path] if path else []})
         return
+    metric = str(df["cheapest_metric"].iloc[0]) if "cheapest_metric" in df.columns else ""
     table = Table("server config", "bench point", "target", "state", "largest pass", "smallest fail", "probes",
-                  "at pass: req/s", "notes")
+                  "at pass: req/s", *([f"at pass: {metric}", "cheapest"] if metric else []), "notes")
 
     def num(v: Any) -> str:
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}"
 
     for r in df.itertuples():
+        cost = [num(getattr(r, f"{metric}_at_pass")), "cheapest" if r.cheapest else ""] if metric else []
         table.add_row(escape(r.serve_label), escape(r.bench_label), escape(r.target), r.state, num(r.largest_pass),
                       num(r.smallest_fail), str(r.probes), num(getattr(r, "at_pass_request_throughput", None)),
-                      escape(r.notes))
+                      *cost, escape(r.notes))
     print_table(table, out)
     if path:
         out.print(str(path), highlight=False)

@@ -58,6 +58,7 @@ __all__ = [
     "ShapeVerdict",
     "conclude",
     "cheapest_text",
+    "sla_costs",
     "finite",
     "fmt",
     "headlines",
@@ -538,6 +539,13 @@ def _sla_capacities(sla: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.Dat
     ranked = sla.assign(_v=value.fillna(-math.inf)).sort_values(["bench_label", "target", "_v"],
                                                                ascending=[True, True, False], kind="stable")
     return _cheapest_at_pass(ranked.drop(columns="_v").reset_index(drop=True), df)
+
+
+def sla_costs(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFrame:
+    """An SLA table (`results.sla_table`) with the cost (else energy) per output token of each search's probe
+    at its largest passing value and `cheapest` marking the least per bench point and target; as it was
+    where the runs have neither."""
+    return _cheapest_at_pass(table, df)
 
 
 def _cheapest_at_pass(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFrame:
