@@ -146,7 +146,9 @@ class Sampler:
         self.clock = clock
         self.nvml, self.source = (nvml, source or "nvml") if nvml is not None else load_nvml()
         self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_SAMPLES)
-        self.energy: collections.deque[tuple[str, float, Any, Any]] = collections.deque(maxlen=MAX_SAMPLES)
+        # energy readings of every device (GPU or RAPL package): MAX_SAMPLES each
+        self.energy: collections.deque[tuple[str, float, Any, Any]] = collections.deque(
+            maxlen=MAX_SAMPLES * max(1, len(gpu_ids)))
         self.idle_w: dict[str, float | None] = {}
         self.handles: list[tuple[str, Any]] = []
         self._stop = threading.Event()
