@@ -19,7 +19,8 @@ from typing import Any
 
 import psutil
 
-__all__ = ["child_env", "cpu_set", "cpu_text", "free_port", "hold_port", "is_alive", "kill_tree", "port_is_free",
+__all__ = ["child_env", "cpu_set", "cpu_text", "free_port", "hold_port", "iface_of", "is_alive", "kill_tree",
+           "port_is_free",
            "resolve_executable", "tail"]
 
 
@@ -49,6 +50,14 @@ def hold_port(host: str = "127.0.0.1") -> socket.socket:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, 0))
     return s
+
+
+def iface_of(ip: str) -> str:
+    """The network interface that holds `ip` on this host, `lo` for a loopback address, or "" when none does."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    return "lo" if ip.startswith("127.") else ""
 
 
 def port_is_free(host: str, port: int) -> bool:

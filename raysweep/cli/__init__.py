@@ -25,6 +25,7 @@ from raysweep.cli import (  # noqa: F401  # noqa: F401  # noqa: F401
     exporting,
     inspecting,
     jobs,
+    lab,
     profile,
     running,
     status,

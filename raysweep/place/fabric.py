@@ -53,7 +53,7 @@ class ProbeRank:
         import torch.distributed as dist
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        iface = _iface_of(ray.util.get_node_ip_address())
+        iface = procs.iface_of(ray.util.get_node_ip_address())
         if backend == "gloo" and iface:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
         dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
@@ -81,16 +81,6 @@ def _sync(backend: str) -> None:
         import torch
 
         torch.cuda.synchronize()
-
-
-def _iface_of(ip: str) -> str:
-    """The network interface that holds `ip` (gloo binds there), or `lo` for loopback."""
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == ip for a in addrs):
-            return name
-    return "lo" if ip.startswith("127.") else ""
 
 
 def probe_nodes(bundles: list[tuple[Any, int]], gpus_per_node: int, mib: float = 64.0, iters: int = 5,

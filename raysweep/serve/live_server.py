@@ -119,7 +119,7 @@ class Server:
     def rank_rows(self) -> list[dict[str, Any]]:
         return [{"rank": r, "hostname": n.get("hostname"), "node_id": n.get("node_id"), "node_ip": n.get("node_ip"),
                  "gpu_ids": n.get("gpu_ids"), "pid": i.get("pid"), "pid_create_time": i.get("pid_create_time"),
-                 "log_path": i.get("log_path"),
+                 "log_path": i.get("log_path"), "network": i.get("network") or {},
                  "cuda_visible_devices": (self.facts[r] if r < len(self.facts) else {}).get("cuda_visible_devices")}
                 for r, (n, i) in enumerate(zip(self.nodes, self.infos))]
 

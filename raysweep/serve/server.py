@@ -42,7 +42,7 @@ from raysweep.place.placement import Layout
 from raysweep.procs import cpu_text
 from raysweep.serve import caches, guard, provenance
 
-__all__ = ["RESET_ENDPOINTS", "ServerHost", "expected_model", "rank_argv", "reset_caches", "server_argv"]
+__all__ = ["NETWORK_ENV", "RESET_ENDPOINTS", "ServerHost", "expected_model", "rank_argv", "reset_caches", "server_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,9 @@ def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, mast
     if rank:
         extra["headless"] = True
     return grid.apply_to_cmd(argv, extra)
+
+
+NETWORK_ENV = ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 STATE_PREFIX = "raysweep-guard-"
@@ -143,6 +146,7 @@ class ServerHost:
         self._max_port_retries = 0
         self._cache_root: Path | None = None    # its compilation caches (raysweep.serve.caches)
         self._cache_remove: Path | None = None  # ... when they are its own, removed when it stops
+        self.network: dict[str, str | None] = {}  # the address and interfaces this rank was started with
         _remove_orphaned_state()
 
     def node_info(self) -> dict[str, Any]:
@@ -181,10 +185,11 @@ class ServerHost:
         env = {**cache_env, **env}
         self.port = port = self._take_port() if serve_http else None
         full = procs.resolve_executable(server_argv(argv, self.ip, port) if port is not None else list(argv))
-        extra = {"VLLM_SERVER_DEV_MODE": "1"}
+        extra = {"VLLM_SERVER_DEV_MODE": "1", **self.rank_network_env(env)}
         if nccl_debug and "NCCL_DEBUG" not in env and "NCCL_DEBUG" not in os.environ:
             extra["NCCL_DEBUG"] = "INFO"
         env_ = procs.child_env({**extra, **env})
+        self.network = {k: env_.get(k) for k in NETWORK_ENV}
         self._nccl_file = env_.get("NCCL_DEBUG_FILE")
         self._started_at = time.time()
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -204,7 +209,22 @@ class ServerHost:
         self.guard_pid = int(pid_file.read_text())
         return {"pid": self.guard_pid, "pid_create_time": psutil.Process(self.guard_pid).create_time(),
                 "host": self.ip, "port": self.port, "log_path": str(self.log_path),
-                "command": grid.shell_join(grid.mask_argv(full))}
+                "command": grid.shell_join(grid.mask_argv(full)), "network": dict(self.network)}
+
+    def rank_network_env(self, env: dict[str, str]) -> dict[str, str]:
+        """This rank's own address and interface for vLLM and gloo (NCCL too where the bundle has GPUs): its
+        node's Ray address as VLLM_HOST_IP, the interface that holds it as GLOO_SOCKET_IFNAME (and
+        NCCL_SOCKET_IFNAME), each unless the campaign (`serve.env`) or this node's environment sets it. Left
+        to themselves, vLLM guesses its address from a default route a host may not have ("using 0.0.0.0"),
+        and gloo from the hostname, which Debian's /etc/hosts maps to 127.0.1.1: the ranks then dial each
+        other on loopback."""
+        iface = procs.iface_of(self.ip)
+        want = {"VLLM_HOST_IP": self.ip}
+        if iface:
+            want["GLOO_SOCKET_IFNAME"] = iface
+            if ray.get_runtime_context().get_accelerator_ids().get("GPU"):
+                want["NCCL_SOCKET_IFNAME"] = iface
+        return {k: v for k, v in want.items() if k not in env and k not in os.environ}
 
     def _take_port(self) -> int:
         """A port for the server, held until it is ready; after two starts that lost their port anyway,
