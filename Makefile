@@ -1,6 +1,8 @@
 # The two set-up commands: `make demo` (the CPU demo campaign) and `make test` (the lint and the type check, then
 # every test); `make test-fast` runs the lint, the type check and every test that starts neither Ray nor vLLM
-# (about a minute).
+# nor a lab (about a minute). The lab tier (marker `lab`, tests/test_lab.py: real hosts in network namespaces)
+# runs within `make test` as one group on one worker, beside the other worker's tests; it needs root and is
+# skipped, with a warning that says so, without it.
 # Both create .venv with everything they need on a fresh machine.
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -35,7 +37,7 @@ lint: setup
 	$(BIN)/mypy
 
 test-fast: lint
-	RAY_AUTH_MODE=disabled $(PYTEST) -m "not ray and not vllm" --durations=10
+	RAY_AUTH_MODE=disabled $(PYTEST) -m "not ray and not vllm and not lab" --durations=10
 
 clean-demo:
 	rm -rf results/demo-cpu

@@ -31,12 +31,16 @@ FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_m
 
 # The fixtures that start Ray or vLLM, and the marker each gives its tests (`make test-fast` runs
 # `-m "not ray and not vllm"`); a test that starts them another way carries the marker itself.
-HEAVY_FIXTURES = {"gpu_cluster": "ray", "tiny_model": "vllm", "vllm_server": "vllm"}
+HEAVY_FIXTURES = {"gpu_cluster": "ray", "tiny_model": "vllm", "vllm_server": "vllm", "lab_cluster": "lab"}
 
 
 # The tests that take over 40 s on 2 cores, longest first (docs/tests.md): `make test` runs them first, so that
 # its two workers take the long ones early and end together.
-LONGEST = ("test_demo_campaign_killed_mid_run_then_resumed",
+LONGEST = ("test_lab_hosts_are_hosts_of_their_own",   # the lab's group (one worker) starts first: the longest
+           "test_a_real_vllm_server_pipeline_parallel_across_two_lab_hosts_with_clients_on_the_third",
+           "test_each_real_link_is_recorded_and_a_tbf_capped_link_is_refused_naming_it",
+           "test_a_partition_mid_point_is_recorded_the_configuration_waits_and_runs_again_when_the_host_rejoins",
+           "test_demo_campaign_killed_mid_run_then_resumed",
            "test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica",
            "test_one_fault_of_each_kind_loses_nothing_runs_nothing_twice_and_leaves_nothing",
            "test_a_real_vllm_tuning_campaign_killed_mid_way_then_resumed",
@@ -50,6 +54,9 @@ LONGEST = ("test_demo_campaign_killed_mid_run_then_resumed",
 # The tests of the session's shared real server (`vllm_server`) form one group that `make test`'s two workers
 # (`--dist loadgroup`) send to one worker, so that one `vllm serve` is started for the whole run, not one per worker.
 SHARED_SERVER_GROUP = "vllm-server"
+# The tests of the session's lab (`lab_cluster`: real hosts in network namespaces) form one group too: one lab
+# per run, on one worker.
+LAB_GROUP = "lab"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -63,12 +70,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(getattr(pytest.mark, marker))
         if "vllm_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(SHARED_SERVER_GROUP))
+        if "lab_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
 
     def rank(item) -> tuple[int, int]:
         name = getattr(item, "originalname", item.name)
         if name in LONGEST:
             return 0, LONGEST.index(name)
-        return (1 if item.get_closest_marker("vllm") else 2 if item.get_closest_marker("ray") else 3), 0
+        return (1 if item.get_closest_marker("vllm") or item.get_closest_marker("lab")
+                else 2 if item.get_closest_marker("ray") else 3), 0
 
     items.sort(key=rank)
 
@@ -189,3 +199,38 @@ def vllm_server(tiny_model, tmp_path_factory):
                 break
             except subprocess.TimeoutExpired:
                 continue
+
+
+@pytest.fixture(scope="session")
+def lab_cluster():
+    """Started once per test session (root only): a lab of 3 real hosts (raysweep.lab: each its own network,
+    UTS, IPC and mount namespaces on a private bridge), the Ray head on host 1 (no GPU, 2 CPUs), hosts 2 and
+    3 with 1 simulated GPU and 1 CPU each; its state (addresses, interfaces). Cleared at the end, and a lab a
+    killed session left is cleared first."""
+    import warnings
+
+    if os.geteuid() != 0:
+        why = ("NOT RUN: the lab tier (tests/test_lab.py: real hosts in network namespaces, the multi-node path "
+               "over a real network) needs root; run `make test` as root to prove it")
+        warnings.warn(why, stacklevel=1)
+        pytest.skip(why)
+    from raysweep import lab
+
+    lab.down_stale()
+    subnet = next(s for s in (f"10.77.{i}.0/24" for i in range(100, 200)) if _subnet_free(s))
+    state = lab.up(lab.LabSpec(name=f"t{os.getpid() % 100000}", hosts=3, subnet=subnet, gpus=[0, 1, 1],
+                               cpus=[2, 1, 1]))
+    try:
+        yield state
+    finally:
+        lab.down(state["name"])
+
+
+def _subnet_free(subnet: str) -> bool:
+    from raysweep import lab
+
+    try:
+        lab.check_subnet(subnet)
+        return True
+    except lab.LabError:
+        return False

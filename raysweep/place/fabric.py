@@ -26,7 +26,8 @@ import ray
 
 from raysweep import procs
 
-__all__ = ["ProbeRank", "bandwidth_baseline", "bus_bandwidth", "gate", "load_baseline", "probe", "probe_nodes"]
+__all__ = ["ProbeRank", "bandwidth_baseline", "bus_bandwidth", "gate", "link_text", "load_baseline", "probe",
+           "probe_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,16 @@ class ProbeRank:
     """One rank of the probe's process group."""
 
     def where(self) -> dict[str, Any]:
+        """Its node, address, the interface that holds it (and the interface's MTU) and a free port there."""
+        import socket
+
+        import psutil
+
         ip = ray.util.get_node_ip_address()
-        return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "port": procs.free_port(ip)}
+        iface = procs.iface_of(ip)
+        stats = psutil.net_if_stats().get(iface)
+        return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "port": procs.free_port(ip),
+                "iface": iface, "mtu": stats.mtu if stats else None, "hostname": socket.gethostname()}
 
     def run(self, rank: int, world: int, master: str, port: int, nbytes: int, iters: int,
             timeout_s: float) -> dict[str, Any]:
@@ -104,6 +113,7 @@ def probe_nodes(bundles: list[tuple[Any, int]], gpus_per_node: int, mib: float =
         out.update(backend=",".join(sorted({r["backend"] for r in ranks})), seconds=seconds, algbw_gbps=algbw,
                    busbw_gbps=busbw, error=None,
                    node_ids=sorted({w["node_id"] for w in where}, key=[w["node_id"] for w in where].index))
+        out["links"] = _links(actors, where, busbw, nbytes, iters, timeout_s)
     except Exception as exc:
         last = (str(exc).strip().splitlines() or [""])[-1]  # a remote traceback ends with its error
         out.update(busbw_gbps=None, error=f"{type(exc).__name__}: {last}"[:300])
@@ -112,6 +122,46 @@ def probe_nodes(bundles: list[tuple[Any, int]], gpus_per_node: int, mib: float =
         for a in actors:
             ray.kill(a)
     return out
+
+
+def _end(w: dict[str, Any]) -> dict[str, Any]:
+    return {k: w.get(k) for k in ("node_id", "hostname", "ip", "iface", "mtu")}
+
+
+def _links(actors: list[Any], where: list[dict[str, Any]], busbw: float, nbytes: int, iters: int,
+           timeout_s: float) -> list[dict[str, Any]]:
+    """The node pairs of the probe, each with the interface, address and MTU of both ends and its own bus
+    bandwidth: with two nodes the probe's; with more, a probe of that pair alone (one rank per node, its
+    neighbours in a ring), so that one slow link is seen as that link."""
+    first: dict[str, int] = {}
+    for i, w in enumerate(where):
+        first.setdefault(w["node_id"], i)
+    nodes = list(first.values())
+    if len(nodes) < 2:
+        return []
+    if len(nodes) == 2:
+        return [{"a": _end(where[nodes[0]]), "b": _end(where[nodes[1]]), "busbw_gbps": busbw}]
+    links = []
+    for k in range(len(nodes)):
+        i, j = nodes[k], nodes[(k + 1) % len(nodes)]
+        pair = [actors[i], actors[j]]
+        spot = ray.get(pair[0].where.remote(), timeout=timeout_s)
+        try:
+            got = ray.get([a.run.remote(r, 2, spot["ip"], spot["port"], nbytes, iters, timeout_s)
+                           for r, a in enumerate(pair)], timeout=timeout_s + 60)
+            bw: float | None = bus_bandwidth(nbytes, max(r["seconds"] for r in got), 2)[1]
+            err = None
+        except Exception as exc:  # noqa: BLE001 - recorded with the link
+            bw, err = None, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"[:300]
+        links.append({"a": _end(where[i]), "b": _end(where[j]), "busbw_gbps": bw, "error": err})
+    return links
+
+
+def link_text(link: dict[str, Any]) -> str:
+    """`host-2 10.0.0.2 (eth1, MTU 1500) <-> host-3 10.0.0.3 (eth1, MTU 1500)`."""
+    def end(e: dict[str, Any]) -> str:
+        return f"{e.get('hostname') or str(e.get('node_id'))[:8]} {e.get('ip')} ({e.get('iface')}, MTU {e.get('mtu')})"
+    return f"{end(link['a'])} <-> {end(link['b'])}"
 
 
 def probe(res: Any, mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0) -> dict[str, Any]:
@@ -165,8 +215,15 @@ def gate(result: dict[str, Any], min_gbps: float | None, min_fraction: float | N
     bw = result.get("busbw_gbps")
     if bw is None:
         return f"transport.probe: the fabric probe failed ({result.get('error')}), so the bandwidth cannot be confirmed"
-    if min_gbps is not None and bw < min_gbps:
-        return f"transport.min_busbw_gbps {min_gbps:g}: the fabric probe measured {bw:.2f} GB/s bus bandwidth"
+    if min_gbps is not None:
+        slow = [lk for lk in result.get("links") or [] if lk.get("busbw_gbps") is None or lk["busbw_gbps"] < min_gbps]
+        if slow:
+            worst = min(slow, key=lambda lk: lk.get("busbw_gbps") or 0.0)
+            got = "no measurement" if worst.get("busbw_gbps") is None else f"{worst['busbw_gbps']:.4g} GB/s"
+            return (f"transport.min_busbw_gbps {min_gbps:g}: the link {link_text(worst)} measured {got} bus "
+                    f"bandwidth (the fabric probe over the configuration's nodes: {bw:.4g} GB/s)")
+        if bw < min_gbps:
+            return f"transport.min_busbw_gbps {min_gbps:g}: the fabric probe measured {bw:.2f} GB/s bus bandwidth"
     if min_fraction is not None:
         per_node = (baseline or {}).get("per_node") or {}
         known = [float(per_node[n]) for n in result.get("node_ids") or [] if n in per_node]

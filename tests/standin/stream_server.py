@@ -45,7 +45,12 @@ def main() -> None:
     ap.add_argument("--reasoning-chunks", type=int, default=0, help="chat: stream this many chunks of "
                                                                       "reasoning_content before the content")
     ap.add_argument("--reuse-port", action="store_true", help="let several of these processes share the port")
+    ap.add_argument("--headless", action="store_true", help="a multi-node rank > 0: no HTTP, it runs until stopped")
     args, _ = ap.parse_known_args()
+    if args.headless:
+        print("standin: headless rank", flush=True)
+        while True:
+            time.sleep(3600)
     model = args.model_opt or args.model or "standin"
     state = {"running": 0, "prompt": 0, "generation": 0, "requests": 0}
     timings: list[dict] = []
