@@ -18,13 +18,19 @@ export VLLM_HOST_IP := 127.0.0.1
 # (marker `timing`) run after them, one at a time, with nothing beside them; docs/tests.md has the times.
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
-.PHONY: setup demo test test-fast lint clean-demo
+.PHONY: setup demo demo-cluster test test-fast lint clean-demo
 setup:
 	bash scripts/setup-venv.sh
 
 demo: setup
 	$(BIN)/raysweep tiny-model $(MODEL)
 	RAYSWEEP_DEMO_MODEL=$(MODEL) $(BIN)/raysweep run configs/demo-cpu.yaml
+
+# The multi-node demo on a lab of 3 real hosts on this machine (root; docs/multinode.md): the lab up, a campaign
+# with one configuration pipeline-parallel across two hosts and one on a single host, clients on the third, its
+# status with the links measured, the lab down.
+demo-cluster: setup
+	env -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER -u VLLM_HOST_IP BIN=$(BIN) MODEL=$(MODEL) bash scripts/demo-cluster.sh
 
 test: lint
 	bash scripts/install-browser.sh

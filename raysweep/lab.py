@@ -48,6 +48,7 @@ DEFAULT_SUBNET = "10.77.0.0/24"
 PREFIX = "rs"            # every name the lab makes starts with rs<NAME>
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
+START_ATTEMPTS = 3
 # Variables that must not reach a lab host: the loopback-only settings of this machine's tests (lab hosts
 # talk over their own addresses; RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes `ray start --address` refuse).
 HOST_ENV_DROP = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "VLLM_HOST_IP", "RAY_ADDRESS", "GLOO_SOCKET_IFNAME",
@@ -372,20 +373,32 @@ def _start_ray(state: dict[str, Any], host: int, spec: LabSpec) -> None:
     env = host_env(state, host)
     if spec.fast_health:
         env.update(FAST_HEALTH)
-    out = _run(exec_argv(state, host, _ray_argv(state, h, spec)), check=False, timeout=180, env=env,
-               stdin=subprocess.DEVNULL)
-    if out.returncode:
-        raise LabError(f"host {h['hostname']}: `ray start` failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    for attempt in range(1, START_ATTEMPTS + 1):
+        out = _run(exec_argv(state, host, _ray_argv(state, h, spec)), check=False, timeout=180, env=env,
+                   stdin=subprocess.DEVNULL)
+        if not out.returncode:
+            return
+        # `ray start` gives a raylet 30 s to register with the GCS; a machine under heavy load can take longer
+        log.warning("host %s: `ray start` failed (attempt %d of %d): %s", h["hostname"], attempt, START_ATTEMPTS,
+                    (out.stderr.strip().splitlines() or [""])[-1])
+        _clear_host(h)
+    raise LabError(f"host {h['hostname']}: `ray start` failed {START_ATTEMPTS} times ({out.returncode}):\n"
+                   f"{out.stderr[-3000:]}")
+
+
+def _clear_host(h: dict[str, Any]) -> int:
+    """Stop every process of a host but its anchor, and remove its Ray temp dir; how many were stopped."""
+    pids = [p for p in _ns_pids(h["netns"]) if p != h["anchor_pid"]]
+    _stop_pids(pids, 5.0)
+    shutil.rmtree(Path(h["tmp"]) / "ray", ignore_errors=True)
+    return len(pids)
 
 
 def _start_rays(state: dict[str, Any], spec: LabSpec) -> None:
-    """The head first, then every worker at once."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """The head first, then each worker (one at a time: at once, they overload a small machine's GCS)."""
     state["spec"] = asdict(spec)
-    _start_ray(state, 1, spec)
-    with ThreadPoolExecutor(max_workers=spec.hosts) as pool:
-        list(pool.map(lambda i: _start_ray(state, i, spec), range(2, spec.hosts + 1)))
+    for i in range(1, spec.hosts + 1):
+        _start_ray(state, i, spec)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -572,8 +585,6 @@ def restart_ray(state: dict[str, Any], host: int) -> None:
     if host == 1:
         raise LabError("restart_ray: host 1 is the head; restart a worker host")
     h = _host(state, host)
-    pids = [p for p in _ns_pids(h["netns"]) if p != h["anchor_pid"]]
-    _stop_pids(pids, 5.0)
-    shutil.rmtree(Path(h["tmp"]) / "ray", ignore_errors=True)
+    _clear_host(h)
     spec = LabSpec(**{k: v for k, v in (state.get("spec") or {}).items() if k in LabSpec.__dataclass_fields__})
     _start_ray(state, host, spec)

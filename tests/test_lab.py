@@ -350,3 +350,59 @@ def test_a_partition_mid_point_is_recorded_the_configuration_waits_and_runs_agai
     assert len(servers) == 2 and servers[-1].state == "stopped"
     assert len(set(df["server_id"])) == 2          # measured before and after, each on its own server
     assert lab.nodes_alive(state).get(h3["ip"]) == "ALIVE"
+
+
+# ---------------------------------------------------------------------------------------------------
+# raysweep submit from outside the lab
+# ---------------------------------------------------------------------------------------------------
+
+def _counts(out: Path) -> dict[str, int]:
+    if not (out / "ledger.sqlite").exists():
+        return {}
+    led = Ledger.open_existing(out)
+    try:
+        return led.counts()
+    finally:
+        led.close()
+
+
+def test_submit_from_the_machine_to_the_heads_job_server_over_the_bridge_stop_and_resume(lab_cluster, tmp_path):
+    """`raysweep submit` in this machine's own namespace, to the job server on the head's lab address: the job
+    (the campaign's driver) runs on the head; it is stopped halfway, then submitted again and followed to its
+    end, every point done once (at most the one the stop cut short twice)."""
+    import time
+
+    state = lab_cluster
+    url = state["dashboard"]
+    f = standin_pp_campaign(tmp_path, "job", bench={"backend": "native", "client_cpus": 1, "clients": 1,
+                                                    "cmd": "vllm bench serve --model m --num-prompts 6 "
+                                                           "--request-rate 2",
+                                                    "params": {"grid": {"random_input_len": [16, 24, 32, 40]}}})
+    out = tmp_path / "job"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    submit = [*RAYSWEEP, "submit", str(f), "--dashboard-url", url, "--python", sys.executable, "--stop-wait", "60"]
+    r = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    job1 = r.stdout.strip().splitlines()[0]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and _counts(out).get("done", 0) < 1:
+        time.sleep(0.5)
+    assert _counts(out).get("done", 0) >= 1
+    r = subprocess.run([*RAYSWEEP, "stop", job1, "--dashboard-url", url, "--wait", "90"], env=env,
+                       capture_output=True, text=True, timeout=200)
+    assert r.returncode == 0 and "STOPPED" in r.stdout, (r.stdout, r.stderr)
+    first = _counts(out)
+    assert 1 <= first["done"] < 4 and first.get("running", 0) == 0, first
+    r = subprocess.run([*submit, "--follow"], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0 and "SUCCEEDED" in r.stdout + r.stderr, (r.stdout[-3000:], r.stderr[-3000:])
+    led = Ledger.open_existing(out)
+    try:
+        points = led.points()
+    finally:
+        led.close()
+    assert [p.state for p in points] == ["done"] * 4 and sum(p.attempts for p in points) <= 5
+    df = results_table(out)
+    assert set(df["client_node_ips"]) == {state["hosts"][0]["ip"]}
+    assert all(set(ips.split(",")) == {state["hosts"][1]["ip"], state["hosts"][2]["ip"]} for ips in df["node_ips"])

@@ -26,8 +26,8 @@ import ray
 
 from raysweep import procs
 
-__all__ = ["ProbeRank", "bandwidth_baseline", "bus_bandwidth", "gate", "link_text", "load_baseline", "probe",
-           "probe_nodes"]
+__all__ = ["ProbeRank", "bandwidth_baseline", "bus_bandwidth", "describe_links", "gate", "link_text", "load_baseline",
+           "probe", "probe_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,16 @@ def link_text(link: dict[str, Any]) -> str:
     def end(e: dict[str, Any]) -> str:
         return f"{e.get('hostname') or str(e.get('node_id'))[:8]} {e.get('ip')} ({e.get('iface')}, MTU {e.get('mtu')})"
     return f"{end(link['a'])} <-> {end(link['b'])}"
+
+
+def describe_links(probe: dict[str, Any] | None) -> list[str]:
+    """One line per node pair the probe measured: both ends (host, address, interface, MTU) and its bandwidth."""
+    out = []
+    for lk in (probe or {}).get("links") or []:
+        bw = lk.get("busbw_gbps")
+        got = f"{bw:.3g} GB/s bus bandwidth" if bw is not None else f"not measured ({lk.get('error')})"
+        out.append(f"{link_text(lk)}: {got} ({probe.get('backend') if probe else ''})")
+    return out
 
 
 def probe(res: Any, mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0) -> dict[str, Any]:
