@@ -222,12 +222,13 @@ def _owner_alive(state: dict[str, Any]) -> bool:
 # Up
 # ---------------------------------------------------------------------------------------------------
 
-def exec_argv(state: dict[str, Any], host: int, argv: list[str]) -> list[str]:
+def exec_argv(state: dict[str, Any], host: int, argv: list[str], cwd: str | None = None) -> list[str]:
     """The command line that runs `argv` inside lab host `host` (1-based): its network, mount (its /etc/hosts
-    and /dev/shm), UTS and IPC namespaces, on its cores when the lab pins."""
+    and /dev/shm), UTS and IPC namespaces, on its cores when the lab pins, in `cwd` (default: this one's)."""
     h = state["hosts"][host - 1]
     pin = ["taskset", "-c", h["cpus_pinned"]] if h.get("cpus_pinned") else []
-    return ["nsenter", "-t", str(h["anchor_pid"]), "-n", "-m", "-u", "-i", "--", *pin, *argv]
+    return ["nsenter", "-t", str(h["anchor_pid"]), "-n", "-m", "-u", "-i", f"--wd={cwd or os.getcwd()}", "--",
+            *pin, *argv]
 
 
 def host_env(state: dict[str, Any], host: int, base: dict[str, str] | None = None) -> dict[str, str]:
