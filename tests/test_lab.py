@@ -328,6 +328,7 @@ def test_a_partition_mid_point_is_recorded_the_configuration_waits_and_runs_agai
         timeline["dead"] = time.time()
         time.sleep(5)   # the configuration now waits for nodes
         lab.heal(state, 3)
+        timeline["healed"] = time.time()
         lab.restart_ray(state, 3)
         timeline["rejoined"] = time.time()
 
@@ -357,7 +358,7 @@ def test_a_partition_mid_point_is_recorded_the_configuration_waits_and_runs_agai
     # the order of things: lost, waiting (no node left fits two one-GPU stages), placed again once host 3 is back
     waiting = next(e for e in events if e["kind"] == "waiting_for_nodes")
     replaced = next(e for e in events if e["kind"] == "replaced")
-    assert lost["at"] <= waiting["at"] < timeline["rejoined"] <= replaced["at"], (timeline, events)
+    assert lost["at"] <= waiting["at"] < timeline["healed"] <= replaced["at"], (timeline, events)
     assert h3["ip"] in replaced["detail"] and "points in flight: none" not in lost["detail"], events
     assert lab.nodes_alive(state).get(h3["ip"]) == "ALIVE"
 
