@@ -1,8 +1,8 @@
 """A slow or lossy link where the kernel has no `netem`: a small TCP relay that forwards every connection to a
-target after a delay per chunk each way, and drops a share of the connections (reset once accepted; never the
-first `--spare`).
+target after a delay per chunk each way, drops a share of the connections (reset once accepted; never the
+first `--spare`) and cuts a share of the answers mid-stream (`--cut`, per chunk).
 
-    python -m raysweep.lab_relay --listen 10.77.0.4:9000 --to 10.77.0.3:8000 --delay-ms 20 --drop 0.1
+    python -m raysweep.lab_relay --listen 10.77.0.4:9000 --to 10.77.0.3:8000 --delay-ms 20 --drop 0.1 --cut 0.02
 
 Run it inside a lab host (`raysweep lab exec`) and point a campaign's `serve.url` at it: the clients' traffic
 then crosses two links and the relay. It counts the connections it forwarded and dropped on stdout when it
@@ -18,15 +18,20 @@ import random
 import signal
 import socket
 import struct
+from collections.abc import Callable
 
 __all__ = ["main", "relay"]
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float,
+                cut: Callable[[], bool] | None = None) -> None:
     try:
         while data := await reader.read(65536):
             if delay_s:
                 await asyncio.sleep(delay_s)
+            if cut is not None and cut():
+                _reset(writer)       # the link lost the connection in the middle of an answer
+                return
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):
@@ -46,9 +51,15 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 
 async def relay(listen: tuple[str, int], to: tuple[str, int], delay_ms: float, drop: float, seed: int,
-                spare: int = 0) -> None:
+                spare: int = 0, cut: float = 0.0) -> None:
     rng = random.Random(seed)
-    counts = {"forwarded": 0, "dropped": 0}
+    counts = {"forwarded": 0, "dropped": 0, "cut": 0}
+
+    def cut_now() -> bool:
+        if cut and rng.random() < cut:
+            counts["cut"] += 1
+            return True
+        return False
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         seen = counts["forwarded"] + counts["dropped"]
@@ -62,7 +73,8 @@ async def relay(listen: tuple[str, int], to: tuple[str, int], delay_ms: float, d
             _reset(writer)
             return
         counts["forwarded"] += 1
-        await asyncio.gather(_pipe(reader, up_writer, delay_ms / 1000), _pipe(up_reader, writer, delay_ms / 1000))
+        await asyncio.gather(_pipe(reader, up_writer, delay_ms / 1000),
+                             _pipe(up_reader, writer, delay_ms / 1000, cut_now))
 
     server = await asyncio.start_server(handle, *listen, reuse_address=True)
     stop = asyncio.Event()
@@ -72,7 +84,7 @@ async def relay(listen: tuple[str, int], to: tuple[str, int], delay_ms: float, d
     print(f"relay {listen[0]}:{listen[1]} -> {to[0]}:{to[1]}, delay {delay_ms:g} ms, drop {drop:g}", flush=True)
     async with server:
         await stop.wait()
-    print(f"relay: {counts['forwarded']} forwarded, {counts['dropped']} dropped", flush=True)
+    print(f"relay: {counts['forwarded']} forwarded, {counts['dropped']} dropped, {counts['cut']} cut", flush=True)
 
 
 def _addr(text: str) -> tuple[str, int]:
@@ -86,10 +98,12 @@ def main() -> None:
     ap.add_argument("--to", required=True, type=_addr, help="HOST:PORT to forward to")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="delay per chunk, each way")
     ap.add_argument("--drop", type=float, default=0.0, help="share of connections reset when accepted (0 to 1)")
+    ap.add_argument("--cut", type=float, default=0.0, help="chance, per chunk of an answer, that the connection is "
+                    "reset there (a request lost mid-stream; clients that keep connections open see this)")
     ap.add_argument("--spare", type=int, default=0, help="never drop the first N connections (a health check)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    asyncio.run(relay(args.listen, args.to, args.delay_ms, args.drop, args.seed, args.spare))
+    asyncio.run(relay(args.listen, args.to, args.delay_ms, args.drop, args.seed, args.spare, args.cut))
 
 
 if __name__ == "__main__":
