@@ -53,8 +53,8 @@ START_ATTEMPTS = 3
 # talk over their own addresses; RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes `ray start --address` refuse).
 HOST_ENV_DROP = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "VLLM_HOST_IP", "RAY_ADDRESS", "GLOO_SOCKET_IFNAME",
                  "NCCL_SOCKET_IFNAME")
-# Failure detection of the lab's GCS: a node cut off is declared dead in about 6 s, yet a raylet starved of
-# CPU by a vLLM server on a 2-core machine is not taken for dead.
+# Failure detection of the lab's GCS: a node cut off was declared dead in 14.4 to 15.1 s (benchmarks/RESULTS.md),
+# yet a raylet starved of CPU by a vLLM server on a 2-core machine is not taken for dead.
 FAST_HEALTH = {"RAY_health_check_initial_delay_ms": "0", "RAY_health_check_period_ms": "1000",
                "RAY_health_check_timeout_ms": "2000", "RAY_health_check_failure_threshold": "5"}
 
