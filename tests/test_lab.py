@@ -426,8 +426,8 @@ def test_submit_from_the_machine_to_the_heads_job_server_over_the_bridge_stop_an
 def test_a_campaign_across_a_slow_lossy_relay_finishes_and_its_validity_record_says_so(lab_cluster, tmp_path):
     """The stand-in streaming server on host 2; a relay on host 3 that delays every chunk 20 ms each way, resets
     15 % of the connections and cuts 2 % of the answers' chunks mid-stream (the client keeps its connections
-    open, so drops at accept alone may miss a point); the clients on host 1 sweeping the server through the
-    relay (`serve.url`): the campaign ends, every point measured, the cut requests counted as failed and the
+    open, so drops at accept alone may miss a point); the clients sweeping the server through the relay
+    (`serve.url`): the campaign ends, every point measured, the cut requests counted as failed and the
     points marked `errors` in their validity record; the delay shows in the time to first token."""
     import signal
     import time
@@ -465,7 +465,9 @@ def test_a_campaign_across_a_slow_lossy_relay_finishes_and_its_validity_record_s
         assert (df["completed"] + df["failed"] == 40).all()
         assert (~df["validity_ok"]).all() and df["validity_issues"].str.contains("errors").all()
         assert (df["median_ttft_ms"] >= 40).all()       # 20 ms each way at least
-        assert client_ips(df) == {h1["ip"]}
+        # an endpoint reserves no CPUs, so the client actor may sit on any host; it reaches the server through
+        # the relay from a lab address wherever it is
+        assert client_ips(df) <= lab_ips(state) and all(not_loopback(ip) for ip in client_ips(df))
     finally:
         for p in started:
             p.send_signal(signal.SIGTERM)

@@ -166,11 +166,17 @@ class EndpointServer(Server):
     def metrics_url(self) -> str:
         return self.endpoint.metrics_url or self.url
 
-    def down(self) -> str | None:
-        status, body = _get(self.url + "/v1/models", 5.0)
-        if status == 200:
-            return None
-        return f"the endpoint {self.url} stopped answering ({f'HTTP {status}' if status else body})"
+    def down(self, tries: int = 3, wait_s: float = 1.0) -> str | None:
+        """Why the endpoint is down, or None: it is down when `/v1/models` failed `tries` times in a row, `wait_s`
+        apart (one connection reset on a lossy link is not a server gone)."""
+        for i in range(tries):
+            status, body = _get(self.url + "/v1/models", 5.0)
+            if status == 200:
+                return None
+            if i + 1 < tries:
+                time.sleep(wait_s)
+        return (f"the endpoint {self.url} stopped answering ({f'HTTP {status}' if status else body}; "
+                f"{tries} tries, {wait_s:g} s apart)")
 
     def log_tail(self, lines: int = 40) -> str:
         return f"(no server log: the endpoint {self.url} is not raysweep's)"
