@@ -261,7 +261,7 @@ def _validity_lines(output_dir: str, limit: int = 20) -> None:
 
 def _transport_table(servers: list[Any], require: str) -> None:
     """The NCCL transport verdict of the latest server of every configuration, refused ones in red."""
-    from raysweep.place import fabric, transport
+    from raysweep.place import transport
 
     latest = {s.serve_id: s for s in servers if s.transport}
     if not latest:
@@ -283,7 +283,7 @@ def _transport_table(servers: list[Any], require: str) -> None:
     print_table(table, out)
     for s in latest.values():  # the node-pair table of each multi-node server, and the links the probe measured
         names = [str(r.get("node_ip") or r.get("hostname") or "?") for r in s.rank_list()]
-        measured = fabric.describe_links(s.fabric_record())
+        measured = transport.describe_probe_links(s.fabric_record())
         if measured:
             _say(f"links of {s.server_id} (fabric probe):\n  " + "\n  ".join(measured))
         pairs = transport.describe_links(s.transport_verdict() or {}, names)

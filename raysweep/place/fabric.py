@@ -25,6 +25,8 @@ from typing import Any
 import ray
 
 from raysweep import procs
+from raysweep.place.transport import describe_probe_links as describe_links
+from raysweep.place.transport import link_text
 
 __all__ = ["ProbeRank", "bandwidth_baseline", "bus_bandwidth", "describe_links", "gate", "link_text", "load_baseline",
            "probe", "probe_nodes"]
@@ -155,23 +157,6 @@ def _links(actors: list[Any], where: list[dict[str, Any]], busbw: float, nbytes:
             bw, err = None, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"[:300]
         links.append({"a": _end(where[i]), "b": _end(where[j]), "busbw_gbps": bw, "error": err})
     return links
-
-
-def link_text(link: dict[str, Any]) -> str:
-    """`host-2 10.0.0.2 (eth1, MTU 1500) <-> host-3 10.0.0.3 (eth1, MTU 1500)`."""
-    def end(e: dict[str, Any]) -> str:
-        return f"{e.get('hostname') or str(e.get('node_id'))[:8]} {e.get('ip')} ({e.get('iface')}, MTU {e.get('mtu')})"
-    return f"{end(link['a'])} <-> {end(link['b'])}"
-
-
-def describe_links(probe: dict[str, Any] | None) -> list[str]:
-    """One line per node pair the probe measured: both ends (host, address, interface, MTU) and its bandwidth."""
-    out = []
-    for lk in (probe or {}).get("links") or []:
-        bw = lk.get("busbw_gbps")
-        got = f"{bw:.3g} GB/s bus bandwidth" if bw is not None else f"not measured ({lk.get('error')})"
-        out.append(f"{link_text(lk)}: {got} ({probe.get('backend') if probe else ''})")
-    return out
 
 
 def probe(res: Any, mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0) -> dict[str, Any]:

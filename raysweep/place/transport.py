@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ACCEPTED", "Link", "Report", "classify", "describe", "describe_links", "link_class", "link_table", "meets",
-           "parse_nccl", "recorded_lines", "refusal", "server_verdict"]
+__all__ = ["ACCEPTED", "Link", "Report", "classify", "describe", "describe_links", "describe_probe_links", "link_class",
+           "link_table", "link_text", "meets", "parse_nccl", "recorded_lines", "refusal", "server_verdict"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|ESC\[[0-9;]*m")
 _RAY_PREFIX = re.compile(r"^(?:\((?:[^()]|\([^()]*\))*\)\s*)+")
@@ -325,4 +325,25 @@ def recorded_lines(servers: list[Any]) -> list[str]:
             out.append("    fabric probe: " + (f"{probe['busbw_gbps']:.2f} GB/s bus bandwidth ({probe.get('backend')})"
                                                if probe.get("busbw_gbps") is not None
                                                else f"failed: {probe.get('error')}"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The links the fabric probe measured (raysweep.fabric), as text
+# ---------------------------------------------------------------------------------------------------
+
+def link_text(link: dict[str, Any]) -> str:
+    """`host-2 10.0.0.2 (eth1, MTU 1500) <-> host-3 10.0.0.3 (eth1, MTU 1500)`."""
+    def end(e: dict[str, Any]) -> str:
+        return f"{e.get('hostname') or str(e.get('node_id'))[:8]} {e.get('ip')} ({e.get('iface')}, MTU {e.get('mtu')})"
+    return f"{end(link['a'])} <-> {end(link['b'])}"
+
+
+def describe_probe_links(probe: dict[str, Any] | None) -> list[str]:
+    """One line per node pair the probe measured: both ends (host, address, interface, MTU) and its bandwidth."""
+    out = []
+    for lk in (probe or {}).get("links") or []:
+        bw = lk.get("busbw_gbps")
+        got = f"{bw:.3g} GB/s bus bandwidth" if bw is not None else f"not measured ({lk.get('error')})"
+        out.append(f"{link_text(lk)}: {got} ({probe.get('backend') if probe else ''})")
     return out

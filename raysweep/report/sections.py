@@ -13,7 +13,7 @@ import yaml
 from raysweep.drive.validity import CHECKS
 from raysweep.grid import combo_label
 from raysweep.ledger import PointRow, PointState, ServerRow
-from raysweep.place import fabric, transport
+from raysweep.place import transport
 from raysweep.report import plots
 from raysweep.report.data import ReportData
 from raysweep.report.markup import esc, frame_table, html_table
@@ -172,7 +172,7 @@ def transport_section(data: ReportData) -> str:
     table = html_table(["server config", "server", "nodes", "inter-node", "intra-node", "NET plugins", "IB devices",
                     "NCCL", f"gate ({require})"], rows)
     links = [[labels.get(s.serve_id, s.serve_id), s.server_id, line] for s in data.servers
-             for line in fabric.describe_links(s.fabric_record())]
+             for line in transport.describe_probe_links(s.fabric_record())]
     if links:
         table += "<h3>Links measured by the fabric probe</h3>" + html_table(["server config", "server", "link"], links)
     return table + "\n".join(evidence)
