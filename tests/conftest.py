@@ -203,7 +203,7 @@ def vllm_server(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def lab_cluster():
-    """Started once per test session (root only): a lab of 3 real hosts (raysweep.lab: each its own network,
+    """Started once per test session (root only): a lab of 3 real hosts (raysweep.place.lab: each its own network,
     UTS, IPC and mount namespaces on a private bridge), the Ray head on host 1 (no GPU, 2 CPUs), hosts 2 and
     3 with 1 simulated GPU and 1 CPU each; its state (addresses, interfaces). Cleared at the end, and a lab a
     killed session left is cleared first."""
@@ -214,7 +214,7 @@ def lab_cluster():
                "over a real network) needs root; run `make test` as root to prove it")
         warnings.warn(why, stacklevel=1)
         pytest.skip(why)
-    from raysweep import lab
+    from raysweep.place import lab
 
     lab.down_stale()
     subnet = next(s for s in (f"10.77.{i}.0/24" for i in range(100, 200)) if _subnet_free(s))
@@ -227,7 +227,7 @@ def lab_cluster():
 
 
 def _subnet_free(subnet: str) -> bool:
-    from raysweep import lab
+    from raysweep.place import lab
 
     try:
         lab.check_subnet(subnet)

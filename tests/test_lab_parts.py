@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from raysweep import fabric, lab
+from raysweep.place import fabric, lab
 from raysweep.procs import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def test_the_relay_delays_and_drops_connections():
                 c.sendall(data)
     threading.Thread(target=echo, daemon=True).start()
     port = free_port()
-    relay = subprocess.Popen([sys.executable, "-m", "raysweep.lab_relay", "--listen", f"127.0.0.1:{port}", "--to",
+    relay = subprocess.Popen([sys.executable, "-m", "raysweep.place.lab_relay", "--listen", f"127.0.0.1:{port}", "--to",
                               f"127.0.0.1:{target.getsockname()[1]}", "--delay-ms", "50", "--drop", "0.5",
                               "--spare", "1", "--seed", "3"], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     try:

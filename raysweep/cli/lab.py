@@ -1,4 +1,4 @@
-"""`raysweep lab up|status|down|exec`: a cluster of real hosts on one machine (raysweep.lab)."""
+"""`raysweep lab up|status|down|exec`: a cluster of real hosts on one machine (raysweep.place.lab)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def lab() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the lab's state as JSON.")
 def lab_up(name: str, hosts: int, subnet: str, gpus: str, cpus: str, pin: bool | None, as_json: bool) -> None:
     """Make the lab and start Ray on every host; print the Ray address and the dashboard URL."""
-    from raysweep import lab as labmod
+    from raysweep.place import lab as labmod
 
     spec = labmod.LabSpec(name=name, hosts=hosts, subnet=subnet, gpus=_ints(gpus, "--gpus"),
                           cpus=_ints(cpus, "--cpus"), pin=pin, persistent=True)
@@ -69,7 +69,7 @@ def lab_up(name: str, hosts: int, subnet: str, gpus: str, cpus: str, pin: bool |
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def lab_status(name: str, as_json: bool) -> None:
     """Each host's namespace, processes and Ray node; exit 1 when the lab is not (wholly) up."""
-    from raysweep import lab as labmod
+    from raysweep.place import lab as labmod
 
     st = labmod.status(name)
     if as_json:
@@ -92,7 +92,7 @@ def lab_status(name: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
 def lab_down(name: str, stale: bool, as_json: bool) -> None:
     """Stop every process of the lab's hosts by PID; delete its namespaces, veths and bridge."""
-    from raysweep import lab as labmod
+    from raysweep.place import lab as labmod
 
     try:
         done = [labmod.down(name)] + (labmod.down_stale() if stale else [])
@@ -115,7 +115,7 @@ def lab_down(name: str, stale: bool, as_json: bool) -> None:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def lab_exec(name: str, host: int, argv: tuple[str, ...]) -> None:
     """Run a command inside lab host HOST (1 is the head), with the host's environment."""
-    from raysweep import lab as labmod
+    from raysweep.place import lab as labmod
 
     state = labmod.load_state(name)
     if state is None:

@@ -2,7 +2,7 @@
 target after a delay per chunk each way, drops a share of the connections (reset once accepted; never the
 first `--spare`) and cuts a share of the answers mid-stream (`--cut`, per chunk).
 
-    python -m raysweep.lab_relay --listen 10.77.0.4:9000 --to 10.77.0.3:8000 --delay-ms 20 --drop 0.1 --cut 0.02
+    python -m raysweep.place.lab_relay --listen 10.77.0.4:9000 --to 10.77.0.3:8000 --delay-ms 20 --drop 0.1 --cut 0.02
 
 Run it inside a lab host (`raysweep lab exec`) and point a campaign's `serve.url` at it: the clients' traffic
 then crosses two links and the relay. It counts the connections it forwarded and dropped on stdout when it
