@@ -5,6 +5,7 @@ benchmarks/bench_verdicts.py (and its seeded quick version in tests/test_bench_v
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -216,3 +217,36 @@ def test_crosscheck_judges_its_alternating_clients_in_pairs():
     row = next(r for r in crosscheck.compare(unpaired, crosscheck.Tolerances(0.05, 0.10))
                if r.metric == "output_throughput")
     assert row.word == "not shown"
+
+
+def test_a_servers_timeline_drifts_where_its_points_each_cannot_show_it():
+    # 6 points x 3 runs in rounds, the machine slowing 0.5 % a run slot: each point's 3 runs cannot show it,
+    # the server's 18 runs in time order do
+    rng = np.random.default_rng(11)
+    points = [f"b{p}" for r in range(3) for p in range(6)]
+    level = {f"b{p}": 100.0 * (p + 1) for p in range(6)}
+    values = [level[b] * (1 - 0.005 * i) * (1 + 0.002 * rng.standard_normal()) for i, b in enumerate(points)]
+    t = over_time.timeline(points, values)
+    assert t.drifts and t.pct_per_run == pytest.approx(-0.5, abs=0.15)
+    flat = [level[b] * (1 + 0.002 * rng.standard_normal()) for b in points]
+    assert over_time.timeline(points, flat).word == "no drift shown"
+    assert over_time.timeline(["a", "b"], [1.0, 2.0]).word == "not judged"
+
+
+def test_the_report_shows_where_the_runs_drift(tmp_path):
+    from test_plots import build_output_dir
+
+    from raysweep import report
+    from raysweep.files import write_json_atomic
+
+    out = build_output_dir(tmp_path / "out")
+    paths = sorted((out / "points").rglob("run=*.json"))
+    for i, path in enumerate(paths):   # one after another, the first point's runs falling 10 % a run
+        rec = json.loads(path.read_text())
+        rec["started_at"] = 1000.0 + 60.0 * i
+        write_json_atomic(path, rec)
+    html = report.build_report(out, objective="output_throughput")
+    part = html[html.index('id="drift"'):html.index('id="figures"')]
+    assert "Runs over time" in part and "point(s) judged drift" in part
+    assert "Over each server&#x27;s timeline" in part or "Over each server's timeline" in part
+    assert "<img" in part

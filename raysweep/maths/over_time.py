@@ -9,6 +9,8 @@ a point's runs are not independent draws of one level. What this module judges:
   when it is rejected, `no drift shown` otherwise, `not judged` with fewer than `MIN_TREND_RUNS` finite
   values. benchmarks/bench_verdicts.py measures it: at most 5 % false alarms on stationary runs, and a
   -3 %/run drift over 5 runs at a 2 % run-to-run spread found at least 85 % of the time.
+- `timeline`: the same test over a server's (or the campaign's) runs in time order, each run relative to its
+  point's mean, one level per point.
 - `outliers`: the run farthest from the others is an outlier when Grubbs' test rejects it at `OUTLIER_ALPHA`
   (two-sided, 1 %); at most one per point, only among at least `MIN_OUTLIER_RUNS` runs, and never in a
   drifting point (the drift explains the far run). An outlier run is shown and left out of the point's
@@ -47,7 +49,8 @@ from scipy import stats
 from raysweep.maths.verdicts import ALPHA, Equivalence, Verdict
 
 __all__ = ["ALPHA", "MIN_RUNS", "MIN_TREND_RUNS", "OUTLIER_ALPHA", "PAIR_KEYS", "Outliers", "Trend", "adjust",
-           "bound_verdict", "outliers", "paired_equivalence", "paired_verdict", "pairs", "run_order", "trend"]
+           "bound_verdict", "outliers", "paired_equivalence", "paired_verdict", "pairs", "run_order", "timeline",
+           "trend"]
 
 MIN_RUNS = 3            # fewer runs (or pairs) on a side: a verdict is "not shown"
 MIN_TREND_RUNS = 3      # fewer finite values: no trend is judged
@@ -125,6 +128,44 @@ def trend(values: Sequence[Any], alpha: float = ALPHA) -> Trend:
         return Trend("drifts" if p < alpha else "no drift shown", slope, slope, slope, p, n)
     tstat = slope / se
     p = float(2.0 * stats.t.sf(abs(tstat), dof))
+    q = float(stats.t.ppf(1.0 - alpha / 2.0, dof))
+    return Trend("drifts" if p < alpha else "no drift shown", slope, slope - q * se, slope + q * se, p, n)
+
+
+def timeline(points: Sequence[Any], values: Sequence[Any], alpha: float = ALPHA) -> Trend:
+    """The trend of a server's (or a campaign's) runs over their time order, whatever point each measured:
+    each run's value relative to its point's mean (in %), regressed on the run's place in the order with one
+    level per point (a point's level is not a drift), the slope's t-test on the residual degrees of freedom
+    (runs less points less one). `points` names each run's point, in the order the runs were measured."""
+    y = _values(values)
+    keys = [str(p) for p in points]
+    keep = np.isfinite(y)
+    slots = np.arange(y.size, dtype=float)[keep]
+    y = y[keep]
+    keys = [k for k, g in zip(keys, keep) if g]
+    groups = sorted(set(keys))
+    n, k = int(y.size), len(groups)
+    if n - k - 1 < 1:
+        return Trend("not judged", runs=n, reason="too few runs beside one per point")
+    rel = np.empty(n)
+    for g in groups:
+        idx = np.asarray([i for i, key in enumerate(keys) if key == g])
+        m = float(np.mean(y[idx]))
+        if not (math.isfinite(m) and m != 0):
+            return Trend("not judged", runs=n, reason="a point's mean is zero")
+        rel[idx] = 100.0 * (y[idx] / abs(m) - np.sign(m))
+    design = np.column_stack([slots, *[np.asarray([key == g for key in keys], dtype=float) for g in groups]])
+    coef, *_ = np.linalg.lstsq(design, rel, rcond=None)
+    resid = rel - design @ coef
+    dof = n - k - 1
+    s2 = float(resid @ resid) / dof
+    cov = np.linalg.pinv(design.T @ design)
+    se = math.sqrt(max(s2 * float(cov[0, 0]), 0.0))
+    slope = float(coef[0])
+    if se == 0.0:
+        p = 0.0 if slope != 0.0 else 1.0
+        return Trend("drifts" if p < alpha else "no drift shown", slope, slope, slope, p, n)
+    p = float(2.0 * stats.t.sf(abs(slope / se), dof))
     q = float(stats.t.ppf(1.0 - alpha / 2.0, dof))
     return Trend("drifts" if p < alpha else "no drift shown", slope, slope - q * se, slope + q * se, p, n)
 

@@ -190,6 +190,12 @@ def _timeseries(data: ReportData) -> str | None:
     return timeseries_section(data.output_dir)
 
 
+def _timeline(data: ReportData) -> str | None:
+    from raysweep.report.timeline import timeline_section
+
+    return timeline_section(data)
+
+
 def _multinode(data: ReportData) -> str | None:
     from raysweep.report.run_sections import multinode_section
 
@@ -199,6 +205,7 @@ def _multinode(data: ReportData) -> str | None:
 for _section in [
     Section("conclusions", "Conclusions", _conclusions, order=10),
     Section("validity", "Warnings", validity_section, order=20),
+    Section("drift", "Runs over time", _timeline, order=25),
     Section("comparison", "Comparison with the baseline", _comparison,
             lambda d: (d.output_dir / "compare" / "baseline.json").is_file(), order=30),  # compare's files
     Section("figures", "Figures", _figures, order=40),
