@@ -185,3 +185,16 @@ def test_the_report_ranks_under_the_campaigns_slo(tmp_path, no_figures):
     assert "Only points shown to meet the campaign's service-level objective" in card
     assert "No point of this shape is shown to meet the service-level objective median_ttft_ms&lt;=0.001" in card
     assert lines and all("is shown to meet the slo median_ttft_ms<=0.001" in line for line in lines)
+
+
+def test_a_latency_bound_is_judged_on_the_pooled_requests_percentile_where_it_is_known():
+    slo = parse_slo({"p99_ttft_ms": 500})
+    # the mean of per-run p99s (and its interval) under the bound, the pooled requests' p99 above it
+    row = pd.Series({"p99_ttft_ms_mean": 450.0, "p99_ttft_ms_ci_low": 430.0, "p99_ttft_ms_ci_high": 470.0,
+                     "p99_ttft_ms_pooled": 540.0, "p99_ttft_ms_pooled_ci_low": 510.0,
+                     "p99_ttft_ms_pooled_ci_high": 580.0})
+    word, text, excess = conclusions.slo_judgement(row, slo)
+    assert word == "missed" and "pooled requests" in text and excess == pytest.approx(0.08)
+    unpooled = row.drop(["p99_ttft_ms_pooled", "p99_ttft_ms_pooled_ci_low", "p99_ttft_ms_pooled_ci_high"])
+    word, text, _ = conclusions.slo_judgement(unpooled, slo)
+    assert word == "met" and "mean of runs" in text

@@ -70,9 +70,32 @@ def answer_of(data: ReportData) -> conclusions.Conclusions:
         from raysweep.results.precision import precision_columns  # bench.precision: where each point stopped
 
         summary = precision_columns(data.output_dir, summary)
+        slo = _slo(data.campaign)
+        if slo is not None:
+            summary = _with_pooled(data, summary, [t.metric for t in slo.thresholds])
         data.answer = conclusions.conclude(data.df, bench_vars, data.objective, data.sla, data.sla_variable,
-                                           summary=summary, slo=_slo(data.campaign))
+                                           summary=summary, slo=slo)
     return data.answer
+
+
+def _with_pooled(data: ReportData, summary: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """The summary with the pooled percentiles of the slo's metrics and their two-level bootstrap intervals
+    from summary.parquet as the campaign's end wrote it (when it is current), so that a latency bound is
+    judged on the pooled requests' percentile (`conclusions.slo_judgement`)."""
+    from raysweep.results import kept_summary
+
+    try:
+        kept = kept_summary(data.output_dir, conclusions.CONFIDENCE)
+    except (OSError, ValueError) as exc:
+        log.info("summary.parquet not read for the slo's pooled percentiles (%s)", exc)
+        return summary
+    cols = [f"{m}_{k}" for m in metrics for k in ("pooled", "pooled_ci_low", "pooled_ci_high")]
+    cols = [c for c in cols if kept is not None and c in kept.columns and c not in summary.columns]
+    if kept is None or not cols or not {"serve_id", "bench_id"} <= set(summary.columns):
+        return summary
+    out = summary.merge(kept[["serve_id", "bench_id", *cols]], on=["serve_id", "bench_id"], how="left")
+    out.attrs.update(summary.attrs)
+    return out
 
 
 def _slo(campaign: dict[str, Any]) -> Any:
