@@ -174,14 +174,12 @@ def run_order(runs: Any) -> list[Any]:
     """The index labels of a point's runs (a DataFrame) in the order they were measured: by `started_at`
     where every run has one, else by `round` and run number, else by run number, else as given."""
     for keys in (("started_at",), ("round", "run_number"), ("run_number",)):
-        if all(k in runs.columns for k in keys):
-            cols = [runs[k] for k in keys]
-            try:
-                vals = [tuple(float(c.loc[i]) for c in cols) for i in runs.index]
-            except (TypeError, ValueError):
-                continue
-            if all(all(math.isfinite(v) for v in t) for t in vals):
-                return [i for _, i in sorted(zip(vals, runs.index), key=lambda p: p[0])]
+        if not all(k in runs.columns for k in keys):
+            continue
+        cols = [np.asarray([_num(v) for v in runs[k].tolist()], dtype=float) for k in keys]
+        if all(np.isfinite(c).all() for c in cols):
+            order = np.lexsort(tuple(reversed(cols)))   # the first key sorts first; ties keep their place
+            return [runs.index[i] for i in order]
     return list(runs.index)
 
 
