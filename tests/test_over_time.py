@@ -236,8 +236,8 @@ def test_a_servers_timeline_drifts_where_its_points_each_cannot_show_it():
 def test_the_report_shows_where_the_runs_drift(tmp_path):
     from test_plots import build_output_dir
 
-    from raysweep import report
-    from raysweep.files import write_json_atomic
+    from raysweep.record.files import write_json_atomic
+    from raysweep.report import page as report
 
     out = build_output_dir(tmp_path / "out")
     paths = sorted((out / "points").rglob("run=*.json"))

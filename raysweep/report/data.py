@@ -82,7 +82,7 @@ def _with_pooled(data: ReportData, summary: pd.DataFrame, metrics: list[str]) ->
     """The summary with the pooled percentiles of the slo's metrics and their two-level bootstrap intervals
     from summary.parquet as the campaign's end wrote it (when it is current), so that a latency bound is
     judged on the pooled requests' percentile (`conclusions.slo_judgement`)."""
-    from raysweep.results import kept_summary
+    from raysweep.results.table import kept_summary
 
     try:
         kept = kept_summary(data.output_dir, conclusions.CONFIDENCE)
