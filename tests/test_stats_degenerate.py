@@ -200,3 +200,20 @@ def test_an_analysis_that_raises_marks_its_own_fields_not_computed(monkeypatch):
     assert out["steady_state_not_computed"] == "ValueError: cannot convert float NaN to integer"
     assert out["analysis_errors"] == ["steady_state"]
     assert sane.finite_samples(s) is s  # nothing to mend: no copy
+
+
+@PROFILE
+@given(s=samples())
+def test_the_buckets_the_peak_and_the_turns_answer_degenerate_samples(s):
+    from raysweep.bench.sane import finite_samples
+
+    clean = finite_samples(s)
+    ok = np.asarray(clean["ok"], dtype=bool)
+    begin, end = np.asarray(clean["begin"], dtype=float), np.asarray(clean["end"], dtype=float)
+    chunks = [np.asarray(c, dtype=float) for c, g in zip(clean["chunks"], ok) if g]
+    tokens, requests = bench_stats.vllm_buckets(begin[ok], end[ok], chunks)
+    assert tokens >= 0 and requests >= 0
+    assert bench_stats.peak_in_flight(begin, np.maximum(begin, end)) >= 0
+    turned = dict(clean, session=[i % 3 for i in range(len(ok))], turn=[i % 2 for i in range(len(ok))])
+    out = bench_stats.turn_metrics(turned)
+    assert out["num_sessions"] == (min(3, len(ok)))

@@ -93,6 +93,13 @@ def timeline_section(data: ReportData) -> str:
     rows = [[r.get("serve_label"), r.get("bench_label") or r.get("bench_id"), f"{float(r['drift_pct_per_run']):+.2f}",
              r.get("drift_text")] for _, r in drift.iterrows()]
     table = html_table(["server config", "bench point", "%/run", "trend"], rows) if rows else ""
+    outliers = points[points["outlier_text"].astype(str).str.startswith("run ")] \
+        if "outlier_text" in points.columns else points.iloc[0:0]
+    if len(outliers):
+        table += ("<p>Outlier runs (Grubbs' test at 1 %, left out of their point's statistics):</p>"
+                  + html_table(["server config", "bench point", "outlier"],
+                               [[r.get("serve_label"), r.get("bench_label") or r.get("bench_id"), r.get("outlier_text")]
+                                for _, r in outliers.iterrows()]))
     lines = timelines(df, metric)
     servers = ("<p>Over each server's timeline (every run relative to its point's mean, in time order): "
                + "; ".join(f"{esc(name)}: {esc(t.text)}" for name, t in lines) + ".</p>") if lines else ""
