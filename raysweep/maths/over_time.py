@@ -54,7 +54,7 @@ __all__ = ["ALPHA", "MIN_RUNS", "MIN_TREND_RUNS", "OUTLIER_ALPHA", "PAIR_KEYS", 
 
 MIN_RUNS = 3            # fewer runs (or pairs) on a side: a verdict is "not shown"
 MIN_TREND_RUNS = 3      # fewer finite values: no trend is judged
-MIN_OUTLIER_RUNS = 3    # fewer runs: no outlier is judged
+MIN_OUTLIER_RUNS = 4    # fewer runs: no outlier is judged (with 3, any two equal runs make the third one)
 OUTLIER_ALPHA = 0.01
 PAIR_KEYS = ("block",)      # a run table without it has no pairs
 ORDER_KEYS = ("started_at", "round", "run_number")

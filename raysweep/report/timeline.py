@@ -10,11 +10,10 @@ and lists the drifting points with their slopes.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from raysweep.maths import over_time
 from raysweep.report.data import ReportData, answer_of
@@ -24,7 +23,6 @@ from raysweep.results import aggregate
 __all__ = ["timeline_section", "timelines"]
 
 log = logging.getLogger(__name__)
-_COLORS = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
 
 
 def _used(df: pd.DataFrame) -> pd.DataFrame:
@@ -48,13 +46,17 @@ def timelines(df: pd.DataFrame, metric: str) -> list[tuple[str, over_time.Trend]
     return out
 
 
-def _figure(df: pd.DataFrame, metric: str, drifting: set[tuple[str, str]]) -> Figure:
+def _figure(df: pd.DataFrame, metric: str, drifting: set[tuple[str, str]]) -> Any:
+    import matplotlib  # only where the figure is drawn: a report of kept figures needs none
+    from matplotlib.figure import Figure
+
+    colors = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
     runs = _used(df)
     t0 = float(pd.to_numeric(runs["started_at"], errors="coerce").min())
     fig = Figure(figsize=(9.0, 3.6), layout="constrained")
     ax = fig.subplots()
     for i, (sid, part) in enumerate(runs.groupby("serve_id", sort=True)):
-        color = _COLORS[i % len(_COLORS)]
+        color = colors[i % len(colors)]
         label = str(part["serve_label"].iloc[0]) if "serve_label" in part.columns else str(sid)
         values = pd.to_numeric(part[metric], errors="coerce")
         mean = values.groupby(part["bench_id"]).transform("mean")
@@ -73,7 +75,7 @@ def _figure(df: pd.DataFrame, metric: str, drifting: set[tuple[str, str]]) -> Fi
 
 def timeline_section(data: ReportData) -> str:
     """The section (a line saying why when the runs do not say when they started)."""
-    from raysweep.report.figures import img_html
+    from raysweep.report.figures import figure_html
 
     df = data.df
     metric = next((m for m in aggregate.TREND_METRICS if m in df.columns), None)
@@ -104,9 +106,8 @@ def timeline_section(data: ReportData) -> str:
     servers = ("<p>Over each server's timeline (every run relative to its point's mean, in time order): "
                + "; ".join(f"{esc(name)}: {esc(t.text)}" for name, t in lines) + ".</p>") if lines else ""
     keys = {(str(r["serve_id"]), str(r["bench_id"])) for _, r in drift.iterrows()}
-    try:
-        figure = img_html(_figure(df, metric, keys), f"{metric} of every run against its start, relative to its "
-                          "point's mean")
-    except Exception as exc:  # a figure that fails costs only itself
-        figure = f'<p class="note">runs over time: not drawn ({esc(exc)})</p>'
+    drawn = df[[c for c in ("serve_id", "serve_label", "bench_id", "started_at", metric, "validity_ok",
+                            "client_limited") if c in df.columns]]
+    figure = figure_html(f"{metric} of every run against its start, relative to its point's mean",
+                         lambda: (_figure(drawn, metric, keys), []), ("timeline", drawn, sorted(keys)))
     return head + table + servers + figure
