@@ -213,13 +213,17 @@ def _vllm_options(argv: list[str]) -> LoadOptions:
 
 def _check_native(opts: LoadOptions) -> list[str]:
     """Build the point's requests from its file (every line read and checked), or check its tokenizer."""
+    if opts.dataset_name not in _FILE_SETS:
+        # random ids need no tokenizer to be checked; text prompts and the chat API need one: loaded to check
+        if opts.chat or opts.prompt_format == "text":
+            from raysweep.bench import text
+
+            text.load_vocab(opts, need_tokenizer=True)
+        return []
     from raysweep.bench import datasets, sessions, text
 
     if opts.dataset_name == "multi_turn":
         sessions.conversations(opts, text.tokenizer_for(opts))
-        return []
-    if opts.dataset_name not in _FILE_SETS:
-        text.load_vocab(opts, need_tokenizer=opts.chat or opts.prompt_format == "text")
         return []
     reqs = datasets.make_requests(opts)
     return _notes(opts, len(reqs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import click
@@ -11,6 +12,8 @@ import click
 from raysweep.cli._common import _say, console, main
 from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
+
+_SAY_READ_S = 0.5  # `validate` says what reading the bench data cost when it took this long or longer
 
 
 @main.command()
@@ -56,7 +59,12 @@ def _check(campaign_file: str) -> dict[str, Any]:
     try:
         plan = build_plan(load_campaign(campaign_file))
         options = check_campaign(plan.spec)  # serve and bench options against vLLM's own parser
+        t0 = time.monotonic()
         notes = check_data_files(plan.spec)  # every data file its bench points read, line by line
+        took = time.monotonic() - t0
+        if took >= _SAY_READ_S:
+            notes = [f"reading the bench points' data (files and tokenizer, to check their tokens) took {took:.1f} s",
+                     *notes]
         if options.note:
             notes = [f"vLLM options not checked: {options.note}", *notes]
     except UserError as exc:
