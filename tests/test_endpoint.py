@@ -240,6 +240,12 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert res.exit_code == 0, res.output
     written = yaml.safe_load((out / "campaign.yaml").read_text())
     assert written["serve"] == {"url": {"url": url, "reset_url": f"{url}/reset_prefix_cache"}}
+    # it ends with its report, conclusions about loads (one endpoint is no set of configs), and its points' table
+    assert written["report"] is True and (out / "report.html").is_file()
+    assert "Capacity for all bench points: output_throughput " in res.output  # no GPU count declared: not per GPU
+    assert "By max_concurrency for all bench points: 1: " in res.output
+    assert "better than" not in res.output and "Best for" not in res.output
+    assert "2 point(s); noisy" in res.output
     from raysweep.results.table import results_table
 
     df = results_table(out)

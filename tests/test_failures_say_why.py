@@ -77,3 +77,34 @@ def test_failed_starts_say_their_root_cause_and_are_not_retried_in_vain(gpu_clus
     html = (out / "report.html").read_text()
     assert "ValueError: No available memory for the cache blocks." in html
     assert "unrecognized arguments: --max-num-seqz 4" in html
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+def test_a_real_vllm_serve_refusing_an_argument_is_recorded_with_its_root_cause_and_started_once(
+        gpu_cluster, tiny_model, tmp_path):
+    """The option's name is vLLM's (the parser check passes it), its value is not: vLLM's own argparse refuses
+    it, and that line is the recorded cause, once, though max_attempts allows three starts."""
+    import yaml
+
+    from raysweep.ledger import Ledger
+
+    data = {"name": "bad-arg", "output_dir": str(tmp_path / "out"), "max_attempts": 3,
+            "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --dtype bfloat16 "
+                             "--gpu-memory-utilization 0.2 --enforce-eager --max-model-len 1024",
+                      "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"}, "ready_timeout_s": 300,
+                      "params": [{"max_model_len": "not-a-length"}]},
+            "bench": {"backend": "native", "cmd": f"vllm bench serve --model {tiny_model} --num-prompts 4 "
+                                                  "--random-input-len 16 --random-output-len 4"}}
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(data))
+    summary, out = run_file(f)
+    assert summary.counts["failed"] == 1 and summary.counts["done"] == 0
+    led = Ledger.open_existing(out)
+    servers, points = led.servers(), led.points()
+    led.close()
+    assert len(servers) == 1 and servers[0].state == "failed"  # started once
+    error = servers[0].error or ""
+    assert "argument --max-model-len" in error and "not-a-length" in error, error
+    assert "See root cause above" not in error
+    assert "not started again: an argument error fails the same way every time" in (points[0].error or "")

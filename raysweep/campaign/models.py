@@ -61,6 +61,8 @@ class EndpointSpec(_Strict):
     reset_url: str | None = Field(None, description="a URL POSTed before every point to reset its caches, e.g. "
                                   "URL/reset_prefix_cache (default: none, caches are not reset)")
     model: str | None = Field(None, description="the model the clients ask for (default: the first of /v1/models)")
+    gpus: int | None = Field(None, ge=1, description="the GPUs behind it, for per-GPU figures (default: serve.gpus; "
+                             "undeclared: no per-GPU figure)")
 
     @field_validator("url", "metrics_url", "reset_url")
     @classmethod
@@ -77,6 +79,8 @@ class ServeSpec(_Strict):
         None, description="instead of cmd: one or several running endpoints (a base URL, or a mapping with url, "
         "metrics_url, reset_url, model), each a server config; nothing is started or stopped")
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment of the server process")
+    gpus: int | None = Field(None, ge=1, description="with url: the GPUs behind each endpoint, for per-GPU figures "
+                             "(undeclared: none; servers raysweep starts record the GPUs they reserve)")
     ready_timeout_s: float = Field(600.0, gt=0, description="seconds to wait for /health and /v1/models")
     params: Any = Field(None, description="parameter file path, list of dicts, or {grid: ..., exclude: [...]}")
     gpus_per_replica: int | None = Field(None, ge=1, description="GPUs of one replica, for commands that are not "
@@ -99,6 +103,14 @@ class ServeSpec(_Strict):
     @classmethod
     def _cpus(cls, v: list[int] | str | None) -> list[int] | str | None:
         return _check_cpus(v)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_of_endpoints(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("cmd"):
+            raise ValueError("only with serve.url (endpoints that run already); a server raysweep starts records "
+                             "the GPUs it reserves")
+        return v
 
     @field_validator("url")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,9 @@ def default_name(url: str) -> str:
 
 
 def profile_campaign(url: str, bench_cmd: str, grid: dict[str, list[Any]], *, name: str, output_dir: str,
-                     runs: int, backend: str, metrics_url: str | None, reset_url: str | None) -> dict[str, Any]:
-    """The campaign file `raysweep profile` writes."""
+                     runs: int, backend: str, metrics_url: str | None, reset_url: str | None,
+                     gpus: int | None = None) -> dict[str, Any]:
+    """The campaign file `raysweep profile` writes (its report written at the end)."""
     endpoint: Any = url
     if metrics_url or reset_url:
         endpoint = {"url": url, **({"metrics_url": metrics_url} if metrics_url else {}),
@@ -51,7 +53,8 @@ def profile_campaign(url: str, bench_cmd: str, grid: dict[str, list[Any]], *, na
     bench: dict[str, Any] = {"backend": backend, "cmd": bench_cmd}
     if grid:
         bench["params"] = {"grid": grid}
-    return {"name": name, "output_dir": output_dir, "runs": runs, "serve": {"url": endpoint}, "bench": bench}
+    serve: dict[str, Any] = {"url": endpoint, **({"gpus": gpus} if gpus else {})}
+    return {"name": name, "output_dir": output_dir, "runs": runs, "report": True, "serve": serve, "bench": bench}
 
 
 @main.command()
@@ -72,12 +75,15 @@ def profile_campaign(url: str, bench_cmd: str, grid: dict[str, list[Any]], *, na
                                                 "(default: none).")
 @click.option("--address", default=None, help="Ray cluster whose nodes run the client actors (`auto`, or HOST:PORT). "
                                               "Default: an embedded local Ray on this machine.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="The GPUs behind the endpoint (serve.gpus): per-GPU figures only when given.")
 @click.option("--dry-run", is_flag=True, help="Write the campaign file and print the plan; run nothing.")
 def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, name: str | None,
             output_dir: str | None, backend: str, metrics_url: str | None, reset_url: str | None,
-            address: str | None, dry_run: bool) -> None:
+            address: str | None, gpus: int | None, dry_run: bool) -> None:
     """Sweep an endpoint that runs already (a vLLM server, a gateway, a Kubernetes service): writes
-    OUTPUT_DIR/campaign.yaml with `serve.url: URL` and runs it like `raysweep run` (resumed when run again)."""
+    OUTPUT_DIR/campaign.yaml with `serve.url: URL` and runs it like `raysweep run` (resumed when run again),
+    then prints the table of its points (one row per load) after the report and its conclusions."""
     from raysweep.campaign import campaign_from_dict
     from raysweep.cli.running import _dry_run, _run
     from raysweep.record.files import write_text_atomic
@@ -86,7 +92,7 @@ def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, na
     name = name or default_name(url)
     out = default_path(name, output_dir)
     data = profile_campaign(url, bench_cmd, parse_grid(grid_items), name=name, output_dir=str(out), runs=runs,
-                            backend=backend, metrics_url=metrics_url, reset_url=reset_url)
+                            backend=backend, metrics_url=metrics_url, reset_url=reset_url, gpus=gpus)
     spec = campaign_from_dict(data, base_dir=Path.cwd())  # refused here (exit 2) before any file is written
     if dry_run:
         _dry_run(spec, address, out, ())
@@ -97,4 +103,26 @@ def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, na
     path = write_text_atomic(out / "campaign.yaml", yaml.safe_dump(data, sort_keys=False))
     _say(f"Campaign file: {path}", err=True)
     spec = campaign_from_dict(data, base_dir=out.resolve(), source_path=str(path.resolve()))
-    _run(spec, out, address, force=False)
+    code: Any = 0
+    try:
+        _run(spec, out, address, force=False)
+    except SystemExit as exc:  # some points failed: the table of those that finished still comes
+        code = exc.code
+    points_table(out)
+    if code:
+        sys.exit(code)
+
+
+def points_table(out: Path) -> None:
+    """The table `profile` ends with: one row per point (its load), the mean of each headline metric over its
+    runs with the confidence interval, as `raysweep results --aggregate` prints it."""
+    from raysweep.cli.comparing import print_aggregates
+    from raysweep.ledger import LEDGER_FILE
+    from raysweep.results import results_table
+
+    if not (out / LEDGER_FILE).is_file():
+        return
+    df = results_table(out)
+    if df.empty:
+        return
+    print_aggregates(str(out), df, ("parquet", "csv"), 0.95, 0.05, None, written=[])

@@ -61,6 +61,7 @@ class Endpoint:
     metrics_url: str | None = None
     reset_url: str | None = None
     model: str | None = None
+    gpus: int | None = None   # declared (`gpus`, else `serve.gpus`): the runs' gpu_count; None: unknown
 
 
 def _base(url: str) -> str:
@@ -74,13 +75,15 @@ def endpoints_of(spec: Any) -> list[Endpoint]:
     if given is None:
         return []
     items = given if isinstance(given, list) else [given]
+    gpus = getattr(serve, "gpus", None)
     out = []
     for item in items:
         if isinstance(item, str):
-            out.append(Endpoint(_base(item)))
+            out.append(Endpoint(_base(item), gpus=gpus))
         else:
             data = item if isinstance(item, dict) else item.model_dump()
-            out.append(Endpoint(_base(data["url"]), data.get("metrics_url"), data.get("reset_url"), data.get("model")))
+            out.append(Endpoint(_base(data["url"]), data.get("metrics_url"), data.get("reset_url"), data.get("model"),
+                                data.get("gpus") or gpus))
     return out
 
 
@@ -206,9 +209,11 @@ class EndpointPoints(PointRunner):
                started: float, reset: str, out: dict[str, Any]) -> dict[str, Any]:
         rec = super().record(run, server, point, result, attempt, started, reset, out)
         version = (server.provenance or {}).get("vllm")
+        endpoint = getattr(self.work, "endpoints", {}).get(run.serve.id)
+        gpus = endpoint.gpus if endpoint is not None else None  # declared with the endpoint, else unknown
         rec.update(server_origin=ORIGIN, endpoint_url=server.url,
                    server_unknown=UNKNOWN + ("" if version else ", versions"),
-                   gpu_count=None, gpus_per_node=None, num_nodes=None)
+                   gpu_count=gpus, gpus_per_node=None, num_nodes=None)
         if self.c.cost is not None:  # priced again without the GPUs the endpoint's are not known to be
             for key in [k for k in rec if k.startswith("cost_")]:
                 del rec[key]

@@ -36,6 +36,11 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
             f"other config with Welch's t over runs (a paired t where their runs were measured side by side) and "
             f"Holm's correction over the configs; a point whose runs drift over their order is never green. Load: "
             f"{esc(c.load or 'not swept')}; bench shape: {esc(', '.join(c.shape_keys) or 'one')}.</p>")
+    if c.single_config:
+        head = (f'<p class="muted">One server config swept over {esc(c.load or "its loads")}: each card gives its '
+                f"capacity (the load of highest mean {esc(c.objective.text)}, with its {pct} confidence interval), "
+                "its knee and the latencies at each load. Loads are points of one curve, not configurations: none is "
+                "ranked against another.</p>")
     cards = "".join(_shape_card(data, c, v, card_figure) for v in c.verdicts)
     if not cards:
         cards = f'<p class="note">No point has a value of {esc(c.objective.name)}.</p>'
@@ -53,10 +58,14 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
         parts.append(f'<p class="flag">No point of this shape is shown to meet the service-level objective '
                      f"{esc(c.slo.label)}: no winner. Nearest: {esc(v.nearest)}. The ranking below is by "
                      "nearness to the bound.</p>")
+    elif c.single_config:
+        parts.append(f'<p class="win">Capacity: <b>{esc(c.load or "")}={esc(str(lead.get(c.load)))}</b>: {value}</p>')
     else:
         parts.append(f'<p class="win">Best: <b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>')
     parts.append(_precision(data, lead))
     parts.append(_latencies(lead))
+    if c.single_config:
+        return f'<div class="card">{"".join([*parts, *_load_parts(data, c, v, card_figure)])}</div>'
     if v.runner_up is not None:
         cls = "sig" if v.clear else "insig"
         amount = f"{v.lead:+.1%}" if v.lead is not None else "ahead"
@@ -116,6 +125,25 @@ def _precision(data: ReportData, row: Any) -> str:
     goal = f" (+-{100 * float(target or 0):.1f} % of the mean)" if conclusions.finite(target) else ""
     return (f'<p class="flag">Precision not reached: this point {esc(why)} before its interval was as narrow as '
             f"bench.precision asks{esc(goal)}{esc(at)}. Its value is less certain than the campaign asked.</p>")
+
+
+def _load_parts(data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict,
+                card_figure: CardFigure) -> list[str]:
+    """One server config's card below its capacity: the knee, the figure and one row per load."""
+    parts = []
+    if v.knee is not None:
+        parts.append(f"<p>Knee (best among loads with {esc(v.knee_bound)}): <b>{esc(c.load or '')}="
+                     f"{esc(str(v.knee.get(c.load)))}</b>, {conclusions.fmt(v.knee['objective_mean'])} "
+                     f"{esc(c.objective.unit)}.</p>" + _latencies(v.knee))
+    parts.append(card_figure(data, c, v))
+    lats = list(conclusions.CARD_LATENCIES)
+    rows = [[r.get(c.load), conclusions.rounded(r["objective_mean"]), _interval(r, bare=True),
+             *[conclusions.rounded(r.get(f"{m}_mean")) for m in lats], r.get("runs"), _left_out(r)]
+            for _, r in conclusions.by_load(c, v).iterrows()]
+    unit = f" ({c.objective.unit})" if c.objective.unit else ""
+    parts.append(html_table([c.load or "load", f"mean{unit}", f"{conclusions.CONFIDENCE:.0%} CI",
+                             *[f"{m[:-3]} (ms)" for m in lats], "runs used", "left out"], rows))
+    return parts
 
 
 def _backing(row: Any) -> str:

@@ -61,7 +61,10 @@ __all__ = [
     "sla_costs",
     "finite",
     "fmt",
+    "by_load",
+    "gpus_declared",
     "headlines",
+    "load_lines",
     "parse_objective",
     "rounded",
     "shape_keys",
@@ -194,6 +197,7 @@ class Conclusions:
     sla: pd.DataFrame             # per bench point and target: the configs ranked by their capacity
     notes: list[str] = field(default_factory=list)
     slo: Target | None = None
+    single_config: bool = False   # one server config (an endpoint) swept over loads: judged by load, not config
 
     @property
     def noisy(self) -> pd.DataFrame:
@@ -214,6 +218,11 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     elif len(confirming):
         summary = summary[~summary["bench_id"].isin(set(confirming["bench_id"]))].reset_index(drop=True)
     aggregated = [c[: -len("_mean")] for c in summary.columns if c.endswith("_mean")]
+    gpu_note = []
+    if objective is None and not gpus_declared(df):
+        objective = DEFAULT_OBJECTIVE[: -len(_PER_GPU)]
+        gpu_note = [f"No GPU count is declared or discovered for these runs (an endpoint declares it with "
+                    f"serve.gpus): ranked by {objective}, not per GPU"]
     obj = parse_objective(objective, aggregated)
     load = plots.load_variable(df, "")
     keys = shape_keys(df, bench_vars, load or None, sla_variable)
@@ -223,8 +232,18 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     for v in verdicts_:
         _confirmed(v, confirming, obj, confidence)
     fronts, front_notes = _fronts(df, points)
+    single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
-                       _sla_capacities(sla if sla is not None else pd.DataFrame(), df), notes, slo)
+                       _sla_capacities(sla if sla is not None else pd.DataFrame(), df), [*gpu_note, *notes], slo,
+                       single)
+
+
+def gpus_declared(df: pd.DataFrame) -> bool:
+    """Every run records its GPUs (`gpu_count` > 0: GPUs raysweep reserved, or an endpoint's `serve.gpus`)."""
+    if "gpu_count" not in df.columns or df.empty:
+        return False
+    counts = pd.to_numeric(df["gpu_count"], errors="coerce")
+    return bool((np.isfinite(counts) & (counts > 0)).all())
 
 
 def _without_confirmation(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -622,8 +641,48 @@ def cheapest_text(v: ShapeVerdict) -> str:
     return f"{m} {fmt(row[f'{m}_mean'])}{ci}{tied}"
 
 
+def by_load(c: Conclusions, v: ShapeVerdict) -> pd.DataFrame:
+    """The points of a shape in the order of their load (one server config: its curve)."""
+    rows = c.points[c.points["shape"] == v.shape]
+    if c.load and c.load in rows.columns:
+        order = sorted(range(len(rows)), key=lambda i: plots.sort_key(rows[c.load].iloc[i]))
+        rows = rows.iloc[order]
+    return rows
+
+
+def load_lines(c: Conclusions) -> list[str]:
+    """One server config swept over loads (an endpoint): per shape its capacity (the load of highest mean
+    objective, with its interval), its knee and the latencies at each load; never one load "better" than
+    another as if they were configs."""
+    lines = []
+    for v in c.verdicts:
+        top, unit = v.leader, f" {c.objective.unit}".rstrip()
+        low, high = top.get("objective_ci_low"), top.get("objective_ci_high")
+        interval = (f" ({CONFIDENCE:.0%} interval {fmt(low)} to {fmt(high)})"
+                    if finite(top.get("objective_ci_low")) and finite(top.get("objective_ci_high")) else "")
+        word = "highest" if c.objective.maximize else "lowest"
+        lines.append(f"Capacity for {v.shape}: {c.objective.name} {fmt(top['objective_mean'])}{unit}{interval} at "
+                     f"{c.load}={plots.fmt_value(top[c.load])}, the {word} mean of "
+                     f"{len(by_load(c, v))} load(s)" + ("; some of its runs were flagged" if v.flagged else "")
+                     + ("; its runs drift over their order" if v.drifting else ""))
+        if v.knee is not None:
+            lines.append(f"Knee for {v.shape}: {c.load}={plots.fmt_value(v.knee[c.load])}, {c.objective.name} "
+                         f"{fmt(v.knee['objective_mean'])}{unit} (the best among loads with {v.knee_bound})")
+        steps = []
+        for _, r in by_load(c, v).iterrows():
+            lat = ", ".join(f"{m[:-3].replace('_', ' ')} {fmt(r.get(f'{m}_mean'))} ms"
+                            for m in CARD_LATENCIES[::2] if finite(r.get(f"{m}_mean")))
+            steps.append(f"{plots.fmt_value(r[c.load])}: {fmt(r['objective_mean'])}{unit}"
+                         + (f", {lat}" if lat else ""))
+        lines.append(f"By {c.load} for {v.shape}: " + "; ".join(steps))
+    return lines
+
+
 def headlines(c: Conclusions) -> list[str]:
-    """One line per bench shape: the winner, its value, its lead and what the test shows."""
+    """One line per bench shape: the winner, its value, its lead and what the test shows (one server config
+    swept over loads: `load_lines`)."""
+    if c.single_config:
+        return load_lines(c)
     lines = []
     for v in c.verdicts:
         lead = ""
