@@ -104,9 +104,18 @@ if [[ ! -f "$dist/METADATA" ]] || ! grep -qx "Version: $VLLM_VERSION" "$dist/MET
     : >"$dist/RECORD"
 fi
 
-if [[ -n "${installed:-}" ]]; then   # the check costs ~15 s of vLLM import: only after an install
-    version="$("$VENV/bin/vllm" --version 2>/dev/null | tail -1)"
-    [[ "$version" == "$VLLM_VERSION" ]] || { say "vllm --version gave '$version'"; exit 1; }
+if [[ -n "${installed:-}" ]]; then
+    # what the `vllm` CLI reads at its start, and no torchvision beside the CPU torch (instant); starting the
+    # CLI itself imports vLLM (15 s on 2 idle cores, minutes on a loaded machine): RAYSWEEP_SETUP_VERIFY=1
+    version="$("$PY" -c 'import importlib.metadata as m; print(m.version("vllm"))')"
+    [[ "$version" == "$VLLM_VERSION" ]] || { say "vllm's metadata says '$version'"; exit 1; }
+    if "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torchvision") is None)'; then
+        say "torchvision is still installed beside the CPU torch"; exit 1
+    fi
+    if [[ "${RAYSWEEP_SETUP_VERIFY:-0}" == 1 ]]; then
+        version="$("$VENV/bin/vllm" --version 2>/dev/null | tail -1)"
+        [[ "$version" == "$VLLM_VERSION" ]] || { say "vllm --version gave '$version'"; exit 1; }
+    fi
     say "ready: vllm $version"
 fi
 touch "$stamp"
