@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from raysweep import conclusions
+from raysweep.results import conclusions
 
 
 def _runs(serves: tuple[str, ...] = ("ep",), gpu_count: float | None = None) -> pd.DataFrame:

@@ -118,7 +118,7 @@ def points_table(out: Path) -> None:
     runs with the confidence interval, as `raysweep results --aggregate` prints it."""
     from raysweep.cli.comparing import print_aggregates
     from raysweep.ledger import LEDGER_FILE
-    from raysweep.results import results_table
+    from raysweep.results.table import results_table
 
     if not (out / LEDGER_FILE).is_file():
         return
