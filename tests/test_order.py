@@ -243,8 +243,11 @@ def test_precision_runs_come_in_rounds_and_a_resume_mid_round_runs_nothing_twice
     rows = led.points()
     assert all(p.attempts == 1 for p in rows if p.point_id in done_first)  # nothing done ran again
     decided = led.precision()
-    # every point decided (reached, or at max_runs where its runs drift or spread on a loaded machine)
-    assert len(decided) == 3 and all(r["state"] in ("reached", "max_runs") and r["runs_done"] >= 4 for r in decided)
+    # every point decided by the rule: reached after the added round, or, where the stand-in's timing drifts or
+    # spreads on a loaded machine, stopped exactly at max_runs; never "max_runs" short of it
+    assert len(decided) == 3
+    assert all((r["state"] == "reached" and 4 <= r["runs_done"] <= 5)
+               or (r["state"] == "max_runs" and r["runs_done"] == 5) for r in decided)
     led.close()
     recs = _records(out)
     total = sum(r["runs_done"] for r in decided)

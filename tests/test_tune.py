@@ -464,6 +464,9 @@ def test_a_candidate_no_node_can_hold_any_more_fails_and_frees_its_place(tmp_pat
     work.nodes_now = bench.SimCluster(nodes=1, gpus=8, rng=random.Random(0)).nodes()
     work.refill()                                                      # asked while the 8-GPU node was there
     [first] = work.live()
+    sched.step()                                                       # it waits for nodes it fits first
+    assert work.cands[first.number].state == "running"
+    sim.now += sched.replace_wait_s + 1                                # no such node came back in time
     sched.step()
     assert work.cands[first.number].state == "failed" and "can no longer be placed" in work.cands[first.number].reason
     assert not work.live() or work.live()[0].number != first.number

@@ -17,7 +17,7 @@ from raysweep.cli._common import console
 SHOWN = frozenset({"server_starting", "server_ready", "server_failed", "transport", "node_lost", "config_failed",
                    "point_done", "point_failed", "sla_done", "candidate_start", "candidate_done", "fabric",
                    "topology_warning", "replica", "precision", "workload_levels", "disk_full", "replaced",
-                   "waiting_for_nodes", "cannot_place"})
+                   "waiting_for_nodes", "cannot_place", "confirm_start"})
 SILENT = frozenset({"campaign_start", "campaign_end", "server_stopped", "warmup_done", "client_limited",
                     "point_start"})
 # The driver's log records that an event line already says (they still go to the log file).
@@ -26,7 +26,8 @@ _TOLD = frozenset({"server config %s: %s; tearing its server down",  # node_lost
                    "candidate %d: %s (%s)", "candidate %d (%s) %s: %s", "candidate %d (%s) stopped: %s",
                    "server config %s, bench %s: serial %s=%d, batch %s=%d; levels %s",  # workload_levels
                    "disk full: %s",  # disk_full
-                   "server config %s fits none of the nodes left (%s); waiting up to %.0f s for nodes"})
+                   "server config %s fits none of the nodes left (%s); waiting up to %.0f s for nodes",
+                   "confirmation: %s re-measured on fresh servers, %d start(s) each (AB BA), %d run(s) per start"})
 
 
 def told_by_event(record: logging.LogRecord) -> bool:
@@ -89,6 +90,10 @@ class _ProgressDisplay:
         elif kind == "cannot_place":
             p.console.print(f"[red]server config {data['serve'].id} cannot be placed:[/] {escape(data['reason'])}",
                             highlight=False)
+        elif kind == "confirm_start":  # the leaders re-measured after the sweep (drive/confirm.py)
+            pairs = ", ".join(f"{role} {s}/{b}" for s, b, role, *_ in data["pairs"])
+            p.console.print(f"confirmation: {escape(pairs)} re-measured on fresh servers, {data['starts']} start(s) "
+                            f"each (AB BA), {data['runs']} run(s) per start", highlight=False)
         elif kind == "replica":
             p.console.print(f"server config {data['serve'].id}: one more server (replica {data['replica']}) to share "
                             f"its {data['points_left']} points left", highlight=False)
