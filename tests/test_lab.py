@@ -425,7 +425,7 @@ def test_submit_from_the_machine_to_the_heads_job_server_over_the_bridge_stop_an
 
 def test_a_campaign_across_a_slow_lossy_relay_finishes_and_its_validity_record_says_so(lab_cluster, tmp_path):
     """The stand-in streaming server on host 2; a relay on host 3 that delays every chunk 20 ms each way, resets
-    15 % of the connections and cuts 2 % of the answers' chunks mid-stream (the client keeps its connections
+    15 % of the connections and cuts every 10th chunk of the answers mid-stream (the client keeps its connections
     open, so drops at accept alone may miss a point); the clients sweeping the server through the relay
     (`serve.url`): the campaign ends, every point measured, the cut requests counted as failed and the
     points marked `errors` in their validity record; the delay shows in the time to first token."""
@@ -444,7 +444,7 @@ def test_a_campaign_across_a_slow_lossy_relay_finishes_and_its_validity_record_s
         started.append(server)
         relay = subprocess.Popen(lab.exec_argv(state, 3, [sys.executable, "-m", "raysweep.place.lab_relay", "--listen",
                                                           f"{h3['ip']}:19000", "--to", f"{h2['ip']}:18000",
-                                                          "--delay-ms", "20", "--drop", "0.15", "--cut", "0.02",
+                                                          "--delay-ms", "20", "--drop", "0.15", "--cut-every", "10",
                                                           "--spare", "3"]),
                                  env={**lab.host_env(state, 3), "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                                  text=True)

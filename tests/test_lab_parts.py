@@ -108,6 +108,44 @@ def test_the_relay_delays_and_drops_connections():
     assert "forwarded" in out and "dropped" in out
 
 
+def test_the_relay_cuts_every_nth_answer_chunk():
+    """On loopback: an echo server behind the relay cutting every 3rd answer chunk; each connection's answer is
+    one chunk, so of 9 connections the 3rd, 6th and 9th are reset mid-answer and the others answered."""
+    target = socket.socket()
+    target.bind(("127.0.0.1", 0))
+    target.listen(50)
+
+    def echo() -> None:
+        while True:
+            try:
+                c, _ = target.accept()
+            except OSError:
+                return
+            with c:
+                c.sendall(c.recv(100))
+    threading.Thread(target=echo, daemon=True).start()
+    port = free_port()
+    relay = subprocess.Popen([sys.executable, "-m", "raysweep.place.lab_relay", "--listen", f"127.0.0.1:{port}", "--to",
+                              f"127.0.0.1:{target.getsockname()[1]}", "--cut-every", "3"],
+                             stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    try:
+        assert wait_for(lambda: _connects(port), 30, 0.1)   # a connection that sends nothing gets no answer chunk
+        outcomes = []
+        for _ in range(9):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    s.sendall(b"ping")
+                    outcomes.append(s.recv(100) == b"ping")
+            except OSError:
+                outcomes.append(False)
+        assert outcomes == [True, True, False] * 3
+    finally:
+        relay.terminate()
+        out, _ = relay.communicate(timeout=20)
+        target.close()
+    assert "3 cut" in out
+
+
 def _connects(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()

@@ -1,6 +1,7 @@
 """A slow or lossy link where the kernel has no `netem`: a small TCP relay that forwards every connection to a
 target after a delay per chunk each way, drops a share of the connections (reset once accepted; never the
-first `--spare`) and cuts a share of the answers mid-stream (`--cut`, per chunk).
+first `--spare`) and cuts answers mid-stream: a share of their chunks at random (`--cut`), or every Nth chunk
+(`--cut-every`, so that a test knows every answer-heavy stretch of traffic loses some).
 
     python -m raysweep.place.lab_relay --listen 10.77.0.4:9000 --to 10.77.0.3:8000 --delay-ms 20 --drop 0.1 --cut 0.02
 
@@ -51,12 +52,13 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 
 async def relay(listen: tuple[str, int], to: tuple[str, int], delay_ms: float, drop: float, seed: int,
-                spare: int = 0, cut: float = 0.0) -> None:
+                spare: int = 0, cut: float = 0.0, cut_every: int = 0) -> None:
     rng = random.Random(seed)
-    counts = {"forwarded": 0, "dropped": 0, "cut": 0}
+    counts = {"forwarded": 0, "dropped": 0, "cut": 0, "answer_chunks": 0}
 
     def cut_now() -> bool:
-        if cut and rng.random() < cut:
+        counts["answer_chunks"] += 1
+        if (cut and rng.random() < cut) or (cut_every and counts["answer_chunks"] % cut_every == 0):
             counts["cut"] += 1
             return True
         return False
@@ -100,10 +102,13 @@ def main() -> None:
     ap.add_argument("--drop", type=float, default=0.0, help="share of connections reset when accepted (0 to 1)")
     ap.add_argument("--cut", type=float, default=0.0, help="chance, per chunk of an answer, that the connection is "
                     "reset there (a request lost mid-stream; clients that keep connections open see this)")
+    ap.add_argument("--cut-every", type=int, default=0, help="reset the connection at every Nth chunk of the "
+                    "answers (counted across connections): every stretch of N answers loses at least one")
     ap.add_argument("--spare", type=int, default=0, help="never drop the first N connections (a health check)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    asyncio.run(relay(args.listen, args.to, args.delay_ms, args.drop, args.seed, args.spare, args.cut))
+    asyncio.run(relay(args.listen, args.to, args.delay_ms, args.drop, args.seed, args.spare, args.cut,
+                      args.cut_every))
 
 
 if __name__ == "__main__":

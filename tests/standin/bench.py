@@ -30,6 +30,9 @@ def main() -> None:
     ap.add_argument("--fail", action="store_true")
     ap.add_argument("--fail-while", default=None, help="fail while this file exists")
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--hold-while", default=None, help="from call --hold-from on (counted in --log-file), wait "
+                                                       "while this file exists before measuring")
+    ap.add_argument("--hold-from", type=int, default=1)
     ap.add_argument("--log-file", default=None, help="append the argv of each call here")
     ap.add_argument("--env-file", default=None, help="append the CUDA_VISIBLE_DEVICES each call saw here")
     ap.add_argument("--journal", default=None, help="append {call, event: start|done, t, argv} of each call here; "
@@ -47,6 +50,11 @@ def main() -> None:
         print("standin bench: failing on purpose")
         sys.exit(1)
     time.sleep(args.sleep)
+    if args.hold_while and args.log_file:
+        with open(args.log_file) as f:
+            number = sum(1 for _ in f)
+        while number >= args.hold_from and os.path.exists(args.hold_while):
+            time.sleep(0.1)
 
     def one(i: int) -> tuple[float, float, bool]:
         t0 = time.time()
