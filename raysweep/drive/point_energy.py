@@ -32,6 +32,9 @@ def load_window(result: dict[str, Any], started: float, ended: float) -> tuple[f
     if lo is not None and hi is not None and hi > lo:
         return t0 + float(lo), t0 + float(hi), "steady"
     why = str(result.get("steady_state_note") or "no steady-state window")
+    if result.get("offline_kind") and result.get("load_window_start") is not None:  # raysweep.offline.points
+        return (float(result["load_window_start"]), float(result["load_window_end"]),
+                "load (offline: its elapsed time back from the command's exit)")
     if result.get("start_time") is None and result.get("load_window_start") is not None:  # a command's JSON
         return float(result["load_window_start"]), float(result["load_window_end"]), f"load ({why})"
     return t0, float(result.get("end_time") or ended), f"load ({why})"
@@ -77,6 +80,12 @@ def point_energy_fields(hosts: list[Any], result: dict[str, Any], samples: dict[
     if not hosts:
         return {"energy_note": "no energy reading: the server is not raysweep's (an endpoint), its devices are "
                                "not read"}
+    offline = result.get("offline_kind")
+    if offline == "startup":
+        return {"energy_note": "not applicable: a startup point makes no tokens (per-token energy and cost do "
+                               "not apply)"}
+    if offline and result.get("load_window_start") is None:
+        return {"energy_note": "no energy reading: the offline run gave no elapsed time to window its energy"}
     t0, t1, kind = load_window(result, started, ended)
     try:
         windows = ray.get([h.telemetry_energy.remote(t0, t1) for h in hosts], timeout=60)
@@ -100,10 +109,14 @@ def point_energy_fields(hosts: list[Any], result: dict[str, Any], samples: dict[
                 wraps[key] = w["wraps"][dev]
     if not devices:
         return {"energy_note": "; ".join(sorted(whys)) or "no energy reading: telemetry not started"}
+    if offline:  # its devices were read for idle while the command loaded its weights: not idle
+        idle = {k: None for k in idle}
     e = energy.window_energy(devices, idle, t0, t1, wraps)
     if "energy_j" not in e:
         return e
-    if any(v is None for v in idle.values()):
+    if offline:
+        e["energy_note"] = "offline: no idle reading (the command was loading), net of idle not given"
+    elif any(v is None for v in idle.values()):
         e["energy_note"] = "idle power not measured: net of idle not given"
     out_tok, tot_tok = _tokens(result, samples, kind)
     fields = energy.energy_fields(e, out_tok, tot_tok)

@@ -20,7 +20,23 @@ from raysweep.place import transport
 from raysweep.plan.plan import PointRun
 from raysweep.serve.live_server import Aborted, ConfigRun, Server, Servers, new_server_id, resolve_provenance
 
-__all__ = ["OfflinePoints"]
+__all__ = ["OfflinePoints", "load_window_fields"]
+
+
+def load_window_fields(result: dict[str, Any], exited: float) -> dict[str, float]:
+    """Where an offline run's load lies, for its energy (`raysweep.drive.point_energy`): its elapsed time
+    (throughput's `elapsed_time`, latency's measured iterations) back from the command's exit, so the weights'
+    loading, the engine's start and the warmup iterations before it are not in it; nothing for startup."""
+    kind = result.get("offline_kind")
+    if kind == "throughput":
+        span = result.get("duration")
+    elif kind == "latency" and result.get("mean_latency_ms") is not None:
+        span = float(result["mean_latency_ms"]) / 1000.0 * int(result.get("num_iters") or 0)
+    else:
+        return {}
+    if span is None or not float(span) > 0:
+        return {}
+    return {"load_window_start": exited - float(span), "load_window_end": exited}
 
 
 class OfflinePoints:
@@ -100,6 +116,7 @@ class OfflinePoints:
             command = server.infos[0]["command"]
             self.work.ledger.update_server(server.server_id, state="running")
             code, error = self._wait(run, server)
+            exited = time.time()
             if error is None:
                 text = run.wait(server.hosts[0].read_text.remote(json_path), 120)[1]
                 log_text = run.wait(server.hosts[0].read_log.remote(), 120)[1]
@@ -110,6 +127,7 @@ class OfflinePoints:
                 else:
                     result = offline.parse_result(kind, text, log_text)
                     result["offline_params"] = ",".join(point.serve.params)
+                    result.update(load_window_fields(result, exited))
         except ray.exceptions.RayError as exc:
             server.host_lost = True
             error = f"host actor failed: {type(exc).__name__}: {exc}"
