@@ -66,3 +66,15 @@ def test_startup_and_unwindowed_offline_points_say_why_they_have_no_energy(hosts
     assert load_window_fields(empty, 1020.0) == {}
     f = point_energy.point_energy_fields(hosts, empty, None, 990.0, 1020.0, True)
     assert list(f) == ["energy_note"] and "no elapsed time" in f["energy_note"]
+
+
+def test_the_report_of_a_startup_campaign_says_why_it_has_no_energy(hosts):
+    import pandas as pd
+
+    from raysweep.report.energy import report_section
+
+    startup = parse_result("startup", json.dumps({"avg_cold_startup_time": 30.0, "cold_startup_times": [30.0]}))
+    note = point_energy.point_energy_fields(hosts, startup, None, 990.0, 1020.0, True)["energy_note"]
+    df = pd.DataFrame([{"serve_id": "s0", "bench_id": "b0", **startup, "energy_note": note}])
+    html = report_section(SimpleNamespace(df=df, campaign={}, servers=[]))  # type: ignore[arg-type]
+    assert html is not None and "No energy was measured: not applicable: a startup point makes no tokens" in html
