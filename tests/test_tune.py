@@ -489,3 +489,46 @@ def test_after_the_start_up_a_pareto_campaign_takes_the_surrogates_proposals(tmp
     work, ledger, started = simulate(tmp_path / "off", data, seed=6)
     assert work.modelled == set() and len(started) == 24
     ledger.close()
+
+
+def test_a_tuning_campaign_on_energy_per_output_token_minimises_it(tmp_path, monkeypatch):
+    """`{metric: j_per_output_token, direction: minimize}`: each candidate's objective is the least J per output
+    token of its points, and the leaderboard leads with the least, not the most."""
+    import json
+    import math
+    import re
+
+    joules: dict[str, list[float]] = {}
+
+    def record(self, point):  # the simulated point also measures 400 W per GPU over its tokens
+        c = int(point.bench.params["max_concurrency"])
+        value = bench.true_throughput(point.serve.params, c) * math.exp(self.rng.gauss(0, bench.NOISE))
+        j = 400.0 * int(point.serve.params.get("tensor_parallel_size", 1)) / value
+        joules.setdefault(point.serve.id, []).append(j)
+        rel = f"points/{point.id}.json"
+        path = self.work.output_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"output_throughput": value, "max_concurrency": c, "j_per_output_token": j}))
+        self.work.ledger.mark_running(point.id, "sim")
+        self.work.ledger.mark_done(point.id, rel)
+
+    monkeypatch.setattr(bench.SimCluster, "_record", record)
+    data = campaign(budget={"candidates": 12}, seed=7)
+    data["tune"]["objective"] = {"metric": "j_per_output_token", "direction": "minimize"}
+    work, ledger, _ = simulate(tmp_path, data, seed=7)
+    rows = [r for r in ledger.candidates() if r["objective"]]
+    done = [r for r in rows if r["state"] == "complete"]
+    assert len(ledger.candidates()) == 12 and done
+    pruned = [r for r in ledger.candidates() if r["state"] == "pruned"]
+    assert pruned and all("j_per_output_token" in r["reason"] for r in pruned)
+    # the rungs rank by it too, the least first: the most J per output token at a rung is ranked last there
+    first = [r for r in pruned if r["reason"].startswith("rung 1 ")]
+    worst = max(first, key=lambda r: joules[r["serve_id"]][0])
+    assert first and re.search(r"ranks (\d+) of \1;", worst["reason"])
+    for r in done:
+        assert r["objective"][0] == pytest.approx(min(joules[r["serve_id"]]))
+    board = leaderboard(ledger.stored_campaign(), ledger.candidates())
+    assert board[0]["state"] == "complete"
+    assert board[0]["objective"][0] == min(r["objective"][0] for r in done)
+    assert board[0]["objective"][0] < max(r["objective"][0] for r in done)
+    ledger.close()
