@@ -8,13 +8,13 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from test_energy import ClockNvml, _run
 
 from raysweep.bench.offline import parse_result
+from raysweep.campaign.models import CostSpec
 from raysweep.drive import point_energy
 from raysweep.offline.points import load_window_fields
-from raysweep.campaign.models import CostSpec
 from raysweep.plan.cost import point_cost_fields
-from test_energy import ClockNvml, _run
 
 THROUGHPUT = json.dumps({"model_id": "m", "elapsed_time": 10.0, "num_requests": 100, "total_num_tokens": 6000,
                          "requests_per_second": 10.0, "tokens_per_second": 600.0})
