@@ -31,6 +31,8 @@ __all__ = [
     "expand_grid",
     "exclude_combos",
     "find_flag_value",
+    "is_own_key",
+    "is_pd_key",
     "is_secret_name",
     "link_matches",
     "load_param_file",
@@ -45,6 +47,8 @@ __all__ = [
 
 BENCHMARK_NAME_KEY = "_benchmark_name"
 LAYOUT_KEY = "placement_layout"  # a serve parameter of raysweep's own (pack | spread), never a flag
+PD_CONNECTOR_KEY = "kv_connector"  # a P/D deployment's connector (raysweep.campaign.pd), never a flag
+PD_ROLES = ("prefill", "decode")   # `prefill.X`, `decode.X`: a P/D role's own setting, never a flag of the base
 MASK = "***"
 
 _SECRET_PARTS = {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS",
@@ -55,6 +59,17 @@ def normalize_key(key: str) -> str:
     """The canonical spelling of a parameter name: hyphens of the part before the first dot become underscores."""
     head, dot, rest = key.partition(".")
     return head.replace("-", "_") + dot + rest
+
+
+def is_pd_key(key: str) -> bool:
+    """A serve parameter of a P/D deployment (`prefill.count`, `decode.max_num_seqs`, `kv_connector`)."""
+    norm = normalize_key(str(key))
+    return norm == PD_CONNECTOR_KEY or norm.partition(".")[0] in PD_ROLES and "." in norm
+
+
+def is_own_key(key: str) -> bool:
+    """A parameter of raysweep's own, never a flag of the command: the benchmark's name, the layout, P/D keys."""
+    return key in (BENCHMARK_NAME_KEY, LAYOUT_KEY) or is_pd_key(key)
 
 
 def canonical_json(params: Mapping[str, Any]) -> str:
@@ -280,7 +295,7 @@ def apply_to_cmd(argv: Sequence[str], params: Mapping[str, Any]) -> list[str]:
     """
     out = list(argv)
     for key, value in params.items():
-        if key in (BENCHMARK_NAME_KEY, LAYOUT_KEY):
+        if is_own_key(key):
             continue
         found = _find_flag(out, key)
         new = [] if value is None else _flag_tokens(key, value)

@@ -39,6 +39,7 @@ from raysweep.campaign.checks import (
 )
 from raysweep.campaign.messages import _campaign_error, _did_you_mean
 from raysweep.campaign.models import NATIVE_DEFAULT_CMD, Campaign, EnvValue
+from raysweep.campaign.pd import check_deployments
 from raysweep.errors import CampaignError
 
 
@@ -160,6 +161,7 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         _resolve_params(campaign.serve.params, "serve.params", base_dir), campaign.placement.layout)
     bench_combos, bench_origins = _resolve_with_origins(campaign.bench.params, "bench.params", base_dir)
     _check_links(campaign.link, serve_combos, bench_combos)
+    _check_pd(campaign, serve_combos)
     after = campaign.bench.after_bench_cmd
     bench_argv = shlex.split(_expand(campaign.bench.cmd or NATIVE_DEFAULT_CMD, "bench.cmd", env))
     _check_percentiles(bench_argv, bench_combos, bench_origins)
@@ -186,6 +188,26 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
         source_path=source_path,
         base_dir=base_dir,
     )
+
+
+def _check_pd(campaign: Campaign, serve_combos: list[dict[str, Any]]) -> None:
+    """`serve.pd`: a deployment raysweep starts (not with serve.url), each combination's deployment sound;
+    without it, no P/D parameter in serve.params."""
+    assert campaign.serve is not None
+    pd = campaign.serve.pd
+    if pd is None:
+        for i, combo in enumerate(serve_combos):
+            keys = [k for k in combo if grid.is_pd_key(str(k))]
+            if keys:
+                raise CampaignError(f"serve.params[{i}].{keys[0]}", "is a parameter of a prefill/decode "
+                                    "deployment; describe the deployment in serve.pd (docs/pd.md)")
+        return
+    if campaign.serve.url is not None or not campaign.serve.cmd:
+        raise CampaignError("serve.pd", "needs serve.cmd (the command every role runs); a deployment of "
+                            "servers that run already cannot be placed")
+    if campaign.tune is not None:
+        raise CampaignError("serve.pd", "cannot be tuned yet; sweep its axes in serve.params")
+    check_deployments(pd, serve_combos)
 
 
 def _endpoint_combos(url: Any) -> list[dict[str, Any]] | None:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from raysweep.campaign.levels import WorkloadSpec
+from raysweep.campaign.pd import PDSpec
 from raysweep.maths.order import ConfirmSpec, OrderSpec
 from raysweep.maths.precision import PrecisionSpec
 
@@ -93,6 +94,9 @@ class ServeSpec(_Strict):
                                "study); a VLLM_CACHE_ROOT in serve.env is kept either way")
     warm_weights: bool = Field(False, description="read the model's files once per node before its first server "
                                "there, so that starts read them from the page cache (a local model directory only)")
+    pd: PDSpec | None = Field(None, description="a disaggregated prefill/decode deployment: every configuration "
+                              "is prefill and decode servers of serve.cmd, a KV connector between them and "
+                              "raysweep's router in front (docs/pd.md)")
 
     @field_validator("cmd")
     @classmethod

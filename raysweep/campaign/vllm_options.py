@@ -253,7 +253,7 @@ def _check(cmd: str, base: list[str], combos: list[dict[str, Any]], fields: tupl
     for i, combo in enumerate(combos):
         keys = {}
         for k in combo:
-            if k not in (grid.BENCHMARK_NAME_KEY, grid.LAYOUT_KEY):
+            if not grid.is_own_key(str(k)):
                 flag = _spelled("--" + str(k))
                 keys.update({flag: str(k), "--no-" + flag[2:]: str(k)})
         argv = grid.apply_to_cmd(base, combo)

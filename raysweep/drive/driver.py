@@ -35,9 +35,11 @@ from raysweep.drive.progress_metrics import Progress
 from raysweep.drive.recovery import driver_alive, embedded_temp_dir
 from raysweep.drive.state import EventSink, Workload
 from raysweep.errors import RayStartError, UserError
+from raysweep.grid import mask_argv as grid_mask
 from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, CampaignHeld, Ledger, PointRow
 from raysweep.levels import search as workload_levels
+from raysweep.place import pd as pd_place
 from raysweep.place import placement
 from raysweep.place.scheduler import Scheduler, replica_key, with_event_log
 from raysweep.plan.plan import Plan, ServeConfig, build_plan, meaning
@@ -298,7 +300,12 @@ def check_placement(plan: Plan, nodes: list[placement.NodeInfo],
     for serve in plan.serves:
         if not plan.points_of(serve.id):
             continue
-        lay = placement.layout_for(serve.shape, serve.rule, nodes, with_gpus)
+        if serve.deployment is not None:  # P/D: one placement group of its roles' bundles (raysweep.place.pd)
+            why = pd_place.deployment_refusal(serve.deployment, serve.rule, nodes)
+            gpus = placement.has_gpus(nodes) if with_gpus is None else with_gpus
+            lay = why if why is not None else placement.Layout(1, serve.deployment.gpus if gpus else 0, "pd")
+        else:
+            lay = placement.layout_for(serve.shape, serve.rule, nodes, with_gpus)
         if isinstance(lay, str):
             bad.append(f"server config {serve.id} ({serve.label}): {lay}")
         else:
@@ -311,6 +318,15 @@ def check_placement(plan: Plan, nodes: list[placement.NodeInfo],
 def placement_lines(serve: ServeConfig, layout: placement.Layout, offline_mode: bool = False) -> list[str]:
     """Where a configuration goes and the command each of its nodes runs (for the dry run)."""
     rule = placement.rule_text(serve.rule)
+    if serve.deployment is not None:  # P/D: its bundles, GPUs, and the command of each role
+        lines = pd_place.bundle_lines(serve.deployment, serve.rule, gpus=layout.gpus_per_node > 0)
+        done: set[str] = set()
+        for inst in serve.deployment.instances(serve.argv, {}, serve.env):
+            if inst.role not in done:
+                done.add(inst.role)
+                lines.append(f"  command ({inst.role}): {shell_join(grid_mask(inst.argv))} --host <node ip> "
+                             "--port <free port>")
+        return lines + ["  router: raysweep's P/D router (raysweep.serve.pd_router) in front, the bench's target"]
     lines = [f"  placement: {layout.describe()}" + (f" on nodes with {rule}" if rule else "")]
     for rank in range(layout.nnodes):
         base = offline.worker_argv(serve.display_argv()) if offline_mode and rank else serve.display_argv()

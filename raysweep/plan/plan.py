@@ -11,19 +11,20 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raysweep import grid
 from raysweep.campaign import CampaignSpec, NodeRule, PlacementSpec
 from raysweep.campaign.levels import BATCH, LEVEL, SERIAL, dataset_size, workload_of
 from raysweep.campaign.levels import dry_run_lines as workload_lines
+from raysweep.campaign.pd import Deployment, deployment_of
 from raysweep.errors import CampaignError
 from raysweep.procs import CPUS_ENV
 
 __all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "endpoint_benches",
            "fingerprint", "first_runs", "level_bench", "make_serve", "meaning", "point_id", "probe_bench", "probe_runs",
-           "rule_for", "serve_points", "shape_of"]
+           "role_servers", "rule_for", "serve_points", "shape_of"]
 
 _SHAPE_FLAGS = {
     "tp": ("tensor_parallel_size", ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")),
@@ -41,6 +42,7 @@ class Shape:
     dp: int = 1
     per_replica: int | None = None  # serve.gpus_per_replica, for commands that are not `vllm serve`
     spread: bool = False            # `placement_layout: spread`: across as many nodes as the shape allows
+    pd_gpus: int | None = None      # a P/D deployment (serve.pd): all its roles' GPUs
 
     @property
     def replica_gpus(self) -> int:
@@ -48,9 +50,11 @@ class Shape:
 
     @property
     def gpu_count(self) -> int:
-        return self.replica_gpus * self.dp
+        return self.pd_gpus if self.pd_gpus is not None else self.replica_gpus * self.dp
 
     def describe(self) -> str:
+        if self.pd_gpus is not None:
+            return "P/D deployment (its roles below)"
         text = f"tp={self.tp} pp={self.pp} dp={self.dp}"
         return text + (f" gpus_per_replica={self.per_replica}" if self.per_replica else "") + (
             " spread" if self.spread else "")
@@ -67,6 +71,7 @@ class ServeConfig:
     shape: Shape
     label: str
     rule: NodeRule = field(default_factory=NodeRule)
+    deployment: Deployment | None = None  # serve.pd: the roles, each a server of its own (raysweep.campaign.pd)
 
     def display_argv(self) -> list[str]:
         return grid.mask_argv(self.argv)
@@ -211,6 +216,7 @@ def meaning(spec: CampaignSpec) -> dict[str, Any]:
         "bench_env": grid.mask_env(spec.bench_env),
         "after_bench_cmd": grid.mask_argv(spec.after_bench_argv) if spec.after_bench_argv else None,
         **({"gpus_per_replica": spec.gpus_per_replica} if spec.gpus_per_replica else {}),
+        **({"serve_pd": c.serve.pd.model_dump(mode="json")} if c.serve is not None and c.serve.pd else {}),
     }
 
 
@@ -246,9 +252,20 @@ def make_serve(spec: CampaignSpec, combo: dict[str, Any]) -> ServeConfig:
         from raysweep.procs import cpu_set, cpu_text
 
         env[CPUS_ENV] = cpu_text(cpu_set(cpus) or ())
+    pd = spec.campaign.serve.pd if spec.campaign.serve is not None else None
+    dep = deployment_of(pd, combo) if pd is not None else None
+    shape = shape_of({} if dep else combo, spec.serve_argv, spec.gpus_per_replica)
     return ServeConfig(id=grid.params_id(_no_name(combo)), params=combo, argv=argv, env=env,
-                       shape=shape_of(combo, spec.serve_argv, spec.gpus_per_replica), label=grid.combo_label(combo),
-                       rule=rule_for(combo, spec.campaign.placement))
+                       shape=replace(shape, pd_gpus=dep.gpus) if dep else shape, label=grid.combo_label(combo),
+                       rule=rule_for(combo, spec.campaign.placement), deployment=dep)
+
+
+def role_servers(serve: ServeConfig, spec: CampaignSpec) -> list[Any]:
+    """The servers of a P/D configuration (`raysweep.campaign.pd.RoleInstance`, prefill first); [] otherwise."""
+    if serve.deployment is None:
+        return []
+    shared = {k: v for k, v in serve.params.items() if not grid.is_own_key(str(k))}
+    return serve.deployment.instances(spec.serve_argv, shared, serve.env)
 
 
 def serve_points(spec: CampaignSpec, s: ServeConfig, benches: list[BenchPoint]

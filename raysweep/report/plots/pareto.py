@@ -106,11 +106,22 @@ def _user_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series]:
     return given.where(ok, seen), pd.Series(np.where(ok, var, "max_concurrent_requests (observed)"), index=df.index)
 
 
+PD_GPUS = "pd_gpus"  # a P/D deployment's GPUs, all roles together (raysweep.campaign.pd.Deployment.identity)
+
+
 def gpu_counts(df: pd.DataFrame, var: str, fixed: float | None = None) -> tuple[pd.Series, pd.Series, list[str]]:
     """GPUs per run as recorded in `var`, else `fixed` (--gpu-count), else TP x PP x DP from the record, else 1
-    as vLLM's plot_pareto takes it (see `pareto`)."""
+    as vLLM's plot_pareto takes it (see `pareto`). A run of a P/D deployment counts all its roles' GPUs
+    (`pd_gpus`), so that a 4P1D deployment and a colocated server compare per GPU honestly."""
     if var != "gpu_count":
         check_columns(df, [var], "--gpu-count-var")
+    elif PD_GPUS in df.columns:
+        pd_gpus = pd.to_numeric(df[PD_GPUS], errors="coerce")
+        is_pd = np.isfinite(pd_gpus) & (pd_gpus > 0)
+        if is_pd.any():
+            rest, rest_from, notes = gpu_counts(df.drop(columns=[PD_GPUS]), var, fixed)
+            return (pd_gpus.where(is_pd, rest), rest_from.where(~is_pd, f"{PD_GPUS} (all roles of the deployment)"),
+                    notes)
     recorded = pd.to_numeric(df[var], errors="coerce") if var in df.columns else pd.Series(np.nan, index=df.index)
     ok = np.isfinite(recorded) & (recorded > 0)
     if ok.all():

@@ -1,0 +1,288 @@
+"""Disaggregated prefill/decode deployments (`serve.pd`, docs/pd.md): the schema and its refusals, the sweep of
+a deployment's shape, its bundles and GPU count, raysweep's router in front of stand-in servers; a 2P1D
+deployment placed on the simulated GPU nodes; and one real 1P1D pair of the vLLM CPU build with the
+shared-storage connector behind the router."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from raysweep import grid
+from raysweep.campaign import campaign_from_dict
+from raysweep.campaign.pd import deployment_of, installed_connectors
+from raysweep.cli import main
+from raysweep.errors import CampaignError
+from raysweep.plan.plan import build_plan
+from raysweep.procs import free_port, wait_for
+
+PY = sys.executable
+STANDIN = Path(__file__).parent / "standin"
+
+BASE: dict[str, Any] = {
+    "name": "pd",
+    "runs": 1,
+    "serve": {
+        "cmd": "vllm serve /models/m --max-model-len 4096",
+        "pd": {"kv_transfer_config": {"kv_connector": "ExampleConnector",
+                                      "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}},
+               "prefill": {"settings": {"max_num_batched_tokens": 8192}},
+               "decode": {"tensor_parallel_size": 2}},
+        "params": {"grid": {"prefill.count": [1, 2], "decode.max_num_seqs": [64]}},
+    },
+    "bench": {"params": [{"max_concurrency": 4}]},
+}
+
+
+def _with(**serve: Any) -> dict[str, Any]:
+    d = copy.deepcopy(BASE)
+    for path, value in serve.items():
+        *parents, last = path.split("__")
+        node = d["serve"]
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return d
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    f = tmp_path / "campaign.yaml"
+    f.write_text(yaml.safe_dump({**data, "output_dir": str(tmp_path / "out")}))
+    return f
+
+
+# ---------------------------------------------------------------------------------------------------
+# Refusals: exit 2 naming the field, nothing started or written
+# ---------------------------------------------------------------------------------------------------
+
+REFUSED = [
+    ("zero-prefill", _with(pd__prefill__count=0), ["serve.pd.prefill.count", "greater than or equal to 1"]),
+    ("zero-decode-swept", _with(params={"grid": {"decode.count": [1, 0]}}),
+     ["serve.params (decode.count=0)", "decode.count must be a positive integer"]),
+    ("prefill-tp-above-decode", _with(pd__prefill__tensor_parallel_size=4),
+     ["serve.pd.prefill.tensor_parallel_size", "prefill tensor_parallel_size 4 is above decode's 2",
+      "which ExampleConnector does not support"]),
+    ("prefill-tp-above-decode-swept", _with(params={"grid": {"prefill.tensor_parallel_size": [1, 2, 4]}}),
+     ["serve.params (prefill.tensor_parallel_size=4)", "above decode's 2"]),
+    ("no-connector", _with(pd__kv_transfer_config={"kv_buffer_device": "cuda"}),
+     ["serve.pd.kv_transfer_config", "must name the connector as kv_connector"]),
+    ("kv-role-shared", _with(pd__kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
+     ["serve.pd.kv_transfer_config", "kv_role is set per role"]),
+    ("role-setting-owned", _with(pd__decode__settings={"tensor_parallel_size": 4}),
+     ["serve.pd.decode.settings", "set by raysweep for each role"]),
+    ("pd-key-without-pd", (lambda d: (d["serve"].pop("pd"), d)[1])(_with()),
+     ["serve.params[0].decode.max_num_seqs", "describe the deployment in serve.pd"]),
+    ("pd-with-url", (lambda d: (d["serve"].pop("cmd"), d["serve"].pop("params"),
+                                d["serve"].update(url="http://127.0.0.1:1"), d)[3])(_with()),
+     ["serve.pd", "needs serve.cmd"]),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), [(d, e) for _, d, e in REFUSED], ids=[i for i, _, _ in REFUSED])
+def test_a_deployment_that_cannot_work_exits_2_naming_the_field(tmp_path, data, expected):
+    res = CliRunner().invoke(main, ["validate", str(_write(tmp_path, data))])
+    assert res.exit_code == 2, res.output
+    for text in expected:
+        assert text in res.output, (text, res.output)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["pd", "params"])
+def test_a_connector_the_installed_vllm_lacks_exits_2(tmp_path, where):
+    known = installed_connectors()
+    if known is None:
+        pytest.skip("no vLLM installed here: its connectors cannot be read")
+    assert "ExampleConnector" in known and "NixlConnector" in known
+    data = (_with(pd__kv_transfer_config={"kv_connector": "NoSuchConnector"}) if where == "pd"
+            else _with(params={"grid": {"kv_connector": ["ExampleConnector", "NoSuchConnector"]}}))
+    res = CliRunner().invoke(main, ["validate", str(_write(tmp_path, data))])
+    assert res.exit_code == 2, res.output
+    field = ("serve.pd.kv_transfer_config.kv_connector" if where == "pd"
+             else "serve.params (kv_connector=NoSuchConnector)")
+    assert field in res.output and "'NoSuchConnector' is not in the installed vLLM" in res.output, res.output
+    assert "NixlConnector" in res.output  # what is accepted
+    # the cluster's vLLM may differ from this one: the check can be turned off
+    data["serve"]["pd"]["check_connector"] = False
+    assert CliRunner().invoke(main, ["validate", str(_write(tmp_path, data))]).exit_code == 0
+
+
+def test_running_a_deployment_is_refused_before_anything_starts(tmp_path):
+    """The driver does not run a deployment yet: `raysweep run` refuses it, naming serve.pd, writing nothing."""
+    res = CliRunner().invoke(main, ["run", str(_write(tmp_path, _with()))])
+    assert res.exit_code == 2, res.output
+    assert "serve.pd" in res.output and "--dry-run" in res.output
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The deployment swept like any serve parameter
+# ---------------------------------------------------------------------------------------------------
+
+def test_the_ratio_and_role_settings_are_swept_and_never_flags_of_the_base_command(tmp_path):
+    data = _with(params={"grid": {"prefill.count": [1, 4], "decode.tensor_parallel_size": [2, 4],
+                                  "prefill.max_num_batched_tokens": [4096], "max_num_seqs": [32]}})
+    plan = build_plan(campaign_from_dict(data, tmp_path))
+    assert len(plan.serves) == 4
+    by = {(s.deployment.prefill.count, s.deployment.decode.tp): s for s in plan.serves if s.deployment}
+    s = by[(4, 4)]
+    assert s.deployment.ratio == "4P1D" and s.deployment.gpus == 4 * 1 + 1 * 4 == s.shape.gpu_count
+    assert s.deployment.identity() == {"pd_ratio": "4P1D", "pd_connector": "ExampleConnector", "pd_gpus": 8,
+                                       "pd_prefill_count": 4, "pd_prefill_tp": 1, "pd_prefill_dp": 1,
+                                       "pd_decode_count": 1, "pd_decode_tp": 4, "pd_decode_dp": 1}
+    assert not any("prefill" in t or "decode" in t for t in s.argv)  # the shared command: no role key is a flag
+    assert s.argv[-2:] == ["--max-num-seqs", "32"]
+    servers = s.deployment.instances(s.argv, {}, s.env)
+    assert [i.name for i in servers] == ["prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"]
+    pre, dec = servers[0].argv, servers[-1].argv
+    assert grid.find_flag_value(pre, "--max-num-batched-tokens") == "4096"  # swept over serve.pd's 8192
+    assert grid.find_flag_value(dec, "--max-num-batched-tokens") is None
+    assert grid.find_flag_value(pre, "--tensor-parallel-size") == "1"
+    assert grid.find_flag_value(dec, "--tensor-parallel-size") == "4"
+    assert grid.find_flag_value(dec, "--max-num-seqs") == "32"
+    kv_pre = json.loads(grid.find_flag_value(pre, "--kv-transfer-config") or "{}")
+    kv_dec = json.loads(grid.find_flag_value(dec, "--kv-transfer-config") or "{}")
+    assert kv_pre == {"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
+                      "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}}
+    assert kv_dec["kv_role"] == "kv_consumer"
+    # the ids differ per deployment shape, as for any serve parameter
+    assert len({s.id for s in plan.serves}) == 4
+
+
+def test_the_connector_is_a_sweep_axis():
+    spec = campaign_from_dict(_with(pd__check_connector=False), Path.cwd()).campaign.serve.pd
+    assert deployment_of(spec, {"kv_connector": "NixlConnector"}).connector == "NixlConnector"
+    assert deployment_of(spec, {}).connector == "ExampleConnector"
+    with pytest.raises(CampaignError, match="kv_connector must be a connector's name"):
+        deployment_of(spec, {"kv_connector": 3})
+
+
+def test_bundles_and_gpus_of_a_deployment():
+    from raysweep.campaign import NodeRule
+    from raysweep.place.pd import deployment_bundles, deployment_refusal
+    from raysweep.place.placement import NodeInfo
+
+    spec = campaign_from_dict(_with(), Path.cwd()).campaign.serve.pd
+    dep = deployment_of(spec, {"prefill.count": 2})
+    b = deployment_bundles(dep, NodeRule(resources={"pool": 1}))
+    assert b.owners == [("prefill", 0), ("prefill", 1), ("decode", 0), ("router", 0)]
+    assert b.bundles == [{"CPU": 0.5, "pool": 1, "GPU": 1.0}, {"CPU": 0.5, "pool": 1, "GPU": 1.0},
+                         {"CPU": 0.5, "pool": 1, "GPU": 2.0}, {"CPU": 0.5}]
+    assert b.gpus == dep.gpus == 4 and b.strategy == "PACK"
+    nodes = [NodeInfo(f"n{i}", f"10.0.0.{i}", 2, 8.0) for i in range(2)]
+    assert deployment_refusal(dep, NodeRule(), nodes) is None  # 1 + 1 on one node, 2 on the other
+    assert "cannot hold at once" in (deployment_refusal(deployment_of(spec, {"prefill.count": 3}), NodeRule(), nodes)
+                                     or "")
+    big = deployment_of(spec, {"decode.tensor_parallel_size": 4})
+    assert "a decode server needs 4 GPUs" in (deployment_refusal(big, NodeRule(), nodes) or "")
+
+
+def test_the_dry_run_shows_each_deployments_bundles_and_gpus(tmp_path):
+    res = CliRunner().invoke(main, ["run", "--dry-run", str(_write(tmp_path, _with()))])
+    assert res.exit_code == 0, res.output
+    assert "deployment: P/D 2P1D via ExampleConnector" in res.output
+    assert ("one placement group (PACK) of 4 bundle(s): prefill-0: {CPU: 0.5}, prefill-1: {CPU: 0.5}, "
+            "decode-0: {CPU: 0.5}, router-0: {CPU: 0.5}") in res.output  # this machine has no GPUs
+    assert "gpus=4" in res.output and "GPUs: 4 (prefill 2 + decode 2)" in res.output
+    assert re.search(r"command \(decode\): vllm serve /models/m .*--tensor-parallel-size 2 --kv-transfer-config",
+                     res.output), res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_pareto_counts_all_roles_gpus():
+    from raysweep.report.plots.pareto import pareto
+
+    df = pd.DataFrame({"max_concurrency": [8, 8], "output_throughput": [800.0, 800.0], "gpu_count": [1, 0],
+                       "pd_gpus": [None, 5], "tensor_parallel_size": [1, None]})
+    res = pareto(df)
+    assert list(res.points["gpus"]) == [1, 5]
+    assert list(res.points["tokens_per_gpu"]) == [800.0, 160.0]
+    assert res.points["gpus_from"][1].startswith("pd_gpus")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The router, in front of stand-in servers (no Ray)
+# ---------------------------------------------------------------------------------------------------
+
+def _standin(extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([PY, str(STANDIN / "stream_server.py"), "--model", "m", "--port", str(port),
+                             *(extra or [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _counter(metrics: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.]+)$", metrics, re.M)
+    assert m, (name, metrics)
+    return float(m.group(1))
+
+
+def test_the_router_sends_each_request_to_a_prefill_server_for_one_token_then_streams_the_decode_answer():
+    from raysweep.serve.pd_router import PDRouter, RouterThread
+
+    servers = [_standin() for _ in range(3)]
+    (p0, u0), (p1, u1), (pd_, ud) = servers
+    try:
+        assert all(wait_for(lambda u=u: _get(u + "/health")[0] == 200, 30, 0.05) for _, u in servers)
+        with RouterThread(PDRouter.of([u0, u1], [ud])) as router:
+            assert _get(router.url + "/health")[0] == 200
+            assert json.loads(_get(router.url + "/v1/models")[1])["data"][0]["id"] == "m"
+            for i in range(6):
+                code, text = _post(router.url + "/v1/completions", {
+                    "model": "m", "prompt": f"p{i} a b c", "max_tokens": 5, "stream": True,
+                    "stream_options": {"include_usage": True}})
+                assert code == 200
+                chunks = [json.loads(ln[6:]) for ln in text.splitlines() if ln.startswith("data: {")]
+                assert sum(1 for c in chunks if c.get("choices")) == 5  # the decode server's whole stream
+                assert text.rstrip().endswith("data: [DONE]")
+            # each prefill server generated one token per request it had; the decode server all of them
+            gen = [_counter(_get(u + "/metrics")[1], "vllm:generation_tokens_total") for u in (u0, u1, ud)]
+            assert gen == [3, 3, 30]
+            assert _post(router.url + "/reset_prefix_cache", {})[0] == 200
+            stats = router.router.stats()
+            assert stats["prefill"]["requests"] == 6 and stats["decode"]["requests"] == 6
+            assert stats["prefill"]["failures"] == stats["decode"]["failures"] == 0
+            # a prefill server that died: its requests fail naming the role, counted as the role's failures
+            p1.kill()
+            p1.wait(10)
+            codes = [_post(router.url + "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2})
+                     for _ in range(4)]
+            failed = [t for c, t in codes if c == 502]
+            assert len(failed) == 2 and all(json.loads(t)["error"]["role"] == "prefill" for t in failed)
+            assert router.router.stats()["prefill"]["failures"] == 2
+            assert router.router.stats()["decode"]["failures"] == 0
+            code, text = _get(router.url + "/health")
+            assert code == 503 and f"prefill {u1}" in text
+    finally:
+        for proc, _ in servers:
+            proc.kill()
+            proc.wait(10)
