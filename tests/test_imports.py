@@ -196,6 +196,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("drive",),                      # the driver, a configuration's and a point's life
     ("results",),                    # the merged table, statistics, verdicts, conclusions, compare
     ("report",),                     # figures, the page and its sections, export, tracking
+    ("catalog",),                    # every campaign in one place: the catalogue, history, the site
     ("tune", "sla", "levels", "offline"),  # the optional modes: above the stages, never one another
     ("cli", "api", "modes", "__main__"),   # the faces
 ]

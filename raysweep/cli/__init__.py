@@ -3,7 +3,7 @@
 Commands by what the user is doing: running a campaign (`running`: run, resume; `profile`: an endpoint
 that runs already, in one line; `jobs`: submit, jobs, stop; `crosscheck`), inspecting one (`status`; `inspecting`:
 results, sla), analysing results (`analysing`: plot, pareto, report, import; `comparing`: compare; `exporting`:
-export), checking a campaign file (`campaign_file`: schema, validate) and cluster
+export; `cataloguing`: catalog, history, site), checking a campaign file (`campaign_file`: schema, validate) and cluster
 operations (`cluster`: preflight, tiny-model; `acceptance`: acceptance, checklist).
 
 Exit codes: 0 everything done; 1 some points failed or the campaign stopped early; 2 bad input (nothing
@@ -19,6 +19,7 @@ from raysweep.cli import (  # noqa: F401  # noqa: F401  # noqa: F401
     acceptance,
     analysing,
     campaign_file,
+    cataloguing,
     cluster,
     comparing,
     crosscheck,

@@ -1,0 +1,175 @@
+"""The catalogue on disk: a directory a team can share.
+
+    CATALOG/catalog.json          the index: format version, one entry per campaign (id, name, source, path,
+                                  signature, complete, runs, points, added and updated times, models,
+                                  hardware, versions, first and last date)
+    CATALOG/runs/<id>.parquet     the campaign's runs, one row each (`fields.COLUMNS`)
+
+Queries run in DuckDB over the Parquet files the index names (a view `runs`, and `campaigns` from the
+index). `add` reads every campaign first and writes only when all were read: a bad directory leaves the
+catalogue as it was. A campaign already there with the same signature is left alone (adding twice adds
+nothing); one whose signature changed (a campaign that was still running) is replaced. A catalogue written
+by a newer format than this raysweep reads is refused, unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raysweep.catalog import sources
+from raysweep.errors import UserError
+from raysweep.record.files import write_bytes_atomic, write_json_atomic
+
+if TYPE_CHECKING:
+    import duckdb
+    import pandas as pd
+
+__all__ = ["FORMAT", "INDEX_FILE", "AddReport", "Catalog"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+INDEX_FILE = "catalog.json"
+RUNS_DIR = "runs"
+
+
+@dataclass
+class AddReport:
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    runs: int = 0
+
+
+class Catalog:
+    """A catalogue directory (see the module docstring)."""
+
+    def __init__(self, path: str | Path, create: bool = False) -> None:
+        self.path = Path(path)
+        index = self.path / INDEX_FILE
+        if index.is_file():
+            self.index = self._read_index(index)
+        elif create and (not self.path.exists() or (self.path.is_dir() and not any(self.path.iterdir()))):
+            self.index = {"format": FORMAT, "campaigns": {}}
+        elif create:
+            raise UserError(f"CATALOG {path}: exists and is not a catalogue (no {INDEX_FILE}); accepted: a "
+                            "catalogue directory, or a new or empty one")
+        else:
+            raise UserError(f"CATALOG {path}: not a catalogue (no {INDEX_FILE}); make one with "
+                            "`raysweep catalog add CATALOG DIR...`")
+
+    def _read_index(self, index: Path) -> dict[str, Any]:
+        import json
+
+        try:
+            data = json.loads(index.read_text())
+            fmt = int(data["format"])
+            if not isinstance(data["campaigns"], dict):
+                raise TypeError("campaigns is not a mapping")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"CATALOG {index}: damaged ({type(exc).__name__}: {exc})") from exc
+        if fmt > FORMAT:
+            raise UserError(f"CATALOG {index}: written in catalogue format {fmt} by a newer raysweep; this one "
+                            f"reads format {FORMAT} and older: upgrade raysweep to use it")
+        return data
+
+    @property
+    def campaigns(self) -> dict[str, dict[str, Any]]:
+        return dict(self.index["campaigns"])
+
+    def add(self, dirs: list[str | Path]) -> AddReport:
+        """Add (or update) every campaign found under `dirs`; all are read before anything is written.
+
+        :raises UserError: a path holds no campaign, or a file of one cannot be read (nothing written)."""
+        found = [f for d in dirs for f in sources.discover(d)]
+        report = AddReport()
+        known = self.index["campaigns"]
+        fresh: list[sources.Source] = []
+        seen: set[str] = set()
+        for f in found:
+            if f.kind == sources.RAYSWEEP:  # cheap: skip the reading of an unchanged campaign
+                sig, _ = sources.raysweep_signature(f.path)
+                same = [c for c in known.values() if c["path"] == str(f.path.resolve()) and c["signature"] == sig]
+                if same:
+                    report.unchanged.append(same[0]["name"])
+                    seen.add(same[0]["id"])
+                    continue
+            src = sources.read(f)
+            if src.id in seen:
+                continue
+            seen.add(src.id)
+            old = known.get(src.id)
+            if old is not None and old["signature"] == src.signature:
+                report.unchanged.append(src.name)
+                continue
+            fresh.append(src)
+        now = time.time()
+        for src in fresh:
+            buf = io.BytesIO()
+            src.rows.to_parquet(buf, index=False)
+            write_bytes_atomic(self.path / RUNS_DIR / f"{src.id}.parquet", buf.getvalue())
+            old = known.get(src.id)
+            (report.updated if old else report.added).append(src.name)
+            report.runs += len(src.rows)
+            known[src.id] = {**_entry(src), "added_at": old["added_at"] if old else now, "updated_at": now}
+        if fresh or not (self.path / INDEX_FILE).is_file():
+            self.index["format"] = FORMAT
+            write_json_atomic(self.path / INDEX_FILE, self.index)
+        return report
+
+    def files(self) -> list[str]:
+        return [str(self.path / RUNS_DIR / f"{cid}.parquet") for cid in self.index["campaigns"]]
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection with the views `runs` (every run) and `campaigns` (the index)."""
+        import duckdb
+        import pandas as pd
+
+        con = duckdb.connect()
+        files = self.files()
+        if files:
+            listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+            con.execute(f"CREATE VIEW runs AS SELECT * FROM read_parquet([{listing}], union_by_name = true)")
+        else:
+            from raysweep.catalog.fields import empty_frame
+
+            con.register("runs_empty", empty_frame())
+            con.execute("CREATE VIEW runs AS SELECT * FROM runs_empty")
+        index = pd.DataFrame([{k: (", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in c.items()}
+                              for c in self.index["campaigns"].values()])
+        con.register("campaigns_df", index if not index.empty else pd.DataFrame({"id": pd.Series([], dtype=str)}))
+        con.execute("CREATE VIEW campaigns AS SELECT * FROM campaigns_df")
+        return con
+
+    def query(self, sql: str, params: list[Any] | None = None) -> pd.DataFrame:
+        """The result of a DuckDB query over `runs` and `campaigns`.
+
+        :raises UserError: the query is not valid (DuckDB's message)."""
+        import duckdb
+
+        con = self.connect()
+        try:
+            return con.execute(sql, params or []).df()
+        except duckdb.Error as exc:
+            raise UserError(f"--sql: {exc}") from exc
+        finally:
+            con.close()
+
+
+def _entry(src: sources.Source) -> dict[str, Any]:
+    df = src.rows
+
+    def distinct(col: str) -> list[str]:
+        return sorted({str(v) for v in df[col].dropna().unique()})
+
+    dates = df["date"].dropna()
+    return {"id": src.id, "name": src.name, "source": src.kind, "path": src.path, "signature": src.signature,
+            "complete": src.complete, "runs": int(len(df)), "points": int(df["point"].nunique()),
+            "models": distinct("model"), "hardware": distinct("hardware"), "vllm": distinct("vllm_version"),
+            "first_date": float(dates.min()) if len(dates) else None,
+            "last_date": float(dates.max()) if len(dates) else None}

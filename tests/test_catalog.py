@@ -1,0 +1,155 @@
+"""The catalogue: campaigns found and added once, updated while they run, queried with DuckDB, bad input
+refused with the catalogue unchanged; like-for-like comparison; history with its regression verdicts.
+Stub campaigns (tests/catalog_stubs.py): no Ray, no server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from catalog_stubs import make_campaign
+from click.testing import CliRunner
+
+from raysweep.catalog.fields import mismatches
+from raysweep.catalog.history import history
+from raysweep.catalog.store import FORMAT, INDEX_FILE, Catalog
+from raysweep.cli import main
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _state(cat: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(cat)): p.read_bytes() for p in sorted(cat.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def campaigns(tmp_path_factory):
+    """Two finished campaigns of one workload (the second 20 % slower, on a newer vLLM), one more like the
+    first, and one of another input length."""
+    root = tmp_path_factory.mktemp("campaigns")
+    make_campaign(root / "team/old", "old", started_at=1.70e9, vllm="0.31.0", seed=1, write_results=True)
+    make_campaign(root / "team/new", "new", started_at=1.71e9, vllm="0.32.0", scale=0.8, seed=2)
+    make_campaign(root / "team/same", "same", started_at=1.72e9, vllm="0.32.1", seed=3)
+    make_campaign(root / "other/long", "long", started_at=1.73e9, input_lens=(64,), seed=4)
+    return root
+
+
+def test_add_finds_campaigns_recursively_once_and_queries_them(campaigns, tmp_path):
+    cat = tmp_path / "cat"
+    res = _cli("catalog", "add", str(cat), str(campaigns))
+    assert res.exit_code == 0, res.output
+    assert "4 added, 0 updated, 0 unchanged (112 runs written)" in res.output
+    before = _state(cat)
+    again = _cli("catalog", "add", str(cat), str(campaigns / "team"), str(campaigns / "other"))
+    assert again.exit_code == 0, again.output
+    assert "0 added, 0 updated, 4 unchanged (0 runs written)" in again.output
+    assert _state(cat) == before  # adding twice adds nothing
+    c = Catalog(cat)
+    entries = {e["name"]: e for e in c.campaigns.values()}
+    assert entries["old"]["vllm"] == ["0.31.0"] and entries["long"]["runs"] == 16 and entries["old"]["complete"]
+    runs = c.query("SELECT campaign, model, dataset, input_len, output_len, load_variable, load_value, hardware, "
+                   "vllm_version, build, validity_ok, server_settings FROM runs WHERE campaign = 'long'")
+    assert len(runs) == 16
+    row = runs.iloc[0]
+    assert (row["model"], row["dataset"], row["input_len"], row["output_len"]) == ("tiny", "random", "64", "16")
+    assert row["load_variable"] == "max_concurrency" and row["load_value"] in (1.0, 2.0)
+    assert row["build"] == "cpu" and row["validity_ok"] and "--max-num-seqs" in row["server_settings"]
+    listed = _cli("catalog", "list", str(cat))
+    assert listed.exit_code == 0 and all(n in listed.output for n in ("old", "new", "same", "long"))
+    q = _cli("catalog", "query", str(cat), "--campaign", "long", "--csv")
+    assert q.exit_code == 0, q.output
+    lines = q.output.strip().splitlines()
+    assert len(lines) == 1 + 4 and lines[0].startswith("campaign,config,model,dataset,input_len")
+    sql = _cli("catalog", "query", str(cat), "--sql", "SELECT count(*) AS n FROM runs", "--csv")
+    assert sql.output.split() == ["n", "112"]
+
+
+def test_a_running_campaign_is_added_as_it_stands_and_updated_later(tmp_path):
+    src = make_campaign(tmp_path / "runs/live", "live", runs=3, input_lens=(16,), concurrencies=(1,), done=2)
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(src)).exit_code == 0
+    entry = next(iter(Catalog(cat).campaigns.values()))
+    assert entry["runs"] == 2 and not entry["complete"]
+    make_campaign(tmp_path / "runs/live", "live", runs=3, input_lens=(16,), concurrencies=(1,))  # it went on
+    res = _cli("catalog", "add", str(cat), str(tmp_path / "runs"))
+    assert "0 added, 1 updated" in res.output, res.output
+    entries = list(Catalog(cat).campaigns.values())
+    assert len(entries) == 1 and entries[0]["runs"] == 6 and entries[0]["complete"]
+    assert entries[0]["added_at"] == entry["added_at"]
+    assert len(Catalog(cat).query("SELECT * FROM runs")) == 6
+
+
+def test_bad_input_names_the_path_and_leaves_the_catalogue_unchanged(campaigns, tmp_path):
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(campaigns / "other")).exit_code == 0
+    before = _state(cat)
+    empty = tmp_path / "nothing here"
+    empty.mkdir()
+    (empty / "notes.json").write_text("{}")
+    res = _cli("catalog", "add", str(cat), str(campaigns / "team"), str(empty))
+    assert res.exit_code == 2 and str(empty) in res.output and "neither a campaign" in res.output
+    assert _state(cat) == before  # the good directory before it was not added either
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "ledger.sqlite").write_bytes(b"not a database at all" * 100)
+    res = _cli("catalog", "add", str(cat), str(damaged))
+    assert res.exit_code == 2 and str(damaged) in res.output and "cannot be read" in res.output
+    assert _state(cat) == before
+    index = json.loads((cat / INDEX_FILE).read_text())
+    (cat / INDEX_FILE).write_text(json.dumps({**index, "format": FORMAT + 1}))
+    before = _state(cat)
+    for args in (("catalog", "add", str(cat), str(campaigns / "team")), ("catalog", "list", str(cat)),
+                 ("history", str(cat))):
+        res = _cli(*args)
+        assert res.exit_code == 2 and str(cat / INDEX_FILE) in res.output and "newer raysweep" in res.output
+    assert _state(cat) == before
+    res = _cli("catalog", "list", str(tmp_path / "no catalogue"))
+    assert res.exit_code == 2 and "not a catalogue" in res.output
+
+
+def test_like_for_like_says_why_points_are_not_comparable(campaigns, tmp_path):
+    a, b = {"model": "m", "input_len": "1024", "hardware": "h"}, {"model": "m", "input_len": "2048", "hardware": "h"}
+    assert mismatches(a, b) == ["not comparable: input length 1024 vs 2048"]
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(campaigns)).exit_code == 0
+    res = _cli("catalog", "compare", str(cat), "old", "long")
+    assert res.exit_code == 0, res.output
+    assert "not comparable: input length 16 vs 64" in res.output  # the nearest point of the baseline
+    assert "worse" not in res.output and "better" not in res.output  # nothing set side by side
+    res = _cli("catalog", "compare", str(cat), "old", "new")
+    assert res.exit_code == 0 and res.output.count("worse") == 8 and "not comparable" not in res.output
+
+
+def test_history_flags_the_regression_with_its_interval(campaigns, tmp_path):
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(campaigns / "team")).exit_code == 0
+    series = history(Catalog(cat), "output_throughput", 0.05, {"config": "max_num_seqs=8", "input_len": "16"})
+    assert len(series) == 2  # one per load: never mixed
+    for s in series:
+        assert [j.campaign for j in s.points] == ["old", "new", "same"]
+        old, new, same = s.points
+        assert new.word == "worse" and new.high < 0.95 and new.low < new.ratio < new.high
+        assert same.word == "better" and same.low > 1.05  # back where it was
+        assert not s.regressed
+    res = _cli("history", str(cat), "--config", "max_num_seqs=8", "--fail-on-regression")
+    assert res.exit_code == 0, res.output  # the newest campaign is not worse
+    assert "worse: 0.8" in res.output and "0.31.0" in res.output
+    latest = tmp_path / "cat2"
+    assert _cli("catalog", "add", str(latest), str(campaigns / "team/old"), str(campaigns / "team/new")).exit_code == 0
+    res = _cli("history", str(latest), "--metric", "output_throughput", "--fail-on-regression")
+    assert res.exit_code == 1 and "8 with the newest campaign worse" in res.output
+    res = _cli("history", str(latest), "--metric", "median_ttft_ms", "--fail-on-regression")
+    assert res.exit_code == 0, res.output  # latencies did not move: nothing shown worse
+    assert _cli("history", str(latest), "--metric", "nope").exit_code == 2
+
+
+def test_history_says_not_shown_with_too_few_runs(tmp_path):
+    make_campaign(tmp_path / "c/a", "a", runs=2, input_lens=(16,), concurrencies=(1,), started_at=1.7e9)
+    make_campaign(tmp_path / "c/b", "b", runs=2, input_lens=(16,), concurrencies=(1,), started_at=1.8e9, scale=0.5)
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(tmp_path / "c")).exit_code == 0
+    series = history(Catalog(cat))
+    assert series and all(s.points[-1].word.startswith("not shown (fewer than 3 runs") for s in series)
