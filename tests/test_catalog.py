@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from catalog_stubs import make_campaign
 from click.testing import CliRunner
@@ -153,3 +154,45 @@ def test_history_says_not_shown_with_too_few_runs(tmp_path):
     assert _cli("catalog", "add", str(cat), str(tmp_path / "c")).exit_code == 0
     series = history(Catalog(cat))
     assert series and all(s.points[-1].word.startswith("not shown (fewer than 3 runs") for s in series)
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def test_other_tools_outputs_are_read_with_what_they_say_and_missing_what_they_do_not(tmp_path):
+    from test_plots import build_vllm_dir
+
+    src = tmp_path / "results"
+    build_vllm_dir(src / "vllm")
+    (src / "aiperf/run1").mkdir(parents=True)
+    (src / "aiperf/run1/profile_export_aiperf.json").write_bytes(
+        (FIXTURES / "aiperf/profile_export_aiperf.json").read_bytes())
+    (src / "guidellm").mkdir()
+    (src / "guidellm/benchmarks.json").write_bytes((FIXTURES / "guidellm/benchmarks_stripped.json").read_bytes())
+    (src / "guidellm/unrelated.json").write_text('{"not": "a result"}')
+    cat = tmp_path / "cat"
+    res = _cli("catalog", "add", str(cat), str(src))
+    assert res.exit_code == 0, res.output
+    assert "3 added" in res.output
+    c = Catalog(cat)
+    assert sorted(e["source"] for e in c.campaigns.values()) == ["aiperf", "guidellm", "vllm-sweep"]
+    runs = c.query("SELECT * FROM runs ORDER BY source, point, run_number")
+    aiperf = runs[runs.source == "aiperf"].iloc[0]
+    assert (aiperf.model, aiperf.dataset, aiperf.input_len, aiperf.load_variable, aiperf.load_value) == \
+        ("mock-model", "synthetic", "550", "max_concurrency", 4.0)
+    assert pd.isna(aiperf.output_len) and pd.isna(aiperf.hardware) and pd.isna(aiperf.vllm_version)  # not said
+    assert aiperf.output_throughput == pytest.approx(1022443.0554692096) and aiperf.p99_e2el_ms == pytest.approx(
+        15.14387014) and aiperf.validity_ok
+    guide = runs[runs.source == "guidellm"].iloc[0]
+    assert (guide.model, guide.input_len, guide.output_len, guide.load_variable, guide.load_value) == \
+        ("example_model", "256", "128", "max_concurrency", 1.0)  # a synchronous strategy: one at a time
+    assert guide.output_throughput == pytest.approx(198.13346751788123)
+    assert guide.p99_e2el_ms > 100  # GuideLLM's request latency is in seconds: kept in ms
+    vllm = runs[runs.source == "vllm-sweep"]
+    assert len(vllm) == 8 and set(vllm.model) == {"m"} and set(vllm.input_len) == {"128"}
+    assert set(vllm.load_value) == {4.0, 8.0} and vllm.hardware.isna().all()
+    # like for like across tools: different workloads are named, never compared
+    res = _cli("catalog", "compare", str(cat), "exp-20250101", "run1/profile_export_aiperf.json")
+    assert res.exit_code == 0 and "not comparable: model m vs mock-model" in res.output, res.output
+    again = _cli("catalog", "add", str(cat), str(src))
+    assert "0 added, 0 updated, 3 unchanged" in again.output

@@ -94,7 +94,7 @@ def read(found: Found) -> Source:
             return _read_raysweep(found.path)
         if found.kind == VLLM:
             return _read_vllm(found.path)
-        return others.read(found.kind, found.path)
+        return Source(**others.read(found.kind, found.path))
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - a damaged file of any kind: named, nothing added
