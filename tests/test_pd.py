@@ -286,3 +286,136 @@ def test_the_router_sends_each_request_to_a_prefill_server_for_one_token_then_st
         for proc, _ in servers:
             proc.kill()
             proc.wait(10)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A deployment placed and started on the simulated GPU nodes
+# ---------------------------------------------------------------------------------------------------
+
+def _deployment_config(tmp_path: Path, cmd: str, **pd_: Any) -> Any:
+    data = {"name": "pd", "runs": 1, "serve": {"cmd": cmd, "pd": {
+        "kv_transfer_config": {"kv_connector": "ExampleConnector",
+                               "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "kv")}},
+        **pd_}}, "bench": {"params": [{"max_concurrency": 2}]}}
+    plan = build_plan(campaign_from_dict(data, tmp_path))
+    return plan.serves[0]
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.ray
+def test_a_2p1d_deployment_is_one_placement_group_its_roles_in_their_bundles(gpu_cluster, tmp_path):
+    """Stand-in servers as roles: two prefill servers of 1 GPU and a decode server of 2 in one placement group
+    on the simulated GPU nodes, the router in its own bundle in front; a decode server that dies is the decode
+    role's failure; everything stopped by PID, the GPUs free again."""
+    import psutil
+    import ray
+
+    from raysweep.place.pd import release_deployment, reserve_deployment
+    from raysweep.serve.pd import RoleFailure, start_deployment
+
+    serve = _deployment_config(tmp_path, f"{PY} {STANDIN / 'stream_server.py'} --model m",
+                               prefill={"count": 2}, decode={"tensor_parallel_size": 2})
+    dep = serve.deployment
+    assert dep.ratio == "2P1D" and dep.gpus == 4
+    res = reserve_deployment(dep, serve.rule, f"raysweep-pd-{serve.id}")
+    started = None
+    try:
+        gpu_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")}
+        assert [b.get("GPU", 0) for b in res.layout.bundles] == [1, 1, 2, 0]
+        assert set(res.node_ids[:3]) <= gpu_nodes  # every role server on a GPU node
+        started = start_deployment(dep, serve.argv, serve.env, res, "pdt", ready_timeout_s=120,
+                                   log_dir=str(tmp_path))
+        assert not isinstance(started, RoleFailure), started
+        infos = [ray.get(h.node_info.remote()) for h in started.hosts]
+        assert [len(i["gpu_ids"].split(",")) for i in infos] == [1, 1, 2]  # each its own bundle's GPUs
+        assert [i.role for i in started.instances] == ["prefill", "prefill", "decode"]
+        for i in range(4):
+            code, text = _post(started.url + "/v1/completions", {"model": "m", "prompt": f"q{i}", "max_tokens": 3,
+                                                                 "stream": True})
+            assert code == 200 and text.count('"text"') == 3
+        stats = started.role_stats()
+        assert stats["prefill"]["requests"] == 4 and len(stats["prefill"]["servers"]) == 2
+        assert stats["decode"]["requests"] == 4
+        assert all(v["requests"] == 2 for v in stats["prefill"]["servers"].values())
+        assert started.down() is None
+        # the decode server dies: the deployment's failure is the decode role's
+        guard = psutil.Process(started.infos[2]["pid"])
+        server = guard.children()[0]
+        server.kill()
+        assert wait_for(lambda: started.down() is not None, 60, 0.2)
+        failure = started.down()
+        assert failure is not None and failure.role == "decode" and failure.server == "decode-0", failure
+    finally:
+        pids = [i["pid"] for i in started.infos] if started is not None else []
+        if started is not None:
+            started.stop()
+        release_deployment(res)
+    assert not any(_alive(p) for p in pids)
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
+    """The real vLLM CPU build as a 1P1D pair with the shared-storage connector, behind raysweep's router: the
+    bench grid through the router (a serve.url campaign, the deployment's 2 GPUs declared), every request the
+    decode server answered found its KV in the store (`External Cache Hit!` counted equal to its requests),
+    and the greedy answer through the pair equals the producer's own."""
+    import ray
+
+    from raysweep.place.pd import release_deployment, reserve_deployment
+    from raysweep.results.records import results_table
+    from raysweep.serve.pd import RoleFailure, start_deployment
+
+    serve = _deployment_config(
+        tmp_path, f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
+                  "--gpu-memory-utilization 0.2 --enforce-eager")
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+    res = reserve_deployment(serve.deployment, serve.rule, f"raysweep-pd-{serve.id}")
+    started = None
+    try:
+        started = start_deployment(serve.deployment, serve.argv, {**serve.env, **env}, res, "pdv",
+                                   ready_timeout_s=400, log_dir=str(tmp_path))
+        assert not isinstance(started, RoleFailure), started.text()
+        out = tmp_path / "out"
+        campaign = {"name": "pd-real", "output_dir": str(out), "runs": 1,
+                    "serve": {"url": {"url": started.url, "gpus": serve.deployment.gpus}},
+                    "bench": {"backend": "native", "client_cpus": 0.5,
+                              "cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 8 "
+                                     "--random-input-len 300 --random-output-len 8 --temperature 0",
+                              "params": [{"max_concurrency": 2}]}}
+        f = tmp_path / "campaign.yaml"
+        f.write_text(yaml.safe_dump(campaign))
+        ran = CliRunner().invoke(main, ["run", str(f)])
+        assert ran.exit_code == 0, ran.output
+        row = results_table(out).iloc[0]
+        assert row["completed"] == 8 and row["failed"] == 0 and row["gpu_count"] == 2, row.to_dict()
+        stats = started.role_stats()
+        asked = stats["decode"]["requests"]
+        assert stats["prefill"]["requests"] == asked >= 8 and stats["prefill"]["failures"] == 0
+        assert stats["decode"]["failures"] == 0
+        decode_log = started.logs("decode")[0]
+        assert decode_log.count("External Cache Hit!") == asked, decode_log[-3000:]
+        assert "Inject KV cache of" in decode_log
+        assert any((tmp_path / "kv").rglob("*.safetensors")) or any(p.is_file() for p in (tmp_path / "kv").rglob("*"))
+        # greedy: the pair's answer equals the producer's own, for a prompt of more than one KV block
+        prompt = [(7 * i) % 500 + 3 for i in range(300)]
+        body = {"model": str(tiny_model), "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        code, via = _post(started.url + "/v1/completions", body)
+        assert code == 200, via
+        producer = ray.get(started.hosts[0].url.remote())
+        code, own = _post(producer + "/v1/completions", body)
+        assert code == 200, own
+        assert json.loads(via)["choices"][0]["text"] == json.loads(own)["choices"][0]["text"]
+        assert started.logs("decode")[0].count("External Cache Hit!") == asked + 1
+    finally:
+        if started is not None and not isinstance(started, RoleFailure):
+            started.stop()
+        release_deployment(res)
