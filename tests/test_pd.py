@@ -372,7 +372,7 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
 
     from raysweep.place.pd import release_deployment, reserve_deployment
     from raysweep.results.records import results_table
-    from raysweep.serve.pd import RoleFailure, start_deployment
+    from raysweep.serve.pd import RoleFailure, role_settings, settings_differences, start_deployment
 
     serve = _deployment_config(
         tmp_path, f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
@@ -393,6 +393,7 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
                               "params": [{"max_concurrency": 2}]}}
         f = tmp_path / "campaign.yaml"
         f.write_text(yaml.safe_dump(campaign))
+        before = started.decode_prompt_sources()
         ran = CliRunner().invoke(main, ["run", str(f)])
         assert ran.exit_code == 0, ran.output
         row = results_table(out).iloc[0]
@@ -404,6 +405,19 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
         decode_log = started.logs("decode")[0]
         assert decode_log.count("External Cache Hit!") == asked, decode_log[-3000:]
         assert "Inject KV cache of" in decode_log
+        after = started.decode_prompt_sources()
+        moved = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        # the decode server received most of each prompt through the connector and prefilled only the rest
+        assert moved["external_kv_transfer"] > moved["local_compute"] > 0, moved
+        settings = role_settings(started)
+        assert settings["prefill-0"]["kv_transfer_config"]["kv_role"] == "kv_producer"
+        assert settings["decode-0"]["kv_transfer_config"]["kv_role"] == "kv_consumer"
+        assert settings_differences({"decode-0": settings["prefill-0"]}, {"decode-0": settings["decode-0"]}) == [
+            "decode-0: kv_transfer_config " + repr(settings["prefill-0"]["kv_transfer_config"]) + " != "
+            + repr(settings["decode-0"]["kv_transfer_config"])]  # the two roles differ in their kv_role alone
+        print(f"\nP/D CPU pair: {asked} decode requests, {decode_log.count('External Cache Hit!')} cache hits, "
+              f"prompt tokens at decode by source over the bench: {moved}; bench: {row['completed']} completed, "
+              f"{row['output_throughput']:.1f} output tok/s, median TTFT {row.get('median_ttft_ms')} ms")
         assert any((tmp_path / "kv").rglob("*.safetensors")) or any(p.is_file() for p in (tmp_path / "kv").rglob("*"))
         # greedy: the pair's answer equals the producer's own, for a prompt of more than one KV block
         prompt = [(7 * i) % 500 + 3 for i in range(300)]
@@ -419,3 +433,49 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
         if started is not None and not isinstance(started, RoleFailure):
             started.stop()
         release_deployment(res)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Effective settings per role, and what differs between two deployments beyond the declared axes
+# ---------------------------------------------------------------------------------------------------
+
+def _args_line(**args: Any) -> str:
+    kv = ("KVTransferConfig(kv_connector='ExampleConnector', engine_id='ENGINE', kv_buffer_device='cpu', "
+          "kv_role='kv_consumer', kv_port=14579, kv_connector_extra_config={'shared_storage_path': '/tmp/kv'})")
+    shown = ", ".join(f"'{k}': {v!r}" for k, v in args.items())
+    return (f"(APIServer pid=51) INFO 11-28 17:57:28 [api_utils.py:286] non-default args: {{'host': '10.0.0.1', "
+            f"'port': 8000, {shown}, 'kv_transfer_config': {kv}}}\n").replace("ENGINE", str(id(args)))
+
+
+def test_the_settings_each_role_started_with_and_the_differences_beyond_the_declared_axes():
+    from raysweep.serve.pd import declared_axes, effective_settings, settings_differences
+
+    s = effective_settings("noise\n" + _args_line(max_num_seqs=64, enforce_eager=True))
+    assert s["max_num_seqs"] == 64 and s["enforce_eager"] is True
+    assert s["kv_transfer_config"]["kv_role"] == "kv_consumer" and "engine_id" not in s["kv_transfer_config"]
+    assert s["kv_transfer_config"]["kv_connector_extra_config"] == {"shared_storage_path": "/tmp/kv"}
+    assert effective_settings("no such line") == {}
+    a = {"prefill-0": effective_settings(_args_line(max_num_batched_tokens=4096)),
+         "decode-0": effective_settings(_args_line(max_num_seqs=64, enforce_eager=True))}
+    b = {"prefill-0": effective_settings(_args_line(max_num_batched_tokens=8192)),
+         "decode-0": effective_settings(_args_line(max_num_seqs=64)),
+         "prefill-1": effective_settings(_args_line(max_num_batched_tokens=8192))}
+    declared = declared_axes([{"prefill.max_num_batched_tokens": 4096, "prefill.count": 1}])
+    assert declared == {"max_num_batched_tokens"}
+    # the swept axis and the host/port are no difference; an undeclared one-sided setting and a server are
+    assert settings_differences(a, b, declared) == ["decode-0: enforce_eager True != '(default)'",
+                                                    "prefill-1: only in the second deployment"]
+    assert "prefill-0: max_num_batched_tokens 4096 != 8192" in settings_differences(a, b)
+
+
+def test_prompt_tokens_by_source_are_read_from_a_vllm_metrics_page():
+    from raysweep.serve.pd import prompt_sources
+
+    text = ('# TYPE vllm:prompt_tokens_by_source_total counter\n'
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 44.0\n'
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 0.0\n'
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 2048.0\n'
+            'vllm:prompt_tokens_by_source_total{engine="1",model_name="m",source="local_compute"} 6.0\n'
+            'vllm:prompt_tokens_total{engine="0",model_name="m"} 2092.0\n')
+    assert prompt_sources(text) == {"local_compute": 50.0, "local_cache_hit": 0.0, "external_kv_transfer": 2048.0}
+    assert prompt_sources("") == {}

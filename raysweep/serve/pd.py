@@ -9,7 +9,9 @@ its prefill peer restarts (vllm#49238).
 
 from __future__ import annotations
 
+import ast
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +22,9 @@ from raysweep.place.pd import ROUTER, PDReservation
 from raysweep.serve.pd_router import PDRouter, RouterThread
 from raysweep.serve.server import ServerHost, expected_model
 
-__all__ = ["PDServers", "RoleFailure", "RouterHost", "start_deployment"]
+__all__ = ["PDServers", "RoleFailure", "RouterHost", "declared_axes", "effective_settings", "prompt_sources",
+           "role_settings",
+           "settings_differences", "start_deployment"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,19 @@ class PDServers:
             if code is not None:
                 return RoleFailure(inst.role, inst.name, f"exit code {code}")
         return None
+
+    def decode_prompt_sources(self) -> dict[str, float]:
+        """The decode servers' prompt tokens by source, summed: what they received through the connector
+        (external_kv_transfer) against what they prefilled themselves (local_compute)."""
+        import urllib.request
+
+        total: dict[str, float] = {}
+        for inst, url in zip(self.instances, self.urls, strict=True):
+            if inst.role == "decode":
+                with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+                    for k, v in prompt_sources(resp.read().decode()).items():
+                        total[k] = total.get(k, 0.0) + v
+        return total
 
     def role_stats(self) -> dict[str, Any]:
         """The router's requests and failures per role."""
@@ -143,3 +160,100 @@ def start_deployment(dep: Deployment, argv: list[str], env: dict[str, str], res:
         raise
     log.info("deployment %s ready behind %s", dep.describe(), started.url)
     return started
+
+
+# ---------------------------------------------------------------------------------------------------
+# Effective settings of each role, and the differences between two deployments
+# ---------------------------------------------------------------------------------------------------
+
+_ARGS_LINE = re.compile(r"non-default args: (\{.*\})\s*$", re.M)
+# where a server runs and what raysweep gives each server of its own: never a difference between deployments
+_OWN_ARGS = frozenset({"host", "port", "model_tag"})
+
+
+def effective_settings(log_text: str) -> dict[str, Any]:
+    """The settings a vLLM server reported at its start (its `non-default args: {...}` line), each value as
+    Python reads it; an object's repr (`KVTransferConfig(kv_role='kv_consumer', ...)`) becomes a dict of its
+    fields, without the ids drawn anew at every start (`engine_id`). {} when the log has no such line."""
+    found = _ARGS_LINE.findall(log_text)
+    if not found:
+        return {}
+    try:
+        tree = ast.parse(found[-1], mode="eval").body
+    except SyntaxError:
+        return {}
+    value = _value(tree)
+    return value if isinstance(value, dict) else {}
+
+
+_DRAWN = frozenset({"engine_id"})  # drawn anew at every start
+
+
+def _value(node: ast.expr) -> Any:
+    if isinstance(node, ast.Dict):
+        return {str(_value(k)) if k is not None else "**": _value(v) for k, v in zip(node.keys, node.values,
+                                                                                       strict=True)}
+    if isinstance(node, ast.Call):
+        return {kw.arg: _value(kw.value) for kw in node.keywords if kw.arg and kw.arg not in _DRAWN}
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return ast.unparse(node)
+
+
+def role_settings(servers: PDServers) -> dict[str, dict[str, Any]]:
+    """The effective settings of every server of a started deployment, by server name (prefill-0, ...)."""
+    return {inst.name: effective_settings(ray.get(h.read_log.remote(), timeout=60))
+            for inst, h in zip(servers.instances, servers.hosts, strict=True)}
+
+
+def settings_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]],
+                         declared: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Every setting in which two deployments' servers differ, role by role (server `prefill-0` of one against
+    `prefill-0` of the other), beyond the `declared` sweep axes (vLLM names, e.g. max_num_batched_tokens) and
+    what differs by nature (host, port); a server one side lacks is a difference too."""
+    out = []
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            out.append(f"{name}: only in the {'first' if name in a else 'second'} deployment")
+            continue
+        for key in sorted(set(a[name]) | set(b[name])):
+            norm = key.replace("-", "_")
+            if norm in _OWN_ARGS or norm in declared:
+                continue
+            left, right = a[name].get(key, "(default)"), b[name].get(key, "(default)")
+            if left != right:
+                out.append(f"{name}: {key} {left!r} != {right!r}")
+    return out
+
+
+def declared_axes(params: list[dict[str, Any]]) -> set[str]:
+    """The vLLM settings that a campaign's serve parameters sweep: `prefill.max_num_seqs` is max_num_seqs,
+    `kv_connector` is kv_transfer_config, a role's count is none (it is no server's setting)."""
+    out = set()
+    for combo in params:
+        for key in combo:
+            norm = str(key).replace("-", "_")
+            role, dot, name = norm.partition(".")
+            if norm == "kv_connector":
+                out.add("kv_transfer_config")
+            elif dot and role in ("prefill", "decode"):
+                if name != "count":
+                    out.add(name)
+            else:
+                out.add(norm)
+    return out
+
+
+_SOURCE = re.compile(r'^vllm:prompt_tokens_by_source_total\{([^}]*)\}\s+([0-9.eE+-]+)', re.M)
+
+
+def prompt_sources(metrics_text: str) -> dict[str, float]:
+    """A vLLM server's prompt tokens by source (`vllm:prompt_tokens_by_source_total`): local_compute (prefilled
+    by the server itself), local_cache_hit, external_kv_transfer (received through the connector)."""
+    out: dict[str, float] = {}
+    for labels, value in _SOURCE.findall(metrics_text):
+        m = re.search(r'source="([^"]+)"', labels)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(value)
+    return out
