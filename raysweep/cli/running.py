@@ -278,7 +278,7 @@ def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int]
         report = output_dir / "report.html"  # report.REPORT_FILE, without importing the report's modules
         if fresh(report):
             console.print(f"Report: {report} (up to date)", highlight=False)
-            drawn = (report, [], [])
+            drawn = (report, [], _headlines(output_dir))
         else:
             drawn = _write_report(output_dir)
     if as_json:
@@ -295,6 +295,23 @@ def _run_document(spec: Any, output_dir: Path, counts: dict[str, int], failures:
                           "attempts": p.attempts, "error": p.error} for p in failures],
             "stopped_early": stopped_early, "results": results, "report": drawn[0] if drawn else None,
             "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else []}
+
+
+def _headlines(output_dir: Path) -> list[str]:
+    """The report's conclusions, one line per bench shape, without writing the report (printed, as
+    `_write_report` prints them)."""
+    from raysweep.report.page import conclusions_of
+    from raysweep.results.conclusions import headlines
+
+    try:
+        answer = conclusions_of(output_dir)
+        lines = headlines(answer) if answer is not None else []
+    except Exception as exc:  # as write_report_with_headlines: the report says why, the lines are a courtesy
+        console.print(f"conclusions not made: {escape(str(exc))}", highlight=False)
+        lines = []
+    for line in lines:
+        console.print(escape(line), highlight=False)
+    return lines
 
 
 def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:

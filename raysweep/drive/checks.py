@@ -21,6 +21,7 @@ def finished(spec: Any, output_dir: Path, retry_failed: bool) -> tuple[dict[str,
     fingerprint), and has nothing left to run: every point of its plan done or failed for good (and not
     retried), no SLA search or tuning that could add points. None otherwise (the run goes on as usual)."""
     from raysweep.ledger import LEDGER_FILE, Ledger, PointState
+    from raysweep.maths.precision import MEASURING
     from raysweep.plan.plan import build_plan
 
     c = spec.campaign
@@ -32,14 +33,19 @@ def finished(spec: Any, output_dir: Path, retry_failed: bool) -> tuple[dict[str,
         if ledger.meta("name") != c.name or ledger.meta("fingerprint") != plan.fingerprint:
             return None
         rows = {p.point_id: p for p in ledger.points(in_plan_only=False)}
+        in_plan = ledger.points()  # the plan's points and the runs bench.precision added to them
+        undecided = c.bench.precision is not None and (
+            {(p.serve.id, p.bench.id) for p in plan.points if p.bench.id not in plan.confirm_ids}
+            - {(r["serve_id"], r["bench_id"]) for r in ledger.precision() if r["state"] != MEASURING})
     finally:
         ledger.close()
     mine = [rows.get(p.id) for p in plan.points]
     ends = (PointState.DONE,) if retry_failed else (PointState.DONE, PointState.FAILED)
-    if not mine or any(r is None or r.state not in ends for r in mine):
-        return None
-    failed = [r for r in mine if r is not None and r.state == PointState.FAILED]
-    return {"done": len(mine) - len(failed), "failed": len(failed), "pending": 0, "running": 0}, failed
+    if not mine or undecided or any(r is None or r.state not in ends for r in [*mine, *in_plan]):
+        return None  # a point still measuring for bench.precision may add a run
+    ours = {r.point_id: r for r in [*in_plan, *(r for r in mine if r is not None)]}.values()
+    failed = [r for r in ours if r.state == PointState.FAILED]
+    return {"done": len(ours) - len(failed), "failed": len(failed), "pending": 0, "running": 0}, failed
 
 
 def check_before_run(spec: Any, output_dir: Path, *, force: bool = False, accept_changes: bool = False) -> None:

@@ -78,7 +78,9 @@ class CampaignDir:
         from raysweep.drive.recovery import driver_alive
         from raysweep.plan.cost import campaign_spend
         from raysweep.plan.estimate import eta_s, measured_from
+        from raysweep.results.precision import precision_counts
         from raysweep.results.table import flagged
+        from raysweep.results.validity_story import validity_counts
         from raysweep.serve import hardware
 
         ledger = self.ledger
@@ -102,6 +104,7 @@ class CampaignDir:
         eta = eta_s(left_runs, measured_from(self.path), running, max(1, len(running))) if left_runs else 0.0
         records = self.records() if counts.get("done") else []
         bad = flagged(records)
+        judged = validity_counts(records)
         total = {k: counts.get(k, 0) for k in ("done", "running", "failed", "pending")}
         return {
             "campaign": name, "output_dir": self.given, "counts": {**total, "total": sum(counts.values())},
@@ -111,11 +114,13 @@ class CampaignDir:
             "server_configs": configs, "eta_s": eta,
             "servers_running": [{"server_id": s.server_id, "serve_id": s.serve_id, "port": s.port,
                                  "state": s.state} for s in servers if s.stopped_at is None and live],
-            "validity": {"runs": len(records), "flagged": len(bad),
+            "validity": {"runs": len(records), "flagged": len(bad), "passed": judged.passed,
+                         "partly_judged": judged.partly_judged, "not_judged": judged.not_judged,
                          "flagged_runs": [{"point_id": r.get("point_id"), "issues": r.get("validity_issues")}
                                           for r in bad],
                          "hardware_mixed": hardware.mixed(records)},
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
                           "attempts": p.attempts, "error": p.error} for p in points if p.state == PointState.FAILED],
             "spend": campaign_spend(CostSpec.model_validate(block) if block else None, servers),
+            "precision": precision_counts(ledger),
         }

@@ -11,10 +11,10 @@ from typing import Any
 
 from raysweep.errors import LedgerError
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.maths.precision import REACHED, PrecisionSpec, reported_confidence
+from raysweep.maths.precision import AT_DURATION, AT_MAX, MEASURING, REACHED, PrecisionSpec, reported_confidence
 from raysweep.maths.verdicts import t_quantile
 
-__all__ = ["precision_columns"]
+__all__ = ["precision_counts", "precision_columns"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,15 @@ def precision_columns(output_dir: Any, summary: Any) -> Any:
     if spec is not None:
         _widen_for_looks(out, [k in rows for k in keys], spec)
     return out
+
+
+def precision_counts(ledger: Any) -> dict[str, int] | None:
+    """For a campaign with `bench.precision`: how many points reached the target, stopped at max_runs or at
+    max_duration_s without it, or are still measuring (None for any other campaign)."""
+    if not (ledger.stored_campaign().get("bench") or {}).get("precision"):
+        return None
+    states = [r["state"] for r in ledger.precision()]
+    return {state: states.count(state) for state in (REACHED, AT_MAX, AT_DURATION, MEASURING)}
 
 
 def _spec_of(ledger: Any) -> PrecisionSpec | None:
