@@ -196,3 +196,80 @@ def test_other_tools_outputs_are_read_with_what_they_say_and_missing_what_they_d
     assert res.exit_code == 0 and "not comparable: model m vs mock-model" in res.output, res.output
     again = _cli("catalog", "add", str(cat), str(src))
     assert "0 added, 0 updated, 3 unchanged" in again.output
+
+
+INDEX_PROBE = """<script>
+window.__errors = [];
+window.addEventListener('error', function (e) { window.__errors.push(String(e.message)); });
+window.addEventListener('load', function () {
+  var rows = function () { return Array.from(document.querySelectorAll('#campaigns tbody tr'))
+    .filter(function (r) { return r.style.display !== 'none'; })
+    .map(function (r) { return r.cells[1].textContent; }); };
+  var before = rows();
+  var v = document.getElementById('f-vllm'); v.value = '0.31.0'; v.dispatchEvent(new Event('change'));
+  var after = rows();
+  document.body.setAttribute('data-probe', JSON.stringify({before: before, after: after, errors: window.__errors,
+    reports: Array.from(document.querySelectorAll('a[href^="reports/"]')).length}));
+});
+</script>"""
+
+OVERLAY_PROBE = """<script>
+window.__errors = [];
+window.addEventListener('error', function (e) { window.__errors.push(String(e.message)); });
+var __t = setInterval(function () {
+  if (document.body.getAttribute('data-drawn') !== 'yes') return;
+  clearInterval(__t);
+  var figs = Array.from(document.querySelectorAll('figure')).map(function (f) {
+    return {campaigns: Array.from(f.querySelectorAll('g[data-campaign]')).map(function (g) {
+      return {id: g.getAttribute('data-campaign'), points: g.querySelectorAll('circle').length,
+              front: g.querySelectorAll('polyline.front').length}; }),
+            note: (f.querySelector('.note') || {}).textContent || ''};
+  });
+  document.body.setAttribute('data-probe', JSON.stringify({figs: figs, errors: window.__errors}));
+}, 50);
+</script>"""
+
+
+def _probe(exe: str, page: Path, query: str = "") -> dict:
+    import re
+
+    from test_report_browser import run_browser
+
+    done = run_browser(exe, "--virtual-time-budget=10000", "--dump-dom", page.as_uri() + query)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = re.search(r'data-probe="([^"]*)"', done.stdout)
+    assert found, f"the probe did not run: {done.stdout[:500]} {done.stderr[-2000:]}"
+    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<")
+                      .replace("&gt;", ">").replace("&#39;", "'"))
+
+
+def test_the_site_lists_filters_and_overlays_in_chromium(campaigns, tmp_path):
+    from test_report_browser import browser
+
+    exe = browser()
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(campaigns)).exit_code == 0
+    (campaigns / "team/old/report.html").write_text("<html><body>the old campaign's report</body></html>")
+    res = _cli("site", str(cat), str(tmp_path / "site"))
+    assert res.exit_code == 0, res.output
+    site = tmp_path / "site"
+    assert "newest against the one before" in (site / "history.html").read_text()
+    index = site / "probed-index.html"
+    index.write_text((site / "index.html").read_text().replace("</body>", INDEX_PROBE + "</body>", 1))
+    probe = _probe(exe, index)
+    assert probe["errors"] == []
+    assert sorted(probe["before"]) == ["long", "new", "old", "same"]  # what was added
+    assert probe["after"] == ["old"] and probe["reports"] == 1  # the filter narrows it; the report is linked
+    ids = {e["name"]: e["id"] for e in Catalog(cat).campaigns.values()}
+    overlay = site / "probed-overlay.html"
+    overlay.write_text((site / "overlay.html").read_text().replace("</body>", OVERLAY_PROBE + "</body>", 1))
+    probe = _probe(exe, overlay, f"?ids={ids['old']},{ids['new']}")
+    assert probe["errors"] == []
+    figs = probe["figs"]
+    assert len(figs) == 2  # one per input length (16, 32), both campaigns drawn in each
+    for f in figs:
+        assert {c["id"] for c in f["campaigns"]} == {ids["old"], ids["new"]} and not f["note"]
+        assert all(c["points"] == 4 and c["front"] == 1 for c in f["campaigns"])  # 2 configs x 2 loads
+    probe = _probe(exe, overlay, f"?ids={ids['old']},{ids['long']}")
+    assert probe["errors"] == [] and len(probe["figs"]) == 3  # another input length: never on one axis
+    assert all("not comparable: input length" in f["note"] for f in probe["figs"]), probe["figs"]

@@ -125,7 +125,8 @@ def _first(col: pd.Series) -> str | None:
 
 def _judge(j: Judgement, before: pd.Series, now: pd.Series, higher: bool, margin: float, level: float) -> None:
     """The verdict of `now` against `before` (see the module docstring)."""
-    eq = verdicts.equivalence(before.to_numpy(), now.to_numpy(), tolerance=margin, confidence=1 - 2 * level)
+    eq = verdicts.equivalence(before.to_numpy(), now.to_numpy(), tolerance=margin, confidence=1 - 2 * level,
+                              limit=0)  # the runs that would settle a "not shown" are not asked for here
     j.ratio, j.low, j.high = eq.ratio, eq.low, eq.high
     if eq.word == "not judged":
         j.word = "not judged"

@@ -114,16 +114,17 @@ def raysweep_signature(path: Path) -> tuple[str, bool]:
 
 
 def _signature(path: Path) -> tuple[str, bool]:
-    ledger = Ledger.open_existing(path)
+    import sqlite3
+
+    con = sqlite3.connect(f"{(path / LEDGER_FILE).resolve().as_uri()}?mode=ro", uri=True)
     try:
-        points = ledger.points()
-        counts = ledger.counts()
+        states = con.execute("SELECT state, count(*), max(coalesce(ended_at, 0)) FROM points GROUP BY state "
+                             "ORDER BY state").fetchall()
     finally:
-        ledger.close()
+        con.close()
     results = path / "results.parquet"
-    stamp = [sorted(counts.items()), max((p.ended_at or 0.0 for p in points), default=0.0),
-             results.stat().st_mtime_ns if results.is_file() else 0]
-    complete = not any(p.state in (PointState.PENDING, PointState.RUNNING) for p in points)
+    stamp = [states, results.stat().st_mtime_ns if results.is_file() else 0]
+    complete = not any(state in (PointState.PENDING.value, PointState.RUNNING.value) for state, _, _ in states)
     return hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16], complete
 
 

@@ -165,3 +165,17 @@ def history_cmd(catalog_dir: str, metric: str, margin: float, fail_on_regression
          f"{len(bad)} with the newest campaign worse")
     if fail_on_regression and bad:
         sys.exit(1)
+
+
+@main.command("site")
+@click.argument("catalog_dir", metavar="CATALOG")
+@click.argument("out", metavar="OUT")
+def site(catalog_dir: str, out: str) -> None:
+    """Write a static site of CATALOG into OUT (replaced whole): the campaigns with filters and their reports,
+    overlays of chosen campaigns' Pareto fronts (like for like only), the history of every configuration
+    measured more than once. Open OUT/index.html; no server needed."""
+    from raysweep.catalog.site import write_site
+    from raysweep.catalog.store import Catalog
+
+    path = write_site(Catalog(catalog_dir), out)
+    _say(str(path / "index.html"))
