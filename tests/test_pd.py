@@ -117,6 +117,20 @@ def test_a_connector_the_installed_vllm_lacks_exits_2(tmp_path, where):
     assert CliRunner().invoke(main, ["validate", str(_write(tmp_path, data))]).exit_code == 0
 
 
+def test_an_endpoints_labels_are_recorded_as_its_serve_parameters(tmp_path):
+    """A deployment started outside the driver and swept as an endpoint carries its identity as labels."""
+    data = {"name": "ep", "serve": {"url": [{"url": "http://127.0.0.1:1", "labels": {"pd_ratio": "2P1D",
+                                                                                      "pd_gpus": 4}},
+                                            "http://127.0.0.1:2"]},
+            "bench": {"params": [{"max_concurrency": 2}]}}
+    plan = build_plan(campaign_from_dict(data, tmp_path))
+    assert [s.params for s in plan.serves] == [{"endpoint": "http://127.0.0.1:1", "pd_ratio": "2P1D", "pd_gpus": 4},
+                                               {"endpoint": "http://127.0.0.1:2"}]
+    data["serve"]["url"][0]["labels"] = {"endpoint": "x"}
+    with pytest.raises(CampaignError, match="endpoint"):
+        campaign_from_dict(data, tmp_path)
+
+
 def test_running_a_deployment_is_refused_before_anything_starts(tmp_path):
     """The driver does not run a deployment yet: `raysweep run` refuses it, naming serve.pd, writing nothing."""
     res = CliRunner().invoke(main, ["run", str(_write(tmp_path, _with()))])
@@ -345,6 +359,26 @@ def test_a_2p1d_deployment_is_one_placement_group_its_roles_in_their_bundles(gpu
         assert stats["prefill"]["requests"] == 4 and len(stats["prefill"]["servers"]) == 2
         assert stats["decode"]["requests"] == 4
         assert all(v["requests"] == 2 for v in stats["prefill"]["servers"].values())
+        # the bench grid through the router, the deployment's identity recorded with every point
+        out = tmp_path / "out"
+        f = tmp_path / "endpoint.yaml"
+        f.write_text(yaml.safe_dump({
+            "name": "pd-2p1d", "output_dir": str(out), "runs": 1,
+            "serve": {"url": {"url": started.url, "gpus": dep.gpus, "labels": dep.identity()}},
+            "bench": {"backend": "native", "client_cpus": 0.5,
+                      "cmd": "vllm bench serve --model m --dataset-name random --random-input-len 8 "
+                             "--random-output-len 4 --num-prompts 12",
+                      "params": [{"max_concurrency": 2}]}}))
+        ran = CliRunner().invoke(main, ["run", str(f)])
+        assert ran.exit_code == 0, ran.output
+        from raysweep.report.plots.pareto import pareto
+        from raysweep.results.records import results_table
+
+        table = results_table(out)
+        assert len(table) == 1 and (table["completed"] == 12).all()
+        assert (table["pd_ratio"] == "2P1D").all() and (table["pd_decode_tp"] == 2).all()
+        assert (table["gpu_count"] == 4).all() and (pareto(table).points["gpus"] == 4).all()
+        assert started.role_stats()["decode"]["requests"] >= 4 + 12
         assert started.down() is None
         # the decode server dies: the deployment's failure is the decode role's
         guard = psutil.Process(started.infos[2]["pid"])

@@ -215,7 +215,8 @@ def _endpoint_combos(url: Any) -> list[dict[str, Any]] | None:
     if url is None:
         return None
     items = url if isinstance(url, list) else [url]
-    return [{"endpoint": (u if isinstance(u, str) else u.url).rstrip("/").removesuffix("/v1")} for u in items]
+    return [{"endpoint": (u if isinstance(u, str) else u.url).rstrip("/").removesuffix("/v1"),
+             **({} if isinstance(u, str) else u.labels)} for u in items]
 
 
 def _offline_spec(campaign: Campaign, base_dir: Path, source_path: str, env: dict[str, str]) -> CampaignSpec:

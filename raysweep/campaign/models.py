@@ -64,6 +64,16 @@ class EndpointSpec(_Strict):
     model: str | None = Field(None, description="the model the clients ask for (default: the first of /v1/models)")
     gpus: int | None = Field(None, ge=1, description="the GPUs behind it, for per-GPU figures (default: serve.gpus; "
                              "undeclared: no per-GPU figure)")
+    labels: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="values recorded with every point of this endpoint as serve parameters, "
+        "e.g. a P/D deployment's identity (pd_ratio: 2P1D, pd_gpus: 4, ...; docs/pd.md)")
+
+    @field_validator("labels")
+    @classmethod
+    def _label_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "endpoint" in v:
+            raise ValueError("`endpoint` is the endpoint's URL itself; name the label otherwise")
+        return v
 
     @field_validator("url", "metrics_url", "reset_url")
     @classmethod
