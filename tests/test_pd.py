@@ -406,7 +406,7 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
 
     from raysweep.place.pd import release_deployment, reserve_deployment
     from raysweep.results.records import results_table
-    from raysweep.serve.pd import RoleFailure, start_deployment
+    from raysweep.serve.pd import RoleFailure, role_settings, settings_differences, start_deployment
 
     serve = _deployment_config(
         tmp_path, f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
@@ -427,6 +427,7 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
                               "params": [{"max_concurrency": 2}]}}
         f = tmp_path / "campaign.yaml"
         f.write_text(yaml.safe_dump(campaign))
+        before = started.decode_prompt_sources()
         ran = CliRunner().invoke(main, ["run", str(f)])
         assert ran.exit_code == 0, ran.output
         row = results_table(out).iloc[0]
@@ -438,6 +439,16 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
         decode_log = started.logs("decode")[0]
         assert decode_log.count("External Cache Hit!") == asked, decode_log[-3000:]
         assert "Inject KV cache of" in decode_log
+        after = started.decode_prompt_sources()
+        moved = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        # the decode server received most of each prompt through the connector and prefilled only the rest
+        assert moved["external_kv_transfer"] > moved["local_compute"] > 0, moved
+        settings = role_settings(started)
+        assert settings["prefill-0"]["kv_transfer_config"]["kv_role"] == "kv_producer"
+        assert settings["decode-0"]["kv_transfer_config"]["kv_role"] == "kv_consumer"
+        assert settings_differences({"decode-0": settings["prefill-0"]}, {"decode-0": settings["decode-0"]}) == [
+            "decode-0: kv_transfer_config " + repr(settings["prefill-0"]["kv_transfer_config"]) + " != "
+            + repr(settings["decode-0"]["kv_transfer_config"])]  # the two roles differ in their kv_role alone
         assert any((tmp_path / "kv").rglob("*.safetensors")) or any(p.is_file() for p in (tmp_path / "kv").rglob("*"))
         # greedy: the pair's answer equals the producer's own, for a prompt of more than one KV block
         prompt = [(7 * i) % 500 + 3 for i in range(300)]
