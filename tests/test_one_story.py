@@ -176,3 +176,74 @@ def test_every_command_tells_the_same_story(tmp_path, monkeypatch, which):
     for card, verdict in zip(cards, answer.verdicts, strict=True):
         short = "Precision not reached: this point stopped at max_runs" in card
         assert short == (verdict.leader["precision_state"] == "max_runs"), card
+
+
+def test_resuming_a_finished_campaign_needs_nothing_exported_again(tmp_path, monkeypatch):
+    """What `${VAR}` expanded to at `run` is recorded (secrets left out); `resume` uses it when the variable
+    is no longer set, and says so."""
+    from raysweep.campaign.loading import expanded_variables
+
+    bench = bench_module()
+    made = bench.campaign_data
+
+    def with_vars(*a, **kw):
+        data = made(*a, **kw)
+        data["serve"]["cmd"] = data["serve"]["cmd"].replace("tiny", "${STORY_MODEL}")
+        data["serve"]["env"] = {"STORY_LEVEL": "${STORY_LEVEL:-info}", "HF_TOKEN": "${HF_TOKEN}"}
+        return data
+
+    monkeypatch.setattr(bench, "campaign_data", with_vars)
+    monkeypatch.setenv("STORY_MODEL", "tiny-model-at-run")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    monkeypatch.delenv("STORY_LEVEL", raising=False)
+    out = tmp_path / "vars"
+    bench.build_stub(out, 36, name="vars")
+    led = Ledger.open_existing(out)
+    try:
+        assert json.loads(led.meta("variables")) == {"STORY_MODEL": "tiny-model-at-run"}  # no secret, no default
+    finally:
+        led.close()
+    assert "hf_secret_value" not in (out / "ledger.sqlite").read_bytes().decode("latin-1")
+    assert expanded_variables({"cmd": "x ${A} ${API_KEY}"}, {"A": "1", "API_KEY": "k"}) == {"A": "1"}
+
+    monkeypatch.delenv("STORY_MODEL")
+    res = CliRunner().invoke(main, ["resume", str(out), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["ran"] is False and doc["counts"]["done"] == 36
+    assert ("${STORY_MODEL} is not set: using the value it had when the campaign was run "
+            "(STORY_MODEL=tiny-model-at-run)") in " ".join(res.stderr.split())
+    monkeypatch.setenv("STORY_MODEL", "tiny-model-at-run")  # set again: nothing to say
+    res = CliRunner().invoke(main, ["resume", str(out), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0 and "is not set" not in res.stderr
+
+
+def test_the_readme_sample_is_made_from_a_result_directory(tmp_path):
+    """scripts/readme_sample.py rewrites the README's block between its markers from a result directory
+    (here a stub campaign): `run`'s closing lines with the report's conclusions; the rest stays; twice is
+    once; --check tells a stale block."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_sample", "scripts/readme_sample.py")
+    sample = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sample)
+    readme = Path("README.md").read_text()
+    assert readme.count(sample.BEGIN) == 1 and readme.count(sample.END) == 1
+    out = tmp_path / "demo"
+    bench_module().build_stub(out, 36, name="demo-cpu")
+    (out / "plots").mkdir()
+    (out / "plots" / "FIGURE.png").write_bytes(b"")
+    copy = tmp_path / "README.md"
+    copy.write_text(readme)
+    args = [str(out), "--readme", str(copy), "--no-figures"]
+    assert sample.main([*args, "--check"]) == 1  # the README's block is another run's
+    assert sample.main(args) == 0
+    made = copy.read_text()
+    head, rest = made.split(sample.BEGIN)
+    inner, tail = rest.split(sample.END)
+    assert head == readme.split(sample.BEGIN)[0] and tail == readme.split(sample.END)[1]
+    headlines = raysweep.load(out).conclusions.headlines
+    assert headlines and inner.strip().splitlines()[-len(headlines) - 3:] == [
+        f"Report: {out}/report.html", f"Figures: {out}/plots/FIGURE.png", *headlines, "```"]
+    assert "From the run of campaign `demo-cpu` that ended " in inner
+    assert sample.main([*args, "--check"]) == 0 and sample.main(args) == 0 and copy.read_text() == made

@@ -7,6 +7,7 @@ Every problem raises `CampaignError` naming the field path and what would be acc
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -81,6 +82,9 @@ class CampaignSpec:
     bench_combos: list[dict[str, Any]]
     source_path: str = ""
     base_dir: Path = field(default_factory=Path.cwd)
+    variables: dict[str, str] = field(default_factory=dict)
+    """What the `${VAR}` references of the campaign expanded to from the environment (secrets left out:
+    the names of tokens and keys, and references in a secret's place, which the stored form masks)."""
 
     @property
     def offline(self) -> bool:
@@ -132,11 +136,35 @@ def load_campaign(path: str | Path, env: dict[str, str] | None = None) -> Campai
 def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = "",
                        env: dict[str, str] | None = None) -> CampaignSpec:
     """Validate a campaign given as a dict (from YAML, or as stored in a ledger)."""
+    env = dict(os.environ if env is None else env)
+    spec = _resolve(data, base_dir, source_path, env)
+    return dataclasses.replace(spec, variables=expanded_variables(spec.stored_form(), env))
+
+
+def expanded_variables(stored: Any, env: dict[str, str]) -> dict[str, str]:
+    """The `${VAR}` references in a campaign's stored form that `env` sets, with their values; a secret's name
+    (HF_TOKEN, ..._API_KEY) is left out, as are references in a secret's place (masked in the stored form)."""
+    names: dict[str, None] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str):
+            names.update((m.group(1), None) for m in _VAR.finditer(value))
+
+    walk(stored)
+    return {n: env[n] for n in names if n in env and not grid.is_secret_name(n)}
+
+
+def _resolve(data: dict[str, Any], base_dir: Path, source_path: str, env: dict[str, str]) -> CampaignSpec:
     try:
         campaign = Campaign.model_validate(data)
     except ValidationError as exc:
         raise _campaign_error(exc) from None
-    env = dict(os.environ if env is None else env)
     _check_mode(campaign)
     _check_endpoints(campaign)
     _check_tail_replicas(campaign)

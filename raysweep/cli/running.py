@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -193,10 +195,16 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
     ledger = Ledger.open_existing(output_dir)
     try:
         stored, source = ledger.stored_campaign(), ledger.meta("campaign_file") or ""
+        recorded = json.loads(ledger.meta("variables") or "{}")
     finally:
         ledger.close()
+    unset = {k: v for k, v in recorded.items() if k not in os.environ}
+    for name, value in unset.items():  # nothing to export again: what the campaign expanded at `run`
+        console.print(f"${{{name}}} is not set: using the value it had when the campaign was run ({name}="
+                      f"{escape(value)})", highlight=False)
     try:
-        spec = campaign_from_dict(stored, base_dir=Path(output_dir).resolve(), source_path=source)
+        spec = campaign_from_dict(stored, base_dir=Path(output_dir).resolve(), source_path=source,
+                                  env={**os.environ, **unset})
     except CampaignError as exc:
         if not (source and Path(source).is_file() and "was masked" in str(exc)):
             raise

@@ -12,6 +12,7 @@ stopped.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -210,6 +211,7 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
                     campaign=spec.stored_form(), campaign_file=spec.source_path,
                     points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points],
                     force=force, searches=plan.searches)
+        ledger.set_meta("variables", json.dumps(spec.variables))  # for a resume where they are no longer set
     except BaseException:
         ledger.close()
         raise
