@@ -252,3 +252,62 @@ def test_progress_gauges_reach_the_clusters_metrics_port(gpu_cluster):
         assert wait_for(exported, 90, 2.0), "ray_raysweep_points_done not on any node's metrics port"
     finally:
         progress.close()
+
+
+@pytest.mark.ray
+def test_a_running_campaigns_gauges_scraped_in_prometheus_format(gpu_cluster, tmp_path):
+    """During a stand-in campaign (its second point held until the scrape), every node's metrics export port
+    (`MetricsExportPort` of `ray.nodes()`, as docs/tracking.md says) is read as Prometheus reads it, parsed
+    by prometheus_client's text parser: every gauge of cluster/grafana-raysweep.json is there under the
+    campaign's label, 1 of its 2 runs done."""
+    import threading
+    import uuid
+
+    import ray
+    from helpers import run_file, standin_campaign
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from raysweep.drive.progress_metrics import GAUGES
+    from raysweep.procs import wait_for
+
+    name = f"scrape-{uuid.uuid4().hex[:8]}"
+    hold, calls = tmp_path / "hold", tmp_path / "calls"
+    hold.touch()
+    f = standin_campaign(tmp_path, name=name, bench_args=f"--log-file {calls} --hold-while {hold} --hold-from 2")
+    ended: dict[str, Any] = {}
+
+    def drive() -> None:
+        try:
+            ended["summary"] = run_file(f)[0]
+        except BaseException as exc:  # noqa: BLE001 (told below, in the test's thread)
+            ended["error"] = exc
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    seen: dict[str, float] = {}
+
+    def scraped() -> bool:
+        ports = {(n["NodeManagerAddress"], n["MetricsExportPort"]) for n in ray.nodes() if n["Alive"]}
+        for ip, port in ports:
+            try:
+                text = urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                continue
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.labels.get("campaign") == name and sample.name.startswith("ray_raysweep_"):
+                        seen[sample.name] = sample.value
+        return seen.get("ray_raysweep_points_done") == 1.0 and len(seen) == len(GAUGES)
+
+    try:
+        assert wait_for(lambda: scraped() or "error" in ended, 120, 1.0), seen
+        assert "error" not in ended, ended
+    finally:
+        hold.unlink()
+        thread.join(300)
+    assert not thread.is_alive() and "error" not in ended, ended
+    assert set(seen) == {f"ray_{g}" for g in GAUGES}
+    assert seen["ray_raysweep_points_total"] == 2.0 and seen["ray_raysweep_points_done"] == 1.0
+    assert seen["ray_raysweep_points_failed"] == 0.0 and seen["ray_raysweep_points_pending"] == 1.0
+    assert seen["ray_raysweep_servers_running"] == 1.0
+    assert ended["summary"].counts["done"] == 2
