@@ -8,6 +8,9 @@ report's conclusions (one line per bench shape, `raysweep.results.conclusions.he
 prints them. The figures are drawn again into DIR/plots/ (what `raysweep plot DIR` draws) unless
 `--no-figures`, which lists the ones already there. `--check` writes nothing and exits 1 when the README's
 block differs from what DIR gives. Paths are shown as DIR was given (`results/demo-cpu` after `make demo`).
+
+`--screenshot docs/img/report-first-screen.png` also takes the first screen (1366 x 900) of DIR/report.html
+in headless Chromium (`scripts/install-browser.sh`), the figure docs/report.md shows.
 """
 
 from __future__ import annotations
@@ -72,12 +75,35 @@ def replace_block(readme: str, new: str) -> str:
     return f"{head}{BEGIN}\n{new}\n{END}{tail}"
 
 
+BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
+
+
+def screenshot(report: Path, png: Path) -> None:
+    """The first screen of `report` as `png`, taken by headless Chromium.
+
+    :raises RuntimeError: no Chromium on PATH, or it failed."""
+    import shutil
+    import subprocess
+
+    exe = next((path for name in BROWSERS if (path := shutil.which(name))), None)
+    if exe is None:
+        raise RuntimeError(f"no headless Chromium ({', '.join(BROWSERS)}) on PATH: scripts/install-browser.sh")
+    tmp = png.with_name(f".{png.name}.tmp.png")
+    done = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           f"--screenshot={tmp}", "--window-size=1366,900", report.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or not tmp.is_file():
+        raise RuntimeError(f"{exe} failed ({done.returncode}): {done.stderr[-1000:]}")
+    os.replace(tmp, png)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", help="a finished demo's result directory (results/demo-cpu after make demo)")
     parser.add_argument("--readme", default=str(ROOT / "README.md"))
     parser.add_argument("--no-figures", action="store_true", help="list the figures in DIR/plots, draw none")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the README differs")
+    parser.add_argument("--screenshot", metavar="PNG", help="also the first screen of DIR/report.html, as PNG")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
     readme = Path(args.readme)
@@ -93,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(new)
         os.replace(tmp, readme)
         print(f"{readme}: sample output made again from {out}")
+    if args.screenshot:
+        screenshot(out / "report.html", Path(args.screenshot))
+        print(f"{args.screenshot}: the first screen of {out / 'report.html'}")
     return 0
 
 
