@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from raysweep.catalog.store import Catalog
@@ -90,42 +91,51 @@ def history(catalog: Catalog, metric: str = "output_throughput", margin: float =
             continue
         where.append(f"CAST({_FILTERS[name]} AS VARCHAR) = ?")
         params.append(value)
-    cols = ", ".join((*KEY, "config", "dataset", "input_len", "output_len", "campaign_id", "campaign", "date",
-                      "vllm_version", "raysweep_version", metric))
-    df = catalog.query(f"SELECT {cols} FROM runs WHERE {' AND '.join(where)}", params)
+    keys = ", ".join(KEY)
+    # one row per series and campaign, its runs' values as a list: the grouping done by DuckDB
+    df = catalog.query(
+        f"SELECT {keys}, campaign_id, any_value(campaign) AS campaign, min(date) AS date, "
+        "any_value(config) AS config, any_value(dataset) AS dataset, any_value(input_len) AS input_len, "
+        "any_value(output_len) AS output_len, any_value(vllm_version) AS vllm, "
+        f"any_value(raysweep_version) AS raysweep, list({metric}) AS vals FROM runs WHERE {' AND '.join(where)} "
+        f"GROUP BY {keys}, campaign_id ORDER BY {keys}, date, campaign_id", params)
     if df.empty:
         return []
-    key = list(KEY)
-    df[key] = df[key].astype(object).where(df[key].notna(), None)
-    groups = list(df.groupby(key, dropna=False, sort=True))
-    judged = sum(1 for _, g in groups if g["campaign_id"].nunique() > 1)
+    rows = df.to_dict("records")
+    series_of: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        series_of.setdefault(tuple(_none(r[k]) for k in KEY), []).append(r)
+    judged = sum(1 for runs in series_of.values() if len(runs) > 1)
     level = alpha / max(judged, 1)
+    higher = higher_is_better(metric)
     out = []
-    for values, g in groups:
-        first = g.iloc[0]
-        series = Series(dict(zip(key, values)), str(first["config"]), first["dataset"], first["input_len"],
-                        first["output_len"])
-        prev: pd.Series | None = None
-        for _, runs in sorted(g.groupby("campaign_id"), key=lambda kv: float(kv[1]["date"].min())):
-            x = runs[metric].astype(float)
-            j = Judgement(str(runs["campaign"].iloc[0]), float(runs["date"].min()), _first(runs["vllm_version"]),
-                          _first(runs["raysweep_version"]), int(len(x)), float(x.mean()))
+    for key, runs in series_of.items():
+        first = runs[0]
+        series = Series(dict(zip(KEY, key)), str(first["config"]), _none(first["dataset"]),
+                        _none(first["input_len"]), _none(first["output_len"]))
+        prev: np.ndarray | None = None
+        for r in runs:
+            x = np.asarray(r["vals"], dtype=float)
+            j = Judgement(str(r["campaign"]), float(r["date"]), _none(r["vllm"]), _none(r["raysweep"]), int(x.size),
+                          float(x.mean()))
             if prev is not None:
-                _judge(j, prev, x, higher_is_better(metric), margin, level)
+                _judge(j, prev, x, higher, margin, level)
             series.points.append(j)
             prev = x
         out.append(series)
     return out
 
 
-def _first(col: pd.Series) -> str | None:
-    vals = col.dropna()
-    return str(vals.iloc[0]) if len(vals) else None
+def _none(value: Any) -> Any:
+    """None for a missing value (DuckDB's NULL as pandas gives it)."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value
 
 
-def _judge(j: Judgement, before: pd.Series, now: pd.Series, higher: bool, margin: float, level: float) -> None:
+def _judge(j: Judgement, before: np.ndarray, now: np.ndarray, higher: bool, margin: float, level: float) -> None:
     """The verdict of `now` against `before` (see the module docstring)."""
-    eq = verdicts.equivalence(before.to_numpy(), now.to_numpy(), tolerance=margin, confidence=1 - 2 * level,
+    eq = verdicts.equivalence(before.tolist(), now.tolist(), tolerance=margin, confidence=1 - 2 * level,
                               limit=0)  # the runs that would settle a "not shown" are not asked for here
     j.ratio, j.low, j.high = eq.ratio, eq.low, eq.high
     if eq.word == "not judged":

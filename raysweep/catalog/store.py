@@ -6,10 +6,11 @@
     CATALOG/runs/<id>.parquet     the campaign's runs, one row each (`fields.COLUMNS`)
 
 Queries run in DuckDB over the Parquet files the index names (a view `runs`, and `campaigns` from the
-index). `add` reads every campaign first and writes only when all were read: a bad directory leaves the
-catalogue as it was. A campaign already there with the same signature is left alone (adding twice adds
-nothing); one whose signature changed (a campaign that was still running) is replaced. A catalogue written
-by a newer format than this raysweep reads is refused, unchanged.
+index); every file holds the same columns (`fields.COLUMNS` of this format). `add` reads every campaign
+first and writes only when all were read: a bad directory leaves the catalogue as it was. A campaign
+already there with the same signature is left alone (adding twice adds nothing); one whose signature
+changed (a campaign that was still running) is replaced. A catalogue written by a newer format than this
+raysweep reads is refused, unchanged.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class Catalog:
         files = self.files()
         if files:
             listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-            con.execute(f"CREATE VIEW runs AS SELECT * FROM read_parquet([{listing}], union_by_name = true)")
+            con.execute(f"CREATE VIEW runs AS SELECT * FROM read_parquet([{listing}])")
         else:
             from raysweep.catalog.fields import empty_frame
 
