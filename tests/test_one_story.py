@@ -176,6 +176,19 @@ def test_every_command_tells_the_same_story(tmp_path, monkeypatch, which):
     for card, verdict in zip(cards, answer.verdicts, strict=True):
         short = "Precision not reached: this point stopped at max_runs" in card
         assert short == (verdict.leader["precision_state"] == "max_runs"), card
+    # a point still measuring (a driver that died before deciding it): not finished, the run goes on
+    from raysweep.campaign import campaign_from_dict
+    from raysweep.drive.checks import finished
+
+    led = Ledger.open_existing(out)
+    try:
+        spec = campaign_from_dict(led.stored_campaign(), base_dir=out)
+        assert finished(spec, out, False) is not None
+        row = led.precision()[0]
+        led.record_precision(row["serve_id"], row["bench_id"], "measuring", row["runs_done"], row["runs_spent"], None)
+        assert finished(spec, out, False) is None
+    finally:
+        led.close()
 
 
 def test_resuming_a_finished_campaign_needs_nothing_exported_again(tmp_path, monkeypatch):
@@ -203,7 +216,8 @@ def test_resuming_a_finished_campaign_needs_nothing_exported_again(tmp_path, mon
         assert json.loads(led.meta("variables")) == {"STORY_MODEL": "tiny-model-at-run"}  # no secret, no default
     finally:
         led.close()
-    assert "hf_secret_value" not in (out / "ledger.sqlite").read_bytes().decode("latin-1")
+    for stored in out.rglob("*"):  # the ledger (and its write-ahead log), results, logs
+        assert not stored.is_file() or b"hf_secret_value" not in stored.read_bytes(), stored
     assert expanded_variables({"cmd": "x ${A} ${API_KEY}"}, {"A": "1", "API_KEY": "k"}) == {"A": "1"}
 
     monkeypatch.delenv("STORY_MODEL")
