@@ -252,9 +252,7 @@ class RouterThread:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            self.port = int(server.sockets[0].getsockname()[1])
+        self.port = int(self._runner.addresses[0][1])  # the port bound (a free one when asked for 0)
 
     def stop(self) -> None:
         if self._runner is not None and self._loop.is_running():
