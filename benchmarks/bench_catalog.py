@@ -104,11 +104,18 @@ def build_catalog(cat: Path, campaigns: int, runs: int) -> float:
     return time.perf_counter() - t0
 
 
-def timed(argv: list[str]) -> tuple[float, int, str]:
+def timed(argv: list[str]) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds (user + system of the process), exit code, output tail."""
+    import resource
+
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "raysweep", *argv], env=env, capture_output=True, text=True)
-    return time.perf_counter() - t0, proc.returncode, (proc.stdout + proc.stderr)[-600:]
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu, proc.returncode, (proc.stdout + proc.stderr)[-600:]
 
 
 def main() -> None:
@@ -132,7 +139,8 @@ def main() -> None:
     else:
         built = build_catalog(cat, args.campaigns, args.runs)
     total = args.campaigns * args.runs
-    print(f"stub catalogue: {args.campaigns} campaigns, {total} runs written in {built:.1f} s", flush=True)
+    made = "reused" if math.isnan(built) else f"written in {built:.0f} s"
+    print(f"stub catalogue: {args.campaigns} campaigns, {total} runs {made}", flush=True)
     from catalog_stubs import make_campaign
 
     t0 = time.perf_counter()
@@ -152,17 +160,17 @@ def main() -> None:
     if find_spec("raysweep.catalog.site") is not None:
         steps.append(("`site` of the whole catalogue", ["site", str(cat), str(work / "site")]))
     for label, argv in steps:
-        wall, rc, tail = timed(argv)
-        print(f"{label}: {wall:.2f} s (exit {rc})", flush=True)
+        wall, cpu, rc, tail = timed(argv)
+        print(f"{label}: {wall:.2f} s wall, {cpu:.2f} s CPU (exit {rc})", flush=True)
         if rc not in (0,):
             print(tail)
-        rows.append((label, wall, rc))
-    table = ["| step | wall s | exit |", "|---|---|---|"]
-    table += [f"| {label} | {wall:.2f} | {rc} |" for label, wall, rc in rows]
+        rows.append((label, wall, cpu, rc))
+    table = ["| step | wall s | CPU s | exit |", "|---|---|---|---|"]
+    table += [f"| {label} | {wall:.2f} | {cpu:.2f} | {rc} |" for label, wall, cpu, rc in rows]
     stamp = datetime.date.today().isoformat()
     text = (f"\n## catalogue ({stamp})\n\n`benchmarks/bench_catalog.py`: a catalogue of {args.campaigns:,} stub "
             "campaigns "
-            f"and {total + 2000:,} runs ({total:,} written in the catalogue's format in {built:.0f} s, one real "
+            f"and {total + 2000:,} runs ({total:,} in the catalogue's format, {made}; one real "
             "2,000-run stub campaign added with `catalog add`); each step a fresh `python -m raysweep` process. "
             "Measured on the 2-core development machine with other work on the machine (other developers' tests "
             "running), so the figures are upper bounds of what the machine does alone.\n\n" + "\n".join(table) + "\n")
