@@ -150,15 +150,19 @@ def history_cmd(catalog_dir: str, metric: str, margin: float, fail_on_regression
     series = history(Catalog(catalog_dir), metric, margin, filters)
     if not series:
         _say("no run matches")
-    for s in series:
+    lines = []
+    for s in series:  # plain aligned text: a catalogue's history runs to thousands of lines, rich tables are slow
         k = s.key
-        _say(f"{s.config} | {k['model']} | data set {s.dataset}, input {s.input_len}, output {s.output_len}, "
-             f"{k['load_variable']}={_num(k['load_value'])} | {k['hardware']}")
-        table = Table("campaign", "date", "vLLM", "raysweep", "runs", f"{metric} (mean)", "against the one before")
-        for j in s.points:
-            table.add_row(j.campaign, _day(j.date), j.vllm or "-", j.raysweep or "-", str(j.runs), _num(j.mean),
-                          j.text)
-        print_table(table)
+        lines.append(f"{s.config} | {k['model']} | data set {s.dataset}, input {s.input_len}, output {s.output_len}, "
+                     f"{k['load_variable']}={_num(k['load_value'])} | {k['hardware']}")
+        rows = [("campaign", "date", "vLLM", "raysweep", "runs", f"{metric} (mean)", "against the one before")]
+        rows += [(j.campaign, _day(j.date), j.vllm or "-", j.raysweep or "-", str(j.runs), _num(j.mean), j.text)
+                 for j in s.points]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.append("")
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
     bad = [s for s in series if s.regressed]
     judged = sum(1 for s in series if len(s.points) > 1)
     _say(f"{len(series)} series, {judged} judged (one-sided at 5 % over all of them, margin {margin:.0%}); "
