@@ -139,7 +139,7 @@ def test_rapl_packages_on_a_fake_sysfs_tree_wrap_at_their_max_range(tmp_path):
     _zone(root, "intel-rapl:0:0", "core", uj=5, max_uj=10)  # a sub-zone: part of the package, not counted
     r = rapl.Rapl(root)
     assert list(r.zones) == ["package-0"] and r.read_mj() == {"package-0": 262_143_000.0}
-    clock = iter([100.0, 101.0, 102.0])
+    clock = iter([t for t in (100.0, 101.0, 102.0) for _ in range(3)])  # a sample's start, and around the read
     s = telemetry.Sampler([], nvml=None, rapl_root=str(root), clock=lambda: next(clock))
     assert s.nvml is None and s.energy_source == rapl.SCOPE
     for uj in (261_843_328_850, 262_143_328_850, 199_999_999):

@@ -206,15 +206,25 @@ class Sampler:
         now, out = self.clock(), []
         for gpu, h in self.handles:
             row = {"t": now, "gpu": gpu, **self._readings(h)}
-            self.energy.append((gpu, now, row.pop("energy_mj"), row["power_w"]))
+            # the counter's time is when it was read (the middle of that call), not the sample's start: the other
+            # readings before it take time, more so on a loaded host, and a window's energy is counter over time
+            before = self.clock()
+            mj = self._read(lambda h=h: self.nvml.nvmlDeviceGetTotalEnergyConsumption(h))
+            self.energy.append((gpu, (before + self.clock()) / 2, mj, row["power_w"]))
             out.append(row)
         if self.rapl is not None:
-            for name, mj in self.rapl.read_mj().items():
-                self.energy.append((name, now, mj, None))
+            before = self.clock()
+            counters = self.rapl.read_mj()
+            at = (before + self.clock()) / 2
+            for name, mj in counters.items():
+                self.energy.append((name, at, mj, None))
         if self.gpu_power is not None:
             try:
-                for gpu, (mj, w) in self.gpu_power.read().items():
-                    self.energy.append((gpu, now, mj, w))
+                before = self.clock()
+                readings = self.gpu_power.read()
+                at = (before + self.clock()) / 2
+                for gpu, (mj, w) in readings.items():
+                    self.energy.append((gpu, at, mj, w))
             except OSError as exc:  # the exporter did not answer this time: this reading is missing
                 log.debug("%s: %s", self.energy_source, exc)
         return out
@@ -262,8 +272,7 @@ class Sampler:
                 "mem_mib": self._read(lambda: nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20),
                 "power_w": self._read(lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
                 "sm_mhz": self._read(lambda: nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
-                "reasons": self._read(lambda: self._reasons(h)),
-                "energy_mj": self._read(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))}
+                "reasons": self._read(lambda: self._reasons(h))}
 
     def _reasons(self, h: Any) -> int:
         get = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
