@@ -244,3 +244,23 @@ def test_multi_node_offline_ranks_and_the_transport_gate(gpu_cluster, tmp_path):
     assert argvs[0][0] == "throughput" and "--output-json" in argvs[0] and "--headless" not in argvs[0]
     assert argvs[1][:2] == ["serve", "m"] and "--headless" in argvs[1] and "--output-json" not in argvs[1]
     assert "--node-rank" in argvs[1] and "--tensor-parallel-size" in argvs[1] and "--env-file" in argvs[1]
+
+
+def test_resume_knows_when_an_offline_campaign_is_finished(tmp_path):
+    """`resume` first asks whether the campaign has anything left (`drive.checks.finished`); an offline campaign
+    has no bench section: pending points mean not finished, every point done means finished, with its counts."""
+    from raysweep.drive.checks import finished
+    from raysweep.drive.driver import open_campaign
+
+    out = tmp_path / "out"
+    spec = campaign_from_dict(offline_data(out, params=[{"max_num_seqs": 2}, {"max_num_seqs": 4}]), base_dir=tmp_path)
+    plan, led = open_campaign(spec, out)
+    try:
+        assert len(plan.points) == 2 and finished(spec, out, False) is None
+        for p in plan.points:
+            led.claim(p.id, "s", 1)
+            led.mark_done(p.id, str(out / f"{p.id}.json"))
+        done = finished(spec, out, False)
+        assert done is not None and done[0] == {"done": 2, "failed": 0, "pending": 0, "running": 0}
+    finally:
+        led.close()

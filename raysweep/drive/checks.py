@@ -34,7 +34,7 @@ def finished(spec: Any, output_dir: Path, retry_failed: bool) -> tuple[dict[str,
             return None
         rows = {p.point_id: p for p in ledger.points(in_plan_only=False)}
         in_plan = ledger.points()  # the plan's points and the runs bench.precision added to them
-        undecided = c.bench.precision is not None and (
+        undecided = c.bench is not None and c.bench.precision is not None and (  # no bench in mode offline
             {(p.serve.id, p.bench.id) for p in plan.points if p.bench.id not in plan.confirm_ids}
             - {(r["serve_id"], r["bench_id"]) for r in ledger.precision() if r["state"] != MEASURING})
     finally:
