@@ -22,9 +22,7 @@ import datetime
 import io
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_read_commands import time_command
 
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "mistralai/Mistral-7B-Instruct-v0.3")
 HARDWARE = ("1 node(s) x 1 GPU(s) / GPU NVIDIA H100 80GB HBM3", "1 node(s) x 1 GPU(s) / GPU NVIDIA A100-SXM4-80GB")
@@ -104,20 +105,6 @@ def build_catalog(cat: Path, campaigns: int, runs: int) -> float:
     return time.perf_counter() - t0
 
 
-def timed(argv: list[str]) -> tuple[float, float, int, str]:
-    """Wall seconds, CPU seconds (user + system of the process), exit code, output tail."""
-    import resource
-
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "raysweep", *argv], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return wall, cpu, proc.returncode, (proc.stdout + proc.stderr)[-600:]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--campaigns", type=int, default=1000)
@@ -160,7 +147,7 @@ def main() -> None:
     if find_spec("raysweep.catalog.site") is not None:
         steps.append(("`site` of the whole catalogue", ["site", str(cat), str(work / "site")]))
     for label, argv in steps:
-        wall, cpu, rc, tail = timed(argv)
+        wall, cpu, rc, tail = time_command(argv)  # bench_read_commands: a fresh `python -m raysweep`
         print(f"{label}: {wall:.2f} s wall, {cpu:.2f} s CPU (exit {rc})", flush=True)
         if rc not in (0,):
             print(tail)

@@ -66,8 +66,9 @@ def test_the_bandwidth_gate_names_the_slowest_link():
     assert fabric.describe_links(probe)[1].endswith("0.002 GB/s bus bandwidth (gloo)")
 
 
-def test_the_relay_delays_and_drops_connections():
-    """On loopback: an echo server behind the relay; the first connection is spared, then about half dropped."""
+def _echo_server() -> socket.socket:
+    """A listening socket on loopback whose thread answers each connection's first 100 bytes with themselves;
+    closing the socket ends the thread."""
     target = socket.socket()
     target.bind(("127.0.0.1", 0))
     target.listen(50)
@@ -79,9 +80,14 @@ def test_the_relay_delays_and_drops_connections():
             except OSError:
                 return
             with c:
-                data = c.recv(100)
-                c.sendall(data)
+                c.sendall(c.recv(100))
     threading.Thread(target=echo, daemon=True).start()
+    return target
+
+
+def test_the_relay_delays_and_drops_connections():
+    """On loopback: an echo server behind the relay; the first connection is spared, then about half dropped."""
+    target = _echo_server()
     port = free_port()
     relay = subprocess.Popen([sys.executable, "-m", "raysweep.place.lab_relay", "--listen", f"127.0.0.1:{port}", "--to",
                               f"127.0.0.1:{target.getsockname()[1]}", "--delay-ms", "50", "--drop", "0.5",
@@ -111,19 +117,7 @@ def test_the_relay_delays_and_drops_connections():
 def test_the_relay_cuts_every_nth_answer_chunk():
     """On loopback: an echo server behind the relay cutting every 3rd answer chunk; each connection's answer is
     one chunk, so of 9 connections the 3rd, 6th and 9th are reset mid-answer and the others answered."""
-    target = socket.socket()
-    target.bind(("127.0.0.1", 0))
-    target.listen(50)
-
-    def echo() -> None:
-        while True:
-            try:
-                c, _ = target.accept()
-            except OSError:
-                return
-            with c:
-                c.sendall(c.recv(100))
-    threading.Thread(target=echo, daemon=True).start()
+    target = _echo_server()
     port = free_port()
     relay = subprocess.Popen([sys.executable, "-m", "raysweep.place.lab_relay", "--listen", f"127.0.0.1:{port}", "--to",
                               f"127.0.0.1:{target.getsockname()[1]}", "--cut-every", "3"],
