@@ -13,7 +13,6 @@ import argparse
 import fcntl
 import os
 import sys
-import time
 from pathlib import Path
 
 from raysweep import grid, procs
