@@ -111,6 +111,56 @@ def test_bad_input_names_the_path_and_leaves_the_catalogue_unchanged(campaigns, 
     assert res.exit_code == 2 and "not a catalogue" in res.output
 
 
+def test_two_adds_at_once_each_keep_their_campaigns(campaigns, tmp_path):
+    """A catalogue opened before another `catalog add` wrote to it: its own add starts from the index as it is
+    when it writes (under the directory's lock), so neither campaign is lost; and the lock is exclusive."""
+    import fcntl
+    import os
+    import threading
+
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(campaigns / "team/old")).exit_code == 0
+    stale = Catalog(cat)  # opened now, written later
+    assert _cli("catalog", "add", str(cat), str(campaigns / "team/new")).exit_code == 0
+    report = stale.add([campaigns / "other/long"])
+    assert report.added == ["long"]
+    assert sorted(e["name"] for e in Catalog(cat).campaigns.values()) == ["long", "new", "old"]
+    assert len(Catalog(cat).query("SELECT * FROM runs")) == 32 + 32 + 16  # old, new and long
+    fd = os.open(cat, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another add holds the catalogue: this one waits for it
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (Catalog(cat).add([campaigns / "team/same"]), done.set()))
+    worker.start()
+    try:
+        assert not done.wait(1.0)
+    finally:
+        os.close(fd)
+    worker.join(60)
+    assert done.is_set() and len(Catalog(cat).campaigns) == 4
+
+
+def test_history_and_the_list_as_json(campaigns, tmp_path):
+    import jsonschema
+
+    from raysweep.cli.jsonout import schema
+
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(campaigns / "team/old"), str(campaigns / "team/new")).exit_code == 0
+    res = CliRunner().invoke(main, ["history", str(cat), "--fail-on-regression", "--json"])
+    assert res.exit_code == 1, res.output  # the newest campaign is worse: the exit says so with --json too
+    doc = json.loads(res.stdout)
+    jsonschema.validate(doc, schema("history"))
+    assert doc["regressed"] == doc["judged"] == len(doc["series"]) == 8
+    old, new = doc["series"][0]["points"]
+    assert (old["campaign"], old["verdict"], new["campaign"], new["verdict"]) == ("old", "first", "new", "worse")
+    assert new["low"] < new["ratio"] < new["high"] < 0.95 and new["vllm"] == "0.32.0"
+    res = CliRunner().invoke(main, ["catalog", "list", str(cat), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    jsonschema.validate(doc, schema("catalog"))
+    assert [c["name"] for c in doc["campaigns"]] == ["old", "new"] and doc["campaigns"][0]["vllm"] == ["0.31.0"]
+
+
 def test_like_for_like_says_why_points_are_not_comparable(campaigns, tmp_path):
     a, b = {"model": "m", "input_len": "1024", "hardware": "h"}, {"model": "m", "input_len": "2048", "hardware": "h"}
     assert mismatches(a, b) == ["not comparable: input length 1024 vs 2048"]

@@ -76,6 +76,14 @@ class Series:
     def regressed(self) -> bool:
         return self.newest is not None and self.newest.word == "worse"
 
+    def as_dict(self) -> dict[str, Any]:
+        """The series as `history --json` writes it (raysweep/schemas/history.json)."""
+        return {"key": dict(self.key), "config": self.config, "dataset": self.dataset, "input_len": self.input_len,
+                "output_len": self.output_len, "regressed": self.regressed,
+                "points": [{"campaign": j.campaign, "date": j.date, "vllm": j.vllm, "raysweep": j.raysweep,
+                            "runs": j.runs, "mean": j.mean, "verdict": j.word or "first", "ratio": j.ratio,
+                            "low": j.low, "high": j.high, "text": j.text} for j in self.points]}
+
 
 def history(catalog: Catalog, metric: str = "output_throughput", margin: float = 0.0,
             filters: Mapping[str, str | None] | None = None, alpha: float = verdicts.ALPHA) -> list[Series]:

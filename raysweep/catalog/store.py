@@ -15,9 +15,13 @@ raysweep reads is refused, unchanged.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import logging
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,13 +88,15 @@ class Catalog:
         return dict(self.index["campaigns"])
 
     def add(self, dirs: list[str | Path]) -> AddReport:
-        """Add (or update) every campaign found under `dirs`; all are read before anything is written.
+        """Add (or update) every campaign found under `dirs`; all are read before anything is written. The
+        writing holds an exclusive lock on the catalogue's directory and starts from the index as it is then,
+        so that two `catalog add` at once each add their campaigns and neither loses the other's.
 
         :raises UserError: a path holds no campaign, or a file of one cannot be read (nothing written)."""
         found = [f for d in dirs for f in sources.discover(d)]
         report = AddReport()
         known = self.index["campaigns"]
-        fresh: list[sources.Source] = []
+        read: list[sources.Source] = []
         seen: set[str] = set()
         for f in found:
             if f.kind == sources.RAYSWEEP:  # cheap: skip the reading of an unchanged campaign
@@ -101,26 +107,34 @@ class Catalog:
                     seen.add(same[0]["id"])
                     continue
             src = sources.read(f)
-            if src.id in seen:
-                continue
-            seen.add(src.id)
-            old = known.get(src.id)
-            if old is not None and old["signature"] == src.signature:
-                report.unchanged.append(src.name)
-                continue
-            fresh.append(src)
-        now = time.time()
-        for src in fresh:
-            buf = io.BytesIO()
-            src.rows.to_parquet(buf, index=False)
-            write_bytes_atomic(self.path / RUNS_DIR / f"{src.id}.parquet", buf.getvalue())
-            old = known.get(src.id)
-            (report.updated if old else report.added).append(src.name)
-            report.runs += len(src.rows)
-            known[src.id] = {**_entry(src), "added_at": old["added_at"] if old else now, "updated_at": now}
-        if fresh or not (self.path / INDEX_FILE).is_file():
-            self.index["format"] = FORMAT
-            write_json_atomic(self.path / INDEX_FILE, self.index)
+            if src.id not in seen:
+                seen.add(src.id)
+                read.append(src)
+        self.path.mkdir(parents=True, exist_ok=True)
+        with _locked(self.path):
+            index_file = self.path / INDEX_FILE
+            if index_file.is_file():  # another add may have written since this catalogue was opened
+                self.index = self._read_index(index_file)
+            known = self.index["campaigns"]
+            fresh = []
+            for src in read:
+                old = known.get(src.id)
+                if old is not None and old["signature"] == src.signature:
+                    report.unchanged.append(src.name)
+                else:
+                    fresh.append(src)
+            now = time.time()
+            for src in fresh:
+                buf = io.BytesIO()
+                src.rows.to_parquet(buf, index=False)
+                write_bytes_atomic(self.path / RUNS_DIR / f"{src.id}.parquet", buf.getvalue())
+                old = known.get(src.id)
+                (report.updated if old else report.added).append(src.name)
+                report.runs += len(src.rows)
+                known[src.id] = {**_entry(src), "added_at": old["added_at"] if old else now, "updated_at": now}
+            if fresh or not index_file.is_file():
+                self.index["format"] = FORMAT
+                write_json_atomic(index_file, self.index)
         return report
 
     def files(self) -> list[str]:
@@ -160,6 +174,17 @@ class Catalog:
             raise UserError(f"--sql: {exc}") from exc
         finally:
             con.close()
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on the directory itself (no lock file: a catalogue holds only its own files)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _entry(src: sources.Source) -> dict[str, Any]:

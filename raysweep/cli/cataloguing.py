@@ -18,6 +18,7 @@ import click
 from rich.table import Table
 
 from raysweep.cli._common import _say, main, print_table
+from raysweep.cli.jsonout import json_option, print_json
 
 _FILTER_OPTIONS = ("model", "config", "hardware", "dataset", "input_len", "output_len", "campaign")
 
@@ -72,11 +73,16 @@ def add(catalog_dir: str, dirs: tuple[str, ...]) -> None:
 
 @catalog.command("list")
 @click.argument("catalog_dir", metavar="CATALOG")
-def list_(catalog_dir: str) -> None:
+@json_option
+def list_(catalog_dir: str, as_json: bool) -> None:
     """The campaigns of CATALOG: source, runs, models, hardware, vLLM versions, dates."""
     from raysweep.catalog.store import Catalog
 
     cat = Catalog(catalog_dir)
+    if as_json:
+        entries = sorted(cat.campaigns.values(), key=lambda c: (c.get("first_date") or 0.0, c["name"]))
+        print_json("catalog", {"catalog": str(cat.path), "campaigns": entries})
+        return
     table = Table("campaign", "source", "state", "runs", "points", "models", "hardware", "vLLM", "first run", "path")
     for c in sorted(cat.campaigns.values(), key=lambda c: (c.get("first_date") or 0.0, c["name"])):
         table.add_row(c["name"], c["source"], "complete" if c["complete"] else "running", str(c["runs"]),
@@ -140,7 +146,9 @@ def compare(catalog_dir: str, baseline: str, other: str, metric: str) -> None:
                    "interval of the ratio lies beyond it.")
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit 1 when the newest campaign of a series is shown worse than the one before it.")
-def history_cmd(catalog_dir: str, metric: str, margin: float, fail_on_regression: bool, **filters: str | None) -> None:
+@json_option
+def history_cmd(catalog_dir: str, metric: str, margin: float, fail_on_regression: bool, as_json: bool,
+                **filters: str | None) -> None:
     """A configuration's measurements over campaigns (time and versions), series by series: only like-for-like
     points (model, server settings, workload, load, hardware) share a series; each campaign judged against
     the one before it with the ratio's confidence interval."""
@@ -148,6 +156,14 @@ def history_cmd(catalog_dir: str, metric: str, margin: float, fail_on_regression
     from raysweep.catalog.store import Catalog
 
     series = history(Catalog(catalog_dir), metric, margin, filters)
+    bad = [s for s in series if s.regressed]
+    judged = sum(1 for s in series if len(s.points) > 1)
+    if as_json:
+        print_json("history", {"metric": metric, "margin": margin, "judged": judged, "regressed": len(bad),
+                               "series": [s.as_dict() for s in series]})
+        if fail_on_regression and bad:
+            sys.exit(1)
+        return
     if not series:
         _say("no run matches")
     lines = []
@@ -163,8 +179,6 @@ def history_cmd(catalog_dir: str, metric: str, margin: float, fail_on_regression
         lines.append("")
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
-    bad = [s for s in series if s.regressed]
-    judged = sum(1 for s in series if len(s.points) > 1)
     _say(f"{len(series)} series, {judged} judged (one-sided at 5 % over all of them, margin {margin:.0%}); "
          f"{len(bad)} with the newest campaign worse")
     if fail_on_regression and bad:

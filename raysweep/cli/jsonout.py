@@ -17,7 +17,7 @@ from raysweep.record.jsonvalues import jsonable
 
 __all__ = ["JSON_COMMANDS", "json_option", "jsonable", "print_json", "schema"]
 
-JSON_COMMANDS = ("status", "results", "compare", "tune", "sla", "validate", "report", "run")
+JSON_COMMANDS = ("status", "results", "compare", "tune", "sla", "validate", "report", "run", "history", "catalog list")
 SCHEMA_VERSION = 1
 
 
