@@ -42,6 +42,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(host: str = "127.0.0.1", n: int = 1, avoid: Iterable[int] = ()) -> int:
+    """The first of `n` consecutive TCP ports that nothing listens on right now, none of them in `avoid`
+    (ports already given to another server that has not bound them yet)."""
+    avoid = set(avoid)
+    for _ in range(200):
+        base = free_port(host)
+        ports = range(base, base + n)
+        if avoid.intersection(ports) or ports[-1] > 65535:
+            continue
+        if all(_bindable(host, p) for p in ports[1:]):
+            return base
+    raise OSError(f"no {n} consecutive free ports on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def hold_port(host: str = "127.0.0.1") -> socket.socket:
     """A free TCP port, held: a socket bound to it (SO_REUSEADDR, never listening). While it is open no
     other bind to port 0 on this host gets that port, yet a server that sets SO_REUSEADDR itself (vLLM and

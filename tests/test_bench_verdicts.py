@@ -48,3 +48,18 @@ def test_the_verdicts_hold_over_time_on_seeded_simulations():
         assert (row["rate"] >= bound) if op == ">=" else (row["rate"] <= bound), (condition, measure, row["rate"])
     assert [m for m in missed if not any(m.startswith(f"{c}: {k}") for c, k in known)] == []
     assert len(judged) >= 15
+
+
+def test_the_history_benchmark_runs_and_reports(tmp_path, capsys):
+    """benchmarks/bench_history.py (with --quick) judges its simulated catalogues through `catalog.history`
+    and reports every scenario; the rates themselves are in benchmarks/RESULTS.md from a full run."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_history
+    finally:
+        sys.path.pop(0)
+    assert bench_history.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "history.md").read_text()
+    for name, *_ in bench_history.SCENARIOS:
+        assert text.count(name) == 6, name  # 2 kinds of run noise x 3 (runs, spread)
+    assert (tmp_path / "history.json").is_file() and text in capsys.readouterr().out

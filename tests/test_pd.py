@@ -395,6 +395,49 @@ def test_a_2p1d_deployment_is_one_placement_group_its_roles_in_their_bundles(gpu
     assert not any(_alive(p) for p in pids)
 
 
+@pytest.mark.ray
+def test_each_nixl_server_gets_a_side_channel_of_its_own(gpu_cluster, tmp_path):
+    """NIXL: two prefill servers and a decode server of two data-parallel ranks, stand-ins, on the simulated GPU
+    nodes. Each server's process sees its node's address as VLLM_NIXL_SIDE_CHANNEL_HOST (vLLM's default,
+    localhost, is unreachable from another node) and its own VLLM_NIXL_SIDE_CHANNEL_PORT, with the decode
+    server's two ports (vLLM adds the rank) shared with no other server on the node; a role's env that
+    sets one keeps it."""
+    import psutil
+    import ray
+
+    from raysweep.place.pd import release_deployment, reserve_deployment
+    from raysweep.serve.pd import NIXL_HOST, NIXL_PORT, RoleFailure, start_deployment
+
+    data = {"name": "pd", "runs": 1, "serve": {
+        "cmd": f"{PY} {STANDIN / 'stream_server.py'} --model m",
+        "pd": {"kv_transfer_config": {"kv_connector": "NixlConnector"},
+               "prefill": {"count": 2, "env": {NIXL_HOST: "127.0.0.9"}}, "decode": {"data_parallel_size": 2}}},
+        "bench": {"params": [{"max_concurrency": 2}]}}
+    serve = build_plan(campaign_from_dict(data, tmp_path)).serves[0]
+    dep = serve.deployment
+    res = reserve_deployment(dep, serve.rule, f"raysweep-pd-{serve.id}")
+    started = None
+    try:
+        started = start_deployment(dep, serve.argv, serve.env, res, "pdn", ready_timeout_s=120,
+                                   log_dir=str(tmp_path))
+        assert not isinstance(started, RoleFailure), started
+        envs = [psutil.Process(i["pid"]).children()[0].environ() for i in started.infos]
+        ips = [ray.get(h.node_info.remote())["node_ip"] for h in started.hosts]
+        assert [e[NIXL_HOST] for e in envs] == ["127.0.0.9", "127.0.0.9", ips[2]]  # the role's env kept
+        used: dict[str, list[int]] = {}
+        for e, ip, ranks in zip(envs, ips, (1, 1, 2), strict=True):
+            used.setdefault(ip, []).extend(range(int(e[NIXL_PORT]), int(e[NIXL_PORT]) + ranks))
+        assert all(len(set(ports)) == len(ports) for ports in used.values()), used
+        assert sum(len(p) for p in used.values()) == 4
+    finally:
+        pids = [i["pid"] for i in started.infos] if started is not None and not isinstance(started, RoleFailure) \
+            else []
+        if started is not None and not isinstance(started, RoleFailure):
+            started.stop()
+        release_deployment(res)
+    assert not any(_alive(p) for p in pids)
+
+
 @pytest.mark.vllm
 @pytest.mark.ray
 def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):

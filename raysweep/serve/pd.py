@@ -2,6 +2,12 @@
 placement group (`raysweep.place.pd`), each by a `ServerHost` as any server raysweep starts, then raysweep's
 router in front (`raysweep.serve.pd_router`), the URL a bench runs against.
 
+With NIXL, every server of the deployment gets a side channel of its own: `VLLM_NIXL_SIDE_CHANNEL_HOST` its
+node's address (vLLM's default, localhost, is unreachable from another node) and
+`VLLM_NIXL_SIDE_CHANNEL_PORT` the first of as many free ports on its node as its data-parallel ranks (vLLM
+adds the rank to it), none shared with another server of the deployment; a role's `env` that sets either
+keeps its value (`nixl_side_channels`).
+
 A server that dies is its role's failure (`down()` names the role and server); the deployment is then
 stopped whole and started again, never a role alone: a decode server can crash on stale transfer state after
 its prefill peer restarts (vllm#49238).
@@ -22,8 +28,8 @@ from raysweep.place.pd import ROUTER, PDReservation
 from raysweep.serve.pd_router import PDRouter, RouterThread
 from raysweep.serve.server import ServerHost, expected_model
 
-__all__ = ["PDServers", "RoleFailure", "RouterHost", "declared_axes", "effective_settings", "prompt_sources",
-           "role_settings",
+__all__ = ["PDServers", "RoleFailure", "RouterHost", "declared_axes", "effective_settings", "nixl_side_channels",
+           "prompt_sources", "role_settings",
            "settings_differences", "start_deployment"]
 
 log = logging.getLogger(__name__)
@@ -136,8 +142,10 @@ def start_deployment(dep: Deployment, argv: list[str], env: dict[str, str], res:
              for i in instances]
     started = PDServers(dep, instances, hosts, [])
     try:
+        side = nixl_side_channels(dep, instances, hosts) if dep.connector.startswith("Nixl") else {}
         for inst, host in zip(instances, hosts, strict=True):
-            started.infos.append(ray.get(host.start.remote(inst.argv, inst.env, nccl_debug=False), timeout=120))
+            env = {**inst.env, **side.get(inst.name, {})}
+            started.infos.append(ray.get(host.start.remote(inst.argv, env, nccl_debug=False), timeout=120))
         model = expected_model(argv)
         for inst, host in zip(instances, hosts, strict=True):
             ready = ray.get(host.wait_ready.remote(ready_timeout_s, model), timeout=ready_timeout_s + 60)
@@ -160,6 +168,26 @@ def start_deployment(dep: Deployment, argv: list[str], env: dict[str, str], res:
         raise
     log.info("deployment %s ready behind %s", dep.describe(), started.url)
     return started
+
+
+NIXL_HOST, NIXL_PORT = "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"
+
+
+def nixl_side_channels(dep: Deployment, instances: list[RoleInstance], hosts: list[Any]) -> dict[str, dict[str, str]]:
+    """Per server (by name), the NIXL side-channel variables it gets (see the module docstring)."""
+    ranks = {r.name: r.dp for r in dep.roles}
+    taken: dict[str, list[int]] = {}  # per node address, the ports given so far
+    out: dict[str, dict[str, str]] = {}
+    for inst, host in zip(instances, hosts, strict=True):
+        ip = ray.get(host.node_info.remote(), timeout=120)["node_ip"]
+        env = {} if NIXL_HOST in inst.env else {NIXL_HOST: ip}
+        if NIXL_PORT not in inst.env:
+            n = ranks[inst.role]
+            base = int(ray.get(host.pick_ports.remote(n, taken.get(ip, [])), timeout=120))
+            taken.setdefault(ip, []).extend(range(base, base + n))
+            env[NIXL_PORT] = str(base)
+        out[inst.name] = env
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -169,6 +169,11 @@ class ServerHost:
         """A free port on this node (for the rendezvous of a multi-node server)."""
         return procs.free_port(self.ip)
 
+    def pick_ports(self, n: int, avoid: list[int]) -> int:
+        """The first of `n` consecutive free ports on this node, none in `avoid` (a KV connector's side channel:
+        one port per data-parallel rank of a server)."""
+        return procs.free_port_block(self.ip, n, avoid)
+
     def start(self, argv: list[str], env: dict[str, str], serve_http: bool = True,
               nccl_debug: bool = True, port_retries: int = 0) -> dict[str, Any]:
         """Start the server under `raysweep.serve.guard`; returns the guard's pid and start time, host, port, log.
