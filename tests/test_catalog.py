@@ -174,6 +174,26 @@ def test_like_for_like_says_why_points_are_not_comparable(campaigns, tmp_path):
     assert res.exit_code == 0 and res.output.count("worse") == 8 and "not comparable" not in res.output
 
 
+def test_compare_controls_its_points_as_one_family(tmp_path):
+    """Two campaigns of one configuration drawn alike (24 points, 5 runs each): alone, two points look
+    different at p < 5 %; over the 24 tests (Benjamini-Hochberg) neither is called better or worse."""
+    from raysweep.catalog import queries
+
+    for name, seed, at in (("a", 105, 1.7e9), ("b", 205, 1.8e9)):
+        make_campaign(tmp_path / name, name, seed=seed, runs=5, input_lens=(16, 32, 64), concurrencies=(1, 2, 4, 8),
+                      started_at=at)
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(tmp_path / "a"), str(tmp_path / "b")).exit_code == 0
+    result = queries.compare(Catalog(cat), "a", "b", "output_throughput")
+    alone = [m for m in result.matched if m["p"] < 0.05]
+    assert len(result.matched) == 24 and len(alone) == 2
+    assert all(m["verdict"].startswith("not shown (") and m["p_adjusted"] >= 0.05 for m in alone)
+    assert not any(m["verdict"] in ("better", "worse") for m in result.matched)
+    res = _cli("catalog", "compare", str(cat), "a", "b")
+    assert res.exit_code == 0, res.output
+    assert "24 tests, false discovery rate (Benjamini-Hochberg) at 5%: a difference is called only" in res.output
+
+
 def test_history_flags_the_regression_with_its_interval(campaigns, tmp_path):
     cat = tmp_path / "cat"
     assert _cli("catalog", "add", str(cat), str(campaigns / "team")).exit_code == 0

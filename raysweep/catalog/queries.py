@@ -3,12 +3,16 @@
 `points` averages the valid runs of each point (flagged and client-limited runs left out, as the aggregates
 do). `compare` matches a campaign's points to a baseline's on `LIKE` and the server settings: a matched
 pair is judged over its runs with `maths.verdicts.compare_values` (Welch's t over runs, as `raysweep
-compare` does); a point without a like is never set beside another: it is listed with the fields that
-differ from its nearest point in the baseline ("not comparable: input length 1024 vs 2048").
+compare` does), and the matched pairs are one family, as in `raysweep compare`: their p-values adjusted
+(Benjamini-Hochberg, `maths.over_time.adjust`) and a pair `better` or `worse` only where its adjusted
+p-value is under 5 %, so that comparing two campaigns of a hundred points does not find a few differences
+by chance. A point without a like is never set beside another: it is listed with the fields that differ
+from its nearest point in the baseline ("not comparable: input length 1024 vs 2048").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +22,13 @@ from raysweep.catalog.fields import LIKE, METRICS, mismatches
 from raysweep.catalog.history import higher_is_better
 from raysweep.catalog.store import Catalog
 from raysweep.errors import UserError
-from raysweep.maths import verdicts
+from raysweep.maths import over_time, verdicts
 
 __all__ = ["Comparison", "compare", "points"]
 
 POINT = ("campaign", "config", "model", "dataset", "input_len", "output_len", "load_variable", "load_value", "hardware")
 VALID = "coalesce(validity_ok, true) AND NOT coalesce(client_limited, false)"
+FAMILY = "bh"  # the control over a comparison's matched points, as `raysweep compare` (results.compare.FAMILY)
 
 
 def _check_metrics(metrics: list[str]) -> None:
@@ -50,6 +55,7 @@ def points(cat: Catalog, metrics: list[str], filters: dict[str, str | None]) -> 
 class Comparison:
     matched: list[dict[str, Any]] = field(default_factory=list)
     unmatched: list[tuple[str, list[str]]] = field(default_factory=list)
+    family: str = ""  # the tests and the control over all of them ("8 tests, false discovery rate ...")
 
 
 def _campaign_runs(cat: Catalog, name: str, metric: str) -> pd.DataFrame:
@@ -78,18 +84,27 @@ def compare(cat: Catalog, baseline: str, other: str, metric: str) -> Comparison:
         base[key_of(row)] = g
         first[key_of(row)] = row
     out = Comparison()
+    judged: list[verdicts.Verdict] = []
     for point, g in b.groupby("point", sort=True):
         row = g.iloc[0].to_dict()
         k = key_of(row)
         if k in base:
             v = verdicts.compare_values(base[k][metric].to_numpy(float), g[metric].to_numpy(float),
                                         higher_is_better(metric))
+            judged.append(v)
             out.matched.append({"point": str(point), "baseline": float(base[k][metric].mean()),
-                                "other": float(g[metric].mean()), "ratio": v.ratio, "verdict": v.text})
+                                "other": float(g[metric].mean()), "ratio": v.ratio, "p": v.p_value})
             continue
         if not first:
             out.unmatched.append((str(point), ["not comparable: the baseline has no valid run"]))
             continue
         why = min((mismatches(f, row, keys) for f in first.values()), key=len)
         out.unmatched.append((str(point), why))
+    fam = over_time.adjust([v.p_value if v.word in ("better", "worse", "not shown") else math.nan
+                            for v in judged], FAMILY)
+    for m, v, q in zip(out.matched, judged, fam.adjusted, strict=True):
+        m["p_adjusted"] = q
+        m["verdict"] = v.text if not v.decided or q < verdicts.ALPHA else \
+            f"not shown ({v.word} alone, p={v.p_value:.3g}; over the {fam.tested} tests, p={q:.3g})"
+    out.family = fam.text
     return out

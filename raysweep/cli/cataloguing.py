@@ -133,6 +133,8 @@ def compare(catalog_dir: str, baseline: str, other: str, metric: str) -> None:
     for m in result.matched:
         table.add_row(m["point"], _num(m["baseline"]), _num(m["other"]), _num(m["ratio"]), m["verdict"])
     print_table(table)
+    if result.matched:
+        _say(f"{result.family}: a difference is called only where its adjusted p-value is under 5 %")
     for point, why in result.unmatched:
         _say(f"{point}: {'; '.join(why)}")
 
