@@ -48,8 +48,11 @@ class FrameCatalog:
     def __init__(self, frame: pd.DataFrame) -> None:
         self.frame = frame
 
-    def query(self, sql: str, params: list[Any] | None = None) -> pd.DataFrame:
+    def query(self, sql: str, params: list[Any] | None = None, only: Any = None) -> pd.DataFrame:
         return self.frame
+
+    def select(self, **_: Any) -> None:
+        return None
 
 
 def _noise(rng: np.random.Generator, n: int, tails: str) -> np.ndarray:

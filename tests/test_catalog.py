@@ -217,6 +217,24 @@ def test_history_flags_the_regression_with_its_interval(campaigns, tmp_path):
     assert _cli("history", str(latest), "--metric", "nope").exit_code == 2
 
 
+def test_a_filter_on_model_hardware_or_campaign_reads_only_the_campaigns_that_can_match(tmp_path):
+    """The index lists each campaign's models and hardware: a query filtered on them opens only those
+    campaigns' files, and answers as the query over every file does."""
+    for name, hw in (("h", "1 node(s) x 1 GPU(s) / GPU H100"), ("a", "1 node(s) x 1 GPU(s) / GPU A100")):
+        make_campaign(tmp_path / "c" / name, name, hardware=hw, input_lens=(16,), concurrencies=(1,))
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(tmp_path / "c")).exit_code == 0
+    c = Catalog(cat)
+    ids = {e["name"]: i for i, e in c.campaigns.items()}
+    a100 = "1 node(s) x 1 GPU(s) / GPU A100"
+    assert c.select(hardware=a100) == [ids["a"]] and c.select(model="tiny", campaign="h") == [ids["h"]]
+    assert c.select(model="other") == [] and c.select() is None
+    assert len(c.query("SELECT * FROM runs", only=c.select(hardware=a100))) == 8
+    pruned = history(c, filters={"hardware": a100})
+    assert [s.key["hardware"] for s in pruned] == [a100, a100]  # one per configuration
+    assert history(c, filters={"model": "other"}) == []
+
+
 def test_history_says_not_shown_with_too_few_runs(tmp_path):
     make_campaign(tmp_path / "c/a", "a", runs=2, input_lens=(16,), concurrencies=(1,), started_at=1.7e9)
     make_campaign(tmp_path / "c/b", "b", runs=2, input_lens=(16,), concurrencies=(1,), started_at=1.8e9, scale=0.5)

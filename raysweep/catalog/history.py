@@ -3,8 +3,9 @@
 A series is one configuration (its model and server settings) on one workload (fingerprint and load) on one
 hardware: only like-for-like points ever share a series. Within a series the campaigns are ordered by
 date; each campaign after the first is judged against the one before it on one metric, over their runs
-(flagged and client-limited runs left out, as the aggregates do), with `maths.verdicts.equivalence`: the
-ratio of their means with its confidence interval (Welch's t on the logarithms). The newer campaign is
+(flagged and client-limited runs left out, as the aggregates do), as `maths.verdicts.equivalence` judges: the
+ratio of their means with its confidence interval (Welch's t on the logarithms), computed for every pair of
+the catalogue in one vectorised pass (`verdicts.log_ratio_intervals`). The newer campaign is
 `worse` when the whole interval lies beyond the margin on the bad side (for a throughput, below 1 - margin;
 for a latency, above 1 + margin), `better` when it lies beyond it on the good side, `within margin` when it
 lies inside, and `not shown` otherwise, or with fewer than `verdicts.MIN_RUNS` runs on a side. Each
@@ -106,7 +107,8 @@ def history(catalog: Catalog, metric: str = "output_throughput", margin: float =
         "any_value(config) AS config, any_value(dataset) AS dataset, any_value(input_len) AS input_len, "
         "any_value(output_len) AS output_len, any_value(vllm_version) AS vllm, "
         f"any_value(raysweep_version) AS raysweep, list({metric}) AS vals FROM runs WHERE {' AND '.join(where)} "
-        f"GROUP BY {keys}, campaign_id ORDER BY {keys}, date, campaign_id", params)
+        f"GROUP BY {keys}, campaign_id ORDER BY {keys}, date, campaign_id", params,
+        catalog.select(**{k: (filters or {}).get(k) for k in ("model", "hardware", "campaign")}))
     if df.empty:
         return []
     rows = df.to_dict("records")
@@ -117,6 +119,7 @@ def history(catalog: Catalog, metric: str = "output_throughput", margin: float =
     level = alpha / max(judged, 1)
     higher = higher_is_better(metric)
     out = []
+    pairs: list[tuple[Judgement, np.ndarray, np.ndarray]] = []  # each judgement, with the runs before and now
     for key, runs in series_of.items():
         first = runs[0]
         series = Series(dict(zip(KEY, key)), str(first["config"]), _none(first["dataset"]),
@@ -127,10 +130,11 @@ def history(catalog: Catalog, metric: str = "output_throughput", margin: float =
             j = Judgement(str(r["campaign"]), float(r["date"]), _none(r["vllm"]), _none(r["raysweep"]), int(x.size),
                           float(x.mean()))
             if prev is not None:
-                _judge(j, prev, x, higher, margin, level)
+                pairs.append((j, prev, x))
             series.points.append(j)
             prev = x
         out.append(series)
+    _judge(pairs, higher, margin, level)
     return out
 
 
@@ -141,21 +145,31 @@ def _none(value: Any) -> Any:
     return value
 
 
-def _judge(j: Judgement, before: np.ndarray, now: np.ndarray, higher: bool, margin: float, level: float) -> None:
-    """The verdict of `now` against `before` (see the module docstring)."""
-    eq = verdicts.equivalence(before.tolist(), now.tolist(), tolerance=margin, confidence=1 - 2 * level,
-                              limit=0)  # the runs that would settle a "not shown" are not asked for here
-    j.ratio, j.low, j.high = eq.ratio, eq.low, eq.high
-    if eq.word == "not judged":
-        j.word = "not judged"
+def _judge(pairs: list[tuple[Judgement, np.ndarray, np.ndarray]], higher: bool, margin: float,
+           level: float) -> None:
+    """The verdict of each campaign against the one before it (see the module docstring): the interval of the
+    ratio as `maths.verdicts.equivalence` computes it, for all pairs in one pass (`log_ratio_intervals`)."""
+    judged = []
+    for j, before, now in pairs:
+        a, b = before[np.isfinite(before) & (before > 0)], now[np.isfinite(now) & (now > 0)]
+        if a.size < 2 or b.size < 2:
+            j.word = "not judged"
+            j.ratio = float(b.mean() / a.mean()) if a.size and b.size else math.nan
+        else:
+            judged.append((j, np.log(a), np.log(b)))
+    if not judged:
         return
-    if min(eq.runs_a, eq.runs_b) < verdicts.MIN_RUNS:
-        j.word = f"not shown (fewer than {verdicts.MIN_RUNS} runs on a side)"
-        return
-    below, above = eq.high < 1 - margin, eq.low > 1 + margin
-    if below or above:
-        j.word = "better" if above == higher else "worse"
-    elif margin > 0 and 1 - margin <= eq.low and eq.high <= 1 + margin:
-        j.word = "within margin"
-    else:
-        j.word = "not shown"
+    ratios, lows, highs = verdicts.log_ratio_intervals([a for _, a, _ in judged], [b for _, _, b in judged],
+                                                       1 - 2 * level)
+    for (j, a, b), ratio, low, high in zip(judged, ratios, lows, highs, strict=True):
+        j.ratio, j.low, j.high = float(ratio), float(low), float(high)
+        if min(a.size, b.size) < verdicts.MIN_RUNS:
+            j.word = f"not shown (fewer than {verdicts.MIN_RUNS} runs on a side)"
+            continue
+        below, above = j.high < 1 - margin, j.low > 1 + margin
+        if below or above:
+            j.word = "better" if above == higher else "worse"
+        elif margin > 0 and 1 - margin <= j.low and j.high <= 1 + margin:
+            j.word = "within margin"
+        else:
+            j.word = "not shown"

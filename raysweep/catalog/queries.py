@@ -48,7 +48,8 @@ def points(cat: Catalog, metrics: list[str], filters: dict[str, str | None]) -> 
     keys = ", ".join(POINT)
     avgs = ", ".join(f"avg({m}) AS {m}" for m in metrics)
     return cat.query(f"SELECT {keys}, count(*) AS runs, {avgs} FROM runs WHERE {' AND '.join(where)} "
-                     f"GROUP BY ALL ORDER BY {keys}", params)
+                     f"GROUP BY ALL ORDER BY {keys}", params,
+                     cat.select(**{k: filters.get(k) for k in ("model", "hardware", "campaign")}))
 
 
 @dataclass
@@ -65,7 +66,8 @@ def _campaign_runs(cat: Catalog, name: str, metric: str) -> pd.DataFrame:
         raise UserError(f"campaign {name}: " + ("matches several campaigns; give its id (`catalog list`)"
                                                 if ids else f"not in the catalogue; known: {known}"))
     cols = ", ".join(dict.fromkeys((*LIKE, "server_settings", "point", metric)))
-    return cat.query(f"SELECT {cols} FROM runs WHERE campaign_id = ? AND {VALID} AND {metric} IS NOT NULL", [ids[0]])
+    return cat.query(f"SELECT {cols} FROM runs WHERE campaign_id = ? AND {VALID} AND {metric} IS NOT NULL", [ids[0]],
+                     ids)
 
 
 def compare(cat: Catalog, baseline: str, other: str, metric: str) -> Comparison:

@@ -6,10 +6,11 @@
     CATALOG/runs/<id>.parquet     the campaign's runs, one row each (`fields.COLUMNS`)
 
 Queries run in DuckDB over the Parquet files the index names (a view `runs`, and `campaigns` from the
-index); every file holds the same columns (`fields.COLUMNS` of this format). `add` reads every campaign
-first and writes only when all were read: a bad directory leaves the catalogue as it was. A campaign
-already there with the same signature is left alone (adding twice adds nothing); one whose signature
-changed (a campaign that was still running) is replaced. A catalogue written by a newer format than this
+index); every file holds the same columns (`fields.COLUMNS` of this format). A query filtered on a model,
+a hardware or a campaign reads only the files of the campaigns whose index entry can match (`select`).
+`add` reads every campaign first and writes only when all were read: a bad directory leaves the catalogue
+as it was. A campaign already there with the same signature is left alone (adding twice adds nothing); one
+whose signature changed (a campaign that was still running) is replaced. A catalogue written by a newer format than this
 raysweep reads is refused, unchanged.
 """
 
@@ -21,7 +22,7 @@ import io
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,16 +138,30 @@ class Catalog:
                 write_json_atomic(index_file, self.index)
         return report
 
-    def files(self) -> list[str]:
-        return [str(self.path / RUNS_DIR / f"{cid}.parquet") for cid in self.index["campaigns"]]
+    def files(self, only: Iterable[str] | None = None) -> list[str]:
+        """The Parquet files of the campaigns (of the ids in `only`, when given)."""
+        ids = self.index["campaigns"] if only is None else [c for c in only if c in self.index["campaigns"]]
+        return [str(self.path / RUNS_DIR / f"{cid}.parquet") for cid in ids]
 
-    def connect(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection with the views `runs` (every run) and `campaigns` (the index)."""
+    def select(self, model: str | None = None, hardware: str | None = None,
+               campaign: str | None = None) -> list[str] | None:
+        """The ids of the campaigns that can hold runs of `model`, on `hardware`, of `campaign` (its name or
+        id), read from the index alone (its entries list each campaign's models and hardware); None when
+        nothing is asked (every campaign). A query over them reads only their files."""
+        if model is None and hardware is None and campaign is None:
+            return None
+        return [cid for cid, c in self.index["campaigns"].items()
+                if (model is None or model in c["models"]) and (hardware is None or hardware in c["hardware"])
+                and (campaign is None or campaign in (cid, c["name"]))]
+
+    def connect(self, only: Iterable[str] | None = None) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection with the views `runs` (every run, or the runs of the campaigns in `only`) and
+        `campaigns` (the index)."""
         import duckdb
         import pandas as pd
 
         con = duckdb.connect()
-        files = self.files()
+        files = self.files(only)
         if files:
             listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
             con.execute(f"CREATE VIEW runs AS SELECT * FROM read_parquet([{listing}])")
@@ -161,13 +176,13 @@ class Catalog:
         con.execute("CREATE VIEW campaigns AS SELECT * FROM campaigns_df")
         return con
 
-    def query(self, sql: str, params: list[Any] | None = None) -> pd.DataFrame:
-        """The result of a DuckDB query over `runs` and `campaigns`.
+    def query(self, sql: str, params: list[Any] | None = None, only: Iterable[str] | None = None) -> pd.DataFrame:
+        """The result of a DuckDB query over `runs` (of the campaigns in `only`, when given) and `campaigns`.
 
         :raises UserError: the query is not valid (DuckDB's message)."""
         import duckdb
 
-        con = self.connect()
+        con = self.connect(only)
         try:
             return con.execute(sql, params or []).df()
         except duckdb.Error as exc:
