@@ -255,15 +255,20 @@ def test_other_tools_outputs_are_read_with_what_they_say_and_missing_what_they_d
     (src / "aiperf/run1").mkdir(parents=True)
     (src / "aiperf/run1/profile_export_aiperf.json").write_bytes(
         (FIXTURES / "aiperf/profile_export_aiperf.json").read_bytes())
+    csv_export = (FIXTURES / "aiperf/csv-only/profile_export_aiperf.csv").read_bytes()
+    (src / "aiperf/run1/profile_export_aiperf.csv").write_bytes(csv_export)  # beside its JSON: not read
+    (src / "aiperf/run2").mkdir(parents=True)
+    (src / "aiperf/run2/profile_export_aiperf.csv").write_bytes(csv_export)  # alone: read
+    (src / "aiperf/run2/other.csv").write_text("a,b\n1,2\n")  # some other CSV: not a result
     (src / "guidellm").mkdir()
     (src / "guidellm/benchmarks.json").write_bytes((FIXTURES / "guidellm/benchmarks_stripped.json").read_bytes())
     (src / "guidellm/unrelated.json").write_text('{"not": "a result"}')
     cat = tmp_path / "cat"
     res = _cli("catalog", "add", str(cat), str(src))
     assert res.exit_code == 0, res.output
-    assert "3 added" in res.output
+    assert "4 added" in res.output
     c = Catalog(cat)
-    assert sorted(e["source"] for e in c.campaigns.values()) == ["aiperf", "guidellm", "vllm-sweep"]
+    assert sorted(e["source"] for e in c.campaigns.values()) == ["aiperf", "aiperf-csv", "guidellm", "vllm-sweep"]
     runs = c.query("SELECT * FROM runs ORDER BY source, point, run_number")
     aiperf = runs[runs.source == "aiperf"].iloc[0]
     assert (aiperf.model, aiperf.dataset, aiperf.input_len, aiperf.load_variable, aiperf.load_value) == \
@@ -271,6 +276,15 @@ def test_other_tools_outputs_are_read_with_what_they_say_and_missing_what_they_d
     assert pd.isna(aiperf.output_len) and pd.isna(aiperf.hardware) and pd.isna(aiperf.vllm_version)  # not said
     assert aiperf.output_throughput == pytest.approx(1022443.0554692096) and aiperf.p99_e2el_ms == pytest.approx(
         15.14387014) and aiperf.validity_ok
+    csv = runs[runs.source == "aiperf-csv"]
+    assert len(csv) == 1 and csv.iloc[0].source_path.endswith("run2/profile_export_aiperf.csv")
+    row = csv.iloc[0]  # the CSV holds no configuration: the model and the load missing, the measured input length
+    assert pd.isna(row.model) and pd.isna(row.load_variable) and row.input_len == "550" and pd.isna(row.output_len)
+    assert row.output_throughput == pytest.approx(2320.72) and row.request_throughput == pytest.approx(9.55)
+    assert (row.mean_ttft_ms, row.median_ttft_ms, row.p99_ttft_ms) == pytest.approx((2343.22, 2369.32, 3833.39))
+    assert row.p99_e2el_ms == pytest.approx(9297.61) and row.mean_itl_ms == pytest.approx(27.76)
+    assert not row.validity_ok and row.validity_issues == "11 errored request(s)"
+    assert row.date == pytest.approx(1759522419.15456896)
     guide = runs[runs.source == "guidellm"].iloc[0]
     assert (guide.model, guide.input_len, guide.output_len, guide.load_variable, guide.load_value) == \
         ("example_model", "256", "128", "max_concurrency", 1.0)  # a synchronous strategy: one at a time
@@ -283,7 +297,7 @@ def test_other_tools_outputs_are_read_with_what_they_say_and_missing_what_they_d
     res = _cli("catalog", "compare", str(cat), "exp-20250101", "run1/profile_export_aiperf.json")
     assert res.exit_code == 0 and "not comparable: model m vs mock-model" in res.output, res.output
     again = _cli("catalog", "add", str(cat), str(src))
-    assert "0 added, 0 updated, 3 unchanged" in again.output
+    assert "0 added, 0 updated, 4 unchanged" in again.output
 
 
 INDEX_PROBE = """<script>

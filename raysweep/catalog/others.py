@@ -10,14 +10,22 @@
   time, `concurrent`: its streams, `constant`/`poisson`: its rate; `throughput`: all at once, no value), and
   the metrics over its successful requests (GuideLLM's request latency is in seconds: written in ms).
 
-Neither says the hardware, the server's settings or the server's versions: missing. A run counts as valid
-when the tool reports no error and no cancellation.
+- AIPerf's CSV export (`profile_export_aiperf.csv`: a table `Metric,avg,min,max,p1,...,p99,std` of the
+  per-request metrics, a blank line, then `Metric,Value` of the run's totals), read only where no AIPerf JSON
+  export lies beside it (the JSON says more): one row. The CSV holds no configuration: the model, the data
+  set, the requested lengths and the load are missing; the input length is the measured mean input length
+  of its requests (`Input Sequence Length (tokens)`, as it is the requested one for a fixed-length data
+  set), the date the first request's timestamp.
+
+None of them says the hardware, the server's settings or the server's versions: missing. A run counts as
+valid when the tool reports no error (no errored request in the CSV) and no cancellation.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import io
 import json
 import math
 from pathlib import Path
@@ -26,14 +34,22 @@ from typing import Any
 from raysweep import grid
 from raysweep.catalog import fields
 
-__all__ = ["AIPERF", "GUIDELLM", "kind_of", "read"]
+__all__ = ["AIPERF", "AIPERF_CSV", "GUIDELLM", "kind_of", "read"]
 
-AIPERF, GUIDELLM = "aiperf", "guidellm"
+AIPERF, AIPERF_CSV, GUIDELLM = "aiperf", "aiperf-csv", "guidellm"
+_AIPERF_CSV_HEAD = "Metric,avg,min,max,"
 _MAX_SNIFF = 512 * 1024 * 1024  # a JSON file larger than this is not read to find out what wrote it
 
 
 def kind_of(path: Path) -> str | None:
-    """The tool that wrote a JSON file, or None when it is none this reads (or not JSON at all)."""
+    """The tool that wrote a JSON (or AIPerf CSV) file, or None when it is none this reads."""
+    if path.suffix == ".csv" and path.is_file():
+        try:
+            with path.open(encoding="utf-8") as f:
+                head = f.readline()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return AIPERF_CSV if head.startswith(_AIPERF_CSV_HEAD) else None
     if path.suffix != ".json" or not path.is_file() or path.stat().st_size > _MAX_SNIFF:
         return None
     try:
@@ -57,12 +73,15 @@ def _kind(data: Any) -> str | None:
 
 def read(kind: str, path: Path) -> dict[str, Any]:
     """The fields of the `sources.Source` of one AIPerf export or GuideLLM benchmarks file."""
-    data = json.loads(path.read_text())
     stat = path.stat()
     signature = hashlib.sha256(json.dumps([stat.st_size, stat.st_mtime_ns]).encode()).hexdigest()[:16]
     cid = grid.params_id({kind: str(path.resolve())}, 16)
     name = f"{path.parent.name}/{path.name}"
-    rows = _aiperf(data) if kind == AIPERF else _guidellm(data)
+    if kind == AIPERF_CSV:
+        rows = _aiperf_csv(path.read_text(encoding="utf-8"))
+    else:
+        data = json.loads(path.read_text())
+        rows = _aiperf(data) if kind == AIPERF else _guidellm(data)
     for r in rows:
         r.update(campaign_id=cid, campaign=name, source=kind, source_path=str(path.resolve()))
     return {"id": cid, "name": name, "kind": kind, "path": str(path.resolve()), "signature": signature,
@@ -119,6 +138,46 @@ def _aiperf(data: dict[str, Any]) -> list[dict[str, Any]]:
                         ("request_latency", "e2el")):
         for stat, name in (("avg", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99")):
             row[f"{name}_{metric}_ms"] = _stat(data, key, stat)
+    return [row]
+
+
+def _aiperf_csv(text: str) -> list[dict[str, Any]]:
+    """One row from an AIPerf CSV export (see the module docstring)."""
+    import csv
+
+    stats: dict[str, dict[str, float]] = {}
+    totals: dict[str, float] = {}
+    header: list[str] = []
+    for line in csv.reader(io.StringIO(text)):
+        if not line:
+            header = []
+            continue
+        if line[0] == "Metric":
+            header = line
+            continue
+        if not header:
+            raise ValueError(f"a row before any `Metric,...` header: {line[:3]}")
+        if len(header) == 2:
+            totals[line[0]] = float(line[1])
+        else:
+            stats[line[0]] = {h: float(v) for h, v in zip(header[1:], line[1:]) if v}
+    if "Request Throughput (requests/sec)" not in totals:
+        raise ValueError("no `Request Throughput (requests/sec)` in its totals: not an AIPerf CSV export")
+    errors = int(totals.get("Error Request Count", 0.0))
+    isl = stats.get("Input Sequence Length (tokens)", {})
+    first = totals.get("Minimum Request Timestamp (ns)")
+    row: dict[str, Any] = {
+        **_workload(None, {}, _length(isl.get("avg")), None, None, math.nan),
+        "model": None, "config": "aiperf", "point": "aiperf", "run_number": 0,
+        "date": first / 1e9 if first is not None else math.nan, "validity_ok": errors == 0,
+        "validity_issues": f"{errors} errored request(s)" if errors else None,
+        "request_throughput": totals.get("Request Throughput (requests/sec)", math.nan),
+        "output_throughput": totals.get("Output Token Throughput (tokens/sec)", math.nan),
+        "total_token_throughput": math.nan}
+    for key, metric in (("Time to First Token (ms)", "ttft"), ("Inter Token Latency (ms)", "itl"),
+                        ("Request Latency (ms)", "e2el")):
+        for stat, name in (("avg", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99")):
+            row[f"{name}_{metric}_ms"] = stats.get(key, {}).get(stat, math.nan)
     return [row]
 
 
