@@ -325,7 +325,10 @@ var __t = setInterval(function () {
     return {campaigns: Array.from(f.querySelectorAll('g[data-campaign]')).map(function (g) {
       return {id: g.getAttribute('data-campaign'), points: g.querySelectorAll('circle').length,
               front: g.querySelectorAll('polyline.front').length}; }),
-            note: (f.querySelector('.note') || {}).textContent || ''};
+            note: (f.querySelector('.note') || {}).textContent || '',
+            ticks: Array.from(f.querySelectorAll('text.tick')).map(function (t) { return Number(t.textContent); }),
+            ttft: Array.from(f.querySelectorAll('circle title')).map(function (t) {
+              return Number(t.textContent.split(', ').pop().split(' ')[0]); })};
   });
   document.body.setAttribute('data-probe', JSON.stringify({figs: figs, errors: window.__errors}));
 }, 50);
@@ -372,6 +375,9 @@ def test_the_site_lists_filters_and_overlays_in_chromium(campaigns, tmp_path):
     for f in figs:
         assert {c["id"] for c in f["campaigns"]} == {ids["old"], ids["new"]} and not f["note"]
         assert all(c["points"] == 4 and c["front"] == 1 for c in f["campaigns"])  # 2 configs x 2 loads
+        xs, ys = f["ticks"][0::2], f["ticks"][1::2]  # the scale: five ticks a side, from the data's range
+        assert len(xs) == len(ys) == 5 and xs == sorted(xs) and ys == sorted(ys) and ys[0] == 0
+        assert xs[0] == pytest.approx(min(f["ttft"]), rel=5e-3) and xs[-1] == pytest.approx(max(f["ttft"]), rel=5e-3)
     probe = _probe(exe, overlay, f"?ids={ids['old']},{ids['long']}")
     assert probe["errors"] == [] and len(probe["figs"]) == 3  # another input length: never on one axis
     assert all("not comparable: input length" in f["note"] for f in probe["figs"]), probe["figs"]

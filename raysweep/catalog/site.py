@@ -233,6 +233,15 @@ function draw() {
     var xl = svg('text', {x: W / 2, y: H - 10, 'text-anchor': 'middle', 'font-size': 12});
     xl.textContent = 'median TTFT (ms)'; s.appendChild(xl);
     var yl = svg('text', {x: 12, y: 20, 'font-size': 12}); yl.textContent = 'output tokens/s'; s.appendChild(yl);
+    for (var i = 0; i <= 4; i++) {  // the scale: five ticks on each axis, the values at three digits
+      var xv = x0 + i * (x1 - x0) / 4, yv = i * y1 / 4;
+      var xt = svg('text', {x: sx(xv), y: H - P + 14, 'text-anchor': 'middle', 'font-size': 10, 'class': 'tick'});
+      xt.textContent = Number(xv.toPrecision(3)); s.appendChild(xt);
+      var yt = svg('text', {x: P - 4, y: sy(yv) + 3, 'text-anchor': 'end', 'font-size': 10, 'class': 'tick'});
+      yt.textContent = Number(yv.toPrecision(3)); s.appendChild(yt);
+      s.appendChild(svg('line', {x1: sx(xv), y1: H - P, x2: sx(xv), y2: H - P + 4, stroke: '#888'}));
+      s.appendChild(svg('line', {x1: P - 3, y1: sy(yv), x2: P, y2: sy(yv), stroke: '#888'}));
+    }
     members.forEach(function (m) {
       var color = COLORS[ids.indexOf(m) %% COLORS.length], g = svg('g', {'data-campaign': m});
       grp.by[m].forEach(function (p) {
