@@ -235,6 +235,15 @@ def test_a_filter_on_model_hardware_or_campaign_reads_only_the_campaigns_that_ca
     assert history(c, filters={"model": "other"}) == []
 
 
+def test_the_interconnect_is_the_transport_the_servers_nccl_lines_showed():
+    from raysweep.catalog.sources import _common
+
+    assert _common({"transport_inter": "IB", "transport_intra": "P2P/NVLink"})["interconnect"] == "IB between nodes"
+    one = {"transport_inter": "n/a", "transport_intra": "P2P/NVLink"}
+    assert _common(one)["interconnect"] == "P2P/NVLink within one node"
+    assert _common({})["interconnect"] is None  # nothing read: missing, never guessed
+
+
 def test_history_says_not_shown_with_too_few_runs(tmp_path):
     make_campaign(tmp_path / "c/a", "a", runs=2, input_lens=(16,), concurrencies=(1,), started_at=1.7e9)
     make_campaign(tmp_path / "c/b", "b", runs=2, input_lens=(16,), concurrencies=(1,), started_at=1.8e9, scale=0.5)

@@ -170,7 +170,7 @@ def _common(rec: dict[str, Any]) -> dict[str, Any]:
     torch = rec.get("provenance_torch")
     build = None if not torch else "cpu" if "+cpu" in str(torch) else "cuda" if "+cu" in str(torch) else None
     out = {"run_number": rec.get("run_number"), "hardware": rec.get("hardware"), "gpu_type": rec.get("provenance_gpu"),
-           "gpu_count": rec.get("gpu_count"), "num_nodes": rec.get("num_nodes"), "interconnect": None,
+           "gpu_count": rec.get("gpu_count"), "num_nodes": rec.get("num_nodes"), "interconnect": _interconnect(rec),
            "vllm_version": rec.get("provenance_vllm"), "raysweep_version": rec.get("provenance_raysweep"),
            "ray_version": rec.get("provenance_ray"), "torch_version": torch, "build": build,
            "validity_ok": rec.get("validity_ok"), "validity_issues": rec.get("validity_issues") or None,
@@ -179,6 +179,16 @@ def _common(rec: dict[str, Any]) -> dict[str, Any]:
         out["model"] = rec["provenance_model_path"]
     out.update({m: rec.get(m) for m in fields.METRICS})
     return out
+
+
+def _interconnect(rec: dict[str, Any]) -> str | None:
+    """The transport the run's server used, as its NCCL lines said (the `transport_*` columns of a raysweep
+    result): between nodes for a server on several (`IB`, `Socket`, ...), else within its node (`P2P/NVLink
+    within one node`); None where the record has neither (no NCCL lines read, another tool's record)."""
+    inter, intra = rec.get("transport_inter"), rec.get("transport_intra")
+    if inter and inter != "n/a":
+        return f"{inter} between nodes"
+    return f"{intra} within one node" if intra else None
 
 
 def _num(value: Any) -> float:
