@@ -331,12 +331,17 @@ var __t = setInterval(function () {
   if (document.body.getAttribute('data-drawn') !== 'yes') return;
   clearInterval(__t);
   var figs = Array.from(document.querySelectorAll('figure')).map(function (f) {
-    return {campaigns: Array.from(f.querySelectorAll('g[data-campaign]')).map(function (g) {
+    return {campaigns: Array.from(f.querySelectorAll('svg.overlay g[data-campaign]')).map(function (g) {
       return {id: g.getAttribute('data-campaign'), points: g.querySelectorAll('circle').length,
               front: g.querySelectorAll('polyline.front').length}; }),
+            curves: Array.from(f.querySelectorAll('svg.curves g[data-campaign]')).map(function (g) {
+      return {id: g.getAttribute('data-campaign'), points: g.querySelectorAll('circle').length,
+              configs: Array.from(g.querySelectorAll('polyline.curve')).map(function (l) {
+                return [l.getAttribute('data-config'), l.getAttribute('points').split(' ').length]; })}; }),
             note: (f.querySelector('.note') || {}).textContent || '',
-            ticks: Array.from(f.querySelectorAll('text.tick')).map(function (t) { return Number(t.textContent); }),
-            ttft: Array.from(f.querySelectorAll('circle title')).map(function (t) {
+            ticks: Array.from(f.querySelectorAll('svg.overlay text.tick')).map(function (t) {
+              return Number(t.textContent); }),
+            ttft: Array.from(f.querySelectorAll('svg.overlay circle title')).map(function (t) {
               return Number(t.textContent.split(', ').pop().split(' ')[0]); })};
   });
   document.body.setAttribute('data-probe', JSON.stringify({figs: figs, errors: window.__errors}));
@@ -384,6 +389,10 @@ def test_the_site_lists_filters_and_overlays_in_chromium(campaigns, tmp_path):
     for f in figs:
         assert {c["id"] for c in f["campaigns"]} == {ids["old"], ids["new"]} and not f["note"]
         assert all(c["points"] == 4 and c["front"] == 1 for c in f["campaigns"])  # 2 configs x 2 loads
+        # and against the load, one curve per campaign and configuration, its loads in order
+        assert {c["id"] for c in f["curves"]} == {ids["old"], ids["new"]}
+        assert all(c["points"] == 4 and sorted(c["configs"]) == [["max_num_seqs=16", 2], ["max_num_seqs=8", 2]]
+                   for c in f["curves"]), f["curves"]
         xs, ys = f["ticks"][0::2], f["ticks"][1::2]  # the scale: five ticks a side, from the data's range
         assert len(xs) == len(ys) == 5 and xs == sorted(xs) and ys == sorted(ys) and ys[0] == 0
         assert xs[0] == pytest.approx(min(f["ttft"]), rel=5e-3) and xs[-1] == pytest.approx(max(f["ttft"]), rel=5e-3)

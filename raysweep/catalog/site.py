@@ -5,7 +5,8 @@
                           choice of campaigns to overlay
     OUT/overlay.html      the chosen campaigns' points (`?ids=a,b`): per like-for-like group (model, workload,
                           load variable, hardware) one figure of throughput against median TTFT, each
-                          campaign's points and its Pareto front; groups that hold only some of the chosen
+                          campaign's points and its Pareto front, and one of throughput against the load, a
+                          curve per campaign and configuration; groups that hold only some of the chosen
                           campaigns are drawn apart and say what differs ("not comparable: ...")
     OUT/history.html      every configuration measured by more than one campaign, oldest to newest, with the
                           newest campaign's verdict against the one before it (`history`), regressions first
@@ -196,6 +197,37 @@ function svg(tag, attrs) {
   Object.keys(attrs).forEach(function (k) { e.setAttribute(k, attrs[k]); });
   return e;
 }
+var DASHES = ['', '6,3', '2,3', '8,3,2,3'];  // the configurations of one campaign on the load curves
+function axes(xs, ys, xlabel, ylabel, cls) {
+  // an SVG with both axes, their labels and a scale of five ticks a side, from 0 (y) and the data's range (x)
+  var W = 640, H = 360, P = 50;
+  var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs) || 1, y1 = Math.max.apply(null, ys) || 1;
+  var sx = function (x) { return P + (x - x0) / ((x1 - x0) || 1) * (W - 2 * P); };
+  var sy = function (y) { return H - P - y / y1 * (H - 2 * P); };
+  var s = svg('svg', {width: W, height: H, 'class': cls});
+  s.appendChild(svg('line', {x1: P, y1: H - P, x2: W - P, y2: H - P, stroke: '#888'}));
+  s.appendChild(svg('line', {x1: P, y1: P, x2: P, y2: H - P, stroke: '#888'}));
+  var xl = svg('text', {x: W / 2, y: H - 10, 'text-anchor': 'middle', 'font-size': 12});
+  xl.textContent = xlabel; s.appendChild(xl);
+  var yl = svg('text', {x: 12, y: 20, 'font-size': 12}); yl.textContent = ylabel; s.appendChild(yl);
+  for (var i = 0; i <= 4; i++) {
+    var xv = x0 + i * (x1 - x0) / 4, yv = i * y1 / 4;
+    var xt = svg('text', {x: sx(xv), y: H - P + 14, 'text-anchor': 'middle', 'font-size': 10, 'class': 'tick'});
+    xt.textContent = Number(xv.toPrecision(3)); s.appendChild(xt);
+    var yt = svg('text', {x: P - 4, y: sy(yv) + 3, 'text-anchor': 'end', 'font-size': 10, 'class': 'tick'});
+    yt.textContent = Number(yv.toPrecision(3)); s.appendChild(yt);
+    s.appendChild(svg('line', {x1: sx(xv), y1: H - P, x2: sx(xv), y2: H - P + 4, stroke: '#888'}));
+    s.appendChild(svg('line', {x1: P - 3, y1: sy(yv), x2: P, y2: sy(yv), stroke: '#888'}));
+  }
+  return {svg: s, sx: sx, sy: sy};
+}
+function dot(a, x, y, color, m, p) {
+  var c = svg('circle', {cx: a.sx(x), cy: a.sy(y), r: 3, fill: color, 'fill-opacity': 0.5});
+  var t = svg('title', {});
+  t.textContent = m + ' ' + p.c + ' load ' + p.l + ': ' + p.y + ' tok/s, ' + p.x + ' ms';
+  c.appendChild(t);
+  return c;
+}
 function draw() {
   var main = document.getElementById('figures'), groups = {};
   ids.forEach(function (id, i) {
@@ -222,44 +254,40 @@ function draw() {
       fig.appendChild(note);
     }
     var all = [].concat.apply([], members.map(function (m) { return grp.by[m]; }));
-    var W = 640, H = 360, P = 50;
-    var xs = all.map(function (p) { return p.x; }), ys = all.map(function (p) { return p.y; });
-    var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs) || 1, y1 = Math.max.apply(null, ys) || 1;
-    var sx = function (x) { return P + (x - x0) / ((x1 - x0) || 1) * (W - 2 * P); };
-    var sy = function (y) { return H - P - y / y1 * (H - 2 * P); };
-    var s = svg('svg', {width: W, height: H, 'class': 'overlay'});
-    s.appendChild(svg('line', {x1: P, y1: H - P, x2: W - P, y2: H - P, stroke: '#888'}));
-    s.appendChild(svg('line', {x1: P, y1: P, x2: P, y2: H - P, stroke: '#888'}));
-    var xl = svg('text', {x: W / 2, y: H - 10, 'text-anchor': 'middle', 'font-size': 12});
-    xl.textContent = 'median TTFT (ms)'; s.appendChild(xl);
-    var yl = svg('text', {x: 12, y: 20, 'font-size': 12}); yl.textContent = 'output tokens/s'; s.appendChild(yl);
-    for (var i = 0; i <= 4; i++) {  // the scale: five ticks on each axis, the values at three digits
-      var xv = x0 + i * (x1 - x0) / 4, yv = i * y1 / 4;
-      var xt = svg('text', {x: sx(xv), y: H - P + 14, 'text-anchor': 'middle', 'font-size': 10, 'class': 'tick'});
-      xt.textContent = Number(xv.toPrecision(3)); s.appendChild(xt);
-      var yt = svg('text', {x: P - 4, y: sy(yv) + 3, 'text-anchor': 'end', 'font-size': 10, 'class': 'tick'});
-      yt.textContent = Number(yv.toPrecision(3)); s.appendChild(yt);
-      s.appendChild(svg('line', {x1: sx(xv), y1: H - P, x2: sx(xv), y2: H - P + 4, stroke: '#888'}));
-      s.appendChild(svg('line', {x1: P - 3, y1: sy(yv), x2: P, y2: sy(yv), stroke: '#888'}));
-    }
+    var color = function (m) { return COLORS[ids.indexOf(m) %% COLORS.length]; };
+    // output throughput against median TTFT: each campaign's points and its Pareto front
+    var a = axes(all.map(function (p) { return p.x; }), all.map(function (p) { return p.y; }), 'median TTFT (ms)',
+                 'output tokens/s', 'overlay');
     members.forEach(function (m) {
-      var color = COLORS[ids.indexOf(m) %% COLORS.length], g = svg('g', {'data-campaign': m});
-      grp.by[m].forEach(function (p) {
-        var c = svg('circle', {cx: sx(p.x), cy: sy(p.y), r: 3, fill: color, 'fill-opacity': 0.5});
-        var t = svg('title', {});
-        t.textContent = m + ' ' + p.c + ' load ' + p.l + ': ' + p.y + ' tok/s, ' + p.x + ' ms';
-        c.appendChild(t); g.appendChild(c);
+      var g = svg('g', {'data-campaign': m});
+      grp.by[m].forEach(function (p) { g.appendChild(dot(a, p.x, p.y, color(m), m, p)); });
+      g.appendChild(svg('polyline', {points: front(grp.by[m]).map(function (p) { return a.sx(p.x) + ',' + a.sy(p.y); })
+        .join(' '), fill: 'none', stroke: color(m), 'stroke-width': 2, 'class': 'front'}));
+      a.svg.appendChild(g);
+    });
+    // output throughput against the load: one curve per campaign and configuration
+    var b = axes(all.map(function (p) { return Number(p.l); }), all.map(function (p) { return p.y; }),
+                 (LABELS.load_value || 'load') + ' (' + grp.g.load_variable + ')', 'output tokens/s', 'curves');
+    members.forEach(function (m) {
+      var g = svg('g', {'data-campaign': m}), byConfig = {};
+      grp.by[m].forEach(function (p) { (byConfig[p.c] = byConfig[p.c] || []).push(p); });
+      Object.keys(byConfig).sort().forEach(function (c, j) {
+        var pts = byConfig[c].slice().sort(function (u, v) { return Number(u.l) - Number(v.l); });
+        pts.forEach(function (p) { g.appendChild(dot(b, Number(p.l), p.y, color(m), m, p)); });
+        var line = svg('polyline', {points: pts.map(function (p) { return b.sx(Number(p.l)) + ',' + b.sy(p.y); })
+          .join(' '), fill: 'none', stroke: color(m), 'stroke-width': 1.5, 'class': 'curve', 'data-config': c,
+          'stroke-dasharray': DASHES[j %% DASHES.length]});
+        var t = svg('title', {}); t.textContent = (NAMES[m] || m) + ' ' + c; line.appendChild(t);
+        g.appendChild(line);
       });
-      g.appendChild(svg('polyline', {points: front(grp.by[m]).map(function (p) { return sx(p.x) + ',' + sy(p.y); })
-        .join(' '), fill: 'none', stroke: color, 'stroke-width': 2, 'class': 'front'}));
-      s.appendChild(g);
+      b.svg.appendChild(g);
     });
     var legend = document.createElement('p');
     legend.innerHTML = members.map(function (m) {
-      return '<span style="color:' + COLORS[ids.indexOf(m) %% COLORS.length] + '">&#9632; ' +
+      return '<span style="color:' + color(m) + '">&#9632; ' +
         (NAMES[m] || m).replace(/</g, '&lt;') + '</span>';
     }).join(' ');
-    fig.appendChild(s); fig.appendChild(legend); main.appendChild(fig);
+    fig.appendChild(a.svg); fig.appendChild(b.svg); fig.appendChild(legend); main.appendChild(fig);
   });
   document.body.setAttribute('data-drawn', 'yes');
 }
