@@ -1,6 +1,6 @@
 """The screenshots of `raysweep site` in docs/catalog.md: a small catalogue of stub campaigns (the test's:
-tests/catalog_stubs.py), its site, and the first screen of its index, an overlay of two campaigns and its
-history page, taken by headless Chromium.
+tests/catalog_stubs.py), its site, and the first screen of its index, an overlay of two campaigns, its
+history page and one configuration's history page, taken by headless Chromium.
 
     .venv/bin/python scripts/catalog_screenshots.py [--out docs/img]
 """
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         ids = {c["name"]: cid for cid, c in cat.campaigns.items()}
         shots = [("catalog-index.png", "index.html", ""),
                  ("catalog-overlay.png", "overlay.html", f"?ids={ids['nightly-old']},{ids['nightly-new']}"),
-                 ("catalog-history.png", "history.html", "")]
+                 ("catalog-history.png", "history.html", ""),
+                 ("catalog-history-config.png", "history-0.html", "")]
         for png, page, query in shots:
             screenshot(site / page, out / png, query, wait_ms=5000)
             print(out / png)

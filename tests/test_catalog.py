@@ -372,7 +372,16 @@ def test_the_site_lists_filters_and_overlays_in_chromium(campaigns, tmp_path):
     res = _cli("site", str(cat), str(tmp_path / "site"))
     assert res.exit_code == 0, res.output
     site = tmp_path / "site"
-    assert "newest against the one before" in (site / "history.html").read_text()
+    hist = (site / "history.html").read_text()
+    assert "newest against the one before" in hist
+    # a page per configuration (2 configurations x 2 input lengths measured by old, new and same): a line per
+    # load, the campaigns in date order, the one shown worse than the one before it ringed at each load
+    pages = sorted(site.glob("history-*.html"))
+    assert len(pages) == 4 and all(f'href="{p.name}"' in hist for p in pages)
+    for page in pages:
+        text = page.read_text()
+        assert text.count("<g data-load=") == 2 and text.count('class="worse"') == 2 + 2  # rings and cells
+        assert text.index(">old (0.31.0)<") < text.index(">new (0.32.0)<") < text.index(">same (0.32.1)<")
     index = site / "probed-index.html"
     index.write_text((site / "index.html").read_text().replace("</body>", INDEX_PROBE + "</body>", 1))
     probe = _probe(exe, index)

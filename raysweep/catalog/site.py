@@ -10,6 +10,8 @@
                           campaigns are drawn apart and say what differs ("not comparable: ...")
     OUT/history.html      every configuration measured by more than one campaign, oldest to newest, with the
                           newest campaign's verdict against the one before it (`history`), regressions first
+    OUT/history-<n>.html  one configuration (on one workload and hardware) over the campaigns: a line per load,
+                          a campaign shown worse than the one before it ringed in red, and the table of means
     OUT/data/<id>.js      one campaign's points (mean over valid runs), loaded by the overlay as a script
 
 Written whole: the folder is built beside OUT and put in its place at the end.
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.catalog.fields import LABELS
-from raysweep.catalog.history import history
+from raysweep.catalog.history import Series, history
 from raysweep.catalog.store import Catalog
 
 __all__ = ["write_site"]
@@ -35,9 +37,9 @@ __all__ = ["write_site"]
 GROUP = ("model", "dataset", "dataset_params", "input_len", "output_len", "load_variable", "hardware")
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}th{background:#f2f2f2}tr.worse td{background:#fde2e2}
-nav a{margin-right:1em}.filters label{margin-right:1em}.note{color:#a33}figure{margin:1em 0}svg{background:#fff;
-border:1px solid #ddd}"""
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}th{background:#f2f2f2}
+tr.worse td,td.worse{background:#fde2e2}nav a{margin-right:1em}.filters label{margin-right:1em}
+.note{color:#a33}figure{margin:1em 0}svg{background:#fff;border:1px solid #ddd}"""
 
 
 def _page(title: str, body: str, script: str = "") -> str:
@@ -67,7 +69,10 @@ def write_site(catalog: Catalog, out: str | Path) -> Path:
         _write_data(catalog, tmp / "data")
         (tmp / "index.html").write_text(_index(campaigns, tmp / "reports"))
         (tmp / "overlay.html").write_text(_overlay({c["id"]: c["name"] for c in campaigns}))
-        (tmp / "history.html").write_text(_history(catalog))
+        page, pages = _history(catalog)
+        (tmp / "history.html").write_text(page)
+        for name, text in pages:
+            (tmp / name).write_text(text)
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -178,12 +183,13 @@ filter();
 
 
 _LABELS_JS = json.dumps(LABELS)
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 _OVERLAY_JS = """
 var RS = {points: {}};
 var LABELS = %s;
 var GROUP = %s;
-var COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#8c564b', '#e377c2', '#17becf'];
+var COLORS = %s;
 var ids = (new URLSearchParams(location.search).get('ids') || '').split(',').filter(Boolean);
 var left = ids.length;
 function key(g) { return GROUP.map(function (k) { return String(g[k]); }).join('|'); }
@@ -304,19 +310,26 @@ if (!ids.length) { document.getElementById('summary').textContent = 'no campaign
 def _overlay(names: dict[str, str]) -> str:
     body = '<p id="summary"></p><div id="figures"></div>'
     return _page("overlay of chosen campaigns", body,
-                 f"var NAMES = {json.dumps(names)};" + _OVERLAY_JS % (_LABELS_JS, json.dumps(list(GROUP))))
+                 f"var NAMES = {json.dumps(names)};" + _OVERLAY_JS % (_LABELS_JS, json.dumps(list(GROUP)),
+                                                                      json.dumps(list(_COLORS))))
 
 
-def _history(catalog: Catalog) -> str:
+def _history(catalog: Catalog) -> tuple[str, list[tuple[str, str]]]:
+    """history.html, and one page per configuration (its series at every load: `_config_page`)."""
     series = [s for s in history(catalog, "output_throughput", 0.05) if len(s.points) > 1]
     series.sort(key=lambda s: (not s.regressed, s.config))
+    configs: dict[tuple[Any, ...], list[Series]] = {}
+    for s in series:
+        configs.setdefault(_config_key(s), []).append(s)
+    page_of = {key: f"history-{i}.html" for i, key in enumerate(sorted(configs, key=str))}
     rows = []
     for s in series:
         k = s.key
         steps = " → ".join(f"{html.escape(j.campaign)} ({html.escape(j.vllm or '-')}) {j.mean:.4g}"
                            for j in s.points)
         newest = s.points[-1]
-        rows.append(f'<tr class="{"worse" if s.regressed else ""}"><td>{html.escape(s.config)}</td>'
+        link = f'<a href="{page_of[_config_key(s)]}">{html.escape(s.config)}</a>'
+        rows.append(f'<tr class="{"worse" if s.regressed else ""}"><td>{link}</td>'
                     f'<td>{html.escape(str(k["model"]))}</td><td>{html.escape(str(s.dataset))} in {s.input_len} '
                     f'out {s.output_len}</td><td>{html.escape(str(k["load_variable"]))}={k["load_value"]:g}</td>'
                     f'<td>{html.escape(str(k["hardware"]))}</td><td>{steps}</td>'
@@ -333,4 +346,75 @@ def _history(catalog: Catalog) -> str:
   document.querySelectorAll('#history tbody tr').forEach(function (r) {
     r.style.display = r.textContent.toLowerCase().indexOf(t) >= 0 ? '' : 'none'; });
 });"""
-    return _page("history across campaigns", body, script)
+    pages = [(page_of[key], _config_page(group)) for key, group in configs.items()]
+    return _page("history across campaigns", body, script), pages
+
+
+def _config_key(s: Series) -> tuple[Any, ...]:
+    """A configuration on one workload and hardware: its series at every load."""
+    k = s.key
+    return (k["model"], k["server_settings"], k["workload"], k["load_variable"], k["hardware"])
+
+
+def _config_page(group: list[Series]) -> str:
+    """One configuration's history: output throughput per campaign (oldest to newest), a line per load, a
+    campaign shown worse than the one before it ringed in red; then the table of means and verdicts."""
+    group = sorted(group, key=lambda s: float(s.key["load_value"]))
+    order: dict[str, float] = {}
+    for s in group:
+        for j in s.points:
+            order[j.campaign] = min(order.get(j.campaign, j.date), j.date)
+    names = sorted(order, key=lambda c: (order[c], c))
+    vllm = {j.campaign: j.vllm or "-" for s in group for j in s.points}
+    top = max((j.mean for s in group for j in s.points if math.isfinite(j.mean)), default=1.0) or 1.0
+    w, h, pad, right = 860, 380, 60, 160  # the loads' names at the right of their lines
+    sx = {c: pad + i * (w - pad - right) / max(len(names) - 1, 1) for i, c in enumerate(names)}
+
+    def sy(v: float) -> float:
+        return h - pad - v / top * (h - 2 * pad)
+
+    parts = [f'<svg width="{w}" height="{h}" class="history">',
+             f'<line x1="{pad}" y1="{h - pad}" x2="{w - right}" y2="{h - pad}" stroke="#888"/>',
+             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#888"/>',
+             '<text x="12" y="20" font-size="12">output tokens/s (mean of valid runs)</text>']
+    for i in range(5):
+        v = top * i / 4
+        parts.append(f'<text x="{pad - 4}" y="{sy(v) + 3:.1f}" font-size="10" text-anchor="end" class="tick">'
+                     f'{v:.3g}</text>')
+    for c in names:
+        parts.append(f'<text x="{sx[c]:.1f}" y="{h - pad + 14}" font-size="10" text-anchor="middle" class="tick">'
+                     f'{html.escape(c)} ({html.escape(vllm[c])})</text>')
+    for n, s in enumerate(group):
+        color = _COLORS[n % len(_COLORS)]
+        pts = [j for j in s.points if math.isfinite(j.mean)]
+        load = f'{s.key["load_variable"]}={float(s.key["load_value"]):g}'
+        coords = " ".join(f"{sx[j.campaign]:.1f},{sy(j.mean):.1f}" for j in pts)
+        parts.append(f'<g data-load="{html.escape(load)}"><polyline points="{coords}" fill="none" stroke="{color}" '
+                     f'stroke-width="1.5" class="load"/>')
+        for j in pts:
+            ring = ' stroke="#d00" stroke-width="2" class="worse"' if j.word == "worse" else ""
+            parts.append(f'<circle cx="{sx[j.campaign]:.1f}" cy="{sy(j.mean):.1f}" r="4" fill="{color}"{ring}>'
+                         f'<title>{html.escape(load)}, {html.escape(j.campaign)}: {j.mean:.4g} tok/s; '
+                         f'{html.escape(j.text)}</title></circle>')
+        parts.append(f'<text x="{w - right + 8}" y="{sy(pts[-1].mean) + 3:.1f}" font-size="10" fill="{color}">'
+                     f'{html.escape(load)}</text></g>' if pts else "</g>")
+    parts.append("</svg>")
+    head = "".join(f"<th>{html.escape(c)} ({html.escape(vllm[c])})</th>" for c in names)
+    rows = []
+    for s in group:
+        by = {j.campaign: j for j in s.points}
+        cells = "".join(f'<td class="{"worse" if c in by and by[c].word == "worse" else ""}">'
+                        + (f"{by[c].mean:.4g}<br><small>{html.escape(by[c].text)}</small>" if c in by else "-")
+                        + "</td>" for c in names)
+        rows.append(f'<tr><td>{html.escape(str(s.key["load_variable"]))}={float(s.key["load_value"]):g}</td>'
+                    f"{cells}</tr>")
+    first = group[0]
+    k = first.key
+    body = (f"<p>{html.escape(str(k['model']))}, {html.escape(str(first.dataset))} in {first.input_len} out "
+            f"{first.output_len}, {html.escape(str(k['hardware']))}; server: <code>"
+            f"{html.escape(str(k['server_settings']))}</code>. Each campaign against the one before it at the same "
+            "load (margin 5 %, as <code>raysweep history</code>); a worse one is ringed in red.</p>"
+            f"<figure>{''.join(parts)}</figure>"
+            f'<table class="config-history"><thead><tr><th>load</th>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>")
+    return _page(f"history: {first.config}", body)
