@@ -246,9 +246,11 @@ def _get(url: str) -> tuple[int, str]:
 
 
 def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
+    """The status and body of a POST. The wait is long: what the tests check is the answer, and a request
+    to a real CPU server on a machine busy with two other servers once took more than 30 s."""
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=180) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -444,7 +446,8 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
     """The real vLLM CPU build as a 1P1D pair with the shared-storage connector, behind raysweep's router: the
     bench grid through the router (a serve.url campaign, the deployment's 2 GPUs declared), every request the
     decode server answered found its KV in the store (`External Cache Hit!` counted equal to its requests),
-    and the greedy answer through the pair equals the producer's own."""
+    and the greedy answer through the pair equals the producer's own, token for token, with the same
+    log-probabilities."""
     import ray
 
     from raysweep.place.pd import release_deployment, reserve_deployment
@@ -493,15 +496,20 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
             "decode-0: kv_transfer_config " + repr(settings["prefill-0"]["kv_transfer_config"]) + " != "
             + repr(settings["decode-0"]["kv_transfer_config"])]  # the two roles differ in their kv_role alone
         assert any((tmp_path / "kv").rglob("*.safetensors")) or any(p.is_file() for p in (tmp_path / "kv").rglob("*"))
-        # greedy: the pair's answer equals the producer's own, for a prompt of more than one KV block
+        # greedy: the pair's answer equals the producer's own (a whole server, prefill and decode in one), for a
+        # prompt of more than one KV block: the same tokens, and their log-probabilities within bfloat16's
+        # rounding (the decode server's logits come from the KV it received, the producer's from its own)
         prompt = [(7 * i) % 500 + 3 for i in range(300)]
-        body = {"model": str(tiny_model), "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        body = {"model": str(tiny_model), "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                "logprobs": 1}
         code, via = _post(started.url + "/v1/completions", body)
         assert code == 200, via
         producer = ray.get(started.hosts[0].url.remote())
         code, own = _post(producer + "/v1/completions", body)
         assert code == 200, own
-        assert json.loads(via)["choices"][0]["text"] == json.loads(own)["choices"][0]["text"]
+        pair, alone = json.loads(via)["choices"][0], json.loads(own)["choices"][0]
+        assert pair["text"] == alone["text"] and pair["logprobs"]["tokens"] == alone["logprobs"]["tokens"]
+        assert pair["logprobs"]["token_logprobs"] == pytest.approx(alone["logprobs"]["token_logprobs"], abs=1e-2)
         assert started.logs("decode")[0].count("External Cache Hit!") == asked + 1
     finally:
         if started is not None and not isinstance(started, RoleFailure):
