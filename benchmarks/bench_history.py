@@ -36,6 +36,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_verdicts import report
 
 from raysweep.catalog.history import KEY, history
 
@@ -143,15 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     reps = 5 if args.quick else args.reps
     start = time.monotonic()
     res = measure(reps, args.seed)
-    text = markdown(res, time.monotonic() - start)
-    print(text)
     dest = args.out if args.out is not None else (None if args.quick else ROOT / "benchmarks" / "results")
-    if dest is not None:
-        from raysweep.record.files import write_json_atomic, write_text_atomic
-
-        write_text_atomic(dest / "history.md", text)
-        write_json_atomic(dest / "history.json", res)
-    return 0
+    return report("history", markdown(res, time.monotonic() - start), res, dest)
 
 
 if __name__ == "__main__":

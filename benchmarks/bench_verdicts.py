@@ -332,17 +332,21 @@ def precision_markdown(res: dict[str, Any], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def precision_main(reps: int, seed: int, dest: Path | None) -> int:
-    start = time.monotonic()
-    res = measure_precision(reps, seed)
-    text = precision_markdown(res, time.monotonic() - start)
+def report(stem: str, text: str, res: Any, dest: Path | None) -> int:
+    """Print a simulation's table, and write it (`stem`.md) with its figures (`stem`.json) into `dest`."""
     print(text)
     if dest is not None:
         from raysweep.record.files import write_json_atomic, write_text_atomic
 
-        write_text_atomic(dest / "precision.md", text)
-        write_json_atomic(dest / "precision.json", res)
+        write_text_atomic(dest / f"{stem}.md", text)
+        write_json_atomic(dest / f"{stem}.json", res)
     return 0
+
+
+def precision_main(reps: int, seed: int, dest: Path | None) -> int:
+    start = time.monotonic()
+    res = measure_precision(reps, seed)
+    return report("precision", precision_markdown(res, time.monotonic() - start), res, dest)
 
 
 def time_main(reps: int, seed: int, dest: Path | None) -> int:
@@ -351,13 +355,7 @@ def time_main(reps: int, seed: int, dest: Path | None) -> int:
     start = time.monotonic()
     rows = verdicts_time.measure_time(reps, seed)
     text = verdicts_time.time_markdown(rows, reps, time.monotonic() - start)
-    print(text)
-    if dest is not None:
-        from raysweep.record.files import write_json_atomic, write_text_atomic
-
-        write_text_atomic(dest / "verdicts_time.md", text)
-        write_json_atomic(dest / "verdicts_time.json", {"reps": reps, "seed": seed, "rows": rows})
-    return 0
+    return report("verdicts_time", text, {"reps": reps, "seed": seed, "rows": rows}, dest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,15 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     reps, steady_reps = (6, 4) if args.quick else (args.reps, args.steady_reps)
     start = time.monotonic()
     res = measure(reps, steady_reps, args.seed, None if args.quick else 3 * reps)
-    text = markdown(res, reps, time.monotonic() - start)
-    print(text)
     dest = args.out if args.out is not None else (None if args.quick else ROOT / "benchmarks" / "results")
-    if dest is not None:
-        from raysweep.record.files import write_json_atomic, write_text_atomic
-
-        write_text_atomic(dest / "verdicts.md", text)
-        write_json_atomic(dest / "verdicts.json", res)
-    return 0
+    return report("verdicts", markdown(res, reps, time.monotonic() - start), res, dest)
 
 
 if __name__ == "__main__":

@@ -3,18 +3,25 @@ targets themselves are recorded in benchmarks/RESULTS.md from a full run."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_verdicts_benchmark_runs_and_reports(tmp_path, capsys):
+def _benchmark(name: str) -> Any:
+    """A module of benchmarks/ (which imports its neighbours by name)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import bench_verdicts
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
+
+
+def test_the_verdicts_benchmark_runs_and_reports(tmp_path, capsys):
+    bench_verdicts = _benchmark("bench_verdicts")
     assert bench_verdicts.main(["--quick", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "verdicts.md").read_text()
     for heading in ('false "better"', "false clear leader", "power, true 5 % lead", "coverage of the 95 % interval",
@@ -28,11 +35,7 @@ def test_the_verdicts_hold_over_time_on_seeded_simulations():
     drift test's false alarms and power, the paired test's power under a drift, coverage with outlier runs or
     after a confirmation, the slo's false "met") meets it, its simulation's 95 % interval reaching the
     target. Seeded: the same rates on every run, so a change that moves a rate past its target fails here."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import verdicts_time
-    finally:
-        sys.path.pop(0)
+    verdicts_time = _benchmark("verdicts_time")
     rows = verdicts_time.measure_time(400, seed=36)
     judged = [r for r in rows if r["target"]]
     missed = [f"{r['condition']}: {r['measure']} {100 * r['rate']:.1f} % (target {r['target']})" for r in judged
@@ -53,11 +56,7 @@ def test_the_verdicts_hold_over_time_on_seeded_simulations():
 def test_the_history_benchmark_runs_and_reports(tmp_path, capsys):
     """benchmarks/bench_history.py (with --quick) judges its simulated catalogues through `catalog.history`
     and reports every scenario; the rates themselves are in benchmarks/RESULTS.md from a full run."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_history
-    finally:
-        sys.path.pop(0)
+    bench_history = _benchmark("bench_history")
     assert bench_history.main(["--quick", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "history.md").read_text()
     for name, *_ in bench_history.SCENARIOS:
