@@ -257,28 +257,32 @@ _RUN_FIELDS = ("serve_id", "bench_id", "client_limited", "validity_ok", "block",
                "started_at", "ended_at")  # what a point's runs are compared by, beside the metrics
 
 
-def _runs_by_point(side: Side, metrics: Sequence[str]) -> tuple[pd.DataFrame, dict[tuple[Any, Any], Any]] | None:
-    """A side's runs (only the fields a comparison reads) and their positions by (serve_id, bench_id), or
-    None where its runs are not known."""
+RunsByPoint = tuple[pd.DataFrame, dict[tuple[Any, Any], Any], np.ndarray]
+
+
+def _runs_by_point(side: Side, metrics: Sequence[str]) -> RunsByPoint | None:
+    """A side's runs (only the fields a comparison reads), their positions by (serve_id, bench_id) and which
+    of them are left out (`aggregate.left_out_mask`, once for all), or None where its runs are not known."""
     runs = side.runs
     if runs is None or not {"serve_id", "bench_id"} <= set(runs.columns):
         return None
     runs = runs[[c for c in dict.fromkeys((*_RUN_FIELDS, *metrics)) if c in runs.columns]]
-    return runs, dict(runs.groupby(["serve_id", "bench_id"], sort=False, dropna=False).indices)
+    return (runs, dict(runs.groupby(["serve_id", "bench_id"], sort=False, dropna=False).indices),
+            aggregate.left_out_mask(runs).to_numpy(dtype=bool))
 
 
-def _point_runs(side: Side, row: pd.Series,
-                by_point: tuple[pd.DataFrame, dict[tuple[Any, Any], Any]] | None = None) -> pd.DataFrame | None:
-    """The runs of one point of a side (those its summary used: left-out runs dropped), or None;
-    `by_point` (`_runs_by_point`) finds them without scanning every run."""
+def _point_runs(side: Side, row: pd.Series, by_point: RunsByPoint | None = None) -> pd.DataFrame | None:
+    """The runs of one point of a side (those its summary used: left-out runs dropped, unless every one of
+    them is), or None; `by_point` (`_runs_by_point`) finds them without scanning every run."""
     runs = side.runs
     if runs is None or not {"serve_id", "bench_id"} <= set(runs.columns):
         return None
     if by_point is not None:
-        slim, where = by_point
-        mine = slim.iloc[where.get((row.get("serve_id"), row.get("bench_id")), [])]
-    else:
-        mine = runs[(runs["serve_id"] == row.get("serve_id")) & (runs["bench_id"] == row.get("bench_id"))]
+        slim, where, left_out = by_point
+        at = np.asarray(where.get((row.get("serve_id"), row.get("bench_id")), []), dtype=int)
+        kept = at[~left_out[at]]
+        return slim.iloc[kept if kept.size else at]
+    mine = runs[(runs["serve_id"] == row.get("serve_id")) & (runs["bench_id"] == row.get("bench_id"))]
     left = aggregate.left_out_mask(mine)
     return mine[~left] if (~left).any() else mine
 
@@ -287,17 +291,26 @@ def _control(table: pd.DataFrame, metrics: list[str], method: str) -> Family:
     """The verdicts of the whole comparison (every matched point and metric) as one family: the p-values
     adjusted (`over_time.adjust`) and a verdict better or worse only where the adjusted p-value is under 5 %
     (`M_p_adjusted`); the others not shown."""
-    cells = [(i, m) for m in metrics for i in range(len(table))
-             if table.at[i, f"{m}_verdict"] in ("better", "worse", "not shown")
-             and math.isfinite(float(table.at[i, f"{m}_p"]))]
-    fam = over_time.adjust([float(table.at[i, f"{m}_p"]) for i, m in cells], method)
-    for m in metrics:
-        if len(table):
-            table[f"{m}_p_adjusted"] = math.nan
-    for (i, m), q in zip(cells, fam.adjusted):
-        table.at[i, f"{m}_p_adjusted"] = q
-        if table.at[i, f"{m}_verdict"] in ("better", "worse") and not q < verdicts.ALPHA:
-            table.at[i, f"{m}_verdict"] = "not shown"
+    cells: list[tuple[str, np.ndarray]] = []  # per metric, the rows tested (column by column: no cell access)
+    p_values: list[float] = []
+    for m in metrics if len(table) else []:
+        p = pd.to_numeric(table[f"{m}_p"], errors="coerce").to_numpy(dtype=float)
+        rows = np.flatnonzero(table[f"{m}_verdict"].isin(("better", "worse", "not shown")).to_numpy()
+                              & np.isfinite(p))
+        cells.append((m, rows))
+        p_values.extend(p[rows].tolist())
+    fam = over_time.adjust(p_values, method)
+    adjusted, at = np.asarray(fam.adjusted, dtype=float), 0
+    for m, rows in cells:
+        q = adjusted[at:at + rows.size]
+        at += rows.size
+        column = np.full(len(table), math.nan)
+        column[rows] = q
+        table[f"{m}_p_adjusted"] = column
+        verdict = table[f"{m}_verdict"].to_numpy(dtype=object).copy()
+        shown = np.isin(verdict[rows], ("better", "worse")) & ~(q < verdicts.ALPHA)
+        verdict[rows[shown]] = "not shown"
+        table[f"{m}_verdict"] = verdict
     return fam
 
 
