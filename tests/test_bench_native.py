@@ -545,3 +545,44 @@ def test_client_guard_thresholds_reach_the_native_client(tmp_path):
     spec = campaign_from_dict(data, tmp_path)
     nb = backend_for(spec.campaign.bench, {})
     assert nb.guard == {"max_send_lag_ms": 7.0, "min_rate_fraction": 0.5, "max_loop_lag_ms": 33.0}
+
+
+def test_a_connection_idle_longer_than_the_keep_alive_is_not_reused():
+    """A server that keeps an idle connection 3 s (vLLM: 5 s): after 2.5 s idle, the native client's pool
+    opens a new connection rather than send on one the server may be closing at that moment; aiohttp's own
+    default (15 s) would reuse it, as the control shows."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from raysweep.bench import native
+
+    async def peer(request: web.Request) -> web.Response:
+        return web.Response(text=str(request.transport.get_extra_info("peername")[1]))
+
+    async def ports(conn: aiohttp.TCPConnector, url: str) -> tuple[str, str]:
+        async with aiohttp.ClientSession(connector=conn) as session:
+            async with session.get(url) as r:
+                first = await r.text()
+            await asyncio.sleep(2.5)
+            async with session.get(url) as r:
+                return first, await r.text()
+
+    async def main() -> tuple[tuple[str, str], tuple[str, str]]:
+        app = web.Application()
+        app.router.add_get("/", peer)
+        runner = web.AppRunner(app, keepalive_timeout=3.0)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        try:
+            return await ports(native.connector(), url), await ports(aiohttp.TCPConnector(), url)
+        finally:
+            await runner.cleanup()
+
+    ours, default = asyncio.run(main())
+    assert native.KEEPALIVE_S < 5.0
+    assert ours[0] != ours[1]          # a new connection after 2.5 s idle
+    assert default[0] == default[1]    # the control: aiohttp's default pool reuses it

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -286,6 +287,11 @@ def _wait(pred, timeout_s: float, every: float = 0.5):
 
 
 def _running_point(out: Path) -> bool:
+    return _ledger_says(out, lambda led: any(p.state == "running" for p in led.points()))
+
+
+def _ledger_says(out: Path, what: Callable[[Ledger], bool]) -> bool:
+    """`what` of the campaign's ledger as it is now (False while there is none)."""
     if not (out / "ledger.sqlite").exists():
         return False
     try:
@@ -293,7 +299,7 @@ def _running_point(out: Path) -> bool:
     except Exception:  # noqa: BLE001 - not written yet
         return False
     try:
-        return any(p.state == "running" for p in led.points())
+        return what(led)
     finally:
         led.close()
 
@@ -326,7 +332,10 @@ def test_a_partition_mid_point_is_recorded_the_configuration_waits_and_runs_agai
         timeline["cut"] = time.time()
         _wait(lambda: (lab.nodes_alive(state) or {}).get(h3["ip"]) == "DEAD", 120)
         timeline["dead"] = time.time()
-        time.sleep(5)   # the configuration now waits for nodes
+        # the configuration now waits for nodes: heal once the driver has recorded it (on a loaded machine
+        # that took more than the 5 s this once slept)
+        _wait(lambda: _ledger_says(out, lambda led: any(e["kind"] == "waiting_for_nodes" for e in led.events())),
+              300)
         lab.heal(state, 3)
         timeline["healed"] = time.time()
         lab.restart_ray(state, 3)

@@ -58,6 +58,11 @@ _CLOCK_ROUNDS = 5             # ping-pongs per actor and point to measure its cl
 RATE_PER_CLIENT = 1000.0      # asked req/s per client actor when the count is automatic
 CONCURRENCY_PER_CLIENT = 256  # in-flight requests per client actor when the count is automatic
 _PLACE_TIMEOUT_S = 60.0
+# A pooled connection idle this long is closed rather than reused: below vLLM's own keep-alive
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), so that a request never goes out on a connection the server is
+# closing at that moment (aiohttp keeps one 15 s; on a loaded machine, between points, such a request
+# failed with "Can not write request body" and counted as a failed request of the server).
+KEEPALIVE_S = 2.0
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -91,6 +96,11 @@ class Dispenser:
             return None
         self._next += 1
         return self._next - 1
+
+
+def connector() -> aiohttp.TCPConnector:
+    """The client's connection pool: unbounded, an idle connection kept `KEEPALIVE_S` at most."""
+    return aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_S)
 
 
 @ray.remote(max_restarts=0)
@@ -140,7 +150,7 @@ class NativeClient:
             trace = aiohttp.TraceConfig()  # when the request went on the wire: an extra, separately named time
             trace.on_request_headers_sent.append(_mark_sent)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), trace_configs=[trace],
+                connector=connector(), trace_configs=[trace],
                 timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s), auto_decompress=False)
         return self._session
 
