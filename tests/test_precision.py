@@ -288,13 +288,16 @@ def test_stopping_rule_coverage_by_simulation():
 @pytest.mark.ray
 def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_cluster, tmp_path):
     """On the stand-in server: every point stops at its second narrow look (a wide width); resumed with a
-    width no point reaches, each point continues from its count to max_runs, and no finished run runs again."""
+    width no point reaches, each point continues from its count to max_runs, and no finished run runs again.
+    The stand-in reports the throughputs 100, 103, 97, 101, 99 for a point's runs in turn: measured ones
+    once drifted on a loaded machine, and a drifting point is never reached."""
     from helpers import run_file
 
     from raysweep.results.aggregate import summary_table
 
     f = _campaign(tmp_path, {"metric": "request_throughput", "rel_half_width": 0.99, "min_runs": 3, "max_runs": 5},
-                  bench_params={"grid": {"random_input_len": [16, 32]}})
+                  bench_params={"grid": {"random_input_len": [16, 32]}},
+                  bench_args=f"--report-throughput 100,103,97,101,99 --count-file {tmp_path / 'calls'}")
     summary, out = run_file(f)
     assert summary.counts == {"pending": 0, "running": 0, "done": 8, "failed": 0}
     led = Ledger.open_existing(out)

@@ -33,6 +33,12 @@ def main() -> None:
     ap.add_argument("--hold-while", default=None, help="from call --hold-from on (counted in --log-file), wait "
                                                        "while this file exists before measuring")
     ap.add_argument("--hold-from", type=int, default=1)
+    ap.add_argument("--report-throughput", default=None,
+                    help="report these request throughputs (and the token throughputs they give) instead of the "
+                         "measured ones, comma-separated: the k-th call of a point (counted in --count-file) "
+                         "reports the k-th value, cyclically; a point's runs then do not hang on the machine's "
+                         "load (one value: they agree exactly)")
+    ap.add_argument("--count-file", default=None, help="where --report-throughput counts the calls of each point")
     ap.add_argument("--log-file", default=None, help="append the argv of each call here")
     ap.add_argument("--env-file", default=None, help="append the CUDA_VISIBLE_DEVICES each call saw here")
     ap.add_argument("--journal", default=None, help="append {call, event: start|done, t, argv} of each call here; "
@@ -84,6 +90,10 @@ def main() -> None:
               "output_throughput": args.random_output_len * len(ok) / duration,
               "total_token_throughput": (10 + args.random_output_len) * len(ok) / duration,
               "latencies": [x / 1000 for x in lat]}
+    if args.report_throughput is not None:
+        rate = _reported(args)
+        result.update(request_throughput=rate, output_throughput=args.random_output_len * rate,
+                      total_token_throughput=(10 + args.random_output_len) * rate)
     for m in args.percentile_metrics.split(","):
         result[f"mean_{m}_ms"] = statistics.mean(lat)
         result[f"median_{m}_ms"] = statistics.median(lat)
@@ -97,6 +107,19 @@ def main() -> None:
             json.dump({**result, "standin_call": call}, f)
     _journal(args.journal, call, "done", completed=len(ok))
     print(f"standin bench: {len(ok)} ok, {len(samples) - len(ok)} failed in {duration:.2f} s")
+
+
+def _reported(args: argparse.Namespace) -> float:
+    """The request throughput this call reports (see --report-throughput)."""
+    values = [float(v) for v in args.report_throughput.split(",")]
+    if len(values) == 1:
+        return values[0]
+    key = f"{args.random_input_len} {args.max_concurrency} {args.num_prompts}"  # the point, as its options say
+    with open(args.count_file, "a+") as f:
+        f.seek(0)
+        k = sum(1 for line in f if line.strip() == key)
+        f.write(key + "\n")
+    return values[k % len(values)]
 
 
 def _journal(path: str | None, call: str, event: str, **fields: object) -> None:
