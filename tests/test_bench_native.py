@@ -453,6 +453,41 @@ def test_each_slots_first_request_goes_with_its_actors_call(units, conc, n):
     assert deal(units, n, 0) == [list(range(a, units, n)) for a in range(n)]   # no dispenser: all dealt
 
 
+def test_slots_that_free_together_take_from_the_dispenser_in_one_call():
+    """A wave of 128 slots of one actor freeing at once (a server's batch ending) asks the dispenser a few
+    times, not 128 times one after the other: the slots that free while a take is on its way are served by the
+    next call together. Every slot gets a different index until the point runs out, then None; the dispenser
+    hands out no index past the point, nor any of another point."""
+    import asyncio
+
+    from raysweep.bench.native import Dispenser, _Taker
+
+    disp = Dispenser()  # the actor's class, called in place
+    disp.reset(epoch=3, n=100, start=10)
+    calls: list[int] = []
+
+    class Remote:
+        @staticmethod
+        async def remote(epoch: int, wanted: int) -> list[int]:
+            calls.append(wanted)
+            await asyncio.sleep(0.01)                  # a round trip
+            return disp.take(epoch, wanted)
+
+    class Handle:
+        take = Remote
+
+    async def wave() -> list[int | None]:
+        taker = _Taker(Handle, 3)
+        return await asyncio.gather(*(taker.take() for _ in range(128)))
+
+    got = asyncio.run(wave())
+    assert sorted(k for k in got if k is not None) == list(range(10, 100)) and got.count(None) == 38
+    assert len(calls) <= 3 and sum(calls) == 128, calls
+    assert disp.take(3, 5) == [] and disp.take(2, 5) == []
+    disp.reset(epoch=4, n=3)
+    assert disp.take(3, 2) == [] and disp.take(4, 2) == [0, 1] and disp.take(4, 2) == [2]
+
+
 def test_a_closed_loops_send_lag_counts_where_it_left_the_slots_idle():
     """The start-up storm of a large closed loop: 512 slots whose first requests began up to 50 ms after the
     start, on a server that holds each request for 2 s, left the slots idle 1 % of their time: the server got

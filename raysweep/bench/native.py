@@ -8,9 +8,9 @@ a little ahead and makes one Ray call per actor. The load is one load across act
 - with `--max-concurrency`, the limit is split into slots over the actors (never more actors than slots);
   each actor is dealt the first request of each of its slots with its call (round robin over the first
   `--max-concurrency` requests), and every slot of any actor that frees takes the next request from a shared
-  `Dispenser`, so the limit holds across all actors to the last request, and the start does not queue every
-  slot of every actor on the one dispenser at once; a request is begun at its due time or when a slot frees,
-  whichever is later;
+  `Dispenser` (the slots of an actor that free together, in one call), so the limit holds across all actors to
+  the last request, and neither the start nor a wave of requests ending at once queues every slot on the one
+  dispenser; a request is begun at its due time or when a slot frees, whichever is later;
 - without it (open loop or burst), requests are dealt round robin and sent at their absolute due times.
 A unit of work is one request, or with `--dataset-name multi_turn` one session whose turns a slot sends in
 order, each carrying the conversation so far (`sessions`); with `--duration` no unit begins after it, and a
@@ -73,29 +73,67 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
 class Dispenser:
-    """Hands out the next request index of a point to whichever client slot is free (one load across actors)."""
+    """Hands out the next request index of a point to whichever client slot is free (one load across actors);
+    `NativeBench` runs it as a Ray actor of no CPU."""
 
     def __init__(self) -> None:
         self._epoch, self._next, self._n = -1, 0, 0
         self._delay = 0.0
 
     def slow_down(self, seconds: float) -> None:
-        """Test hook: every take waits `seconds` first (a dispenser that cannot keep up with the slots)."""
+        """Test hook: every index handed out waits `seconds` first (a dispenser that cannot keep up with the slots)."""
         self._delay = seconds
 
     def reset(self, epoch: int, n: int, start: int = 0) -> None:
         """A new point of `n` units whose first `start` were dealt to the actors with their calls."""
         self._epoch, self._next, self._n = epoch, start, n
 
-    def take(self, epoch: int) -> int | None:
+    def take(self, epoch: int, wanted: int = 1) -> list[int]:
+        """The next `wanted` indices of point `epoch`, fewer (or none) when the point has run out: one call for
+        all the slots of an actor that freed together (`_Taker`)."""
+        if epoch != self._epoch:
+            return []
+        got = list(range(self._next, min(self._next + wanted, self._n)))
+        self._next += len(got)
         if self._delay:
-            time.sleep(self._delay)
-        if epoch != self._epoch or self._next >= self._n:
-            return None
-        self._next += 1
-        return self._next - 1
+            time.sleep(self._delay * max(len(got), 1))
+        return got
+
+
+class _Taker:
+    """An actor's side of the dispenser: the slots that free while a take is on its way wait for it and are
+    then served by one call together, so a wave of requests that end at once (a server's batch) costs a few
+    round trips to the dispenser, not one each queued behind the others. A slot only asks once it is free, so
+    the concurrency limit still holds across actors."""
+
+    def __init__(self, dispenser: Any, epoch: int) -> None:
+        self._dispenser, self._epoch = dispenser, epoch
+        self._waiting: list[asyncio.Future[int | None]] = []
+        self._busy = False
+
+    async def take(self) -> int | None:
+        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
+        if not self._busy:
+            self._busy = True
+            asyncio.get_running_loop().create_task(self._serve())
+        return await fut
+
+    async def _serve(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    got = await self._dispenser.take.remote(self._epoch, len(batch))
+                except Exception as exc:  # every waiting slot sees the failure
+                    for f in batch:
+                        f.set_exception(exc)
+                    continue
+                for i, f in enumerate(batch):
+                    f.set_result(got[i] if i < len(got) else None)
+        finally:
+            self._busy = False
 
 
 def connector() -> aiohttp.TCPConnector:
@@ -300,11 +338,12 @@ class NativeClient:
         prober = asyncio.create_task(probe())
         if slots:
             local = itertools.count() if cycle and dispenser is None else iter(share or [])
+            taker = _Taker(dispenser, epoch) if dispenser is not None else None
 
             async def take() -> int | None:
                 k = next(local, None)  # dealt with the call: the start asks the dispenser nothing
-                if k is None and dispenser is not None:
-                    return await dispenser.take.remote(epoch)
+                if k is None and taker is not None:
+                    return await taker.take()
                 return k
 
             async def slot() -> None:
@@ -454,7 +493,7 @@ class NativeBench:
 
     def _dispense(self, n: int, dealt: int) -> tuple[Any, int]:
         if self._dispenser is None:
-            self._dispenser = Dispenser.remote()  # type: ignore[attr-defined]  # a Ray actor class
+            self._dispenser = ray.remote(num_cpus=0, max_restarts=0)(Dispenser).remote()
         self._epoch += 1
         ray.get(self._dispenser.reset.remote(self._epoch, n, dealt))
         return self._dispenser, self._epoch
