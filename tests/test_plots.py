@@ -621,3 +621,29 @@ def test_cli_import(tmp_path):
     assert invoke("plot", str(tmp_path / "imp"), "--var-x", "max_concurrency", "--dry-run").exit_code == 0
     refused = CliRunner().invoke(main, ["import", str(vdir), str(build_output_dir(tmp_path / "rs"))])
     assert refused.exit_code == 2 and "raysweep campaign's output dir" in refused.output
+
+
+def test_a_configuration_keeps_its_colour_on_every_figure(table):
+    """One colour per server configuration across the page and `plot`: from the campaign's whole table, so a
+    figure filtered to one configuration, a figure per input length, and the drift timeline all colour
+    max_num_seqs=8 alike (it is second in the campaign's order, so the first figure colour is not its own)."""
+    from matplotlib.colors import to_hex
+
+    from raysweep.report import timeline
+    from raysweep.report.plots.style import config_colors
+
+    want = to_hex(config_colors(table)["max_num_seqs=8"])
+    assert want != to_hex(config_colors(table)["max_num_seqs=16"])
+    spec = plots.PlotSpec(var_x="max_concurrency", var_y="output_throughput", curve_by=("serve_label",),
+                          fig_by=("random_input_len",))
+    seen = []
+    for s in (spec, replace(spec, filter_by=("max_num_seqs==8",))):
+        for plan in plots.plan_curves(table, s):
+            fig = plots.render(plan, s)
+            seen += [to_hex(ln.get_color()) for ax in fig.get_axes() for ln in lines_of(ax)
+                     if ln.get_label() == "max_num_seqs=8"]
+    assert len(seen) == 4 and set(seen) == {want}
+    timed = table.assign(started_at=np.arange(len(table), dtype=float))
+    fig = timeline._figure(timed, "output_throughput", set())
+    dots = {c.get_label(): to_hex(c.get_facecolor()[0]) for c in fig.axes[0].collections}
+    assert dots["max_num_seqs=8"] == want

@@ -16,6 +16,7 @@ from raysweep.maths import pareto as geometry
 from raysweep.plan import cost
 from raysweep.report.data import ReportData
 from raysweep.report.markup import esc, html_table
+from raysweep.report.plots.style import config_colors, fmt_value
 from raysweep.results import aggregate
 
 __all__ = ["front", "report_section", "spend_line"]
@@ -79,7 +80,7 @@ def spend_line(data: ReportData) -> str:
     return text + f": {s['cost']:.2f} {esc(s['currency'])}{unpriced}."
 
 
-def _figure(pts: pd.DataFrame, metrics: list[str]) -> str:
+def _figure(pts: pd.DataFrame, metrics: list[str], palette: dict[str, Any]) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,7 +91,8 @@ def _figure(pts: pd.DataFrame, metrics: list[str]) -> str:
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.4), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for i, (label, g) in enumerate(pts.groupby("serve_label", sort=False)):
-            ax.plot(g["tokens_per_user"], g[metric], "o", color=f"C{i % 10}", label=str(label)[:40], ms=5)
+            ax.plot(g["tokens_per_user"], g[metric], "o", color=palette.get(fmt_value(label), f"C{i % 10}"),
+                    label=str(label)[:40], ms=5)
         f = front(pts, metric)
         if len(f):
             ax.plot(f["tokens_per_user"], f[metric], "-", color="black", lw=1, label="Pareto front")
@@ -134,5 +136,5 @@ def report_section(data: ReportData) -> str | None:
     metrics = [m for m in ("j_per_output_token", "cost_per_m_output_tokens")
                if m in pts.columns and pts[m].notna().any()]
     if metrics and pts["tokens_per_user"].notna().any():
-        parts.append(_figure(pts, metrics))
+        parts.append(_figure(pts, metrics, config_colors(df)))
     return "\n".join(parts)

@@ -18,6 +18,7 @@ import pandas as pd
 from raysweep.maths import over_time
 from raysweep.report.data import ReportData, answer_of
 from raysweep.report.markup import esc, html_table
+from raysweep.report.plots.style import config_colors, fmt_value
 from raysweep.results import aggregate
 
 __all__ = ["timeline_section", "timelines"]
@@ -47,17 +48,16 @@ def timelines(df: pd.DataFrame, metric: str) -> list[tuple[str, over_time.Trend]
 
 
 def _figure(df: pd.DataFrame, metric: str, drifting: set[tuple[str, str]]) -> Any:
-    import matplotlib  # only where the figure is drawn: a report of kept figures needs none
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # only where the figure is drawn: a report of kept figures needs none
 
-    colors = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
+    palette = config_colors(df)
     runs = _used(df)
     t0 = float(pd.to_numeric(runs["started_at"], errors="coerce").min())
     fig = Figure(figsize=(9.0, 3.6), layout="constrained")
     ax = fig.subplots()
     for i, (sid, part) in enumerate(runs.groupby("serve_id", sort=True)):
-        color = colors[i % len(colors)]
         label = str(part["serve_label"].iloc[0]) if "serve_label" in part.columns else str(sid)
+        color = palette.get(fmt_value(part["serve_label"].iloc[0]) if palette else "", f"C{i % 10}")
         values = pd.to_numeric(part[metric], errors="coerce")
         mean = values.groupby(part["bench_id"]).transform("mean")
         x = (pd.to_numeric(part["started_at"], errors="coerce") - t0) / 60.0

@@ -26,7 +26,15 @@ import numpy as np
 import pandas as pd
 
 from raysweep.errors import UserError
-from raysweep.report.plots.style import _FLAG_STYLE, _curve_styles, _file_stem, axis_label, save_figure, styled
+from raysweep.report.plots.style import (
+    _FLAG_STYLE,
+    _curve_styles,
+    _file_stem,
+    axis_label,
+    config_colors,
+    save_figure,
+    styled,
+)
 from raysweep.report.plots.table import (
     _POINT,
     _apply_bins,
@@ -100,6 +108,7 @@ class FigurePlan:
     curve_title: str
     runs: int
     notes: list[str] = field(default_factory=list)
+    colors: dict[str, Any] = field(default_factory=dict)  # curve label -> colour, the same in every figure
 
 
 def _prepare(df: pd.DataFrame, spec: PlotSpec, needed: dict[str, Sequence[str]]) -> pd.DataFrame:
@@ -183,14 +192,19 @@ def _figure_groups(df: pd.DataFrame, spec: PlotSpec, prefix: str) -> list[tuple[
 
 
 def plan_curves(df: pd.DataFrame, spec: PlotSpec) -> list[FigurePlan]:
-    """The figures `raysweep plot` draws for `spec`, one per `fig_by` group.
+    """The figures `raysweep plot` draws for `spec`, one per `fig_by` group. A curve keeps its colour in every
+    figure: a server configuration has the campaign's (`config_colors`, from the whole table), any other
+    curve label its place among all the figures' labels.
 
     :raises UserError: a named column is missing, a filter or bin is malformed, or nothing is left.
     """
+    whole = df
     df = _prepare(df, spec, {"--var-x": [spec.var_x], "--var-y": [spec.var_y], "--row-by": spec.row_by,
                              "--col-by": spec.col_by, "--curve-by": spec.curve_by, "--fig-by": spec.fig_by})
     _require_numeric(df, {"--var-x": spec.var_x, "--var-y": spec.var_y})
     df, notes = _numeric(df, [spec.var_x, spec.var_y])
+    colors = (config_colors(whole) if tuple(spec.curve_by) == ("serve_label",)
+              else {lab: c for lab, (c, _) in _curve_styles(_groups(df, spec.curve_by)[1]).items()})
     plans = []
     for stem, title, fdf in _figure_groups(df, spec, spec.fig_name):
         rows, row_order = _groups(fdf, spec.row_by)
@@ -200,7 +214,8 @@ def plan_curves(df: pd.DataFrame, spec: PlotSpec) -> list[FigurePlan]:
                    for c in col_order] for r in row_order]
         fig_notes = (notes + _limited_note(fdf) + _flagged_note(fdf)
                      + _mixing_note(fdf, [rows, cols, curves], spec.var_x))
-        plans.append(FigurePlan(stem, title, panels, curve_order, _curve_title(spec.curve_by), len(fdf), fig_notes))
+        plans.append(FigurePlan(stem, title, panels, curve_order, _curve_title(spec.curve_by), len(fdf), fig_notes,
+                                colors))
     return plans
 
 
@@ -282,7 +297,7 @@ def render(plan: FigurePlan, spec: PlotSpec) -> Figure:
     nrows, ncols = len(plan.panels), len(plan.panels[0])
     fig = Figure(figsize=(spec.fig_height * 1.3 * ncols + 2.2, spec.fig_height * nrows + 0.5), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    styles = _curve_styles(plan.curve_labels)
+    styles = _curve_styles(plan.curve_labels, plan.colors)
     shared_y = len({p.ylabel for row in plan.panels for p in row}) == 1
     for i, row in enumerate(plan.panels):
         for j, panel in enumerate(row):

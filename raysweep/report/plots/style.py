@@ -113,9 +113,23 @@ def _label(keys: Sequence[str], values: Sequence[Any]) -> str:
     return ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True))
 
 
-def _curve_styles(labels: Sequence[str]) -> dict[str, tuple[Any, str]]:
-    """A colour and marker per curve label, the same in every panel of a figure."""
-    return {lab: (_COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]) for i, lab in enumerate(labels)}
+def _curve_styles(labels: Sequence[str], palette: dict[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
+    """A colour and marker per curve label, the same in every panel of a figure; a label in `palette` (the
+    campaign's, `config_colors`) keeps its colour and marker there, so that they are the same in every figure."""
+    palette = palette or {}
+    place = {lab: i for i, lab in enumerate(palette)}
+    return {lab: (palette.get(lab, _COLORS[i % len(_COLORS)]), _MARKERS[place.get(lab, i) % len(_MARKERS)])
+            for i, lab in enumerate(labels)}
+
+
+def config_colors(df: Any) -> dict[str, Any]:
+    """One colour per server configuration (`serve_label`), the same on every figure of a campaign and in
+    `raysweep plot`: the campaign's configurations in the order the figures list them, over the palette in
+    turn. Made from the whole results table, so a figure of a few configurations keeps their colours."""
+    if "serve_label" not in getattr(df, "columns", ()):
+        return {}
+    labels = sorted({fmt_value(v) for v in df["serve_label"]}, key=sort_key)
+    return {lab: _COLORS[i % len(_COLORS)] for i, lab in enumerate(labels)}
 
 
 _FLAG_STYLE: dict[str, Any] = {"marker": "x", "color": "#d62728", "linewidths": 1.4, "s": 55, "zorder": 4}
