@@ -263,6 +263,18 @@ def test_the_time_series_keeps_the_servers_gauges_by_bin(tmp_path):
     assert set(back) == set(ts) and np.allclose(back["in_flight"], ts["in_flight"])
     fig = timeseries.figure(back, {"steady_window_start_s": 5.0, "steady_window_end_s": 15.0})
     assert len(fig.axes) >= 3
+    # the twin axis (requests in flight) and its label stay clear of the next panel's label and ticks
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    twin = next(ax for ax in fig.axes if ax.get_ylabel() == "requests in flight")
+    middle = next(ax for ax in fig.axes if ax.get_ylabel() == "ms")
+    right_edge = max(twin.yaxis.label.get_window_extent(renderer).x1,
+                     *(t.get_window_extent(renderer).x1 for t in twin.get_yticklabels() if t.get_text()))
+    left_edge = min(middle.yaxis.label.get_window_extent(renderer).x0,
+                    *(t.get_window_extent(renderer).x0 for t in middle.get_yticklabels() if t.get_text()))
+    assert right_edge < left_edge, (right_edge, left_edge)
 
 
 # -- the native client on Ray against the streaming stand-in ---------------------------------------------------

@@ -208,15 +208,17 @@ def figure(ts: dict[str, np.ndarray], record: dict[str, Any]) -> Any:
     steady-state window shaded."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 2.6))
+    fig = Figure(figsize=(12, 2.8), layout="constrained")  # room for the twin axis between the panels
     axes = fig.subplots(1, 3)
     t = ts["t_s"]
     ax = axes[0]
-    ax.plot(t, ts["output_throughput"], label="output tok/s")
-    ax.set_ylabel("output tok/s")
+    ax.plot(t, ts["output_throughput"], color="tab:blue", label="output tok/s")
+    ax.set_ylabel("output tok/s", color="tab:blue")
     twin = ax.twinx()
     twin.plot(t, ts["in_flight"], color="tab:orange", label="in flight")
-    twin.set_ylabel("requests in flight")
+    twin.set_ylabel("requests in flight", color="tab:orange")
+    twin.tick_params(axis="y", colors="tab:orange")
+    twin.spines["right"].set_visible(True)
     ax = axes[1]
     for col, style in (("ttft_p50_ms", "-"), ("ttft_p99_ms", "--"), ("itl_p50_ms", "-"), ("itl_p99_ms", "--")):
         if col in ts and np.isfinite(ts[col]).any():
