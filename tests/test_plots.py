@@ -561,8 +561,9 @@ def test_cli_plot_bad_option_exits_2(outdir):
 
 
 def test_cli_pareto_front_is_the_non_dominated_set(outdir, table):
+    """Per run (--per run, vLLM's plot_pareto): the runs no other run dominates."""
     result = invoke("pareto", str(outdir), "--label-by", "max_concurrency,max_num_seqs", "--out",
-                    str(outdir / "pp"), "--format", "svg")
+                    str(outdir / "pp"), "--format", "svg", "--per", "run")
     assert result.exit_code == 0, result.output
     assert (outdir / "pp" / "PARETO.svg").is_file()
     front = pd.read_csv(outdir / "pp" / "pareto_front.csv")
@@ -577,6 +578,39 @@ def test_cli_pareto_front_is_the_non_dominated_set(outdir, table):
                                        "max_num_seqs"]
     assert set(front["gpus_from"]) == {"gpu_count"}
     assert list(front["tokens_per_user"]) == sorted(front["tokens_per_user"])
+
+
+def test_one_pareto_front_of_point_means_in_the_command_the_report_and_the_api(outdir, table):
+    """By default the front is of the points' means over their runs that the client did not limit (not of the
+    luckiest run), each with its 95 % t-interval across runs; the `pareto` command, the report's conclusions
+    and `raysweep.load(...).pareto()` give the same front."""
+    import raysweep
+    from raysweep.results import conclusions
+
+    result = invoke("pareto", str(outdir), "--out", str(outdir / "pp"))
+    assert result.exit_code == 0, result.output
+    assert "of 16 point mean(s) of 31 run(s)" in " ".join(result.output.split())
+    front = pd.read_csv(outdir / "pp" / "pareto_front.csv")
+    ok = table[~table["client_limited"].astype(bool)]
+    means = ok.groupby(["serve_id", "bench_id"]).agg(
+        thr=("output_throughput", "mean"), conc=("max_concurrency", "first"), gpus=("gpu_count", "first"),
+        n=("output_throughput", "size"))
+    x, y = means["thr"] / means["conc"], means["thr"] / means["gpus"]
+    best = {key for key, xi, yi in zip(means.index, x, y, strict=True)
+            if not ((x >= xi) & (y >= yi) & ((x > xi) | (y > yi))).any()}
+    assert set(zip(front["serve_id"], front["bench_id"], strict=True)) == best and len(front) == len(best)
+    row = front.iloc[0]
+    runs = ok[(ok["serve_id"] == row["serve_id"]) & (ok["bench_id"] == row["bench_id"])]
+    per_user = (runs["output_throughput"] / runs["max_concurrency"]).to_numpy()
+    assert row["n_runs"] == len(runs) == 2 and row["tokens_per_user"] == pytest.approx(per_user.mean())
+    half = 12.706204736174694 * per_user.std(ddof=1) / np.sqrt(2)   # t(0.975, 1 df)
+    assert row["tokens_per_user_low"] == pytest.approx(per_user.mean() - half)
+    assert row["tokens_per_user_high"] == pytest.approx(per_user.mean() + half)
+    api = raysweep.load(outdir).pareto()
+    assert set(zip(api["serve_id"], api["bench_id"], strict=True)) == best
+    points = ok.drop_duplicates(["serve_id", "bench_id"]).assign(shape="all")[["serve_id", "bench_id", "shape"]]
+    fronts, _ = conclusions._fronts(table, points)
+    assert set(zip(fronts["all"]["serve_id"], fronts["all"]["bench_id"], strict=True)) == best
 
 
 def test_cli_pareto_default_dir_and_dry_run(outdir):

@@ -48,7 +48,7 @@ def test_cli_report_is_one_self_contained_file(tmp_path):
         "(mean of its runs)",
         "output_throughput against max_concurrency", "median_ttft_ms against max_concurrency",
         "p99_ttft_ms against max_concurrency", "server-side metrics against max_concurrency",
-        "Pareto front (every run; front without dominated ties)",
+        "Pareto front (point means over their runs, 95 % intervals; every run in grey; no dominated ties)",
         "SLA: largest passing value per server config and target"]
     assert all(base64.b64decode(data).startswith(PNG) for _, data in images)
     assert "not drawn" not in html

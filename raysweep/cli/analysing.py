@@ -113,21 +113,26 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
               help="The y axis: tokens_per_gpu (higher is better), or energy or cost per token (lower is better): "
                    "j_per_output_token, net_j_per_output_token, j_per_total_token, cost_per_m_output_tokens, "
                    "cost_per_m_total_tokens (docs/energy.md).")
+@click.option("--per", "per", type=click.Choice(["point", "run"]), default="point", show_default=True,
+              help="The front of the points' means over their runs, each with its 95 % interval (the report's and "
+                   "the API's), or of single runs, as vLLM's plot_pareto draws it.")
 @click.option("--dry-run", is_flag=True, help="Print the front; write nothing.")
 def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count_var: str, gpu_count: float | None,
-           filter_by: tuple[str, ...], fmt: str, fig_dpi: int, out_path: str | None, y_axis: str,
+           filter_by: tuple[str, ...], fmt: str, fig_dpi: int, out_path: str | None, y_axis: str, per: str,
            dry_run: bool) -> None:
     """The Pareto front of output tokens/s per user against output tokens/s per GPU (or energy or cost per token,
-    --y), as a figure and a CSV."""
+    --y), of the points' means (or single runs, --per run), as a figure and a CSV."""
     from raysweep.report import plots
     from raysweep.results.importer import read_table
 
     table = read_table(output_dir)
-    result = plots.pareto(table.df, user_count_var, gpu_count_var, filter_by, gpu_count, y_axis)
+    result = plots.pareto(table.df, user_count_var, gpu_count_var, filter_by, gpu_count, y_axis, per)
     labels = plots.split_list(label_by) or (user_count_var, "gpus")
     plots.check_columns(result.points, labels, "--label-by")
+    of = (f"{len(result.points)} run(s)" if per == "run" else
+          f"{len(result.means) if result.means is not None else 0} point mean(s) of {len(result.points)} run(s)")
     front = Table(*labels, "tokens/s/user", "tokens/s/GPU" if result.y == "tokens_per_gpu" else result.y_label,
-                  "GPUs from", title=f"Pareto front: {len(result.front)} of {len(result.points)} run(s)")
+                  "GPUs from", title=f"Pareto front: {len(result.front)} of {of}")
     for _, row in result.front.iterrows():
         front.add_row(*(escape(plots.fmt_value(row[c])) for c in labels), f"{row['tokens_per_user']:.4g}",
                       f"{row[result.y]:.4g}", escape(str(row["gpus_from"])))

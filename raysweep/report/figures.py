@@ -69,7 +69,8 @@ def figure_list(data: ReportData) -> list[tuple[str, Draw, tuple[Any, ...]]]:
     spec = plots.PlotSpec(col_by=(), row_by=cols, curve_by=tuple(serve_vars), fig_height=3.0)
     out.append((f"server-side metrics against {load}",
                 lambda: _one(plots.plan_server_metrics(df, spec, load), spec), ("server metrics", df, spec, load)))
-    out.append(("Pareto front (every run; front without dominated ties)", lambda: _pareto(df), ("pareto", df)))
+    out.append(("Pareto front (point means over their runs, 95 % intervals; every run in grey; no dominated "
+                "ties)", lambda: _pareto(df), ("pareto", df)))
     if not data.sla.empty:
         out.append(("SLA: largest passing value per server config and target",
                     lambda: (plots.sla_figure(data.sla, data.sla_variable), []),

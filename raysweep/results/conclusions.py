@@ -528,23 +528,21 @@ def finite(value: Any) -> bool:
 
 
 def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], list[str]]:
-    """Per shape, the Pareto front (output tokens/s per user against per GPU) of the point means; runs
-    marked client-limited stay out of the means."""
+    """Per shape, the Pareto front (output tokens/s per user against per GPU) of the point means, as
+    `raysweep pareto` and the report's figure draw it (`plots.pareto`); runs marked client-limited stay out
+    of the means."""
     if "output_throughput" not in df.columns or "max_concurrency" not in df.columns:
         return {}, ["no Pareto front: the results have no output_throughput or max_concurrency"]
-    usable = df[~plots.client_limited_mask(df)]
-    means = usable.groupby(_POINT, dropna=False)["output_throughput"].mean().rename("output_throughput")
-    # one row per point; its runs' validity is the Warnings section's business, not the front's
-    firsts = usable.drop(columns=["output_throughput", "validity_ok"], errors="ignore").drop_duplicates(_POINT)
-    merged = firsts.merge(means.reset_index(), on=_POINT).merge(points[[*_POINT, "shape"]], on=_POINT)
-    if merged.empty:
+    # the runs' validity is the Warnings section's business, not the front's
+    runs = df.drop(columns=["validity_ok"], errors="ignore").merge(points[[*_POINT, "shape"]], on=_POINT)
+    if runs.empty:
         return {}, []
     try:
-        notes = [n.replace("run(s)", "point(s)", 1) for n in plots.pareto(merged.drop(columns=["shape"])).notes]
+        notes = plots.pareto(runs.drop(columns=["shape"])).notes
     except UserError as exc:
         return {}, [f"no Pareto front: {exc}"]
     fronts = {str(shape): plots.pareto(rows.drop(columns=["shape"])).front
-              for shape, rows in merged.groupby("shape", sort=False)}
+              for shape, rows in runs.groupby("shape", sort=False)}
     return fronts, notes
 
 

@@ -2,8 +2,13 @@
 
 It follows `plot_pareto` (x = output tokens/s per user, y = output tokens/s per GPU) without its dominated
 ties (vLLM issue #55561), and takes the GPU count as recorded (see `pareto`). With `y` one of `ENERGY_AXES`
-(J per output token, $ per million output tokens, ...: docs/energy.md) the front is of the runs that no other
+(J per output token, $ per million output tokens, ...: docs/energy.md) the front is of the points that no other
 beats on tokens/s per user (higher) and that column (lower).
+
+One definition everywhere (the `pareto` command, the report's figure and conclusions, the Python API): the
+front is of the points' means over their runs (client-limited runs left out), each with its 95 % t-interval
+across runs; a front of single runs (`per="run"`, `raysweep pareto --per run`, what vLLM's plot draws) would
+crown the luckiest repeat.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import pandas as pd
 
 from raysweep.errors import UserError
 from raysweep.maths import pareto as geometry
+from raysweep.maths.verdicts import mean_interval
 from raysweep.record.files import write_text_atomic
 from raysweep.report.plots.style import _COLORS, _FLAG_STYLE, fmt_value, save_figure, styled
 from raysweep.report.plots.table import (
+    _POINT,
     _flagged,
     _flagged_note,
     _limited_note,
@@ -41,15 +48,23 @@ ENERGY_AXES = {"j_per_output_token": "J per output token", "net_j_per_output_tok
                "cost_per_m_total_tokens": "cost per million total tokens"}
 
 
+PER = ("point", "run")
+
+
 @dataclass
 class ParetoResult:
     """Every usable run with `user_count`, `gpus`, `tokens_per_user`, `tokens_per_gpu` (and where the counts
-    came from), the front (a subset, by tokens per user), and notes on what was left out or derived."""
+    came from), the front (a subset of `means`, by tokens per user), and notes on what was left out or derived.
+    `means`: per point, the mean of its runs that are not client-limited, `n_runs`, and each axis's 95 %
+    interval across them (`<axis>_low`, `<axis>_high`; none for a single run); with `per="run"` the runs
+    themselves (every run a point of its own)."""
 
     points: pd.DataFrame
     front: pd.DataFrame
     notes: list[str]
     y: str = PER_GPU  # the y axis: tokens_per_gpu, or one of ENERGY_AXES (lower is better)
+    means: pd.DataFrame | None = None
+    per: str = "point"
 
     @property
     def y_label(self) -> str:
@@ -57,8 +72,10 @@ class ParetoResult:
 
 
 def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count",
-           filter_by: Sequence[str] = (), gpu_count: float | None = None, y: str = PER_GPU) -> ParetoResult:
-    """Tokens/s per user against tokens/s per GPU for every run, and the front of the non-dominated runs.
+           filter_by: Sequence[str] = (), gpu_count: float | None = None, y: str = PER_GPU,
+           per: str = "point") -> ParetoResult:
+    """Tokens/s per user against tokens/s per GPU for every run, and the front of the non-dominated points
+    (their means over runs; `per="run"`: of single runs).
 
     - users: `user_count_var`; where it is empty, 0 or infinite (a rate-limited run), the observed
       `max_concurrent_requests`, as vLLM does. Runs with neither are left out and counted.
@@ -72,6 +89,8 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
     """
     if df.empty:
         raise UserError("OUTPUT_DIR: the results table has no finished run")
+    if per not in PER:
+        raise UserError(f"--per {per}: accepted: {', '.join(PER)}")
     check_columns(df, [user_count_var], "--user-count-var")
     check_columns(df, ["output_throughput"], "(needed by the Pareto plot)")
     if y != PER_GPU:
@@ -96,7 +115,32 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
         if pts[y].isna().any():
             notes.append(f"{int(pts[y].isna().sum())} run(s) without {y} left off the front")
     candidates = pts[~pts["client_limited"] & (pts[y].notna() if y != PER_GPU else True)]
-    return ParetoResult(pts.reset_index(drop=True), pareto_front(candidates, y), notes, y)
+    if per == "run" or not set(_POINT) <= set(candidates.columns):
+        means = candidates.assign(n_runs=1)
+    else:
+        means = point_means(candidates, y)
+        if (means["n_runs"] > 1).any():
+            notes.append("the front is of point means over their runs (bars: 95 % intervals across runs)")
+    return ParetoResult(pts.reset_index(drop=True), pareto_front(means, y), notes, y, means, per)
+
+
+def point_means(runs: pd.DataFrame, y: str = PER_GPU) -> pd.DataFrame:
+    """Per point (`serve_id`, `bench_id`), its first run's other columns with the mean over `runs` of the
+    throughput, the counts and both axes, `n_runs`, and each axis's 95 % t-interval across runs."""
+    axes = list(dict.fromkeys(["tokens_per_user", y]))
+    averaged = [c for c in dict.fromkeys(("output_throughput", "user_count", "gpus", "tokens_per_gpu", *axes))
+                if c in runs.columns]
+    groups = runs.groupby(_POINT, sort=False, dropna=False)
+    out = groups.first().drop(columns=averaged, errors="ignore")
+    values = runs[averaged].apply(pd.to_numeric, errors="coerce")
+    out = out.join(values.groupby([runs[c] for c in _POINT], sort=False, dropna=False).mean())
+    out["n_runs"] = groups.size()
+    for axis in axes:
+        bounds = runs.groupby(_POINT, sort=False, dropna=False)[axis].agg(
+            lambda v: mean_interval(pd.to_numeric(v, errors="coerce").to_numpy(float))[1:])
+        out[f"{axis}_low"] = [b[0] for b in bounds]
+        out[f"{axis}_high"] = [b[1] for b in bounds]
+    return out.reset_index()
 
 
 def _user_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series]:
@@ -145,9 +189,9 @@ def gpu_counts(df: pd.DataFrame, var: str, fixed: float | None = None) -> tuple[
 
 
 def pareto_front(points: pd.DataFrame, y: str = PER_GPU) -> pd.DataFrame:
-    """The runs no other run dominates (at least as good on both axes, better on one), by tokens per user.
+    """The points no other point dominates (at least as good on both axes, better on one), by tokens per user.
 
-    A tie on tokens per GPU at fewer tokens per user is dominated, and of two identical runs one is kept
+    A tie on tokens per GPU at fewer tokens per user is dominated, and of two identical points one is kept
     (`raysweep.maths.pareto.pareto_front`, both axes maximized; `y` other than tokens per GPU is minimized).
     """
     xy = list(zip(points["tokens_per_user"].astype(float), points[y].astype(float), strict=True))
@@ -157,7 +201,8 @@ def pareto_front(points: pd.DataFrame, y: str = PER_GPU) -> pd.DataFrame:
 
 @styled
 def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: float = 4.5) -> Figure:
-    """Every run (grey; client-limited hollow), the front (line), front runs labelled by `label_by`."""
+    """Every run (grey; client-limited hollow), the point means with their intervals, the front through them
+    (line), its points labelled by `label_by`."""
     from matplotlib.figure import Figure
 
     check_columns(result.points, label_by, "--label-by")
@@ -173,6 +218,12 @@ def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: flo
     bad = pts[_flagged(pts)]
     if len(bad):
         ax.scatter(bad["tokens_per_user"], bad[y], label="fails a validity check", **_FLAG_STYLE)
+    means = result.means
+    if result.per == "point" and means is not None and (means["n_runs"] > 1).any():
+        x_err = _bars(means, "tokens_per_user")
+        y_err = _bars(means, y)
+        ax.errorbar(means["tokens_per_user"], means[y], xerr=x_err, yerr=y_err, fmt="o", color="0.3", ms=4, alpha=0.8,
+                    elinewidth=0.8, capsize=2, label="point mean (95 % interval across runs)")
     ax.plot(front["tokens_per_user"], front[y], marker="o", color=_COLORS[0], label="Pareto front")
     for _, row in front.iterrows():
         text = "\n".join(f"{k}={fmt_value(row[k])}" for k in label_by)
@@ -188,14 +239,24 @@ def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: flo
     return fig
 
 
+def _bars(means: pd.DataFrame, axis: str) -> np.ndarray:
+    """Error bar lengths below and above each mean (0 where the interval is unknown: one run)."""
+    mid = means[axis].to_numpy(float)
+    low = np.nan_to_num(mid - means[f"{axis}_low"].to_numpy(float))
+    high = np.nan_to_num(means[f"{axis}_high"].to_numpy(float) - mid)
+    return np.vstack([np.clip(low, 0, None), np.clip(high, 0, None)])
+
+
 def write_pareto(result: ParetoResult, label_by: Sequence[str], out_dir: str | Path, fmt: str = "png",
                  dpi: int = 150) -> list[Path]:
     """The figure (`PARETO.<fmt>`) and the front as `pareto_front.csv`, in `out_dir`."""
     out = Path(out_dir)
-    cols = list(dict.fromkeys([*(c for c in ("serve_label", "bench_label", "run_number", "point_id")
-                                 if c in result.front.columns), *label_by, "output_throughput", "user_count",
-                               "user_count_from", "gpus", "gpus_from", "tokens_per_user", "tokens_per_gpu",
-                               result.y]))
+    ids = ("serve_label", "bench_label", "run_number", "point_id") if result.per == "run" else \
+        ("serve_label", "bench_label", "serve_id", "bench_id")
+    extra = ("n_runs", "tokens_per_user_low", "tokens_per_user_high", f"{result.y}_low", f"{result.y}_high")
+    cols = list(dict.fromkeys([*(c for c in ids if c in result.front.columns), *label_by, "output_throughput",
+                               "user_count", "user_count_from", "gpus", "gpus_from", "tokens_per_user",
+                               "tokens_per_gpu", result.y, *(c for c in extra if c in result.front.columns)]))
     fig = pareto_figure(result, label_by)
     return [save_figure(fig, out / f"PARETO.{fmt}", fmt, dpi),
             write_text_atomic(out / "pareto_front.csv", result.front[cols].to_csv(index=False))]
