@@ -352,7 +352,7 @@ var __t = setInterval(function () {
 def _probe(exe: str, page: Path, query: str = "") -> dict:
     import re
 
-    from test_report_browser import run_browser
+    from browser import run_browser
 
     done = run_browser(exe, "--virtual-time-budget=10000", "--dump-dom", page.as_uri() + query)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -363,7 +363,7 @@ def _probe(exe: str, page: Path, query: str = "") -> dict:
 
 
 def test_the_site_lists_filters_and_overlays_in_chromium(campaigns, tmp_path):
-    from test_report_browser import browser
+    from browser import browser
 
     exe = browser()
     cat = tmp_path / "cat"

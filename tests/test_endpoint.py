@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from browser import check_page
 from click.testing import CliRunner
 from helpers import PY, STANDIN
 
@@ -242,6 +243,7 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert written["serve"] == {"url": {"url": url, "reset_url": f"{url}/reset_prefix_cache"}}
     # it ends with its report, conclusions about loads (one endpoint is no set of configs), and its points' table
     assert written["report"] is True and (out / "report.html").is_file()
+    check_page(out / "report.html", tmp_path)  # in Chromium: no script error, no note said twice
     assert "Capacity for all bench points: output_throughput " in res.output  # no GPU count declared: not per GPU
     assert "By max_concurrency for all bench points: 1: " in res.output
     assert "better than" not in res.output and "Best for" not in res.output

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from browser import check_page
 from click.testing import CliRunner
 from helpers import add_nodes, remove_node_when_running, remove_nodes, run_file, standin_campaign
 
@@ -18,6 +19,7 @@ ray = pytest.importorskip("ray")
 from raysweep import procs  # noqa: E402
 from raysweep.cli import main  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
+from raysweep.report.page import write_report  # noqa: E402
 from raysweep.results.table import results_table  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -80,6 +82,7 @@ def test_shapes_land_as_specified_one_bundle_per_node_and_ranks_started_together
     # benchmark clients never hold a GPU
     assert [json.loads(x)["CUDA_VISIBLE_DEVICES"] for x in env_file.read_text().splitlines()] == [None] * 5
     _assert_no_orphans(out)
+    check_page(write_report(out), tmp_path)  # its report in Chromium: no script error, no note said twice
 
 
 @pytest.mark.parametrize("max_servers", [None, 1])
@@ -202,6 +205,8 @@ def test_config_that_no_longer_fits_after_a_node_loss_fails_with_the_reason(gpu_
         led.close()
         assert kinds == ["node_lost", "waiting_for_nodes", "cannot_place"], kinds
         _assert_no_orphans(out)
+        page = check_page(write_report(out), tmp_path)  # a campaign with no result: its report in Chromium
+        assert "No finished run: 2 of 2 point(s) failed" in page["first_text"] and "failures" in page["sections"]
     finally:
         remove_nodes(gpu_cluster, pool)
 

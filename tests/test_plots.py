@@ -294,7 +294,9 @@ def test_a_parameter_that_follows_the_load_is_not_a_bench_shape(table):
 def test_server_metric_figure(table):
     spec = plots.PlotSpec(row_by=("random_input_len",))
     assert plots.load_variable(table, "x") == "max_concurrency"
-    [plan] = plots.plan_server_metrics(table, spec, "max_concurrency")
+    busy = table.assign(server_num_requests_waiting_peak=table["max_concurrency"] // 2,
+                        server_num_preemptions=table["max_concurrency"] // 4)
+    [plan] = plots.plan_server_metrics(busy, spec, "max_concurrency")
     assert plan.name == "SERVER"
     fig = plots.render(plan, spec)
     axes = fig.get_axes()
@@ -304,8 +306,14 @@ def test_server_metric_figure(table):
                                                     "p99_ttft_ms (ms)"]
     assert all(len(lines_of(ax)) == 2 for ax in axes)  # by server config
     waiting = next(ln for ln in lines_of(axes[1]) if ln.get_label() == "max_num_seqs=8")
-    assert list(waiting.get_ydata()) == [0, 0, 0, 0]
+    assert list(waiting.get_ydata()) == [0, 1, 2, 4]
     assert plots.plan_server_metrics(table.drop(columns=list(plots.SERVER_METRICS)), spec, "max_concurrency") == []
+    # a metric that is 0 on every run (nothing waited, no preemption: the stub's own) is a note, not a flat panel
+    [quiet] = plots.plan_server_metrics(table, spec, "max_concurrency")
+    assert [p.ylabel for p in quiet.panels[0]] == ["server_kv_cache_usage_perc_peak (1 = full)", "p99_ttft_ms (ms)"]
+    assert ("server_num_requests_waiting_peak, server_num_preemptions: 0 on every run, no panel of its own"
+            in quiet.notes)
+    assert plots.plan_server_metrics(table.assign(server_kv_cache_usage_perc_peak=0.0), spec, "max_concurrency") == []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -383,7 +391,7 @@ def test_pareto_keeps_client_limited_runs_off_the_front():
     df["client_limited"] = [False, True]
     result = plots.pareto(df)
     assert list(result.front["name"]) == ["a"]
-    assert result.notes == ["1 client-limited run(s) drawn hollow, not on the front"]
+    assert result.notes == [] and result.drawn_notes == ["1 client-limited run(s) drawn hollow, not on the front"]
     fig = plots.pareto_figure(result, ["name"])
     ax = fig.get_axes()[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
@@ -537,7 +545,7 @@ def test_cli_plot_dry_run_writes_nothing(outdir):
     result = invoke("plot", str(outdir), "--var-x", "max_concurrency", "--curve-by", "max_num_seqs", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "FIGURE.png: 1 row(s) x 1 column(s), 2 curve(s), 31 run(s)" in result.output
-    assert "SERVER.png: 1 row(s) x 4 column(s), 2 curve(s)" in result.output
+    assert "SERVER.png: 1 row(s) x 2 column(s), 2 curve(s)" in result.output  # waiting and preemptions: all 0
     assert not (outdir / "plots").exists()
     result = invoke("plot", str(outdir), "--var-x", "max_concurrency", "--no-server-metrics", "--dry-run")
     assert "FIGURE.png" in result.output and "SERVER" not in result.output

@@ -12,68 +12,14 @@ says how to install one (`scripts/install-browser.sh`, run by `make test`).
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from browser import browser, check_page, run_browser
 from test_plots import PNG, build_output_dir
 
 from raysweep.report import page as report
-
-BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
-
-# Runs after the page has loaded: what the test checks, as JSON in <body data-probe="...">.
-PROBE = """
-<script>
-window.__errors = [];
-window.addEventListener('error', function (e) { window.__errors.push(String(e.message)); });
-window.addEventListener('load', function () {
-  var links = Array.from(document.querySelectorAll('a[href^="#"]')).map(function (a) {
-    return {href: a.getAttribute('href'), ok: !!document.getElementById(a.getAttribute('href').slice(1))};
-  });
-  var imgs = Array.from(document.querySelectorAll('img')).map(function (i) {
-    return {alt: i.alt, png: i.src.indexOf('data:image/png;base64,') === 0, width: i.naturalWidth,
-            shown: i.getBoundingClientRect().width};
-  });
-  var sorted = null, t = document.querySelector('#results table.sortable');
-  if (t) {
-    var ths = Array.from(t.tHead.rows[0].cells);
-    var col = ths.findIndex(function (h) { return h.textContent === 'run_number'; });
-    ths[col].click();
-    var values = Array.from(t.tBodies[0].rows).map(function (r) { return Number(r.cells[col].dataset.v); });
-    sorted = {column: col, values: values};
-  }
-  var sections = Array.from(document.querySelectorAll('section')).map(function (s) { return s.id; });
-  var first = document.querySelector('section');
-  document.body.setAttribute('data-probe', JSON.stringify({
-    links: links, imgs: imgs, sorted: sorted, sections: sections, errors: window.__errors,
-    title: document.title, first_text: first ? first.innerText.slice(0, 2000) : ''}));
-});
-</script>
-"""
-
-
-def browser() -> str:
-    """The path of a headless Chromium; skip, or fail when RAYSWEEP_REQUIRE_VLLM is set, without one."""
-    for name in BROWSERS:
-        path = shutil.which(name)
-        if path:
-            return path
-    message = (f"no headless Chromium ({', '.join(BROWSERS)}) on PATH; install it with scripts/install-browser.sh "
-               "(as root: apt-get install chromium-headless-shell)")
-    if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def run_browser(exe: str, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +29,7 @@ def report_file(tmp_path_factory) -> Path:
 
 
 def test_report_renders_with_working_links_and_figures_in_chromium(report_file, tmp_path):
-    exe = browser()
-    probed = tmp_path / "probed.html"
-    probed.write_text(report_file.read_text().replace("</body>", PROBE + "</body>", 1))
-    done = run_browser(exe, "--virtual-time-budget=10000", "--dump-dom", probed.as_uri())
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r'data-probe="([^"]*)"', done.stdout)
-    assert found, f"the probe did not run: {done.stdout[:500]} {done.stderr[-2000:]}"
-    probe = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<")
-                       .replace("&gt;", ">").replace("&#39;", "'"))
-    assert probe["errors"] == []
+    probe = check_page(report_file, tmp_path)
     assert probe["title"] == "raysweep report: camp"
     # the answer first, the warnings next, then the figures; the record at the end
     order = probe["sections"]

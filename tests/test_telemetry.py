@@ -55,6 +55,10 @@ def test_no_nvml_is_recorded_not_an_error(tmp_path, monkeypatch):
     monkeypatch.delenv(telemetry.FAKE_ENV)
     none = telemetry.Sampler([], nvml=telemetry.FileNvml(_gpus(tmp_path / "n.json", GPU)))
     assert none.source == "unavailable: no GPU assigned to this server"
+    # NVML's usual refusals are said in words, not as the exception's class name
+    missing = type("NVMLError_LibraryNotFound", (Exception,), {})("NVML Shared Library Not Found")
+    assert telemetry.nvml_why(missing) == "unavailable: no NVIDIA driver library (libnvidia-ml) on this node"
+    assert telemetry.nvml_why(OSError("odd")) == "unavailable: OSError: odd"
 
 
 @pytest.mark.ray

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from browser import check_page
 from helpers import add_nodes, remove_nodes
 
 from raysweep import procs
@@ -227,6 +228,7 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     assert all(s.nice == "0" and s.provenance_record()["vllm"] == importlib.metadata.version("vllm")
                for s in servers if s.state == "stopped")
     _verdicts_on_real_results(out, df)
+    check_page(out / "report.html", tmp_path)  # in Chromium: no script error, no note said twice
 
 
 def _verdicts_on_real_results(out: Path, df) -> None:

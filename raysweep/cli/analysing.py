@@ -139,7 +139,7 @@ def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count
     print_table(front, out)
     paths = [] if dry_run else plots.write_pareto(result, labels, _figure_dir(output_dir, out_path, "pareto"), fmt,
                                                   fig_dpi)
-    _print_paths(paths, table.notes + result.notes)
+    _print_paths(paths, table.notes + result.notes + result.drawn_notes)
 
 
 @main.command()

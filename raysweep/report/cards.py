@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raysweep.errors import UserError
+from raysweep.ledger import PointState
 from raysweep.report.data import ReportData, answer_of
 from raysweep.report.markup import esc, html_table
 from raysweep.results import conclusions
@@ -20,7 +21,7 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
     """The answer first: the best configuration per bench shape, its lead and the noise, the Pareto fronts,
     the SLA capacities and the noisy points."""
     if data.df.empty:
-        return "<p>No finished run yet.</p>"
+        return f"<p>{esc(no_result_line(data))}</p>"
     try:
         c = answer_of(data)
     except UserError as exc:  # the default objective does not fit these results (a latency-only sweep)
@@ -214,3 +215,13 @@ def _noise(c: conclusions.Conclusions) -> str:
             "coefficient of variation over their runs above the threshold); more runs would tighten them."
             "</summary>" + html_table(["server config", "bench point", "runs", "noisy metrics", "runs needed"], rows)
             + "</details>")
+
+
+def no_result_line(data: ReportData) -> str:
+    """What a report without a finished run says first: how many points failed and where to read why, or that
+    none has finished yet."""
+    failed = sum(p.state == PointState.FAILED for p in data.points)
+    if failed:
+        return (f"No finished run: {failed} of {len(data.points)} point(s) failed, so there is nothing to conclude; "
+                "the Failures section says why each failed.")
+    return "No finished run yet."

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -17,7 +19,7 @@ import pandas as pd
 from raysweep.report import cache as report_cache
 from raysweep.report import plots
 from raysweep.report.data import ReportData, param_names
-from raysweep.report.markup import esc
+from raysweep.report.markup import SHARED_NOTE, esc
 from raysweep.results import conclusions
 
 if TYPE_CHECKING:
@@ -42,7 +44,22 @@ def figures_section(data: ReportData, figures: Callable[[ReportData], Sequence[L
     """The Figures section: every figure `figures` lists for the data, drawn one by one (or kept)."""
     if data.df.empty:
         return "<p>No finished run yet.</p>"
-    return "\n".join(figure_html(*entry) for entry in figures(data))
+    return shared_notes_once([figure_html(*entry) for entry in figures(data)])
+
+
+_NOTE = re.compile(r'<br><span class="note">(.*?)</span>')
+
+
+def shared_notes_once(parts: Sequence[str]) -> str:
+    """The figures' HTML with each note said once: a note under two or more figures (the same client-limited
+    runs drawn hollow on each) is lifted above them all, and the rest stay under their figure."""
+    seen = Counter(n for part in parts for n in dict.fromkeys(_NOTE.findall(part)))
+    shared = [n for n, k in seen.items() if k > 1]
+    if not shared:
+        return "\n".join(parts)
+    head = "".join(f'<p class="note">{SHARED_NOTE}{n}</p>' for n in shared)
+    kept = [_NOTE.sub(lambda m: "" if m.group(1) in shared else m.group(0), part) for part in parts]
+    return "\n".join([head, *kept])
 
 
 def figure_list(data: ReportData) -> list[tuple[str, Draw, tuple[Any, ...]]]:
@@ -105,7 +122,7 @@ def _one(plans: list[plots.FigurePlan], spec: plots.PlotSpec) -> tuple[Figure | 
 
 def _pareto(df: pd.DataFrame) -> tuple[Figure | None, list[str]]:
     result = plots.pareto(df)
-    return plots.pareto_figure(result, ["max_concurrency", "gpus"]), result.notes
+    return plots.pareto_figure(result, ["max_concurrency", "gpus"]), result.notes + result.drawn_notes
 
 
 def figure_html(caption: str, draw: Draw, parts: tuple[Any, ...] | None = None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -75,3 +76,22 @@ def _plain(value: Any) -> Any:
 
 def frame_table(df: pd.DataFrame, sortable: bool = False) -> str:
     return html_table(list(df.columns), df.itertuples(index=False, name=None), sortable)
+
+
+SHARED_NOTE = "On the figures below: "  # the figures' notes said once above them (`report.figures`)
+_NOTES = re.compile(r'<p class="note">(.*?)</p>|<br><span class="note">(.*?)</span>', re.S)
+
+
+def notes_once(parts: Sequence[str]) -> list[str]:
+    """The page's parts (in page order) with each note said once: a note already said higher up (the GPU
+    count a card's Pareto front and the Pareto figure both derive, say) is left out where it comes again."""
+    seen: set[str] = set()
+
+    def once(m: re.Match[str]) -> str:
+        text = (m.group(1) if m.group(1) is not None else m.group(2)).removeprefix(SHARED_NOTE)
+        if text in seen:
+            return ""
+        seen.add(text)
+        return m.group(0)
+
+    return [_NOTES.sub(once, part) for part in parts]

@@ -40,7 +40,7 @@ from raysweep.report.cards import conclusions_section
 from raysweep.report.data import ReportData, answer_of, read_data
 from raysweep.report.energy import report_section as energy_section
 from raysweep.report.figures import card_figure, figure_list, figures_section
-from raysweep.report.markup import CSS, SORT_JS, esc
+from raysweep.report.markup import CSS, SORT_JS, esc, notes_once
 from raysweep.report.registry import Section, register, sections
 from raysweep.report.sections import (
     campaign_section,
@@ -112,6 +112,7 @@ def _build(data: ReportData) -> str:
     if data.objective and not data.df.empty:
         answer_of(data)  # a wrong --objective is the user's error, not a section that failed
     made = [(sec, body) for sec in sections() if (body := _make(sec, data)) is not None]
+    made = list(zip([sec for sec, _ in made], notes_once([body for _, body in made]), strict=True))
     nav = "".join(f'<a href="#{sec.sid}">{esc(sec.title)}</a>' for sec, _ in made)
     body = "\n".join(f'<section id="{sec.sid}"><h2>{esc(sec.title)}</h2>\n{inner}\n</section>' for sec, inner in made)
     when = time.strftime("%Y-%m-%d %H:%M:%S")

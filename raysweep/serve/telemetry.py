@@ -129,7 +129,19 @@ def load_nvml() -> tuple[Any, str]:
         nvml.nvmlInit()
         return nvml, source
     except Exception as exc:
-        return None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
+        return None, nvml_why(exc)
+
+
+# what a reader needs to know of NVML's usual refusals, instead of the exception's class name
+_NVML_WHY = {"NVMLError_LibraryNotFound": "no NVIDIA driver library (libnvidia-ml) on this node",
+             "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded on this node",
+             "NVMLError_NoPermission": "no permission to read the GPUs (NVML)"}
+
+
+def nvml_why(exc: BaseException) -> str:
+    """`unavailable: ...` for an NVML that could not start: in words for its usual refusals, else the error."""
+    said = _NVML_WHY.get(type(exc).__name__)
+    return f"unavailable: {said}" if said else f"unavailable: {type(exc).__name__}: {exc}"[:200]
 
 
 def _physical_indices(gpu_ids: list[str]) -> list[int | str]:
@@ -157,7 +169,7 @@ class Sampler:
             try:
                 self.handles = [(str(g), self._handle(g)) for g in _physical_indices(gpu_ids)]
             except Exception as exc:
-                self.nvml, self.source = None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
+                self.nvml, self.source = None, nvml_why(exc)
         if self.nvml is not None and not self.handles:
             self.nvml, self.source = None, "unavailable: no GPU assigned to this server"
         self.rapl: Any = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,7 +54,8 @@ PER = ("point", "run")
 @dataclass
 class ParetoResult:
     """Every usable run with `user_count`, `gpus`, `tokens_per_user`, `tokens_per_gpu` (and where the counts
-    came from), the front (a subset of `means`, by tokens per user), and notes on what was left out or derived.
+    came from), the front (a subset of `means`, by tokens per user), notes on what was left out or derived, and
+    `drawn_notes` on how the figure shows the runs (hollow, flagged, bars), which only a figure needs.
     `means`: per point, the mean of its runs that are not client-limited, `n_runs`, and each axis's 95 %
     interval across them (`<axis>_low`, `<axis>_high`; none for a single run); with `per="run"` the runs
     themselves (every run a point of its own)."""
@@ -65,6 +66,7 @@ class ParetoResult:
     y: str = PER_GPU  # the y axis: tokens_per_gpu, or one of ENERGY_AXES (lower is better)
     means: pd.DataFrame | None = None
     per: str = "point"
+    drawn_notes: list[str] = field(default_factory=list)
 
     @property
     def y_label(self) -> str:
@@ -97,7 +99,7 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
         if y not in ENERGY_AXES:
             raise UserError(f"--y {y}: accepted: {', '.join([PER_GPU, *ENERGY_AXES])}")
         check_columns(df, [y], "--y (measured where the GPUs' energy is read, or priced with cost:; docs/energy.md)")
-    df = apply_filters(df, filter_by)
+    df = apply_filters(df, filter_by).copy()  # one block per dtype: a results table of many columns is fragmented
     users, user_from = _user_counts(df, user_count_var)
     gpus, gpus_from, notes = gpu_counts(df, gpu_count_var, gpu_count)
     pts = df.assign(user_count=users, user_count_from=user_from, gpus=gpus, gpus_from=gpus_from)
@@ -109,7 +111,7 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
     thr = pd.to_numeric(pts["output_throughput"], errors="coerce")
     pts = pts.assign(tokens_per_user=thr / pts["user_count"], tokens_per_gpu=thr / pts["gpus"],
                      client_limited=client_limited_mask(pts))
-    notes += _limited_note(pts, "on the front") + _flagged_note(pts)
+    drawn = _limited_note(pts, "on the front") + _flagged_note(pts)
     if y != PER_GPU:
         pts = pts.assign(**{y: pd.to_numeric(pts[y], errors="coerce")})
         if pts[y].isna().any():
@@ -120,8 +122,8 @@ def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_
     else:
         means = point_means(candidates, y)
         if (means["n_runs"] > 1).any():
-            notes.append("the front is of point means over their runs (bars: 95 % intervals across runs)")
-    return ParetoResult(pts.reset_index(drop=True), pareto_front(means, y), notes, y, means, per)
+            drawn.append("the front is of point means over their runs (bars: 95 % intervals across runs)")
+    return ParetoResult(pts.reset_index(drop=True), pareto_front(means, y), notes, y, means, per, drawn)
 
 
 def point_means(runs: pd.DataFrame, y: str = PER_GPU) -> pd.DataFrame:
@@ -131,16 +133,14 @@ def point_means(runs: pd.DataFrame, y: str = PER_GPU) -> pd.DataFrame:
     averaged = [c for c in dict.fromkeys(("output_throughput", "user_count", "gpus", "tokens_per_gpu", *axes))
                 if c in runs.columns]
     groups = runs.groupby(_POINT, sort=False, dropna=False)
-    out = groups.first().drop(columns=averaged, errors="ignore")
     values = runs[averaged].apply(pd.to_numeric, errors="coerce")
-    out = out.join(values.groupby([runs[c] for c in _POINT], sort=False, dropna=False).mean())
-    out["n_runs"] = groups.size()
+    added = {**values.groupby([runs[c] for c in _POINT], sort=False, dropna=False).mean(), "n_runs": groups.size()}
     for axis in axes:
-        bounds = runs.groupby(_POINT, sort=False, dropna=False)[axis].agg(
-            lambda v: mean_interval(pd.to_numeric(v, errors="coerce").to_numpy(float))[1:])
-        out[f"{axis}_low"] = [b[0] for b in bounds]
-        out[f"{axis}_high"] = [b[1] for b in bounds]
-    return out.reset_index()
+        bounds = groups[axis].agg(lambda v: mean_interval(pd.to_numeric(v, errors="coerce").to_numpy(float))[1:])
+        added[f"{axis}_low"] = bounds.map(lambda b: b[0])
+        added[f"{axis}_high"] = bounds.map(lambda b: b[1])
+    firsts = groups.first().drop(columns=averaged, errors="ignore")
+    return pd.concat([firsts, pd.DataFrame(added, index=firsts.index)], axis=1).reset_index()
 
 
 def _user_counts(df: pd.DataFrame, var: str) -> tuple[pd.Series, pd.Series]:
@@ -206,7 +206,8 @@ def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: flo
     from matplotlib.figure import Figure
 
     check_columns(result.points, label_by, "--label-by")
-    fig = Figure(figsize=(fig_height * 1.6, fig_height + 0.4 + 0.18 * len(result.notes)), layout="constrained")
+    notes = result.notes + result.drawn_notes
+    fig = Figure(figsize=(fig_height * 1.6, fig_height + 0.4 + 0.18 * len(notes)), layout="constrained")
     ax = fig.subplots()
     pts, front, y = result.points, result.front, result.y
     ok = pts[~pts["client_limited"]]
@@ -233,8 +234,8 @@ def pareto_figure(result: ParetoResult, label_by: Sequence[str], fig_height: flo
     ax.set_ylabel(result.y_label)
     ax.legend(frameon=False)
     fig.suptitle("Pareto front: per-user speed against " + ("per-GPU throughput" if y == PER_GPU else result.y_label))
-    if result.notes:
-        fig.supxlabel("\n".join(textwrap.fill(n, 120) for n in result.notes), fontsize=7, color="0.3", ha="left",
+    if notes:
+        fig.supxlabel("\n".join(textwrap.fill(n, 120) for n in notes), fontsize=7, color="0.3", ha="left",
                       x=0.01)
     return fig
 

@@ -17,7 +17,7 @@ from raysweep.report.plots.curves import (
     _prepare,
     _require_numeric,
 )
-from raysweep.report.plots.style import axis_label
+from raysweep.report.plots.style import axis_label, config_colors
 from raysweep.report.plots.table import _curve_title, _flagged_note, _groups, _limited_note, _numeric
 
 SERVER_METRICS = ("server_kv_cache_usage_perc_peak", "server_num_requests_waiting_peak", "server_num_preemptions")
@@ -29,8 +29,14 @@ def plan_server_metrics(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> list
     them against the load variable: one column per metric, rows by `row_by` then `col_by`, curves by
     `curve_by` (by server config when none is given). Empty when the table has none of the server metrics."""
     metrics = [m for m in SERVER_METRICS if m in df.columns and pd.to_numeric(df[m], errors="coerce").notna().any()]
+    # a metric that is 0 on every run (preemptions where there were none, a CPU server's KV cache) is a flat
+    # line: said in a note, not drawn
+    flat = [m for m in metrics if (pd.to_numeric(df[m], errors="coerce").dropna() == 0).all()]
+    metrics = [m for m in metrics if m not in flat]
     if not metrics:
         return []
+    flat_note = [f"{', '.join(flat)}: 0 on every run, no panel of its own"] if flat else []
+    whole = df
     metrics += [m for m in _LATENCY_PANEL if m in df.columns][:1]
     curve_by = spec.curve_by or (("serve_label",) if "serve_label" in df.columns else ())
     row_by = (*spec.row_by, *spec.col_by)
@@ -41,7 +47,7 @@ def plan_server_metrics(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> list
     for stem, title, fdf in _figure_groups(df, spec, "SERVER"):
         rows, row_order = _groups(fdf, row_by)
         curves, curve_order = _groups(fdf, curve_by)
-        panels, notes = [], _limited_note(fdf) + _flagged_note(fdf)
+        panels, notes = [], flat_note + _limited_note(fdf) + _flagged_note(fdf)
         for r in row_order:
             row = []
             for metric in metrics:
@@ -52,5 +58,6 @@ def plan_server_metrics(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> list
             panels.append(row)
         notes += _mixing_note(fdf, [rows, curves], load_var)
         plans.append(FigurePlan(stem, title or "server-side metrics", panels, curve_order, _curve_title(curve_by),
-                                len(fdf), list(dict.fromkeys(notes))))
+                                len(fdf), list(dict.fromkeys(notes)),
+                                config_colors(whole) if tuple(curve_by) == ("serve_label",) else {}))
     return plans
