@@ -60,6 +60,9 @@ def _events():
         ("sla_done", {"serve": serve, "bench_id": "b1", "target": "p99_ttft_ms<=200", "outcome": outcome}),
         ("precision", {"serve": serve, "bench_id": "b1", "state": "max_runs", "runs_done": 10, "rel_half_width": 0.041,
                        "target": 0.03, "metric": "output_throughput"}),
+        ("precision", {"serve": serve, "bench_id": "b2", "state": "max_runs", "runs_done": 4, "rel_half_width": 0.16,
+                       "target": 0.05, "metric": "output_throughput",
+                       "text": "the rule needs 2 successive runs within +-5.0 %; stopped at max_runs"}),
         ("workload_levels", {"serve": serve, "bench_id": "b1", "variable": "max_concurrency", "serial": 1,
                              "batch": 15, "levels": [6, 10], "state": "decided"}),
         ("disk_full", {"point": point, "error": "cannot write the result of point p1: [Errno 28] No space left"}),
@@ -91,6 +94,8 @@ def test_one_line_per_shown_event_and_none_twice(shown):
     assert any(line.startswith("disk full cannot write the result of point p1") for line in lines)
     assert any("precision max_num_seqs=8 / b1: stopped at max_runs without +-3 % of output_throughput after 10 "
                "run(s) (+-4.1 %)" in line for line in lines)
+    assert any(line.startswith("precision max_num_seqs=8 / b2: not reached after 4 run(s): the rule needs 2 "
+                               "successive runs within +-5.0 %; stopped at max_runs") for line in lines), lines
     assert any("replica 1 of server config cfg1 is torn down (its other servers go on)" in line for line in lines)
 
 

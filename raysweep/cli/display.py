@@ -159,8 +159,8 @@ class _ProgressDisplay:
                     "max_duration": "[yellow]stopped at max_duration_s without[/]"}.get(data["state"], data["state"])
             said = (f"{what} +-{100 * data['target']:g} % of {data['metric']} after {data['runs_done']} run(s) "
                     f"(+-{100 * data['rel_half_width']:.1f} %)") if not data.get("text") else \
-                f"{what if data['state'] != 'reached' else 'reached'} after {data['runs_done']} run(s): " \
-                f"{escape(data['text'])}"
+                f"{'reached' if data['state'] == 'reached' else '[yellow]not reached[/]'} after " \
+                f"{data['runs_done']} run(s): {escape(data['text'])}"  # the text says where it stopped
             p.console.print(f"precision {escape(data['serve'].label)} / {data['bench_id']}: {said}", highlight=False)
         elif kind == "workload_levels":  # bench.workload decided a shape's load levels
             levels = ", ".join(str(v) for v in data["levels"]) or "none"
