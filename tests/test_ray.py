@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -154,15 +153,21 @@ def test_changed_command_is_refused_unless_forced_and_new_grid_values_only_add_p
 
 
 def test_no_orphan_after_ray_kill_of_the_host_actor(gpu_cluster, tmp_path):
+    """The host actors here keep their guard state in a temp dir of the test's own (TMPDIR), so that the host
+    actors of a test running beside this one, which clean every dead host's state on the node when they start,
+    cannot clean this one before the test looks (seen once in CI, 2026-11-29)."""
     from raysweep.serve.server import ServerHost
 
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    isolated = {"num_cpus": 0, "runtime_env": {"env_vars": {"TMPDIR": str(own_tmp)}}}
     pids = tmp_path / "pids"
-    actor = ServerHost.options(num_cpus=0).remote("orphans", str(tmp_path))
+    actor = ServerHost.options(**isolated).remote("orphans", str(tmp_path))
     info = ray.get(actor.start.remote([PY, str(STANDIN / "server.py"), "--spawn-child", "--pid-file", str(pids)], {}))
     assert ray.get(actor.wait_ready.remote(30, "standin"))["ok"]
     tree = [info["pid"], *map(int, pids.read_text().split())]
     assert len(tree) == 3 and all(procs.is_alive(p, None) for p in tree)
-    state_dirs = list(Path(tempfile.gettempdir()).glob("raysweep-guard-orphans-*"))
+    state_dirs = list(own_tmp.glob("raysweep-guard-orphans-*"))
     assert len(state_dirs) == 1
     ray.kill(actor)
     assert procs.wait_for(lambda: not any(procs.is_alive(p, None) for p in tree), 15), "processes outlived the actor"
@@ -170,7 +175,7 @@ def test_no_orphan_after_ray_kill_of_the_host_actor(gpu_cluster, tmp_path):
     assert state_dirs[0].exists()
     host_pid = int((state_dirs[0] / "host").read_text().split()[0])
     assert procs.wait_for(lambda: not procs.is_alive(host_pid, None), 15)
-    nxt = ServerHost.options(num_cpus=0).remote("next", str(tmp_path))
+    nxt = ServerHost.options(**isolated).remote("next", str(tmp_path))
     ray.get(nxt.node_info.remote())
     ray.kill(nxt)
     assert not state_dirs[0].exists(), "a dead host's guard state directory was left"
