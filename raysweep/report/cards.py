@@ -122,7 +122,8 @@ def _precision(data: ReportData, row: Any) -> str:
     why = {"max_runs": f"stopped at max_runs ({asked.get('max_runs', '?')} runs)",
            "max_duration": "stopped at max_duration", "measuring": "is still being measured"}.get(state, state)
     reached = row.get("precision_rel_half_width")
-    at = f"; its interval is +-{100 * float(reached):.1f} % of the mean" if conclusions.finite(reached) else ""
+    at = (f"; its interval (the one the rule judged, widened for its looks) is +-{100 * float(reached):.1f} % of "
+          "the mean" if conclusions.finite(reached) else "")
     goal = f" (+-{100 * float(target or 0):.1f} % of the mean)" if conclusions.finite(target) else ""
     return (f'<p class="flag">Precision not reached: this point {esc(why)} before its interval was as narrow as '
             f"bench.precision asks{esc(goal)}{esc(at)}. Its value is less certain than the campaign asked.</p>")

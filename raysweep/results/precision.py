@@ -9,9 +9,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from raysweep.errors import LedgerError
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.maths.precision import AT_DURATION, AT_MAX, MEASURING, REACHED, PrecisionSpec, reported_confidence
+from raysweep.maths.precision import (AT_DURATION, AT_MAX, MEASURING, REACHED, PrecisionSpec, reported_confidence,
+                                     runs_to_reach)
 from raysweep.maths.verdicts import t_quantile
 
 __all__ = ["precision_counts", "precision_columns"]
@@ -22,8 +25,11 @@ log = logging.getLogger(__name__)
 def precision_columns(output_dir: Any, summary: Any) -> Any:
     """The summary (one row per point) with the ledger's precision record of each point, for a campaign with
     `bench.precision`: `precision_state` (reached, max_runs, measuring), `precision_reached` and
-    `precision_rel_half_width` (its interval's half-width over the mean when it was decided). Unchanged
-    for any other directory."""
+    `precision_rel_half_width` (its interval's half-width over the mean when it was decided). The precision
+    metric's `_ci_low`/`_ci_high` of a decided point are the interval the rule judged (`_widen_for_looks`),
+    and `runs_needed` is the runs the rule would need at the spread seen (`runs_to_reach`), so that the
+    terminal, the summary, the report and `--json` quote one interval and one count. Unchanged for any other
+    directory."""
     path = Path(output_dir)
     if not (path / LEDGER_FILE).is_file() or summary is None or "serve_id" not in getattr(summary, "columns", ()):
         return summary
@@ -42,6 +48,12 @@ def precision_columns(output_dir: Any, summary: Any) -> Any:
     out["precision_rel_half_width"] = [rows[k]["rel_half_width"] if k in rows else None for k in keys]
     if spec is not None:
         _widen_for_looks(out, [k in rows for k in keys], spec)
+        cvs = out.get(f"{spec.metric}_cv")
+        if cvs is not None and "runs_needed" in out.columns:
+            needed = [runs_to_reach(_real(cv), spec) if k in rows else _real(n)
+                      for cv, k, n in zip(cvs, keys, out["runs_needed"], strict=True)]
+            out["runs_needed"] = pd.array([None if n is None or not math.isfinite(n) else int(n) for n in needed],
+                                          dtype="Int64")
     return out
 
 
