@@ -78,9 +78,9 @@ def replace_block(readme: str, new: str) -> str:
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 
 
-def screenshot(report: Path, png: Path, query: str = "", wait_ms: int = 0) -> None:
-    """The first screen of `report` (with `query` after its URL) as `png`, taken by headless Chromium, after
-    `wait_ms` of the page's own time (scripts that draw after the load).
+def screenshot(report: Path, png: Path, query: str = "", wait_ms: int = 0, size: str = "1366,900") -> None:
+    """The first screen of `report` (with `query` after its URL) as `png`, taken by headless Chromium in a
+    window of `size` (`WIDTH,HEIGHT`), after `wait_ms` of the page's own time (scripts that draw after the load).
 
     :raises RuntimeError: no Chromium on PATH, or it failed."""
     import shutil
@@ -92,7 +92,7 @@ def screenshot(report: Path, png: Path, query: str = "", wait_ms: int = 0) -> No
     tmp = png.with_name(f".{png.name}.tmp.png")
     wait = [f"--virtual-time-budget={wait_ms}"] if wait_ms else []
     done = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *wait,
-                           f"--screenshot={tmp}", "--window-size=1366,900", report.resolve().as_uri() + query],
+                           f"--screenshot={tmp}", f"--window-size={size}", report.resolve().as_uri() + query],
                           capture_output=True, text=True, timeout=120)
     if done.returncode != 0 or not tmp.is_file():
         raise RuntimeError(f"{exe} failed ({done.returncode}): {done.stderr[-1000:]}")

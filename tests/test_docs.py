@@ -115,3 +115,28 @@ def test_the_grafana_dashboard_queries_the_documented_gauges():
         assert f"`ray_{name}`" in doc
     assert "--metrics-export-port" in doc and "MetricsExportPort" in doc
     assert "prom_metrics_service_discovery.json" in doc and "cluster/grafana-raysweep.json" in doc
+
+
+def test_the_report_screens_are_in_their_pages_with_a_caption_the_script_rewrites(tmp_path, monkeypatch):
+    """Each screen scripts/report_screens.py takes sits between its markers in the page it names, as a PNG
+    that exists and is under 300 KB, with the caption the script writes; the script rewrites that block alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("report_screens", ROOT / "scripts" / "report_screens.py")
+    assert spec and spec.loader
+    screens = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "report_screens", screens)  # its dataclass looks its module up there
+    spec.loader.exec_module(screens)
+    shots = screens.shots(standin=False)
+    assert {s.name for s in shots} == set(screens.CAMPAIGNS) == {"endpoint", "multinode", "failed"}
+    for shot in shots:
+        text = (ROOT / "docs" / shot.page).read_text()
+        begin, end = f"<!-- report-screen:{shot.name}:begin -->", f"<!-- report-screen:{shot.name}:end -->"
+        inner = text.split(begin, 1)[1].split(end, 1)[0]
+        assert f"![{shot.alt}](img/{shot.png})" in inner and f"*{shot.what}: campaign `" in inner
+        png = ROOT / "docs" / "img" / shot.png
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 300_000
+        copy = tmp_path / shot.page
+        copy.write_text(text)
+        screens.replace_caption(copy, shot, "NEW")
+        assert copy.read_text() == text.replace(f"{begin}{inner}{end}", f"{begin}\nNEW\n{end}")

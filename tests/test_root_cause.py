@@ -67,6 +67,16 @@ def test_out_of_memory_line():
     assert cause.line.startswith("torch.OutOfMemoryError: CUDA out of memory")
 
 
+def test_the_command_raysweep_writes_atop_the_log_is_not_the_cause():
+    # its arguments may say anything, out-of-memory words included: the cause is what the server said
+    log = "\n".join(["# raysweep: vllm serve m --served-model-name oom-kill-drill --port 8000",
+                     "vllm: error: argument --port: invalid int value: 'x'"])
+    cause = root_cause(log)
+    assert cause is not None and cause.kind == "argument" and cause.lineno == 2
+    assert cause.line == "vllm: error: argument --port: invalid int value: 'x'"
+    assert root_cause("# raysweep: vllm serve m --served-model-name out-of-memory-drill") is None
+
+
 def test_nothing_to_say():
     assert root_cause("INFO 11-28 14:00:01 [api_server.py:1] starting\nWARNING 11-28 [x] RuntimeError: no") is None
     assert root_cause("") is None

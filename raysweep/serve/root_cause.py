@@ -11,8 +11,9 @@ log from the top and returns the first line that says what went wrong:
   line that says which value is wrong): kind `argument` for a configuration's validation error, else
   `exception`.
 
-Lines vLLM logs below ERROR (a warning that quotes an exception it recovered from) and the wrappers that
-only point up ("See root cause above", "Engine core initialization failed") are skipped. A start that
+Lines vLLM logs below ERROR (a warning that quotes an exception it recovered from), the wrappers that
+only point up ("See root cause above", "Engine core initialization failed") and raysweep's own notes in the
+log (`# raysweep: COMMAND` at its top, whose arguments may say anything) are skipped. A start that
 fails on an argument fails the same way every time: `deterministic` says so, and the driver does not try
 it again (see `live_server`).
 """
@@ -34,6 +35,7 @@ _POINTERS = ("see root cause above", "engine core initialization failed", "faile
              "engine process failed to start")
 _VALIDATION = ("ValidationError",)  # pydantic: a configuration value refused (vLLM's config classes)
 _MAX = 400
+_OURS = "# raysweep:"  # what raysweep writes into the log (the command on its first line), never the cause
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def root_cause(log: str) -> RootCause | None:
     """The first error line of a server's log (see the module doc), or None when it has none."""
     lines = [_strip(raw) for raw in log.splitlines()]
     for i, (line, level) in enumerate(lines):
-        if level in ("DEBUG", "INFO", "WARNING", "WARN"):
+        if level in ("DEBUG", "INFO", "WARNING", "WARN") or line.startswith(_OURS):
             continue
         if (m := _ARGPARSE.match(line)) is not None and not line.startswith((" ", "\t")):
             return RootCause(_cut(line), "argument", i + 1)

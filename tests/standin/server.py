@@ -79,8 +79,9 @@ def main() -> None:
         if args.pid_file:
             with open(args.pid_file, "a") as f:
                 f.write(f"{child.pid}\n")
-    print(f"standin: starting {model} with argv {sys.argv[1:]} env CVD={os.environ.get('CUDA_VISIBLE_DEVICES')} "
-          f"HF_TOKEN={os.environ.get('HF_TOKEN')}", flush=True)
+    # at INFO, as vLLM logs its arguments: a line that quotes them is not what went wrong
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [server.py:1] standin: starting {model} with argv {sys.argv[1:]} "
+          f"env CVD={os.environ.get('CUDA_VISIBLE_DEVICES')} HF_TOKEN={os.environ.get('HF_TOKEN')}", flush=True)
     if args.fail_usage:
         ap.error(args.fail_usage)  # argparse's usage line and `server.py: error: ...`, exit 2
     if args.fail_with:
