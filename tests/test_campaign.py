@@ -366,6 +366,24 @@ def test_a_native_point_refused_from_a_parameter_file_names_the_file_and_the_ent
     assert "--request-rate" in str(e.value) and str(path) in str(e.value) and "entry 2" in str(e.value)
 
 
+def test_a_bench_command_completed_by_its_parameters_is_judged_per_point(tmp_path):
+    """`--duration` needs a closed loop or a rate: a command that leaves it to the grid's `max_concurrency` is
+    accepted; where some point still lacks it, that point is named; where no parameter could help, the
+    command is."""
+    data = copy.deepcopy(BASE)
+    data["bench"] = {"cmd": "vllm bench serve --model m --duration 5", "params": {"grid": {"max_concurrency": [1, 4]}}}
+    campaign_from_dict(data, base_dir=tmp_path, env={})
+    data["bench"]["params"] = [{"max_concurrency": 4}, {"random_input_len": 8}]
+    with pytest.raises(CampaignError) as e:
+        campaign_from_dict(data, base_dir=tmp_path, env={})
+    assert e.value.field == "bench.params[1]" and "--duration needs --max-concurrency" in e.value.message
+    data["bench"] = {"cmd": "vllm bench serve --model m --duration 5 --ramp-up-strategy linear",
+                     "params": {"grid": {"max_concurrency": [1, 4]}}}
+    with pytest.raises(CampaignError) as e:
+        campaign_from_dict(data, base_dir=tmp_path, env={})
+    assert e.value.field == "bench.cmd" and "--ramp-up-strategy" in e.value.message
+
+
 @pytest.mark.parametrize("key", ["max num seqs", "", "max_num_seqs=4", "-x", "a'b", "x.", "é"])
 def test_a_key_that_cannot_be_a_flag_is_refused(tmp_path, key):
     data = copy.deepcopy(BASE)

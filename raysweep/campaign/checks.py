@@ -217,13 +217,29 @@ def _check_sla(campaign: Campaign, bench_combos: list[dict[str, Any]]) -> None:
 
 
 def _check_native(argv: list[str], combos: list[dict[str, Any]], origins: Origins) -> None:
-    """Every bench point must be load options the native client runs, with its data set on this machine."""
+    """Every bench point must be load options the native client runs, with its data set on this machine. The
+    command alone is judged only where no parameter completes it: `--duration` without `--max-concurrency` is
+    fine when every point's parameters set it; a refusal every point shares names `bench.cmd`, any other the
+    first point refused."""
     from raysweep.bench.options import parse_load_options
 
-    parse_load_options(argv, "bench.cmd")
+    try:
+        parse_load_options(argv, "bench.cmd")
+        bare = None
+    except CampaignError as exc:
+        if not any(combos):
+            raise
+        bare = exc
+    refused: list[CampaignError] = []
     for i, combo in enumerate(combos):
         fld = f"bench.params[{i}]" if combo else "bench.cmd"
-        opts = _reraise_at(partial(_load_options, argv, combo, fld), origins[i])
+        try:
+            opts = _reraise_at(partial(_load_options, argv, combo, fld), origins[i])
+        except CampaignError as exc:
+            if bare is None:
+                raise
+            refused.append(exc)
+            continue
         path = (opts.dataset_path or "")
         if opts.dataset_name == "custom" and ".py:" in path:
             path = path.rsplit(":", 1)[0]
@@ -232,6 +248,10 @@ def _check_native(argv: list[str], combos: list[dict[str, Any]], origins: Origin
             _reraise_at(partial(_refuse, f"bench.params[{i}]" if in_params else "bench.cmd",
                                 f"--dataset-path {opts.dataset_path!r} is not a file on this machine"),
                         origins[i] if in_params else None)
+    if bare is not None and len(refused) == len(combos) and all(bare.message in e.message for e in refused):
+        raise bare  # the command's own fault, whatever a point adds
+    if refused:
+        raise refused[0]
 
 
 def _load_options(argv: list[str], combo: dict[str, Any], fld: str) -> Any:
