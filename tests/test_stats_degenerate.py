@@ -74,6 +74,19 @@ def test_a_points_metrics_are_values_never_an_exception(s, closed):
     bench_stats.per_request(s)
 
 
+def test_per_second_buckets_of_requests_that_ended_before_the_start_are_none():
+    """Every request ended before the common start (a clock that stepped back): no bucket, not numpy's
+    "`bins` must be positive" (found by the property test above in a full run of the suite)."""
+    s = bench_stats.empty_samples()
+    s.update(index=[0, 1], actor=[0, 0], due=[-3.0, -2.5], ready=[-3.0, -2.5], sent=[-3.0, -2.5],
+             first=[-2.0, -2.0], end=[-1.0, -1.5], done=[-1.0, -1.5], in_tok=[5, 5], out_tok=[2, 2],
+             ok=[True, True], error=[None, None], chunks=[[0.5, 1.0], [0.5, 1.0]], begin=[-3.0, -2.5],
+             text=[None] * 2, first_out=[math.nan] * 2, reasoning=[False] * 2, session=[-1] * 2, turn=[-1] * 2,
+             loop_lag=[])
+    out = bench_stats.per_second_throughput(s)
+    assert out["requests"].size == 0 and out["tokens"].size == 0
+
+
 @PROFILE
 @given(s=samples(), interval=st.sampled_from([1.0, 0.5, 5.0]))
 def test_a_points_time_series_and_steady_window_never_raise(s, interval):

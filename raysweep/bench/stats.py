@@ -276,16 +276,21 @@ def _good(ttft: np.ndarray, e2el: np.ndarray, outs: np.ndarray, slo: dict[str, f
     return int(good.sum())
 
 
+PER_SECOND_MAX_S = 7 * 24 * 3600  # the most 1-s buckets `per_second_throughput` makes
+
+
 def per_second_throughput(s: dict[str, Any]) -> dict[str, np.ndarray]:
     """Completed requests and output tokens of each whole 1-s bucket from the common start to the last token
-    (a request's tokens spread evenly over its chunks; a partial last second is left out)."""
+    (a request's tokens spread evenly over its chunks; a partial last second is left out; no bucket when every
+    request ended before the start, none past `PER_SECOND_MAX_S`)."""
     s = finite_samples(s)
     ok = _arr(s, "ok", bool)
     if not ok.any():
         return {"requests": np.zeros(0), "tokens": np.zeros(0)}
     begin, end, outs = _begin(s)[ok], _arr(s, "end")[ok], _arr(s, "out_tok", np.int64)[ok]
     chunks = [np.asarray(c, dtype=float) for c, good in zip(s["chunks"], ok) if good]
-    n = int(math.floor(float(np.max(end))))
+    # whole seconds from the common start; none for times before it (degenerate clocks), and at most a week
+    n = min(max(0, int(math.floor(float(np.max(end))))), PER_SECOND_MAX_S)
     times = np.concatenate([np.zeros(0), *(b + c for b, c in zip(begin, chunks))])
     weights = np.concatenate([np.zeros(0), *(np.full(c.size, o / c.size) for c, o in zip(chunks, outs) if c.size)])
     tokens = np.histogram(times, bins=n, range=(0, n), weights=weights)[0] if n else np.zeros(0)
