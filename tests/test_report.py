@@ -37,7 +37,9 @@ def test_cli_report_is_one_self_contained_file(tmp_path):
     assert str(out / "report.html") in result.output
     # the answer first, the warnings next, then the figures; the record (campaign, plan, environment) last
     # (sections that other modules register may come between)
-    assert [sid for sid in sections(html) if sid in BUILT_IN] == list(BUILT_IN)
+    # (transport: no server of this stub has a verdict, so it is named under the conclusions instead)
+    assert [sid for sid in sections(html) if sid in BUILT_IN] == [s for s in BUILT_IN if s != "transport"]
+    assert "Transport (not checked: no server of this campaign has a transport verdict)" in section(html, "conclusions")
     assert sections(html)[:2] == ["conclusions", "validity"] and sections(html)[-3:] == list(BUILT_IN[-3:])
     assert "http://" not in html and "https://" not in html and "<link" not in html  # nothing to fetch
     # figures: latency against throughput, 3 metric curves, the server metrics, the Pareto front, the SLA bars,
@@ -66,7 +68,6 @@ def test_cli_report_is_one_self_contained_file(tmp_path):
     assert '<th class="t">max_num_seqs</th>' in results and '<th class="t">p99_ttft_ms</th>' in results
     # the SLA table: one row per search
     assert section(html, "sla").count("<tr>") == 1 + 3 and "above max" in section(html, "sla")
-    assert "Not checked" in section(html, "transport")
     failures = section(html, "failures")
     assert "1 failed point(s)." in failures and "CUDA out of memory\nlast log line" in failures
     assert "server died during the point" in failures
@@ -109,7 +110,9 @@ def test_transport_verdict_per_server_config_with_evidence_and_recorded_versions
     assert "IB+GDR" in rows["s16"] and ">ok<" in rows["s16"], rows
     assert ">Socket<" in rows["s8"] and ">refused<" in rows["s8"], rows
     assert "via NET/Socket/0" in transport and "<details>" in transport  # the evidence lines
-    assert "No SLA search in this campaign." in section(html, "sla")
+    # a section with nothing to show is left out, and named with its reason under the conclusions
+    assert "sla" not in sections(html) and 'href="#sla"' not in html
+    assert "SLA (no SLA search in this campaign)" in section(html, "conclusions")
     env = section(html, "environment")
     assert "recorded with the runs" in env and "0.33.0" in env and "installed where" not in env
 
@@ -145,7 +148,12 @@ def test_report_of_a_campaign_with_nothing_done(tmp_path):
              points=[("p", "s", "b", 0, {"max_num_seqs": 8}, {})])
     led.close()
     html = report.build_report(out)
-    assert "No finished run yet." in section(html, "figures") and "No finished run yet." in section(html, "results")
+    said = section(html, "conclusions")
+    assert "No finished run yet." in said
+    for title in ("Warnings", "Runs over time", "Figures", "Results", "SLA", "Transport"):
+        assert f"{title} (" in said, title  # left out, each named with its reason
+    assert not {"validity", "drift", "figures", "results", "sla", "transport"} & set(sections(html))
+    assert sections(html)[:2] == ["conclusions", "failures"]  # where the conclusions send the reader
     assert "No server was started." in section(html, "environment")
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 from raysweep.report import cache as report_cache
 from raysweep.report import plots
 from raysweep.report.data import ReportData, param_names
-from raysweep.report.markup import SHARED_NOTE, esc
+from raysweep.report.markup import SHARED_NOTE, esc, nothing
 from raysweep.results import conclusions
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ options and values its drawing reads; without them it is drawn every time)."""
 def figures_section(data: ReportData, figures: Callable[[ReportData], Sequence[Listed]]) -> str:
     """The Figures section: every figure `figures` lists for the data, drawn one by one (or kept)."""
     if data.df.empty:
-        return "<p>No finished run yet.</p>"
+        return nothing("no finished run yet")
     return shared_notes_once([figure_html(*entry) for entry in figures(data)])
 
 

@@ -78,6 +78,21 @@ def frame_table(df: pd.DataFrame, sortable: bool = False) -> str:
     return html_table(list(df.columns), df.itertuples(index=False, name=None), sortable)
 
 
+_NOTHING = re.compile(r'^<p class="nothing">(.*)</p>$', re.S)
+
+
+def nothing(text: str) -> str:
+    """A section's whole body when it has nothing to show, `text` saying why: the page leaves such a section
+    out and names it, with `text`, in one line under the conclusions (`report.page`)."""
+    return f'<p class="nothing">{esc(text)}</p>'
+
+
+def nothing_said(body: str) -> str | None:
+    """Why a section's body has nothing to show (the text `nothing` was given), or None for any other body."""
+    m = _NOTHING.match(body.strip())
+    return html.unescape(m.group(1)) if m else None
+
+
 SHARED_NOTE = "On the figures below: "  # the figures' notes said once above them (`report.figures`)
 _NOTES = re.compile(r'<p class="note">(.*?)</p>|<br><span class="note">(.*?)</span>', re.S)
 

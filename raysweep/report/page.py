@@ -40,7 +40,7 @@ from raysweep.report.cards import conclusions_section
 from raysweep.report.data import ReportData, answer_of, read_data
 from raysweep.report.energy import report_section as energy_section
 from raysweep.report.figures import card_figure, figure_list, figures_section
-from raysweep.report.markup import CSS, SORT_JS, esc, notes_once
+from raysweep.report.markup import CSS, SORT_JS, esc, notes_once, nothing_said
 from raysweep.report.registry import Section, register, sections
 from raysweep.report.sections import (
     campaign_section,
@@ -111,7 +111,7 @@ def build_report(output_dir: str | Path, objective: str | None = None) -> str:
 def _build(data: ReportData) -> str:
     if data.objective and not data.df.empty:
         answer_of(data)  # a wrong --objective is the user's error, not a section that failed
-    made = [(sec, body) for sec in sections() if (body := _make(sec, data)) is not None]
+    made = _arranged(data, [(sec, body) for sec in sections() if (body := _make(sec, data)) is not None])
     made = list(zip([sec for sec, _ in made], notes_once([body for _, body in made]), strict=True))
     nav = "".join(f'<a href="#{sec.sid}">{esc(sec.title)}</a>' for sec, _ in made)
     body = "\n".join(f'<section id="{sec.sid}"><h2>{esc(sec.title)}</h2>\n{inner}\n</section>' for sec, inner in made)
@@ -120,6 +120,20 @@ def _build(data: ReportData) -> str:
             f"<style>{CSS}</style></head><body>\n<h1>raysweep report: {esc(data.name)}</h1>"
             f'<p class="muted">{esc(_overview(data))} · {esc(str(data.output_dir))} · made {when}</p><nav>{nav}</nav>\n'
             + body + f"\n<script>{SORT_JS}</script></body></html>\n")
+
+
+def _arranged(data: ReportData, made: list[tuple[Section, str]]) -> list[tuple[Section, str]]:
+    """The sections as the page shows them: one with nothing to show (`markup.nothing`) is left out, named with
+    its reason in one line at the end of the first section; with no finished run, the Failures section comes
+    second, where the conclusions send the reader."""
+    empty = [(sec.title, why) for sec, body in made if (why := nothing_said(body)) is not None]
+    kept = [(sec, body) for sec, body in made if nothing_said(body) is None]
+    if data.df.empty:
+        kept.sort(key=lambda m: (m[0].sid != "conclusions", m[0].sid != "failures"))
+    if empty and kept:
+        said = "; ".join(f"{title} ({why})" for title, why in empty)
+        kept[0] = (kept[0][0], kept[0][1] + f'\n<p class="muted">Not shown, nothing to show: {esc(said)}.</p>')
+    return kept
 
 
 def _make(sec: Section, data: ReportData) -> str | None:

@@ -16,7 +16,7 @@ from raysweep.ledger import PointRow, PointState, ServerRow
 from raysweep.place import transport
 from raysweep.report import plots
 from raysweep.report.data import ReportData
-from raysweep.report.markup import esc, frame_table, html_table
+from raysweep.report.markup import esc, frame_table, html_table, nothing
 from raysweep.results import aggregate
 from raysweep.results.table import flagged
 from raysweep.results.validity_story import validity_counts
@@ -36,7 +36,7 @@ def validity_section(data: ReportData) -> str:
     """The runs that fail a check of their validity record, and the checks nothing could judge."""
     recs = data.records
     if not recs:
-        return "<p>No finished run yet.</p>"
+        return nothing("no finished run yet")
     checks = ", ".join(CHECKS)
     counts = validity_counts(recs)  # the count `status` prints: a check not judged is never a check passed
     gaps = (f'<p class="muted">Not judged (nothing recorded): {esc(counts.gaps())}.</p>' if counts.not_judged
@@ -126,7 +126,7 @@ def _shapes(df: pd.DataFrame) -> dict[str, str]:
 def results_section(data: ReportData) -> str:
     df = data.df
     if df.empty:
-        return "<p>No finished run yet.</p>"
+        return nothing("no finished run yet")
     params = [k for p in data.points for k in (*p.serve_params, *p.bench_params)]
     if "validity_ok" in df.columns:
         issues = df["validity_issues"] if "validity_issues" in df.columns else pd.Series([""] * len(df))
@@ -146,7 +146,7 @@ def results_section(data: ReportData) -> str:
 
 def sla_section(data: ReportData) -> str:
     if data.sla.empty:
-        return '<p class="muted">No SLA search in this campaign.</p>'
+        return nothing("no SLA search in this campaign")
     return frame_table(data.sla, sortable=True)
 
 
@@ -154,7 +154,7 @@ def transport_section(data: ReportData) -> str:
     """Per server config, the NCCL verdict of its latest server: links, gate, and the evidence lines."""
     latest = {s.serve_id: s for s in data.servers if s.transport}
     if not latest:
-        return '<p class="muted">Not checked: no server of this campaign has a transport verdict.</p>'
+        return nothing("not checked: no server of this campaign has a transport verdict")
     require = (data.campaign.get("transport") or {}).get("require", "any")
     labels = {p.serve_id: combo_label(p.serve_params) for p in data.points}
     rows, evidence = [], []

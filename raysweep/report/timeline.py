@@ -17,7 +17,7 @@ import pandas as pd
 
 from raysweep.maths import over_time
 from raysweep.report.data import ReportData, answer_of
-from raysweep.report.markup import esc, html_table
+from raysweep.report.markup import esc, html_table, nothing
 from raysweep.report.plots.style import config_colors, fmt_value
 from raysweep.results import aggregate
 
@@ -80,7 +80,7 @@ def timeline_section(data: ReportData) -> str:
     df = data.df
     metric = next((m for m in aggregate.TREND_METRICS if m in df.columns), None)
     if df.empty or metric is None or "started_at" not in df.columns:
-        return "<p>No run says when it started: nothing to show over time.</p>"
+        return nothing("no run says when it started")
     try:
         points = answer_of(data).points
     except Exception as exc:  # the conclusions' own section says why they fail
