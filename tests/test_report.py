@@ -69,7 +69,7 @@ def test_cli_report_is_one_self_contained_file(tmp_path):
     # the SLA table: one row per search
     assert section(html, "sla").count("<tr>") == 1 + 3 and "above max" in section(html, "sla")
     failures = section(html, "failures")
-    assert "1 failed point(s)." in failures and "CUDA out of memory\nlast log line" in failures
+    assert "1 failed point(s), 1 way(s) of failing" in failures and "CUDA out of memory\nlast log line" in failures
     assert "server died during the point" in failures
     env = section(html, "environment")
     # what the runs recorded, never what is installed where the report is made
@@ -150,10 +150,10 @@ def test_report_of_a_campaign_with_nothing_done(tmp_path):
     html = report.build_report(out)
     said = section(html, "conclusions")
     assert "No finished run yet." in said
-    for title in ("Warnings", "Runs over time", "Figures", "Results", "SLA", "Transport"):
+    for title in ("Warnings", "Runs over time", "Figures", "Results", "SLA", "Transport", "Failures"):
         assert f"{title} (" in said, title  # left out, each named with its reason
-    assert not {"validity", "drift", "figures", "results", "sla", "transport"} & set(sections(html))
-    assert sections(html)[:2] == ["conclusions", "failures"]  # where the conclusions send the reader
+    assert not {"validity", "drift", "figures", "results", "sla", "transport", "failures"} & set(sections(html))
+    assert sections(html)[0] == "conclusions"
     assert "No server was started." in section(html, "environment")
 
 

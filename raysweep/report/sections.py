@@ -179,16 +179,25 @@ def transport_section(data: ReportData) -> str:
 
 
 def failures_section(data: ReportData) -> str:
+    """The failed points, grouped by server config and error: a configuration that failed the same way on
+    every point is one entry listing its points, with one log tail."""
     failed = [p for p in data.points if p.state == PointState.FAILED]
     if not failed:
-        return "<p>No failed point.</p>"
-    items = []
+        return nothing("no failed point")
+    groups: dict[tuple[str, str], list[Any]] = {}
     for p in failed:
-        tail = f"<pre>{esc(p.log_tail)}</pre>" if p.log_tail else '<p class="muted">no log tail recorded</p>'
-        items.append(f'<div class="failure"><h3>{esc(combo_label(p.serve_params))} / '
-                     f"{esc(combo_label(p.bench_params))}, run {p.run}</h3><p>point {esc(p.point_id)}, "
-                     f"{p.attempts} attempt(s): {esc(p.error or '')}</p>{tail}</div>")
-    return f"<p>{len(failed)} failed point(s).</p>" + "\n".join(items)
+        groups.setdefault((combo_label(p.serve_params), p.error or ""), []).append(p)
+    items = []
+    for (serve, error), points in groups.items():
+        first = points[0]
+        tail = f"<pre>{esc(first.log_tail)}</pre>" if first.log_tail else '<p class="muted">no log tail recorded</p>'
+        which = "; ".join(f"{combo_label(p.bench_params)} run {p.run}, {p.attempts} attempt(s), point {p.point_id}"
+                          for p in points)
+        whose = f"The log tail of point {first.point_id}:" if len(points) > 1 else "Its log tail:"
+        items.append(f'<div class="failure"><h3>{esc(serve)}: {len(points)} point(s)</h3><p>{esc(error)}</p>'
+                     f'<p class="muted">{esc(which)}.</p><p class="muted">{esc(whose)}</p>{tail}</div>')
+    return (f"<p>{len(failed)} failed point(s), {len(groups)} way(s) of failing (by server config and "
+            "error).</p>" + "\n".join(items))
 
 
 _PROVENANCE = (("vLLM", "vllm"), ("torch", "torch"), ("NCCL", "nccl"), ("Ray", "ray"), ("raysweep", "raysweep"),
