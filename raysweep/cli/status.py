@@ -183,13 +183,13 @@ def _precision_line(output_dir: str, stored: dict[str, Any]) -> None:
     spec = (stored.get("bench") or {}).get("precision")
     if not spec:
         return
+    from raysweep.results.precision import precision_counts
+
     ledger = Ledger.open_existing(output_dir)
     try:
-        rows, points = ledger.precision(), ledger.points()
+        rows, points, n = ledger.precision(), ledger.points(), precision_counts(ledger) or {}
     finally:
         ledger.close()
-    n = {state: sum(1 for r in rows if r["state"] == state)
-         for state in ("reached", "max_runs", "max_duration", "measuring")}
     decided = {(r["serve_id"], r["bench_id"]) for r in rows if r["state"] != "measuring"}
     spent: dict[tuple[str, str], int] = {}
     for p in points:
