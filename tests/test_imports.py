@@ -205,12 +205,6 @@ MODES = set(FLOORS[-2])
 # Imports that still run against the flow, each to be cut (a function moved to the room it belongs in, or a
 # value passed in instead of imported); the list may only shrink.
 SEAMS_TO_CUT = {
-    ("raysweep.campaign.checks", "raysweep.sla.search"),      # SLA targets: the campaign's vocabulary
-    ("raysweep.campaign.loading", "raysweep.sla.search"),
-    ("raysweep.report.data", "raysweep.sla.search"),
-    ("raysweep.results.compare", "raysweep.sla.search"),
-    ("raysweep.results.conclusions", "raysweep.sla.search"),
-    ("raysweep.drive.state", "raysweep.sla.search"),
     ("raysweep.plan.estimate", "raysweep.results.table"),     # the records a run wrote, read below results
     ("raysweep.drive.driver", "raysweep.results.table"),
     ("raysweep.drive.point", "raysweep.results.table"),

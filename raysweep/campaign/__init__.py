@@ -7,7 +7,9 @@ Every problem raises `CampaignError` naming the field path and what would be acc
 Rooms: `models` (the schema, each field with its own rule), `loading` (the file, parameter files and grids,
 `${VAR}` expansion, `CampaignSpec`), `checks` (rules spanning several fields, and the registry through which
 an owning layer such as tuning adds its own), `messages` (pydantic errors as field paths), `levels` (the
-`bench.workload` schema and vLLM's rule for the levels), `schema` (the JSON Schema of a campaign file).
+`bench.workload` schema and vLLM's rule for the levels), `slo` (the service-level vocabulary: SLA targets and
+the `slo:` objective, the metrics they may name, whether values meet them), `schema` (the JSON Schema of a
+campaign file).
 
 May import: the stage-free rooms, `ledger`, `record` and `bench` (what a bench command means). Knows nothing
 of Ray or processes.

@@ -201,7 +201,7 @@ def _check_precision(campaign: Campaign) -> None:
 
 
 def _check_sla(campaign: Campaign, bench_combos: list[dict[str, Any]]) -> None:
-    from raysweep.sla.search import parse_targets
+    from raysweep.campaign.slo import parse_targets
 
     sla = campaign.sla
     assert sla is not None and campaign.bench is not None

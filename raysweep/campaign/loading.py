@@ -173,7 +173,7 @@ def _resolve(data: dict[str, Any], base_dir: Path, source_path: str, env: dict[s
     _check_precision(campaign)
     _check_affinity(campaign)
     if campaign.slo is not None:
-        from raysweep.sla.search import parse_slo
+        from raysweep.campaign.slo import parse_slo
 
         parse_slo(campaign.slo)
     if campaign.offline is not None:

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raysweep.campaign import slo
 from raysweep.ledger import Ledger, PointRow, PointState
 from raysweep.levels import search as workload_levels
 from raysweep.maths.order import Turn, block_order, instance_of, open_turns, order_of, turns
 from raysweep.plan import estimate
 from raysweep.plan.plan import Plan, ServeConfig, first_runs
-from raysweep.sla import search as sla
 
 __all__ = ["EventSink", "Workload"]
 
@@ -38,7 +38,7 @@ class Workload:
         self.log_dir = (output_dir / "logs").resolve()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stop_reason: str | None = None
-        self.targets = sla.parse_targets(self.c.sla.targets) if self.c.sla is not None else []
+        self.targets = slo.parse_targets(self.c.sla.targets) if self.c.sla is not None else []
         self.order = order_of(self.c)
         self.instances = self.order.instances  # server starts per configuration (`order.instances`)
         self.first_runs = first_runs(plan.spec)
@@ -138,12 +138,12 @@ class Workload:
             return []
         done = {(r["bench_id"], r["target"]) for r in self.ledger.searches() if r["serve_id"] == serve_id}
         return [(bid, t) for sid, bid in self.plan.searches if sid == serve_id
-                for t in self.targets if (bid, sla.search_key(self.c.sla, t)) not in done]
+                for t in self.targets if (bid, slo.search_key(self.c.sla, t)) not in done]
 
     def close_searches(self, serve_id: str, state: str, note: str) -> None:
         """Record every open SLA search of a config as ended without an answer (`state`, and why)."""
         for bench_id, target in self.open_searches(serve_id):
-            self.ledger.record_search(serve_id, bench_id, sla.search_key(self.c.sla, target), state, None, None,
+            self.ledger.record_search(serve_id, bench_id, slo.search_key(self.c.sla, target), state, None, None,
                                       0, [note], {})
 
     def give_up(self, serve: ServeConfig, reason: str, search_state: str = "server failed") -> None:

@@ -1,5 +1,6 @@
 """What a campaign keeps on disk beside its ledger (`raysweep.ledger`): whole-or-nothing files, mirroring an
-output directory to a filesystem URI, and settings drift between a campaign's points and a resume.
+output directory to a filesystem URI, settings drift between a campaign's points and a resume, and the names
+of the server-side fields a result record carries (`fields`).
 
 May import: the stage-free rooms, `campaign`, `plan` and `ledger`. Knows nothing of Ray or HTTP.
 """

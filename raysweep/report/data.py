@@ -100,7 +100,7 @@ def _with_pooled(data: ReportData, summary: pd.DataFrame, metrics: list[str]) ->
 
 def _slo(campaign: dict[str, Any]) -> Any:
     """The campaign's service-level objective (`slo:`), None without one or when it no longer parses."""
-    from raysweep.sla.search import parse_slo
+    from raysweep.campaign.slo import parse_slo
 
     raw = campaign.get("slo") if isinstance(campaign, dict) else None
     if not raw:

@@ -46,7 +46,7 @@ from raysweep.report import plots
 from raysweep.errors import UserError, unknown_names
 from raysweep.record.files import write_json_atomic, write_text_atomic
 from raysweep.maths.over_time import Family
-from raysweep.sla.search import Target, meets
+from raysweep.campaign.slo import Target, meets
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -523,7 +523,7 @@ def write_comparison(comparisons: Sequence[Comparison], out_dir: str | Path, fmt
 def campaign_slo(output_dir: str | Path) -> Target | None:
     """The service-level objective (`slo:`) of a raysweep output dir's campaign; None elsewhere."""
     from raysweep.ledger import LEDGER_FILE, Ledger
-    from raysweep.sla.search import parse_slo
+    from raysweep.campaign.slo import parse_slo
 
     path = Path(output_dir)
     if not (path / LEDGER_FILE).is_file():
@@ -540,7 +540,7 @@ def parse_slo_option(text: str | None) -> Target | None:
     """`--slo 'p99_ttft_ms=500,median_tpot_ms=50'` (or YAML: `{p99_ttft_ms: 500}`) as an slo."""
     import yaml
 
-    from raysweep.sla.search import parse_slo
+    from raysweep.campaign.slo import parse_slo
 
     if not text:
         return None

@@ -46,7 +46,7 @@ from raysweep.results import aggregate
 from raysweep.report import plots
 from raysweep.maths import verdicts
 from raysweep.errors import UserError, unknown_names
-from raysweep.sla.search import Target
+from raysweep.campaign.slo import Target
 
 __all__ = [
     "CHEAPEST_METRICS",

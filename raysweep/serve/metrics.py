@@ -34,6 +34,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from raysweep.record.fields import COUNTER_FIELDS, COUNTERS, GAUGE_FIELDS, HISTOGRAMS, RUNNING_TIME, SERVER_FIELDS
+
 __all__ = ["COUNTERS", "FIELDS", "GAUGES", "HISTOGRAMS", "Scraper", "combine", "parse_metrics", "summarize"]
 
 log = logging.getLogger(__name__)
@@ -41,23 +43,8 @@ log = logging.getLogger(__name__)
 # gauge -> how engines combine; counters are summed over engines and label sets
 GAUGES: dict[str, Callable[[list[float]], float]] = {
     "vllm:kv_cache_usage_perc": max, "vllm:num_requests_running": sum, "vllm:num_requests_waiting": sum}
-COUNTERS = ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prefix_cache_queries",
-            "vllm:prefix_cache_hits", "vllm:request_success")
-_FIELD = {"vllm:kv_cache_usage_perc": "kv_cache_usage_perc", "vllm:num_requests_running": "num_requests_running",
-          "vllm:num_requests_waiting": "num_requests_waiting"}
-_COUNTER_FIELDS = tuple(f"server_{name.split(':', 1)[1]}" for name in COUNTERS)
-# histograms whose mean over the window the server measured itself (from its arrival of a request): the
-# server's side of the client's TTFT, queueing and E2EL, so that a client's overhead shows as the difference
-HISTOGRAMS = {"vllm:time_to_first_token_seconds": "server_mean_ttft_ms",
-              "vllm:request_queue_time_seconds": "server_mean_queue_ms",
-              "vllm:e2e_request_latency_seconds": "server_mean_e2el_ms"}
-# histogram whose sum over the window, divided by the load's duration, is the mean of the running requests
-RUNNING_TIME = "vllm:request_inference_time_seconds"
 _HIST_SERIES = (*(f"{name}{part}" for name in HISTOGRAMS for part in ("_sum", "_count")), RUNNING_TIME + "_sum")
-# every numeric server field a result (and so an SLA target) can carry
-FIELDS = (*(f"server_{short}_{kind}" for short in _FIELD.values() for kind in ("peak", "mean")), *_COUNTER_FIELDS,
-          "server_prefix_cache_hit_rate", *HISTOGRAMS.values(), "server_mean_requests_in_inference")
-
+FIELDS = SERVER_FIELDS  # every numeric server field a result (and so an SLA target) can carry
 
 def parse_metrics(text: str) -> dict[str, float]:
     """The gauges and counters raysweep keeps, combined over engines, from one /metrics body."""
@@ -148,7 +135,7 @@ def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, fl
         return out
     start, end = window if window is not None else (-math.inf, math.inf)
     inside = [s for s in samples if start <= s.at <= end + slack]
-    for name, short in _FIELD.items():
+    for name, short in GAUGE_FIELDS.items():
         values = [s.values[name] for s in inside if name in s.values]
         if values:
             out[f"server_{short}_peak"] = max(values)
@@ -165,7 +152,7 @@ def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, fl
         return out
     out["server_metrics_complete"] = True
     first, last = before[-1].values, after[0].values
-    for name, fld in zip(COUNTERS, _COUNTER_FIELDS):
+    for name, fld in zip(COUNTERS, COUNTER_FIELDS):
         if name in first and name in last:
             out[fld] = last[name] - first[name]
     _hit_rate(out)
@@ -199,7 +186,7 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             out[fld] = max(values)
         elif fld.endswith("_mean") or fld in HISTOGRAMS.values() or fld == "server_mean_requests_in_inference":
             out[fld] = sum(values) / len(values)
-        elif fld in _COUNTER_FIELDS and len(values) == len(summaries):
+        elif fld in COUNTER_FIELDS and len(values) == len(summaries):
             out[fld] = sum(values)
     _hit_rate(out)
     reasons = [str(s.get("server_metrics_incomplete_reason") or "no server metrics")
