@@ -310,8 +310,9 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
         parts, requests = f
         extra: dict[str, tuple[float, float, float]] = {}
         for (asked, values, _), lows_highs in zip(parts, ends):
-            for (name, q), (lo, hi) in zip(asked, lows_highs):
-                extra[name] = (float(np.percentile(values, q)), lo, hi)
+            pooled = np.percentile(values, [q for _, q in asked]).tolist()
+            for (name, _), value, (lo, hi) in zip(asked, pooled, lows_highs):
+                extra[name] = (value, lo, hi)
         if not extra:
             continue
         row = rows[i]
