@@ -192,7 +192,7 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
 
     table = _sorted_by(cmp.table, list(cmp.on))
     points = []
-    for _, r in table.iterrows():
+    for r in table.to_dict("records"):  # plain dicts: a row Series' lookups cost many times more
         points.append({"params": {c: r[c] for c in cmp.on}, "runs_baseline": r.get("runs_a"),
                        "runs_other": r.get("runs_b"),
                        "metrics": {m: {"baseline": r.get(f"{m}_a"), "other": r.get(f"{m}_b"),
