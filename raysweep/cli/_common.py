@@ -162,11 +162,9 @@ def print_table(table: Any, console: Console | None = None) -> None:
     if c.is_terminal:
         c.print(table)
         return
-    from rich.measure import Measurement
-
-    width = Measurement.get(c, c.options.update(width=100_000), table).maximum
-    # a console of that width on the same file: `print(width=...)` would clamp to the console's own 80 columns
-    Console(file=c.file, width=max(width, 20), soft_wrap=True).print(table)
+    # a console wide enough on the same file: the table takes the width it needs and no more (`print(width=...)`
+    # would clamp to the console's own 80 columns); not measured first, which would cost a second pass
+    Console(file=c.file, width=100_000, soft_wrap=True).print(table)
 
 
 def _figure_dir(output_dir: str, out_path: str | None, default: str) -> Path:
