@@ -204,15 +204,15 @@ def intervals(metrics: Sequence[Pooled], confidence: float, seed: int = 0) -> li
             counts = two_level_counts(sizes, min(step, most - start), rng)
             _draw_batches([i for i in members if metrics[i].resamples > start], metrics, counts, start)
     out: list[list[tuple[float, float]]] = [[(math.nan, math.nan)] * len(m.qs) for m in metrics]
-    alike: dict[tuple[int, ...], list[tuple[int, np.ndarray]]] = {}  # the metrics' draws by their shape
-    for i, m in enumerate(metrics):
-        draws = np.concatenate(m.draws) if m.draws else np.zeros((0, len(m.qs)))
-        draws = draws[np.isfinite(draws).all(axis=1)]
-        if len(draws):
-            alike.setdefault(draws.shape, []).append((i, draws))
-    for group in alike.values():  # the ends of draws of one shape in one call: the same numbers as one by one
-        for start in range(0, len(group), _ENDS_AT_ONCE):
-            part = group[start:start + _ENDS_AT_ONCE]
+    for start in range(0, len(metrics), _ENDS_AT_ONCE):  # a few metrics' draws at a time, not all of them
+        alike: dict[tuple[int, ...], list[tuple[int, np.ndarray]]] = {}  # the metrics' draws by their shape
+        for i in range(start, min(start + _ENDS_AT_ONCE, len(metrics))):
+            m = metrics[i]
+            draws = np.concatenate(m.draws) if m.draws else np.zeros((0, len(m.qs)))
+            draws = draws[np.isfinite(draws).all(axis=1)]
+            if len(draws):
+                alike.setdefault(draws.shape, []).append((i, draws))
+        for part in alike.values():  # the ends of draws of one shape in one call: the same numbers as one by one
             ends = np.percentile(np.stack([d for _, d in part]), [50.0 - 50.0 * confidence,
                                                                   50.0 + 50.0 * confidence], axis=1).tolist()
             for k, (i, _) in enumerate(part):
