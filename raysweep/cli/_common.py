@@ -33,8 +33,8 @@ def keep_freed_memory() -> None:
     """Let the command's process reuse the memory its numpy temporaries free rather than hand it back to the
     system and fault it in again: with glibc's defaults each array over 128 KiB is mapped and unmapped anew,
     which cost the summary's bootstrap at 1,000 points 1.9 s of system time beside 4.4 s of user time (0.2 s
-    with these; the peak memory the same, benchmarks/RESULTS.md). Only glibc has the knob: elsewhere nothing changes. Only the
-    command's own process: `raysweep.run()` in someone's Python leaves theirs as it is."""
+    with these; the peak memory the same, benchmarks/RESULTS.md). Only glibc has the knob: elsewhere nothing
+    changes. Only the command's own process: `raysweep.run()` in someone's Python leaves theirs as it is."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
