@@ -282,3 +282,19 @@ def test_the_gaps_read_from_a_samples_file_are_those_of_each_request(tmp_path):
         np.testing.assert_array_equal(got["itl_gaps"], np.concatenate(per_request))
         np.testing.assert_array_equal(got["itl_owner"], np.repeat(np.arange(len(per_request)),
                                                                   [len(g) for g in per_request]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_short_sets_read_directly_equal_the_blocks(seed):
+    """A short set (a value per request) is read directly, a long one by blocks: on the same sets and counts
+    (ties, rows that draw nothing, owners with no value) both give the same numbers."""
+    rng = np.random.default_rng(seed)
+    counts = bootstrap.two_level_counts([20, 13, 31], 200, rng)
+    counts[::9] = 0
+    qs = [0.0, 2.5, 50.0, 90.0, 99.0, 100.0]
+    for g in (1, 2, 17, 64, 256):
+        owner = rng.integers(0, counts.shape[1], g)
+        values = np.sort(np.round(rng.gamma(2.0, 3.0, g), 1))
+        direct = bootstrap._direct(values, owner, counts, qs)
+        np.testing.assert_array_equal(direct, bootstrap._blocked([values], [owner], counts, qs)[:, 0, :])
+        np.testing.assert_allclose(direct, ref_weighted_percentiles(values, counts[:, owner], qs), rtol=1e-12)

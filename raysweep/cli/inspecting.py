@@ -43,8 +43,9 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
     from raysweep.results.table import results_table, write_results
 
     Ledger.open_existing(output_dir).close()
-    df = results_table(output_dir)
     dest = Path(out_path) if out_path else Path(output_dir) if formats else None
+    # the aggregates alone need no table where the run's end kept them (`print_aggregates` reads it if not)
+    df = results_table(output_dir) if dest or not aggregate else None
     wanted = formats or ("parquet", "csv")
     paths = write_results(output_dir, wanted, dest=dest, summary=not aggregate, table=df) if dest else []
     if aggregate:
@@ -53,6 +54,7 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
         print_aggregates(output_dir, df, wanted, confidence, noise_threshold, noise_metrics, metrics=metrics,
                          dest=dest, as_json=as_json, written=paths)
         return
+    assert df is not None  # read above: no --aggregate
     if as_json:
         print_json("results", {"output_dir": output_dir, "rows": len(df), "columns": list(df.columns),
                          "runs": df.to_dict(orient="records"), "written": paths})

@@ -7,7 +7,8 @@ each copy is `m * n_j` draws among its requests, so a resample is a row of how o
 (`two_level_counts`: a block of resamples in a few calls of the generator, no loop per resample). A request's
 value (its TTFT, TPOT or E2EL), or each of its ITL gaps, repeated its count of times is the resampled pool;
 `weighted_percentiles` reads the pool's percentiles from the values sorted once (numpy's linear method on the
-repeated values, without building them): each row's weight per block of consecutive sorted values by one
+repeated values, without building them): for a value per request, the running count of every row over them
+searched once; for the many ITL gaps, each row's weight per block of consecutive sorted values by one
 sparse matrix product, then the wanted rank among the values of the block that holds it.
 
 For given counts the percentiles equal `numpy.percentile` of the repeated values, and the counts follow the
@@ -27,6 +28,8 @@ __all__ = ["Pooled", "intervals", "stacked_percentiles", "two_level_counts", "we
 
 _BLOCK_CELLS = 2_000_000  # resamples x requests generated at once, at most
 _BATCH_CELLS = 300_000  # resamples x sets x blocks read at once, about: small enough to stay in the CPU's cache
+_ENDS_AT_ONCE = 256  # metrics whose interval ends are read from their draws in one call
+_DIRECT_MAX = 256  # a set of at most this many values is read directly (`_direct`), a longer one by blocks
 
 
 @dataclass
@@ -81,9 +84,49 @@ def stacked_percentiles(sorted_values: Sequence[np.ndarray], owners: Sequence[np
     """`weighted_percentiles` of several sets of sorted values (one per metric of a point) drawn with the
     same counts: rows x sets x len(qs).
 
-    Each set is cut into blocks of a few consecutive sorted values; one sparse product gives every row's
-    weight per block of every set, the block holding a wanted rank is found from their running sum, and the
-    rank among that block's values alone."""
+    A short set (`_DIRECT_MAX` values at most: a value per request) is read directly: each row's running
+    count over its sorted values, searched for the wanted ranks. A longer one (ITL gaps) is cut into blocks
+    of a few consecutive sorted values; one sparse product gives every row's weight per block of every such
+    set, the block holding a wanted rank is found from their running sum, and the rank among that block's
+    values alone. Both give the same numbers (`tests/test_bootstrap.py`)."""
+    rows = counts.shape[0]
+    out = np.full((rows, len(sorted_values), len(qs)), math.nan)
+    short = [i for i, v in enumerate(sorted_values) if v.size <= _DIRECT_MAX]
+    long = [i for i, v in enumerate(sorted_values) if v.size > _DIRECT_MAX]
+    for i in short:
+        out[:, i, :] = _direct(sorted_values[i], owners[i], counts, qs)
+    if long:
+        out[:, long, :] = _blocked([sorted_values[i] for i in long], [owners[i] for i in long], counts, qs)
+    return out
+
+
+def _direct(sorted_values: np.ndarray, owner: np.ndarray, counts: np.ndarray, qs: Sequence[float]) -> np.ndarray:
+    """`weighted_percentiles` of a short set, rows x len(qs): the running count over the sorted values (their
+    owners' counts) of all rows laid end to end, and every row's wanted ranks found in it by one search."""
+    rows = counts.shape[0]
+    out = np.full((rows, len(qs)), math.nan)
+    size = sorted_values.size
+    if size == 0 or rows == 0:
+        return out
+    flat = np.cumsum(counts[:, owner], dtype=np.int64)  # the running count over all rows laid end to end
+    ends = flat[size - 1::size]
+    before = np.concatenate([[0], ends[:-1]])  # what the rows above drew
+    count = ends - before
+    live = count > 0
+    last = np.maximum(count, 1).astype(float) - 1.0
+    h = last[:, None] * (np.asarray(qs, dtype=float) / 100.0)
+    lo = np.floor(h)
+    ranks = np.concatenate([lo, np.minimum(lo + 1.0, last[:, None])], axis=1).astype(np.int64)
+    pos = np.searchsorted(flat, (ranks + before[:, None]).ravel(), side="right").reshape(rows, -1)
+    found = sorted_values[np.minimum(pos - size * np.arange(rows)[:, None], size - 1)]
+    a, b = found[:, : len(qs)], found[:, len(qs):]
+    out[live] = (a + (h - lo) * (b - a))[live]
+    return out
+
+
+def _blocked(sorted_values: Sequence[np.ndarray], owners: Sequence[np.ndarray], counts: np.ndarray,
+             qs: Sequence[float]) -> np.ndarray:
+    """`stacked_percentiles` of long sets by blocks of consecutive sorted values (see there)."""
     rows, n_owners = counts.shape
     sets = len(sorted_values)
     out = np.full((rows, sets, len(qs)), math.nan)
@@ -160,15 +203,20 @@ def intervals(metrics: Sequence[Pooled], confidence: float, seed: int = 0) -> li
         for start in range(0, most, step):
             counts = two_level_counts(sizes, min(step, most - start), rng)
             _draw_batches([i for i in members if metrics[i].resamples > start], metrics, counts, start)
-    out = []
-    for m in metrics:
-        draws = np.concatenate(m.draws) if m.draws else np.zeros((0, len(m.qs)))
-        draws = draws[np.isfinite(draws).all(axis=1)]
-        if not len(draws):
-            out.append([(math.nan, math.nan)] * len(m.qs))
-            continue
-        ends = np.percentile(draws, [50.0 - 50.0 * confidence, 50.0 + 50.0 * confidence], axis=0)
-        out.append([(float(ends[0, j]), float(ends[1, j])) for j in range(len(m.qs))])
+    out: list[list[tuple[float, float]]] = [[(math.nan, math.nan)] * len(m.qs) for m in metrics]
+    for start in range(0, len(metrics), _ENDS_AT_ONCE):  # a few metrics' draws at a time, not all of them
+        alike: dict[tuple[int, ...], list[tuple[int, np.ndarray]]] = {}  # the metrics' draws by their shape
+        for i in range(start, min(start + _ENDS_AT_ONCE, len(metrics))):
+            m = metrics[i]
+            draws = np.concatenate(m.draws) if m.draws else np.zeros((0, len(m.qs)))
+            draws = draws[np.isfinite(draws).all(axis=1)]
+            if len(draws):
+                alike.setdefault(draws.shape, []).append((i, draws))
+        for part in alike.values():  # the ends of draws of one shape in one call: the same numbers as one by one
+            ends = np.percentile(np.stack([d for _, d in part]), [50.0 - 50.0 * confidence,
+                                                                  50.0 + 50.0 * confidence], axis=1).tolist()
+            for k, (i, _) in enumerate(part):
+                out[i] = list(zip(ends[0][k], ends[1][k]))
     return out
 
 

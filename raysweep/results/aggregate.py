@@ -252,8 +252,7 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     order = np.argsort(codes, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(total)])
     ids = df["point_id"].to_numpy(dtype=object) if "point_id" in df.columns else None
-    slim = df[[c for c in ("started_at", "round", "run_number", *TREND_METRICS) if c in df.columns]]
-    slim = slim.set_axis(pd.RangeIndex(len(df)))  # the runs by position
+    over_time = _RunsOverTime(df, metrics)
     hardware = df["hardware"].to_numpy(dtype=object) if "hardware" in df.columns else None
     mixed = (df["hardware_mixed"].fillna(False).astype(bool).to_numpy()
              if hardware is not None and "hardware_mixed" in df.columns else None)
@@ -270,7 +269,7 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
         row.update(runs_total=int(total[i]), runs_left_out=0 if all_left[i] else int(n_left[i]),
                    left_out_reasons=left_out_reasons(df.iloc[gone]) if gone.size else "",
                    on_flagged_runs=bool(all_left[i]) and total[i] > 0)
-        timed, outlier = runs_over_time(slim.iloc[members[used[members]]], metrics)
+        timed, outlier = over_time.of(members[used[members]])
         row.update(timed)
         if outlier is not None:   # shown and judged: left out of the point's statistics like a flagged run
             used[outlier] = False
@@ -304,14 +303,15 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
     wanted = _wanted(metrics)
     found = [_pooled(ids, wanted, samples, resamples) for ids in runs_of]
     ends = iter(bootstrap.intervals([p for f in found if f for _, _, p in f[0]], confidence))
+    values_at = iter(_percentiles([(values, [q for _, q in asked]) for f in found if f for asked, values, _ in f[0]]))
     for i, f in enumerate(found):
         if not f:
             continue
         parts, requests = f
         extra: dict[str, tuple[float, float, float]] = {}
-        for (asked, values, _), lows_highs in zip(parts, ends):
-            for (name, q), (lo, hi) in zip(asked, lows_highs):
-                extra[name] = (float(np.percentile(values, q)), lo, hi)
+        for (asked, _, _), lows_highs, pooled in zip(parts, ends, values_at):
+            for (name, _), value, (lo, hi) in zip(asked, pooled, lows_highs):
+                extra[name] = (value, lo, hi)
         if not extra:
             continue
         row = rows[i]
@@ -323,6 +323,22 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
             m = k[: -len("_ci_high")] if k.endswith("_ci_high") else ""
             if m in extra:
                 rows[i][f"{m}_pooled"], rows[i][f"{m}_pooled_ci_low"], rows[i][f"{m}_pooled_ci_high"] = extra[m]
+
+
+def _percentiles(sets: list[tuple[np.ndarray, list[float]]]) -> list[list[float]]:
+    """`np.percentile(values, qs)` of each set, the sets of one length and percentiles in one call (the same
+    numbers as one by one)."""
+    out: list[list[float]] = [[] for _ in sets]
+    alike: dict[tuple[int, tuple[float, ...]], list[int]] = {}
+    for i, (values, asked) in enumerate(sets):
+        alike.setdefault((values.size, tuple(asked)), []).append(i)
+    for (_, qs), members in alike.items():
+        for start in range(0, len(members), 1024):
+            part = members[start:start + 1024]
+            got = np.percentile(np.stack([sets[i][0] for i in part]), list(qs), axis=1).T.tolist()
+            for i, value in zip(part, got):
+                out[i] = value
+    return out
 
 
 def _group_stats(values: np.ndarray, codes: np.ndarray, points: int, confidence: float) -> dict[str, np.ndarray]:
@@ -366,11 +382,46 @@ def runs_over_time(runs: pd.DataFrame, metrics: Sequence[str]) -> tuple[dict[str
     from raysweep.maths import over_time
 
     metric = next((m for m in TREND_METRICS if m in metrics), None)
-    fields: dict[str, Any] = dict.fromkeys(TIME_COLUMNS)
     if metric is None or runs.empty:
-        return fields, None
+        return dict.fromkeys(TIME_COLUMNS), None
     order = over_time.run_order(runs)
-    values = pd.to_numeric(runs.loc[order, metric], errors="coerce").tolist()
+    fields, at = _time_fields(metric, pd.to_numeric(runs.loc[order, metric], errors="coerce").tolist())
+    return fields, None if at is None else order[at]
+
+
+class _RunsOverTime:
+    """`runs_over_time` of the points of one table, its columns read once: `of(positions)` gives a point's
+    fields and the position of its outlier run (None: none), as `runs_over_time` of those rows would."""
+
+    def __init__(self, df: pd.DataFrame, metrics: Sequence[str]) -> None:
+        from raysweep.maths import over_time
+
+        self.metric = next((m for m in TREND_METRICS if m in metrics), None)
+        self.keys = [[np.asarray([over_time._num(v) for v in df[k].tolist()], dtype=float) for k in keys]
+                     for keys in (("started_at",), ("round", "run_number"), ("run_number",))
+                     if all(k in df.columns for k in keys)]
+        self.values = (pd.to_numeric(df[self.metric], errors="coerce").tolist() if self.metric is not None
+                       else [])
+
+    def of(self, positions: np.ndarray) -> tuple[dict[str, Any], Any]:
+        if self.metric is None or not positions.size:
+            return dict.fromkeys(TIME_COLUMNS), None
+        order = positions  # as given, unless a key orders them (`over_time.run_order`)
+        for cols in self.keys:
+            mine = [c[positions] for c in cols]
+            if all(np.isfinite(c).all() for c in mine):
+                order = positions[np.lexsort(tuple(reversed(mine)))]
+                break
+        fields, at = _time_fields(self.metric, [self.values[i] for i in order])
+        return fields, None if at is None else int(order[at])
+
+
+def _time_fields(metric: str, values: list[Any]) -> tuple[dict[str, Any], int | None]:
+    """The trend test of a point's values in their run order and, where they do not drift, Grubbs' rule:
+    `runs_over_time`'s fields, and the place in `values` of the outlier run to leave out (None: none)."""
+    from raysweep.maths import over_time
+
+    fields: dict[str, Any] = dict.fromkeys(TIME_COLUMNS)
     t = over_time.trend(values)
     fields.update(drift=t.word, drift_pct_per_run=t.pct_per_run, drift_p=t.p_value, drift_text=t.text,
                   drift_metric=metric)
@@ -380,7 +431,7 @@ def runs_over_time(runs: pd.DataFrame, metrics: Sequence[str]) -> tuple[dict[str
     marks = over_time.outliers(values)
     fields["outlier_text"] = marks.text
     if marks.count and len(values) - marks.count >= 2:
-        return fields, order[marks.mask.index(True)]
+        return fields, marks.mask.index(True)
     return fields, None
 
 

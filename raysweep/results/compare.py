@@ -234,6 +234,8 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     index = {k: i for i, k in enumerate(base_keys)}
     rows, matched = [], set()
     runs_a, runs_b = _runs_by_point(baseline, names), _runs_by_point(other, names)  # once, not a scan per point
+    # runs pair only by their blocks (`over_time.pairs`): where a side's runs have none, no point's runs are read
+    paired = runs_a is not None and runs_b is not None and "block" in runs_a[0] and "block" in runs_b[0]
     base_rows = baseline.summary.to_dict("records")  # plain dicts: a Series' lookups cost 20 times more
     for b in other.summary.to_dict("records"):
         key = tuple(_norm(b[k]) for k in keys)
@@ -241,7 +243,8 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
             continue
         matched.add(key)
         a = base_rows[index[key]]
-        rows.append(_row(a, b, keys, names, slo, _point_runs(baseline, a, runs_a), _point_runs(other, b, runs_b)))
+        point_runs = (_point_runs(baseline, a, runs_a), _point_runs(other, b, runs_b)) if paired else (None, None)
+        rows.append(_row(a, b, keys, names, slo, *point_runs))
     table = pd.DataFrame.from_records(rows)
     fam = _control(table, names, family)
     notes = []
