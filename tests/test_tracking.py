@@ -187,6 +187,22 @@ def _wandb_runs(root: Path) -> dict[str, dict[str, Any]]:
     return runs
 
 
+def test_a_second_offline_wandb_part_never_starts_in_the_first_parts_second(tmp_path):
+    """W&B names an offline part's folder by its start second: a part of the same run started within it would
+    write over the first part's file (the export-twice test below lost a part that way once in a full run)."""
+    import time
+    from datetime import datetime
+
+    stamp = f"{datetime.fromtimestamp(time.time()):%Y%m%d_%H%M%S}"
+    (tmp_path / "wandb" / f"offline-run-{stamp}-abc").mkdir(parents=True)
+    export._own_second("offline", tmp_path, "abc")
+    assert f"{datetime.fromtimestamp(time.time()):%Y%m%d_%H%M%S}" != stamp
+    start = time.monotonic()
+    export._own_second("offline", tmp_path, "other")  # no part of that run: no wait
+    export._own_second("online", tmp_path, "abc")
+    assert time.monotonic() - start < 0.5
+
+
 def test_wandb_offline_export_twice_writes_each_value_once_to_the_same_runs(grown, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -31,8 +31,10 @@ import json
 import logging
 import math
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -375,6 +377,20 @@ def _read_state(out: Path) -> dict[str, Any]:
         return {}
 
 
+def _own_second(mode: str | None, directory: str | Path | None, run_id: str) -> None:
+    """W&B names the folder of an offline run's part by the second it starts in (`offline-run-<second>-<id>`): a
+    second part of the same run started within that second would write over the first part's file. Offline,
+    wait for the next second when a part of `run_id` already holds this one."""
+    if mode != "offline":
+        return
+    folder = Path(directory or ".") / "wandb"
+    while True:
+        now = time.time()
+        if not any(folder.glob(f"offline-run-{datetime.fromtimestamp(now):%Y%m%d_%H%M%S}-{run_id}*")):
+            return
+        time.sleep(1.0 - now % 1.0 + 0.01)
+
+
 def export_wandb(campaign: ExportCampaign, project: str, entity: str | None = None, *, mode: str | None = None,
                  directory: str | Path | None = None, with_artifacts: bool = True) -> dict[str, Any]:
     """Log the campaign to the W&B project `project`, resuming its runs when they exist (stable ids, see the
@@ -393,6 +409,7 @@ def export_wandb(campaign: ExportCampaign, project: str, entity: str | None = No
     for point in campaign.points:
         key = f"{campaign.key}/{point.key}"
         logged = set(logged_of.get(key, []))
+        _own_second(mode, directory, _wandb_id(key))
         run = wandb.init(name=point.name, job_type="point", id=_wandb_id(key),
                          config={k: v for k, v in point.params.items() if v is not None}, **common)
         for step, values in point.runs:
@@ -406,6 +423,7 @@ def export_wandb(campaign: ExportCampaign, project: str, entity: str | None = No
     write_json_atomic(campaign.output_dir / STATE_FILE, state)
     if not with_artifacts:
         return {"campaign_run": None, "point_runs": names}
+    _own_second(mode, directory, _wandb_id(campaign.key))
     run = wandb.init(name=campaign.name, job_type="campaign", id=_wandb_id(campaign.key),
                      config={"output_dir": str(campaign.output_dir.resolve()), "points": len(campaign.points)},
                      **common)
