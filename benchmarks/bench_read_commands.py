@@ -129,7 +129,7 @@ def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
     from raysweep.campaign import load_campaign
     from raysweep.drive.driver import open_campaign
     from raysweep.record.files import write_json_atomic
-    from raysweep.results.records import write_samples
+    from raysweep.record.runs import write_samples
 
     lengths, concurrencies, runs = SIZES[size]
     out.mkdir(parents=True, exist_ok=True)

@@ -225,7 +225,8 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     refused = False
     try:
         with ray_session(address, driver_cpus(spec)):
-            summary = run_campaign(spec, out, force=force, retry_failed=retry_failed, accept_changes=accept_changes)
+            summary = run_campaign(spec, out, force=force, retry_failed=retry_failed, accept_changes=accept_changes,
+                                   finish=write_results)
     except LedgerError:  # another driver took the campaign meanwhile: its results are not ours to write
         refused = True
         raise

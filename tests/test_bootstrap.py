@@ -269,7 +269,7 @@ def test_the_gaps_read_from_a_samples_file_are_those_of_each_request(tmp_path):
     numbers: per successful request, np.diff of its chunks in ms, a request of one chunk or none drawing none."""
     from test_aggregate import samples
 
-    from raysweep.results.records import write_samples
+    from raysweep.record.runs import write_samples
 
     s = samples(4)
     s["chunks"][3], s["chunks"][5] = s["chunks"][3][:1], []

@@ -15,7 +15,7 @@ from test_plots import build_output_dir
 from raysweep.cli import main
 from raysweep.record import storage
 from raysweep.record.files import file_mode, write_json_atomic
-from raysweep.results.table import write_samples
+from raysweep.record.runs import write_samples
 
 
 @pytest.fixture(params=[0o022, 0o027])

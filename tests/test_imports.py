@@ -205,9 +205,6 @@ MODES = set(FLOORS[-2])
 # Imports that still run against the flow, each to be cut (a function moved to the room it belongs in, or a
 # value passed in instead of imported); the list may only shrink.
 SEAMS_TO_CUT = {
-    ("raysweep.plan.estimate", "raysweep.results.table"),     # the records a run wrote, read below results
-    ("raysweep.drive.driver", "raysweep.results.table"),
-    ("raysweep.drive.point", "raysweep.results.table"),
     ("raysweep.results.aggregate", "raysweep.report.plots"),  # the table logic that lives among the figures
     ("raysweep.results.compare", "raysweep.report.plots"),
     ("raysweep.results.conclusions", "raysweep.report.plots"),

@@ -14,7 +14,8 @@ import pytest
 from helpers import PY, STANDIN, native_campaign, run_file
 
 from raysweep import procs
-from raysweep.results.table import read_samples, results_table
+from raysweep.record.runs import read_samples
+from raysweep.results.table import results_table
 
 pytestmark = pytest.mark.ray
 

@@ -291,7 +291,7 @@ def _run_samples(n: int = 20, gap: float = 0.1, e2el: float = 0.5, failed: int =
 def _write_runs(out, runs: list[dict], extra: list[dict] | None = None) -> list[str]:
     import json
 
-    from raysweep.results.table import write_samples
+    from raysweep.record.runs import write_samples
 
     paths = []
     for i, s in enumerate(runs):

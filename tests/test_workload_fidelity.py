@@ -504,7 +504,8 @@ def test_warmup_requests_reach_the_server_before_the_point(gpu_cluster, tmp_path
     requests are the server's 4th, 5th, ...: its 1st, 5th and 9th fail (without the warmup: its 4th and 8th)."""
     from helpers import run_file
 
-    from raysweep.results.table import read_samples, results_table
+    from raysweep.record.runs import read_samples
+    from raysweep.results.table import results_table
 
     f = native_campaign(tmp_path, server_args="--fail-every 4",
                         bench_args="--random-input-len 8 --random-output-len 2 --max-concurrency 1",

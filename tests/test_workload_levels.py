@@ -242,7 +242,7 @@ def test_with_precision_the_levels_wait_for_the_endpoints_to_be_decided(tmp_path
 def _finish_samples(work: Workload, run_id: str, ttft_ms: float, rps: float, e2el_ms: float) -> None:
     """A done native run of 10 requests, all with the same TTFT, with its raw samples (an SLA probe pools them)."""
     from raysweep.bench import stats
-    from raysweep.results.table import write_samples
+    from raysweep.record.runs import write_samples
 
     assert work.ledger.claim(run_id, "s", work.c.max_attempts) is not None
     s = stats.empty_samples()

@@ -233,7 +233,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
                 ray_session(address, driver_cpus(spec)):
             _sigterm_to_interrupt()  # again: starting Ray installs its own handler, which aborts
             summary = run_campaign(spec, output_dir, force=force, retry_failed=retry_failed, on_event=display.event,
-                                   accept_changes=accept_changes)
+                                   accept_changes=accept_changes, finish=write_results)
     except LedgerError:  # refused meanwhile (another driver took the campaign): its results are not ours to write
         refused = True
         raise

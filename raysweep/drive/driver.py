@@ -18,7 +18,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,6 @@ from raysweep.plan.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.procs import cpu_set, cpu_text
 from raysweep.record import drift, storage
 from raysweep.report.tracking import LiveTracker
-from raysweep.results.table import write_results
 from raysweep.serve.live_server import ConfigRun
 from raysweep.serve.server import rank_argv
 
@@ -219,10 +218,14 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
 
 
 def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, retry_failed: bool = False,
-                 on_event: EventSink | None = None, accept_changes: bool = False) -> RunSummary:
+                 on_event: EventSink | None = None, accept_changes: bool = False,
+                 finish: Callable[[Path], object] | None = None) -> RunSummary:
     """Run every pending point of a campaign on the connected Ray cluster. Resumes from the ledger;
     `retry_failed` gives points that used up their attempts a fresh set; `accept_changes` goes on with
-    settings that changed since points were finished (`raysweep.record.drift`), recording the change."""
+    settings that changed since points were finished (`raysweep.record.drift`), recording the change.
+    `finish`: what the caller writes into the output dir when the run ends (the faces pass the results table's
+    `raysweep.results.table.write_results`), called before the storage mirror's last copy so that it goes
+    there too; the faces write it again after the run either way."""
     emit = on_event or (lambda kind, **data: None)
     mirror = storage.Mirror(spec.campaign.storage, output_dir) if spec.campaign.storage else None
     if mirror is not None:
@@ -262,7 +265,8 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
         if tracker is not None:
             tracker.close()
         if mirror is not None:
-            write_results(output_dir)
+            if finish is not None:
+                finish(output_dir)
             mirror.close()
 
 

@@ -34,7 +34,7 @@ from raysweep.plan.cost import point_cost_fields
 from raysweep.plan.plan import PointRun
 from raysweep.record import files
 from raysweep.record.files import write_json_atomic
-from raysweep.results.table import write_samples
+from raysweep.record.runs import write_samples
 from raysweep.serve import hardware, metrics, provenance
 from raysweep.serve.live_server import (
     Aborted,

@@ -382,7 +382,7 @@ def add_recorded(m: Measured, servers: list[Any], points: list[Any]) -> set[str]
 
 def _measure(output_dir: str | Path, m: Measured) -> None:
     from raysweep.ledger import Ledger
-    from raysweep.results.table import load_records
+    from raysweep.record.runs import read_records
 
     ledger = Ledger.open_existing(output_dir)
     try:
@@ -390,7 +390,7 @@ def _measure(output_dir: str | Path, m: Measured) -> None:
     finally:
         ledger.close()
     try:
-        records = load_records(output_dir)
+        records = read_records(output_dir)
     except (OSError, ValueError):
         records = []
     for r in records:

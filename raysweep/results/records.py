@@ -1,13 +1,14 @@
 """The records of an output dir as a table: one row per finished run, built with pandas from the ledger and
-result files; the SLA searches' table; the raw per-request samples of a run.
+result files; the SLA searches' table. The records and the raw per-request samples as a run wrote them are
+`raysweep.record.runs`.
 
 Columns: every serve and bench parameter, `run_number`, every metric with vLLM's field names, the GPU
 shape and placement (tensor/pipeline/data parallel sizes, gpu_count, node, GPU ids, server id) and
 timings, the validity record of each run (`validity_ok`, `validity_issues`, see `raysweep.drive.validity`; worked
 out here for result files written before it existed) and its server's provenance (`provenance_*`).
 Per-request arrays stay in the result files; the table keeps the scalars. `raysweep.results.table` writes the
-table and its summary out; the readers of any output dir (`raysweep.results.importer`, `raysweep.results.aggregate`) build
-on this module, below it.
+table and its summary out; the readers of any output dir (`raysweep.results.importer`,
+`raysweep.results.aggregate`) build on this module, below it.
 """
 
 from __future__ import annotations
@@ -20,17 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from raysweep.serve import hardware
-from raysweep.record.files import write_bytes_atomic
-from raysweep.grid import combo_label
-from raysweep.ledger import Ledger, PointState
 from raysweep.drive.validity import validity_fields
+from raysweep.grid import combo_label
+from raysweep.ledger import Ledger
+from raysweep.record.runs import read_records
+from raysweep.serve import hardware
 
-__all__ = ["PER_REQUEST_KEYS", "flagged", "load_records", "read_samples", "records_table", "results_table", "sla_table",
-           "write_samples"]
+__all__ = ["PER_REQUEST_KEYS", "flagged", "load_records", "records_table", "results_table", "sla_table"]
 
 log = logging.getLogger(__name__)
 
@@ -40,25 +38,13 @@ _FIRST = ["campaign", "serve_id", "bench_id", "point_id", "run_number", "serve_l
 
 
 def load_records(output_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of every done point of the current plan, read from their result files, with
-    `hardware` and `hardware_mixed` (`raysweep.serve.hardware.mark`)."""
-    output_dir = Path(output_dir)
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        rows = [p for p in ledger.points() if p.state == PointState.DONE]
-    finally:
-        ledger.close()
-    records = []
-    for row in rows:
-        path = output_dir / (row.result_path or "")
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("point %s is done but its result file %s cannot be read: %s", row.point_id, path, exc)
-            continue
+    """The records of every done point of the current plan, read from their result files
+    (`raysweep.record.runs.read_records`), with their validity record (worked out here for result files written
+    before it existed), `hardware` and `hardware_mixed` (`raysweep.serve.hardware.mark`)."""
+    records = read_records(output_dir)
+    for record in records:
         if "validity_ok" not in record:
             record.update(validity_fields(record))
-        records.append(record)
     return hardware.mark(records)  # a configuration's runs on other hardware are flagged
 
 
@@ -128,19 +114,3 @@ def sla_table(output_dir: str | Path) -> pd.DataFrame:
 
 _SLA_METRICS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
                 "p99_e2el_ms")
-
-
-def write_samples(path: str | Path, samples: dict[str, Any]) -> Path:
-    """The raw per-request samples of a native point (times in s from the point's start; `chunks` holds each
-    request's chunk arrival offsets from its send) as a parquet file, written whole or not at all."""
-    cols = {k: v for k, v in samples.items() if k not in ("loop_lag", "start_late_s")}
-    table = pa.table({k: pa.array(v, type=pa.list_(pa.float64()) if k == "chunks" else None)
-                      for k, v in cols.items()})
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
-    return write_bytes_atomic(path, sink.getvalue().to_pybytes())
-
-
-def read_samples(path: str | Path) -> dict[str, list[Any]]:
-    """Samples written by `write_samples`, as columns of Python values (the form `bench.stats` pools)."""
-    return pq.read_table(path).to_pydict()

@@ -21,15 +21,13 @@ from raysweep.results.records import (
     PER_REQUEST_KEYS,
     flagged,
     load_records,
-    read_samples,
     records_table,
     results_table,
     sla_table,
-    write_samples,
 )
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "kept_summary", "load_records", "read_samples", "records_table",
-           "results_table", "sla_table", "write_results", "write_samples"]
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "kept_summary", "load_records", "records_table", "results_table",
+           "sla_table", "write_results"]
 
 log = logging.getLogger(__name__)
 

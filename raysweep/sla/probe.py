@@ -21,7 +21,7 @@ from raysweep.drive.point import PointRunner
 from raysweep.drive.state import Workload
 from raysweep.levels import search as workload_levels
 from raysweep.plan.plan import BenchPoint, probe_runs
-from raysweep.results.table import read_samples
+from raysweep.record.runs import read_samples
 from raysweep.serve import metrics
 from raysweep.serve.live_server import ConfigRun, Server
 from raysweep.sla import search as sla

@@ -1,0 +1,59 @@
+"""The records a run wrote, as it wrote them: the result file of every done point of the current plan, and the
+raw per-request samples of a native point beside it.
+
+This is the reading below the results (`raysweep.results.records` builds the table on it, adding the validity
+record and the hardware marks); the run stage writes the samples here, and the plan's estimates read the
+wall times of the records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raysweep.ledger import Ledger, PointState
+from raysweep.record.files import write_bytes_atomic
+
+__all__ = ["read_records", "read_samples", "write_samples"]
+
+log = logging.getLogger(__name__)
+
+
+def read_records(output_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of every done point of the current plan, read from their result files as they were written
+    (a file that cannot be read is logged and left out)."""
+    output_dir = Path(output_dir)
+    ledger = Ledger.open_existing(output_dir)
+    try:
+        rows = [p for p in ledger.points() if p.state == PointState.DONE]
+    finally:
+        ledger.close()
+    records = []
+    for row in rows:
+        path = output_dir / (row.result_path or "")
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            log.warning("point %s is done but its result file %s cannot be read: %s", row.point_id, path, exc)
+    return records
+
+
+def write_samples(path: str | Path, samples: dict[str, Any]) -> Path:
+    """The raw per-request samples of a native point (times in s from the point's start; `chunks` holds each
+    request's chunk arrival offsets from its send) as a parquet file, written whole or not at all."""
+    cols = {k: v for k, v in samples.items() if k not in ("loop_lag", "start_late_s")}
+    table = pa.table({k: pa.array(v, type=pa.list_(pa.float64()) if k == "chunks" else None)
+                      for k, v in cols.items()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return write_bytes_atomic(path, sink.getvalue().to_pybytes())
+
+
+def read_samples(path: str | Path) -> dict[str, list[Any]]:
+    """Samples written by `write_samples`, as columns of Python values (the form `bench.stats` pools)."""
+    return pq.read_table(path).to_pydict()
