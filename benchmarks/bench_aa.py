@@ -74,8 +74,8 @@ def _sitting(mode: str, work: Path, i: int, model: str) -> dict[str, Any]:
 
 def _read(out: Path) -> dict[str, Any]:
     """What a sitting answered: its headline, whether it names a winner, every point's estimate and interval."""
-    from raysweep.report.data import answer_of, read_data
     from raysweep.results.conclusions import headlines
+    from raysweep.results.data import answer_of, read_data
 
     answer = answer_of(read_data(out))
     points = {}

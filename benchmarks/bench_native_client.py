@@ -254,6 +254,7 @@ def capacity_trace(model: Path, work: Path) -> str:
 def overhead(model: Path, work: Path) -> str:
     import yaml
 
+    import raysweep.modes  # noqa: F401 - every mode registered (raysweep.drive.hooks), as the faces do
     from raysweep.campaign import load_campaign
     from raysweep.drive.driver import ray_session, run_campaign
 

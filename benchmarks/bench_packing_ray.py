@@ -128,6 +128,7 @@ def run(configs: list[Config], work: Path, points: int, prompts: int) -> dict[st
     import ray
     from ray.cluster_utils import Cluster
 
+    import raysweep.modes  # noqa: F401 - every mode registered (raysweep.drive.hooks), as the faces do
     from raysweep.campaign import load_campaign
     from raysweep.drive.driver import run_campaign
 

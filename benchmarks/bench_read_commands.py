@@ -126,6 +126,7 @@ def stub_record(point: Any, rng: random.Random) -> dict[str, Any]:
 def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
     """A finished stub campaign of shape `size` (a key of SIZES) in `out`; returns the campaign file."""
     size = str(size)
+    import raysweep.modes  # noqa: F401 - every mode registered (raysweep.drive.hooks), as the faces do
     from raysweep.campaign import load_campaign
     from raysweep.drive.driver import open_campaign
     from raysweep.record.files import write_json_atomic

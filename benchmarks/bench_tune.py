@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import raysweep.modes  # noqa: F401 - every mode registered (raysweep.drive.hooks), as the faces do
 from raysweep.campaign import campaign_from_dict
 from raysweep.drive.driver import open_campaign
 from raysweep.maths.pareto import hypervolume as tune_hypervolume

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+import raysweep.modes  # noqa: F401 - every mode and what the run calls above it registered, as the faces do
+
 # Node rules of the session cluster: w0 and w1 are "H100", w2 is "A100"
 GPU_NODES = {"w0": "H100", "w1": "H100", "w2": "A100"}
 # Fast enough that a removed node is noticed within seconds, slack enough that a raylet starved of CPU by a

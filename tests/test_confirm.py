@@ -125,7 +125,7 @@ def test_a_campaign_confirms_its_winner_in_ab_ba_order_and_resumes_without_runni
     from helpers import run_file
 
     from raysweep import api
-    from raysweep.report.data import answer_of, read_data
+    from raysweep.results.data import answer_of, read_data
 
     f = _campaign(tmp_path, {"enabled": True, "starts": 2, "runs": 2}, runs=3, placement={"max_servers": 1})
     summary, out = run_file(f)

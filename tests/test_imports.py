@@ -140,8 +140,10 @@ def test_the_graph_sees_the_imports_that_matter():
     assert "raysweep.grid" in graph["raysweep.campaign.loading"]              # from raysweep import grid
     assert "raysweep.tune.surrogate" in graph["raysweep.tune.proposals"]     # from raysweep.tune import surrogate
     assert "raysweep.plan.estimate" in graph["raysweep.tune.dry_run"]             # a function-level import
-    # its names load on first use (__getattr__); its Tuning section registers, made on first use
-    assert graph["raysweep.tune"] == {"raysweep.report.registry", "raysweep.tune.report_section"}
+    # its names load on first use (__getattr__); its Tuning section registers, made on first use; it lends itself
+    # to the run (raysweep.drive.hooks)
+    assert graph["raysweep.tune"] == {"raysweep.drive.hooks", "raysweep.report.registry",
+                                      "raysweep.tune.report_section"}
 
 
 def test_the_cycle_finder_finds_a_circle_and_names_it():
@@ -208,17 +210,6 @@ SEAMS_TO_CUT = {
     ("raysweep.results.aggregate", "raysweep.report.plots"),  # the table logic that lives among the figures
     ("raysweep.results.compare", "raysweep.report.plots"),
     ("raysweep.results.conclusions", "raysweep.report.plots"),
-    ("raysweep.drive.checks", "raysweep.report.tracking"),      # live tracking, started by the driver
-    ("raysweep.drive.driver", "raysweep.report.tracking"),
-    ("raysweep.drive.config_life", "raysweep.levels.search"),   # the modes, called by the run
-    ("raysweep.drive.config_life", "raysweep.offline.points"),
-    ("raysweep.drive.config_life", "raysweep.sla.probe"),
-    ("raysweep.drive.driver", "raysweep.levels.search"),
-    ("raysweep.drive.driver", "raysweep.tune"),
-    ("raysweep.drive.endpoint", "raysweep.sla.probe"),
-    ("raysweep.drive.state", "raysweep.levels.search"),
-    ("raysweep.sla.probe", "raysweep.levels.search"),
-    ("raysweep.drive.confirm", "raysweep.report.data"),       # the winner to confirm, read as the report reads it
 }
 
 

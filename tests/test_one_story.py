@@ -21,7 +21,7 @@ from raysweep.cli import main
 from raysweep.ledger import Ledger, PointState
 from raysweep.record.files import write_json_atomic
 from raysweep.report import page as report
-from raysweep.report.data import answer_of, read_data
+from raysweep.results.data import answer_of, read_data
 from raysweep.results.table import load_records, write_results
 from raysweep.results.validity_story import validity_counts
 

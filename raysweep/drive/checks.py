@@ -57,10 +57,9 @@ def check_before_run(spec: Any, output_dir: Path, *, force: bool = False, accept
     :raises UserError: the ledger refuses the campaign (changed commands without `force`, another driver alive,
         changed measuring settings without `accept_changes`).
     """
-    from raysweep.drive import recovery
+    from raysweep.drive import hooks, recovery
     from raysweep.drive.driver import open_campaign
     from raysweep.drive.endpoint import check_endpoints, is_endpoint_campaign
-    from raysweep.report import tracking
 
     pd = getattr(spec.campaign.serve, "pd", None)
     if pd is not None:
@@ -71,7 +70,8 @@ def check_before_run(spec: Any, output_dir: Path, *, force: bool = False, accept
                             "(raysweep.serve.pd_router) and sweep the router with serve.url (docs/pd.md)")
     if is_endpoint_campaign(spec):  # serve.url: every endpoint answers with an OpenAI API
         check_endpoints(spec)
-    tracking.check(spec.campaign)  # tracking: its library is here and its URI usable
+    if spec.campaign.tracking is not None:  # its library is here and its URI usable (report.tracking, lent)
+        hooks.tracking().check(spec.campaign)
     _, ledger = open_campaign(spec, output_dir, force=force, accept_changes=accept_changes)
     try:
         recovery.reap_lost_drivers(recovery.dead_drivers(ledger))

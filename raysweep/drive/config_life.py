@@ -7,8 +7,10 @@ with the fix), then (server mode) starts the server (`Servers.start`), warms it 
 between them (or its open SLA searches), with the runs `bench.precision` adds to a point right after its last one
 (`raysweep.drive.sequential`), and stops it; a server that died is started again for the points it had left, a lost host
 actor sends the configuration back to the scheduler. Offline configurations run their points through
-`OfflinePoints`. The group is always released. What it ended with is `ConfigRun.outcome` ("finished",
-"stopped", "aborted", "not placed", "host lost" or "error: ..."), which the scheduler acts on.
+the offline mode's `OfflinePoints`. The group is always released. What it ended with is `ConfigRun.outcome`
+("finished", "stopped", "aborted", "not placed", "host lost" or "error: ..."), which the scheduler acts on.
+The SLA searches, the offline points and `bench.workload`'s levels are the modes' parts, which the run calls
+through `raysweep.drive.hooks` (the modes register them there).
 """
 
 from __future__ import annotations
@@ -17,17 +19,14 @@ import logging
 from collections import deque
 
 from raysweep.bench import backend_for
-from raysweep.drive import sequential
+from raysweep.drive import hooks, sequential
 from raysweep.drive.point import PointRunner
 from raysweep.drive.state import Workload
 from raysweep.ledger import PointRow
-from raysweep.levels import search as workload_levels
 from raysweep.maths.order import in_rounds, round_key
-from raysweep.offline.points import OfflinePoints
 from raysweep.place import netcheck, placement
 from raysweep.plan.plan import PointRun, ServeConfig
 from raysweep.serve.live_server import ConfigRun, Server, Servers
-from raysweep.sla.probe import SlaSearches
 
 __all__ = ["ConfigLife"]
 
@@ -43,8 +42,8 @@ class ConfigLife:
         self.c = work.c
         self.servers = Servers(work)
         self.points = PointRunner(work)
-        self.offline = OfflinePoints(work, self.servers, self.points)
-        self.searches = SlaSearches(work, self.points)
+        self.offline = hooks.offline_points()(work, self.servers, self.points)  # the modes' parts (drive.hooks)
+        self.searches = hooks.sla_searches()(work, self.points)
 
     def new_run(self, serve: ServeConfig, layout: placement.Layout, node_ids: list[str],
                 replica: int = 0) -> ConfigRun:
@@ -154,7 +153,7 @@ class ConfigLife:
             more = sequential.settle(w, point.serve, point.bench.id) if getattr(w, "adds_runs", True) else None
             if more is not None and w.instance_of(more.run) == instance:
                 _place(queue, more, w.order.seed if w.order.rounds and not hasattr(w, "in_order") else None)
-            queue.extendleft(reversed(workload_levels.settle(w, point.serve, point.bench)))  # bench.workload
+            queue.extendleft(reversed(hooks.levels().settle(w, point.serve, point.bench)))  # bench.workload
             if run.abort or w.stopping() or server.down() is not None:
                 return
             reset = self.points.reset(run, server)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from raysweep.drive import hooks
 from raysweep.maths.order import ROOM, ConfirmSpec
 
 __all__ = ["ConfirmSpec", "ConfirmWork", "PHASE", "ROOM", "applies", "confirm_bench_id", "confirm_of", "cost",
@@ -122,20 +123,6 @@ def restore_plan(plan: Any, ledger: Any) -> int:
     return len(pts)
 
 
-def _select(output_dir: Path, objective: str | None) -> list[list[str]]:
-    """(serve id, bench id, role, shape) of each leader and runner-up the conclusions name."""
-    from raysweep.report.data import answer_of, read_data
-
-    answer = answer_of(read_data(output_dir, objective))
-    pairs = []
-    for v in answer.verdicts:
-        if v.runner_up is None:
-            continue
-        pairs += [[str(v.leader["serve_id"]), str(v.leader["bench_id"]), "leader", v.shape],
-                  [str(v.runner_up["serve_id"]), str(v.runner_up["bench_id"]), "runner-up", v.shape]]
-    return pairs
-
-
 def _serve_order(chosen: Sequence[Sequence[str]]) -> list[str]:
     return list(dict.fromkeys(str(s) for s, *_ in chosen))
 
@@ -201,7 +188,7 @@ def run_after(plan: Any, ledger: Any, output_dir: Path, emit: Callable[..., None
         sweep = estimate.estimate(plan, measured=measured)
         if not wanted(plan, sweep.wall_s, measured):
             return None
-        chosen = _select(output_dir, spec.objective)
+        chosen = hooks.winners()(output_dir, spec.objective)  # results.data.winner_pairs, lent
         if not chosen:
             log.info("confirmation: no bench shape has a runner-up to confirm its leader against")
             return None

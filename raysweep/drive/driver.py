@@ -29,7 +29,7 @@ import ray
 from raysweep import procs
 from raysweep.bench import offline
 from raysweep.campaign import CampaignSpec
-from raysweep.drive import confirm, endpoint, recovery, sequential
+from raysweep.drive import confirm, endpoint, hooks, recovery, sequential
 from raysweep.drive.config_life import ConfigLife
 from raysweep.drive.endpoint import is_endpoint_campaign
 from raysweep.drive.progress_metrics import Progress
@@ -39,14 +39,12 @@ from raysweep.errors import RayStartError, UserError
 from raysweep.grid import mask_argv as grid_mask
 from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, CampaignHeld, Ledger, PointRow
-from raysweep.levels import search as workload_levels
 from raysweep.place import pd as pd_place
 from raysweep.place import placement
 from raysweep.place.scheduler import Scheduler, replica_key, with_event_log
 from raysweep.plan.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.procs import cpu_set, cpu_text
 from raysweep.record import drift, storage
-from raysweep.report.tracking import LiveTracker
 from raysweep.serve.live_server import ConfigRun
 from raysweep.serve.server import rank_argv
 
@@ -200,10 +198,8 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
             raise CampaignHeld(holder)
         drift.check(ledger, drift.measured_with(spec), accept_changes or force)
         if spec.campaign.tune is not None:  # the candidates tried so far are part of the plan
-            from raysweep.tune import restore_plan
-
-            restore_plan(plan, ledger)
-        workload_levels.restore_plan(plan, ledger)  # levels bench.workload decided before
+            hooks.tune().restore_plan(plan, ledger)
+        hooks.levels().restore_plan(plan, ledger)  # levels bench.workload decided before
         sequential.restore_plan(plan, ledger)  # runs bench.precision added to points before
         confirm.restore_plan(plan, ledger)  # the winner's confirmation chosen before (raysweep.drive.confirm)
         ledger.sync(name=spec.campaign.name, fingerprint=plan.fingerprint, meaning=meaning(spec),
@@ -230,7 +226,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     mirror = storage.Mirror(spec.campaign.storage, output_dir) if spec.campaign.storage else None
     if mirror is not None:
         emit = _mirrored(emit, mirror)
-    tracker = LiveTracker(spec.campaign, output_dir) if spec.campaign.tracking is not None else None
+    tracker = hooks.tracking().LiveTracker(spec.campaign, output_dir) if spec.campaign.tracking is not None else None
     if tracker is not None:  # tracking: each point logged as it lands
         emit = tracker.sink(emit)
     plan, ledger = open_campaign(spec, output_dir, force=force, accept_changes=accept_changes)
@@ -418,10 +414,9 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     if is_endpoint_campaign(plan.spec):  # serve.url: running endpoints, none started here
         work, cluster = endpoint.run_parts(plan, ledger, output_dir, emit, RayCluster)
     elif c.tune is not None:  # candidates asked as GPUs free up, stopped early, told when they end
-        from raysweep.tune import TunedCluster, TuneWork
-
-        work = TuneWork(plan, ledger, output_dir, emit, with_gpus)
-        cluster = TunedCluster(RayCluster(ConfigLife(work)), work)
+        tune = hooks.tune()
+        work = tune.TuneWork(plan, ledger, output_dir, emit, with_gpus)
+        cluster = tune.TunedCluster(RayCluster(ConfigLife(work)), work)
     else:
         work = Workload(plan, ledger, output_dir, emit, with_gpus)
         cluster = RayCluster(ConfigLife(work))
@@ -430,7 +425,7 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
                           tail_replicas=c.placement.tail_replicas, with_gpus=with_gpus,
                           replace_wait_s=c.placement.replace_wait_s)
     sequential.settle_all(work)  # a point whose last run ended as the previous driver died
-    workload_levels.settle_all(work)  # endpoints of bench.workload that ended as it died
+    hooks.levels().settle_all(work)  # endpoints of bench.workload that ended as it died
     emit("campaign_start", total=len(plan.points), counts=ledger.counts())
     scheduler.run()
     if not work.stop_reason and type(work) is Workload:  # the winner confirmed on fresh servers (confirm:)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from raysweep.drive import hooks
 from raysweep.drive.config_life import ConfigLife
 from raysweep.drive.point import PointRunner
 from raysweep.drive.state import EventSink, Workload
@@ -40,7 +41,6 @@ from raysweep.place import placement
 from raysweep.plan.cost import point_cost_fields
 from raysweep.plan.plan import Plan, PointRun
 from raysweep.serve.live_server import ConfigRun, Server, Servers, new_server_id
-from raysweep.sla.probe import SlaSearches
 
 __all__ = ["ENDPOINT_KEY", "Endpoint", "EndpointCluster", "EndpointLife", "EndpointServer", "EndpointWork",
            "check_endpoints", "endpoint_lines", "endpoints_of", "is_endpoint_campaign", "probe", "run_parts"]
@@ -254,7 +254,7 @@ class EndpointLife(ConfigLife):
         self.ework = work
         self.servers = EndpointServers(work)
         self.points = EndpointPoints(work)
-        self.searches = SlaSearches(work, self.points)
+        self.searches = hooks.sla_searches()(work, self.points)
 
     def main(self, run: ConfigRun) -> None:
         try:

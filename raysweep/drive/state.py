@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.campaign import slo
+from raysweep.drive import hooks
 from raysweep.ledger import Ledger, PointRow, PointState
-from raysweep.levels import search as workload_levels
 from raysweep.maths.order import Turn, block_order, instance_of, open_turns, order_of, turns
 from raysweep.plan import estimate
 from raysweep.plan.plan import Plan, ServeConfig, first_runs
@@ -58,7 +58,7 @@ class Workload:
         searches run their probes themselves, and a probe no search needs any more is left alone), and the
         `bench.workload` points they start from."""
         if self.c.sla is not None:  # with bench.workload, its points first (the searches start from them)
-            return self.c.runs * len(self.open_searches(serve_id)) + len(workload_levels.pending(self, serve_id))
+            return self.c.runs * len(self.open_searches(serve_id)) + len(hooks.levels().pending(self, serve_id))
         return len(self.runnable(serve_id))
 
     # -- the order of server starts (raysweep.maths.order) ------------------------------------------------------

@@ -9,9 +9,9 @@ from typing import Any
 
 from raysweep.errors import UserError
 from raysweep.ledger import PointState
-from raysweep.report.data import ReportData, answer_of
 from raysweep.report.markup import esc, html_table
 from raysweep.results import conclusions
+from raysweep.results.data import ReportData, answer_of
 
 CardFigure = Callable[[ReportData, conclusions.Conclusions, conclusions.ShapeVerdict], str]
 """The figure of a card as HTML (`raysweep.report.figures.card_figure`)."""

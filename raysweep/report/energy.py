@@ -14,10 +14,10 @@ import pandas as pd
 from raysweep.campaign import CostSpec
 from raysweep.maths import pareto as geometry
 from raysweep.plan import cost
-from raysweep.report.data import ReportData
 from raysweep.report.markup import esc, html_table
 from raysweep.report.plots.style import config_colors, fmt_value
 from raysweep.results import aggregate
+from raysweep.results.data import ReportData
 
 __all__ = ["front", "report_section", "spend_line"]
 

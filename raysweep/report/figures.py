@@ -18,9 +18,9 @@ import pandas as pd
 
 from raysweep.report import cache as report_cache
 from raysweep.report import plots
-from raysweep.report.data import ReportData, param_names
 from raysweep.report.markup import SHARED_NOTE, esc, nothing
 from raysweep.results import conclusions
+from raysweep.results.data import ReportData, param_names
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -37,7 +37,6 @@ from raysweep.ledger import Ledger
 from raysweep.record.files import write_text_atomic
 from raysweep.report import cache as report_cache
 from raysweep.report.cards import conclusions_section
-from raysweep.report.data import ReportData, answer_of, read_data
 from raysweep.report.energy import report_section as energy_section
 from raysweep.report.figures import card_figure, figure_list, figures_section
 from raysweep.report.markup import CSS, SORT_JS, esc, notes_once, nothing_said
@@ -53,6 +52,7 @@ from raysweep.report.sections import (
     validity_section,
 )
 from raysweep.results import conclusions
+from raysweep.results.data import ReportData, answer_of, read_data
 
 __all__ = ["REPORT_FILE", "Section", "build_report", "conclusions_of", "write_report",
            "write_report_with_headlines"]

@@ -1,7 +1,7 @@
 """The report's sections, registered where the report sees them.
 
 A section is an anchor, a title, a place in the page (`order`: lower comes first) and what makes its HTML
-(without the heading) from the report's data (`report.data.ReportData`), or None to leave it out. `applies`,
+(without the heading) from the report's data (`results.data.ReportData`), or None to leave it out. `applies`,
 when given, says from the data whether the section can have anything to show; when it says no, the section is
 left out without calling `make` (whose imports run only then: a campaign without `tune:` does not import
 Optuna). The report's own sections register in `report.page`; a mode registers its section when its package
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from raysweep.report.data import ReportData
+    from raysweep.results.data import ReportData
 
 __all__ = ["Section", "register", "sections"]
 

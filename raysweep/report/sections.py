@@ -15,9 +15,9 @@ from raysweep.grid import combo_label
 from raysweep.ledger import PointRow, PointState, ServerRow
 from raysweep.place import transport
 from raysweep.report import plots
-from raysweep.report.data import ReportData
 from raysweep.report.markup import esc, frame_table, html_table, nothing
 from raysweep.results import aggregate
+from raysweep.results.data import ReportData
 from raysweep.results.table import flagged
 from raysweep.results.validity_story import validity_counts
 

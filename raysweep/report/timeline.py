@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 
 from raysweep.maths import over_time
-from raysweep.report.data import ReportData, answer_of
 from raysweep.report.markup import esc, html_table, nothing
 from raysweep.report.plots.style import config_colors, fmt_value
 from raysweep.results import aggregate
+from raysweep.results.data import ReportData, answer_of
 
 __all__ = ["timeline_section", "timelines"]
 

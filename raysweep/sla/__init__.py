@@ -1,5 +1,22 @@
 """The SLA mode: targets, their judgment over runs, the search for the largest concurrency or request rate
 that meets them (`sla.search`), and its probes against a live server (`sla.probe`).
 
+The run calls its searches through `raysweep.drive.hooks`, where this package lends them when it is imported.
+
 A mode: may import every stage and the stage-free rooms, never another mode.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from raysweep.drive import hooks
+
+
+def _searches() -> Any:
+    from raysweep.sla.probe import SlaSearches  # imports the run's parts: only when a campaign runs
+
+    return SlaSearches
+
+
+hooks.register("sla", _searches)

@@ -17,9 +17,9 @@ from typing import Any
 
 from raysweep.bench import stats
 from raysweep.bench.options import parse_load_options
+from raysweep.drive import hooks
 from raysweep.drive.point import PointRunner
 from raysweep.drive.state import Workload
-from raysweep.levels import search as workload_levels
 from raysweep.plan.plan import BenchPoint, probe_runs
 from raysweep.record.runs import read_samples
 from raysweep.serve import metrics
@@ -131,8 +131,9 @@ class SlaSearches:
     def _workload_probes(self, serve_id: str, base: BenchPoint, probes: dict[tuple[float, int], ProbeData | None]
                          ) -> None:
         """With `bench.workload`, the serial, batch and level points that ran exactly what a probe runs are
-        that probe (`workload_levels.search_probes`): the search starts from them and runs none of them again."""
-        for value, paths in workload_levels.search_probes(self.work, serve_id, base.id).items():
+        that probe (the load-levels mode's `search_probes`, lent through `raysweep.drive.hooks`): the search
+        starts from them and runs none of them again."""
+        for value, paths in hooks.levels().search_probes(self.work, serve_id, base.id).items():
             probes[(value, 0)] = pool_probe(self.work.output_dir, list(paths), base.argv)
 
     def _ledger_probe_values(self, serve_id: str, bench_id: str) -> list[tuple[float, int]]:

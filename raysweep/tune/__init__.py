@@ -21,7 +21,8 @@ Rooms: `space` (the search space and its checks), `sampler` and `surrogate` (who
 `work` (a candidate's life as the scheduler's work), `objective`, `rungs` (early stopping), `budget`,
 `proposals` (the surrogate's and the front's neighbours), `ranking` (the leaderboard), `dry_run`; the Pareto
 geometry (dominance, hypervolume, the front) is `raysweep.maths.pareto`. The report's Tuning section is
-`report_section`, registered with the report when this package is imported.
+`report_section`, registered with the report when this package is imported; the run reaches `restore_plan`,
+`TuneWork` and `TunedCluster` through `raysweep.drive.hooks`, where this package lends itself.
 
 A mode: may import every stage and the stage-free rooms, never another mode.
 
@@ -33,10 +34,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from raysweep.drive import hooks
 from raysweep.report.registry import Section, register
 
 if TYPE_CHECKING:
-    from raysweep.report.data import ReportData
+    from raysweep.results.data import ReportData
     from raysweep.tune.budget import Budget
     from raysweep.tune.candidates import STATES, Candidate, restore_plan
     from raysweep.tune.dry_run import dry_run_estimate, dry_run_lines
@@ -81,6 +83,7 @@ def _tuning_section(data: ReportData) -> str | None:
 
 
 register(Section("tuning", "Tuning", _tuning_section, lambda d: bool(d.campaign.get("tune")), order=90))
+hooks.register("tune", lambda: importlib.import_module(__name__))  # its names load on first use (below)
 
 
 def __getattr__(name: str) -> Any:
