@@ -13,6 +13,11 @@ sittings (i, j), whether sitting i's reported 95 % interval of output throughput
 not confirmed better). Each sitting's wall time is recorded (the demo's target: within 5 minutes).
 
     .venv/bin/python benchmarks/bench_aa.py --model DIR [--mode aa|demos] [--sittings 5] [--work /tmp/aa]
+    .venv/bin/python benchmarks/bench_aa.py --mode demos --reread
+
+`--reread` runs nothing: it reads the recorded sittings' output directories again with the current code (a
+change to the analysis, measured on the same runs) and writes demos-reread.json / aa-reread.json beside the
+record, which it leaves as it was.
 
 `--model`: the tiny model `raysweep tiny-model DIR` writes. Writes benchmarks/results/aa.json (or
 demos.json) and a Markdown table beside it; exits 0 when the target was met, 1 when not, 2 on bad input.
@@ -109,12 +114,27 @@ def _coverage(sittings: list[dict[str, Any]]) -> tuple[int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="the tiny model `raysweep tiny-model DIR` wrote")
+    ap.add_argument("--model", help="the tiny model `raysweep tiny-model DIR` wrote")
     ap.add_argument("--mode", choices=("aa", "demos"), default="aa")
     ap.add_argument("--sittings", type=int, default=5)
     ap.add_argument("--work", default="/tmp/raysweep-aa", help="where the sittings' output dirs go")
+    ap.add_argument("--reread", action="store_true",
+                    help="run nothing: read the recorded sittings' output dirs again with today's code and write "
+                         "aa-reread / demos-reread beside the record")
     args = ap.parse_args()
-    if args.sittings < 1 or not (Path(args.model) / "config.json").is_file():
+    name = "aa" if args.mode == "aa" else "demos"
+    if args.reread:
+        record = RESULTS / f"{name}.json"
+        if not record.is_file():
+            print(f"--reread: no record {record} to read again", file=sys.stderr)
+            return 2
+        sittings = json.loads(record.read_text())["sittings"]
+        for s in sittings:
+            if s.get("exit") == 0 and Path(s["out"]).is_dir():
+                s.update(_read(Path(s["out"])))
+        return _write(args.mode, f"{name}-reread", sittings, len(sittings),
+                      {"reread_at": time.strftime("%Y-%m-%d %H:%M")})
+    if args.sittings < 1 or not args.model or not (Path(args.model) / "config.json").is_file():
         print("--sittings must be at least 1 and --model a directory `raysweep tiny-model` wrote", file=sys.stderr)
         return 2
     work = Path(args.work)
@@ -124,12 +144,17 @@ def main() -> int:
         s = _sitting(args.mode, work, i, str(Path(args.model).resolve()))
         sittings.append(s)
         print(json.dumps({k: v for k, v in s.items() if k != "points"}), flush=True)
+    return _write(args.mode, name, sittings, args.sittings, {"at": time.strftime("%Y-%m-%d %H:%M")})
+
+
+def _write(mode: str, name: str, sittings: list[dict[str, Any]], asked: int, when: dict[str, str]) -> int:
+    """The sittings' summary against the targets, written to `name`.json and .md; 0 when met, 1 when not."""
     done = [s for s in sittings if "points" in s]
-    summary: dict[str, Any] = {"mode": args.mode, "sittings": len(sittings), "finished": len(done),
-                               "nproc": os.cpu_count(), "at": time.strftime("%Y-%m-%d %H:%M")}
-    if args.mode == "aa":
+    summary: dict[str, Any] = {"mode": mode, "sittings": len(sittings), "finished": len(done),
+                               "nproc": os.cpu_count(), **when}
+    if mode == "aa":
         named = sum(s["winner_named"] for s in done)
-        summary.update(winner_named=named, met=len(done) == args.sittings and named == 0)
+        summary.update(winner_named=named, met=len(done) == asked and named == 0)
     else:
         held, total = _coverage(done)
         leaders = {s["leader"] for s in done}
@@ -138,9 +163,8 @@ def main() -> int:
                        leader_same_or_tied=len(leaders) <= 1 or all(s["tied"] or s["confirmed"] is False for s in done),
                        within_5_min=sum(s["wall_s"] <= 300 for s in done))
         summary["met"] = bool(total and held / total >= 0.9 and summary["leader_same_or_tied"]
-                              and len(done) == args.sittings)
+                              and len(done) == asked)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "aa" if args.mode == "aa" else "demos"
     (RESULTS / f"{name}.json").write_text(json.dumps({"summary": summary, "sittings": sittings}, indent=1))
     lines = [f"# {name}: {summary}", "", "| sitting | exit | wall s | load before/after | leader | winner named | "
              "headline |", "|---|---|---|---|---|---|---|"]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from raysweep.maths import bootstrap, over_time, verdicts
+from raysweep.maths import bootstrap, over_time, start_spread, verdicts
 
 SPREAD = 0.02
 REFERENCE = ""   # a row without a target: what raysweep's verdict meets where the order gives no pairs
@@ -78,6 +78,43 @@ def abba(n_per_arm: int) -> tuple[np.ndarray, np.ndarray]:
         first, second = 2 * k, 2 * k + 1
         (a.append(first), b.append(second)) if k % 2 == 0 else (b.append(first), a.append(second))
     return np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+
+
+def over_starts(rng: np.random.Generator, between: float, widen: bool) -> bool:
+    """Whether a sweep point's interval holds its configuration's level over server starts (1000), in the demo's
+    design: the point on one start (4 runs at 2 %); the confirmation's 2 points on 2 starts of 2 runs each,
+    from which the summary estimates the spread between starts (`start_spread`)."""
+    def start(n: int) -> np.ndarray:
+        return 1000.0 * np.exp(between * rng.standard_normal()) * (1.0 + SPREAD * rng.standard_normal(n))
+
+    point = start(4)
+    if not widen:
+        _, lo, hi = verdicts.mean_interval(list(point))
+        return bool(lo <= 1000.0 <= hi)
+    confirmation = np.concatenate([start(2) for _ in range(4)])
+    spread = start_spread.start_spread(confirmation, np.repeat([0, 0, 1, 1], 2), np.repeat(np.arange(4), 2))
+    if spread is None:
+        return False
+    lo, hi = start_spread.widened_intervals(np.array([point.mean()]), np.array([point.std(ddof=1)]), np.array([4]),
+                                            np.array([1]), spread, 0.95)
+    return bool(lo[0] <= 1000.0 <= hi[0])
+
+
+def identical_over_starts(rng: np.random.Generator, between: float, test: str) -> bool:
+    """Whether two identical configurations, each measured on one start (4 runs at 2 %) with the spread between
+    starts estimated from the demo's confirmation design (2 points on 2 starts of 2 runs), get a verdict."""
+    def start(n: int) -> np.ndarray:
+        return 1000.0 * np.exp(between * rng.standard_normal()) * (1.0 + SPREAD * rng.standard_normal(n))
+
+    a, b = start(4), start(4)
+    if test == "welch":
+        return verdicts.compare_values(a, b).decided
+    confirmation = np.concatenate([start(2) for _ in range(4)])
+    spread = start_spread.start_spread(confirmation, np.repeat([0, 0, 1, 1], 2), np.repeat(np.arange(4), 2))
+    if spread is None:
+        return False
+    return start_spread.compare_over_starts((a.mean(), a.std(ddof=1), 4, 1), (b.mean(), b.std(ddof=1), 4, 1),
+                                            spread).decided
 
 
 def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
@@ -146,6 +183,18 @@ def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
         _count(reps, lambda: inst_pair("welch")))
     add("instance effects 3 % (3 starts x 3 runs), identical", "false verdict (paired by start)", "<= 0.05",
         _count(reps, lambda: inst_pair("paired")))
+    # start effects: the demo's design (4 points on one start each, 4 runs at 2 %; the confirmation measures 2
+    # points on 2 starts of 2 runs), 10 % between starts: a sweep point's interval of its configuration's level
+    for spread_between in (0.0, 0.05, 0.10, 0.20):
+        where = f"{100 * spread_between:.0f} % between server starts, the demo's design"
+        add(where, "coverage (t over one start's runs)", REFERENCE,
+            _count(reps, lambda b=spread_between: over_starts(rng, b, widen=False)))
+        add(where, "coverage (widened by the spread between starts)", ">= 0.93",
+            _count(reps, lambda b=spread_between: over_starts(rng, b, widen=True)))
+        add(where.replace("server starts,", "server starts, identical,"), "false verdict (Welch over runs)",
+            REFERENCE, _count(reps, lambda b=spread_between: identical_over_starts(rng, b, "welch")))
+        add(where.replace("server starts,", "server starts, identical,"), "false verdict (t over server starts)",
+            "<= 0.05", _count(reps, lambda b=spread_between: identical_over_starts(rng, b, "starts")))
     # outlier runs: one run in ten 20 % slow; the interval of the undisturbed level
     for n in (5, 10):
         def covered(n: int = n) -> bool:

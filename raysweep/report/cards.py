@@ -124,6 +124,8 @@ def _precision(data: ReportData, row: Any) -> str:
     reached = row.get("precision_rel_half_width")
     at = (f"; its interval (the one the rule judged, widened for its looks) is +-{100 * float(reached):.1f} % of "
           "the mean" if conclusions.finite(reached) else "")
+    if at and "server starts" in str(row.get("ci_method") or ""):
+        at += " over its runs; the interval shown adds the spread between server starts"
     goal = f" (+-{100 * float(target or 0):.1f} % of the mean)" if conclusions.finite(target) else ""
     return (f'<p class="flag">Precision not reached: this point {esc(why)} before its interval was as narrow as '
             f"bench.precision asks{esc(goal)}{esc(at)}. Its value is less certain than the campaign asked.</p>")

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raysweep.maths import bootstrap, verdicts
+from raysweep.maths.start_spread import StartSpread, start_spread, starts_per_point, widened_intervals
 from raysweep.errors import UserError, unknown_names
 from raysweep.record.files import write_bytes_atomic, write_text_atomic
 from raysweep.maths.verdicts import t_quantile
@@ -180,12 +181,13 @@ def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: flo
     keys = point_keys(df, params)
     names, shape = _param_columns(df, keys, params)
     df = df.assign(**{m: pd.to_numeric(df[m], errors="coerce") for m in metrics})  # once, not once per point
-    rows = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples, resamples)
+    rows, spreads = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples,
+                                resamples)
     out = pd.DataFrame.from_records(rows)
     out["runs_needed"] = out["runs_needed"].astype("Int64")
     out["noisy"] = out["noisy"].astype(bool)
-    out.attrs.update(keys=keys, params=names,
-                     confidence=confidence, threshold=threshold)
+    out.attrs.update(keys=keys, params=names, confidence=confidence, threshold=threshold,
+                     start_spread={m: [sp.var, sp.df, sp.points] for m, sp in spreads.items()})
     return out
 
 
@@ -231,9 +233,10 @@ def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
 
 def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
                 confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
-                resamples: int) -> list[dict[str, Any]]:
+                resamples: int) -> tuple[list[dict[str, Any]], dict[str, StartSpread]]:
     """One row per point, in the order of its keys: the counts and statistics of every point at once (one
-    group-by over the table, not a table per point), then each point's row."""
+    group-by over the table, not a table per point), then each point's row; and the spread between server
+    starts of each metric where the campaign measured it (`_over_starts`)."""
     grouped = df.groupby(keys, dropna=False, sort=True)
     codes = grouped.ngroup().to_numpy()
     points = grouped.ngroups
@@ -279,21 +282,27 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
             row["hardware"] = " | ".join(sorted({str(h) for h in hardware[members[used[members]]] if not pd.isna(h)}))
             row["hardware_mixed"] = bool(mixed[members].any()) if mixed is not None else False
         rows.append(row)
-    stats = _group_stats(df[metrics].to_numpy(dtype=float)[used], codes[used], points, confidence)
+    values = df[metrics].to_numpy(dtype=float)[used]
+    stats = _group_stats(values, codes[used], points, confidence)
+    starts, spreads = _over_starts(df, values, codes, used, points, metrics, stats, confidence)
+    named = next((m for m in ("output_throughput", *spreads) if m in spreads), None)
+    method = "t" if named is None else f"t over runs and server starts ({named}: {spreads[named].text()})"
     for i, row in enumerate(rows):
         mine = {m: {k: float(stats[k][i, j]) for k in STATS} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
         needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
         known = [n for n in needed if n is not None]
         row.update(noisy=bool(noisy), noisy_metrics=",".join(noisy), runs_needed=max(known) if known else None,
-                   ci_method="t")
+                   ci_method=method)
+        if starts is not None:
+            row["server_starts"] = int(starts[i])
         for m in metrics:
             row.update({f"{m}_{k}": v for k, v in mine[m].items()})
     if ids is not None and samples and resamples >= 1:
         _add_pooled(rows, [[str(p) for p in ids[m[used[m]]]] for m in
                            (order[bounds[i]:bounds[i + 1]] for i in range(points))], metrics, confidence, samples,
                     resamples)
-    return rows
+    return rows, spreads
 
 
 def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: list[str], confidence: float,
@@ -323,6 +332,45 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
             m = k[: -len("_ci_high")] if k.endswith("_ci_high") else ""
             if m in extra:
                 rows[i][f"{m}_pooled"], rows[i][f"{m}_pooled_ci_low"], rows[i][f"{m}_pooled_ci_high"] = extra[m]
+
+
+def _over_starts(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.ndarray, points: int,
+                 metrics: list[str], stats: dict[str, np.ndarray], confidence: float,
+                 ) -> tuple[np.ndarray | None, dict[str, StartSpread]]:
+    """The server starts each point's runs came from, and, where some points were measured on 2 or more
+    starts (`order.instances`, the winner's confirmation), the spread between starts of each metric
+    (`raysweep.maths.start_spread`): every point's interval widened by it in `stats`, in place, so that it
+    covers the configuration's level over server starts and not only over one start's runs."""
+    if "server_id" not in df.columns or df["server_id"].isna().all():
+        return None, {}
+    start_codes = pd.factorize(df["server_id"].astype(str))[0][used]
+    run_points = codes[used]
+    starts = starts_per_point(run_points, start_codes, points)
+    if not (starts >= 2).any():
+        return starts, {}
+    n = pd.DataFrame(~np.isnan(values)).groupby(run_points).sum().reindex(pd.RangeIndex(points)).to_numpy()
+    same = _measured_alike(df)[used]
+    spreads: dict[str, StartSpread] = {}
+    for j, m in enumerate(metrics):
+        spread = start_spread(values[:, j], same, start_codes)
+        if spread is None:
+            continue
+        spreads[m] = spread
+        stats["ci_low"][:, j], stats["ci_high"][:, j] = widened_intervals(
+            stats["mean"][:, j], stats["std"][:, j], n[:, j], starts, spread, confidence)
+    return starts, spreads
+
+
+def _measured_alike(df: pd.DataFrame) -> np.ndarray:
+    """A code per run for what it measured: its point, where a confirmation's point counts as the point it
+    confirms (`confirms_bench_id`: the same configuration at the same load, measured again on fresh starts)."""
+    if "serve_id" not in df.columns or "bench_id" not in df.columns:
+        return pd.factorize(pd.Series(range(len(df))))[0]
+    bench = df["bench_id"].astype(str)
+    if "confirms_bench_id" in df.columns:
+        base = df["confirms_bench_id"]
+        bench = base.where(base.notna() & (base.astype(str) != ""), bench).astype(str)
+    return pd.factorize(df["serve_id"].astype(str) + "/" + bench)[0]
 
 
 def _percentiles(sets: list[tuple[np.ndarray, list[float]]]) -> list[list[float]]:

@@ -45,6 +45,7 @@ import pandas as pd
 from raysweep.results import aggregate
 from raysweep.report import plots
 from raysweep.maths import verdicts
+from raysweep.maths.start_spread import StartSpread, compare_over_starts
 from raysweep.errors import UserError, unknown_names
 from raysweep.campaign.slo import Target
 
@@ -86,7 +87,8 @@ KNEE_FACTOR = 2.0
 CARD_LATENCIES = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
 _KNEE_LATENCIES = ("median_e2el_ms", "median_tpot_ms", "median_ttft_ms")
 _RUN_COUNTS = ("runs", "runs_total", "runs_left_out", "left_out_reasons", "on_flagged_runs", "noisy",
-               "noisy_metrics", "runs_needed", *aggregate.TIME_COLUMNS, "precision_state", "precision_rel_half_width")
+               "noisy_metrics", "runs_needed", *aggregate.TIME_COLUMNS, "precision_state", "precision_rel_half_width",
+               "ci_method", "server_starts")
 _SLO_STATS = ("mean", "ci_low", "ci_high", "pooled", "pooled_ci_low", "pooled_ci_high")
 
 
@@ -212,10 +214,10 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
 
     :raises UserError: the objective is not an aggregated metric.
     """
-    df, confirming = _without_confirmation(df)
-    if summary is None:
+    if summary is None:  # of every run, the confirmation's too: its fresh starts measure the spread between starts
         summary = aggregate.summarize(df, confidence=confidence)
-    elif len(confirming):
+    df, confirming = _without_confirmation(df)
+    if len(confirming):
         summary = summary[~summary["bench_id"].isin(set(confirming["bench_id"]))].reset_index(drop=True)
     aggregated = [c[: -len("_mean")] for c in summary.columns if c.endswith("_mean")]
     gpu_note = []
@@ -227,15 +229,33 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     load = plots.load_variable(df, "")
     keys = shape_keys(df, bench_vars, load or None, sla_variable)
     points, notes = _points(df, summary, obj, load or None, keys, slo)
-    verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None)
+    spread = _spread_of(summary, obj)
+    verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None, spread)
                  for shape, rows in points.groupby("shape", sort=False)]
     for v in verdicts_:
-        _confirmed(v, confirming, obj, confidence)
+        _confirmed(v, confirming, obj, confidence, spread)
     fronts, front_notes = _fronts(df, points)
     single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
-                       _sla_capacities(sla if sla is not None else pd.DataFrame(), df), [*gpu_note, *notes], slo,
-                       single)
+                       _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
+                       [*gpu_note, *notes, *_start_note(summary)], slo, single)
+
+
+def _spread_of(summary: pd.DataFrame, obj: Objective) -> StartSpread | None:
+    """The spread between server starts the summary measured for the objective's metric (None: not measured)."""
+    measured = (summary.attrs.get("start_spread") or {}).get(obj.metric)
+    return StartSpread(*measured) if measured is not None else None
+
+
+def _start_note(summary: pd.DataFrame) -> list[str]:
+    """A line saying that the intervals include the spread between server starts, where they do."""
+    methods = [m for m in summary.get("ci_method", pd.Series(dtype=object)).dropna().unique()
+               if str(m).startswith("t over runs and server starts")]
+    if not methods:
+        return []
+    said = str(methods[0])[len("t over runs and server starts ("):].rstrip(")")
+    return [f"Intervals cover the level over server starts, not only one start's runs ({said}): more server "
+            "starts narrow them (order.instances, confirm.starts), more runs of one start do not"]
 
 
 def gpus_declared(df: pd.DataFrame) -> bool:
@@ -254,7 +274,8 @@ def _without_confirmation(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     return df[~mask].reset_index(drop=True), df[mask].reset_index(drop=True)
 
 
-def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: float) -> None:
+def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: float,
+               spread: StartSpread | None = None) -> None:
     """A shape's verdict from the confirmation's fresh runs of its leader and runner-up, where there are
     some: the lead, the test and `clear` are the confirmation's; the sweep's own test is kept in words."""
     from raysweep.maths.confirmation import confirmed_verdict
@@ -276,12 +297,12 @@ def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: 
         return [float(x) for x in values if math.isfinite(x)], int(mine["server_id"].nunique()) if len(mine) else 0
 
     (a, sa), (b, sb) = arm(v.leader), arm(v.runner_up)
-    c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence)
+    c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence, spread)
     if c is None:
         return
     v.selection = verdict_text(v, drift_note=False)
     v.confirmation, v.significant, v.lead, v.p_value = c, c.significant, c.lead, c.p_value
-    v.test = "Welch's t over the confirmation's fresh runs"
+    v.test = f"{c.test} over the confirmation's fresh runs"
 
 
 def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
@@ -411,8 +432,35 @@ def _nearest(rows: pd.DataFrame, load: str | None = None) -> str:
     return f"{at_load(best, load)}: {best.get('slo_text')}"
 
 
+def _over_starts(family: pd.DataFrame, obj: Objective, spread: StartSpread | None) -> Any:
+    """Where the campaign measured the spread between server starts: a function (leader, other) -> Verdict
+    comparing the two as levels over their starts (`compare_over_starts`); None where it did not."""
+    if spread is None or "server_starts" not in family.columns:
+        return None
+
+    def test(lead: int, other: int) -> verdicts.Verdict:
+        a, b = family.iloc[lead], family.iloc[other]
+        return compare_over_starts((*_cand(a), _starts(a)), (*_cand(b), _starts(b)), spread, obj.maximize,
+                                   alpha=1.0)
+
+    return test
+
+
+def _starts(row: pd.Series) -> int:
+    k = row.get("server_starts")
+    return int(k) if finite(k) else 1
+
+
+def _either(first: Any, second: Any) -> Any:
+    """The first test's verdict where it gives one, else the second's (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    return lambda lead, other: first(lead, other) or second(lead, other)
+
+
 def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None = None,
-             df: pd.DataFrame | None = None, load: str | None = None) -> ShapeVerdict:
+             df: pd.DataFrame | None = None, load: str | None = None,
+             spread: StartSpread | None = None) -> ShapeVerdict:
     slo_met = None
     nearest = ""
     if slo is not None:
@@ -454,7 +502,7 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
                             cheapest_tied=cheap_tied)
     family = family.reset_index(drop=True)
     led = verdicts.tied_with_leader([_cand(r) for _, r in family.iterrows()], obj.maximize,
-                                    paired=_paired(df, family, obj))
+                                    paired=_either(_paired(df, family, obj), _over_starts(family, obj, spread)))
     significant = None if 1 in led.not_judged or _cand(family.iloc[0])[2] < 2 else (1 in led.behind)
     tied = [at_load(family.iloc[i], None) for i in led.tied]
     return ShapeVerdict(shape, ranking, leader, runner, significant, lead, tied, led.adjusted_p.get(1),

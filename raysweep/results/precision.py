@@ -9,12 +9,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from raysweep.errors import LedgerError
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.maths.precision import (AT_DURATION, AT_MAX, MEASURING, REACHED, PrecisionSpec, reported_confidence,
                                      runs_to_reach)
+from raysweep.maths.start_spread import StartSpread, widened_intervals
 from raysweep.maths.verdicts import t_quantile
 
 __all__ = ["precision_counts", "precision_columns"]
@@ -26,8 +28,9 @@ def precision_columns(output_dir: Any, summary: Any) -> Any:
     """The summary (one row per point) with the ledger's precision record of each point, for a campaign with
     `bench.precision`: `precision_state` (reached, max_runs, measuring), `precision_reached` and
     `precision_rel_half_width` (its interval's half-width over the mean when it was decided). The precision
-    metric's `_ci_low`/`_ci_high` of a decided point are the interval the rule judged (`_widen_for_looks`),
-    and `runs_needed` is the runs the rule would need at the spread seen (`runs_to_reach`), so that the
+    metric's `_ci_low`/`_ci_high` of a decided point are the interval the rule judged (`_widen_for_looks`;
+    widened too by the spread between server starts where the campaign measured it, as every interval of the
+    summary is: the rule, deciding run by run, judges one start's runs), and `runs_needed` is the runs the rule would need at the spread seen (`runs_to_reach`), so that the
     terminal, the summary, the report and `--json` quote one interval and one count. Unchanged for any other
     directory."""
     path = Path(output_dir)
@@ -91,11 +94,18 @@ def _widen_for_looks(out: Any, decided: list[bool], spec: PrecisionSpec) -> None
     if not {f"{m}_mean", f"{m}_std", f"{m}_ci_low", f"{m}_ci_high", "runs"} <= set(out.columns):
         return
     level = reported_confidence(spec)
+    measured = (out.attrs.get("start_spread") or {}).get(m)
+    between = StartSpread(*measured) if measured is not None else None
+    starts = out["server_starts"] if between is not None and "server_starts" in out.columns else None
     lows, highs, levels = list(out[f"{m}_ci_low"]), list(out[f"{m}_ci_high"]), []
     for i, (mean, std, n, mine) in enumerate(zip(out[f"{m}_mean"], out[f"{m}_std"], out["runs"], decided)):
         runs, spread = _real(n), _real(std)
         ok = mine and runs >= 2 and math.isfinite(spread) and math.isfinite(_real(mean))
-        if ok:
+        if ok and starts is not None and between is not None:  # the spread between starts, as every interval
+            low, high = widened_intervals(np.array([_real(mean)]), np.array([spread]), np.array([runs]),
+                                          np.array([_real(starts.iloc[i])]), between, level)
+            lows[i], highs[i] = float(low[0]), float(high[0])
+        elif ok:
             half = t_quantile(0.5 + level / 2.0, runs - 1.0) * spread / math.sqrt(runs)
             lows[i], highs[i] = float(mean) - half, float(mean) + half
         levels.append(level if ok else None)
