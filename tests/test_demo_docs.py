@@ -57,7 +57,7 @@ def _masked(line: str, values: dict[str, set[str]]) -> str:
         return f"{key}=<v>"
 
     line = re.sub(r"adjusted p=[^)]*", "adjusted p=#", line.removesuffix(FLAGGED))
-    line = re.sub(r"Welch's t p=[^ (]*", "Welch's t p=#", line)  # the confirmation's p-value
+    line = re.sub(r"(Welch's t|t over server starts) p=[^ (]*", r"\1 p=#", line)  # the confirmation's p-value
     return NUMBER.sub("#", PAIR.sub(param, line))
 
 

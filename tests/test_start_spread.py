@@ -162,3 +162,12 @@ def test_the_confirmation_compares_over_starts_where_the_spread_is_known():
     assert over is not None and over.significant is False and over.test == "t over server starts"
     assert "t over server starts p=" in over.text()
     assert over.ci_high - over.ci_low > welch.ci_high - welch.ci_low
+
+
+def test_runs_whose_start_is_not_recorded_count_as_one_start_and_measure_no_spread():
+    df = _with_confirmation(np.random.default_rng(5), 0.1)
+    sweep = df["phase"].isna()
+    summary = aggregate.summarize(df.assign(server_id=df["server_id"].where(~sweep)))
+    starts = summary.set_index(["serve_id", "bench_id"])["server_starts"].to_dict()
+    assert starts[("a", "low")] == 1 and starts[("a", "c-high")] == 2
+    assert summary.attrs["start_spread"]["output_throughput"][1:] == [2, 2]  # the confirmation's starts only

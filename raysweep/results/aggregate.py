@@ -343,16 +343,16 @@ def _over_starts(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: 
     covers the configuration's level over server starts and not only over one start's runs."""
     if "server_id" not in df.columns or df["server_id"].isna().all():
         return None, {}
-    start_codes = pd.factorize(df["server_id"].astype(str))[0][used]
-    run_points = codes[used]
-    starts = starts_per_point(run_points, start_codes, points)
+    start_codes = pd.factorize(df["server_id"])[0][used]  # -1: a run whose start is not recorded
+    run_points, known = codes[used], start_codes >= 0
+    starts = np.maximum(starts_per_point(run_points[known], start_codes[known], points), 1)
     if not (starts >= 2).any():
         return starts, {}
     n = pd.DataFrame(~np.isnan(values)).groupby(run_points).sum().reindex(pd.RangeIndex(points)).to_numpy()
-    same = _measured_alike(df)[used]
+    same = _measured_alike(df)[used][known]
     spreads: dict[str, StartSpread] = {}
     for j, m in enumerate(metrics):
-        spread = start_spread(values[:, j], same, start_codes)
+        spread = start_spread(values[known, j], same, start_codes[known])
         if spread is None:
             continue
         spreads[m] = spread
