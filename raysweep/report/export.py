@@ -400,6 +400,15 @@ def export_wandb(campaign: ExportCampaign, project: str, entity: str | None = No
     :raises UserError: the wandb library is missing.
     """
     wandb = tracker_library("wandb")
+    try:
+        return _export_wandb(wandb, campaign, project, entity, mode, directory, with_artifacts)
+    finally:
+        if mode == "offline":  # W&B's service writes a part's file after `finish` returns: wait until it has
+            wandb.teardown()
+
+
+def _export_wandb(wandb: Any, campaign: ExportCampaign, project: str, entity: str | None, mode: str | None,
+                  directory: str | Path | None, with_artifacts: bool) -> dict[str, Any]:
     common: dict[str, Any] = {"project": project, "group": campaign.name, "resume": "allow",
                               **({"entity": entity} if entity else {}), **({"mode": mode} if mode else {}),
                               **({"dir": str(directory)} if directory else {})}
