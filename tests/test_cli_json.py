@@ -235,3 +235,40 @@ def test_kept_aggregates_are_used_only_while_fresh(tmp_path):
     finally:
         ledger.close()
     assert kept_summary(out) is None
+
+
+def test_kept_results_table_is_the_table_built_again_and_used_only_while_fresh(tmp_path):
+    """results.parquet, as the campaign's end wrote it, stands for the table built from the result files (the
+    same frame, every dtype), and only while no point finished after it and it holds a row per done run."""
+    import time
+
+    import pandas as pd
+
+    from raysweep.ledger import Ledger
+    from raysweep.results.importer import read_table
+    from raysweep.results.records import kept_results, results_table
+    from raysweep.results.table import write_results
+
+    out = build_output_dir(tmp_path / "out")
+    assert kept_results(out) is None                       # none written yet
+    built = results_table(out)
+    write_results(out)                                     # as the campaign's end does
+    kept = kept_results(out)
+    assert kept is not None
+    pd.testing.assert_frame_equal(kept, built, check_exact=True)
+    pd.testing.assert_frame_equal(read_table(out).df, built, check_exact=True)
+    short = tmp_path / "short.parquet"                     # a row fewer than the done runs: built again
+    built.iloc[1:].to_parquet(short, index=False)
+    short.replace(out / "results.parquet")
+    assert kept_results(out) is None
+    pd.testing.assert_frame_equal(read_table(out).df, built, check_exact=True)
+    write_results(out)
+    time.sleep(0.05)
+    ledger = Ledger.open_existing(out)                     # a point finishes after the table was written
+    try:
+        (failed,) = [p for p in ledger.points() if p.state == "failed"]
+        ledger.mark_running(failed.point_id, "srv-s8")
+        ledger.mark_done(failed.point_id, "points/s16/b128-1/run=0.json")
+    finally:
+        ledger.close()
+    assert kept_results(out) is None

@@ -1,7 +1,8 @@
 """Reading result tables from any directory the plots accept, and importing `vllm bench sweep` output.
 
 Three kinds of directory hold a results table:
-- a raysweep output dir (`ledger.sqlite`): the table is rebuilt from the ledger and the run files;
+- a raysweep output dir (`ledger.sqlite`): the table is rebuilt from the ledger and the run files, or read from
+  the results.parquet the campaign's end kept while no point finished since (`records.kept_results`);
 - a `vllm bench sweep serve` dir: every `**/summary.json` (a JSON list of run records, reference/vllm.md
   §1.6) becomes rows, as `vllm bench sweep plot` reads them;
 - a dir written by `raysweep import` (`results.parquet` without a ledger).
@@ -26,7 +27,7 @@ from raysweep.errors import UserError
 from raysweep.record.files import write_bytes_atomic, write_text_atomic
 from raysweep.grid import normalize_key, params_id
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.results.records import PER_REQUEST_KEYS, records_table, results_table, sla_table
+from raysweep.results.records import PER_REQUEST_KEYS, kept_results, records_table, results_table, sla_table
 
 __all__ = ["SourceTable", "combo_labels", "import_vllm_sweep", "read_sla", "read_table", "read_vllm_sweep",
            "workload_part"]
@@ -52,7 +53,8 @@ def read_table(directory: str | Path, option: str = "OUTPUT_DIR") -> SourceTable
     """
     path = Path(directory)
     if (path / LEDGER_FILE).is_file():
-        return SourceTable(results_table(path), "raysweep")
+        kept = kept_results(path)  # as the campaign's end wrote it, when nothing finished since
+        return SourceTable(kept if kept is not None else results_table(path), "raysweep")
     if path.is_dir() and next(path.rglob(SUMMARY_FILE), None) is not None:
         return read_vllm_sweep(path)
     if (path / "results.parquet").is_file():
