@@ -669,10 +669,12 @@ _SAMPLE_COLUMNS = ("ok", "begin", "sent", "first", "end", "out_tok", "chunks")
 
 def _read_samples(path: Path) -> dict[str, Any]:
     """The columns of a run's raw samples (`records.write_samples`) that the pooled percentiles need, as
-    arrays (the chunks as Arrow's list column): no Python value per request."""
+    arrays (the chunks as Arrow's list column): no Python value per request. One thread: a run's file is a few
+    kB, and Arrow's thread pool cost more than the reading (0.82 against 1.41 s of CPU for 2,000 files)."""
     f = pq.ParquetFile(path)
-    names = [c for c in _SAMPLE_COLUMNS if c in f.schema_arrow.names]
-    table = f.read(columns=names)
+    have = set(f.schema_arrow.names)
+    table = f.read(columns=[c for c in _SAMPLE_COLUMNS if c in have], use_threads=False)
+    names = table.column_names
     return {c: table.column(c) if c == "chunks" else table.column(c).to_numpy(zero_copy_only=False) for c in names}
 
 
