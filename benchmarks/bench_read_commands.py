@@ -20,7 +20,11 @@ from the kept figures, as a user's `raysweep report` after `run` (it makes them 
 kept).
 
     .venv/bin/python benchmarks/bench_read_commands.py [--sizes 36,2000,20000,runs2000] [--commands ...]
-        [--keep DIR] [--record]   # rewrite the `## read commands` section of benchmarks/RESULTS.md with the table
+        [--keep DIR] [--repeat N] [--record]
+
+`--repeat N` times each command N times (prepared afresh each time) and shows the medians; `--record` rewrites
+the table of the `## read commands` section of benchmarks/RESULTS.md. `compare --json` may be named in
+`--commands` beside the defaults.
 
 Sizes: 36 = 2 server configs x 9 bench points x 2 runs (the demo's shape); 2000 = 2 x 500 x 2;
 20000 = 2 x 5,000 x 2; runs2000 = 2 x 5 x 200.
@@ -34,6 +38,7 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -161,8 +166,8 @@ def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
 def argv_of(command: str, out: Path, cfile: Path, scratch: Path) -> list[str]:
     if command in ("run (finished)", "run (end)"):
         return ["run", str(cfile)]
-    if command == "compare":
-        return ["compare", str(out), str(out)]
+    if command.startswith("compare"):  # `compare` and `compare --json`: the campaign against itself
+        return ["compare", str(out), str(out), *command.split()[1:]]
     if command == "report (cold)":
         return ["report", str(out)]
     if command == "report":
@@ -207,6 +212,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="36,2000,20000,runs2000")
     ap.add_argument("--commands", default=",".join(COMMANDS))
     ap.add_argument("--keep", default=None, help="Build the stubs here and keep them (default: a temp dir).")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="Time each command this many times (each prepared afresh) and show the medians.")
     ap.add_argument("--record", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
     args = ap.parse_args()
     sizes = [s.strip() for s in args.sizes.split(",")]
@@ -225,20 +232,16 @@ def main() -> None:
                 print(f"built {shape(size)} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
             cfile = base / f"stub{size}.yaml"
             for command in commands:
-                scratch = base / f"scratch{size}"
-                shutil.rmtree(scratch, ignore_errors=True)
-                prepare(command, out, cfile, scratch)
-                before = snapshot(out)
-                wall, cpu, rc, err = time_command(argv_of(command, out, cfile, scratch))
-                wrote = sorted(name for name, _ in set(snapshot(out).items()) - set(before.items())
-                               if not name.startswith(WRITES.get(command, ())))
-                note = "" if rc == 0 else f" (exit {rc})"
-                if wrote:
-                    note += f" (wrote {len(wrote)} file(s) in the campaign dir)"
-                table[command][size] = f"{wall:.1f} ({cpu:.1f}){note}"
-                print(f"{size:>8}  {command:<38} {wall:7.2f} s wall {cpu:7.2f} s CPU{note}", file=sys.stderr)
-                if rc:
-                    print(err, file=sys.stderr)
+                walls, cpus, note = [], [], ""
+                for _ in range(max(1, args.repeat)):
+                    wall, cpu, one = time_once(command, out, cfile, base / f"scratch{size}")
+                    walls.append(wall)
+                    cpus.append(cpu)
+                    note = note or one
+                    print(f"{size:>8}  {command:<38} {wall:7.2f} s wall {cpu:7.2f} s CPU{one}  "
+                          f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr)
+                wall, cpu = statistics.median(walls), statistics.median(cpus)
+                table[command][size] = f"{wall:.2f} ({cpu:.2f}){note}"
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -246,6 +249,23 @@ def main() -> None:
     print(text)
     if args.record:
         record(text)
+
+
+def time_once(command: str, out: Path, cfile: Path, scratch: Path) -> tuple[float, float, str]:
+    """One timing of `command` on the stub in `out`, prepared afresh: wall s, CPU s, a note (exit code, stray
+    files written into the campaign dir)."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    prepare(command, out, cfile, scratch)
+    before = snapshot(out)
+    wall, cpu, rc, err = time_command(argv_of(command, out, cfile, scratch))
+    wrote = sorted(name for name, _ in set(snapshot(out).items()) - set(before.items())
+                   if not name.startswith(WRITES.get(command, ())))
+    note = "" if rc == 0 else f" (exit {rc})"
+    if wrote:
+        note += f" (wrote {len(wrote)} file(s) in the campaign dir)"
+    if rc:
+        print(err, file=sys.stderr)
+    return wall, cpu, note
 
 
 def shape(size: str) -> str:
