@@ -180,3 +180,20 @@ def test_cli_compare_with_an_slo(dirs):
     assert "judged only where both meet the slo median_ttft_ms<=30" in res.output and "outside slo" in res.output
     bad = CliRunner().invoke(main, ["compare", str(a), str(b), "--slo", "p101_ttft_ms=30"])
     assert bad.exit_code == 2 and "--slo.p101_ttft_ms" in bad.output and "outside 0 to 100" in bad.output
+
+
+def test_where_a_side_measured_the_spread_between_server_starts_the_verdicts_are_over_starts(dirs):
+    a, b = (compare.load_side(d) for d in dirs)
+    plain = compare.compare(a, b)
+    assert set(plain.table["output_throughput_test"]) == {"Welch's t over runs"}
+    assert any(n.startswith("no side measured a point on 2+ server starts") for n in plain.notes)
+    a.summary.attrs["start_spread"] = {"output_throughput": [0.15 ** 2, 4, 2]}  # 15 % between starts
+    over = compare.compare(a, b)
+    assert set(over.table["output_throughput_test"]) == {"t over server starts"}
+    assert "t over server starts" in compare.family_text(over)
+    assert any(n.startswith("verdicts over server starts for 1 of") for n in over.notes)
+    # +20 % on one start each: clear over runs (1 % jitter), not shown against a 15 % spread between starts
+    conc2 = plain.table["max_concurrency"] == 2
+    assert plain.table.loc[conc2, "output_throughput_verdict"].item() == "better"
+    assert over.table.loc[conc2, "output_throughput_verdict"].item() == "not shown"
+    assert set(over.table["median_ttft_ms_test"]) == {"Welch's t over runs"}  # no spread measured for it

@@ -7,7 +7,8 @@ both sides have (or `--match-on`); the baseline must hold one point per matched 
 several (several server configs against one baseline point). Per metric a comparison gives the baseline and
 the other mean over runs (for a percentile, the mean of the per-run percentiles), their ratio (other /
 baseline), the p-value of the test that decided (`M_test`: Welch's t over runs, `verdicts.compare_means`;
-or a paired t where the two points' runs were measured side by side, `over_time.pairs`) and a verdict
+or a paired t where the two points' runs were measured side by side, `over_time.pairs`; or, where a side
+measured the spread between server starts, `t over server starts`, `maths.start_spread`) and a verdict
 (higher is better for throughputs, lower for latencies): `better` or `worse` when the test rejects equal
 means, `not shown` when it does not (the runs cannot tell them apart: not a claim that they are equal) or
 a side has fewer than 3 runs or, unpaired, a side's runs drift over their order (`drift`), `not judged`
@@ -46,6 +47,7 @@ from raysweep.report import plots
 from raysweep.errors import UserError, unknown_names
 from raysweep.record.files import write_json_atomic, write_text_atomic
 from raysweep.maths.over_time import Family
+from raysweep.maths.start_spread import StartSpread, compare_over_starts
 from raysweep.campaign.slo import Target, meets
 
 if TYPE_CHECKING:
@@ -237,6 +239,7 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     # runs pair only by their blocks (`over_time.pairs`): where a side's runs have none, no point's runs are read
     paired = runs_a is not None and runs_b is not None and "block" in runs_a[0] and "block" in runs_b[0]
     base_rows = baseline.summary.to_dict("records")  # plain dicts: a Series' lookups cost 20 times more
+    spreads = start_spreads(baseline, other)
     for b in other.summary.to_dict("records"):
         key = tuple(_norm(b[k]) for k in keys)
         if key not in index:
@@ -244,10 +247,10 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
         matched.add(key)
         a = base_rows[index[key]]
         point_runs = (_point_runs(baseline, a, runs_a), _point_runs(other, b, runs_b)) if paired else (None, None)
-        rows.append(_row(a, b, keys, names, slo, *point_runs))
+        rows.append(_row(a, b, keys, names, slo, *point_runs, spreads=spreads))
     table = pd.DataFrame.from_records(rows)
     fam = _control(table, names, family)
-    notes = []
+    notes = [_starts_note(spreads, names)] if rows else []
     if not rows:
         notes.append(f"no point of {other.name} has the parameters of a point of {baseline.name} "
                      f"(matched on {', '.join(keys)})")
@@ -364,8 +367,39 @@ def _check_unique(baseline: Side, keys: list[str], base_keys: list[tuple[Any, ..
         seen[k] = i
 
 
+def start_spreads(*sides: Side) -> dict[str, StartSpread]:
+    """Per metric, the spread between server starts the sides' summaries measured (`summarize`'s
+    `start_spread`), pooled over the sides that measured it (weighted by their degrees of freedom)."""
+    found: dict[str, list[tuple[float, int, int]]] = {}
+    for side in sides:
+        for m, (var, df, points) in (side.summary.attrs.get("start_spread") or {}).items():
+            found.setdefault(m, []).append((float(var), int(df), int(points)))
+    return {m: StartSpread(sum(v * d for v, d, _ in xs) / sum(d for _, d, _ in xs), sum(d for _, d, _ in xs),
+                           sum(p for _, _, p in xs)) for m, xs in found.items() if sum(d for _, d, _ in xs) > 0}
+
+
+def _starts_note(spreads: dict[str, StartSpread], metrics: list[str]) -> str:
+    """What the verdicts include of the server starts."""
+    judged = [m for m in metrics if m in spreads]
+    if judged:
+        m = judged[0]
+        return (f"verdicts over server starts for {len(judged)} of {len(metrics)} metric(s) ({m}: "
+                f"{spreads[m].text()})")
+    return ("no side measured a point on 2+ server starts: the verdicts are over runs, and what a server start "
+            "adds is not in them (`order.instances` or `confirm:` measure it)")
+
+
+def _starts(row: dict[str, Any]) -> int:
+    k = row.get("server_starts")
+    try:
+        return max(int(k), 1) if k is not None and math.isfinite(float(k)) else 1
+    except (TypeError, ValueError):
+        return 1
+
+
 def _row(a: dict[str, Any], b: dict[str, Any], keys: list[str], metrics: list[str], slo: Target | None = None,
-         runs_a: pd.DataFrame | None = None, runs_b: pd.DataFrame | None = None) -> dict[str, Any]:
+         runs_a: pd.DataFrame | None = None, runs_b: pd.DataFrame | None = None,
+         spreads: dict[str, StartSpread] | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {k: b[k] for k in keys}
     for lab in _LABELS:
         row[f"{lab}_a"], row[f"{lab}_b"] = a.get(lab), b.get(lab)
@@ -380,9 +414,13 @@ def _row(a: dict[str, Any], b: dict[str, Any], keys: list[str], metrics: list[st
     drifts = [s for s, r in (("baseline", a), ("this campaign", b)) if r.get("drift") == "drifts"]
     row["drift"] = " and ".join(drifts)
     for m in metrics:
-        v = verdicts.compare_means(verdicts.row_stats(a, m), verdicts.row_stats(b, m), higher_is_better(m))
+        spread = (spreads or {}).get(m)
+        v = (verdicts.compare_means(verdicts.row_stats(a, m), verdicts.row_stats(b, m), higher_is_better(m))
+             if spread is None else
+             compare_over_starts((*verdicts.row_stats(a, m), _starts(a)), (*verdicts.row_stats(b, m), _starts(b)),
+                                 spread, higher_is_better(m)))
         if drifts and v.decided:   # a level that drifts over the runs is no level to compare unpaired
-            v = verdicts.Verdict("not shown", v.runs_a, v.runs_b, v.ratio, v.p_value,
+            v = verdicts.Verdict("not shown", v.runs_a, v.runs_b, v.ratio, v.p_value, v.test,
                                  reason=f"the runs of {row['drift']} drift")
         if paired is not None and m in runs_a.columns and m in runs_b.columns:  # type: ignore[union-attr]
             what, ka, kb = paired
