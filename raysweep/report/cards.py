@@ -31,10 +31,13 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
            f"{pct} interval of each bounded metric inside its bound) are ranked." if c.slo is not None else
            " No service-level objective (<code>slo:</code>): the leader is "
            "the raw best, whatever its latency; each card names the knee beside it.")
+    starts = c.start_spread is not None  # the summary measured the objective's spread between server starts
+    over_starts = " that includes the spread between server starts" if starts else ""
+    test = "a t over server starts" if starts else "Welch's t over runs"
     head = (f'<p class="muted">Objective: <b>{esc(c.objective.text)}</b> (<code>raysweep report --objective</code> '
             f"chooses another).{slo} A point is a server config at one bench point; its value is the mean over its "
-            f"runs that passed their checks, with a {pct} confidence interval. The leader is tested against every "
-            f"other config with Welch's t over runs (a paired t where their runs were measured side by side) and "
+            f"runs that passed their checks, with a {pct} confidence interval{over_starts}. The leader is tested "
+            f"against every other config with {test} (a paired t where their runs were measured side by side) and "
             f"Holm's correction over the configs; a point whose runs drift over their order is never green. Load: "
             f"{esc(c.load or 'not swept')}; bench shape: {esc(', '.join(c.shape_keys) or 'one')}.</p>")
     if c.single_config:

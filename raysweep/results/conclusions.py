@@ -200,6 +200,7 @@ class Conclusions:
     notes: list[str] = field(default_factory=list)
     slo: Target | None = None
     single_config: bool = False   # one server config (an endpoint) swept over loads: judged by load, not config
+    start_spread: StartSpread | None = None  # the objective's spread between server starts, where measured
 
     @property
     def noisy(self) -> pd.DataFrame:
@@ -238,7 +239,7 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
                        _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
-                       [*gpu_note, *notes, *_start_note(summary)], slo, single)
+                       [*gpu_note, *notes, *_start_note(summary)], slo, single, spread)
 
 
 def _spread_of(summary: pd.DataFrame, obj: Objective) -> StartSpread | None:
