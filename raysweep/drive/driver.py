@@ -302,12 +302,7 @@ def check_placement(plan: Plan, nodes: list[placement.NodeInfo],
     for serve in plan.serves:
         if not plan.points_of(serve.id):
             continue
-        if serve.deployment is not None:  # P/D: one placement group of its roles' bundles (raysweep.place.pd)
-            why = pd_place.deployment_refusal(serve.deployment, serve.rule, nodes)
-            gpus = placement.has_gpus(nodes) if with_gpus is None else with_gpus
-            lay = why if why is not None else placement.Layout(1, serve.deployment.gpus if gpus else 0, "pd")
-        else:
-            lay = placement.layout_for(serve.shape, serve.rule, nodes, with_gpus)
+        lay = pd_place.layout_of(serve, nodes, with_gpus)  # P/D: one placement group of its roles' bundles
         if isinstance(lay, str):
             bad.append(f"server config {serve.id} ({serve.label}): {lay}")
         else:
@@ -321,7 +316,7 @@ def placement_lines(serve: ServeConfig, layout: placement.Layout, offline_mode: 
     """Where a configuration goes and the command each of its nodes runs (for the dry run)."""
     rule = placement.rule_text(serve.rule)
     if serve.deployment is not None:  # P/D: its bundles, GPUs, and the command of each role
-        lines = pd_place.bundle_lines(serve.deployment, serve.rule, gpus=layout.gpus_per_node > 0)
+        lines = pd_place.bundle_lines(serve.deployment, serve.rule, gpus=layout.gpu_count > 0)
         done: set[str] = set()
         for inst in serve.deployment.instances(serve.argv, {}, serve.env):
             if inst.role not in done:

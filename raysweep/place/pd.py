@@ -18,10 +18,21 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 
 from raysweep.campaign import NodeRule
 from raysweep.campaign.pd import Deployment
-from raysweep.place.placement import HOST_CPUS, NodeInfo, NotPlaced, eligible_nodes, has_gpus, rule_text
+from raysweep.place import placement
+from raysweep.place.placement import (
+    HOST_CPUS,
+    NODE_ID_LABEL,
+    Layout,
+    NodeInfo,
+    NotPlaced,
+    eligible_nodes,
+    has_gpus,
+    rule_text,
+)
+from raysweep.plan.plan import ServeConfig
 
-__all__ = ["ROUTER", "PDBundles", "PDReservation", "bundle_lines", "deployment_bundles", "deployment_refusal",
-           "release_deployment", "reserve_deployment"]
+__all__ = ["ROUTER", "PDBundles", "PDReservation", "bundle_lines", "deployment_bundles", "deployment_layout",
+           "deployment_refusal", "layout_of", "release_deployment", "reserve_deployment"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +96,28 @@ def deployment_refusal(dep: Deployment, rule: NodeRule, nodes: list[NodeInfo]) -
     return None
 
 
+def deployment_layout(dep: Deployment, rule: NodeRule, nodes: list[NodeInfo], gpus: bool | None = None) -> Layout | str:
+    """The scheduler's view of a deployment: a `Layout` of its bundles' GPUs (mode `pd`, the router's bundle
+    last with none), each bundle placed on a node of its own choosing (`placement.fit_bundles`); or why these
+    nodes can never hold it. `gpus` as in `placement.layout_for` (the campaign's decision; None: from `nodes`)."""
+    use = has_gpus(nodes) if gpus is None else gpus
+    if use and nodes and not has_gpus(nodes):
+        return (f"no alive node has GPUs and it needs {dep.gpus} ({dep.describe()}); the campaign's cluster has "
+                "GPUs, so it never runs on a CPU in their place")
+    why = deployment_refusal(dep, rule, nodes)
+    if why is not None:
+        return why
+    b = deployment_bundles(dep, rule, use)
+    return Layout(1, 0, "pd", bundle_gpus=tuple(int(x.get("GPU", 0)) for x in b.bundles))
+
+
+def layout_of(serve: ServeConfig, nodes: list[NodeInfo], gpus: bool | None = None) -> Layout | str:
+    """Where a configuration can go on these nodes: a P/D deployment's bundles, or any other's layout."""
+    if serve.deployment is not None:
+        return deployment_layout(serve.deployment, serve.rule, nodes, gpus)
+    return placement.layout_for(serve.shape, serve.rule, nodes, gpus)
+
+
 def bundle_lines(dep: Deployment, rule: NodeRule, gpus: bool = True) -> list[str]:
     """The dry run's lines of a deployment: its roles, its bundles and its GPU count."""
     b = deployment_bundles(dep, rule, gpus)
@@ -108,6 +141,10 @@ class PDReservation:
     layout: PDBundles
     node_ids: list[str]
 
+    @property
+    def bundles(self) -> list[dict[str, float]]:
+        return self.layout.bundles
+
     def actor_options(self, role: str, index: int = 0) -> dict[str, Any]:
         """Ray options of the actor that hosts one server of the deployment (or its router)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -118,10 +155,15 @@ class PDReservation:
 
 
 def reserve_deployment(dep: Deployment, rule: NodeRule, name: str, gpus: bool = True,
-                       timeout_s: float = 60.0) -> PDReservation:
-    """Create the deployment's placement group and wait until Ray has placed all of it."""
+                       timeout_s: float = 60.0, node_ids: list[str] | None = None) -> PDReservation:
+    """Create the deployment's placement group and wait until Ray has placed all of it; with `node_ids` (the
+    scheduler's choice, one per bundle), each bundle pinned to its node, so that what the scheduler counts as
+    taken is what Ray holds."""
     layout = deployment_bundles(dep, rule, gpus)
-    pg = placement_group(layout.bundles, strategy=layout.strategy, name=name)
+    pinned = {} if not node_ids else {"bundle_label_selector": [{NODE_ID_LABEL: n} for n in node_ids]}
+    if node_ids and len(node_ids) != len(layout.bundles):
+        raise ValueError(f"{len(node_ids)} node(s) given for {len(layout.bundles)} bundle(s)")
+    pg = placement_group(layout.bundles, strategy=layout.strategy, name=name, **pinned)
     t0 = time.monotonic()
     while not pg.wait(timeout_seconds=2):
         if time.monotonic() - t0 > timeout_s:

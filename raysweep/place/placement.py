@@ -45,8 +45,9 @@ from raysweep.plan.plan import ServeConfig, Shape
 
 __all__ = ["HOST_CPUS", "NODE_ID_LABEL", "Busy", "Demand", "Layout", "NodeInfo", "NotPlaced", "Reservation",
            "Share", "actor_options", "bundles_for", "rule_text", "choose_starts", "cluster_nodes", "eligible_nodes",
-           "fit_nodes",
-           "has_gpus", "layout_fits", "layout_for", "local_nodes", "release", "reserve", "tail_starts"]
+           "fit_bundles",
+           "fit_nodes", "has_gpus", "layout_fits", "layout_for", "local_nodes", "release", "reserve", "tail_starts",
+           "take"]
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +77,19 @@ class Layout:
     gpus_per_node: int
     mode: str = "single"
     dp_local: int = 1
+    bundle_gpus: tuple[int, ...] = ()  # mode `pd`: the GPUs of each bundle, several bundles to a node allowed
 
     @property
     def gpu_count(self) -> int:
-        return self.nnodes * self.gpus_per_node
+        return sum(self.bundle_gpus) if self.bundle_gpus else self.nnodes * self.gpus_per_node
+
+    def node_gpus(self) -> list[int]:
+        """The GPUs it takes on each of its `node_ids` (one entry per bundle: a node may come several times)."""
+        return list(self.bundle_gpus) if self.bundle_gpus else [self.gpus_per_node] * self.nnodes
 
     def describe(self) -> str:
+        if self.bundle_gpus:
+            return f"{len(self.bundle_gpus)} bundle(s) of {list(self.bundle_gpus)} GPU(s), one per server and router"
         where = "1 node" if self.nnodes == 1 else f"{self.nnodes} nodes"
         extra = {"nnodes": ", pipeline across nodes",
                  "dp": f", {self.dp_local} DP replica(s) per node"}.get(self.mode, "")
@@ -106,6 +114,10 @@ class Busy:
     nodes: tuple[str, ...]
     gpus_per_node: int
     left: float
+    per_node: tuple[int, ...] = ()  # GPUs on each of `nodes` where they differ (a P/D deployment's bundles)
+
+    def node_gpus(self) -> list[int]:
+        return list(self.per_node) if self.per_node else [self.gpus_per_node] * len(self.nodes)
 
 
 class NotPlaced(RuntimeError):
@@ -162,6 +174,9 @@ def layout_fits(layout: Layout, rule: NodeRule, nodes: list[NodeInfo]) -> bool:
     or not: a configuration keeps the layout it first ran with, so that a re-placement never changes how
     its GPUs sit on nodes."""
     pool = eligible_nodes(rule, nodes)
+    if layout.bundle_gpus:
+        whole = {n.node_id: n.gpus for n in pool}
+        return bool(pool) and fit_nodes(layout, list(whole), whole) is not None
     if not layout.gpus_per_node:
         return bool(pool)
     return sum(1 for n in pool if n.gpus >= layout.gpus_per_node) >= layout.nnodes
@@ -269,12 +284,44 @@ def _divisors(n: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------------
 
 def fit_nodes(layout: Layout, eligible: Iterable[str], free: dict[str, int]) -> list[str] | None:
-    """The nodes a layout would take now: those with room whose free GPUs it fills most tightly."""
+    """The nodes a layout would take now: those with room whose free GPUs it fills most tightly (a layout of
+    bundles, `fit_bundles`: the node of each bundle)."""
+    if layout.bundle_gpus:
+        return fit_bundles(layout.bundle_gpus, eligible, free)
     room = [n for n in eligible if free.get(n, 0) >= layout.gpus_per_node]
     if len(room) < layout.nnodes:
         return None
     room.sort(key=lambda n: free[n] - layout.gpus_per_node)  # stable: ties keep cluster order
     return room[:layout.nnodes]
+
+
+def fit_bundles(bundle_gpus: tuple[int, ...], eligible: Iterable[str], free: dict[str, int]) -> list[str] | None:
+    """The node of each bundle of a P/D deployment (one bundle per server, several to a node allowed), or None
+    when they do not all fit now: the largest bundles first, each on the node it fills most tightly. A bundle
+    without GPUs (the router's, or every bundle on a cluster without GPUs) goes with the last bundle that has
+    GPUs (the router beside a decode server), or on the first eligible node."""
+    order = list(eligible)
+    if not order:
+        return None
+    room = {n: free.get(n, 0) for n in order}
+    at: dict[int, str] = {}
+    for i in sorted((i for i, g in enumerate(bundle_gpus) if g > 0), key=lambda i: -bundle_gpus[i]):
+        fits = [n for n in order if room[n] >= bundle_gpus[i]]
+        if not fits:
+            return None
+        node = min(fits, key=lambda n: room[n] - bundle_gpus[i])  # min keeps the first of equals: cluster order
+        room[node] -= bundle_gpus[i]
+        at[i] = node
+    with_gpus = [i for i in range(len(bundle_gpus)) if i in at]
+    home = at[with_gpus[-1]] if with_gpus else order[0]
+    return [at.get(i, home) for i in range(len(bundle_gpus))]
+
+
+def take(free: dict[str, int], layout: Layout, nodes: list[str]) -> None:
+    """Take a layout's GPUs on `nodes` (as `fit_nodes` chose them) from `free`, in place."""
+    for n, g in zip(nodes, layout.node_gpus(), strict=True):
+        if n in free:
+            free[n] -= g
 
 
 def choose_starts(demands: list[Demand], free: dict[str, int], slots: int | None = None,
@@ -299,11 +346,11 @@ def choose_starts(demands: list[Demand], free: dict[str, int], slots: int | None
             nodes = fit_nodes(d.layout, d.eligible, free)
         if nodes is None:
             if busy is not None and until is None:
-                until, held = _soonest_fit(d, free, busy + [Busy(tuple(n), c.layout.gpus_per_node, c.work)
+                until, held = _soonest_fit(d, free, busy + [Busy(tuple(n), c.layout.gpus_per_node, c.work,
+                                                                 tuple(c.layout.bundle_gpus))
                                                             for c, n in chosen])
             continue
-        for n in nodes:
-            free[n] -= d.layout.gpus_per_node
+        take(free, d.layout, nodes)
         chosen.append((d, nodes))
     return chosen
 
@@ -312,8 +359,8 @@ def _soonest_fit(d: Demand, free: dict[str, int], busy: list[Busy]) -> tuple[flo
     """When a configuration that does not fit now will fit as the busy ones end, and on which nodes."""
     room = dict(free)
     for b in sorted(busy, key=lambda b: b.left):
-        for n in b.nodes:
-            room[n] = room.get(n, 0) + b.gpus_per_node
+        for n, g in zip(b.nodes, b.node_gpus(), strict=True):
+            room[n] = room.get(n, 0) + g
         nodes = fit_nodes(d.layout, d.eligible, room)
         if nodes is not None:
             return b.left, set(nodes)
@@ -347,8 +394,7 @@ def tail_starts(shares: list[Share], free: dict[str, int]) -> list[tuple[str, li
             nodes = fit_nodes(s.layout, s.eligible, free)
             if nodes is None:
                 break
-            for node in nodes:
-                free[node] -= s.layout.gpus_per_node
+            take(free, s.layout, nodes)
             chosen.append((s.key, nodes))
             n += 1
     return chosen

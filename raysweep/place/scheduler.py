@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from raysweep.place import pd as pd_place
 from raysweep.place import placement
 from raysweep.place.placement import Layout, NodeInfo
 from raysweep.plan.plan import ServeConfig
@@ -280,7 +281,7 @@ class Scheduler:
     def _layout(self, serve: ServeConfig, nodes: list[NodeInfo]) -> Layout | str:
         """Where a configuration can go on these nodes: the layout it first ran with, as long as the nodes
         can hold it; or why it fits none of them now."""
-        lay = placement.layout_for(serve.shape, serve.rule, nodes, self.with_gpus)
+        lay = pd_place.layout_of(serve, nodes, self.with_gpus)  # a P/D deployment: its bundles (place.pd)
         first = self.layouts.get(serve.id)
         if first is None or lay == first:
             return lay
@@ -317,7 +318,7 @@ class Scheduler:
             servers[r.serve.id] = servers.get(r.serve.id, 0) + 1
         shares, by_id = [], {}
         for key, r in self.running.items():
-            if r.replica or r.abort:
+            if r.replica or r.abort or r.serve.deployment is not None:  # a P/D deployment is not replicated
                 continue
             left = self.work.work_left(key)
             pace = self.work.pace(key) if left else None
@@ -342,7 +343,5 @@ class Scheduler:
         """GPUs per node less those of the configurations running there."""
         free = {n.node_id: n.gpus for n in nodes}
         for r in self.running.values():
-            for n in r.node_ids:
-                if n in free:
-                    free[n] -= r.layout.gpus_per_node
+            placement.take(free, r.layout, r.node_ids)
         return free
