@@ -131,11 +131,12 @@ def test_an_endpoints_labels_are_recorded_as_its_serve_parameters(tmp_path):
         campaign_from_dict(data, tmp_path)
 
 
-def test_running_a_deployment_is_refused_before_anything_starts(tmp_path):
-    """The driver does not run a deployment yet: `raysweep run` refuses it, naming serve.pd, writing nothing."""
-    res = CliRunner().invoke(main, ["run", str(_write(tmp_path, _with()))])
+def test_running_a_deployment_with_bad_input_is_refused_before_anything_starts(tmp_path):
+    """`raysweep run` refuses a deployment that cannot work (here a swept ratio with no decode server) before Ray
+    starts, naming the field, writing nothing."""
+    res = CliRunner().invoke(main, ["run", str(_write(tmp_path, _with(params={"grid": {"decode.count": [0]}})))])
     assert res.exit_code == 2, res.output
-    assert "serve.pd" in res.output and "--dry-run" in res.output
+    assert "serve.params (decode.count=0)" in res.output and "decode.count must be a positive integer" in res.output
     assert not (tmp_path / "out").exists()
 
 
@@ -398,6 +399,69 @@ def test_a_2p1d_deployment_is_one_placement_group_its_roles_in_their_bundles(gpu
 
 
 @pytest.mark.ray
+def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_recorded(gpu_cluster, tmp_path):
+    """`raysweep run` of a P/D campaign on the simulated GPU nodes, stand-in servers as roles: two 1P1D
+    deployments (prefill TP 1, decode TP 2), one whose decode server cannot start. The good one: each role
+    server in its own bundle with its own GPUs, the bench through the router, every point's result carrying the
+    deployment's shape (ratio, per-role parallelism, connector, all 3 GPUs) and the requests each role served.
+    The bad one: recorded as its decode server's failure with the root cause from its log, the campaign goes on.
+    Every role server's process is gone afterwards, every GPU free."""
+    from raysweep.ledger import Ledger
+    from raysweep.results.records import results_table
+
+    out = tmp_path / "out"
+    f = tmp_path / "campaign.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "pd-run", "output_dir": str(out), "runs": 1, "warmup": 0,
+        "serve": {"cmd": f"{PY} {STANDIN / 'stream_server.py'} --model m", "ready_timeout_s": 120,
+                  "pd": {"kv_transfer_config": {"kv_connector": "ExampleConnector",
+                                                "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}},
+                         "check_connector": False, "decode": {"tensor_parallel_size": 2}},
+                  "params": {"grid": {"decode.ttft_delay": [0.001, "soon"]}}},
+        "bench": {"backend": "native", "client_cpus": 0.5,
+                  "cmd": "vllm bench serve --model m --dataset-name random --random-input-len 8 "
+                         "--random-output-len 4 --num-prompts 6",
+                  "params": [{"max_concurrency": 1}, {"max_concurrency": 2}]}}))
+    ran = CliRunner().invoke(main, ["run", str(f)])
+    assert ran.exit_code in (0, 1), ran.output
+    table = results_table(out)
+    assert len(table) == 2 and (table["completed"] == 6).all(), table.to_dict("records")
+    assert (table["pd_ratio"] == "1P1D").all() and (table["pd_connector"] == "ExampleConnector").all()
+    assert (table["pd_prefill_tp"] == 1).all() and (table["pd_decode_tp"] == 2).all()
+    assert (table["gpu_count"] == 3).all() and (table["pd_gpus"] == 3).all()
+    # the router sent each request of the point to a prefill server, then to the decode server
+    assert (table["pd_prefill_requests"] == 6).all() and (table["pd_decode_requests"] == 6).all()
+    assert (table["pd_decode_failures"] == 0).all()
+    # each role server in its own bundle: 1 GPU for prefill, 2 others for decode, all on GPU nodes
+    servers = {}
+    for part in str(table["pd_servers"].iloc[0]).split(";"):
+        name, gpus = part.split("=")
+        servers[name.split("@")[0]] = (name.split("@")[1], gpus.split(","))
+    assert set(servers) == {"prefill-0", "decode-0"} and len(servers["prefill-0"][1]) == 1
+    assert len(servers["decode-0"][1]) == 2
+    if servers["prefill-0"][0] == servers["decode-0"][0]:  # on one node: no GPU of one role is the other's
+        assert not set(servers["prefill-0"][1]) & set(servers["decode-0"][1])
+    ledger = Ledger.open_existing(out)
+    try:
+        rows = ledger.servers()
+        failed = [p for p in ledger.points() if p.state == "failed"]
+    finally:
+        ledger.close()
+    # the failed deployment: its points failed naming the decode server and its root cause
+    assert len(failed) == 2, failed
+    for p in failed:
+        assert "decode server decode-0" in (p.error or ""), p.error
+        assert "invalid float value" in (p.error or ""), p.error
+    bad = [r for r in rows if r.state == "failed"]
+    assert bad and "decode server decode-0" in (bad[0].error or "")
+    # every role server of every start was stopped by its PID: none left
+    pids = [rank["pid"] for r in rows for rank in json.loads(r.ranks or "[]")]
+    assert len(pids) >= 4 and {rank.get("role") for r in rows for rank in json.loads(r.ranks or "[]")} == {
+        "prefill", "decode"}
+    assert not any(_alive(p) for p in pids)
+
+
+@pytest.mark.ray
 def test_each_nixl_server_gets_a_side_channel_of_its_own(gpu_cluster, tmp_path):
     """NIXL: two prefill servers and a decode server of two data-parallel ranks, stand-ins, on the simulated GPU
     nodes. Each server's process sees its node's address as VLLM_NIXL_SIDE_CHANNEL_HOST (vLLM's default,
@@ -515,6 +579,48 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
         if started is not None and not isinstance(started, RoleFailure):
             started.stop()
         release_deployment(res)
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+def test_raysweep_run_of_a_real_1p1d_pair(gpu_cluster, tiny_model, tmp_path):
+    """`raysweep run` of a serve.pd campaign with the real vLLM CPU build: a 1P1D pair with the shared-storage
+    connector started, benched through raysweep's router and stopped by the driver. The point records the
+    requests each role served, equal to the decode server's `External Cache Hit!` lines, and the decode
+    server's prompt tokens: most received through the connector, the rest prefilled itself."""
+    from raysweep.ledger import Ledger
+    from raysweep.results.records import results_table
+
+    out = tmp_path / "out"
+    f = tmp_path / "campaign.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "pd-real-run", "output_dir": str(out), "runs": 1, "warmup": 0,
+        "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
+                         "--gpu-memory-utilization 0.2 --enforce-eager", "ready_timeout_s": 900,
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"},
+                  "pd": {"kv_transfer_config": {"kv_connector": "ExampleConnector",
+                                                "kv_connector_extra_config": {"shared_storage_path":
+                                                                              str(tmp_path / "kv")}}}},
+        "bench": {"backend": "native", "client_cpus": 0.5, "rerun_client_limited": False,
+                  "cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 4 "
+                         "--random-input-len 300 --random-output-len 4 --temperature 0",
+                  "params": [{"max_concurrency": 2}]}}))
+    ran = CliRunner().invoke(main, ["run", str(f)])
+    assert ran.exit_code == 0, ran.output
+    row = results_table(out).iloc[0]
+    assert row["completed"] == 4 and row["failed"] == 0, row.to_dict()
+    assert row["pd_ratio"] == "1P1D" and row["gpu_count"] == 2 and row["placement_mode"] == "pd"
+    assert row["pd_prefill_requests"] == row["pd_decode_requests"] >= 4 and row["pd_decode_failures"] == 0
+    # the decode server received most of each prompt through the connector and prefilled only the rest
+    assert row["pd_kv_received_tokens"] > row["pd_decode_prefilled_tokens"] > 0, row.to_dict()
+    ledger = Ledger.open_existing(out)
+    try:
+        ranks = [rank for r in ledger.servers() for rank in json.loads(r.ranks or "[]")]
+    finally:
+        ledger.close()
+    decode_log = Path(next(r["log_path"] for r in ranks if r.get("role") == "decode")).read_text()
+    assert decode_log.count("External Cache Hit!") == row["pd_decode_requests"], decode_log[-3000:]
+    assert not any(_alive(r["pid"]) for r in ranks)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -61,13 +61,6 @@ def check_before_run(spec: Any, output_dir: Path, *, force: bool = False, accept
     from raysweep.drive.driver import open_campaign
     from raysweep.drive.endpoint import check_endpoints, is_endpoint_campaign
 
-    pd = getattr(spec.campaign.serve, "pd", None)
-    if pd is not None:
-        from raysweep.errors import CampaignError
-
-        raise CampaignError("serve.pd", "a prefill/decode deployment is placed and shown by `raysweep run "
-                            "--dry-run`; the driver does not run one yet: start its roles and raysweep's router "
-                            "(raysweep.serve.pd_router) and sweep the router with serve.url (docs/pd.md)")
     if is_endpoint_campaign(spec):  # serve.url: every endpoint answers with an OpenAI API
         check_endpoints(spec)
     if spec.campaign.tracking is not None:  # its library is here and its URI usable (report.tracking, lent)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from typing import Any
 
 from raysweep.bench import backend_for
 from raysweep.drive import hooks, sequential
@@ -25,6 +26,7 @@ from raysweep.drive.state import Workload
 from raysweep.ledger import PointRow
 from raysweep.maths.order import in_rounds, round_key
 from raysweep.place import netcheck, placement
+from raysweep.place import pd as pd_place
 from raysweep.plan.plan import PointRun, ServeConfig
 from raysweep.serve.live_server import ConfigRun, Server, Servers
 
@@ -58,7 +60,7 @@ class ConfigLife:
         """The whole life of `run`; its outcome is left in `run.outcome` (never raises)."""
         try:
             try:
-                run.res = placement.reserve(run.serve, run.layout, run.node_ids, replica=run.replica)
+                run.res = self._reserve(run)
             except placement.NotPlaced as exc:
                 log.info("server config %s not placed yet: %s", run.serve.id, exc)
                 run.outcome = "not placed"
@@ -67,10 +69,22 @@ class ConfigLife:
                 run.outcome = self._run_config(run)
             finally:
                 run.drop_client()
-                placement.release(run.res)
+                if run.serve.deployment is not None:
+                    pd_place.release_deployment(run.res)
+                else:
+                    placement.release(run.res)
         except Exception as exc:
             log.exception("server config %s", run.serve.id)
             run.outcome = f"error: {type(exc).__name__}: {exc}"
+
+    def _reserve(self, run: ConfigRun) -> Any:
+        """The run's placement group on the nodes the scheduler chose: a P/D deployment's bundles, one per role
+        server and its router's, each on its node (`raysweep.place.pd`); else the configuration's."""
+        dep = run.serve.deployment
+        if dep is None:
+            return placement.reserve(run.serve, run.layout, run.node_ids, replica=run.replica)
+        return pd_place.reserve_deployment(dep, run.serve.rule, f"raysweep-pd-{run.serve.id}",
+                                           gpus=run.layout.gpu_count > 0, node_ids=run.node_ids)
 
     def _run_config(self, run: ConfigRun) -> str:
         w = self.work

@@ -46,6 +46,8 @@ from raysweep.serve.live_server import (
     telemetry_fields,
     transport_fields,
 )
+from raysweep.serve.pd import deployment_counts
+from raysweep.serve.pd import point_fields as pd_point_fields
 from raysweep.serve.server import expected_model, reset_caches
 
 __all__ = ["PointRunner", "client_room", "load_windows"]
@@ -92,6 +94,18 @@ def _client_room(run: ConfigRun, server: Server, res: dict[str, Any], client_cpu
     return client_room(ray.available_resources().get("CPU", 0.0), mine, other, client_cpus)
 
 
+def _pd_counts(server: Server) -> dict[str, Any] | None:
+    """A P/D deployment's counters now (`raysweep.serve.pd.deployment_counts`); None for any other server, or
+    when they cannot be read (the point then has no P/D fields, and runs all the same)."""
+    if not getattr(server, "roles", None) or server.router is None:
+        return None
+    try:
+        return deployment_counts(server.router, server.role_urls("decode"))
+    except ray.exceptions.RayError as exc:
+        log.info("server %s: the P/D counters were not read (%s)", server.server_id, exc)
+        return None
+
+
 class PointRunner:
     """Runs benchmark points of a configuration run against its live server (see the module docstring)."""
 
@@ -118,7 +132,11 @@ class PointRunner:
                 _, out = run.wait(run.helper.run_plain(spec.after_bench_argv, spec.bench_env, timeout_s),
                                   timeout_s + 120)
                 return "after_bench_cmd" if out.get("ok") else f"after_bench_cmd failed: {out.get('error')}"
-            if server.hosts:
+            if getattr(server, "roles", None):  # a P/D deployment: every role server's caches
+                _, outs = run.wait([h.reset_caches.remote() for h in server.hosts], 120)
+                bad = [f"{server.who(r)}: {o['detail']}" for r, o in enumerate(outs) if not o["ok"]]
+                out = {"ok": not bad, "detail": "; ".join(bad)}
+            elif server.hosts:
                 _, out = run.wait(server.hosts[0].reset_caches.remote(), 120)
             else:  # a server given by URL (crosscheck --url): no host actor of ours
                 out = reset_caches(server.url)
@@ -142,6 +160,7 @@ class PointRunner:
               num_prompts: int | None = None, clients: int | None = None) -> tuple[str, Any]:
         """One benchmark of a point through the backend, with the server's /metrics scraped meanwhile: the
         baseline before the load is submitted (submit fixes its start), the last scrape after it returned."""
+        pd_before = _pd_counts(server)  # a P/D deployment: its counters before the load
         scraper = metrics.Scraper(getattr(server, "metrics_url", server.url),
                                   self.bench_spec.metrics_interval_s).start()
         submitted = time.time()
@@ -178,6 +197,9 @@ class PointRunner:
             sane.merge(res, sane.guarded("server_metrics", scraper.summary, window, bracket))
             timeseries.attach(out, scraper.samples)  # per-bin series and the steady-state window (native)
             out["clients"] = job.clients
+            pd_after = _pd_counts(server) if pd_before is not None else None
+            if pd_before is not None and pd_after is not None:
+                res.update(pd_point_fields(pd_before, pd_after))
         return status, out
 
     def bench_point(self, run: ConfigRun, server: Server, point: PointRun) -> tuple[str, Any]:
@@ -370,6 +392,12 @@ class PointRunner:
             **provenance.result_fields(resolve_provenance(server, self.work.ledger),
                                        [n.get("hostname") or "" for n in server.nodes]),
         }
+        if point.serve.deployment is not None:  # a P/D deployment: its shape, its GPUs all its roles', its nodes
+            extra.update(point.serve.deployment.identity(), tensor_parallel_size=None, pipeline_parallel_size=None,
+                         data_parallel_size=None, gpus_per_node=None, placement_mode="pd",
+                         num_nodes=len({n.get("node_id") for n in server.nodes}),
+                         pd_servers=";".join(f"{r.name}@{n.get('node_ip')}/{(n.get('node_id') or '')[:8]}="
+                                             f"{n.get('gpu_ids') or ''}" for r, n in zip(server.roles, server.nodes)))
         if point.bench.base_id is not None:
             extra.update(sla_base_id=point.bench.base_id, sla_value=point.bench.sla_value)
         extra.update(getattr(server, "startup", None) or {})  # the phases of its start (raysweep.serve.startup)

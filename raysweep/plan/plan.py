@@ -255,7 +255,9 @@ def make_serve(spec: CampaignSpec, combo: dict[str, Any]) -> ServeConfig:
     pd = spec.campaign.serve.pd if spec.campaign.serve is not None else None
     dep = deployment_of(pd, combo) if pd is not None else None
     shape = shape_of({} if dep else combo, spec.serve_argv, spec.gpus_per_replica)
-    return ServeConfig(id=grid.params_id(_no_name(combo)), params=combo, argv=argv, env=env,
+    # a deployment's shape (ratio, each role's parallelism, connector) is part of its id, swept or not
+    ident = {**_no_name(combo), **({"pd": dep.identity()} if dep else {})}
+    return ServeConfig(id=grid.params_id(ident), params=combo, argv=argv, env=env,
                        shape=replace(shape, pd_gpus=dep.gpus) if dep else shape, label=grid.combo_label(combo),
                        rule=rule_for(combo, spec.campaign.placement), deployment=dep)
 

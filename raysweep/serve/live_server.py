@@ -61,18 +61,49 @@ class Server:
     provenance: dict[str, Any] | None = None  # versions, GPUs, model, hostnames (raysweep.serve.provenance)
     fabric: dict[str, Any] | None = None  # the bandwidth probe of its placement group (raysweep.place.fabric)
     startup: dict[str, float] = field(default_factory=dict)  # the phases of its start (raysweep.serve.startup)
+    roles: list[Any] = field(default_factory=list)  # a P/D deployment: the RoleInstance each host runs, in order
+    router: Any = None               # a P/D deployment: its router's actor (raysweep.serve.pd.RouterHost)
+    failed_rank: int | None = None   # the host whose process `down` found ended (a P/D deployment: its role)
+
+    def who(self, rank: int) -> str:
+        """How a host's process is named in messages: `rank N`, or a P/D role server (`decode server decode-0`)."""
+        if self.roles:
+            return f"{self.roles[rank].role} server {self.roles[rank].name}"
+        return f"rank {rank}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Whose /metrics a point scrapes: the server's, or a P/D deployment's first decode server's."""
+        for inst, info in zip(self.roles, self.infos):
+            if inst.role == "decode":
+                return f"http://{info['host']}:{info['port']}"
+        return self.url
+
+    def role_urls(self, role: str) -> list[str]:
+        """The URLs of a P/D deployment's servers of `role`."""
+        return [f"http://{i['host']}:{i['port']}" for r, i in zip(self.roles, self.infos) if r.role == role]
 
     def down(self) -> str | None:
-        """None while every rank's process runs; otherwise what ended it."""
+        """None while every rank's process runs; otherwise what ended it (a P/D deployment: which role's
+        server, or its router)."""
         refs = [h.exit_code.remote() for h in self.hosts]
         for rank, ref in enumerate(refs):
             try:
                 code = ray.get(ref, timeout=30)
             except ray.exceptions.RayError as exc:
-                self.host_lost = True
-                return f"the host actor of rank {rank} was lost ({type(exc).__name__})"
+                self.host_lost, self.failed_rank = True, rank
+                return f"the host actor of {self.who(rank)} was lost ({type(exc).__name__})"
             if code is not None:
+                self.failed_rank = rank
+                if self.roles:
+                    return f"{self.who(rank)} exited with code {code}"
                 return f"exit code {code}" if len(self.hosts) == 1 else f"rank {rank} exited with code {code}"
+        if self.router is not None:
+            try:
+                ray.get(self.router.url.remote(), timeout=30)
+            except ray.exceptions.RayError as exc:
+                self.host_lost = True
+                return f"the P/D router's actor was lost ({type(exc).__name__})"
         return None
 
     def unresponsive(self, timeout_s: float = 5.0) -> str | None:
@@ -92,9 +123,12 @@ class Server:
                 why = str(getattr(exc, "reason", exc))
         return f"/health did not answer within {timeout_s:.0f} s ({why})"
 
-    def root_cause(self) -> dict[str, Any] | None:
-        """The first error line of the first rank's log that has one (`raysweep.serve.root_cause`), with its rank."""
+    def root_cause(self, only: int | None = None) -> dict[str, Any] | None:
+        """The first error line of the first rank's log that has one (`raysweep.serve.root_cause`), with its rank
+        (and a P/D deployment's role server); `only`: that rank's."""
         for rank, h in enumerate(self.hosts):
+            if only is not None and rank != only:
+                continue
             try:
                 cause = ray.get(h.root_cause.remote(), timeout=30)
             except ray.exceptions.RayError:
@@ -102,7 +136,7 @@ class Server:
                 found = root_cause(procs.tail(path, 10**9, max_bytes=4 * 1024 * 1024)) if path else None
                 cause = asdict(found) if found is not None else None
             if cause is not None:
-                return {**cause, "rank": rank}
+                return {**cause, "rank": rank, **({"role": self.who(rank)} if self.roles else {})}
         return None
 
     def log_tail(self, lines: int = 40) -> str:
@@ -113,14 +147,15 @@ class Server:
             except ray.exceptions.RayError:
                 path = self.infos[rank].get("log_path", "") if rank < len(self.infos) else ""
                 tail = procs.tail(path, lines) if path else ""
-            tails.append(tail if len(self.hosts) == 1 else f"== rank {rank} ==\n{tail}")
+            tails.append(tail if len(self.hosts) == 1 else f"== {self.who(rank)} ==\n{tail}")
         return "\n".join(tails)
 
     def rank_rows(self) -> list[dict[str, Any]]:
         return [{"rank": r, "hostname": n.get("hostname"), "node_id": n.get("node_id"), "node_ip": n.get("node_ip"),
                  "gpu_ids": n.get("gpu_ids"), "pid": i.get("pid"), "pid_create_time": i.get("pid_create_time"),
                  "log_path": i.get("log_path"), "network": i.get("network") or {},
-                 "cuda_visible_devices": (self.facts[r] if r < len(self.facts) else {}).get("cuda_visible_devices")}
+                 "cuda_visible_devices": (self.facts[r] if r < len(self.facts) else {}).get("cuda_visible_devices"),
+                 **({"role": self.roles[r].role, "server": self.roles[r].name} if self.roles else {})}
                 for r, (n, i) in enumerate(zip(self.nodes, self.infos))]
 
 
@@ -156,7 +191,7 @@ class ConfigRun:
     serve: ServeConfig
     layout: placement.Layout
     node_ids: list[str]
-    res: placement.Reservation | None = None
+    res: Any = None                  # its placement.Reservation (a P/D deployment: place.pd.PDReservation)
     abort: str | None = None         # set by the scheduler: stop now (node lost, interrupted)
     outcome: str = "running"
     bench: BenchBackend | None = None  # the bench backend's client side (its actors stay warm between points)
@@ -310,7 +345,7 @@ class Servers:
         assert res is not None
         server_id = new_server_id(serve.id)
         w.emit("server_starting", serve=serve, server_id=server_id, layout=lay)
-        server = self.hosts(run, server_id)
+        server = self.role_hosts(run, server_id) if serve.deployment is not None else self.hosts(run, server_id)
         if run.fabric is not None:
             server.fabric = run.fabric
             w.ledger.update_server(server_id, fabric=json.dumps(run.fabric))
@@ -321,13 +356,13 @@ class Servers:
             self.launch(run, server, serve.argv, serve_http=True)
             head = server.infos[0]
             server.url = f"http://{head['host']}:{head['port']}"
-            ready = self._wait_ready(run, server)
+            ready = self._wait_roles_ready(run, server) if server.roles else self._wait_ready(run, server)
         except Aborted as exc:
             ready = {"ok": False, "error": f"stopped while starting: {exc}", "aborted": True}
         except ray.exceptions.RayError as exc:
             server.host_lost = True
             ready = {"ok": False, "error": f"host actor failed: {type(exc).__name__}: {exc}"}
-        if ready["ok"] and ready.get("port_retries"):
+        if ready["ok"] and ready.get("port_retries") and not server.roles:
             self._moved(run, server, ready)
         if ready["ok"]:
             w.ledger.update_server(server_id, state="ready", ready_at=time.time())
@@ -336,9 +371,9 @@ class Servers:
             w.emit("server_ready", serve=serve, server_id=server_id, elapsed=time.monotonic() - t0)
             return server
         tail = server.log_tail()
-        cause = server.root_cause() if ready.get("exited") and not server.host_lost else None
+        cause = server.root_cause(ready.get("rank")) if ready.get("exited") and not server.host_lost else None
         if cause is not None:
-            where = f" (rank {cause['rank']})" if len(server.hosts) > 1 else ""
+            where = f" ({cause.get('role') or 'rank ' + str(cause['rank'])})" if len(server.hosts) > 1 else ""
             ready["error"] = f"{ready['error']}: {cause['line']}{where}"
         w.ledger.update_server(server_id, state="failed", error=ready["error"], log_tail=tail)
         self.stop(server, state="failed")
@@ -396,20 +431,48 @@ class Servers:
         self.work.ledger.add_server(server_id, run.serve.id, shell_join(run.serve.display_argv()))
         return Server(server_id, hosts)
 
+    def role_hosts(self, run: ConfigRun, server_id: str) -> Server:
+        """A P/D deployment: one host actor per role server, each in its own bundle of the deployment's
+        placement group (`raysweep.place.pd`), and the deployment's ledger row (one server of raysweep's)."""
+        dep, res = run.serve.deployment, run.res
+        assert dep is not None and res is not None
+        roles = dep.instances(run.serve.argv, {}, run.serve.env)
+        hosts = [ServerHost.options(**res.actor_options(i.role, i.index)).remote(  # type: ignore[attr-defined]
+            f"{server_id}-{i.name}", str(self.work.log_dir)) for i in roles]
+        self.work.ledger.add_server(server_id, run.serve.id, shell_join(run.serve.display_argv()))
+        return Server(server_id, hosts, roles=roles)
+
+    def _starts(self, run: ConfigRun, server: Server, argv: list[str], serve_http: bool,
+                follower_argv: list[str] | None, env: dict[str, str]) -> list[tuple[list[str], dict[str, str], bool,
+                                                                                    int]]:
+        """The command, environment, HTTP or not and port retries of every rank (a P/D deployment: of every
+        role server, each with its own HTTP port and, with NIXL, side channel)."""
+        if server.roles:
+            assert run.serve.deployment is not None
+            side = {}
+            if run.serve.deployment.connector.startswith("Nixl"):
+                from raysweep.serve.pd import nixl_side_channels
+
+                side = nixl_side_channels(run.serve.deployment, server.roles, server.hosts)
+            return [(i.argv, {**env, **i.env, **side.get(i.name, {})}, True, PORT_RETRIES) for i in server.roles]
+        lay = run.layout
+        master = server.nodes[0]["node_ip"]
+        port = run.wait(server.hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
+        return [(rank_argv(follower_argv if r and follower_argv is not None else argv, lay, r, master, port), env,
+                 serve_http and r == 0, PORT_RETRIES if lay.nnodes == 1 else 0) for r in range(len(server.hosts))]
+
     def launch(self, run: ConfigRun, server: Server, argv: list[str], serve_http: bool,
                follower_argv: list[str] | None = None) -> None:
         """Start the command on every rank (the multi-node flags added; ranks > 0 run `follower_argv` when
-        given) and record where each runs. Raises Aborted or a RayError."""
-        lay = run.layout
+        given; a P/D deployment's role servers their own commands) and record where each runs. Raises
+        Aborted or a RayError."""
         server.nodes = [run.wait(h.node_info.remote(), 300)[1] for h in server.hosts]
         master = server.nodes[0]["node_ip"]
-        port = run.wait(server.hosts[0].pick_port.remote(), 60)[1] if lay.nnodes > 1 else 0
         self._warm_weights(run, server)
         env = {**run.serve.env, **caches.cache_request(self.c, run.serve.env)}  # compilation caches
-        for r, h in enumerate(server.hosts):
-            base = follower_argv if r and follower_argv is not None else argv
-            ref = h.start.remote(rank_argv(base, lay, r, master, port), env, serve_http and r == 0,
-                                 self.c.transport.nccl_debug, PORT_RETRIES if lay.nnodes == 1 else 0)
+        for h, (rank_cmd, rank_env, http, retries) in zip(
+                server.hosts, self._starts(run, server, argv, serve_http, follower_argv, env), strict=True):
+            ref = h.start.remote(rank_cmd, rank_env, http, self.c.transport.nccl_debug, retries)
             server.infos.append(run.wait(ref, 120)[1])
         head = server.infos[0]
         server.facts = run.wait([h.process_facts.remote() for h in server.hosts], 60)[1]
@@ -488,10 +551,57 @@ class Servers:
             if left <= step:
                 return {"ok": False, "error": f"server not ready after {limit:.0f} s (/health and /v1/models)"}
 
+    def _wait_roles_ready(self, run: ConfigRun, server: Server) -> dict[str, Any]:
+        """A P/D deployment: every role server answers /health and /v1/models while the others still run, then
+        its router starts in front (the URL the bench runs against). A failure names the role server (`rank`:
+        its host, whose log gives the root cause)."""
+        assert self.c.serve is not None, "servers start in mode serve only, which has a serve section"
+        limit = self.c.serve.ready_timeout_s
+        model = expected_model(run.serve.argv)
+        t0 = time.monotonic()
+        for rank, h in enumerate(server.hosts):
+            while True:
+                left = limit - (time.monotonic() - t0)
+                step = min(5.0, max(left, 0.5))
+                _, ans = run.wait(h.wait_ready.remote(step, model), step + 60)
+                if ans["ok"]:
+                    server.infos[rank].update({k: ans[k] for k in ("port", "pid", "pid_create_time") if k in ans})
+                    break
+                if not ans.get("timeout"):
+                    return {**ans, "error": f"{server.who(rank)}: {ans['error']}", "rank": rank}
+                why = server.down()
+                if why is not None:
+                    return {"ok": False, "exited": True, "rank": server.failed_rank,
+                            "error": f"{why} before the deployment was ready"}
+                if left <= step:
+                    return {"ok": False, "rank": rank, "error": f"{server.who(rank)} not ready after {limit:.0f} s "
+                            "(/health and /v1/models)"}
+        return self._start_router(run, server)
+
+    def _start_router(self, run: ConfigRun, server: Server) -> dict[str, Any]:
+        """raysweep's P/D router in its bundle of the deployment's group, in front of every role server."""
+        from raysweep.place.pd import ROUTER
+        from raysweep.serve.pd import RouterHost
+
+        assert run.serve.deployment is not None and run.res is not None
+        server.router = RouterHost.options(**run.res.actor_options(ROUTER)).remote(  # type: ignore[attr-defined]
+            server.role_urls("prefill"), server.role_urls("decode"),
+            run.serve.deployment.connector.startswith("Nixl"))
+        try:
+            server.url = run.wait(server.router.url.remote(), 120)[1]
+        except ray.exceptions.RayError as exc:
+            return {"ok": False, "error": f"the P/D router did not start: {type(exc).__name__}: {exc}"}
+        self.work.ledger.update_server(server.server_id, ranks=json.dumps(server.rank_rows()))
+        log.info("server %s: P/D deployment %s ready behind its router at %s", server.server_id,
+                 run.serve.deployment.describe(), server.url)
+        return {"ok": True}
+
     def check_transport(self, run: ConfigRun, server: Server) -> str | None:
         """Read NCCL's lines from every rank and store the verdict with the server. A multi-node config whose
         cross-node links are slower than `transport.require` is refused (the reason, with the evidence):
         its lines are awaited up to `transport.wait_s`, since NCCL may connect channels lazily."""
+        if server.roles:  # a P/D deployment's servers are each on one node; its KV connector is not NCCL's
+            return None
         cfg = self.c.transport
         gated = len(server.hosts) > 1 and cfg.require != "any"
         deadline = time.monotonic() + (cfg.wait_s if gated else 0.0)
@@ -524,6 +634,14 @@ class Servers:
         """Stop every rank through its host (no process left behind), keep its log, kill the host actors."""
         if server.transport is not None:  # channels connected after the check (lazily) count too
             self.read_transport(None, server)
+        if server.router is not None:  # a P/D deployment: its router first, then every role server
+            try:
+                ray.get(server.router.stop.remote(), timeout=60)
+            except ray.exceptions.RayError as exc:
+                log.info("server %s: its P/D router did not stop cleanly (%s)", server.server_id, exc)
+            with contextlib.suppress(Exception):
+                ray.kill(server.router)
+            server.router = None
         refs = [h.stop.remote() for h in server.hosts]
         left: list[int] = []
         for rank, (h, ref) in enumerate(zip(server.hosts, refs)):

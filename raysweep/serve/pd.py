@@ -28,8 +28,8 @@ from raysweep.place.pd import ROUTER, PDReservation
 from raysweep.serve.pd_router import PDRouter, RouterThread
 from raysweep.serve.server import ServerHost, expected_model
 
-__all__ = ["PDServers", "RoleFailure", "RouterHost", "declared_axes", "effective_settings", "nixl_side_channels",
-           "prompt_sources", "role_settings",
+__all__ = ["PDServers", "RoleFailure", "RouterHost", "declared_axes", "deployment_counts", "effective_settings",
+           "nixl_side_channels", "point_fields", "prompt_sources", "role_settings",
            "settings_differences", "start_deployment"]
 
 log = logging.getLogger(__name__)
@@ -284,4 +284,46 @@ def prompt_sources(metrics_text: str) -> dict[str, float]:
         m = re.search(r'source="([^"]+)"', labels)
         if m:
             out[m.group(1)] = out.get(m.group(1), 0.0) + float(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# What one point did to a deployment: requests and failures per role, KV received against prefilled again
+# ---------------------------------------------------------------------------------------------------
+
+def deployment_counts(router: Any, decode_urls: list[str]) -> dict[str, Any]:
+    """The counters a point's fields are the difference of: the router's requests and failures per role, and
+    the decode servers' prompt tokens by source summed (empty where a server's /metrics has none, or did not
+    answer: then the point has no token fields)."""
+    import urllib.request
+
+    stats = ray.get(router.stats.remote(), timeout=30)
+    total: dict[str, float] = {}
+    for url in decode_urls:
+        try:
+            with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+                found = prompt_sources(resp.read().decode())
+        except OSError as exc:
+            log.info("the decode server at %s gave no /metrics (%s)", url, exc)
+            return {"stats": stats, "sources": None}
+        for k, v in found.items():
+            total[k] = total.get(k, 0.0) + v
+    return {"stats": stats, "sources": total}
+
+
+def point_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """A point's P/D fields from the counters before and after it (`deployment_counts`):
+    `pd_<role>_requests` and `pd_<role>_failures` as the router counted them, and, where the decode servers
+    report their prompt tokens by source, `pd_kv_received_tokens` (received through the connector) and
+    `pd_decode_prefilled_tokens` (computed by the decode servers themselves: a transfer that silently fails
+    shows here, as prompts prefilled twice, not only as a slower point)."""
+    out: dict[str, Any] = {}
+    for role in ("prefill", "decode"):
+        a, b = (after.get("stats") or {}).get(role) or {}, (before.get("stats") or {}).get(role) or {}
+        for k in ("requests", "failures"):
+            out[f"pd_{role}_{k}"] = int(a.get(k, 0)) - int(b.get(k, 0))
+    src_a, src_b = after.get("sources"), before.get("sources")
+    if src_a and src_b is not None:
+        out["pd_kv_received_tokens"] = src_a.get("external_kv_transfer", 0.0) - src_b.get("external_kv_transfer", 0.0)
+        out["pd_decode_prefilled_tokens"] = src_a.get("local_compute", 0.0) - src_b.get("local_compute", 0.0)
     return out
