@@ -400,24 +400,25 @@ def test_a_2p1d_deployment_is_one_placement_group_its_roles_in_their_bundles(gpu
 
 @pytest.mark.ray
 def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_recorded(gpu_cluster, tmp_path):
-    """`raysweep run` of a P/D campaign on the simulated GPU nodes, stand-in servers as roles: two 1P1D
-    deployments (prefill TP 1, decode TP 2), one whose decode server cannot start. The good one: each role
-    server in its own bundle with its own GPUs, the bench through the router, every point's result carrying the
-    deployment's shape (ratio, per-role parallelism, connector, all 3 GPUs) and the requests each role served.
-    The bad one: recorded as its decode server's failure with the root cause from its log, the campaign goes on.
-    Every role server's process is gone afterwards, every GPU free."""
+    """`raysweep run` of a P/D campaign on the simulated GPU nodes, stand-in servers as roles: three 1P1D
+    deployments (prefill TP 1, decode TP 2). The good one: each role server in its own bundle with its own
+    GPUs, the bench through the router, every point's result carrying the deployment's shape (ratio, per-role
+    parallelism, connector, all 3 GPUs) and the requests each role served. One whose decode server cannot
+    start, and one whose decode server dies during a point: each point failed naming the decode server and
+    the root cause from its log, the dying deployment started again whole for the next point, the campaign
+    going on. Every role server's process is gone afterwards, every GPU free."""
     from raysweep.ledger import Ledger
     from raysweep.results.records import results_table
 
     out = tmp_path / "out"
     f = tmp_path / "campaign.yaml"
     f.write_text(yaml.safe_dump({
-        "name": "pd-run", "output_dir": str(out), "runs": 1, "warmup": 0,
+        "name": "pd-run", "output_dir": str(out), "runs": 1, "warmup": 0, "max_attempts": 1,
         "serve": {"cmd": f"{PY} {STANDIN / 'stream_server.py'} --model m", "ready_timeout_s": 120,
                   "pd": {"kv_transfer_config": {"kv_connector": "ExampleConnector",
                                                 "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}},
                          "check_connector": False, "decode": {"tensor_parallel_size": 2}},
-                  "params": {"grid": {"decode.ttft_delay": [0.001, "soon"]}}},
+                  "params": [{"decode.ttft_delay": 0.001}, {"decode.ttft_delay": "soon"}, {"decode.exit_after": 3}]},
         "bench": {"backend": "native", "client_cpus": 0.5,
                   "cmd": "vllm bench serve --model m --dataset-name random --random-input-len 8 "
                          "--random-output-len 4 --num-prompts 6",
@@ -432,7 +433,7 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
     # the router sent each request of the point to a prefill server, then to the decode server
     assert (table["pd_prefill_requests"] == 6).all() and (table["pd_decode_requests"] == 6).all()
     assert (table["pd_decode_failures"] == 0).all()
-    # each role server in its own bundle: 1 GPU for prefill, 2 others for decode, all on GPU nodes
+    # each role server in its own bundle: 1 GPU for prefill, 2 others for decode
     servers = {}
     for part in str(table["pd_servers"].iloc[0]).split(";"):
         name, gpus = part.split("=")
@@ -447,18 +448,21 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
         failed = [p for p in ledger.points() if p.state == "failed"]
     finally:
         ledger.close()
-    # the failed deployment: its points failed naming the decode server and its root cause
-    assert len(failed) == 2, failed
-    for p in failed:
-        assert "decode server decode-0" in (p.error or ""), p.error
-        assert "invalid float value" in (p.error or ""), p.error
-    bad = [r for r in rows if r.state == "failed"]
-    assert bad and "decode server decode-0" in (bad[0].error or "")
+    # the deployment whose decode server could not start: its points failed with the role and root cause
+    not_started = [p for p in failed if "invalid float value" in (p.error or "")]
+    assert len(not_started) == 2 and all("decode server decode-0" in (p.error or "") for p in not_started), failed
+    assert any(r.state == "failed" and "decode server decode-0" in (r.error or "") for r in rows)
+    # the deployment whose decode server died during a point: each point failed naming it and its root cause,
+    # and the deployment was started again whole (both roles) for the other point
+    died = [p for p in failed if "decode server decode-0 exited with code 3" in (p.error or "")]
+    assert len(died) == 2 and len(failed) == 4, [p.error for p in failed]
+    assert all("RuntimeError: exiting at request 4, on purpose" in (p.error or "") for p in died)
+    starts = [r for r in rows if r.serve_id == died[0].serve_id]
+    assert len(starts) == 2 and all(sorted(k.get("role") for k in json.loads(r.ranks or "[]")) == ["decode", "prefill"]
+                                    for r in starts)
     # every role server of every start was stopped by its PID: none left
     pids = [rank["pid"] for r in rows for rank in json.loads(r.ranks or "[]")]
-    assert len(pids) >= 4 and {rank.get("role") for r in rows for rank in json.loads(r.ranks or "[]")} == {
-        "prefill", "decode"}
-    assert not any(_alive(p) for p in pids)
+    assert len(pids) >= 8 and not any(_alive(p) for p in pids)
 
 
 @pytest.mark.ray

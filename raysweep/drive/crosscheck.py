@@ -235,6 +235,9 @@ def select(plan: Any, serve_index: int | None, serve_id: str | None, points: tup
     """The server config (by index or id; default the first) and bench points (index or id; default the first)."""
     if plan.spec.offline:
         raise UserError("crosscheck compares two serving clients; this campaign is mode: offline (no server)")
+    if plan.spec.campaign.serve is not None and plan.spec.campaign.serve.pd is not None:
+        raise UserError("crosscheck starts one server, not a P/D deployment (serve.pd): run the campaign, or start "
+                        "the deployment and cross-check its router with --url")
     if serve_index is not None and serve_id is not None:
         raise UserError("give --serve-index or --serve-id, not both")
     if serve_index is not None:

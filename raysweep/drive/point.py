@@ -278,6 +278,10 @@ class PointRunner:
         if why is not None:
             tail = server.log_tail()
             error = f"server died during the point ({why}); benchmark: {error or 'finished'}"
+            if getattr(server, "roles", None) and not server.host_lost:  # a P/D role: the root cause in its log
+                cause = server.root_cause(server.failed_rank)
+                if cause is not None:
+                    error += f"; {server.who(cause['rank'])}: {cause['line']}"
             if server.host_lost:
                 ledger.requeue(point.id, error, self.c.max_attempts)
                 emit("point_failed", point=point, error=error, attempt=attempt)

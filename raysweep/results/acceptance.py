@@ -186,12 +186,13 @@ def text_lines(items: list[Item]) -> list[str]:
 def placeable(spec: Any, nodes: list[placement.NodeInfo]) -> tuple[Any, dict[str, str]]:
     """The campaign without the configurations this cluster cannot hold, and why each was left out."""
     from raysweep.grid import combo_label
+    from raysweep.place.pd import layout_of
     from raysweep.plan.plan import make_serve
 
     keep, skipped = [], {}
     for combo in spec.serve_combos:
         serve = make_serve(spec, combo)
-        lay = placement.layout_for(serve.shape, serve.rule, nodes)
+        lay = layout_of(serve, nodes)  # a P/D deployment: its bundles
         if isinstance(lay, str):
             skipped[combo_label(combo)] = f"this cluster cannot hold it: {lay}"
         else:

@@ -7,7 +7,8 @@ in flight like vLLM's Prometheus endpoint; `/health`, `/v1/models` and the cache
 Flags bend the stream the way servers do: `--tokens-per-chunk` packs several tokens in one chunk,
 `--short-by` stops that many tokens early (as an EOS would), `--tail-delay` waits before the usage chunk and
 `[DONE]`, `--no-usage` and `--no-done` leave those events out, `--reasoning-chunks N` streams N chunks of
-`reasoning_content` before the content (chat). A chat prompt's token count is the words of every message.
+`reasoning_content` before the content (chat), `--exit-after N` dies at request N + 1 (a crashing server).
+A chat prompt's token count is the words of every message.
 `/timings` gives the server's own clock for every streamed request (from the arrival of its bytes to each
 chunk written), the truth the client's measurements are checked against.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import time
 
@@ -37,6 +39,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=0, help="generate at most this many requests at once; the others "
                                                          "queue (latency grows with load, as a real server's)")
     ap.add_argument("--fail-every", type=int, default=0, help="answer HTTP 500 to every Nth request")
+    ap.add_argument("--exit-after", type=int, default=0, help="die (exit code 3, an error line in the log) when "
+                                                             "request N + 1 arrives, as a crashing server does")
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--short-by", type=int, default=0, help="generate this many tokens fewer than asked")
     ap.add_argument("--tail-delay", type=float, default=0.0, help="seconds between the last token and the usage")
@@ -129,6 +133,9 @@ def main() -> None:
 
         async def _stream(self, body: dict, arrived: float) -> None:
             state["requests"] += 1
+            if args.exit_after and state["requests"] > args.exit_after:
+                print(f"RuntimeError: exiting at request {state['requests']}, on purpose", flush=True)
+                os._exit(3)
             if args.fail_every and state["requests"] % args.fail_every == 0:
                 self._reply(500, b'{"error": "failing on purpose"}')
                 return
