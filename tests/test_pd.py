@@ -671,3 +671,20 @@ def test_prompt_tokens_by_source_are_read_from_a_vllm_metrics_page():
             'vllm:prompt_tokens_total{engine="0",model_name="m"} 2092.0\n')
     assert prompt_sources(text) == {"local_compute": 50.0, "local_cache_hit": 0.0, "external_kv_transfer": 2048.0}
     assert prompt_sources("") == {}
+
+
+def test_a_points_pd_fields_are_the_counters_over_its_load():
+    """The router's requests and failures per role, and the decode servers' prompt tokens received against
+    prefilled again, as differences over the point; no token fields where the decode servers report none."""
+    from raysweep.serve.pd import point_fields
+
+    before = {"stats": {"prefill": {"requests": 10, "failures": 1}, "decode": {"requests": 9, "failures": 0}},
+              "sources": {"external_kv_transfer": 512.0, "local_compute": 100.0}}
+    after = {"stats": {"prefill": {"requests": 16, "failures": 1}, "decode": {"requests": 14, "failures": 1}},
+             "sources": {"external_kv_transfer": 1024.0, "local_compute": 400.0, "local_cache_hit": 3.0}}
+    assert point_fields(before, after) == {
+        "pd_prefill_requests": 6, "pd_prefill_failures": 0, "pd_decode_requests": 5, "pd_decode_failures": 1,
+        "pd_kv_received_tokens": 512.0, "pd_decode_prefilled_tokens": 300.0}
+    stand_in = point_fields({**before, "sources": {}}, {**after, "sources": {}})
+    assert "pd_kv_received_tokens" not in stand_in and stand_in["pd_prefill_requests"] == 6
+    assert "pd_kv_received_tokens" not in point_fields({**before, "sources": None}, after)
