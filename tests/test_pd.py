@@ -404,7 +404,7 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
     deployments (prefill TP 1, decode TP 2). The good one: each role server in its own bundle with its own
     GPUs, the bench through the router, every point's result carrying the deployment's shape (ratio, per-role
     parallelism, connector, all 3 GPUs) and the requests each role served. One whose decode server cannot
-    start, and one whose decode server dies during a point: each point failed naming the decode server and
+    start, and one whose prefill server dies during a point: each point failed naming the role server and
     the root cause from its log, the dying deployment started again whole for the next point, the campaign
     going on. Every role server's process is gone afterwards, every GPU free."""
     from raysweep.ledger import Ledger
@@ -418,7 +418,7 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
                   "pd": {"kv_transfer_config": {"kv_connector": "ExampleConnector",
                                                 "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}},
                          "check_connector": False, "decode": {"tensor_parallel_size": 2}},
-                  "params": [{"decode.ttft_delay": 0.001}, {"decode.ttft_delay": "soon"}, {"decode.exit_after": 3}]},
+                  "params": [{"decode.ttft_delay": 0.001}, {"decode.ttft_delay": "soon"}, {"prefill.exit_after": 3}]},
         "bench": {"backend": "native", "client_cpus": 0.5,
                   "cmd": "vllm bench serve --model m --dataset-name random --random-input-len 8 "
                          "--random-output-len 4 --num-prompts 6",
@@ -452,9 +452,9 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
     not_started = [p for p in failed if "invalid float value" in (p.error or "")]
     assert len(not_started) == 2 and all("decode server decode-0" in (p.error or "") for p in not_started), failed
     assert any(r.state == "failed" and "decode server decode-0" in (r.error or "") for r in rows)
-    # the deployment whose decode server died during a point: each point failed naming it and its root cause,
-    # and the deployment was started again whole (both roles) for the other point
-    died = [p for p in failed if "decode server decode-0 exited with code 3" in (p.error or "")]
+    # the deployment whose prefill server died during a point: each point failed naming it and its root
+    # cause, and the deployment was started again whole (both roles) for the other point
+    died = [p for p in failed if "prefill server prefill-0 exited with code 3" in (p.error or "")]
     assert len(died) == 2 and len(failed) == 4, [p.error for p in failed]
     assert all("RuntimeError: exiting at request 4, on purpose" in (p.error or "") for p in died)
     starts = [r for r in rows if r.serve_id == died[0].serve_id]
