@@ -137,12 +137,13 @@ class Campaign:
         value: matplotlib Figures, or with `out` the paths of the files written there. `spec`: the other
         options of `raysweep plot` as keywords (row_by, col_by, curve_by, filter_by, bin_by, scale_x, ...)."""
         from raysweep.report import plots
+        from raysweep.results.rows import load_variable, split_list
 
         lists = ("row_by", "col_by", "curve_by", "fig_by", "filter_by", "bin_by")
-        options: dict[str, Any] = {k: plots.split_list(v) if k in lists else v for k, v in spec.items()}
+        options: dict[str, Any] = {k: split_list(v) if k in lists else v for k, v in spec.items()}
         ps = plots.PlotSpec(var_x=var_x, var_y=var_y, **options)
         df = self.results
-        ps = plots.default_layout(df, ps, plots.load_variable(df, ps.var_x))
+        ps = plots.default_layout(df, ps, load_variable(df, ps.var_x))
         plans = plots.plan_curves(df, ps)
         if out is not None:
             return plots.write_plots(plans, ps, out, fmt, dpi)
@@ -151,9 +152,9 @@ class Campaign:
 
     def pareto(self, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count") -> pd.DataFrame:
         """The Pareto front of output tokens/s per user against output tokens/s per GPU (`raysweep pareto`)."""
-        from raysweep.report import plots
+        from raysweep.results.front import pareto
 
-        return plots.pareto(self.results, user_count_var, gpu_count_var, ()).front
+        return pareto(self.results, user_count_var, gpu_count_var, ()).front
 
     def compare(self, baseline: str | Path | Campaign, metrics: list[str] | None = None) -> pd.DataFrame:
         """This campaign against `baseline`: points matched by parameters, per metric both values, the ratio

@@ -13,6 +13,7 @@ from test_aggregate import build_dir, run_row
 
 from raysweep.cli import main
 from raysweep.errors import UserError
+from raysweep.report import comparison
 from raysweep.results import aggregate, compare
 
 CONCS = (1, 2, 4)
@@ -102,7 +103,7 @@ def test_a_summary_file_is_a_baseline(dirs, tmp_path):
 
 def test_figure_has_both_campaigns_baseline_dashed(dirs):
     a, b = (compare.load_side(d) for d in dirs)
-    fig = compare.comparison_figure([compare.compare(a, b)])
+    fig = comparison.comparison_figure([compare.compare(a, b)])
     axes = fig.get_axes()
     assert [ax.get_title() for ax in axes] == ["output_throughput", "median_ttft_ms"]
     lines = [ln for ln in axes[0].get_lines() if ln.get_label() in ("base · max_num_seqs=8", "new · max_num_seqs=8")]
@@ -121,9 +122,9 @@ def test_cli_writes_the_comparison_and_the_report_shows_it(dirs, tmp_path):
     assert list(written["campaign_a"].unique()) == ["base"] and len(written) == 3
     assert (b / "compare" / "COMPARE.png").read_bytes().startswith(b"\x89PNG")
     assert json.loads((b / "compare" / "baseline.json").read_text())["baseline"] == str(a.resolve())
-    html = compare.report_section(b)
+    html = comparison.report_section(b)
     assert html is not None and "data:image/png;base64," in html and "base" in html and "better" in html
-    assert compare.report_section(a) is None    # the baseline itself has no baseline
+    assert comparison.report_section(a) is None    # the baseline itself has no baseline
     # with --baseline and --no-record, into --out
     out = tmp_path / "cmp"
     res = CliRunner().invoke(main, ["compare", str(b), "--baseline", str(a), "--out", str(out), "--no-record",

@@ -148,21 +148,21 @@ def test_raysweep_pareto_draws_the_front_of_energy_per_token_against_tokens_per_
     from test_plots import build_output_dir
 
     from raysweep.cli import main
-    from raysweep.report import plots
+    from raysweep.results.front import pareto
     from raysweep.results.table import results_table
 
     out = build_output_dir(tmp_path / "out")
     df = results_table(out)
     # per run, J per output token rising with the concurrency: the front trades it against speed per user
     df = df.assign(j_per_output_token=0.1 * pd.to_numeric(df["max_concurrency"]) + 0.001 * df.index)
-    r = plots.pareto(df, y="j_per_output_token")
+    r = pareto(df, y="j_per_output_token")
     assert r.y == "j_per_output_token" and r.y_label == "J per output token" and len(r.front)
     pts = r.points[~r.points["client_limited"]]
     for _, f in r.front.iterrows():  # nothing beats a front run on both axes
         assert not ((pts["tokens_per_user"] >= f["tokens_per_user"]) & (pts["j_per_output_token"] <
                                                                           f["j_per_output_token"])).any()
     with pytest.raises(Exception, match="--y"):
-        plots.pareto(df, y="watts")
+        pareto(df, y="watts")
     res = CliRunner().invoke(main, ["pareto", str(out), "--y", "j_per_output_token", "--dry-run"])
     assert res.exit_code == 2 and "--y" in res.output  # the recorded runs measured no energy: named, refused
 

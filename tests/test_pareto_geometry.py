@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from raysweep.maths.pareto import _dominates, pareto_front
-from raysweep.report import plots
+from raysweep.results.front import pareto_front as table_front
 
 
 def pairwise(points, directions):
@@ -35,5 +35,5 @@ def test_identical_points_all_or_once_and_nan_never():
 def test_the_plots_front_is_the_shared_one():
     df = pd.DataFrame({"tokens_per_user": [10.0, 20.0, 20.0, 5.0, 20.0],
                        "tokens_per_gpu": [50.0, 40.0, 40.0, 50.0, 30.0]})
-    front = plots.pareto_front(df)
+    front = table_front(df)
     assert list(zip(front["tokens_per_user"], front["tokens_per_gpu"])) == [(10.0, 50.0), (20.0, 40.0)]

@@ -215,7 +215,7 @@ def test_the_dry_run_shows_each_deployments_bundles_and_gpus(tmp_path):
 
 
 def test_pareto_counts_all_roles_gpus():
-    from raysweep.report.plots.pareto import pareto
+    from raysweep.results.front import pareto
 
     df = pd.DataFrame({"max_concurrency": [8, 8], "output_throughput": [800.0, 800.0], "gpu_count": [1, 0],
                        "pd_gpus": [None, 5], "tensor_parallel_size": [1, None]})
@@ -374,7 +374,7 @@ def test_a_2p1d_deployment_is_one_placement_group_its_roles_in_their_bundles(gpu
                       "params": [{"max_concurrency": 2}]}}))
         ran = CliRunner().invoke(main, ["run", str(f)])
         assert ran.exit_code == 0, ran.output
-        from raysweep.report.plots.pareto import pareto
+        from raysweep.results.front import pareto
         from raysweep.results.records import results_table
 
         table = results_table(out)

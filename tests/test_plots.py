@@ -24,7 +24,9 @@ from raysweep.errors import UserError
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.record.files import write_json_atomic
 from raysweep.report import plots
+from raysweep.results.front import pareto
 from raysweep.results.importer import combo_labels, import_vllm_sweep, read_table
+from raysweep.results.rows import apply_filters, load_linked, load_variable
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SERVES = {"s8": {"max_num_seqs": 8}, "s16": {"max_num_seqs": 16, "tensor_parallel_size": 2}}
@@ -120,14 +122,14 @@ def lines_of(ax: Any) -> list[Any]:
 
 def test_filters_compare_numbers_text_and_booleans(table):
     assert len(table) == 31  # 32 runs, one failed
-    assert set(plots.apply_filters(table, ["max_concurrency<=2"])["max_concurrency"]) == {1, 2}
-    assert set(plots.apply_filters(table, ["max_concurrency>2,random_input_len==256"])["max_concurrency"]) == {4, 8}
-    assert len(plots.apply_filters(table, ["max_concurrency!=8"])) == 24
-    assert len(plots.apply_filters(table, ["max_concurrency>=8", "max_concurrency<8"])) == 0
-    assert len(plots.apply_filters(table, ["serve_label==max_num_seqs=8"])) == 15  # split at the first ==
-    limited = plots.apply_filters(table, ["client_limited==true"])
+    assert set(apply_filters(table, ["max_concurrency<=2"])["max_concurrency"]) == {1, 2}
+    assert set(apply_filters(table, ["max_concurrency>2,random_input_len==256"])["max_concurrency"]) == {4, 8}
+    assert len(apply_filters(table, ["max_concurrency!=8"])) == 24
+    assert len(apply_filters(table, ["max_concurrency>=8", "max_concurrency<8"])) == 0
+    assert len(apply_filters(table, ["serve_label==max_num_seqs=8"])) == 15  # split at the first ==
+    limited = apply_filters(table, ["client_limited==true"])
     assert list(limited["point_id"]) == [_pid(*LIMITED)]
-    assert len(plots.apply_filters(table, ["client_limited==False"])) == 30
+    assert len(apply_filters(table, ["client_limited==False"])) == 30
 
 
 @pytest.mark.parametrize("expr, words", [
@@ -137,7 +139,7 @@ def test_filters_compare_numbers_text_and_booleans(table):
 ])
 def test_bad_filters_are_user_errors(table, expr, words):
     with pytest.raises(UserError) as err:
-        plots.apply_filters(table, [expr])
+        apply_filters(table, [expr])
     for w in words:
         assert w in str(err.value)
 
@@ -284,7 +286,7 @@ def test_a_parameter_that_follows_the_load_is_not_a_bench_shape(table):
     default layout keeps one column per input length, not one per num_prompts."""
     linked = table.assign(num_prompts=table["max_concurrency"] * 10)
     linked["bench_label"] = linked["bench_label"] + "-num_prompts=" + linked["num_prompts"].astype(str)
-    assert plots.load_linked(linked, "max_concurrency", ["num_prompts", "random_input_len"]) == ["num_prompts"]
+    assert load_linked(linked, "max_concurrency", ["num_prompts", "random_input_len"]) == ["num_prompts"]
     spec = plots.default_layout(linked, plots.PlotSpec(), "max_concurrency")
     assert spec.col_by == ("random_input_len",)
     [plan] = plots.plan_curves(linked, spec)
@@ -293,7 +295,7 @@ def test_a_parameter_that_follows_the_load_is_not_a_bench_shape(table):
 
 def test_server_metric_figure(table):
     spec = plots.PlotSpec(row_by=("random_input_len",))
-    assert plots.load_variable(table, "x") == "max_concurrency"
+    assert load_variable(table, "x") == "max_concurrency"
     busy = table.assign(server_num_requests_waiting_peak=table["max_concurrency"] // 2,
                         server_num_preemptions=table["max_concurrency"] // 4)
     [plan] = plots.plan_server_metrics(busy, spec, "max_concurrency")
@@ -336,7 +338,7 @@ def test_pareto_front_known_set_without_dominated_ties():
         ("d", 150, 2, 1),    # 75, 150: dominated by b
         ("e", 200, 2, 2),    # 100, 100: a tie of a on both axes: once
     ])
-    result = plots.pareto(df)
+    result = pareto(df)
     assert list(result.front["name"]) == ["c", "b", "a"]
     assert list(result.front["tokens_per_user"]) == [50, 90, 100]
     assert list(result.front["tokens_per_gpu"]) == [400, 360, 100]
@@ -347,20 +349,20 @@ def test_pareto_user_count_falls_back_to_observed_concurrency():
     df = pareto_frame([("rate", 300, 0, 1), ("none", 100, 1, 1)])
     df["max_concurrency"] = [None, 2.0]
     df["max_concurrent_requests"] = [6, None]
-    result = plots.pareto(df)
+    result = pareto(df)
     pts = result.points.set_index("name")
     assert pts.loc["rate", "user_count"] == 6 and pts.loc["rate", "tokens_per_user"] == 50
     assert pts.loc["rate", "user_count_from"] == "max_concurrent_requests (observed)"
     assert pts.loc["none", "user_count_from"] == "max_concurrency"
     df.loc[1, "max_concurrency"] = None
-    assert "1 run(s) without a user count" in plots.pareto(df).notes[0]
+    assert "1 run(s) without a user count" in pareto(df).notes[0]
 
 
 def test_pareto_gpu_count_zero_uses_the_recorded_parallel_sizes():
     df = pareto_frame([("cpu", 100, 1, 0), ("gpu", 400, 2, 4)])
     df["tensor_parallel_size"] = [2, 4]
     df["pipeline_parallel_size"] = [1, 1]
-    result = plots.pareto(df)
+    result = pareto(df)
     pts = result.points.set_index("name")
     assert pts.loc["cpu", "gpus"] == 2 and pts.loc["cpu", "tokens_per_gpu"] == 50
     assert pts.loc["cpu", "gpus_from"] == "tp x pp (record)"
@@ -372,24 +374,24 @@ def test_pareto_gpu_count_zero_uses_the_recorded_parallel_sizes():
 def test_pareto_takes_one_gpu_without_a_record_as_vllm_does_and_gpu_count_says_otherwise():
     """A single-GPU `vllm bench sweep` directory records no GPU count and no parallel sizes: vLLM's plot_pareto
     takes 1 GPU (world size 1), and so does raysweep, saying so; --gpu-count N gives another count."""
-    result = plots.pareto(pareto_frame([("cpu", 100, 1, 0)]))
+    result = pareto(pareto_frame([("cpu", 100, 1, 0)]))
     pts = result.points.set_index("name")
     assert pts.loc["cpu", "gpus"] == 1 and pts.loc["cpu", "tokens_per_gpu"] == 100
     assert "vLLM's plot_pareto" in result.notes[0] and "--gpu-count" in result.notes[0]
-    result = plots.pareto(pareto_frame([("cpu", 100, 1, 0)]), gpu_count=4)
+    result = pareto(pareto_frame([("cpu", 100, 1, 0)]), gpu_count=4)
     assert result.points.set_index("name").loc["cpu", "tokens_per_gpu"] == 25
     with pytest.raises(UserError, match="--gpu-count"):
-        plots.pareto(pareto_frame([("cpu", 100, 1, 0)]), gpu_count=0)
+        pareto(pareto_frame([("cpu", 100, 1, 0)]), gpu_count=0)
     with pytest.raises(UserError, match="--gpu-count-var gpus_total: no such column"):
-        plots.pareto(pareto_frame([("a", 1, 1, 1)]), gpu_count_var="gpus_total")
+        pareto(pareto_frame([("a", 1, 1, 1)]), gpu_count_var="gpus_total")
     with pytest.raises(UserError, match="--user-count-var users: no such column"):
-        plots.pareto(pareto_frame([("a", 1, 1, 1)]), user_count_var="users")
+        pareto(pareto_frame([("a", 1, 1, 1)]), user_count_var="users")
 
 
 def test_pareto_keeps_client_limited_runs_off_the_front():
     df = pareto_frame([("a", 100, 1, 1), ("fast-but-limited", 900, 8, 1)])
     df["client_limited"] = [False, True]
-    result = plots.pareto(df)
+    result = pareto(df)
     assert list(result.front["name"]) == ["a"]
     assert result.notes == [] and result.drawn_notes == ["1 client-limited run(s) drawn hollow, not on the front"]
     fig = plots.pareto_figure(result, ["name"])
@@ -400,7 +402,7 @@ def test_pareto_keeps_client_limited_runs_off_the_front():
 
 
 def test_pareto_label_by_missing_column():
-    result = plots.pareto(pareto_frame([("a", 100, 1, 1)]))
+    result = pareto(pareto_frame([("a", 100, 1, 1)]))
     with pytest.raises(UserError, match="--label-by tp: no such column"):
         plots.pareto_figure(result, ["tp"])
 

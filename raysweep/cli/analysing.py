@@ -65,6 +65,7 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
           out_path: str | None, fig_dir: str | None, dry_run: bool, **spec: Any) -> tuple[list[Path], list[str]]:
     from raysweep.report import plots
     from raysweep.results.importer import read_sla, read_table
+    from raysweep.results.rows import load_variable, split_list
 
     if fig_dir is not None and out_path is not None:
         raise UserError("--out and --fig-dir both say where the figures go; accepted: one of them")
@@ -74,9 +75,9 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
     offline = plots.is_offline(table.df) and spec["var_x"] is None and spec["var_y"] is None
     spec["var_x"] = spec["var_x"] or "total_token_throughput"
     spec["var_y"] = spec["var_y"] or "median_ttft_ms"
-    options: dict[str, Any] = {k: plots.split_list(v) if k in lists else v for k, v in spec.items()}
+    options: dict[str, Any] = {k: split_list(v) if k in lists else v for k, v in spec.items()}
     ps = plots.PlotSpec(**options, error_bars=error_bars)
-    load_var = load_var or plots.load_variable(table.df, ps.var_x)
+    load_var = load_var or load_variable(table.df, ps.var_x)
     specs = plots.offline_specs(table.df, ps) if offline else [plots.default_layout(table.df, ps, load_var)]
     drawn = [(s, plots.plan_curves(table.df, s)) for s in specs]
     if not no_server_metrics and not offline:
@@ -123,18 +124,21 @@ def pareto(output_dir: str, label_by: str | None, user_count_var: str, gpu_count
     """The Pareto front of output tokens/s per user against output tokens/s per GPU (or energy or cost per token,
     --y), of the points' means (or single runs, --per run), as a figure and a CSV."""
     from raysweep.report import plots
+    from raysweep.results import front as pareto_front
     from raysweep.results.importer import read_table
+    from raysweep.results.labels import fmt_value
+    from raysweep.results.rows import check_columns, split_list
 
     table = read_table(output_dir)
-    result = plots.pareto(table.df, user_count_var, gpu_count_var, filter_by, gpu_count, y_axis, per)
-    labels = plots.split_list(label_by) or (user_count_var, "gpus")
-    plots.check_columns(result.points, labels, "--label-by")
+    result = pareto_front.pareto(table.df, user_count_var, gpu_count_var, filter_by, gpu_count, y_axis, per)
+    labels = split_list(label_by) or (user_count_var, "gpus")
+    check_columns(result.points, labels, "--label-by")
     of = (f"{len(result.points)} run(s)" if per == "run" else
           f"{len(result.means) if result.means is not None else 0} point mean(s) of {len(result.points)} run(s)")
     front = Table(*labels, "tokens/s/user", "tokens/s/GPU" if result.y == "tokens_per_gpu" else result.y_label,
                   "GPUs from", title=f"Pareto front: {len(result.front)} of {of}")
     for _, row in result.front.iterrows():
-        front.add_row(*(escape(plots.fmt_value(row[c])) for c in labels), f"{row['tokens_per_user']:.4g}",
+        front.add_row(*(escape(fmt_value(row[c])) for c in labels), f"{row['tokens_per_user']:.4g}",
                       f"{row[result.y]:.4g}", escape(str(row["gpus_from"])))
     print_table(front, out)
     paths = [] if dry_run else plots.write_pareto(result, labels, _figure_dir(output_dir, out_path, "pareto"), fmt,

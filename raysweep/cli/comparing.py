@@ -52,7 +52,7 @@ def _sorted_by(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def shown_metrics(option: str, given: str | None, available: list[str], default: tuple[str, ...] = _SHOWN) -> list[str]:
     """The metrics a table shows: `given` (a comma list, each checked) or the defaults that are there."""
-    from raysweep.report.plots import split_list
+    from raysweep.results.rows import split_list
 
     names = list(split_list(given))
     if not names:
@@ -70,11 +70,12 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
     `results`: the results table (None: read where the kept summary does not serve)."""
     import pandas as pd
 
-    from raysweep.report import plots
     from raysweep.results import aggregate
+    from raysweep.results.labels import fmt_value
+    from raysweep.results.rows import split_list
     from raysweep.results.table import kept_summary
 
-    names = plots.split_list(noise_metrics) or None
+    names = split_list(noise_metrics) or None
     kept = kept_summary(output_dir, confidence, threshold) if names is None else None  # as the run's end wrote it
     summary = kept if kept is not None else aggregate.summary_table(output_dir, confidence, threshold,
                                                                     results=results, noise_metrics=names)
@@ -102,7 +103,7 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
                  for m in shown]
         noisy = f"[yellow]{escape(str(r['noisy_metrics']))}[/]" if r["noisy"] else "no"
         needed = "-" if pd.isna(r["runs_needed"]) else str(int(r["runs_needed"]))
-        table.add_row(*(escape(plots.fmt_value(r[p])) for p in params), str(r["runs"]), *cells, noisy, needed)
+        table.add_row(*(escape(fmt_value(r[p])) for p in params), str(r["runs"]), *cells, noisy, needed)
     print_table(table, out)
     _print_paths(paths, notes)
     if dest is None:
@@ -161,8 +162,9 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
     the curves
     of all with --out, and records the baseline with --record; nothing otherwise."""
     from raysweep.ledger import LEDGER_FILE
-    from raysweep.report import plots
+    from raysweep.report.comparison import write_comparison
     from raysweep.results import compare
+    from raysweep.results.rows import split_list
 
     if record and no_record:
         raise UserError("--record and --no-record: accepted: one of them")
@@ -171,13 +173,13 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
         raise UserError("compare: give at least two campaigns (DIR_A DIR_B), or one DIR and --baseline FILE")
     sides = compare.distinct_names([compare.load_side(s, "--baseline" if baseline and i == 0 else "DIR", confidence)
                                     for i, s in enumerate(sources)])
-    on = plots.split_list(match_on) or compare.common_params(sides)
-    wanted = plots.split_list(metrics) or None
+    on = split_list(match_on) or compare.common_params(sides)
+    wanted = split_list(metrics) or None
     target = compare.parse_slo_option(slo) if slo else compare.campaign_slo(sides[0].source)
     comparisons = [compare.compare(sides[0], other, on, wanted, target) for other in sides[1:]]
-    paths = compare.write_comparison(comparisons, Path(out_path), fmt, fig_dpi) if out_path else []
+    paths = write_comparison(comparisons, Path(out_path), fmt, fig_dpi) if out_path else []
     if record:
-        paths += [compare.record_baseline(s.source, sides[0].source, plots.split_list(match_on), wanted)
+        paths += [compare.record_baseline(s.source, sides[0].source, split_list(match_on), wanted)
                   for s in sides[1:] if (s.source / LEDGER_FILE).is_file()]
     notes = [n for c in comparisons for n in c.notes]
     if as_json:
@@ -209,8 +211,8 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
 
 
 def _print_comparison(cmp: Any) -> None:
-    from raysweep.report import plots
     from raysweep.results import compare
+    from raysweep.results.labels import fmt_value
 
 
     out.print(f"[bold]{escape(cmp.other.name)}[/] against [bold]{escape(cmp.baseline.name)}[/]: {len(cmp.table)} "
@@ -233,5 +235,5 @@ def _print_comparison(cmp: Any) -> None:
     for _, r in _sorted_by(cmp.table, list(cmp.on)).iterrows():
         cells = [f"[{_VERDICT_STYLE.get(str(r[f'{m}_verdict']), 'default')}]{_num(r[f'{m}_ratio'])} "
                  f"{escape(str(r[f'{m}_verdict']))}[/]" for m in shown]
-        points.add_row(*(escape(plots.fmt_value(r[c])) for c in cmp.on), *cells)
+        points.add_row(*(escape(fmt_value(r[c])) for c in cmp.on), *cells)
     print_table(points, out)

@@ -15,9 +15,10 @@ from raysweep.campaign import CostSpec
 from raysweep.maths import pareto as geometry
 from raysweep.plan import cost
 from raysweep.report.markup import esc, html_table
-from raysweep.report.plots.style import config_colors, fmt_value
+from raysweep.report.plots.style import config_colors
 from raysweep.results import aggregate
 from raysweep.results.data import ReportData
+from raysweep.results.labels import fmt_value
 
 __all__ = ["front", "report_section", "spend_line"]
 

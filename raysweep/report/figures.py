@@ -21,6 +21,9 @@ from raysweep.report import plots
 from raysweep.report.markup import SHARED_NOTE, esc, nothing
 from raysweep.results import conclusions
 from raysweep.results.data import ReportData, param_names
+from raysweep.results.front import pareto
+from raysweep.results.labels import sort_key
+from raysweep.results.rows import client_limited_mask, load_variable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -70,7 +73,7 @@ def figure_list(data: ReportData) -> list[tuple[str, Draw, tuple[Any, ...]]]:
         return [(f"{spec.var_y} against {spec.var_x}", partial(_curves, df, spec), ("curves", df, spec))
                 for spec in plots.offline_specs(df, base)]
     serve_vars, bench_vars = param_names(data.points, df)
-    load = plots.load_variable(df, "total_token_throughput")
+    load = load_variable(df, "total_token_throughput")
     cols = tuple(conclusions.shape_keys(df, bench_vars, load, data.sla_variable))
     df, shown = _first_shapes(df, list(cols))
     out: list[tuple[str, Draw, tuple[Any, ...]]] = []
@@ -109,7 +112,7 @@ def _first_shapes(df: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, str]
     shapes = df[cols].drop_duplicates()
     if len(shapes) <= MAX_SHAPES_DRAWN:
         return df, ""
-    keep = shapes.sort_values(cols, key=lambda col: col.map(plots.sort_key)).head(MAX_SHAPES_DRAWN)
+    keep = shapes.sort_values(cols, key=lambda col: col.map(sort_key)).head(MAX_SHAPES_DRAWN)
     return (df.merge(keep, on=cols), f"the first {MAX_SHAPES_DRAWN} of {len(shapes)} bench shapes; "
             f"`raysweep plot OUTPUT_DIR --col-by {','.join(cols)}` draws every one")
 
@@ -121,7 +124,7 @@ def _one(plans: list[plots.FigurePlan], spec: plots.PlotSpec) -> tuple[Figure | 
 
 
 def _pareto(df: pd.DataFrame) -> tuple[Figure | None, list[str]]:
-    result = plots.pareto(df)
+    result = pareto(df)
     return plots.pareto_figure(result, ["max_concurrency", "gpus"]), result.notes + result.drawn_notes
 
 
@@ -177,7 +180,7 @@ def _card_html(rows: pd.DataFrame, spec: plots.PlotSpec, leader: tuple[Any, Any]
     """A card's figure drawn, the leader's point starred."""
     x, y = spec.var_x, spec.var_y
     fig = plots.render(plots.plan_curves(rows, spec)[0], spec)
-    best = rows[(rows["serve_id"] == leader[0]) & (rows["bench_id"] == leader[1]) & ~plots.client_limited_mask(rows)]
+    best = rows[(rows["serve_id"] == leader[0]) & (rows["bench_id"] == leader[1]) & ~client_limited_mask(rows)]
     fig.axes[0].scatter(best[x].mean(), best[y].mean(), marker="*", s=200, color="gold", edgecolors="black",
                         linewidths=0.8, zorder=5)
     return img_html(fig, caption, dpi=90)

@@ -182,7 +182,7 @@ def _any_events(output_dir: Path) -> bool:
 
 
 def _comparison(data: ReportData) -> str | None:
-    from raysweep.results.compare import report_section
+    from raysweep.report.comparison import report_section
 
     return report_section(data.output_dir)
 

@@ -18,6 +18,7 @@ from raysweep.report import plots
 from raysweep.report.markup import esc, frame_table, html_table, nothing
 from raysweep.results import aggregate
 from raysweep.results.data import ReportData
+from raysweep.results.labels import fmt_value
 from raysweep.results.table import flagged
 from raysweep.results.validity_story import validity_counts
 
@@ -120,7 +121,7 @@ def _shapes(df: pd.DataFrame) -> dict[str, str]:
     if df.empty or not set(cols) <= set(df.columns):
         return {}
     first = df.drop_duplicates("serve_id").set_index("serve_id")[cols]
-    return {sid: " x ".join(plots.fmt_value(v) for v in row) for sid, row in first.iterrows()}
+    return {sid: " x ".join(fmt_value(v) for v in row) for sid, row in first.iterrows()}
 
 
 def results_section(data: ReportData) -> str:

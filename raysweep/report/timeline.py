@@ -17,9 +17,10 @@ import pandas as pd
 
 from raysweep.maths import over_time
 from raysweep.report.markup import esc, html_table, nothing
-from raysweep.report.plots.style import config_colors, fmt_value
+from raysweep.report.plots.style import config_colors
 from raysweep.results import aggregate
 from raysweep.results.data import ReportData, answer_of
+from raysweep.results.labels import fmt_value
 
 __all__ = ["timeline_section", "timelines"]
 

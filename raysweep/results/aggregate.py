@@ -44,11 +44,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from raysweep.errors import UserError, unknown_names
 from raysweep.maths import bootstrap, verdicts
 from raysweep.maths.start_spread import StartSpread, start_spread, starts_per_point, widened_intervals
-from raysweep.errors import UserError, unknown_names
-from raysweep.record.files import write_bytes_atomic, write_text_atomic
 from raysweep.maths.verdicts import t_quantile
+from raysweep.record.files import write_bytes_atomic, write_text_atomic
 
 __all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "TIME_COLUMNS", "check_names", "headline_metrics",
            "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed", "runs_over_time",
@@ -221,10 +221,10 @@ def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
     else tensor x pipeline x data parallel size from the record)."""
     if df.empty or "output_throughput" not in df.columns or "output_throughput_per_gpu" in df.columns:
         return df
-    from raysweep.report import plots
+    from raysweep.results.front import gpu_counts
 
     try:
-        gpus = plots.gpu_counts(df, "gpu_count")[0]
+        gpus = gpu_counts(df, "gpu_count")[0]
     except UserError:
         return df
     thr = pd.to_numeric(df["output_throughput"], errors="coerce")

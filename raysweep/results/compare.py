@@ -19,18 +19,14 @@ when a side has fewer than 2. Every verdict of a comparison
 
 With a service-level objective (`slo`, e.g. the campaign's `slo:` or `--slo`), a point compared is judged
 only when both sides meet it; the others get `outside slo` and the `slo` column says which side meets it.
-`comparison_figure` draws the curves of all sides in one figure.
-
-`raysweep compare` writes `comparison.csv`, `comparison_totals.csv` and `COMPARE.png`, and records the
-baseline in every compared raysweep output dir (`compare/baseline.json`), where `report_section` finds it:
-the report of that dir then shows the comparison.
+`raysweep compare` writes `comparison.csv`, `comparison_totals.csv` and `COMPARE.png`
+(`raysweep.report.comparison`, which draws the curves of all sides in one figure), and records the baseline in
+every compared raysweep output dir (`compare/baseline.json`), where the report's section finds it
+(`raysweep.report.comparison.report_section`): the report of that dir then shows the comparison.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -41,17 +37,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from raysweep.results import aggregate
-from raysweep.maths import over_time, verdicts
-from raysweep.report import plots
+from raysweep.campaign.slo import Target, meets
 from raysweep.errors import UserError, unknown_names
-from raysweep.record.files import write_json_atomic, write_text_atomic
+from raysweep.maths import over_time, verdicts
 from raysweep.maths.over_time import Family
 from raysweep.maths.start_spread import StartSpread, compare_over_starts
-from raysweep.campaign.slo import Target, meets
+from raysweep.record.files import write_json_atomic
+from raysweep.results import aggregate
+from raysweep.results.labels import fmt_value
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+    pass
 
 __all__ = [
     "BASELINE_FILE",
@@ -62,16 +58,13 @@ __all__ = [
     "campaign_slo",
     "common_params",
     "compare",
-    "comparison_figure",
     "distinct_names",
     "family_text",
     "higher_is_better",
     "load_side",
     "parse_slo_option",
     "record_baseline",
-    "report_section",
     "totals",
-    "write_comparison",
 ]
 
 log = logging.getLogger(__name__)
@@ -85,9 +78,7 @@ DEFAULT_METRICS = ("output_throughput", "output_throughput_per_gpu", "request_th
 # energy and cost per token (raysweep.maths.energy, raysweep.plan.cost) are better lower, like latencies
 _LOWER_IS_BETTER = ("_ms", "j_per_output_token", "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens",
                     "energy_j", "energy_net_j", "power_mean_w", "power_net_mean_w")
-FIGURE_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
 _LABELS = ("serve_label", "bench_label")
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 @dataclass
@@ -362,7 +353,7 @@ def _check_unique(baseline: Side, keys: list[str], base_keys: list[tuple[Any, ..
             differ = [c for c in baseline.params if c not in keys and _norm(a.get(c)) != _norm(b.get(c))]
             hint = (f"; add {', '.join(differ)} to --match-on" if differ else "")
             raise UserError(f"the baseline {baseline.name} has several points with "
-                            f"{', '.join(f'{c}={plots.fmt_value(v)}' for c, v in zip(keys, k))}: a point to compare "
+                            f"{', '.join(f'{c}={fmt_value(v)}' for c, v in zip(keys, k))}: a point to compare "
                             f"with must be one{hint}")
         seen[k] = i
 
@@ -458,113 +449,10 @@ def totals(cmp: Comparison) -> pd.DataFrame:
 # The figure
 # ---------------------------------------------------------------------------------------------------
 
-def _x_column(on: list[str], summaries: list[pd.DataFrame]) -> str | None:
-    """The load variable when it is matched on and varies, else the first numeric matched column that
-    varies (None: the points are drawn one after another)."""
-    def varies(c: str) -> bool:
-        values = pd.concat([pd.to_numeric(s[c], errors="coerce") for s in summaries if c in s.columns])
-        return bool(values.notna().all() and values[np.isfinite(values)].nunique() > 1)
-
-    for c in ("max_concurrency", "request_rate", *on):
-        if c in on and varies(c):
-            return c
-    return None
-
-
-@plots.styled
-def comparison_figure(comparisons: Sequence[Comparison], metrics: Sequence[str] | None = None,
-                      fig_height: float = 3.2) -> Figure:
-    """One panel per metric (default `FIGURE_METRICS` that both sides have) against the load variable: a
-    curve per side and server config, the baseline dashed, error bars from the confidence intervals."""
-    import matplotlib  # only where the figure is drawn: `compare` without one needs none
-    from matplotlib.figure import Figure
-
-    colours = tuple(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
-
-    first = comparisons[0]
-    names = [m for m in (metrics or FIGURE_METRICS) if m in first.metrics] or first.metrics[:4]
-    sides = [first.baseline, *(c.other for c in comparisons)]
-    x = _x_column(first.on, [s.summary for s in sides])
-    others = [c for c in first.on if c != x]
-    fig = Figure(figsize=(fig_height * 1.35 * len(names) + 2.6, fig_height + 0.6), layout="constrained")
-    axes = fig.subplots(1, len(names), squeeze=False)[0]
-    keys = _curve_keys(sides, comparisons, others)
-    colors = {k: colours[i % len(colours)] for i, k in enumerate(dict.fromkeys(group for _, group, _ in keys))}
-    for ax, m in zip(axes, names):
-        for n, group, pts in keys:
-            label = " · ".join(p for p in (sides[n].name, group) if p)
-            _draw_curve(ax, pts, x, m, (colors[group], _MARKERS[n % len(_MARKERS)]), dashed=n == 0, label=label)
-        ax.set_title(m)
-        ax.set_xlabel(plots.axis_label(x) if x else "point")
-        ax.set_ylabel(plots.axis_label(m))
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", title="baseline dashed")
-    fig.suptitle(" vs ".join(s.name for s in sides))
-    return fig
-
-
-def _curve_keys(sides: list[Side], comparisons: Sequence[Comparison],
-                others: list[str]) -> list[tuple[int, str, pd.DataFrame]]:
-    """(side number, group label, its points) per curve: one per side, server config and value of the other
-    matched columns (the group, coloured alike on every side); only points that take part in a comparison
-    are drawn."""
-    on = comparisons[0].on
-    out = []
-    for n, side in enumerate(sides):
-        tables = [c.table for c in comparisons] if n == 0 else [comparisons[n - 1].table]
-        wanted = {tuple(_norm(v) for v in r) for t in tables if not t.empty for r in t[on].itertuples(index=False)}
-        df = side.summary
-        df = df[[tuple(_norm(v) for v in r) in wanted for r in df[on].itertuples(index=False)]]
-        group_by = [c for c in others if c in df.columns] or [c for c in ("serve_label",) if c in df.columns]
-        for values, pts in (df.groupby(group_by, dropna=False, sort=True) if group_by else [((), df)]):
-            values = values if isinstance(values, tuple) else (values,)
-            out.append((n, " · ".join(f"{c}={plots.fmt_value(v)}" if c in others else plots.fmt_value(v)
-                                      for c, v in zip(group_by, values)), pts))
-    return out
-
-
-def _draw_curve(ax: Any, pts: pd.DataFrame, x: str | None, metric: str, style: tuple[Any, str], dashed: bool,
-                label: str) -> None:
-    if f"{metric}_mean" not in pts.columns or pts.empty:
-        return
-    xs = pd.to_numeric(pts[x], errors="coerce") if x else pd.Series(range(len(pts)), index=pts.index, dtype=float)
-    order = np.argsort(xs.to_numpy(), kind="stable")
-    xs = xs.to_numpy()[order]
-    y = pd.to_numeric(pts[f"{metric}_mean"], errors="coerce")
-    y = y.to_numpy()[order]
-    lo = pd.to_numeric(pts.get(f"{metric}_ci_low"), errors="coerce").to_numpy()[order]
-    hi = pd.to_numeric(pts.get(f"{metric}_ci_high"), errors="coerce").to_numpy()[order]
-    color, marker = style
-    ax.plot(xs, y, linestyle="--" if dashed else "-", marker=marker, color=color, label=label,
-            markerfacecolor="none" if dashed else color)
-    has = np.isfinite(lo) & np.isfinite(hi)
-    if has.any():
-        ax.errorbar(xs[has], y[has], yerr=[y[has] - lo[has], hi[has] - y[has]], fmt="none", ecolor=color, capsize=3,
-                    alpha=0.7)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Writing, recording the baseline, the report section
-# ---------------------------------------------------------------------------------------------------
-
-def write_comparison(comparisons: Sequence[Comparison], out_dir: str | Path, fmt: str = "png",
-                     dpi: int = 150) -> list[Path]:
-    """comparison.csv (every compared pair, with `campaign_a`, `campaign_b`), comparison_totals.csv and
-    COMPARE.<fmt>, each whole or not at all."""
-    out = Path(out_dir)
-    tables = [c.table.assign(campaign_a=c.baseline.name, campaign_b=c.other.name) for c in comparisons]
-    sums = [totals(c).assign(campaign_a=c.baseline.name, campaign_b=c.other.name) for c in comparisons]
-    paths = [write_text_atomic(out / "comparison.csv", pd.concat(tables).to_csv(index=False)),
-             write_text_atomic(out / "comparison_totals.csv", pd.concat(sums).to_csv(index=False))]
-    if any(not c.table.empty for c in comparisons):
-        paths.append(plots.save_figure(comparison_figure(comparisons), out / f"COMPARE.{fmt}", fmt, dpi))
-    return paths
-
-
 def campaign_slo(output_dir: str | Path) -> Target | None:
     """The service-level objective (`slo:`) of a raysweep output dir's campaign; None elsewhere."""
-    from raysweep.ledger import LEDGER_FILE, Ledger
     from raysweep.campaign.slo import parse_slo
+    from raysweep.ledger import LEDGER_FILE, Ledger
 
     path = Path(output_dir)
     if not (path / LEDGER_FILE).is_file():
@@ -605,38 +493,10 @@ def _number(text: str) -> Any:
 
 def record_baseline(output_dir: str | Path, baseline: str | Path, on: Sequence[str] | None = None,
                     metrics: Sequence[str] | None = None) -> Path:
-    """Remember the baseline of a raysweep output dir, for its report (`report_section`)."""
+    """Remember the baseline of a raysweep output dir, for its report (`raysweep.report.comparison`)."""
     return write_json_atomic(Path(output_dir) / COMPARE_DIR / BASELINE_FILE,
                              {"baseline": str(Path(baseline).resolve()), "match_on": list(on or []),
                               "metrics": list(metrics or [])})
-
-
-def report_section(output_dir: Path) -> str | None:
-    """The comparison of this output dir with its recorded baseline (`raysweep compare BASELINE OUTPUT_DIR`):
-    totals per metric, the figure and the matched points; None when no baseline is recorded."""
-    path = Path(output_dir) / COMPARE_DIR / BASELINE_FILE
-    if not path.is_file():
-        return None
-    meta = json.loads(path.read_text())
-    try:
-        base = load_side(meta["baseline"], "baseline")
-    except UserError as exc:
-        return f'<p class="note">The recorded baseline cannot be read: {html.escape(str(exc))}</p>'
-    cmp = compare(base, load_side(output_dir), meta.get("match_on") or None, meta.get("metrics") or None,
-                  campaign_slo(output_dir))
-    head = (f"<p>Against the baseline <b>{html.escape(base.name)}</b> ({html.escape(str(base.source))}), matched "
-            f"on {html.escape(', '.join(cmp.on))}: {len(cmp.table)} point(s) compared, "
-            f"{cmp.unmatched_other} here and {cmp.unmatched_baseline} in the baseline without a match. Ratio = "
-            f"this campaign / baseline; better or worse only when {family_text(cmp)} rejects equal means, "
-            "not shown when the runs cannot tell them apart (or a side has fewer than 3 runs).</p>")
-    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in cmp.notes)
-    if cmp.table.empty:
-        return head + notes
-    png = base64.b64encode(plots.figure_bytes(comparison_figure([cmp]), "png", dpi=110)).decode()
-    figure = (f'<figure><img alt="comparison with the baseline" src="data:image/png;base64,{png}">'
-              "<figcaption>this campaign (solid) and the baseline (dashed), mean and confidence interval per "
-              "point</figcaption></figure>")
-    return head + notes + _html_table(totals(cmp)) + figure + _html_table(_point_view(cmp))
 
 
 def family_text(cmp: Comparison) -> str:
@@ -645,25 +505,3 @@ def family_text(cmp: Comparison) -> str:
     tests = sorted({str(t) for m in cmp.metrics if f"{m}_test" in cmp.table.columns for t in cmp.table[f"{m}_test"]})
     fam = cmp.family.text if cmp.family is not None else "no test"
     return f"{' / '.join(tests) or verdicts.WELCH}, {fam}"
-
-
-def _point_view(cmp: Comparison) -> pd.DataFrame:
-    """The matched points with, per metric, `ratio (verdict)`."""
-    view = cmp.table[[*cmp.on, "serve_label_b"]].copy()
-    for m in cmp.metrics:
-        view[m] = [f"{r:.3f} ({v})" if math.isfinite(r) else v
-                   for r, v in zip(cmp.table[f"{m}_ratio"], cmp.table[f"{m}_verdict"])]
-    return view
-
-
-def _html_table(df: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_text(v))}</td>" for v in row) + "</tr>"
-                   for row in df.itertuples(index=False))
-    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, float):
-        return "" if math.isnan(value) else f"{value:.4g}"
-    return plots.fmt_value(value) if value is not None else ""

@@ -42,12 +42,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raysweep.results import aggregate
-from raysweep.report import plots
+from raysweep.campaign.slo import Target
+from raysweep.errors import UserError, unknown_names
 from raysweep.maths import verdicts
 from raysweep.maths.start_spread import StartSpread, compare_over_starts
-from raysweep.errors import UserError, unknown_names
-from raysweep.campaign.slo import Target
+from raysweep.results import aggregate
+from raysweep.results.front import gpu_counts, pareto
+from raysweep.results.labels import axis_label, fmt_value, sort_key
+from raysweep.results.rows import SLA_COLUMNS, load_linked, load_variable
 
 __all__ = [
     "CHEAPEST_METRICS",
@@ -107,7 +109,7 @@ class Objective:
     @property
     def unit(self) -> str:
         """`tok/s`, `ms`, ... (empty when the metric has none)."""
-        return plots.axis_label(self.metric)[len(self.metric):].strip(" ()")
+        return axis_label(self.metric)[len(self.metric):].strip(" ()")
 
     @property
     def text(self) -> str:
@@ -143,7 +145,7 @@ def parse_objective(text: str | None, aggregated: Iterable[str]) -> Objective:
 def shape_keys(df: pd.DataFrame, bench_vars: Sequence[str], load: str | None, sla_variable: str = "") -> list[str]:
     """The bench parameters that make a bench shape (see the module doc)."""
     keys = [v for v in bench_vars if v not in (load, sla_variable)]
-    linked = set(plots.load_linked(df, load, keys))
+    linked = set(load_linked(df, load, keys))
     return [k for k in keys if k not in linked]
 
 
@@ -227,7 +229,7 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
         gpu_note = [f"No GPU count is declared or discovered for these runs (an endpoint declares it with "
                     f"serve.gpus): ranked by {objective}, not per GPU"]
     obj = parse_objective(objective, aggregated)
-    load = plots.load_variable(df, "")
+    load = load_variable(df, "")
     keys = shape_keys(df, bench_vars, load or None, sla_variable)
     points, notes = _points(df, summary, obj, load or None, keys, slo)
     spread = _spread_of(summary, obj)
@@ -307,7 +309,7 @@ def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: 
 
 
 def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
-    return ", ".join(f"{k}={plots.fmt_value(v)}" for k, v in zip(keys, values, strict=True)) or "all bench points"
+    return ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True)) or "all bench points"
 
 
 def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str | None,
@@ -316,7 +318,7 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     asked), from the aggregates; its run counts, the card's latencies, whether it meets the slo and whether
     its failed requests rank it last."""
     first = df.drop_duplicates(_POINT).reset_index(drop=True)
-    gpus, _, notes = plots.gpu_counts(first, "gpu_count") if obj.per_gpu else (pd.Series(1.0, index=first.index),
+    gpus, _, notes = gpu_counts(first, "gpu_count") if obj.per_gpu else (pd.Series(1.0, index=first.index),
                                                                                 None, [])
     info = first[[c for c in (*_POINT, "serve_label", "bench_label", load, *keys) if c and c in first.columns]]
     info = info.loc[:, ~info.columns.duplicated()].assign(gpus=gpus.to_numpy())
@@ -342,7 +344,7 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
                          slo_excess=[j[2] for j in judged])
         pts = pts.assign(meets_slo=pts["slo_verdict"] == "met")
     if keys:  # shapes in the order of their values
-        order = sorted(range(len(pts)), key=lambda i: tuple(plots.sort_key(v) for v in pts[keys].iloc[i]))
+        order = sorted(range(len(pts)), key=lambda i: tuple(sort_key(v) for v in pts[keys].iloc[i]))
         pts = pts.iloc[order]
     if obj.per_gpu:
         notes = [n.replace("run(s)", "point(s)", 1) for n in notes]
@@ -578,7 +580,7 @@ def finite(value: Any) -> bool:
 
 def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """Per shape, the Pareto front (output tokens/s per user against per GPU) of the point means, as
-    `raysweep pareto` and the report's figure draw it (`plots.pareto`); runs marked client-limited stay out
+    `raysweep pareto` and the report's figure draw it (`pareto`); runs marked client-limited stay out
     of the means."""
     if "output_throughput" not in df.columns or "max_concurrency" not in df.columns:
         return {}, ["no Pareto front: the results have no output_throughput or max_concurrency"]
@@ -587,10 +589,10 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
     if runs.empty:
         return {}, []
     try:
-        notes = plots.pareto(runs.drop(columns=["shape"])).notes
+        notes = pareto(runs.drop(columns=["shape"])).notes
     except UserError as exc:
         return {}, [f"no Pareto front: {exc}"]
-    fronts = {str(shape): plots.pareto(rows.drop(columns=["shape"])).front
+    fronts = {str(shape): pareto(rows.drop(columns=["shape"])).front
               for shape, rows in runs.groupby("shape", sort=False)}
     return fronts, notes
 
@@ -599,7 +601,7 @@ def _sla_capacities(sla: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.Dat
     """Per bench point and target, each config's largest passing value, best first (unbounded first, none
     last); with the cost (else energy) per output token of its probe at that value (`<metric>_at_pass`, the
     mean of its runs) and `cheapest` marking the least of them per bench point and target."""
-    if sla.empty or not set(plots.SLA_COLUMNS) <= set(sla.columns):
+    if sla.empty or not set(SLA_COLUMNS) <= set(sla.columns):
         return pd.DataFrame()
     value = pd.to_numeric(sla["largest_pass"], errors="coerce")
     ranked = sla.assign(_v=value.fillna(-math.inf)).sort_values(["bench_label", "target", "_v"],
@@ -648,7 +650,7 @@ def rounded(value: Any) -> Any:
 
 def at_load(row: pd.Series, load: str | None) -> str:
     """`serve label at max_concurrency=32` (the load of the point, when the campaign sweeps one)."""
-    where = f" at {load}={plots.fmt_value(row[load])}" if load and load in row.index else ""
+    where = f" at {load}={fmt_value(row[load])}" if load and load in row.index else ""
     return f"{row.get('serve_label', row.get('serve_id'))}{where}"
 
 
@@ -692,7 +694,7 @@ def by_load(c: Conclusions, v: ShapeVerdict) -> pd.DataFrame:
     """The points of a shape in the order of their load (one server config: its curve)."""
     rows = c.points[c.points["shape"] == v.shape]
     if c.load and c.load in rows.columns:
-        order = sorted(range(len(rows)), key=lambda i: plots.sort_key(rows[c.load].iloc[i]))
+        order = sorted(range(len(rows)), key=lambda i: sort_key(rows[c.load].iloc[i]))
         rows = rows.iloc[order]
     return rows
 
@@ -709,17 +711,17 @@ def load_lines(c: Conclusions) -> list[str]:
                     if finite(top.get("objective_ci_low")) and finite(top.get("objective_ci_high")) else "")
         word = "highest" if c.objective.maximize else "lowest"
         lines.append(f"Capacity for {v.shape}: {c.objective.name} {fmt(top['objective_mean'])}{unit}{interval} at "
-                     f"{c.load}={plots.fmt_value(top[c.load])}, the {word} mean of "
+                     f"{c.load}={fmt_value(top[c.load])}, the {word} mean of "
                      f"{len(by_load(c, v))} load(s)" + ("; some of its runs were flagged" if v.flagged else "")
                      + ("; its runs drift over their order" if v.drifting else ""))
         if v.knee is not None:
-            lines.append(f"Knee for {v.shape}: {c.load}={plots.fmt_value(v.knee[c.load])}, {c.objective.name} "
+            lines.append(f"Knee for {v.shape}: {c.load}={fmt_value(v.knee[c.load])}, {c.objective.name} "
                          f"{fmt(v.knee['objective_mean'])}{unit} (the best among loads with {v.knee_bound})")
         steps = []
         for _, r in by_load(c, v).iterrows():
             lat = ", ".join(f"{m[:-3].replace('_', ' ')} {fmt(r.get(f'{m}_mean'))} ms"
                             for m in CARD_LATENCIES[::2] if finite(r.get(f"{m}_mean")))
-            steps.append(f"{plots.fmt_value(r[c.load])}: {fmt(r['objective_mean'])}{unit}"
+            steps.append(f"{fmt_value(r[c.load])}: {fmt(r['objective_mean'])}{unit}"
                          + (f", {lat}" if lat else ""))
         lines.append(f"By {c.load} for {v.shape}: " + "; ".join(steps))
     return lines

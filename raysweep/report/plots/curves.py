@@ -17,7 +17,7 @@ can inspect it and the report can embed it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,12 +30,12 @@ from raysweep.report.plots.style import (
     _FLAG_STYLE,
     _curve_styles,
     _file_stem,
-    axis_label,
     config_colors,
     save_figure,
     styled,
 )
-from raysweep.report.plots.table import (
+from raysweep.results.labels import axis_label
+from raysweep.results.rows import (
     _POINT,
     _apply_bins,
     _curve_title,
@@ -48,6 +48,7 @@ from raysweep.report.plots.table import (
     apply_filters,
     check_columns,
     client_limited_mask,
+    load_linked,
 )
 
 # matplotlib is imported where a figure is drawn, not with this module: planning a figure, and a report whose
@@ -244,26 +245,6 @@ def default_layout(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> PlotSpec:
     varying = [k for k in bench_keys if df[k].astype(str).nunique() > 1]
     linked = set(load_linked(df, load_var, varying))  # a num_prompts that follows the load is no shape
     return replace(spec, curve_by=curve, col_by=tuple(k for k in varying if k not in linked))
-
-
-def load_linked(df: pd.DataFrame, load: str | None, names: Iterable[str]) -> list[str]:
-    """The parameters among `names` that only follow the load: one value per load value (a num_prompts
-    scaled with max_concurrency); they tell nothing apart that the load does not."""
-    if not load or load not in df.columns:
-        return []
-    return [n for n in names if n != load and n in df.columns
-            and df.groupby(df[load].astype(str))[n].agg(lambda s: s.astype(str).nunique()).max() <= 1]
-
-
-def load_variable(df: pd.DataFrame, fallback: str) -> str:
-    """The load variable of a table: `max_concurrency` or `request_rate`, whichever takes several finite
-    values, else `fallback`."""
-    for name in ("max_concurrency", "request_rate"):
-        if name in df.columns:
-            values = pd.to_numeric(df[name], errors="coerce")
-            if values[np.isfinite(values)].nunique() > 1:
-                return name
-    return fallback
 
 
 OFFLINE_METRICS = {"throughput": ("request_throughput", "total_token_throughput", "output_throughput"),

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from raysweep.report.plots.style import _COLORS, fmt_value, styled
-from raysweep.report.plots.table import check_columns
+from raysweep.report.plots.style import _COLORS, styled
+from raysweep.results.labels import fmt_value
+from raysweep.results.rows import SLA_COLUMNS, check_columns
 
 if TYPE_CHECKING:  # imported where the figure is drawn
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-SLA_COLUMNS = ("serve_label", "bench_label", "target", "state", "largest_pass")
 
 
 @styled

@@ -1,20 +1,18 @@
-"""raysweep's one figure style: fonts, colours and markers, axis labels with units, figures encoded and
-written whole, values formatted and sorted for labels.
+"""raysweep's one figure style: fonts, colours and markers, figures encoded and written whole. How values and
+columns read in labels (units, numbers, order) is `raysweep.results.labels`.
 """
 
 from __future__ import annotations
 
 import functools
 import io
-import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-import numpy as np
-
 from raysweep.record.files import write_bytes_atomic
+from raysweep.results.labels import fmt_value, sort_key
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn or encoded, not with this module
     from matplotlib.figure import Figure
@@ -40,10 +38,7 @@ _STYLE: dict[Any, Any] = {
     "font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8, "figure.titlesize": 11,
     "axes.grid": True, "grid.linestyle": "--", "grid.alpha": 0.5, "axes.spines.top": False, "axes.spines.right": False,
     "lines.linewidth": 1.6, "lines.markersize": 5, "figure.facecolor": "white", "savefig.facecolor": "white"}
-_UNITS = {"request_throughput": "req/s", "request_rate": "req/s", "request_goodput": "req/s",
-          "output_throughput": "tok/s", "total_token_throughput": "tok/s", "max_output_tokens_per_s": "tok/s",
-          "output_throughput_per_gpu": "tok/s", "duration": "s", "server_kv_cache_usage_perc_peak": "1 = full",
-          "server_kv_cache_usage_perc_mean": "1 = full"}
+
 
 
 def styled(fn: Callable[P, R]) -> Callable[P, R]:
@@ -55,12 +50,6 @@ def styled(fn: Callable[P, R]) -> Callable[P, R]:
         with matplotlib.rc_context(_STYLE):
             return fn(*args, **kwargs)
     return wrapper
-
-
-def axis_label(column: str) -> str:
-    """A column name with its unit, e.g. `median_ttft_ms (ms)`; the name stays so users can filter by it."""
-    unit = _UNITS.get(column) or ("ms" if column.endswith("_ms") else None)
-    return f"{column} ({unit})" if unit else column
 
 
 def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 150, png_compression: int | None = None) -> bytes:
@@ -84,33 +73,6 @@ def save_figure(fig: Figure, path: str | Path, fmt: str = "png", dpi: int = 150)
 def _file_stem(text: str) -> str:
     """vLLM's `sanitize_filename`, plus characters no file system likes."""
     return re.sub(r"[\\/:*?\"<>|\s]", "_", text.replace("..", "__")).strip("'\"")
-
-
-def fmt_value(value: Any) -> str:
-    """A value as a label shows it: whole floats as integers, missing values as `none`."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "none"
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        return f"{float(value):g}"
-    return str(value)
-
-
-def sort_key(value: Any) -> tuple[int, float, str]:
-    """Numbers in numeric order, then text, then missing values."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return (2, 0.0, "")
-    if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
-        return (0, float(value), "")
-    return (1, 0.0, str(value))
-
-
-def _label(keys: Sequence[str], values: Sequence[Any]) -> str:
-    """`k=v, k2=v2`; a label column alone (`serve_label`, itself `k=v-...`) shows its value only."""
-    if len(keys) == 1 and keys[0].endswith("_label"):
-        return fmt_value(values[0])
-    return ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True))
 
 
 def _curve_styles(labels: Sequence[str], palette: dict[str, Any] | None = None) -> dict[str, tuple[Any, str]]:

@@ -1,5 +1,8 @@
-"""The rows a figure draws: comma-list options, column checks, `--filter-by` and `--bin-by`, groups of rows
-and their labels, and the notes on runs left out or flagged (client-limited, failed validity checks).
+"""The rows of a results table that a figure draws or a verdict weighs: comma-list options, column checks,
+`--filter-by` and `--bin-by`, groups of rows and their labels, the load variable and the parameters that only
+follow it, the columns of the SLA table, and the notes on runs left out or flagged (client-limited, failed
+validity checks). The figures (`raysweep.report.plots`), the Pareto front (`raysweep.results.front`) and the
+conclusions read them here.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from raysweep.errors import UserError, unknown_names
-from raysweep.report.plots.style import _label, fmt_value, sort_key
+from raysweep.results.labels import fmt_value, keyed_label, sort_key
 
 _FILTER = re.compile(r"^\s*([^<>=!]+?)\s*(==|!=|<=|>=|<|>)\s*(.*?)\s*$")  # longest operator first
 _OPS: dict[str, Callable[[Any, Any], Any]] = {"==": operator.eq, "!=": operator.ne, "<=": operator.le,
@@ -91,7 +94,7 @@ def _groups(df: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.Series, list[str]
     if not keys:
         return pd.Series("(all)", index=df.index, dtype=object), ["(all)"]
     tuples = list(df[list(keys)].itertuples(index=False, name=None))
-    labels = [_label(keys, t) for t in tuples]
+    labels = [keyed_label(keys, t) for t in tuples]
     first: dict[str, tuple[Any, ...]] = {}
     for label, t in zip(labels, tuples, strict=True):
         first.setdefault(label, t)
@@ -145,3 +148,26 @@ def _flagged_note(df: pd.DataFrame) -> list[str]:
 def _limited_note(df: pd.DataFrame, where: str = "in the curves") -> list[str]:
     n = int(client_limited_mask(df).sum())
     return [f"{n} client-limited run(s) drawn hollow, not {where}"] if n else []
+
+
+def load_linked(df: pd.DataFrame, load: str | None, names: Iterable[str]) -> list[str]:
+    """The parameters among `names` that only follow the load: one value per load value (a num_prompts
+    scaled with max_concurrency); they tell nothing apart that the load does not."""
+    if not load or load not in df.columns:
+        return []
+    return [n for n in names if n != load and n in df.columns
+            and df.groupby(df[load].astype(str))[n].agg(lambda s: s.astype(str).nunique()).max() <= 1]
+
+
+def load_variable(df: pd.DataFrame, fallback: str) -> str:
+    """The load variable of a table: `max_concurrency` or `request_rate`, whichever takes several finite
+    values, else `fallback`."""
+    for name in ("max_concurrency", "request_rate"):
+        if name in df.columns:
+            values = pd.to_numeric(df[name], errors="coerce")
+            if values[np.isfinite(values)].nunique() > 1:
+                return name
+    return fallback
+
+
+SLA_COLUMNS = ("serve_label", "bench_label", "target", "state", "largest_pass")  # what an SLA figure or verdict reads
