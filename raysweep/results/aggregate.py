@@ -169,7 +169,7 @@ def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: flo
     metric (and `M_pooled` for percentiles bootstrapped from raw samples).
 
     :param params: the parameter columns (default: inferred, see `_param_columns`).
-    :param samples: raw per-request samples by `point_id` (one run), as `results.read_samples` returns.
+    :param samples: raw per-request samples by `point_id` (one run), as `raysweep.record.runs.read_samples` returns.
     :raises UserError: a confidence or threshold out of range, or a noise metric the table lacks.
     """
     _check(confidence, threshold)
@@ -668,7 +668,7 @@ _SAMPLE_COLUMNS = ("ok", "begin", "sent", "first", "end", "out_tok", "chunks")
 
 
 def _read_samples(path: Path) -> dict[str, Any]:
-    """The columns of a run's raw samples (`records.write_samples`) that the pooled percentiles need, as
+    """The columns of a run's raw samples (`raysweep.record.runs.write_samples`) that the pooled percentiles need, as
     arrays (the chunks as Arrow's list column): no Python value per request. One thread: a run's file is a few
     kB, and Arrow's thread pool cost more than the reading (0.82 against 1.41 s of CPU for 2,000 files)."""
     f = pq.ParquetFile(path)
