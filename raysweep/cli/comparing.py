@@ -232,7 +232,7 @@ def _print_comparison(cmp: Any) -> None:
     print_table(sums, out)
     shown = [m for m in cmp.metrics if m in _SHOWN] or cmp.metrics[:4]
     points = Table(*cmp.on, *(f"{m}\nratio" for m in shown), title="per point")
-    for _, r in _sorted_by(cmp.table, list(cmp.on)).iterrows():
+    for r in _sorted_by(cmp.table, list(cmp.on)).to_dict("records"):  # plain dicts, not a Series per row
         cells = [f"[{_VERDICT_STYLE.get(str(r[f'{m}_verdict']), 'default')}]{_num(r[f'{m}_ratio'])} "
                  f"{escape(str(r[f'{m}_verdict']))}[/]" for m in shown]
         points.add_row(*(escape(fmt_value(r[c])) for c in cmp.on), *cells)
