@@ -269,6 +269,8 @@ def test_kept_results_table_is_the_table_built_again_and_used_only_while_fresh(t
         (failed,) = [p for p in ledger.points() if p.state == "failed"]
         ledger.mark_running(failed.point_id, "srv-s8")
         ledger.mark_done(failed.point_id, "points/s16/b128-1/run=0.json")
+        points = ledger.points()                           # what the freshness is judged by, in one query
+        assert ledger.finished() == (sum(p.state == "done" for p in points), max(p.ended_at or 0.0 for p in points))
     finally:
         ledger.close()
     assert kept_results(out) is None

@@ -25,6 +25,14 @@ class PointLedger(Store):
             rows = self._conn.execute(sql + " ORDER BY serve_id, bench_id, run", args).fetchall()
         return [point_row(r) for r in rows]
 
+    def finished(self) -> tuple[int, float]:
+        """The plan's done points, and when the last of its points ended (0.0: none): what tells whether a file
+        written from the results is still fresh, in one query instead of every point's row."""
+        with self._lock:
+            done, last = self._conn.execute("SELECT COALESCE(SUM(state = 'done'), 0), COALESCE(MAX(ended_at), 0.0) "
+                                            "FROM points WHERE in_plan = 1").fetchone()
+        return int(done), float(last)
+
     def runnable(self, serve_id: str, max_attempts: int) -> list[PointRow]:
         """Points of a server config still to run: pending, or failed with attempts left."""
         return [p for p in self.points(serve_id=serve_id)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from raysweep.drive.validity import validity_fields
 from raysweep.grid import combo_label
-from raysweep.ledger import Ledger, PointState
+from raysweep.ledger import Ledger
 from raysweep.record.runs import read_records
 from raysweep.serve import hardware
 
@@ -73,18 +73,17 @@ def kept_results(output_dir: str | Path) -> pd.DataFrame | None:
         return None
     ledger = Ledger.open_existing(output_dir)
     try:
-        points = ledger.points()
+        done, last = ledger.finished()
     finally:
         ledger.close()
-    done = [p for p in points if p.state == PointState.DONE]
-    if not done or path.stat().st_mtime < max((p.ended_at or 0.0 for p in points), default=0.0):
+    if not done or path.stat().st_mtime < last:
         return None
     try:
         table = pd.read_parquet(path)
     except Exception as exc:  # noqa: BLE001 - a damaged file is built again
         log.info("%s not read (%s): the table is built from the result files", path, exc)
         return None
-    return table if len(table) == len(done) else None
+    return table if len(table) == done else None
 
 
 def records_table(records: list[dict[str, Any]], sort_by: tuple[str, ...] = ("serve_id", "bench_id", "run_number"),

@@ -73,15 +73,14 @@ def kept_summary(output_dir: str | Path, confidence: float = 0.95,
     """summary.parquet as `run` (or `results --out`) left it, when it holds these settings and was written
     after the last point of the campaign finished: the aggregates are computed once per point and kept, and
     readers (`compare`, `results --aggregate`) take them from there. None when it is missing or stale."""
-    from raysweep.ledger import PointState, plan_points
+    from raysweep.ledger import plan_finished
 
     output_dir = Path(output_dir)
     path = output_dir / "summary.parquet"
-    points = plan_points(output_dir) if path.is_file() else None
-    if points is None:
+    finished = plan_finished(output_dir) if path.is_file() else None
+    if finished is None:
         return None
-    done = sum(1 for p in points if p.state == PointState.DONE)
-    last = max((p.ended_at or 0.0 for p in points), default=0.0)
+    done, last = finished
     if not done or path.stat().st_mtime < last:
         return None
     try:
