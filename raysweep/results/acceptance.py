@@ -22,8 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from raysweep.place import placement, transport
 from raysweep.ledger import ServerRow
+from raysweep.place import placement, transport
 
 __all__ = ["CHECKS", "Item", "checklist", "dry_run_lines", "failed", "placeable", "text_lines"]
 

@@ -24,9 +24,9 @@ from typing import Any
 import pandas as pd
 
 from raysweep.errors import UserError
-from raysweep.record.files import write_bytes_atomic, write_text_atomic
 from raysweep.grid import normalize_key, params_id
 from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.record.files import write_bytes_atomic, write_text_atomic
 from raysweep.results.records import PER_REQUEST_KEYS, kept_results, records_table, results_table, sla_table
 
 __all__ = ["SourceTable", "combo_labels", "import_vllm_sweep", "read_sla", "read_table", "read_vllm_sweep",

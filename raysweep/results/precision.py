@@ -14,8 +14,15 @@ import pandas as pd
 
 from raysweep.errors import LedgerError
 from raysweep.ledger import LEDGER_FILE, Ledger
-from raysweep.maths.precision import (AT_DURATION, AT_MAX, MEASURING, REACHED, PrecisionSpec, reported_confidence,
-                                     runs_to_reach)
+from raysweep.maths.precision import (
+    AT_DURATION,
+    AT_MAX,
+    MEASURING,
+    REACHED,
+    PrecisionSpec,
+    reported_confidence,
+    runs_to_reach,
+)
 from raysweep.maths.start_spread import StartSpread, widened_intervals
 from raysweep.maths.verdicts import t_quantile
 
@@ -30,9 +37,9 @@ def precision_columns(output_dir: Any, summary: Any) -> Any:
     `precision_rel_half_width` (its interval's half-width over the mean when it was decided). The precision
     metric's `_ci_low`/`_ci_high` of a decided point are the interval the rule judged (`_widen_for_looks`;
     widened too by the spread between server starts where the campaign measured it, as every interval of the
-    summary is: the rule, deciding run by run, judges one start's runs), and `runs_needed` is the runs the rule would need at the spread seen (`runs_to_reach`), so that the
-    terminal, the summary, the report and `--json` quote one interval and one count. Unchanged for any other
-    directory."""
+    summary is: the rule, deciding run by run, judges one start's runs), and `runs_needed` is the runs the
+    rule would need at the spread seen (`runs_to_reach`), so that the terminal, the summary, the report and
+    `--json` quote one interval and one count. Unchanged for any other directory."""
     path = Path(output_dir)
     if not (path / LEDGER_FILE).is_file() or summary is None or "serve_id" not in getattr(summary, "columns", ()):
         return summary

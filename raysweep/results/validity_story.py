@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysweep.results.table import flagged
 from raysweep.drive.validity import CHECKS, unknown_checks
+from raysweep.results.table import flagged
 
 __all__ = ["ValidityCounts", "validity_counts"]
 
