@@ -38,6 +38,9 @@ def standin_campaign(path: Path, *, name: str = "t", server_args: str = "", benc
 
 def run_file(campaign_file: Path, **kw: Any) -> tuple[Any, Path]:
     """Run a campaign file on the connected Ray cluster; returns the run summary and the output dir."""
+    # every mode registered (raysweep.drive.hooks), as the faces do: a script run in a process of its own
+    # (tests/standin/gpu_node_loss.py) has no conftest to do it
+    import raysweep.modes  # noqa: F401
     from raysweep.campaign import load_campaign
     from raysweep.drive.driver import run_campaign
 
