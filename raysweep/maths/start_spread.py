@@ -13,9 +13,9 @@ the runs per start: the start's own effect and its runs' noise together) with it
 point's interval is then Student's t on the larger of two variances of its mean: that of a start's mean over
 the starts it was measured on, and that of its own runs (std^2 / runs); with the first, the degrees of freedom
 are the spread's. A point on one start gets an interval of its configuration's level over starts, not only of
-that start's runs. Simulated in the demo's design (`benchmarks/verdicts_time.py`), it covers the level in at
-least 95 % of campaigns from no start effect to 20 % between starts, where subtracting the runs' share
-(the variance component) and Welch-Satterthwaite's degrees of freedom covered 91 % at 2 to 5 %.
+that start's runs. Simulated in the demo's design (`benchmarks/verdicts_time.py`), it covers the level in 94.0
+to 99.2 % of campaigns from no start effect to 20 % between starts (benchmarks/RESULTS.md, "Verdicts over
+time").
 
 The assumption to state: the relative spread between starts is alike for every configuration and load of the
 campaign (it pools them), as the relative run-to-run spread is in `runs_needed`.
