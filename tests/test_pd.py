@@ -6,6 +6,7 @@ shared-storage connector behind the router."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 import subprocess
@@ -400,10 +401,13 @@ def test_a_2p1d_deployment_is_one_placement_group_its_roles_in_their_bundles(gpu
 
 @pytest.mark.ray
 def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_recorded(gpu_cluster, tmp_path):
-    """`raysweep run` of a P/D campaign on the simulated GPU nodes, stand-in servers as roles: three 1P1D
-    deployments (prefill TP 1, decode TP 2). The good one: each role server in its own bundle with its own
-    GPUs, the bench through the router, every point's result carrying the deployment's shape (ratio, per-role
-    parallelism, connector, all 3 GPUs) and the requests each role served. One whose decode server cannot
+    """`raysweep run` of a P/D campaign on the simulated GPU nodes, stand-in servers as roles: a 1P2D and two
+    1P1D deployments (prefill TP 1, decode TP 2). The good one (1P2D): each role server in its own bundle with
+    its own GPUs, the bench through the router, every point's result carrying the deployment's shape (ratio,
+    per-role parallelism, connector, all 5 GPUs), the requests each role served, each role server's effective
+    settings as it reported them at its start (also in the deployment's ledger row), and the /metrics of
+    every role server: the decode servers' joined as the point's `server_*` fields, each server's apart, and
+    each server's prompt tokens. One whose decode server cannot
     start, and one whose prefill server dies during a point: each point failed naming the role server and
     the root cause from its log, the dying deployment started again whole for the next point, the campaign
     going on. Every role server's process is gone afterwards, every GPU free."""
@@ -418,7 +422,8 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
                   "pd": {"kv_transfer_config": {"kv_connector": "ExampleConnector",
                                                 "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}},
                          "check_connector": False, "decode": {"tensor_parallel_size": 2}},
-                  "params": [{"decode.ttft_delay": 0.001}, {"decode.ttft_delay": "soon"}, {"prefill.exit_after": 3}]},
+                  "params": [{"decode.ttft_delay": 0.001, "decode.count": 2}, {"decode.ttft_delay": "soon"},
+                             {"prefill.exit_after": 3}]},
         "bench": {"backend": "native", "client_cpus": 0.5,
                   "cmd": "vllm bench serve --model m --dataset-name random --random-input-len 8 "
                          "--random-output-len 4 --num-prompts 6",
@@ -427,21 +432,40 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
     assert ran.exit_code in (0, 1), ran.output
     table = results_table(out)
     assert len(table) == 2 and (table["completed"] == 6).all(), table.to_dict("records")
-    assert (table["pd_ratio"] == "1P1D").all() and (table["pd_connector"] == "ExampleConnector").all()
+    assert (table["pd_ratio"] == "1P2D").all() and (table["pd_connector"] == "ExampleConnector").all()
     assert (table["pd_prefill_tp"] == 1).all() and (table["pd_decode_tp"] == 2).all()
-    assert (table["gpu_count"] == 3).all() and (table["pd_gpus"] == 3).all()
-    # the router sent each request of the point to a prefill server, then to the decode server
+    assert (table["gpu_count"] == 5).all() and (table["pd_gpus"] == 5).all()
+    # the router sent each request of the point to a prefill server, then to a decode server
     assert (table["pd_prefill_requests"] == 6).all() and (table["pd_decode_requests"] == 6).all()
     assert (table["pd_decode_failures"] == 0).all()
-    # each role server in its own bundle: 1 GPU for prefill, 2 others for decode
-    servers = {}
+    # each role server in its own bundle: 1 GPU for prefill, 2 others for each decode server
+    servers: dict[str, tuple[str, list[str]]] = {}
     for part in str(table["pd_servers"].iloc[0]).split(";"):
         name, gpus = part.split("=")
         servers[name.split("@")[0]] = (name.split("@")[1], gpus.split(","))
-    assert set(servers) == {"prefill-0", "decode-0"} and len(servers["prefill-0"][1]) == 1
-    assert len(servers["decode-0"][1]) == 2
-    if servers["prefill-0"][0] == servers["decode-0"][0]:  # on one node: no GPU of one role is the other's
-        assert not set(servers["prefill-0"][1]) & set(servers["decode-0"][1])
+    assert set(servers) == {"prefill-0", "decode-0", "decode-1"} and len(servers["prefill-0"][1]) == 1
+    assert len(servers["decode-0"][1]) == len(servers["decode-1"][1]) == 2
+    for a, b in itertools.combinations(servers.values(), 2):
+        if a[0] == b[0]:  # on one node: no GPU of one server is another's
+            assert not set(a[1]) & set(b[1])
+    # each role server's effective settings, as it reported them at its start
+    for row in table.to_dict("records"):
+        settings = json.loads(row["pd_role_settings"])
+        assert set(settings) == {"prefill-0", "decode-0", "decode-1"}, settings
+        assert settings["prefill-0"]["kv_transfer_config"]["kv_role"] == "kv_producer"
+        assert settings["decode-1"]["kv_transfer_config"]["kv_role"] == "kv_consumer"
+        assert settings["decode-0"]["ttft_delay"] == settings["decode-1"]["ttft_delay"] == 0.001
+        assert "ttft_delay" not in settings["prefill-0"] and settings["decode-0"]["tensor_parallel_size"] == 2
+        # every role server's /metrics: each apart, the decode servers' joined in the point's server_* fields
+        each = json.loads(row["pd_server_metrics"])
+        assert set(each) == {"prefill-0", "decode-0", "decode-1"} and all(
+            m["server_metrics_complete"] for m in each.values()), each
+        decode_tokens = [each[n]["server_generation_tokens"] for n in ("decode-0", "decode-1")]
+        assert sum(decode_tokens) == row["server_generation_tokens"] == 6 * 4, (decode_tokens, row)
+        assert each["prefill-0"]["server_generation_tokens"] == 6  # one token per request, for its KV
+        tokens = json.loads(row["pd_server_tokens"])
+        assert row["pd_decode_prefilled_tokens"] == sum(tokens[n]["local_compute"] for n in ("decode-0", "decode-1"))
+        assert row["pd_prefill_computed_tokens"] == tokens["prefill-0"]["local_compute"] > 0
     ledger = Ledger.open_existing(out)
     try:
         rows = ledger.servers()
@@ -452,6 +476,8 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
     not_started = [p for p in failed if "invalid float value" in (p.error or "")]
     assert len(not_started) == 2 and all("decode server decode-0" in (p.error or "") for p in not_started), failed
     assert any(r.state == "failed" and "decode server decode-0" in (r.error or "") for r in rows)
+    good = [r for r in rows if r.serve_id == table["serve_id"].iloc[0]]
+    assert [r.role_settings_record() for r in good] == [json.loads(table["pd_role_settings"].iloc[0])]
     # the deployment whose prefill server died during a point: each point failed naming it and its root
     # cause, and the deployment was started again whole (both roles) for the other point
     died = [p for p in failed if "prefill server prefill-0 exited with code 3" in (p.error or "")]
@@ -688,3 +714,112 @@ def test_a_points_pd_fields_are_the_counters_over_its_load():
     stand_in = point_fields({**before, "sources": {}}, {**after, "sources": {}})
     assert "pd_kv_received_tokens" not in stand_in and stand_in["pd_prefill_requests"] == 6
     assert "pd_kv_received_tokens" not in point_fields({**before, "sources": None}, after)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every role server's /metrics over a point, and what differs between two campaigns' deployments
+# ---------------------------------------------------------------------------------------------------
+
+def test_every_role_servers_metrics_are_scraped_the_decode_servers_joined_each_kept_apart():
+    """A 1P2D deployment of stand-ins behind the router: the decode servers' /metrics joined as one server's
+    engines (generation tokens summed), each server's summary apart; a decode server that dies leaves the
+    joined samples incomplete, the others' own summaries whole."""
+    from raysweep.serve.metrics import ServersScraper
+    from raysweep.serve.pd_router import PDRouter, RouterThread
+
+    servers = [_standin() for _ in range(3)]
+    (_, up), (_, ud0), (pd1, ud1) = servers
+    names = {"prefill-0": up, "decode-0": ud0, "decode-1": ud1}
+    try:
+        assert all(wait_for(lambda u=u: _get(u + "/health")[0] == 200, 30, 0.05) for _, u in servers)
+        scraper = ServersScraper(ud0, 0.05, servers=names, pooled=("decode-0", "decode-1")).start()
+        with RouterThread(PDRouter.of([up], [ud0, ud1])) as router:
+            for i in range(4):
+                code, _ = _post(router.url + "/v1/completions", {"model": "m", "prompt": f"p{i} a b", "max_tokens": 5})
+                assert code == 200
+        scraper.stop()
+        joined, each = scraper.summary(), scraper.summaries()
+        assert joined["server_metrics_complete"] and joined["server_generation_tokens"] == 4 * 5, joined
+        assert each["decode-0"]["server_generation_tokens"] + each["decode-1"]["server_generation_tokens"] == 20
+        assert each["decode-0"]["server_generation_tokens"] > 0 and each["decode-1"]["server_generation_tokens"] > 0
+        assert each["prefill-0"]["server_generation_tokens"] == 4  # one token per request, for its KV
+        pd1.kill()
+        pd1.wait(10)
+        assert not scraper.scrape() and scraper.errors[-1].startswith("decode-1: ")
+        assert scraper.scrape() is False and len(scraper.each["decode-0"]) == len(scraper.each["prefill-0"])
+    finally:
+        for proc, _ in servers:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_the_prompt_tokens_of_every_role_server_and_their_sums():
+    from raysweep.serve.pd import point_fields
+
+    stats = {"prefill": {"requests": 0, "failures": 0}, "decode": {"requests": 0, "failures": 0}}
+    before = {"stats": stats, "sources": {"external_kv_transfer": 0.0, "local_compute": 10.0},
+              "by_server": {"prefill-0": {"local_compute": 100.0}, "prefill-1": {"local_compute": 0.0},
+                            "decode-0": {"external_kv_transfer": 0.0, "local_compute": 10.0},
+                            "decode-1": {"external_kv_transfer": 0.0, "local_compute": 0.0}}}
+    after = {"stats": stats, "sources": {"external_kv_transfer": 768.0, "local_compute": 60.0},
+             "by_server": {"prefill-0": {"local_compute": 612.0}, "prefill-1": {"local_compute": 300.0},
+                           "decode-0": {"external_kv_transfer": 512.0, "local_compute": 40.0},
+                           "decode-1": {"external_kv_transfer": 256.0, "local_compute": 20.0}}}
+    out = point_fields(before, after)
+    assert out["pd_kv_received_tokens"] == 768.0 and out["pd_decode_prefilled_tokens"] == 50.0
+    assert out["pd_prefill_computed_tokens"] == 812.0
+    assert json.loads(out["pd_server_tokens"]) == {
+        "prefill-0": {"local_compute": 512.0}, "prefill-1": {"local_compute": 300.0},
+        "decode-0": {"external_kv_transfer": 512.0, "local_compute": 30.0},
+        "decode-1": {"external_kv_transfer": 256.0, "local_compute": 20.0}}
+    # a prefill server whose /metrics did not answer: no prefill sum, the others' own tokens all the same
+    gone = point_fields(before, {**after, "by_server": {**after["by_server"], "prefill-1": None}})
+    assert "pd_prefill_computed_tokens" not in gone and "prefill-1" not in json.loads(gone["pd_server_tokens"])
+
+
+def _pd_results(path: Path, ratio: str, decode: dict[str, Any], connector: str = "ExampleConnector") -> Path:
+    """A results table of a P/D campaign: one deployment at two loads, three runs each."""
+    settings = {"prefill-0": {"port": 8001,
+                              "kv_transfer_config": {"kv_connector": connector, "kv_role": "kv_producer"}},
+                "decode-0": {"port": 8002, **decode,
+                             "kv_transfer_config": {"kv_connector": connector, "kv_role": "kv_consumer"}}}
+    if ratio == "1P2D":
+        settings["decode-1"] = settings["decode-0"]
+    rows = [{"campaign": path.stem, "serve_id": "s0", "bench_id": f"b{c}", "run_number": r, "max_concurrency": c,
+             "output_throughput": 100.0 * c + r, "median_ttft_ms": 10.0 + r, "completed": 10, "failed": 0,
+             "pd_ratio": ratio, "pd_connector": connector, "pd_gpus": 1 + int(ratio[2]),
+             "pd_decode_count": int(ratio[2]), "pd_decode_tp": 1,
+             "pd_role_settings": json.dumps(settings, sort_keys=True)}
+            for c in (1, 4) for r in range(3)]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_compare_lists_what_differs_between_two_campaigns_deployments(tmp_path):
+    """`raysweep compare` of two P/D campaigns: beside the verdicts, per matched deployment every difference
+    of shape (ratio, GPUs, decode count) and of each role server's effective settings (a decode setting, a
+    server one side lacks), the ports aside; two deployments alike say so."""
+    a = _pd_results(tmp_path / "a.csv", "1P1D", {"max_num_seqs": 64})
+    b = _pd_results(tmp_path / "b.csv", "1P2D", {"max_num_seqs": 128})
+    ran = CliRunner().invoke(main, ["compare", str(a), str(b), "--json"])
+    assert ran.exit_code == 0, ran.output
+    [cmp] = json.loads(ran.output)["comparisons"]
+    assert cmp["match_on"] == ["max_concurrency"]
+    assert cmp["deployments"] == [{
+        "baseline_serve_id": "s0", "other_serve_id": "s0", "settings_recorded": True,
+        "differences": ["pd_decode_count 1 != 2", "pd_gpus 2 != 3", "pd_ratio 1P1D != 1P2D",
+                        "decode-0: max_num_seqs 64 != 128", "decode-1: only in the second deployment"]}]
+    shown = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert shown.exit_code == 0 and "deployment s0 against s0: pd_decode_count 1 != 2" in shown.output
+    c = _pd_results(tmp_path / "c.csv", "1P1D", {"max_num_seqs": 64}, connector="NixlConnector")
+    [cmp] = json.loads(CliRunner().invoke(main, ["compare", str(a), str(c), "--json"]).output)["comparisons"]
+    assert cmp["deployments"][0]["differences"] == [
+        "pd_connector ExampleConnector != NixlConnector",
+        "decode-0: kv_transfer_config {'kv_connector': 'ExampleConnector', 'kv_role': 'kv_consumer'} != "
+        "{'kv_connector': 'NixlConnector', 'kv_role': 'kv_consumer'}",
+        "prefill-0: kv_transfer_config {'kv_connector': 'ExampleConnector', 'kv_role': 'kv_producer'} != "
+        "{'kv_connector': 'NixlConnector', 'kv_role': 'kv_producer'}"]
+    same = json.loads(CliRunner().invoke(main, ["compare", str(a), str(a), "--json"]).output)["comparisons"][0]
+    assert same["deployments"][0]["differences"] == []
+    assert "no difference in shape or in any role server's settings" in CliRunner().invoke(
+        main, ["compare", str(a), str(a)]).output

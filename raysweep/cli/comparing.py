@@ -207,7 +207,8 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
     return {"baseline": cmp.baseline.name, "baseline_source": cmp.baseline.source, "other": cmp.other.name,
             "other_source": cmp.other.source, "match_on": list(cmp.on), "metrics": list(cmp.metrics),
             "unmatched_baseline": cmp.unmatched_baseline, "unmatched_other": cmp.unmatched_other,
-            "tests": compare.family_text(cmp), "totals": totals, "points": points}
+            "tests": compare.family_text(cmp), "totals": totals, "points": points,
+            "deployments": cmp.deployments}
 
 
 def _print_comparison(cmp: Any) -> None:
@@ -218,6 +219,7 @@ def _print_comparison(cmp: Any) -> None:
     out.print(f"[bold]{escape(cmp.other.name)}[/] against [bold]{escape(cmp.baseline.name)}[/]: {len(cmp.table)} "
               f"point(s) matched on {escape(', '.join(cmp.on))}; without a match: {cmp.unmatched_other} of "
               f"{escape(cmp.other.name)}, {cmp.unmatched_baseline} of {escape(cmp.baseline.name)}")
+    _print_deployments(cmp)
     if cmp.table.empty:
         return
     out.print(f"verdicts by {escape(compare.family_text(cmp))}", highlight=False)
@@ -237,3 +239,12 @@ def _print_comparison(cmp: Any) -> None:
                  f"{escape(str(r[f'{m}_verdict']))}[/]" for m in shown]
         points.add_row(*(escape(fmt_value(r[c])) for c in cmp.on), *cells)
     print_table(points, out)
+
+
+def _print_deployments(cmp: Any) -> None:
+    """P/D deployments matched: what differs between them, shape and each role server's settings."""
+    for d in cmp.deployments:
+        what = "; ".join(d["differences"]) or "no difference in shape or in any role server's settings"
+        unrecorded = "" if d["settings_recorded"] else " (role settings not recorded on both sides)"
+        out.print(f"deployment {escape(d['other_serve_id'])} against {escape(d['baseline_serve_id'])}{unrecorded}: "
+                  f"{escape(what)}", highlight=False)

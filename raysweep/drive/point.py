@@ -11,6 +11,7 @@ back. `reset` clears the server's caches (or runs `after_bench_cmd`) between poi
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import sqlite3
@@ -100,10 +101,21 @@ def _pd_counts(server: Server) -> dict[str, Any] | None:
     if not getattr(server, "roles", None) or server.router is None:
         return None
     try:
-        return deployment_counts(server.router, server.role_urls("decode"))
+        return deployment_counts(server.router, server.server_urls())
     except ray.exceptions.RayError as exc:
         log.info("server %s: the P/D counters were not read (%s)", server.server_id, exc)
         return None
+
+
+def _scraper(server: Server, interval_s: float) -> metrics.Scraper:
+    """Whose /metrics a point scrapes: the server's; a P/D deployment's every role server, its decode servers'
+    joined as one server's engines (the point's `server_*` fields), each server's kept apart
+    (`pd_server_metrics`)."""
+    if not getattr(server, "roles", None):
+        return metrics.Scraper(getattr(server, "metrics_url", server.url), interval_s)
+    urls = server.server_urls()
+    decode = tuple(r.name for r in server.roles if r.role == "decode")
+    return metrics.ServersScraper(urls[decode[0]], interval_s, servers=urls, pooled=decode)
 
 
 class PointRunner:
@@ -161,8 +173,7 @@ class PointRunner:
         """One benchmark of a point through the backend, with the server's /metrics scraped meanwhile: the
         baseline before the load is submitted (submit fixes its start), the last scrape after it returned."""
         pd_before = _pd_counts(server)  # a P/D deployment: its counters before the load
-        scraper = metrics.Scraper(getattr(server, "metrics_url", server.url),
-                                  self.bench_spec.metrics_interval_s).start()
+        scraper = _scraper(server, self.bench_spec.metrics_interval_s).start()
         submitted = time.time()
         try:
             assert run.bench is not None, "mode serve: its bench backend is made with the run"
@@ -195,6 +206,9 @@ class PointRunner:
             res.setdefault("load_window_start", window[0])  # where the energy is measured without a steady
             res.setdefault("load_window_end", window[1])    # window (raysweep.drive.point_energy)
             sane.merge(res, sane.guarded("server_metrics", scraper.summary, window, bracket))
+            if isinstance(scraper, metrics.ServersScraper):  # a P/D deployment: each role server's own
+                res["pd_server_metrics"] = json.dumps(scraper.summaries(window, bracket), sort_keys=True,
+                                                      default=str)
             timeseries.attach(out, scraper.samples)  # per-bin series and the steady-state window (native)
             out["clients"] = job.clients
             pd_after = _pd_counts(server) if pd_before is not None else None
@@ -402,6 +416,8 @@ class PointRunner:
                          num_nodes=len({n.get("node_id") for n in server.nodes}),
                          pd_servers=";".join(f"{r.name}@{n.get('node_ip')}/{(n.get('node_id') or '')[:8]}="
                                              f"{n.get('gpu_ids') or ''}" for r, n in zip(server.roles, server.nodes)))
+            if server.role_settings is not None:  # each role server's effective settings, as it started
+                extra["pd_role_settings"] = json.dumps(server.role_settings, sort_keys=True, default=str)
         if point.bench.base_id is not None:
             extra.update(sla_base_id=point.bench.base_id, sla_value=point.bench.sla_value)
         extra.update(getattr(server, "startup", None) or {})  # the phases of its start (raysweep.serve.startup)

@@ -67,6 +67,7 @@ class ServerRow:
     fabric: str | None = None  # JSON: the all-reduce bandwidth probe before it started (raysweep.place.fabric)
     topology: str | None = None  # JSON: per node, its GPUs' NVLink / PCIe / NUMA topology and the TP warnings
     startup: str | None = None  # JSON: the phases of its start, from its log (raysweep.serve.startup)
+    role_settings: str | None = None  # JSON: a P/D deployment's effective settings per role server
 
     def transport_verdict(self) -> dict[str, Any] | None:
         return dict(json.loads(self.transport)) if self.transport else None
@@ -76,6 +77,9 @@ class ServerRow:
 
     def topology_record(self) -> list[dict[str, Any]] | None:
         return list(json.loads(self.topology)) if self.topology else None
+
+    def role_settings_record(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.role_settings)) if self.role_settings else None
 
     def provenance_record(self) -> dict[str, Any] | None:
         return dict(json.loads(self.provenance)) if self.provenance else None

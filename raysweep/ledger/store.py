@@ -140,7 +140,8 @@ CREATE TABLE IF NOT EXISTS candidates (
 
 _ADDED_COLUMNS = (("points", "probe_of"), ("servers", "ranks"), ("servers", "log_path"), ("drivers", "helpers"),
                   ("servers", "transport"), ("servers", "nice"), ("servers", "cpu_affinity"),
-                  ("servers", "provenance"), ("servers", "fabric"), ("servers", "topology"), ("servers", "startup"))
+                  ("servers", "provenance"), ("servers", "fabric"), ("servers", "topology"), ("servers", "startup"),
+                  ("servers", "role_settings"))
 
 PointTuple = tuple[str, str, str, int, dict[str, Any], dict[str, Any]]
 """A plan point as written: point id, serve id, bench id, run, serve params, bench params."""

@@ -146,7 +146,9 @@ _MEASURED = re.compile(r"^((mean|median|std|p\d+(\.\d+)?)_\w+_ms|duration|comple
                        r"\w+_throughput(_per_gpu)?|request_goodput|max_output_tokens_per_s|max_concurrent_requests|"
                        r"peak_\w+|rtfx|error_rate|shared_cpus|client_limited\w*|errors_sample|"
                        r"(server|provenance|transport|validity|steady_state|spec_decode|probe|client|energy|power|idle|"
-                       r"cost|(net_)?j_per|(net_)?output_tokens_per_j|load_window)_?\w*)$")
+                       r"cost|(net_)?j_per|(net_)?output_tokens_per_j|load_window)_?\w*|"
+                       r"pd_(role_settings|server_\w+|kv_received_tokens|\w+_prefilled_tokens|\w+_computed_tokens|"
+                       r"(prefill|decode)_(requests|failures)))$")
 
 
 def _is_measurement(col: str) -> bool:

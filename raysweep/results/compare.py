@@ -27,8 +27,10 @@ every compared raysweep output dir (`compare/baseline.json`), where the report's
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +60,8 @@ __all__ = [
     "campaign_slo",
     "common_params",
     "compare",
+    "deployment_differences",
+    "deployments_of",
     "distinct_names",
     "family_text",
     "higher_is_better",
@@ -110,6 +114,7 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     slo: Target | None = None
     family: Family | None = None   # the control over every verdict of the comparison
+    deployments: list[dict[str, Any]] = field(default_factory=list)  # `deployment_differences`
 
 
 def higher_is_better(metric: str) -> bool:
@@ -225,7 +230,7 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     base_keys = [tuple(_norm(v) for v in row) for row in baseline.summary[keys].itertuples(index=False)]
     _check_unique(baseline, keys, base_keys)
     index = {k: i for i, k in enumerate(base_keys)}
-    rows, matched = [], set()
+    rows, matched, served = [], set(), []
     runs_a, runs_b = _runs_by_point(baseline, names), _runs_by_point(other, names)  # once, not a scan per point
     # runs pair only by their blocks (`over_time.pairs`): where a side's runs have none, no point's runs are read
     paired = runs_a is not None and runs_b is not None and "block" in runs_a[0] and "block" in runs_b[0]
@@ -237,6 +242,7 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
             continue
         matched.add(key)
         a = base_rows[index[key]]
+        served.append((a.get("serve_id"), b.get("serve_id")))
         point_runs = (_point_runs(baseline, a, runs_a), _point_runs(other, b, runs_b)) if paired else (None, None)
         rows.append(_row(a, b, keys, names, slo, *point_runs, spreads=spreads))
     table = pd.DataFrame.from_records(rows)
@@ -248,7 +254,71 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     elif slo is not None and not (table["slo"] == "both meet").any():
         notes.append(f"no matched point meets the slo {slo.label} on both sides: nothing is ranked")
     return Comparison(baseline, other, keys, names, table, len(set(base_keys) - matched),
-                      len(other.summary) - len(rows), notes, slo, fam)
+                      len(other.summary) - len(rows), notes, slo, fam,
+                      deployment_differences(baseline, other, served))
+
+
+# ---------------------------------------------------------------------------------------------------
+# P/D deployments: what differs between the two sides' deployments, role server by role server
+# ---------------------------------------------------------------------------------------------------
+
+_PD_SHAPE = re.compile(r"^pd_(ratio|connector|gpus|(prefill|decode)_(count|tp|dp))$")
+ROLE_SETTINGS = "pd_role_settings"  # a P/D point's JSON: each role server's effective settings
+
+
+def deployments_of(side: Side) -> dict[str, dict[str, Any]]:
+    """A side's P/D deployments by serve_id, from its runs: `shape` (pd_ratio, pd_connector, per-role count
+    and parallelism) and `settings` (each role server's effective settings as recorded at its start, None
+    where the runs have none). {} for a side without P/D runs."""
+    runs = side.runs
+    if runs is None or "serve_id" not in runs.columns or "pd_ratio" not in runs.columns:
+        return {}
+    shape = [c for c in runs.columns if _PD_SHAPE.match(str(c))]
+    out: dict[str, dict[str, Any]] = {}
+    for r in runs[runs["pd_ratio"].notna()].to_dict("records"):
+        sid = str(r["serve_id"])
+        dep = out.setdefault(sid, {"shape": {c: _norm(r.get(c)) for c in shape}, "settings": None})
+        text = r.get(ROLE_SETTINGS)
+        if dep["settings"] is None and isinstance(text, str) and text:
+            try:
+                dep["settings"] = dict(json.loads(text))
+            except (ValueError, TypeError):
+                log.info("%s: serve %s has unreadable %s", side.name, sid, ROLE_SETTINGS)
+    return out
+
+
+def deployment_differences(baseline: Side, other: Side,
+                           pairs: Sequence[tuple[Any, Any]]) -> list[dict[str, Any]]:
+    """Per pair of matched configurations (serve_id of the baseline, of the other) where either is a P/D
+    deployment: every difference of shape (`pd_ratio 1P1D != 2P1D`, the connector, a role's parallelism)
+    and of the effective settings of each role server (`decode-0: max_num_seqs 64 != 128`, a server one
+    side lacks: `raysweep.serve.pd.settings_differences`), host and port aside; `settings_recorded` false
+    where a side's runs carry no settings (runs from before they were recorded)."""
+    from raysweep.serve.pd import settings_differences
+
+    deps_a, deps_b = deployments_of(baseline), deployments_of(other)
+    out: list[dict[str, Any]] = []
+    for sa, sb in dict.fromkeys((str(a), str(b)) for a, b in pairs):
+        da, db = deps_a.get(sa), deps_b.get(sb)
+        if da is None and db is None:
+            continue
+        if da is None or db is None:
+            single = "other" if da is None else "baseline"
+            out.append({"baseline_serve_id": sa, "other_serve_id": sb, "settings_recorded": False,
+                        "differences": [f"a P/D deployment against a single server (the {single})"]})
+            continue
+        diffs = [f"{k} {_shown(da['shape'].get(k))} != {_shown(db['shape'].get(k))}"
+                 for k in sorted(set(da["shape"]) | set(db["shape"])) if da["shape"].get(k) != db["shape"].get(k)]
+        recorded = da["settings"] is not None and db["settings"] is not None
+        if recorded:
+            diffs += settings_differences(da["settings"], db["settings"])
+        out.append({"baseline_serve_id": sa, "other_serve_id": sb, "settings_recorded": recorded,
+                    "differences": diffs})
+    return out
+
+
+def _shown(value: Any) -> str:
+    return "(none)" if value is None else fmt_value(value)
 
 
 _RUN_FIELDS = ("serve_id", "bench_id", "client_limited", "validity_ok", "block", "round", "run_number",

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from raysweep.bench.backend import BenchBackend
 
 __all__ = ["Aborted", "ConfigRun", "Server", "Servers", "fabric_fields", "new_server_id", "process_columns",
-           "resolve_provenance", "server_process_fields", "telemetry_fields", "transport_fields", "warn_niced"]
+           "record_role_settings", "resolve_provenance", "server_process_fields", "telemetry_fields",
+           "transport_fields", "warn_niced"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Server:
     roles: list[Any] = field(default_factory=list)  # a P/D deployment: the RoleInstance each host runs, in order
     router: Any = None               # a P/D deployment: its router's actor (raysweep.serve.pd.RouterHost)
     failed_rank: int | None = None   # the host whose process `down` found ended (a P/D deployment: its role)
+    role_settings: dict[str, Any] | None = None  # a P/D deployment: each role server's effective settings
 
     def who(self, rank: int) -> str:
         """How a host's process is named in messages: `rank N`, or a P/D role server (`decode server decode-0`)."""
@@ -78,6 +80,10 @@ class Server:
             if inst.role == "decode":
                 return f"http://{info['host']}:{info['port']}"
         return self.url
+
+    def server_urls(self) -> dict[str, str]:
+        """A P/D deployment: every role server's URL by its name (`prefill-0`, `decode-0`, ...)."""
+        return {r.name: f"http://{i['host']}:{i['port']}" for r, i in zip(self.roles, self.infos)}
 
     def role_urls(self, role: str) -> list[str]:
         """The URLs of a P/D deployment's servers of `role`."""
@@ -295,6 +301,18 @@ def warn_niced(server: Server) -> None:
                         "there with RAY_worker_niceness=0 in the environment of `ray start`", host, f["nice"], why)
 
 
+def record_role_settings(server: Server, ledger: Ledger) -> dict[str, Any]:
+    """A P/D deployment: the effective settings each role server reported at its start (its `non-default
+    args` line, `raysweep.serve.pd.effective_settings`), by server name, kept with the server and stored in
+    its ledger row (`role_settings`), as every point's result carries them (`pd_role_settings`)."""
+    from raysweep.serve.pd import read_role_settings
+
+    server.role_settings = read_role_settings(server.roles, server.hosts)
+    ledger.update_server(server.server_id, role_settings=json.dumps(server.role_settings, sort_keys=True,
+                                                                    default=str))
+    return server.role_settings
+
+
 def resolve_provenance(server: Server, ledger: Ledger) -> dict[str, Any] | None:
     """The server's provenance from its rank 0 host (gathered while it started), stored with the server."""
     if server.provenance is None and server.hosts:
@@ -368,6 +386,8 @@ class Servers:
             w.ledger.update_server(server_id, state="ready", ready_at=time.time())
             record_startup(server, w.ledger)
             resolve_provenance(server, w.ledger)
+            if server.roles:
+                record_role_settings(server, w.ledger)
             w.emit("server_ready", serve=serve, server_id=server_id, elapsed=time.monotonic() - t0)
             return server
         tail = server.log_tail()

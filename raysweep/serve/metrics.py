@@ -36,7 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raysweep.record.fields import COUNTER_FIELDS, COUNTERS, GAUGE_FIELDS, HISTOGRAMS, RUNNING_TIME, SERVER_FIELDS
 
-__all__ = ["COUNTERS", "FIELDS", "GAUGES", "HISTOGRAMS", "Scraper", "combine", "parse_metrics", "summarize"]
+__all__ = ["COUNTERS", "FIELDS", "GAUGES", "HISTOGRAMS", "Scraper", "ServersScraper", "combine", "join_engines",
+           "parse_metrics", "summarize"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,51 @@ class Scraper:
         """The summary over the load's (start, end); gauges also count samples up to one interval after it.
         `bracket`: the instants the counters' deltas must cover (default the window)."""
         return summarize(self.samples, self.errors, window, slack=self.interval_s, bracket=bracket)
+
+
+@dataclass
+class ServersScraper(Scraper):
+    """Several servers scraped at each tick (a P/D deployment's role servers, by name): every server's samples
+    kept apart (`summaries`), and those of the `pooled` servers joined into one sample per tick as the
+    engines of one server are (KV cache usage the fullest, requests and counters summed), which `summary`
+    and the time series read. A tick where a pooled server does not answer adds no joined sample."""
+
+    servers: dict[str, str] = field(default_factory=dict)
+    pooled: tuple[str, ...] = ()
+    each: dict[str, list[_Sample]] = field(default_factory=dict)
+    each_errors: dict[str, list[str]] = field(default_factory=dict)
+
+    def scrape(self) -> bool:
+        asked = time.time()
+        got: dict[str, dict[str, float]] = {}
+        for name, url in self.servers.items():
+            try:
+                with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=self.timeout_s) as r:
+                    got[name] = parse_metrics(r.read().decode(errors="replace"))
+                self.each.setdefault(name, []).append(_Sample(asked, got[name]))
+            except Exception as exc:
+                self.each_errors.setdefault(name, []).append(f"{name}: {type(exc).__name__}: {exc}")
+        missing = [n for n in self.pooled if n not in got]
+        if missing:
+            self.errors.append(self.each_errors[missing[0]][-1])
+            return False
+        self.samples.append(_Sample(asked, join_engines([got[n] for n in self.pooled])))
+        return True
+
+    def summaries(self, window: tuple[float, float] | None = None,
+                  bracket: tuple[float, float] | None = None) -> dict[str, dict[str, Any]]:
+        """`summarize` of every server's own samples, by name."""
+        return {name: summarize(self.each.get(name, []), self.each_errors.get(name, []), window,
+                                slack=self.interval_s, bracket=bracket) for name in self.servers}
+
+
+def join_engines(values: list[dict[str, float]]) -> dict[str, float]:
+    """Several servers' parsed /metrics as one server's: each gauge combined as `GAUGES` says, the rest summed."""
+    out: dict[str, float] = {}
+    for name in dict.fromkeys(k for v in values for k in v):
+        found = [v[name] for v in values if name in v]
+        out[name] = GAUGES[name](found) if name in GAUGES else sum(found)
+    return out
 
 
 def summarize(samples: list[_Sample], errors: list[str], window: tuple[float, float] | None,

@@ -16,6 +16,7 @@ its prefill peer restarts (vllm#49238).
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from raysweep.serve.pd_router import PDRouter, RouterThread
 from raysweep.serve.server import ServerHost, expected_model
 
 __all__ = ["PDServers", "RoleFailure", "RouterHost", "declared_axes", "deployment_counts", "effective_settings",
-           "nixl_side_channels", "point_fields", "prompt_sources", "role_settings",
+           "nixl_side_channels", "point_fields", "prompt_sources", "read_role_settings", "role_of", "role_settings",
            "settings_differences", "start_deployment"]
 
 log = logging.getLogger(__name__)
@@ -231,8 +232,21 @@ def _value(node: ast.expr) -> Any:
 
 def role_settings(servers: PDServers) -> dict[str, dict[str, Any]]:
     """The effective settings of every server of a started deployment, by server name (prefill-0, ...)."""
-    return {inst.name: effective_settings(ray.get(h.read_log.remote(), timeout=60))
-            for inst, h in zip(servers.instances, servers.hosts, strict=True)}
+    return read_role_settings(servers.instances, servers.hosts)
+
+
+def read_role_settings(instances: list[RoleInstance], hosts: list[Any]) -> dict[str, dict[str, Any]]:
+    """`effective_settings` of each role server, read from the log its host keeps, by server name: a server
+    whose log has no `non-default args` line (or whose host does not answer) has {}."""
+    refs = [h.read_log.remote() for h in hosts]
+    out: dict[str, dict[str, Any]] = {}
+    for inst, ref in zip(instances, refs, strict=True):
+        try:
+            out[inst.name] = effective_settings(ray.get(ref, timeout=60))
+        except ray.exceptions.RayError as exc:
+            log.info("the log of %s server %s was not read (%s)", inst.role, inst.name, exc)
+            out[inst.name] = {}
+    return out
 
 
 def settings_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]],
@@ -291,24 +305,43 @@ def prompt_sources(metrics_text: str) -> dict[str, float]:
 # What one point did to a deployment: requests and failures per role, KV received against prefilled again
 # ---------------------------------------------------------------------------------------------------
 
-def deployment_counts(router: Any, decode_urls: list[str]) -> dict[str, Any]:
+def deployment_counts(router: Any, servers: dict[str, str] | list[str]) -> dict[str, Any]:
     """The counters a point's fields are the difference of: the router's requests and failures per role, and
-    the decode servers' prompt tokens by source summed (empty where a server's /metrics has none, or did not
-    answer: then the point has no token fields)."""
+    the role servers' prompt tokens by source, each server's apart (`by_server`, by name: `prefill-0`, ...;
+    None for one whose /metrics did not answer) and the decode servers' summed (`sources`: None where one of
+    them did not answer). `servers`: the role servers' URLs by name (a list: decode servers only)."""
     import urllib.request
 
+    if isinstance(servers, list):
+        servers = {f"decode-{i}": url for i, url in enumerate(servers)}
     stats = ray.get(router.stats.remote(), timeout=30)
-    total: dict[str, float] = {}
-    for url in decode_urls:
+    by_server: dict[str, dict[str, float] | None] = {}
+    for name, url in servers.items():
         try:
             with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
-                found = prompt_sources(resp.read().decode())
+                by_server[name] = prompt_sources(resp.read().decode())
         except OSError as exc:
-            log.info("the decode server at %s gave no /metrics (%s)", url, exc)
-            return {"stats": stats, "sources": None}
+            log.info("the %s server at %s gave no /metrics (%s)", name, url, exc)
+            by_server[name] = None
+    return {"stats": stats, "sources": _summed(by_server, "decode"), "by_server": by_server}
+
+
+def role_of(server_name: str) -> str:
+    """The role of a role server by its name (`decode-1` -> `decode`)."""
+    return server_name.rpartition("-")[0]
+
+
+def _summed(by_server: dict[str, dict[str, float] | None], role: str) -> dict[str, float] | None:
+    """The prompt tokens by source of a role's servers summed; None where one of them gave none."""
+    total: dict[str, float] = {}
+    for name, found in by_server.items():
+        if role_of(name) != role:
+            continue
+        if found is None:
+            return None
         for k, v in found.items():
             total[k] = total.get(k, 0.0) + v
-    return {"stats": stats, "sources": total}
+    return total
 
 
 def point_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -316,7 +349,11 @@ def point_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     `pd_<role>_requests` and `pd_<role>_failures` as the router counted them, and, where the decode servers
     report their prompt tokens by source, `pd_kv_received_tokens` (received through the connector) and
     `pd_decode_prefilled_tokens` (computed by the decode servers themselves: a transfer that silently fails
-    shows here, as prompts prefilled twice, not only as a slower point)."""
+    shows here, as prompts prefilled twice, not only as a slower point), summed over every decode server.
+    Where the counters were read server by server: `pd_prefill_computed_tokens` (the prompt tokens the
+    prefill servers computed, summed over them, where each reports them) and `pd_server_tokens`, a JSON
+    object of each role server's prompt tokens by source over the point (`{"decode-0": {"external_kv_transfer":
+    2048.0, "local_compute": 352.0, ...}, "prefill-0": {...}}`; a server without them is left out)."""
     out: dict[str, Any] = {}
     for role in ("prefill", "decode"):
         a, b = (after.get("stats") or {}).get(role) or {}, (before.get("stats") or {}).get(role) or {}
@@ -326,4 +363,14 @@ def point_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     if src_a and src_b is not None:
         out["pd_kv_received_tokens"] = src_a.get("external_kv_transfer", 0.0) - src_b.get("external_kv_transfer", 0.0)
         out["pd_decode_prefilled_tokens"] = src_a.get("local_compute", 0.0) - src_b.get("local_compute", 0.0)
+    each_a, each_b = after.get("by_server"), before.get("by_server")
+    if each_a is None or each_b is None:
+        return out
+    per = {name: {k: v - (each_b[name] or {}).get(k, 0.0) for k, v in sorted(found.items())}
+           for name, found in each_a.items() if found and each_b.get(name) is not None}
+    if per:
+        out["pd_server_tokens"] = json.dumps(per, sort_keys=True)
+    prefill = [n for n in each_a if role_of(n) == "prefill"]
+    if prefill and all(n in per and "local_compute" in per[n] for n in prefill):
+        out["pd_prefill_computed_tokens"] = sum(per[n]["local_compute"] for n in prefill)
     return out

@@ -23,9 +23,29 @@ import asyncio
 import json
 import os
 import socket
+import sys
 import time
 
 REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}
+
+
+def non_default_args(argv: list[str]) -> dict:
+    """The settings it started with, as vLLM logs them at its start (`non-default args: {...}`): every
+    `--flag value` it was given (a JSON value read as such; a flag without a value is true)."""
+    out: dict = {}
+    i = 0
+    while i < len(argv):
+        if argv[i].startswith("--"):
+            key, eq, value = argv[i][2:].partition("=")
+            if not eq:
+                has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+                value, i = (argv[i + 1], i + 1) if has_value else ("true", i)
+            try:
+                out[key.replace("-", "_")] = json.loads(value)
+            except ValueError:
+                out[key.replace("-", "_")] = value
+        i += 1
+    return out
 
 
 def main() -> None:
@@ -51,6 +71,7 @@ def main() -> None:
     ap.add_argument("--reuse-port", action="store_true", help="let several of these processes share the port")
     ap.add_argument("--headless", action="store_true", help="a multi-node rank > 0: no HTTP, it runs until stopped")
     args, _ = ap.parse_known_args()
+    print(f"INFO [api_utils.py] non-default args: {non_default_args(sys.argv[1:])!r}", flush=True)
     if args.headless:
         print("standin: headless rank", flush=True)
         while True:
@@ -68,7 +89,9 @@ def main() -> None:
                 f"vllm:kv_cache_usage_perc{lab} {min(1.0, state['running'] / 64)}\n"
                 f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{lab} {state['prompt']}\n"
                 f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{lab} {state['generation']}\n"
-                f"# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{lab} 0\n")
+                f"# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{lab} 0\n"
+                f"# TYPE vllm:prompt_tokens_by_source counter\nvllm:prompt_tokens_by_source_total"
+                f'{{engine="0",model_name="{model}",source="local_compute"}} {state["prompt"]}\n')
 
     class Conn(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
