@@ -617,9 +617,12 @@ def test_raysweep_run_of_a_real_1p1d_pair(gpu_cluster, tiny_model, tmp_path):
     """`raysweep run` of a serve.pd campaign with the real vLLM CPU build: a 1P1D pair with the shared-storage
     connector started, benched through raysweep's router and stopped by the driver. The point records the
     requests each role served, equal to the decode server's `External Cache Hit!` lines, and the decode
-    server's prompt tokens: most received through the connector, the rest prefilled itself."""
+    server's prompt tokens: most received through the connector, the rest prefilled itself. Each role
+    server's effective settings are recorded (in the point and the deployment's ledger row), differing in
+    the connector's role alone, and each server's own /metrics over the point."""
     from raysweep.ledger import Ledger
     from raysweep.results.records import results_table
+    from raysweep.serve.pd import settings_differences
 
     out = tmp_path / "out"
     f = tmp_path / "campaign.yaml"
@@ -643,9 +646,27 @@ def test_raysweep_run_of_a_real_1p1d_pair(gpu_cluster, tiny_model, tmp_path):
     assert row["pd_prefill_requests"] == row["pd_decode_requests"] >= 4 and row["pd_decode_failures"] == 0
     # the decode server received most of each prompt through the connector and prefilled only the rest
     assert row["pd_kv_received_tokens"] > row["pd_decode_prefilled_tokens"] > 0, row.to_dict()
+    # each server's prompt tokens apart: the decode server's are the point's, the prefill server computed
+    tokens = json.loads(row["pd_server_tokens"])
+    assert tokens["decode-0"]["external_kv_transfer"] == row["pd_kv_received_tokens"], tokens
+    assert row["pd_prefill_computed_tokens"] == tokens["prefill-0"]["local_compute"] > 0
+    each = json.loads(row["pd_server_metrics"])
+    assert each["decode-0"]["server_generation_tokens"] == row["server_generation_tokens"], each
+    assert each["prefill-0"]["server_prompt_tokens"] > 0 and each["prefill-0"]["server_metrics_complete"]
+    # each role server's effective settings as vLLM reported them at its start: alike but for the connector role
+    settings = json.loads(row["pd_role_settings"])
+    assert set(settings) == {"prefill-0", "decode-0"}, settings
+    for name, role in (("prefill-0", "kv_producer"), ("decode-0", "kv_consumer")):
+        assert settings[name]["kv_transfer_config"]["kv_role"] == role
+        assert settings[name]["kv_transfer_config"]["kv_connector"] == "ExampleConnector"
+        assert settings[name]["max_model_len"] == 1024 and settings[name]["enforce_eager"] is True
+    assert settings_differences({"x": settings["prefill-0"]}, {"x": settings["decode-0"]}) == [
+        f"x: kv_transfer_config {settings['prefill-0']['kv_transfer_config']!r} != "
+        f"{settings['decode-0']['kv_transfer_config']!r}"]
     ledger = Ledger.open_existing(out)
     try:
         ranks = [rank for r in ledger.servers() for rank in json.loads(r.ranks or "[]")]
+        assert [r.role_settings_record() for r in ledger.servers()] == [settings]
     finally:
         ledger.close()
     decode_log = Path(next(r["log_path"] for r in ranks if r.get("role") == "decode")).read_text()
