@@ -75,7 +75,8 @@ class Server:
 
     @property
     def metrics_url(self) -> str:
-        """Whose /metrics a point scrapes: the server's, or a P/D deployment's first decode server's."""
+        """The server's /metrics; a P/D deployment's first decode server's (a point scrapes every role server's:
+        `raysweep.serve.metrics.ServersScraper`)."""
         for inst, info in zip(self.roles, self.infos):
             if inst.role == "decode":
                 return f"http://{info['host']}:{info['port']}"
