@@ -331,15 +331,17 @@ def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_mo
     free simulated GPU and takes some of the points; each point runs once, on one server, and neither server
     outlives the campaign. The points are a light open loop (2 requests/s): on 2 cores, a first server kept
     saturated slowed the second one's start to 65-148 s. The benchmark runs behind a gate
-    (tests/standin/gate.py): from the third point on, a point waits until the second server has been sent its
-    first, so the outcome does not hang on how long a start takes (on a loaded CI machine the second server once
-    came up after the last point)."""
+    (tests/standin/gate.py): the second-to-last point waits until the second server has been sent its first,
+    so the outcome does not hang on how long a start takes (on a loaded CI machine the second server once came
+    up after the last point), and the first server keeps running points while the second one starts (a gate
+    from the third point on left it idle for the whole start: 22 s alone, up to 150 s under load)."""
     from raysweep.campaign import campaign_from_dict
     from raysweep.drive.driver import run_campaign
 
     out = tmp_path / "out"
+    lengths = list(range(16, 36, 2))   # 10 points: the replica starts once 8 are left (about 2 minutes of them)
     gate = [sys.executable, str(Path(__file__).parent / "standin" / "gate.py"), "--log", str(tmp_path / "gate.log"),
-            "--hold-from", "3", "--servers", "2", "--"]
+            "--hold-from", str(len(lengths) - 1), "--servers", "2", "--"]
     data = {
         "name": "vllm-tail", "output_dir": str(out), "runs": 1, "max_attempts": 1,
         "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16 "
@@ -349,7 +351,7 @@ def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_mo
         "bench": {"backend": "command",
                   "cmd": " ".join(gate) + f" vllm bench serve --model {tiny_model} --dataset-name random "
                          "--random-output-len 8 --request-rate 2 --num-prompts 8 --temperature 0",
-                  "params": {"grid": {"random_input_len": list(range(16, 36, 2))}},
+                  "params": {"grid": {"random_input_len": lengths}},
                   "client_cpus": 0.5},
         "placement": {"tail_replicas": 1},
     }
@@ -358,7 +360,7 @@ def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_mo
     points, servers, events = led.points(), led.servers(), led.events()
     led.close()
     tails = [p.read_text()[-2000:] for p in (out / "logs").glob("*.log")]
-    assert summary.counts["done"] == 10, (summary.failures, tails)
+    assert summary.counts["done"] == len(lengths), (summary.failures, tails)
     assert all(p.attempts == 1 for p in points)
     assert [e["kind"] for e in events] == ["replica"] and len(servers) == 2
     assert {s.state for s in servers} == {"stopped"} and servers[0].ready_at < servers[1].started_at
