@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from raysweep.bench.load import Load
 from raysweep.errors import CampaignError
 
 __all__ = ["DATASETS", "PROGRAM", "LoadOptions", "parse_load_options"]
@@ -112,6 +113,11 @@ class LoadOptions:
     multi_turn_turns: int | None = None     # raysweep's own multi-turn options
     multi_turn_think_time: float = 0.0
     timeseries_interval: float = 1.0        # raysweep's own: the time series' bin, s
+
+    @property
+    def load(self) -> Load:
+        """The point's load, typed (`raysweep.bench.load`)."""
+        return Load(max_concurrency=self.max_concurrency, request_rate=self.request_rate)
 
     @property
     def timed(self) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep import grid
+from raysweep.bench.load import Load, load_of
 from raysweep.maths.order import ROOM
 from raysweep.plan.plan import Plan, PointRun, first_runs
 
@@ -109,10 +110,11 @@ def _number(argv: list[str], *flags: str) -> float | None:
         return None
 
 
-def guess_point_s(argv: list[str], offline: bool = False, defaults: Defaults = DEFAULTS) -> float:
+def guess_point_s(argv: list[str], offline: bool = False, defaults: Defaults = DEFAULTS,
+                  load: Load | None = None) -> float:
     """Seconds one run of a benchmark command takes, from its options (the constants of `defaults` fill
-    in what it does not say): the load is `num_prompts` requests of `output_len` tokens, sent at
-    `request_rate` or kept `max_concurrency` in flight."""
+    in what it does not say): `num_prompts` requests of `output_len` tokens, under its load (a bench
+    point's `load`, else read from `argv`): sent at `request_rate` or kept `max_concurrency` in flight."""
     prompts = _number(argv, "--num-prompts", "--num_prompts") or defaults.num_prompts
     out_len = _number(argv, *_OUTPUT_FLAGS)
     out_len = defaults.output_len if out_len is None else out_len
@@ -124,8 +126,8 @@ def guess_point_s(argv: list[str], offline: bool = False, defaults: Defaults = D
             return defaults.server_start_s + iterations * request_s + defaults.point_overhead_s
         waves = math.ceil(prompts / defaults.unbounded_concurrency)
         return defaults.server_start_s + waves * request_s + defaults.point_overhead_s
-    rate = _number(argv, "--request-rate", "--request_rate")
-    concurrency = _number(argv, "--max-concurrency", "--max_concurrency")
+    load = load_of(argv) if load is None else load
+    rate, concurrency = load.request_rate, load.max_concurrency
     duration = _number(argv, "--duration")  # a duration-bounded point (docs/workloads.md) runs that long
     if duration:
         return duration + request_s + defaults.point_overhead_s
@@ -143,7 +145,8 @@ def _point_s(p: PointRun, measured: Measured, scale: float, offline: bool, defau
     exact = measured.point_s.get((p.serve.id, p.bench.id))
     if exact:
         return _median(exact)
-    return scale * guess_point_s(p.bench.argv if not offline else p.serve.argv, offline, defaults)
+    return scale * guess_point_s(p.bench.argv if not offline else p.serve.argv, offline, defaults,
+                                 p.bench.load)
 
 
 def _calibration(plan: Plan, measured: Measured, offline: bool, defaults: Defaults) -> float:
@@ -156,12 +159,12 @@ def _calibration(plan: Plan, measured: Measured, offline: bool, defaults: Defaul
             benches[bench_id].argv if bench_id in benches else None)
         if argv is None:
             continue
-        guess = guess_point_s(argv, offline, defaults)
+        guess = guess_point_s(argv, offline, defaults, benches[bench_id].load if bench_id in benches else None)
         if guess > 0:
             ratios.append(_median(values) / guess)
     if not ratios and measured.point_s:  # another campaign's points: compare with their own median
         every = [v for values in measured.point_s.values() for v in values]
-        guesses = [guess_point_s(b.argv, offline, defaults) for b in plan.benches] or [1.0]
+        guesses = [guess_point_s(b.argv, offline, defaults, b.load) for b in plan.benches] or [1.0]
         return _median(every) / _median(guesses)
     return _median(ratios) if ratios else 1.0
 
@@ -308,7 +311,7 @@ def _run_seconds(plan: Plan, measured: Measured | None, defaults: Defaults) -> d
         exact = measured.point_s.get(pair) if measured is not None else None
         if pair not in out:
             out[pair] = _median(exact) if exact else guess_point_s(p.serve.argv if offline else p.bench.argv,
-                                                                    offline, defaults)
+                                                                    offline, defaults, p.bench.load)
     return out
 
 

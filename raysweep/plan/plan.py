@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raysweep import grid
+from raysweep.bench.load import CONCURRENCY, Load, load_of
 from raysweep.campaign import CampaignSpec, NodeRule, PlacementSpec
 from raysweep.campaign.levels import BATCH, LEVEL, SERIAL, dataset_size, workload_of
 from raysweep.campaign.levels import dry_run_lines as workload_lines
@@ -91,6 +92,10 @@ class BenchPoint:
     workload_of: str | None = None      # bench.workload: the grid's bench point this one is a load level of
     workload_role: str | None = None    # serial, batch or level (raysweep.levels.search)
     workload_value: int | None = None   # the value of bench.workload.variable it runs at
+    load: Load = field(init=False, repr=False, compare=False)  # its load, read once from its command
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "load", load_of(self.argv))
 
 
 @dataclass(frozen=True)
@@ -298,9 +303,9 @@ def probe_bench(spec: CampaignSpec, base: BenchPoint, value: float) -> BenchPoin
     sla = spec.campaign.sla
     assert sla is not None
     if math.isinf(value):
-        setting: Any = None if sla.variable == "max_concurrency" else "inf"
+        setting: Any = None if sla.variable == CONCURRENCY else "inf"
     else:
-        setting = int(value) if sla.variable == "max_concurrency" else float(value)
+        setting = int(value) if sla.variable == CONCURRENCY else float(value)
     params = {**base.params, sla.variable: setting}
     return BenchPoint(id=grid.params_id(_no_name(params)), params=params,
                       argv=grid.apply_to_cmd(spec.bench_argv, params),
@@ -336,7 +341,7 @@ def endpoint_benches(spec: CampaignSpec, base: BenchPoint) -> list[BenchPoint]:
     wl = workload_of(spec.campaign)
     assert wl is not None
     size = dataset_size(base.params, base.argv)
-    return [_workload_bench(spec, base, {**base.params, "max_concurrency": n, wl.variable: n}, role, n)
+    return [_workload_bench(spec, base, {**base.params, CONCURRENCY: n, wl.variable: n}, role, n)
             for role, n in ((SERIAL, 1), (BATCH, size))]
 
 

@@ -18,6 +18,7 @@ from optuna.distributions import (
 )
 
 from raysweep import grid
+from raysweep.bench.load import load_of
 from raysweep.campaign import Campaign, CampaignSpec, TuneParam, TuneSpec, register_check
 from raysweep.errors import CampaignError
 from raysweep.place import placement
@@ -153,13 +154,9 @@ def check_tune(campaign: Campaign, serve_combos: list[dict[str, Any]], bench_com
 register_check("tune", check_tune)
 
 
-def _concurrency(bench: dict[str, Any], cmd: list[str]) -> float | None:
-    norm = {grid.normalize_key(k): v for k, v in bench.items()}
-    value = norm.get("max_concurrency", grid.find_flag_value(cmd, "--max-concurrency", "--max_concurrency"))
-    try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
+def _concurrency(bench: dict[str, Any], cmd: list[str]) -> int | None:
+    """The concurrency a bench point of the grid runs at: its command with its parameters applied."""
+    return load_of(grid.apply_to_cmd(cmd, bench)).max_concurrency
 
 
 def candidate_serve(spec: CampaignSpec, params: dict[str, Any]) -> ServeConfig:
