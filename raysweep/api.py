@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import raysweep.modes  # noqa: F401 - every mode registered (the report's sections)
+from raysweep.bench.load import CONCURRENCY
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -150,7 +151,7 @@ class Campaign:
         figures: list[Figure] = [plots.render(p, ps) for p in plans]
         return figures
 
-    def pareto(self, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count") -> pd.DataFrame:
+    def pareto(self, user_count_var: str = CONCURRENCY, gpu_count_var: str = "gpu_count") -> pd.DataFrame:
         """The Pareto front of output tokens/s per user against output tokens/s per GPU (`raysweep pareto`)."""
         from raysweep.results.front import pareto
 

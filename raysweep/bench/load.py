@@ -39,6 +39,13 @@ class Load:
         """The value of one load variable (None for a concurrency left unset)."""
         return self.max_concurrency if variable == CONCURRENCY else self.request_rate
 
+    @property
+    def variable(self) -> LoadVariable | None:
+        """The variable that sets the pace: the rate when it is finite, else the concurrency when set."""
+        if math.isfinite(self.request_rate):
+            return RATE
+        return CONCURRENCY if self.max_concurrency is not None else None
+
     def key(self) -> tuple[float, float]:
         """(max_concurrency, request_rate), an unset concurrency as inf: the load's place in an order."""
         return (math.inf if self.max_concurrency is None else float(self.max_concurrency), self.request_rate)

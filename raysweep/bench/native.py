@@ -43,6 +43,7 @@ import ray
 from raysweep import procs
 from raysweep.bench import arrivals, sane, stats
 from raysweep.bench.datasets import Request, make_requests, payload, tokenizer_for
+from raysweep.bench.load import CONCURRENCY, RATE
 from raysweep.bench.options import LoadOptions, parse_load_options
 from raysweep.bench.sessions import conversations, system_history, with_history
 from raysweep.procs import cpu_text
@@ -549,8 +550,8 @@ class NativeBench:
             "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": opts.backend,
             "backend": opts.backend, "label": None, "model_id": job.model, "tokenizer_id": opts.tokenizer or job.model,
             **planned_prompts(opts, job.units),
-            "request_rate": "inf" if math.isinf(opts.request_rate) else opts.request_rate,
-            "burstiness": opts.burstiness, "max_concurrency": opts.max_concurrency,
+            RATE: "inf" if math.isinf(opts.request_rate) else opts.request_rate,
+            "burstiness": opts.burstiness, CONCURRENCY: opts.max_concurrency,
         }
         if opts.ramp_up_strategy:
             result.update(ramp_up_strategy=opts.ramp_up_strategy, ramp_up_start_rps=opts.ramp_up_start_rps,

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from raysweep import grid
+from raysweep.bench.load import CONCURRENCY, RATE, VARIABLES, LoadVariable
 from raysweep.errors import CampaignError
 
 __all__ = ["BATCH", "DECIDED", "LEVEL", "NO_ENDPOINTS", "SERIAL", "VARIABLES", "WorkloadSpec", "achieved",
            "check_workload", "dataset_size", "dry_run_lines", "levels_between", "status_lines", "workload_of"]
 
 SERIAL, BATCH, LEVEL = "serial", "batch", "level"
-VARIABLES = ("max_concurrency", "request_rate")
 DEFAULT_NUM_PROMPTS = 1000  # vLLM's DEFAULT_NUM_PROMPTS: what `vllm bench serve` runs without --num-prompts
 DECIDED, NO_ENDPOINTS = "decided", "endpoints failed"
 
@@ -31,8 +31,8 @@ class WorkloadSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    variable: Literal["max_concurrency", "request_rate"] = Field(
-        "request_rate", description="the load variable the levels set (vLLM's --workload-var)")
+    variable: LoadVariable = Field(
+        RATE, description="the load variable the levels set (vLLM's --workload-var)")
     levels: int = Field(10, ge=2, description="levels in all, the serial and batch endpoints included, as vLLM's "
                         "--workload-iters (at least 2; the levels between are decided after the endpoints)")
 
@@ -69,7 +69,7 @@ def check_workload(campaign: Any, serve_combos: list[dict[str, Any]], bench_comb
     for i, combo in enumerate(bench_combos):
         for key in combo:
             norm = grid.normalize_key(key)
-            if norm in (spec.variable, "max_concurrency"):
+            if norm in (spec.variable, CONCURRENCY):
                 raise CampaignError(f"bench.params[{i}].{key}", f"is set by bench.workload (variable "
                                     f"{spec.variable}: the serial and batch points set max_concurrency, the "
                                     f"levels set {spec.variable}); remove it from bench.params, or remove "
@@ -94,7 +94,7 @@ def achieved(record: dict[str, Any], variable: str) -> float:
     """What one run achieved of the variable: its request throughput, or (max_concurrency) the requests it
     kept in flight, request throughput x mean E2EL (vLLM's `_estimate_workload_value`)."""
     rps = float(record["request_throughput"])
-    if variable == "request_rate":
+    if variable == RATE:
         return rps
     return rps * float(record["mean_e2el_ms"]) / 1000
 
@@ -118,7 +118,7 @@ def dry_run_lines(spec: Any, endpoint_runs: int = 0) -> list[str]:
         return []
     inner = wl.levels - 2
     more = f"; at most {endpoint_runs // 2 * inner} more run(s)" if endpoint_runs and inner else ""
-    what = ("request throughput" if wl.variable == "request_rate"
+    what = ("request throughput" if wl.variable == RATE
             else "request throughput x mean E2EL (the requests kept in flight)")
     return [f"Workload levels: per server config and bench point, the serial point (max_concurrency 1) and the "
             f"batch point (max_concurrency = num_prompts) run first; {inner} level(s) of {wl.variable} between "
@@ -132,7 +132,7 @@ def status_lines(rows: list[dict[str, Any]], stored: dict[str, Any]) -> list[str
     spec = (stored.get("bench") or {}).get("workload")
     if not spec:
         return []
-    variable, n = spec.get("variable", "request_rate"), spec.get("levels", 10)
+    variable, n = spec.get("variable", RATE), spec.get("levels", 10)
     lines = [f"bench.workload ({n} levels of {variable}): {sum(r['state'] == DECIDED for r in rows)} decided, "
              f"{sum(r['state'] == NO_ENDPOINTS for r in rows)} without levels (an endpoint had no done run)"]
     for r in rows:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from raysweep.bench.load import CONCURRENCY, LoadVariable
 from raysweep.campaign.levels import WorkloadSpec
 from raysweep.campaign.pd import PDSpec
 from raysweep.maths.order import ConfirmSpec, OrderSpec
@@ -387,8 +388,8 @@ class TuneSpec(_Strict):
 class SlaSpec(_Strict):
     """The SLA search: per server config and bench point, the largest load that meets each target."""
 
-    variable: Literal["max_concurrency", "request_rate"] = Field(
-        "max_concurrency", description="the load variable searched (concurrency by default: a rate above "
+    variable: LoadVariable = Field(
+        CONCURRENCY, description="the load variable searched (concurrency by default: a rate above "
         "capacity grows a backlog)")
     targets: list[dict[str, Any]] = Field(description="one search per target, e.g. [{p99_e2el_ms: \"<=200\"}]")
     judge: Literal["percentile", "attainment"] = Field(

@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from raysweep import grid
+from raysweep.bench.load import load_of
 
 __all__ = ["COLUMNS", "LABELS", "LIKE", "METRICS", "bench_fields", "empty_frame", "frame", "mismatches",
            "serve_fields", "workload_id"]
@@ -87,14 +88,9 @@ def bench_fields(argv: Sequence[str]) -> dict[str, Any]:
     dataset = flags.get("--dataset-name")
     input_len = next((flags[f] for f in _INPUT if f in flags), None)
     output_len = next((flags[f] for f in _OUTPUT if f in flags), None)
-    rate = flags.get("--request-rate")
-    finite_rate = rate is not None and rate not in ("inf", "Infinity")
-    if "--max-concurrency" in flags and not finite_rate:
-        variable, value = "max_concurrency", _float(flags["--max-concurrency"])
-    elif finite_rate:
-        variable, value = "request_rate", _float(rate)
-    else:
-        variable, value = None, math.nan
+    load = load_of(argv)
+    variable = load.variable
+    value = _float(load.value(variable)) if variable is not None else math.nan
     dparams = json.dumps(params, sort_keys=True)
     return {"dataset": dataset, "dataset_params": dparams, "input_len": input_len, "output_len": output_len,
             "workload": workload_id(dataset, dparams, input_len, output_len), "load_variable": variable,

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep import grid
+from raysweep.bench.load import CONCURRENCY, RATE
 from raysweep.catalog import fields
 
 __all__ = ["AIPERF", "AIPERF_CSV", "GUIDELLM", "kind_of", "read"]
@@ -115,9 +116,9 @@ def _aiperf(data: dict[str, Any]) -> list[dict[str, Any]]:
     prompts = dataset.get("prompts") or {}
     phase: dict[str, Any] = next((p for p in config.get("phases") or [] if p.get("name") == "profiling"), {})
     if phase.get("concurrency") is not None:
-        variable, value = "max_concurrency", float(phase["concurrency"])
+        variable, value = CONCURRENCY, float(phase["concurrency"])
     elif phase.get("request_rate") is not None:
-        variable, value = "request_rate", float(phase["request_rate"])
+        variable, value = RATE, float(phase["request_rate"])
     else:
         variable, value = None, math.nan
     params = {k: dataset.get(k) for k in ("entries", "random_seed") if dataset.get(k) is not None}
@@ -209,11 +210,11 @@ def _guidellm(data: dict[str, Any]) -> list[dict[str, Any]]:
         kind: str | None = strategy.get("type_")
         variable: str | None
         if kind == "synchronous":
-            variable, value = "max_concurrency", 1.0
+            variable, value = CONCURRENCY, 1.0
         elif kind == "concurrent":
-            variable, value = "max_concurrency", float(strategy.get("streams") or math.nan)
+            variable, value = CONCURRENCY, float(strategy.get("streams") or math.nan)
         elif kind in ("constant", "poisson", "async"):
-            variable, value = "request_rate", float(strategy.get("rate") or math.nan)
+            variable, value = RATE, float(strategy.get("rate") or math.nan)
         else:
             variable, value = kind, math.nan
         loader = b.get("request_loader") or {}

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from raysweep import grid
+from raysweep.bench.load import VARIABLES, flags
 from raysweep.catalog import fields
 from raysweep.errors import UserError
 from raysweep.ledger import LEDGER_FILE, Ledger, PointState
@@ -213,8 +214,7 @@ def _read_vllm(path: Path) -> Source:
     for rec in table.to_dict("records"):
         argv = ["--dataset-name", str(rec.get("dataset_name") or rec.get("dataset") or "")]
         for key, flag in (("random_input_len", "--random-input-len"), ("random_output_len", "--random-output-len"),
-                          ("num_prompts", "--num-prompts"), ("max_concurrency", "--max-concurrency"),
-                          ("request_rate", "--request-rate")):
+                          ("num_prompts", "--num-prompts"), *((v, flags(v)[0]) for v in VARIABLES)):
             value = rec.get(key)
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
                 argv += [flag, _text(value)]

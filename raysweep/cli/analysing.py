@@ -9,6 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from raysweep.bench.load import CONCURRENCY
 from raysweep.cli._common import (
     EXISTING_OUTPUT_DIR,
     _figure_dir,
@@ -98,7 +99,7 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
 @click.argument("output_dir", type=EXISTING_OUTPUT_DIR)
 @click.option("--label-by", default=None,
               help="Comma list of columns written beside each front point (default: the user-count var, gpus).")
-@click.option("--user-count-var", default="max_concurrency", show_default=True,
+@click.option("--user-count-var", default=CONCURRENCY, show_default=True,
               help="Column of concurrent users; where empty or 0, the observed max_concurrent_requests.")
 @click.option("--gpu-count-var", default="gpu_count", show_default=True,
               help="Column of GPUs per run; where 0 or missing, tp x pp x dp from the record (said in the notes).")

@@ -24,6 +24,7 @@ import ray
 
 from raysweep.bench import sane, timeseries
 from raysweep.bench.command import CommandBench, result_record
+from raysweep.bench.load import CONCURRENCY
 from raysweep.campaign import BenchSpec
 from raysweep.drive import validity
 from raysweep.drive.point_energy import node_label_values, point_energy_fields
@@ -236,7 +237,7 @@ class PointRunner:
                 break
             used, lag = out["clients"], new_lag
             more = min(2 * used, self.bench_spec.max_clients, int(res.get("num_prompts") or 1),
-                       int(res.get("max_concurrency") or 2 * used))  # never more actors than slots
+                       int(res.get(CONCURRENCY) or 2 * used))  # never more actors than slots
             room = used + _client_room(run, server, res, getattr(run.bench, "cpus", self.bench_spec.client_cpus))
             if not self.bench_spec.rerun_client_limited:
                 stop = "re-runs are off (bench.rerun_client_limited)"

@@ -29,6 +29,7 @@ import logging
 import threading
 from typing import Any
 
+from raysweep.bench.load import CONCURRENCY, RATE
 from raysweep.campaign.levels import (
     BATCH,
     DECIDED,
@@ -219,9 +220,9 @@ def search_probes(work: Any, serve_id: str, base_id: str) -> dict[float, list[st
         b = p.bench
         if b.workload_of != base_id or b.workload_value is None:
             continue
-        if b.workload_role == LEVEL or (wl.variable == "max_concurrency" and b.workload_role == SERIAL):
+        if b.workload_role == LEVEL or (wl.variable == CONCURRENCY and b.workload_role == SERIAL):
             value = float(b.workload_value)
-        elif wl.variable == "max_concurrency" and b.workload_role == BATCH:
+        elif wl.variable == CONCURRENCY and b.workload_role == BATCH:
             value = math.inf
         else:
             continue
@@ -249,7 +250,7 @@ def report_section(output_dir: Any) -> str | None:
     spec = (stored.get("bench") or {}).get("workload")
     if not spec:
         return None
-    variable = spec.get("variable", "request_rate")
+    variable = spec.get("variable", RATE)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
             r["serve_id"], r["bench_id"], "" if r["serial"] is None else f"{r['serial']:g}",

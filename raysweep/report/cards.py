@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from raysweep.bench.load import CONCURRENCY
 from raysweep.errors import UserError
 from raysweep.ledger import PointState
 from raysweep.report.markup import esc, html_table
@@ -106,10 +107,10 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
     parts.append(html_table(cols, rows))
     front = c.fronts.get(v.shape)
     if front is not None and len(front):
-        frows = [[r.get("serve_label"), r.get("max_concurrency"), conclusions.rounded(r["tokens_per_user"]),
+        frows = [[r.get("serve_label"), r.get(CONCURRENCY), conclusions.rounded(r["tokens_per_user"]),
                   conclusions.rounded(r["tokens_per_gpu"])] for _, r in front.iterrows()]
         parts.append(f"<p>Pareto front ({len(front)} point(s), none better on both):</p>"
-                     + html_table(["server config", "max_concurrency", "output tok/s per user", "output tok/s per GPU"],
+                     + html_table(["server config", CONCURRENCY, "output tok/s per user", "output tok/s per GPU"],
                               frows))
     return f'<div class="card">{"".join(parts)}</div>'
 

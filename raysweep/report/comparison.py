@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from raysweep.bench.load import VARIABLES
 from raysweep.errors import UserError
 from raysweep.record.files import write_text_atomic
 from raysweep.report.plots.style import figure_bytes, save_figure, styled
@@ -50,7 +51,7 @@ def _x_column(on: list[str], summaries: list[pd.DataFrame]) -> str | None:
         values = pd.concat([pd.to_numeric(s[c], errors="coerce") for s in summaries if c in s.columns])
         return bool(values.notna().all() and values[np.isfinite(values)].nunique() > 1)
 
-    for c in ("max_concurrency", "request_rate", *on):
+    for c in (*VARIABLES, *on):
         if c in on and varies(c):
             return c
     return None

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from raysweep.bench.load import CONCURRENCY
 from raysweep.campaign import CostSpec
 from raysweep.maths import pareto as geometry
 from raysweep.plan import cost
@@ -55,10 +56,10 @@ def _points(df: pd.DataFrame) -> pd.DataFrame:
     """One row per point: its labels, the aggregates of the energy and cost columns and tokens/s per user."""
     summary = aggregate.summarize(df)
     firsts = df.drop_duplicates(["serve_id", "bench_id"])
-    keep = [c for c in ("serve_id", "bench_id", "serve_label", "bench_label", "max_concurrency", "energy_method",
+    keep = [c for c in ("serve_id", "bench_id", "serve_label", "bench_label", CONCURRENCY, "energy_method",
                         "energy_window", "energy_source") if c in firsts.columns]
     pts = firsts[keep].merge(summary, on=["serve_id", "bench_id"], how="inner", suffixes=("", "_agg"))
-    users = pd.to_numeric(pts.get("max_concurrency", pd.Series(math.nan, index=pts.index)), errors="coerce")
+    users = pd.to_numeric(pts.get(CONCURRENCY, pd.Series(math.nan, index=pts.index)), errors="coerce")
     rate = pd.to_numeric(pts.get("output_throughput_mean", pd.Series(math.nan, index=pts.index)), errors="coerce")
     pts["tokens_per_user"] = rate / users
     for metric, _ in _SHOWN:

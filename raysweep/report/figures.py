@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from raysweep.bench.load import CONCURRENCY
 from raysweep.report import cache as report_cache
 from raysweep.report import plots
 from raysweep.report.markup import SHARED_NOTE, esc, nothing
@@ -125,7 +126,7 @@ def _one(plans: list[plots.FigurePlan], spec: plots.PlotSpec) -> tuple[Figure | 
 
 def _pareto(df: pd.DataFrame) -> tuple[Figure | None, list[str]]:
     result = pareto(df)
-    return plots.pareto_figure(result, ["max_concurrency", "gpus"]), result.notes + result.drawn_notes
+    return plots.pareto_figure(result, [CONCURRENCY, "gpus"]), result.notes + result.drawn_notes
 
 
 def figure_html(caption: str, draw: Draw, parts: tuple[Any, ...] | None = None) -> str:

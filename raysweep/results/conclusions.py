@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from raysweep.bench.load import CONCURRENCY
 from raysweep.campaign.slo import Target
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import verdicts
@@ -582,7 +583,7 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
     """Per shape, the Pareto front (output tokens/s per user against per GPU) of the point means, as
     `raysweep pareto` and the report's figure draw it (`pareto`); runs marked client-limited stay out
     of the means."""
-    if "output_throughput" not in df.columns or "max_concurrency" not in df.columns:
+    if "output_throughput" not in df.columns or CONCURRENCY not in df.columns:
         return {}, ["no Pareto front: the results have no output_throughput or max_concurrency"]
     # the runs' validity is the Warnings section's business, not the front's
     runs = df.drop(columns=["validity_ok"], errors="ignore").merge(points[[*_POINT, "shape"]], on=_POINT)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from raysweep.bench.load import CONCURRENCY
 from raysweep.errors import UserError
 from raysweep.maths import pareto as geometry
 from raysweep.maths.verdicts import mean_interval
@@ -64,7 +65,7 @@ class ParetoResult:
         return ENERGY_AXES.get(self.y, "output tokens/s per GPU")
 
 
-def pareto(df: pd.DataFrame, user_count_var: str = "max_concurrency", gpu_count_var: str = "gpu_count",
+def pareto(df: pd.DataFrame, user_count_var: str = CONCURRENCY, gpu_count_var: str = "gpu_count",
            filter_by: Sequence[str] = (), gpu_count: float | None = None, y: str = PER_GPU,
            per: str = "point") -> ParetoResult:
     """Tokens/s per user against tokens/s per GPU for every run, and the front of the non-dominated points

@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from raysweep.bench.load import CONCURRENCY
 from raysweep.errors import UserError
 from raysweep.grid import normalize_key, params_id
 from raysweep.ledger import LEDGER_FILE, Ledger
@@ -137,9 +138,9 @@ def workload_part(name: str) -> tuple[str, str | None, float | None]:
 
 def _workload_role(row: dict[str, Any], variable: str, value: float) -> str:
     """serial (max_concurrency 1), batch (every prompt at once) or level, as serve_workload runs them."""
-    if value == 1 and row.get("max_concurrency") == 1:
+    if value == 1 and row.get(CONCURRENCY) == 1:
         return "serial"
-    if row.get("max_concurrency") == value and row.get("num_prompts") == value:
+    if row.get(CONCURRENCY) == value and row.get("num_prompts") == value:
         return "batch"
     return "level"
 

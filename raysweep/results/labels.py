@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from raysweep.bench.load import RATE
+
 __all__ = ["axis_label", "fmt_value", "keyed_label", "sort_key"]
 
-_UNITS = {"request_throughput": "req/s", "request_rate": "req/s", "request_goodput": "req/s",
+_UNITS = {"request_throughput": "req/s", RATE: "req/s", "request_goodput": "req/s",
           "output_throughput": "tok/s", "total_token_throughput": "tok/s", "max_output_tokens_per_s": "tok/s",
           "output_throughput_per_gpu": "tok/s", "duration": "s", "server_kv_cache_usage_perc_peak": "1 = full",
           "server_kv_cache_usage_perc_mean": "1 = full"}

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from raysweep.bench.load import VARIABLES
 from raysweep.errors import UserError, unknown_names
 from raysweep.results.labels import fmt_value, keyed_label, sort_key
 
@@ -162,7 +163,7 @@ def load_linked(df: pd.DataFrame, load: str | None, names: Iterable[str]) -> lis
 def load_variable(df: pd.DataFrame, fallback: str) -> str:
     """The load variable of a table: `max_concurrency` or `request_rate`, whichever takes several finite
     values, else `fallback`."""
-    for name in ("max_concurrency", "request_rate"):
+    for name in VARIABLES:
         if name in df.columns:
             values = pd.to_numeric(df[name], errors="coerce")
             if values[np.isfinite(values)].nunique() > 1:

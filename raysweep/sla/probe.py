@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.bench import stats
+from raysweep.bench.load import CONCURRENCY, RATE
 from raysweep.bench.options import parse_load_options
 from raysweep.drive import hooks
 from raysweep.drive.point import PointRunner
@@ -78,7 +79,7 @@ def capacity(data: ProbeData | None, variable: str) -> float | None:
     if data is None:
         return None
     rps = float(data.metrics.get("request_throughput") or 0.0)
-    if variable == "request_rate":
+    if variable == RATE:
         return rps or None
     return rps * float(data.metrics.get("mean_e2el_ms") or 0.0) / 1000.0 or None
 
@@ -123,7 +124,7 @@ class SlaSearches:
 
         return sla.search(
             judged, start=cfg.start, max_value=cfg.max_value, precision=cfg.precision,
-            integer=cfg.variable == "max_concurrency",
+            integer=cfg.variable == CONCURRENCY,
             estimate=lambda: capacity(probes.get((sla.INFINITE, 0)), cfg.variable),
             recheck=lambda v: judged(v, self.c.runs),
             known=lambda: {v: judge(d, target, cfg) for (v, first), d in probes.items() if first == 0})
@@ -151,7 +152,7 @@ class SlaSearches:
         """The pooled data of one probe's runs, running those not done yet (within max_attempts). A
         concurrency of at least the point's prompt count is the unbounded probe itself."""
         w = self.work
-        if self.c.sla is not None and self.c.sla.variable == "max_concurrency" and math.isfinite(value) \
+        if self.c.sla is not None and self.c.sla.variable == CONCURRENCY and math.isfinite(value) \
                 and value >= parse_load_options(base.argv).num_prompts:
             value = math.inf
         key = (value, first)

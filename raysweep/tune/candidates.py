@@ -4,11 +4,10 @@ GPU-seconds (its ledger row), and the plan rebuilt from those rows on resume.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysweep import grid
+from raysweep.bench.load import load_in
 from raysweep.ledger import Ledger, PointState
 from raysweep.plan.plan import Plan, ServeConfig, serve_points
 from raysweep.tune.space import candidate_serve
@@ -32,15 +31,8 @@ def restore_plan(plan: Plan, ledger: Ledger) -> None:
 
 
 def _load_key(bench_params: dict[str, Any]) -> tuple[float, float]:
-    norm = {grid.normalize_key(k): v for k, v in bench_params.items()}
-
-    def num(key: str) -> float:
-        try:
-            v = norm.get(key)
-            return math.inf if v is None else float(v)
-        except (TypeError, ValueError):
-            return math.inf
-    return num("max_concurrency"), num("request_rate")
+    """A bench point's load as its parameters type it, for the order of its points (unset: inf)."""
+    return load_in(bench_params).key()
 
 
 @dataclass
