@@ -298,3 +298,48 @@ def test_short_sets_read_directly_equal_the_blocks(seed):
         direct = bootstrap._direct(values, owner, counts, qs)
         np.testing.assert_array_equal(direct, bootstrap._blocked([values], [owner], counts, qs)[:, 0, :])
         np.testing.assert_allclose(direct, ref_weighted_percentiles(values, counts[:, owner], qs), rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The compiled loop (numba, where installed) reads the same numbers as numpy
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_loop_reads_the_numpy_percentiles_to_the_bit(seed):
+    """Sets short and long (read directly and by blocks with numpy), ties, empty sets, rows that draw nothing,
+    owners with no value, percentiles 0 to 100: the compiled loop gives exactly numpy's numbers."""
+    walk = pytest.importorskip("raysweep.maths.bootstrap_walk")
+    rng = np.random.default_rng(seed)
+    counts = bootstrap.two_level_counts([20, 13, 31, 0], 150, rng)
+    counts[::11] = 0
+    qs = [0.0, 2.5, 50.0, 90.0, 99.0, 100.0, float(rng.uniform(0, 100))]
+    sets, owners = [], []
+    for g in (0, 1, 2, 17, 64, 257, 960):
+        owners.append(rng.integers(0, counts.shape[1] - 5, g))
+        sets.append(np.sort(np.round(rng.gamma(2.0, 3.0, g), int(rng.integers(0, 3)))))
+    numpy_read = bootstrap.stacked_percentiles(sets, owners, counts, qs)
+    np.testing.assert_array_equal(walk.walk_percentiles(sets, owners, counts, qs), numpy_read)
+    np.testing.assert_array_equal(bootstrap.stacked_percentiles(sets, owners, counts, qs, walk=True), numpy_read)
+
+
+def test_intervals_are_the_same_whichever_reads_the_percentiles(monkeypatch):
+    """`intervals` of many points (TTFT and ITL, ITL with fewer resamples) by the compiled loop and by numpy:
+    the same intervals for the same seed, to the bit; and numpy's where numba cannot be imported."""
+    pytest.importorskip("raysweep.maths.bootstrap_walk")
+
+    def points() -> list[bootstrap.Pooled]:
+        out = []
+        for seed in range(6):
+            runs = runs_of(seed)
+            for name, n in (("ttft", 300), ("itl", 120)):
+                parts = [aggregate._owned(r, name) for r in runs]
+                out.append(bootstrap.Pooled([v for v, _, _ in parts], [o for _, o, _ in parts],
+                                            [k for _, _, k in parts], [50.0, 90.0, 99.0], n))
+        return out
+
+    monkeypatch.setattr(bootstrap, "_WALK_CELLS", math.inf)
+    by_numpy = bootstrap.intervals(points(), 0.95, seed=7)
+    monkeypatch.setattr(bootstrap, "_WALK_CELLS", 0)
+    assert bootstrap.intervals(points(), 0.95, seed=7) == by_numpy
+    monkeypatch.setattr(bootstrap, "_walker", lambda: None)  # numba missing
+    assert bootstrap.intervals(points(), 0.95, seed=7) == by_numpy

@@ -17,12 +17,16 @@ distribution of drawing runs and requests one resample at a time (`tests/test_bo
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Pooled", "intervals", "stacked_percentiles", "two_level_counts", "weighted_percentiles"]
 
@@ -30,6 +34,10 @@ _BLOCK_CELLS = 2_000_000  # resamples x requests generated at once, at most
 _BATCH_CELLS = 300_000  # resamples x sets x blocks read at once, about: small enough to stay in the CPU's cache
 _ENDS_AT_ONCE = 256  # metrics whose interval ends are read from their draws in one call
 _DIRECT_MAX = 256  # a set of at most this many values is read directly (`_direct`), a longer one by blocks
+# resamples x values over all metrics from which the compiled loop reads the percentiles, where numba is
+# installed (`raysweep.maths.bootstrap_walk`: the same numbers; below this, numba's import and cache load,
+# about 0.3 s, cost more than the numpy reading saves: about 90 points of 2 runs of 32 requests)
+_WALK_CELLS = 100_000_000
 
 
 @dataclass
@@ -80,7 +88,7 @@ def weighted_percentiles(sorted_values: np.ndarray, owner: np.ndarray, counts: n
 
 
 def stacked_percentiles(sorted_values: Sequence[np.ndarray], owners: Sequence[np.ndarray], counts: np.ndarray,
-                        qs: Sequence[float]) -> np.ndarray:
+                        qs: Sequence[float], walk: bool = False) -> np.ndarray:
     """`weighted_percentiles` of several sets of sorted values (one per metric of a point) drawn with the
     same counts: rows x sets x len(qs).
 
@@ -88,7 +96,11 @@ def stacked_percentiles(sorted_values: Sequence[np.ndarray], owners: Sequence[np
     count over its sorted values, searched for the wanted ranks. A longer one (ITL gaps) is cut into blocks
     of a few consecutive sorted values; one sparse product gives every row's weight per block of every such
     set, the block holding a wanted rank is found from their running sum, and the rank among that block's
-    values alone. Both give the same numbers (`tests/test_bootstrap.py`)."""
+    values alone. Both give the same numbers (`tests/test_bootstrap.py`). `walk`: by the compiled loop
+    (`raysweep.maths.bootstrap_walk`, where numba is installed; the same numbers again)."""
+    walker = _walker() if walk else None
+    if walker is not None:
+        return walker(sorted_values, owners, counts, qs)
     rows = counts.shape[0]
     out = np.full((rows, len(sorted_values), len(qs)), math.nan)
     short = [i for i, v in enumerate(sorted_values) if v.size <= _DIRECT_MAX]
@@ -98,6 +110,17 @@ def stacked_percentiles(sorted_values: Sequence[np.ndarray], owners: Sequence[np
     if long:
         out[:, long, :] = _blocked([sorted_values[i] for i in long], [owners[i] for i in long], counts, qs)
     return out
+
+
+@functools.cache
+def _walker() -> Callable[..., np.ndarray] | None:
+    """`raysweep.maths.bootstrap_walk.walk_percentiles`, None where numba is missing or does not load."""
+    try:
+        from raysweep.maths.bootstrap_walk import walk_percentiles
+    except Exception as exc:  # noqa: BLE001 - numba missing, or failing to load: numpy reads the same numbers
+        log.info("percentiles of the bootstrap read with numpy (numba: %s)", exc)
+        return None
+    return walk_percentiles
 
 
 def _direct(sorted_values: np.ndarray, owner: np.ndarray, counts: np.ndarray, qs: Sequence[float]) -> np.ndarray:
@@ -193,6 +216,7 @@ def intervals(metrics: Sequence[Pooled], confidence: float, seed: int = 0) -> li
     whatever other points are summarized with it, and the points of a campaign, whose runs mostly hold as
     many requests, are done together: one sparse product and one search for a batch of them."""
     groups: dict[tuple[int, ...], list[int]] = {}
+    walk = sum(m.resamples * sum(len(v) for v in m.values) for m in metrics) >= _WALK_CELLS
     for i, m in enumerate(metrics):
         if len(m.sizes) > 1 and sum(m.sizes) > 0:
             groups.setdefault(tuple(m.sizes), []).append(i)
@@ -202,7 +226,7 @@ def intervals(metrics: Sequence[Pooled], confidence: float, seed: int = 0) -> li
         step = max(1, _BLOCK_CELLS // max(1, sum(sizes)))
         for start in range(0, most, step):
             counts = two_level_counts(sizes, min(step, most - start), rng)
-            _draw_batches([i for i in members if metrics[i].resamples > start], metrics, counts, start)
+            _draw_batches([i for i in members if metrics[i].resamples > start], metrics, counts, start, walk)
     out: list[list[tuple[float, float]]] = [[(math.nan, math.nan)] * len(m.qs) for m in metrics]
     for start in range(0, len(metrics), _ENDS_AT_ONCE):  # a few metrics' draws at a time, not all of them
         alike: dict[tuple[int, ...], list[tuple[int, np.ndarray]]] = {}  # the metrics' draws by their shape
@@ -220,7 +244,8 @@ def intervals(metrics: Sequence[Pooled], confidence: float, seed: int = 0) -> li
     return out
 
 
-def _draw_batches(members: list[int], metrics: Sequence[Pooled], counts: np.ndarray, start: int) -> None:
+def _draw_batches(members: list[int], metrics: Sequence[Pooled], counts: np.ndarray, start: int,
+                  walk: bool = False) -> None:
     """Append to each member metric its percentiles of these counts' resamples (those within its number),
     members with the same percentiles and resamples a batch at a time."""
     same: dict[tuple[tuple[float, ...], int], list[int]] = {}
@@ -234,7 +259,8 @@ def _draw_batches(members: list[int], metrics: Sequence[Pooled], counts: np.ndar
             part = [i for i in batch[:per] if length[i] <= 1.5 * length[batch[0]] + 8]
             batch = batch[len(part):]
             prepared = [metrics[i].prepared() for i in part]
-            got = stacked_percentiles([v for v, _ in prepared], [o for _, o in prepared], counts[:rows], list(qs))
+            got = stacked_percentiles([v for v, _ in prepared], [o for _, o in prepared], counts[:rows], list(qs),
+                                      walk)
             for k, i in enumerate(part):
                 metrics[i].draws.append(got[:, k, :])
 

@@ -127,10 +127,14 @@ def point_means(runs: pd.DataFrame, y: str = PER_GPU) -> pd.DataFrame:
     groups = runs.groupby(_POINT, sort=False, dropna=False)
     values = runs[averaged].apply(pd.to_numeric, errors="coerce")
     added = {**values.groupby([runs[c] for c in _POINT], sort=False, dropna=False).mean(), "n_runs": groups.size()}
-    for axis in axes:
-        bounds = groups[axis].agg(lambda v: mean_interval(pd.to_numeric(v, errors="coerce").to_numpy(float))[1:])
-        added[f"{axis}_low"] = bounds.map(lambda b: b[0])
-        added[f"{axis}_high"] = bounds.map(lambda b: b[1])
+    codes = groups.ngroup().to_numpy()  # a point's runs laid together, points in the group-by's order
+    order = np.argsort(codes, kind="stable")
+    cuts = np.searchsorted(codes[order], np.arange(groups.ngroups + 1))
+    for axis in axes:  # each point's interval from its runs' values, as a pandas aggregate would pass them
+        column = pd.to_numeric(runs[axis], errors="coerce").to_numpy(float)[order]
+        ends = [mean_interval(column[a:b])[1:] for a, b in zip(cuts[:-1], cuts[1:])]
+        added[f"{axis}_low"] = pd.Series([e[0] for e in ends], index=added["n_runs"].index, dtype=float)
+        added[f"{axis}_high"] = pd.Series([e[1] for e in ends], index=added["n_runs"].index, dtype=float)
     firsts = groups.first().drop(columns=averaged, errors="ignore")
     return pd.concat([firsts, pd.DataFrame(added, index=firsts.index)], axis=1).reset_index()
 
