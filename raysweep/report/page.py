@@ -202,7 +202,7 @@ def _startup(data: ReportData) -> str | None:
 def _timeseries(data: ReportData) -> str | None:
     from raysweep.report.run_sections import timeseries_section
 
-    return timeseries_section(data.output_dir)
+    return timeseries_section(data.output_dir, data.records)  # the records read once for the whole report
 
 
 def _timeline(data: ReportData) -> str | None:
@@ -214,7 +214,7 @@ def _timeline(data: ReportData) -> str | None:
 def _multinode(data: ReportData) -> str | None:
     from raysweep.report.run_sections import multinode_section
 
-    return multinode_section(data.output_dir)
+    return multinode_section(data.output_dir, data.df)
 
 
 for _section in [

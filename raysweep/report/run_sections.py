@@ -9,9 +9,10 @@ import datetime
 import html
 import json
 import logging
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.bench import timeseries
 from raysweep.ledger import Ledger
@@ -22,6 +23,9 @@ from raysweep.results.table import load_records, results_table
 from raysweep.serve import telemetry
 from raysweep.serve.telemetry import THROTTLED_FRACTION
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["multinode_section", "timeseries_section"]
 
 log = logging.getLogger(__name__)
@@ -29,10 +33,12 @@ log = logging.getLogger(__name__)
 _MAX_FIGURES = 40
 
 
-def timeseries_section(output_dir: Path) -> str | None:
+def timeseries_section(output_dir: Path, records: Sequence[dict[str, Any]] | None = None) -> str | None:
     """The report's time-series section: one figure per bench point of each server config (its first
-    run), the steady-state window shaded; None when no point has a time series."""
-    records = sorted((r for r in load_records(output_dir) if r.get("timeseries_path")),
+    run), the steady-state window shaded; None when no point has a time series. `records`: the output dir's
+    (`load_records`), when the caller has read them already."""
+    records = sorted((r for r in (load_records(output_dir) if records is None else records)
+                      if r.get("timeseries_path")),
                      key=lambda r: (str(r.get("serve_id")), str(r.get("bench_id")), r.get("run_number") or 0))
     firsts: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
@@ -79,10 +85,11 @@ def _figure_key(path: Path, record: dict[str, Any], caption: str, window: str) -
     return ("timeseries", json.dumps(record, sort_keys=True, default=str), data, caption, window)
 
 
-def multinode_section(output_dir: Path) -> str | None:
+def multinode_section(output_dir: Path, results: pd.DataFrame | None = None) -> str | None:
     """The report's multi-node section: per server, its node-pair links and fabric probe, GPU topology
     warnings, the cluster events (node losses, re-placements, tail replicas), and the GPU telemetry of every
-    point (a figure; throttled points crossed in red). None when there is nothing of the kind."""
+    point (a figure; throttled points crossed in red). None when there is nothing of the kind. `results`: the
+    output dir's results table (`results_table`), when the caller has made it already."""
     e = html.escape
     ledger = Ledger.open_existing(Path(output_dir))
     try:
@@ -116,7 +123,7 @@ def multinode_section(output_dir: Path) -> str | None:
                          f"<td>{e(', '.join(n[:12] for n in ev['nodes']))}</td><td>{e(str(ev['detail']))}</td></tr>"
                          for ev in events) + "</table>")
     try:
-        df = results_table(Path(output_dir))
+        df = results_table(Path(output_dir)) if results is None else results
     except Exception:
         df = None
     if df is not None and "gpu_util_mean_pct" in df.columns and df["gpu_util_mean_pct"].notna().any():

@@ -211,13 +211,19 @@ def plan_curves(df: pd.DataFrame, spec: PlotSpec) -> list[FigurePlan]:
         rows, row_order = _groups(fdf, spec.row_by)
         cols, col_order = _groups(fdf, spec.col_by)
         curves, curve_order = _groups(fdf, spec.curve_by)
-        panels = [[_cell_panel(fdf, (rows == r) & (cols == c), _panel_title(r, c), spec, curves)
+        drawn = fdf[[c for c in dict.fromkeys((spec.var_x, spec.var_y, *_CURVE_COLUMNS)) if c in fdf.columns]]
+        panels = [[_cell_panel(drawn, (rows == r) & (cols == c), _panel_title(r, c), spec, curves)
                    for c in col_order] for r in row_order]
         fig_notes = (notes + _limited_note(fdf) + _flagged_note(fdf)
                      + _mixing_note(fdf, [rows, cols, curves], spec.var_x))
         plans.append(FigurePlan(stem, title, panels, curve_order, _curve_title(spec.curve_by), len(fdf), fig_notes,
                                 colors))
     return plans
+
+
+# What `_curves` reads of a panel's runs beside x and y: a panel cut from these columns alone, not from the
+# whole results table (a hundred columns and more)
+_CURVE_COLUMNS = (*_POINT, "client_limited", "validity_ok", "validity_issues")
 
 
 def _cell_panel(df: pd.DataFrame, cell: pd.Series, title: str, spec: PlotSpec, curves: pd.Series) -> Panel:
