@@ -262,3 +262,36 @@ def test_no_circle_among_rooms_but_through_the_seams_to_cut():
         rooms.setdefault(room_of(src), set()).update(
             room_of(t) for t in targets if room_of(t) != room_of(src) and (src, t) not in SEAMS_TO_CUT)
     assert not components(rooms), f"circles among rooms: {components(rooms)}"
+
+
+# The load of a bench point is typed (raysweep/bench/load.py: `Load`, and the names `CONCURRENCY`, `RATE`,
+# `VARIABLES`, `LoadVariable`): no other module spells a load variable as a string, column names included
+# (they are the same names, so the files read as before). The exceptions, each for its reason:
+LOAD_NAMES = ("max_concurrency", "request_rate")
+SPELLS_LOAD_NAMES = {
+    "raysweep/bench/load.py": "names the two variables",
+    "raysweep/bench/options.py": "the client's option parser: each `vllm bench serve` option by its name, these "
+                                 "two among some eighty",
+    "raysweep/bench/checks.py": "the client's checks: vLLM's own defaults, option by option",
+    "raysweep/catalog/others.py": "AIPerf's key `request_rate` in its own files (another tool's name, not ours)",
+}
+
+
+def load_name_literals(path: Path) -> int:
+    """The string literals of a module that are exactly a load variable's name (docstrings and longer texts
+    that mention one are not)."""
+    return sum(isinstance(n, ast.Constant) and n.value in LOAD_NAMES for n in ast.walk(ast.parse(path.read_text())))
+
+
+def test_the_load_variables_are_named_once():
+    spelled = {str(p.relative_to(ROOT)): n for p in sorted(PACKAGE.rglob("*.py")) if (n := load_name_literals(p))}
+    assert not set(spelled) - set(SPELLS_LOAD_NAMES), (
+        "use raysweep.bench.load's CONCURRENCY, RATE or VARIABLES, not the string: "
+        + ", ".join(f"{m} ({n})" for m, n in spelled.items() if m not in SPELLS_LOAD_NAMES))
+    assert set(spelled) == set(SPELLS_LOAD_NAMES), f"no longer spelled there: {set(SPELLS_LOAD_NAMES) - set(spelled)}"
+
+
+def test_the_load_literal_finder_sees_a_name_and_not_a_text(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('"""Per max_concurrency."""\nx = {"max_concurrency": 1}\ny = "request_rate"\nz = "request_rates"\n')
+    assert load_name_literals(f) == 2
