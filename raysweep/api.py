@@ -68,13 +68,11 @@ class Campaign:
     def name(self) -> str:
         if not self.is_raysweep:
             return self.output_dir.name
-        from raysweep.ledger import Ledger
+        from raysweep.results.directory import CampaignDir
 
-        ledger = Ledger.open_existing(self.output_dir)
-        try:
+        with CampaignDir(self.output_dir) as campaign_dir:
+            ledger = campaign_dir.ledger
             return ledger.meta("name") or self.output_dir.name
-        finally:
-            ledger.close()
 
     @functools.cached_property
     def results(self) -> pd.DataFrame:

@@ -25,7 +25,8 @@ from raysweep import grid
 from raysweep.bench.load import VARIABLES, flags
 from raysweep.catalog import fields
 from raysweep.errors import UserError
-from raysweep.ledger import LEDGER_FILE, Ledger, PointState
+from raysweep.ledger import LEDGER_FILE, PointState
+from raysweep.results.directory import CampaignDir
 
 __all__ = ["Found", "Source", "discover", "read"]
 
@@ -136,15 +137,13 @@ def _read_raysweep(path: Path) -> Source:
     from raysweep.results.records import results_table
 
     signature, complete = raysweep_signature(path)
-    ledger = Ledger.open_existing(path)
-    try:
+    with CampaignDir(path) as campaign_dir:
+        ledger = campaign_dir.ledger
         name = ledger.meta("name") or path.name
         meaning = json.loads(ledger.meta("meaning") or "{}")
         created = float(ledger.meta("created_at") or 0.0)
         cid = grid.params_id({"name": name, "fingerprint": ledger.meta("fingerprint"), "created_at": created}, 16)
         params = {p.point_id: (p.serve_params, p.bench_params) for p in ledger.points()}
-    finally:
-        ledger.close()
     kept = path / "results.parquet"
     table = pd.read_parquet(kept) if complete and kept.is_file() else results_table(path)
     serve_cmd, bench_cmd = list(meaning.get("serve_cmd") or []), list(meaning.get("bench_cmd") or [])

@@ -15,17 +15,15 @@ from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, address
 
 def _print_checklist(output_dir: Path, not_run: dict[str, str] | None = None) -> int:
     """Print the checklist of an output dir; the number of items that failed or were not seen."""
-    from raysweep.ledger import Ledger
     from raysweep.results import acceptance
+    from raysweep.results.directory import CampaignDir
     from raysweep.results.table import results_table
 
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         servers = ledger.servers()
         labels = {p.serve_id: ", ".join(f"{k}={v}" for k, v in p.serve_params.items()) or p.serve_id
                   for p in ledger.points()}
-    finally:
-        ledger.close()
     items = acceptance.checklist(servers, results_table(output_dir), labels, not_run)
     _say("\n".join(["Checklist:", *acceptance.text_lines(items)]))
     return len(acceptance.failed(items))

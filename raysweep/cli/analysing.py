@@ -157,10 +157,10 @@ def report(output_dir: str, out_path: str | None, objective: str | None, as_json
     """One self-contained HTML report: conclusions (best config per bench shape, its lead against the noise,
     Pareto front, SLA capacities), warnings, figures, results, SLA, transport, failures, campaign, plan,
     environment. Prints its path and the conclusions."""
-    from raysweep.ledger import Ledger
     from raysweep.report.page import write_report_with_headlines
+    from raysweep.results.directory import CampaignDir
 
-    Ledger.open_existing(output_dir).close()
+    CampaignDir(output_dir).check()
     path, lines = write_report_with_headlines(output_dir, out_path, objective)
     if as_json:
         print_json("report", {"output_dir": output_dir, "report": path, "objective": objective, "conclusions": lines})

@@ -39,10 +39,10 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
             confidence: float, noise_threshold: float, noise_metrics: str | None, as_json: bool) -> None:
     """The merged results table (one row per run) and, with --aggregate, the aggregates per point. Writes
     results.* and summary.* only when asked (--out DIR, or --format)."""
-    from raysweep.ledger import Ledger
+    from raysweep.results.directory import CampaignDir
     from raysweep.results.table import results_table, write_results
 
-    Ledger.open_existing(output_dir).close()
+    CampaignDir(output_dir).check()
     dest = Path(out_path) if out_path else Path(output_dir) if formats else None
     # the aggregates alone need no table where the run's end kept them (`print_aggregates` reads it if not)
     df = results_table(output_dir) if dest or not aggregate else None

@@ -134,33 +134,31 @@ def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path, options: str | Non
 
 def _recorded_links(output_dir: Path) -> str:
     """For a campaign being resumed: the links and fabric probe its servers got so far (empty otherwise)."""
-    from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.ledger import LEDGER_FILE
     from raysweep.place.transport import recorded_lines
+    from raysweep.results.directory import CampaignDir
 
     if not (output_dir / LEDGER_FILE).is_file():
         return ""
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         lines = recorded_lines(ledger.servers())
-    finally:
-        ledger.close()
     return "Links recorded so far (latest server of each configuration):\n" + "\n".join(lines) if lines else ""
 
 
 def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], layouts: dict[str, Any], gpus: int,
                    max_servers: int | None, cost: Any = None) -> str:
     """The estimate of what is left: the output dir's own finished points are not counted again."""
-    from raysweep.ledger import LEDGER_FILE, Ledger, PointState
+    from raysweep.ledger import LEDGER_FILE, PointState
     from raysweep.plan.estimate import estimate, measured_from
+    from raysweep.results.directory import CampaignDir
 
     own = (output_dir / LEDGER_FILE).is_file()
     done: set[str] = set()
     if own:
-        ledger = Ledger.open_existing(output_dir)
-        try:
+        with CampaignDir(output_dir) as campaign_dir:
+            ledger = campaign_dir.ledger
             done = {p.point_id for p in ledger.points() if p.state == PointState.DONE}
-        finally:
-            ledger.close()
     measured = measured_from(*([output_dir] if own else []), *estimate_from)
     widest = max((lay.gpu_count for lay in layouts.values()), default=0)
     lanes = gpus // widest if gpus and widest else 1
@@ -190,14 +188,12 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
     """Continue an interrupted campaign from its output directory."""
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.errors import CampaignError
-    from raysweep.ledger import Ledger
+    from raysweep.results.directory import CampaignDir
 
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         stored, source = ledger.stored_campaign(), ledger.meta("campaign_file") or ""
         recorded = json.loads(ledger.meta("variables") or "{}")
-    finally:
-        ledger.close()
     unset = {k: v for k, v in recorded.items() if k not in os.environ}
     for name, value in unset.items():  # nothing to export again: what the campaign expanded at `run`
         console.print(f"${{{name}}} is not set: using the value it had when the campaign was run ({name}="
@@ -258,15 +254,13 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
 def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int], list[Any]], as_json: bool) -> None:
     """A finished campaign run again: its counts, results and report, each made again only where a point
     finished after it was written."""
-    from raysweep.ledger import Ledger
+    from raysweep.results.directory import CampaignDir
     from raysweep.results.table import write_results
 
     counts, failed = finished
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         last = max((p.ended_at or 0.0 for p in ledger.points()), default=0.0)
-    finally:
-        ledger.close()
 
     def fresh(path: Path) -> bool:
         return path.is_file() and path.stat().st_mtime >= last

@@ -72,16 +72,17 @@ def _local(output_dir: str) -> str:
 
 def _show(output_dir: str) -> bool:
     """Print the status; whether the campaign is complete (nothing pending or running, no driver at work)."""
-    from raysweep.ledger import Ledger, PointState
+    from raysweep.ledger import PointState
+    from raysweep.results.directory import CampaignDir
 
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
         name, extra, driver = ledger.meta("name"), ledger.out_of_plan(), ledger.last_driver()
         stored = ledger.stored_campaign()
         events, earlier = ledger.events(), ledger.attempt_errors()
-    finally:
-        ledger.close()
+        precision = _precision_facts(ledger, stored)
+        levels = ledger.all_workload_levels() if (stored.get("bench") or {}).get("workload") else []
     active = [s for s in servers if s.stopped_at is None]
     table = Table(title=f"campaign {name}")
     for col in ("done", "running", "failed", "pending", "total"):
@@ -98,8 +99,8 @@ def _show(output_dir: str) -> bool:
     if extra:
         out.print(f"{extra} point(s) in the ledger are no longer in the campaign (kept, not shown)")
     _progress(output_dir, points, {s.serve_id for s in active} if live else set())
-    _precision_line(output_dir, stored)
-    _workload_lines(output_dir, stored)
+    _precision_line(stored, precision)
+    _workload_lines(levels, stored)
     _spend_line(servers, stored)
     if active:
         st = Table(title="servers running" if live else "servers left by a driver that is gone (reaped on resume)")
@@ -176,20 +177,21 @@ def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:
          else f"ETA: after the first point is done ({len(left_runs)} run(s) left)")
 
 
-def _precision_line(output_dir: str, stored: dict[str, Any]) -> None:
-    """bench.precision: how many points reached the width, stopped at max_runs, or are still measuring."""
-    from raysweep.ledger import Ledger
-
-    spec = (stored.get("bench") or {}).get("precision")
-    if not spec:
-        return
+def _precision_facts(ledger: Any, stored: dict[str, Any]) -> tuple[list[Any], list[Any], dict[str, int]] | None:
+    """bench.precision's rows, the points and the counts (`precision_counts`); None without bench.precision."""
+    if not (stored.get("bench") or {}).get("precision"):
+        return None
     from raysweep.results.precision import precision_counts
 
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        rows, points, n = ledger.precision(), ledger.points(), precision_counts(ledger) or {}
-    finally:
-        ledger.close()
+    return ledger.precision(), ledger.points(), precision_counts(ledger) or {}
+
+
+def _precision_line(stored: dict[str, Any], facts: tuple[list[Any], list[Any], dict[str, int]] | None) -> None:
+    """bench.precision: how many points reached the width, stopped at max_runs, or are still measuring."""
+    spec = (stored.get("bench") or {}).get("precision")
+    if not spec or facts is None:
+        return
+    rows, points, n = facts
     decided = {(r["serve_id"], r["bench_id"]) for r in rows if r["state"] != "measuring"}
     spent: dict[tuple[str, str], int] = {}
     for p in points:
@@ -218,18 +220,12 @@ def _startup_table(servers: list[Any]) -> None:
     print_table(table, out)
 
 
-def _workload_lines(output_dir: str, stored: dict[str, Any]) -> None:
+def _workload_lines(rows: list[dict[str, Any]], stored: dict[str, Any]) -> None:
     """bench.workload: the levels decided per server config and bench point."""
-    from raysweep.ledger import Ledger
     from raysweep.levels.search import status_lines
 
     if not (stored.get("bench") or {}).get("workload"):
         return
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        rows = ledger.all_workload_levels()
-    finally:
-        ledger.close()
     for line in status_lines(rows, stored):
         _say(line)
 

@@ -24,15 +24,13 @@ def tune(output_dir: str, top: int | None, csv_out: str | None, as_json: bool) -
     """The candidates of a tuning campaign, best first: objective, state, parameters, GPU-hours, the
     validity of their runs and their SLA verdicts."""
     from raysweep.campaign import TuneSpec
-    from raysweep.ledger import Ledger
+    from raysweep.results.directory import CampaignDir
     from raysweep.tune import leaderboard, objective_names
 
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         campaign, rows, points, searches = (ledger.stored_campaign(), ledger.candidates(), ledger.points(),
                                             ledger.searches())
-    finally:
-        ledger.close()
     if not campaign.get("tune"):
         raise UserError(f"{output_dir}: not a tuning campaign (its campaign has no tune: section)")
     if not rows:

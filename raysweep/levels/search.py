@@ -238,15 +238,14 @@ def report_section(output_dir: Any) -> str | None:
     import html
     from pathlib import Path
 
-    from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.ledger import LEDGER_FILE
+    from raysweep.results.directory import CampaignDir
 
     if not (Path(output_dir) / LEDGER_FILE).is_file():
         return None
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         stored, rows = ledger.stored_campaign(), ledger.all_workload_levels()
-    finally:
-        ledger.close()
     spec = (stored.get("bench") or {}).get("workload")
     if not spec:
         return None

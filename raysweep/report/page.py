@@ -33,7 +33,6 @@ import logging
 import time
 from pathlib import Path
 
-from raysweep.ledger import Ledger
 from raysweep.record.files import write_text_atomic
 from raysweep.report import cache as report_cache
 from raysweep.report.cards import conclusions_section
@@ -53,6 +52,7 @@ from raysweep.report.sections import (
 )
 from raysweep.results import conclusions
 from raysweep.results.data import ReportData, answer_of, read_data
+from raysweep.results.directory import CampaignDir
 
 __all__ = ["REPORT_FILE", "Section", "build_report", "conclusions_of", "write_report",
            "write_report_with_headlines"]
@@ -171,11 +171,9 @@ def _conclusions(data: ReportData) -> str:
 def _any_events(output_dir: Path) -> bool:
     """Whether the ledger recorded an event or a lost driver (the Events section's rows; its module imports
     Ray)."""
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         return bool(ledger.events()) or any(d["outcome"] == "lost" for d in ledger.drivers())
-    finally:
-        ledger.close()
 
 
 # -- the report's own sections, in order (a mode's section registers with its package) ------------------------

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysweep.bench import timeseries
-from raysweep.ledger import Ledger
 from raysweep.place import transport
 from raysweep.report.cache import cached
 from raysweep.report.plots import figure_bytes
+from raysweep.results.directory import CampaignDir
 from raysweep.results.table import load_records, results_table
 from raysweep.serve import telemetry
 from raysweep.serve.telemetry import THROTTLED_FRACTION
@@ -91,11 +91,9 @@ def multinode_section(output_dir: Path, results: pd.DataFrame | None = None) -> 
     point (a figure; throttled points crossed in red). None when there is nothing of the kind. `results`: the
     output dir's results table (`results_table`), when the caller has made it already."""
     e = html.escape
-    ledger = Ledger.open_existing(Path(output_dir))
-    try:
+    with CampaignDir(Path(output_dir)) as campaign_dir:
+        ledger = campaign_dir.ledger
         servers, events = ledger.servers(), ledger.events()
-    finally:
-        ledger.close()
     parts: list[str] = []
     rows = []
     for s in servers:

@@ -522,16 +522,15 @@ def totals(cmp: Comparison) -> pd.DataFrame:
 def campaign_slo(output_dir: str | Path) -> Target | None:
     """The service-level objective (`slo:`) of a raysweep output dir's campaign; None elsewhere."""
     from raysweep.campaign.slo import parse_slo
-    from raysweep.ledger import LEDGER_FILE, Ledger
+    from raysweep.ledger import LEDGER_FILE
+    from raysweep.results.directory import CampaignDir
 
     path = Path(output_dir)
     if not (path / LEDGER_FILE).is_file():
         return None
-    ledger = Ledger.open_existing(path)
-    try:
+    with CampaignDir(path) as campaign_dir:
+        ledger = campaign_dir.ledger
         raw = (ledger.stored_campaign() or {}).get("slo")
-    finally:
-        ledger.close()
     return parse_slo(raw) if raw else None
 
 

@@ -14,8 +14,9 @@ from typing import Any
 import pandas as pd
 
 from raysweep.errors import UserError
-from raysweep.ledger import Ledger, PointRow, ServerRow
+from raysweep.ledger import PointRow, ServerRow
 from raysweep.results import aggregate, conclusions
+from raysweep.results.directory import CampaignDir
 from raysweep.results.importer import read_sla
 from raysweep.results.table import load_records, records_table
 
@@ -41,13 +42,11 @@ class ReportData:
 
 
 def read_data(output_dir: Path, objective: str | None = None) -> ReportData:
-    ledger = Ledger.open_existing(output_dir)
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        ledger = campaign_dir.ledger
         campaign = ledger.stored_campaign()
         name = ledger.meta("name") or campaign.get("name", "")
         points, servers, extra = ledger.points(), ledger.servers(), ledger.out_of_plan()
-    finally:
-        ledger.close()
     sla, variable = read_sla(output_dir)
     records = load_records(output_dir)
     return ReportData(output_dir, name, campaign, points, servers, extra, records_table(records), sla, variable,

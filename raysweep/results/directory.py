@@ -48,6 +48,12 @@ class CampaignDir:
             self._ledger = Ledger.open_existing(self.path)
         return self._ledger
 
+    def check(self) -> None:
+        """Raise as `Ledger.open_existing` does when the directory holds no campaign's ledger (a command's
+        first check); nothing is kept open."""
+        if self._ledger is None:
+            Ledger.open_existing(self.path).close()
+
     def close(self) -> None:
         if self._ledger is not None:
             self._ledger.close()

@@ -14,8 +14,8 @@ from optuna.trial import TrialState
 
 from raysweep import grid
 from raysweep.campaign import TuneSpec
-from raysweep.ledger import Ledger
 from raysweep.maths.pareto import pareto_front
+from raysweep.results.directory import CampaignDir
 from raysweep.tune.ranking import leaderboard, objective_names
 from raysweep.tune.sampler import Tuner, _steps
 
@@ -55,14 +55,12 @@ def report_section(output_dir: Path) -> str | None:
     """The report's tuning section (its HTML without the heading): the leaderboard, the objective over
     candidates, parameter importance and (two objectives) the Pareto front of candidates. None for a
     campaign without `tune:`."""
-    try:
-        ledger = Ledger.open_existing(output_dir)
-    except Exception:
-        return None
-    try:
+    with CampaignDir(output_dir) as campaign_dir:
+        try:
+            ledger = campaign_dir.ledger
+        except Exception:
+            return None
         campaign, rows = ledger.stored_campaign(), ledger.candidates()
-    finally:
-        ledger.close()
     if not campaign.get("tune") or not rows:
         return None
     import matplotlib
