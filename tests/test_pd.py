@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -844,3 +845,50 @@ def test_compare_lists_what_differs_between_two_campaigns_deployments(tmp_path):
     assert same["deployments"][0]["differences"] == []
     assert "no difference in shape or in any role server's settings" in CliRunner().invoke(
         main, ["compare", str(a), str(a)]).output
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which deployment leads in which load region
+# ---------------------------------------------------------------------------------------------------
+
+def _region_runs(curves: dict[str, dict[int, float]], n: int = 4, spread: float = 0.01) -> pd.DataFrame:
+    """Runs of each configuration at each concurrency (output throughput, n runs with a relative spread); a
+    name with a P:D ratio (`1P1D`) is a deployment, any other a colocated server."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for cfg, curve in curves.items():
+        ratio = cfg if re.fullmatch(r"\dP\dD", cfg) else None
+        for conc, thr in curve.items():
+            for r in range(n):
+                w = 1 + spread * rng.standard_normal()
+                rows.append({"serve_id": cfg, "bench_id": f"c{conc}", "point_id": f"{cfg}-{conc}-{r}",
+                             "run_number": r, "serve_label": f"cfg={cfg}", "bench_label": f"c={conc}",
+                             "max_concurrency": conc, "gpu_count": 2, "output_throughput": thr * w,
+                             "median_ttft_ms": 10.0 * w, "median_e2el_ms": 100.0 * w, "completed": 100, "failed": 0,
+                             "client_limited": False, "validity_ok": True, "validity_issues": "",
+                             "pd_ratio": ratio, "pd_connector": "NixlConnector" if ratio else None})
+    return pd.DataFrame(rows)
+
+
+def test_the_conclusions_say_which_deployment_leads_in_which_load_region():
+    """Two deployments whose curves cross (1P1D ahead at low concurrency, 2P1D at high, equal between) and a
+    colocated server that is no deployment: one line per shape naming each region's leader, `not shown`
+    where the runs cannot tell them apart or are too few; none for a campaign without deployments."""
+    from raysweep.results import conclusions
+
+    curves = {"1P1D": {1: 100.0, 2: 200.0, 4: 400.0, 8: 500.0, 16: 500.0},
+              "2P1D": {1: 50.0, 2: 150.0, 4: 400.0, 8: 700.0, 16: 900.0},
+              "colocated": {1: 1000.0, 2: 1000.0, 4: 1000.0, 8: 1000.0, 16: 1000.0}}
+    c = conclusions.conclude(_region_runs(curves), ["max_concurrency"], objective="output_throughput")
+    assert c.deployments == {"1P1D": "cfg=1P1D (1P1D via NixlConnector)",
+                             "2P1D": "cfg=2P1D (2P1D via NixlConnector)"}
+    [line] = [ln for ln in conclusions.headlines(c) if ln.startswith("Deployments by")]
+    assert line == ("Deployments by max_concurrency for all bench points: 1 to 2: cfg=1P1D (1P1D via NixlConnector) "
+                    "leads; 4: not shown; 8 to 16: cfg=2P1D (2P1D via NixlConnector) leads (Welch's t over runs, "
+                    "Holm over the 5 test(s) of the shape at 5%)"), line
+    few = conclusions.conclude(_region_runs(curves, n=2), ["max_concurrency"], objective="output_throughput")
+    [line] = [ln for ln in conclusions.headlines(few) if ln.startswith("Deployments by")]
+    assert ": 1 to 16: not shown (fewer than 3 runs on a side) (" in line and "leads" not in line
+    plain = conclusions.conclude(_region_runs({"a": curves["1P1D"], "b": curves["2P1D"]}), ["max_concurrency"],
+                                 objective="output_throughput")
+    assert not any(ln.startswith("Deployments by") for ln in conclusions.headlines(plain))

@@ -28,7 +28,9 @@ runner-up whose runs drift over their order is never green (`ShapeVerdict.clear`
 median E2EL (else median TPOT, else median TTFT) is at most `KNEE_FACTOR` times the lowest of the shape.
 Beside the best, each shape names its *cheapest* point (under the slo where there is one): the least
 `cost_per_m_output_tokens` where the campaign has a `cost:` block, else the least `j_per_output_token` where
-energy was measured (`CHEAPEST_METRICS`; docs/energy.md).
+energy was measured (`CHEAPEST_METRICS`; docs/energy.md). Where a shape's points hold several P/D
+deployments over several loads, a line says which deployment leads in which load region
+(`raysweep.results.pd_regions`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from raysweep.campaign.slo import Target
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import verdicts
 from raysweep.maths.start_spread import StartSpread, compare_over_starts
-from raysweep.results import aggregate
+from raysweep.results import aggregate, pd_regions
 from raysweep.results.front import gpu_counts, pareto
 from raysweep.results.labels import axis_label, fmt_value, sort_key
 from raysweep.results.rows import SLA_COLUMNS, load_linked, load_variable
@@ -204,6 +206,7 @@ class Conclusions:
     slo: Target | None = None
     single_config: bool = False   # one server config (an endpoint) swept over loads: judged by load, not config
     start_spread: StartSpread | None = None  # the objective's spread between server starts, where measured
+    deployments: dict[str, str] = field(default_factory=dict)  # P/D deployments by serve_id (`pd_regions`)
 
     @property
     def noisy(self) -> pd.DataFrame:
@@ -242,7 +245,8 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
                        _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
-                       [*gpu_note, *notes, *_start_note(summary)], slo, single, spread)
+                       [*gpu_note, *notes, *_start_note(summary)], slo, single, spread,
+                       pd_regions.deployment_names(df))
 
 
 def _spread_of(summary: pd.DataFrame, obj: Objective) -> StartSpread | None:
@@ -760,4 +764,8 @@ def headlines(c: Conclusions) -> list[str]:
         if v.cheapest is not None:
             lines.append(f"Cheapest for {v.shape}{' under the slo' if v.slo_met else ''}: "
                          f"{at_load(v.cheapest, c.load)}, {cheapest_text(v)}")
+        regions = pd_regions.region_line(c.points[c.points["shape"] == v.shape], c.deployments, c.load, v.shape,
+                                         c.objective.maximize, c.slo is not None)
+        if regions:
+            lines.append(regions)
     return lines
