@@ -90,7 +90,7 @@ def dataset_size(params: dict[str, Any], argv: Sequence[str]) -> int:
 
 # -- the levels, as vLLM computes them ---------------------------------------------------------------
 
-def achieved(record: dict[str, Any], variable: str) -> float:
+def achieved(record: dict[str, Any], variable: LoadVariable) -> float:
     """What one run achieved of the variable: its request throughput, or (max_concurrency) the requests it
     kept in flight, request throughput x mean E2EL (vLLM's `_estimate_workload_value`)."""
     rps = float(record["request_throughput"])

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysweep.bench import stats
-from raysweep.bench.load import CONCURRENCY, RATE
+from raysweep.bench.load import CONCURRENCY, RATE, LoadVariable
 from raysweep.bench.options import parse_load_options
 from raysweep.drive import hooks
 from raysweep.drive.point import PointRunner
@@ -73,7 +73,7 @@ def judge(data: ProbeData | None, target: sla.Target, cfg: Any) -> sla.Verdict:
     return sla.judge_percentile(data.metrics, target, data.per_request)
 
 
-def capacity(data: ProbeData | None, variable: str) -> float | None:
+def capacity(data: ProbeData | None, variable: LoadVariable) -> float | None:
     """What the unbounded-load probe says the server sustains: its throughput (a rate), or by Little's
     law the requests it keeps in flight (a concurrency)."""
     if data is None:
