@@ -831,8 +831,15 @@ def test_compare_lists_what_differs_between_two_campaigns_deployments(tmp_path):
         "baseline_serve_id": "s0", "other_serve_id": "s0", "settings_recorded": True,
         "differences": ["pd_decode_count 1 != 2", "pd_gpus 2 != 3", "pd_ratio 1P1D != 1P2D",
                         "decode-0: max_num_seqs 64 != 128", "decode-1: only in the second deployment"]}]
-    shown = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    shown = CliRunner().invoke(main, ["compare", str(a), str(b), "--out", str(tmp_path / "cmp")])
     assert shown.exit_code == 0 and "deployment s0 against s0: pd_decode_count 1 != 2" in shown.output
+    written = pd.read_csv(tmp_path / "cmp" / "deployments.csv")
+    assert list(written["difference"]) == cmp["deployments"][0]["differences"]
+    from raysweep.report.comparison import deployments_html
+    from raysweep.results import compare
+
+    page = deployments_html(compare.compare(compare.load_side(a), compare.load_side(b)))
+    assert "<li>deployment s0 against s0: pd_decode_count 1 != 2; " in page and "max_num_seqs 64 != 128" in page
     c = _pd_results(tmp_path / "c.csv", "1P1D", {"max_num_seqs": 64}, connector="NixlConnector")
     [cmp] = json.loads(CliRunner().invoke(main, ["compare", str(a), str(c), "--json"]).output)["comparisons"]
     assert cmp["deployments"][0]["differences"] == [

@@ -38,7 +38,7 @@ from raysweep.results.labels import axis_label, fmt_value
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["FIGURE_METRICS", "comparison_figure", "report_section", "write_comparison"]
+__all__ = ["FIGURE_METRICS", "comparison_figure", "deployments_html", "report_section", "write_comparison"]
 
 FIGURE_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -135,8 +135,9 @@ def _draw_curve(ax: Any, pts: pd.DataFrame, x: str | None, metric: str, style: t
 
 def write_comparison(comparisons: Sequence[Comparison], out_dir: str | Path, fmt: str = "png",
                      dpi: int = 150) -> list[Path]:
-    """comparison.csv (every compared pair, with `campaign_a`, `campaign_b`), comparison_totals.csv and
-    COMPARE.<fmt>, each whole or not at all."""
+    """comparison.csv (every compared pair, with `campaign_a`, `campaign_b`), comparison_totals.csv,
+    COMPARE.<fmt> and, where P/D deployments were matched, deployments.csv (one row per difference between
+    two matched deployments: shape or a role server's setting), each whole or not at all."""
     out = Path(out_dir)
     tables = [c.table.assign(campaign_a=c.baseline.name, campaign_b=c.other.name) for c in comparisons]
     sums = [totals(c).assign(campaign_a=c.baseline.name, campaign_b=c.other.name) for c in comparisons]
@@ -144,7 +145,23 @@ def write_comparison(comparisons: Sequence[Comparison], out_dir: str | Path, fmt
              write_text_atomic(out / "comparison_totals.csv", pd.concat(sums).to_csv(index=False))]
     if any(not c.table.empty for c in comparisons):
         paths.append(save_figure(comparison_figure(comparisons), out / f"COMPARE.{fmt}", fmt, dpi))
+    rows = [{"campaign_a": c.baseline.name, "campaign_b": c.other.name, "serve_id_a": d["baseline_serve_id"],
+             "serve_id_b": d["other_serve_id"], "settings_recorded": d["settings_recorded"], "difference": diff}
+            for c in comparisons for d in c.deployments for diff in (d["differences"] or [""])]
+    if rows:
+        paths.append(write_text_atomic(out / "deployments.csv", pd.DataFrame(rows).to_csv(index=False)))
     return paths
+
+
+def deployments_html(cmp: Comparison) -> str:
+    """What differs between the matched P/D deployments of a comparison, one line per pair ("" without any)."""
+    items = []
+    for d in cmp.deployments:
+        what = "; ".join(d["differences"]) or "no difference in shape or in any role server's settings"
+        note = "" if d["settings_recorded"] else " (role settings not recorded on both sides)"
+        items.append(f"<li>deployment {html.escape(d['other_serve_id'])} against "
+                     f"{html.escape(d['baseline_serve_id'])}{note}: {html.escape(what)}</li>")
+    return f"<p>P/D deployments compared:</p><ul>{''.join(items)}</ul>" if items else ""
 
 
 def report_section(output_dir: Path) -> str | None:
@@ -165,7 +182,7 @@ def report_section(output_dir: Path) -> str | None:
             f"{cmp.unmatched_other} here and {cmp.unmatched_baseline} in the baseline without a match. Ratio = "
             f"this campaign / baseline; better or worse only when {family_text(cmp)} rejects equal means, "
             "not shown when the runs cannot tell them apart (or a side has fewer than 3 runs).</p>")
-    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in cmp.notes)
+    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in cmp.notes) + deployments_html(cmp)
     if cmp.table.empty:
         return head + notes
     png = base64.b64encode(figure_bytes(comparison_figure([cmp]), "png", dpi=110)).decode()
