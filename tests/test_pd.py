@@ -547,7 +547,8 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
 
     from raysweep.place.pd import release_deployment, reserve_deployment
     from raysweep.results.records import results_table
-    from raysweep.serve.pd import RoleFailure, role_settings, settings_differences, start_deployment
+    from raysweep.serve.pd import RoleFailure, role_settings, start_deployment
+    from raysweep.serve.pd_settings import settings_differences
 
     serve = _deployment_config(
         tmp_path, f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
@@ -623,7 +624,7 @@ def test_raysweep_run_of_a_real_1p1d_pair(gpu_cluster, tiny_model, tmp_path):
     the connector's role alone, and each server's own /metrics over the point."""
     from raysweep.ledger import Ledger
     from raysweep.results.records import results_table
-    from raysweep.serve.pd import settings_differences
+    from raysweep.serve.pd_settings import settings_differences
 
     out = tmp_path / "out"
     f = tmp_path / "campaign.yaml"
@@ -688,7 +689,7 @@ def _args_line(**args: Any) -> str:
 
 
 def test_the_settings_each_role_started_with_and_the_differences_beyond_the_declared_axes():
-    from raysweep.serve.pd import declared_axes, effective_settings, settings_differences
+    from raysweep.serve.pd_settings import declared_axes, effective_settings, settings_differences
 
     s = effective_settings("noise\n" + _args_line(max_num_seqs=64, enforce_eager=True))
     assert s["max_num_seqs"] == 64 and s["enforce_eager"] is True

@@ -292,9 +292,9 @@ def deployment_differences(baseline: Side, other: Side,
     """Per pair of matched configurations (serve_id of the baseline, of the other) where either is a P/D
     deployment: every difference of shape (`pd_ratio 1P1D != 2P1D`, the connector, a role's parallelism)
     and of the effective settings of each role server (`decode-0: max_num_seqs 64 != 128`, a server one
-    side lacks: `raysweep.serve.pd.settings_differences`), host and port aside; `settings_recorded` false
+    side lacks: `raysweep.serve.pd_settings.settings_differences`), host and port aside; `settings_recorded` false
     where a side's runs carry no settings (runs from before they were recorded)."""
-    from raysweep.serve.pd import settings_differences
+    from raysweep.serve.pd_settings import settings_differences
 
     deps_a, deps_b = deployments_of(baseline), deployments_of(other)
     out: list[dict[str, Any]] = []

@@ -304,7 +304,7 @@ def warn_niced(server: Server) -> None:
 
 def record_role_settings(server: Server, ledger: Ledger) -> dict[str, Any]:
     """A P/D deployment: the effective settings each role server reported at its start (its `non-default
-    args` line, `raysweep.serve.pd.effective_settings`), by server name, kept with the server and stored in
+    args` line, `raysweep.serve.pd_settings.effective_settings`), by server name, kept with the server and stored in
     its ledger row (`role_settings`), as every point's result carries them (`pd_role_settings`)."""
     from raysweep.serve.pd import read_role_settings
 

@@ -15,7 +15,6 @@ its prefill peer restarts (vllm#49238).
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import re
@@ -27,11 +26,11 @@ import ray
 from raysweep.campaign.pd import Deployment, RoleInstance
 from raysweep.place.pd import ROUTER, PDReservation
 from raysweep.serve.pd_router import PDRouter, RouterThread
+from raysweep.serve.pd_settings import effective_settings
 from raysweep.serve.server import ServerHost, expected_model
 
-__all__ = ["PDServers", "RoleFailure", "RouterHost", "declared_axes", "deployment_counts", "effective_settings",
-           "nixl_side_channels", "point_fields", "prompt_sources", "read_role_settings", "role_of", "role_settings",
-           "settings_differences", "start_deployment"]
+__all__ = ["PDServers", "RoleFailure", "RouterHost", "deployment_counts", "nixl_side_channels", "point_fields",
+           "prompt_sources", "read_role_settings", "role_of", "role_settings", "start_deployment"]
 
 log = logging.getLogger(__name__)
 
@@ -191,44 +190,8 @@ def nixl_side_channels(dep: Deployment, instances: list[RoleInstance], hosts: li
     return out
 
 
+# Effective settings of each role (read here; parsed and compared in raysweep.serve.pd_settings)
 # ---------------------------------------------------------------------------------------------------
-# Effective settings of each role, and the differences between two deployments
-# ---------------------------------------------------------------------------------------------------
-
-_ARGS_LINE = re.compile(r"non-default args: (\{.*\})\s*$", re.M)
-# where a server runs and what raysweep gives each server of its own: never a difference between deployments
-_OWN_ARGS = frozenset({"host", "port", "model_tag"})
-
-
-def effective_settings(log_text: str) -> dict[str, Any]:
-    """The settings a vLLM server reported at its start (its `non-default args: {...}` line), each value as
-    Python reads it; an object's repr (`KVTransferConfig(kv_role='kv_consumer', ...)`) becomes a dict of its
-    fields, without the ids drawn anew at every start (`engine_id`). {} when the log has no such line."""
-    found = _ARGS_LINE.findall(log_text)
-    if not found:
-        return {}
-    try:
-        tree = ast.parse(found[-1], mode="eval").body
-    except SyntaxError:
-        return {}
-    value = _value(tree)
-    return value if isinstance(value, dict) else {}
-
-
-_DRAWN = frozenset({"engine_id"})  # drawn anew at every start
-
-
-def _value(node: ast.expr) -> Any:
-    if isinstance(node, ast.Dict):
-        return {str(_value(k)) if k is not None else "**": _value(v) for k, v in zip(node.keys, node.values,
-                                                                                       strict=True)}
-    if isinstance(node, ast.Call):
-        return {kw.arg: _value(kw.value) for kw in node.keywords if kw.arg and kw.arg not in _DRAWN}
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        return ast.unparse(node)
-
 
 def role_settings(servers: PDServers) -> dict[str, dict[str, Any]]:
     """The effective settings of every server of a started deployment, by server name (prefill-0, ...)."""
@@ -246,44 +209,6 @@ def read_role_settings(instances: list[RoleInstance], hosts: list[Any]) -> dict[
         except ray.exceptions.RayError as exc:
             log.info("the log of %s server %s was not read (%s)", inst.role, inst.name, exc)
             out[inst.name] = {}
-    return out
-
-
-def settings_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]],
-                         declared: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """Every setting in which two deployments' servers differ, role by role (server `prefill-0` of one against
-    `prefill-0` of the other), beyond the `declared` sweep axes (vLLM names, e.g. max_num_batched_tokens) and
-    what differs by nature (host, port); a server one side lacks is a difference too."""
-    out = []
-    for name in sorted(set(a) | set(b)):
-        if name not in a or name not in b:
-            out.append(f"{name}: only in the {'first' if name in a else 'second'} deployment")
-            continue
-        for key in sorted(set(a[name]) | set(b[name])):
-            norm = key.replace("-", "_")
-            if norm in _OWN_ARGS or norm in declared:
-                continue
-            left, right = a[name].get(key, "(default)"), b[name].get(key, "(default)")
-            if left != right:
-                out.append(f"{name}: {key} {left!r} != {right!r}")
-    return out
-
-
-def declared_axes(params: list[dict[str, Any]]) -> set[str]:
-    """The vLLM settings that a campaign's serve parameters sweep: `prefill.max_num_seqs` is max_num_seqs,
-    `kv_connector` is kv_transfer_config, a role's count is none (it is no server's setting)."""
-    out = set()
-    for combo in params:
-        for key in combo:
-            norm = str(key).replace("-", "_")
-            role, dot, name = norm.partition(".")
-            if norm == "kv_connector":
-                out.add("kv_transfer_config")
-            elif dot and role in ("prefill", "decode"):
-                if name != "count":
-                    out.add(name)
-            else:
-                out.add(norm)
     return out
 
 
