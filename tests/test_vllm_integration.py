@@ -344,9 +344,12 @@ def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_mo
             "--hold-from", str(len(lengths) - 1), "--servers", "2", "--"]
     data = {
         "name": "vllm-tail", "output_dir": str(out), "runs": 1, "max_attempts": 1,
+        # the model's worker in the engine process, as configs/demo-cpu.yaml starts it: two Python processes
+        # importing torch and vLLM per server instead of three
         "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16 "
-                         "--enforce-eager",
-                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)},
+                         "--enforce-eager --distributed-executor-backend uni",
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path),
+                          "VLLM_ENABLE_V1_MULTIPROCESSING": 0},
                   "ready_timeout_s": 400},
         "bench": {"backend": "command",
                   "cmd": " ".join(gate) + f" vllm bench serve --model {tiny_model} --dataset-name random "
@@ -384,9 +387,12 @@ def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
     out = tmp_path / "out"
     data = {
         "name": "vllm-sla", "output_dir": str(out), "runs": 1, "max_attempts": 1, "warmup": 4,
+        # the model's worker in the engine process, as configs/demo-cpu.yaml starts it (two Python processes
+        # importing torch and vLLM per server instead of three)
         "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16 "
-                         "--enforce-eager",
-                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path)},
+                         "--enforce-eager --distributed-executor-backend uni",
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1", MARK: str(tmp_path),
+                          "VLLM_ENABLE_V1_MULTIPROCESSING": 0},
                   "ready_timeout_s": 400, "params": {"grid": {"max_num_seqs": [1, 8]}}},
         "bench": {"cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 16 "
                          "--random-input-len 32 --random-output-len 16 --temperature 0",
