@@ -148,9 +148,12 @@ def test_real_vllm_campaign_as_a_job_with_its_results_read_from_the_mirror(job_s
     mirror = tmp_path / "mirror"
     campaign = {
         "name": "vllm-job", "output_dir": str(tmp_path / "out"), "runs": 1, "max_attempts": 1,
+        # the model's worker in the engine process, as configs/demo-cpu.yaml starts it: two Python processes
+        # importing torch and vLLM instead of three
         "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 512 --dtype bfloat16 "
-                         "--enforce-eager",
-                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1"}, "ready_timeout_s": 400,
+                         "--enforce-eager --distributed-executor-backend uni",
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_HOST_IP": "127.0.0.1",
+                          "VLLM_ENABLE_V1_MULTIPROCESSING": 0}, "ready_timeout_s": 400,
                   "params": [{"max_num_seqs": 8}]},
         "bench": {"cmd": f"vllm bench serve --model {tiny_model} --dataset-name random --num-prompts 12 "
                          "--random-input-len 32 --random-output-len 8 --max-concurrency 4",
