@@ -704,7 +704,7 @@ def test_the_settings_each_role_started_with_and_the_differences_beyond_the_decl
     declared = declared_axes([{"prefill.max_num_batched_tokens": 4096, "prefill.count": 1}])
     assert declared == {"max_num_batched_tokens"}
     # the swept axis and the host/port are no difference; an undeclared one-sided setting and a server are
-    assert settings_differences(a, b, declared) == ["decode-0: enforce_eager True != '(default)'",
+    assert settings_differences(a, b, declared) == ["decode-0: enforce_eager True != (default)",
                                                     "prefill-1: only in the second deployment"]
     assert "prefill-0: max_num_batched_tokens 4096 != 8192" in settings_differences(a, b)
 
@@ -900,3 +900,51 @@ def test_the_conclusions_say_which_deployment_leads_in_which_load_region():
     plain = conclusions.conclude(_region_runs({"a": curves["1P1D"], "b": curves["2P1D"]}), ["max_concurrency"],
                                  objective="output_throughput")
     assert not any(ln.startswith("Deployments by") for ln in conclusions.headlines(plain))
+
+
+def test_the_conclusions_flag_deployments_that_differ_beyond_the_declared_axes():
+    """Three deployments of one campaign that sweeps the ratio and decode.max_num_seqs: one whose decode server
+    alone runs without CUDA graphs is flagged next to the load-region line, once, naming the server and the
+    setting; the swept setting, the ports and a second prefill server of the same settings are no difference;
+    alike arms say so; a deployment whose runs carry no settings says `not recorded`, never `no difference`."""
+    from raysweep.results import conclusions
+
+    curves = {"1P1D": {1: 100.0, 4: 400.0}, "2P1D": {1: 50.0, 4: 800.0}, "1P2D": {1: 90.0, 4: 390.0}}
+    runs = _region_runs(curves)
+    kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    prefill = {"port": 8001, "kv_transfer_config": kv}
+    settings = {"1P1D": {"prefill-0": prefill,
+                         "decode-0": {"port": 8002, "max_num_seqs": 64, "kv_transfer_config": kv}},
+                "2P1D": {"prefill-0": prefill, "prefill-1": {**prefill, "port": 8003},
+                         "decode-0": {"port": 8004, "max_num_seqs": 128, "kv_transfer_config": kv}},
+                "1P2D": {"prefill-0": prefill,
+                         "decode-0": {"port": 8005, "enforce_eager": True, "kv_transfer_config": kv},
+                         "decode-1": {"port": 8006, "enforce_eager": True, "kv_transfer_config": kv}}}
+    runs["pd_role_settings"] = [json.dumps(settings[s]) for s in runs["serve_id"]]
+    params = [{"prefill.count": 1, "decode.max_num_seqs": 64}, {"prefill.count": 2, "decode.max_num_seqs": 128},
+              {"decode.count": 2}]
+    c = conclusions.conclude(runs, ["max_concurrency"], objective="output_throughput", serve_params=params)
+    lines = conclusions.headlines(c)
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("Deployments by"))
+    flagged = [ln for ln in lines if "beyond the declared" in ln]
+    assert flagged == lines[at + 1:at + 3] and len(flagged) == 2, lines
+    assert flagged[0] == ("Deployments cfg=1P1D (1P1D via NixlConnector) and cfg=1P2D (1P2D via NixlConnector) "
+                          "differ beyond the declared sweep axes (max_num_seqs): decode-0: enforce_eager (default) "
+                          "!= True; decode-1: enforce_eager (default) != True; their comparison is not like for like")
+    assert "cfg=2P1D (2P1D via NixlConnector) differ" in flagged[1] and "decode-0: enforce_eager True != (default)" \
+        in flagged[1] and "prefill-1" not in flagged[1]
+    # no arm line anywhere else: said once
+    assert sum("declared sweep axes" in ln for ln in lines) == 2
+    # without the declared axes, the swept max_num_seqs is a difference too
+    bare = conclusions.conclude(runs, ["max_concurrency"], objective="output_throughput")
+    assert any("decode-0: max_num_seqs 64 != 128" in ln for ln in bare.arms)
+    alike = runs[runs["serve_id"] != "1P2D"]
+    c = conclusions.conclude(alike, ["max_concurrency"], objective="output_throughput", serve_params=params)
+    assert c.arms == ["The 2 deployments' role servers differ only in the declared sweep axes (max_num_seqs), "
+                      "as their settings were recorded at their start"]
+    unrecorded = alike.assign(pd_role_settings=[None if s == "2P1D" else t
+                                                for s, t in zip(alike["serve_id"], alike["pd_role_settings"])])
+    c = conclusions.conclude(unrecorded, ["max_concurrency"], objective="output_throughput", serve_params=params)
+    assert c.arms == ["Role servers' settings not recorded for cfg=2P1D (2P1D via NixlConnector): whether the "
+                      "deployments differ beyond the declared sweep axes is not known"]
+    assert not any("only in the declared" in ln or "no difference" in ln for ln in conclusions.headlines(c))

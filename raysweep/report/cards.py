@@ -49,7 +49,7 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
     cards = "".join(_shape_card(data, c, v, card_figure) for v in c.verdicts)
     if not cards:
         cards = f'<p class="note">No point has a value of {esc(c.objective.name)}.</p>'
-    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in dict.fromkeys([*c.notes, *c.front_notes]))
+    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in dict.fromkeys([*c.notes, *c.arms, *c.front_notes]))
     return head + f'<div class="cards">{cards}</div>' + _sla_capacities(c) + _noise(c) + notes
 
 

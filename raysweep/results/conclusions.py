@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ from raysweep.campaign.slo import Target
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import verdicts
 from raysweep.maths.start_spread import StartSpread, compare_over_starts
-from raysweep.results import aggregate, pd_regions
+from raysweep.results import aggregate, pd_arms, pd_regions
 from raysweep.results.front import gpu_counts, pareto
 from raysweep.results.labels import axis_label, fmt_value, sort_key
 from raysweep.results.rows import SLA_COLUMNS, load_linked, load_variable
@@ -207,6 +207,7 @@ class Conclusions:
     single_config: bool = False   # one server config (an endpoint) swept over loads: judged by load, not config
     start_spread: StartSpread | None = None  # the objective's spread between server starts, where measured
     deployments: dict[str, str] = field(default_factory=dict)  # P/D deployments by serve_id (`pd_regions`)
+    arms: list[str] = field(default_factory=list)  # whether the deployments differ only where declared (`pd_arms`)
 
     @property
     def noisy(self) -> pd.DataFrame:
@@ -215,9 +216,12 @@ class Conclusions:
 
 def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None = None,
              sla: pd.DataFrame | None = None, sla_variable: str = "", confidence: float = CONFIDENCE,
-             summary: pd.DataFrame | None = None, slo: Target | None = None) -> Conclusions:
+             summary: pd.DataFrame | None = None, slo: Target | None = None,
+             serve_params: Iterable[Mapping[str, Any]] = ()) -> Conclusions:
     """The conclusions of a results table (one row per run); see the module doc. `summary` is its
-    `aggregate.summarize` (made here when not given); `slo` the campaign's service-level objective.
+    `aggregate.summarize` (made here when not given); `slo` the campaign's service-level objective;
+    `serve_params` its serve parameter combinations, whose names are the declared sweep axes that P/D
+    deployments may differ in (`pd_arms`; none given: any difference is flagged).
 
     :raises UserError: the objective is not an aggregated metric.
     """
@@ -243,10 +247,11 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
         _confirmed(v, confirming, obj, confidence, spread)
     fronts, front_notes = _fronts(df, points)
     single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
+    deployments = pd_regions.deployment_names(df)
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
                        _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
                        [*gpu_note, *notes, *_start_note(summary)], slo, single, spread,
-                       pd_regions.deployment_names(df))
+                       deployments, pd_arms.arm_lines(df, deployments, serve_params))
 
 
 def _spread_of(summary: pd.DataFrame, obj: Objective) -> StartSpread | None:
@@ -737,7 +742,7 @@ def headlines(c: Conclusions) -> list[str]:
     swept over loads: `load_lines`)."""
     if c.single_config:
         return load_lines(c)
-    lines = []
+    lines, said_arms = [], False
     for v in c.verdicts:
         lead = ""
         if v.runner_up is not None:
@@ -768,4 +773,7 @@ def headlines(c: Conclusions) -> list[str]:
                                          c.objective.maximize, c.slo is not None)
         if regions:
             lines.append(regions)
-    return lines
+            if c.arms and not said_arms:  # once, next to the first region line
+                lines += c.arms
+                said_arms = True
+    return lines if said_arms else [*lines, *c.arms]

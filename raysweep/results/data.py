@@ -74,7 +74,7 @@ def answer_of(data: ReportData) -> conclusions.Conclusions:
         if slo is not None:
             summary = _with_pooled(data, summary, [t.metric for t in slo.thresholds])
         data.answer = conclusions.conclude(data.df, bench_vars, data.objective, data.sla, data.sla_variable,
-                                           summary=summary, slo=slo)
+                                           summary=summary, slo=slo, serve_params=[p.serve_params for p in data.points])
     return data.answer
 
 

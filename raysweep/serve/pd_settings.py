@@ -57,10 +57,17 @@ def settings_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, An
             norm = key.replace("-", "_")
             if norm in _OWN_ARGS or norm in declared:
                 continue
-            left, right = a[name].get(key, "(default)"), b[name].get(key, "(default)")
+            left, right = a[name].get(key, _DEFAULT), b[name].get(key, _DEFAULT)
             if left != right:
-                out.append(f"{name}: {key} {left!r} != {right!r}")
+                out.append(f"{name}: {key} {_shown(left)} != {_shown(right)}")
     return out
+
+
+_DEFAULT = object()  # a setting a server did not report: vLLM's default
+
+
+def _shown(value: Any) -> str:
+    return "(default)" if value is _DEFAULT else repr(value)
 
 
 def declared_axes(params: list[dict[str, Any]]) -> set[str]:
