@@ -933,8 +933,15 @@ def test_the_conclusions_flag_deployments_that_differ_beyond_the_declared_axes()
                           "!= True; decode-1: enforce_eager (default) != True; their comparison is not like for like")
     assert "cfg=2P1D (2P1D via NixlConnector) differ" in flagged[1] and "decode-0: enforce_eager True != (default)" \
         in flagged[1] and "prefill-1" not in flagged[1]
-    # no arm line anywhere else: said once
+    # no arm line anywhere else: said once, in the conclusions and in the report's Conclusions section
     assert sum("declared sweep axes" in ln for ln in lines) == 2
+    from types import SimpleNamespace
+
+    from raysweep.report.cards import conclusions_section
+    from raysweep.report.markup import esc
+
+    page = conclusions_section(SimpleNamespace(df=runs, answer=c, campaign={}), lambda *_: "")  # type: ignore[arg-type]
+    assert page.count(esc(flagged[0])) == 1 and page.count(esc(flagged[1])) == 1
     # without the declared axes, the swept max_num_seqs is a difference too
     bare = conclusions.conclude(runs, ["max_concurrency"], objective="output_throughput")
     assert any("decode-0: max_num_seqs 64 != 128" in ln for ln in bare.arms)
