@@ -30,7 +30,8 @@ Beside the best, each shape names its *cheapest* point (under the slo where ther
 `cost_per_m_output_tokens` where the campaign has a `cost:` block, else the least `j_per_output_token` where
 energy was measured (`CHEAPEST_METRICS`; docs/energy.md). Where a shape's points hold several P/D
 deployments over several loads, a line says which deployment leads in which load region
-(`raysweep.results.pd_regions`).
+(`raysweep.results.pd_regions`); beside it, once, any pair of deployments whose role servers' settings differ
+beyond the campaign's declared sweep axes, or that their settings were not recorded (`raysweep.results.pd_arms`).
 """
 
 from __future__ import annotations
