@@ -253,8 +253,9 @@ def default_layout(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> PlotSpec:
     return replace(spec, curve_by=curve, col_by=tuple(k for k in varying if k not in linked))
 
 
-OFFLINE_METRICS = {"throughput": ("request_throughput", "total_token_throughput", "output_throughput"),
-                   "latency": ("mean_latency_ms", "p99_latency_ms")}
+OFFLINE_METRICS: dict[str, tuple[str, ...]] = {
+    "throughput": ("request_throughput", "total_token_throughput", "output_throughput"),
+    "latency": ("mean_latency_ms", "p99_latency_ms")}
 
 
 def is_offline(df: pd.DataFrame) -> bool:

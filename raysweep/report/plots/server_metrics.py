@@ -21,7 +21,8 @@ from raysweep.report.plots.style import config_colors
 from raysweep.results.labels import axis_label
 from raysweep.results.rows import _curve_title, _flagged_note, _groups, _limited_note, _numeric
 
-SERVER_METRICS = ("server_kv_cache_usage_perc_peak", "server_num_requests_waiting_peak", "server_num_preemptions")
+SERVER_METRICS: tuple[str, ...] = ("server_kv_cache_usage_perc_peak", "server_num_requests_waiting_peak",
+                                   "server_num_preemptions")
 _LATENCY_PANEL = ("p99_ttft_ms", "median_ttft_ms")  # the latency beside the server metrics, first present
 
 
