@@ -630,9 +630,13 @@ def test_raysweep_run_of_a_real_1p1d_pair(gpu_cluster, tiny_model, tmp_path):
     f = tmp_path / "campaign.yaml"
     f.write_text(yaml.safe_dump({
         "name": "pd-real-run", "output_dir": str(out), "runs": 1, "warmup": 0,
+        # each role server with the model's worker in its engine process, as configs/demo-cpu.yaml starts it (two
+        # Python processes importing torch and vLLM per server instead of three)
         "serve": {"cmd": f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
-                         "--gpu-memory-utilization 0.2 --enforce-eager", "ready_timeout_s": 900,
-                  "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"},
+                         "--gpu-memory-utilization 0.2 --enforce-eager --distributed-executor-backend uni",
+                  "ready_timeout_s": 900,
+                  "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1",
+                          "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
                   "pd": {"kv_transfer_config": {"kv_connector": "ExampleConnector",
                                                 "kv_connector_extra_config": {"shared_storage_path":
                                                                               str(tmp_path / "kv")}}}},
