@@ -550,10 +550,12 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
     from raysweep.serve.pd import RoleFailure, role_settings, start_deployment
     from raysweep.serve.pd_settings import settings_differences
 
+    # each role server with the model's worker in its engine process, as configs/demo-cpu.yaml starts it (two Python
+    # processes importing torch and vLLM per server instead of three)
     serve = _deployment_config(
         tmp_path, f"vllm serve {tiny_model} --load-format dummy --max-model-len 1024 --dtype bfloat16 "
-                  "--gpu-memory-utilization 0.2 --enforce-eager")
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+                  "--gpu-memory-utilization 0.2 --enforce-eager --distributed-executor-backend uni")
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     res = reserve_deployment(serve.deployment, serve.rule, f"raysweep-pd-{serve.id}")
     started = None
     try:
