@@ -708,11 +708,17 @@ def test_the_settings_each_role_started_with_and_the_differences_beyond_the_decl
          "decode-0": effective_settings(_args_line(max_num_seqs=64)),
          "prefill-1": effective_settings(_args_line(max_num_batched_tokens=8192))}
     declared = declared_axes([{"prefill.max_num_batched_tokens": 4096, "prefill.count": 1}])
-    assert declared == {"max_num_batched_tokens"}
+    assert declared == {"prefill.max_num_batched_tokens"}
     # the swept axis and the host/port are no difference; an undeclared one-sided setting and a server are
     assert settings_differences(a, b, declared) == ["decode-0: enforce_eager True != (default)",
                                                     "prefill-1: only in the second deployment"]
     assert "prefill-0: max_num_batched_tokens 4096 != 8192" in settings_differences(a, b)
+    # a role's axis reaches that role's servers alone; a shared one (no role) every server
+    a["decode-0"]["max_num_batched_tokens"], b["decode-0"]["max_num_batched_tokens"] = 2048, 1024
+    assert "decode-0: max_num_batched_tokens 2048 != 1024" in settings_differences(a, b, declared)
+    shared = declared_axes([{"max_num_batched_tokens": 4096, "kv_connector": "NixlConnector"}])
+    assert shared == {"max_num_batched_tokens", "kv_transfer_config"}
+    assert not any("max_num_batched_tokens" in d for d in settings_differences(a, b, shared))
 
 
 def test_prompt_tokens_by_source_are_read_from_a_vllm_metrics_page():
@@ -935,8 +941,9 @@ def test_the_conclusions_flag_deployments_that_differ_beyond_the_declared_axes()
     flagged = [ln for ln in lines if "beyond the declared" in ln]
     assert flagged == lines[at + 1:at + 3] and len(flagged) == 2, lines
     assert flagged[0] == ("Deployments cfg=1P1D (1P1D via NixlConnector) and cfg=1P2D (1P2D via NixlConnector) "
-                          "differ beyond the declared sweep axes (max_num_seqs): decode-0: enforce_eager (default) "
-                          "!= True; decode-1: enforce_eager (default) != True; their comparison is not like for like")
+                          "differ beyond the declared sweep axes (decode.max_num_seqs): decode-0: enforce_eager "
+                          "(default) != True; decode-1: enforce_eager (default) != True; their comparison is not like "
+                          "for like")
     assert "cfg=2P1D (2P1D via NixlConnector) differ" in flagged[1] and "decode-0: enforce_eager True != (default)" \
         in flagged[1] and "prefill-1" not in flagged[1]
     # no arm line anywhere else: said once, in the conclusions and in the report's Conclusions section
@@ -953,7 +960,7 @@ def test_the_conclusions_flag_deployments_that_differ_beyond_the_declared_axes()
     assert any("decode-0: max_num_seqs 64 != 128" in ln for ln in bare.arms)
     alike = runs[runs["serve_id"] != "1P2D"]
     c = conclusions.conclude(alike, ["max_concurrency"], objective="output_throughput", serve_params=params)
-    assert c.arms == ["The 2 deployments' role servers differ only in the declared sweep axes (max_num_seqs), "
+    assert c.arms == ["The 2 deployments' role servers differ only in the declared sweep axes (decode.max_num_seqs), "
                       "as their settings were recorded at their start"]
     unrecorded = alike.assign(pd_role_settings=[None if s == "2P1D" else t
                                                 for s, t in zip(alike["serve_id"], alike["pd_role_settings"])])

@@ -46,16 +46,18 @@ def _value(node: ast.expr) -> Any:
 def settings_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]],
                          declared: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Every setting in which two deployments' servers differ, role by role (server `prefill-0` of one against
-    `prefill-0` of the other), beyond the `declared` sweep axes (vLLM names, e.g. max_num_batched_tokens) and
+    `prefill-0` of the other), beyond the `declared` sweep axes (`declared_axes`: a vLLM name for every role
+    server, e.g. max_num_batched_tokens, or one role's, e.g. decode.max_num_seqs) and
     what differs by nature (host, port); a server one side lacks is a difference too."""
     out = []
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
             out.append(f"{name}: only in the {'first' if name in a else 'second'} deployment")
             continue
+        role = name.rsplit("-", 1)[0]  # prefill-0: a prefill server
         for key in sorted(set(a[name]) | set(b[name])):
             norm = key.replace("-", "_")
-            if norm in _OWN_ARGS or norm in declared:
+            if norm in _OWN_ARGS or norm in declared or f"{role}.{norm}" in declared:
                 continue
             left, right = a[name].get(key, _DEFAULT), b[name].get(key, _DEFAULT)
             if left != right:
@@ -71,8 +73,9 @@ def _shown(value: Any) -> str:
 
 
 def declared_axes(params: list[dict[str, Any]]) -> set[str]:
-    """The vLLM settings that a campaign's serve parameters sweep: `prefill.max_num_seqs` is max_num_seqs,
-    `kv_connector` is kv_transfer_config, a role's count is none (it is no server's setting)."""
+    """The vLLM settings that a campaign's serve parameters sweep, each as far as it reaches: a role's setting
+    with its role (`decode.max_num_seqs` is max_num_seqs of the decode servers alone), a shared one bare (every
+    role server's), `kv_connector` as kv_transfer_config; a role's count is none (it is no server's setting)."""
     out = set()
     for combo in params:
         for key in combo:
@@ -82,7 +85,7 @@ def declared_axes(params: list[dict[str, Any]]) -> set[str]:
                 out.add("kv_transfer_config")
             elif dot and role in ("prefill", "decode"):
                 if name != "count":
-                    out.add(name)
+                    out.add(f"{role}.{name}")
             else:
                 out.add(norm)
     return out
