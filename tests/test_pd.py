@@ -547,7 +547,7 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
 
     from raysweep.place.pd import release_deployment, reserve_deployment
     from raysweep.results.records import results_table
-    from raysweep.serve.pd import RoleFailure, role_settings, start_deployment
+    from raysweep.serve.pd import PrefilledRequests, RoleFailure, prefilled_requests, role_settings, start_deployment
     from raysweep.serve.pd_settings import settings_differences
 
     # each role server with the model's worker in its engine process, as configs/demo-cpu.yaml starts it (two Python
@@ -572,6 +572,15 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
         f = tmp_path / "campaign.yaml"
         f.write_text(yaml.safe_dump(campaign))
         before = started.decode_prompt_sources()
+        decode_url = next(u for i, u in zip(started.instances, started.urls, strict=True) if i.role == "decode")
+
+        def counted() -> PrefilledRequests:
+            with urllib.request.urlopen(decode_url + "/metrics", timeout=30) as resp:
+                found = prefilled_requests(resp.read().decode())
+            assert found is not None
+            return found
+
+        counted_before = counted()
         ran = CliRunner().invoke(main, ["run", str(f)])
         assert ran.exit_code == 0, ran.output
         row = results_table(out).iloc[0]
@@ -584,6 +593,10 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
         assert decode_log.count("External Cache Hit!") == asked, decode_log[-3000:]
         assert "Inject KV cache of" in decode_log
         after = started.decode_prompt_sources()
+        # every routed request found its KV: none computed more than the 200-token bound above one 128-token block
+        counted_after = counted()
+        assert counted_after.bound == 200 and counted_after.over == counted_before.over, counted_after
+        assert counted_after.finished - counted_before.finished == asked
         moved = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         # the decode server received most of each prompt through the connector and prefilled only the rest
         assert moved["external_kv_transfer"] > moved["local_compute"] > 0, moved
@@ -609,6 +622,13 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
         assert pair["text"] == alone["text"] and pair["logprobs"]["tokens"] == alone["logprobs"]["tokens"]
         assert pair["logprobs"]["token_logprobs"] == pytest.approx(alone["logprobs"]["token_logprobs"], abs=1e-2)
         assert started.logs("decode")[0].count("External Cache Hit!") == asked + 1
+        # a prompt sent to the decode server itself, its KV in no store: prefilled again, and counted as such
+        last = counted()
+        code, text = _post(decode_url + "/v1/completions", {**body, "prompt": [(11 * i) % 500 + 5 for i in range(300)],
+                                                             "max_tokens": 2})
+        assert code == 200, text
+        now = counted()
+        assert (now.over - last.over, now.finished - last.finished) == (1, 1), (last, now)
     finally:
         if started is not None and not isinstance(started, RoleFailure):
             started.stop()
@@ -654,6 +674,9 @@ def test_raysweep_run_of_a_real_1p1d_pair(gpu_cluster, tiny_model, tmp_path):
     assert row["pd_prefill_requests"] == row["pd_decode_requests"] >= 4 and row["pd_decode_failures"] == 0
     # the decode server received most of each prompt through the connector and prefilled only the rest
     assert row["pd_kv_received_tokens"] > row["pd_decode_prefilled_tokens"] > 0, row.to_dict()
+    # no request prefilled again: none computed more than the 200-token bound above one 128-token KV block
+    assert (row["pd_decode_prefilled_requests"], row["pd_decode_prefilled_bound_tokens"]) == (0, 200), row.to_dict()
+    assert row["pd_decode_finished_requests"] == row["pd_decode_requests"]
     # each server's prompt tokens apart: the decode server's are the point's, the prefill server computed
     tokens = json.loads(row["pd_server_tokens"])
     assert tokens["decode-0"]["external_kv_transfer"] == row["pd_kv_received_tokens"], tokens
@@ -750,6 +773,52 @@ def test_a_points_pd_fields_are_the_counters_over_its_load():
     assert "pd_kv_received_tokens" not in stand_in and stand_in["pd_prefill_requests"] == 6
     assert "pd_kv_received_tokens" not in point_fields({**before, "sources": None}, after)
 
+
+
+def _computed_histogram(engines: dict[str, dict[float, float]], block: int | None = 128) -> str:
+    """A /metrics body with `vllm:request_prefill_kv_computed_tokens` per engine (cumulative counts by bound)."""
+    lines = ["# TYPE vllm:cache_config_info gauge"]
+    if block is not None:
+        lines.append(f'vllm:cache_config_info{{block_size="{block}",engine="0",enable_prefix_caching="True"}} 1.0')
+    lines.append("# TYPE vllm:request_prefill_kv_computed_tokens histogram")
+    for engine, counts in engines.items():
+        for le, n in counts.items():
+            bound = "+Inf" if le == float("inf") else repr(float(le))
+            lines.append(f'vllm:request_prefill_kv_computed_tokens_bucket{{engine="{engine}",le="{bound}",'
+                         f'model_name="m"}} {n}')
+        lines.append(f'vllm:request_prefill_kv_computed_tokens_count{{engine="{engine}",model_name="m"}} '
+                     f'{counts[float("inf")]}')
+        lines.append(f'vllm:request_prefill_kv_computed_tokens_sum{{engine="{engine}",model_name="m"}} 0.0')
+    return "\n".join(lines) + "\n"
+
+
+def test_the_requests_a_decode_server_prefilled_again_are_counted_above_one_kv_block():
+    """From the histogram of the prompt tokens each request computed itself: the requests above the first
+    bucket bound at or above one KV block (200 for 128-token blocks) are the ones prefilled again, summed over
+    engines and decode servers and taken as differences over the point; none where the block size or a
+    decode server's histogram is missing."""
+    from raysweep.serve.pd import PrefilledRequests, point_fields, prefilled_requests
+
+    inf = float("inf")
+    quiet = {1.0: 0, 2.0: 0, 5.0: 0, 10.0: 0, 20.0: 0, 50.0: 3, 100.0: 4, 200.0: 4, 500.0: 4, inf: 4}
+    busy = {1.0: 0, 2.0: 0, 5.0: 0, 10.0: 0, 20.0: 0, 50.0: 9, 100.0: 10, 200.0: 11, 500.0: 14, inf: 15}
+    assert prefilled_requests(_computed_histogram({"0": quiet, "1": busy})) == PrefilledRequests(19.0, 4.0, 200.0)
+    assert prefilled_requests(_computed_histogram({"0": quiet}, block=16)) == PrefilledRequests(4.0, 4.0, 20.0)
+    assert prefilled_requests(_computed_histogram({"0": busy}, block=None)) is None
+    assert prefilled_requests(_computed_histogram({"0": busy}, block=2048)) is None  # no bound covers a block
+    assert prefilled_requests("") is None
+
+    stats = {"prefill": {"requests": 0, "failures": 0}, "decode": {"requests": 0, "failures": 0}}
+    before = {"stats": stats, "requests": {"prefill-0": None, "decode-0": PrefilledRequests(4, 0, 200),
+                                          "decode-1": PrefilledRequests(10, 1, 200)}}
+    after = {"stats": stats, "requests": {"prefill-0": None, "decode-0": PrefilledRequests(12, 0, 200),
+                                         "decode-1": PrefilledRequests(19, 4, 200)}}
+    out = point_fields(before, after)
+    assert (out["pd_decode_prefilled_requests"], out["pd_decode_finished_requests"],
+            out["pd_decode_prefilled_bound_tokens"]) == (3, 17, 200)
+    lost = {**after, "requests": {**after["requests"], "decode-1": None}}
+    assert "pd_decode_prefilled_requests" not in point_fields(before, lost)
+    assert "pd_decode_prefilled_requests" not in point_fields({"stats": stats}, after)
 
 # ---------------------------------------------------------------------------------------------------
 # Every role server's /metrics over a point, and what differs between two campaigns' deployments
@@ -968,3 +1037,36 @@ def test_the_conclusions_flag_deployments_that_differ_beyond_the_declared_axes()
     assert c.arms == ["Role servers' settings not recorded for cfg=2P1D (2P1D via NixlConnector): whether the "
                       "deployments differ beyond the declared sweep axes is not known"]
     assert not any("only in the declared" in ln or "no difference" in ln for ln in conclusions.headlines(c))
+
+
+def test_the_conclusions_name_a_deployment_whose_decode_servers_prefilled_requests_again():
+    """A deployment whose decode servers prefilled some requests again gets one line, with the count and the
+    loads where it happened, in the headlines and the report's card; one without any, or a campaign that
+    did not count them, gets none; one deployment swept over loads gets it after its load lines."""
+    from types import SimpleNamespace
+
+    from raysweep.report.cards import conclusions_section
+    from raysweep.report.markup import esc
+    from raysweep.results import conclusions
+
+    curves = {"1P1D": {1: 100.0, 4: 400.0}, "2P1D": {1: 50.0, 4: 800.0}}
+    runs = _region_runs(curves)
+    broken = (runs["serve_id"] == "2P1D") & (runs["max_concurrency"] == 4)
+    runs["pd_decode_prefilled_requests"] = np.where(broken, 3, 0)
+    runs["pd_decode_finished_requests"] = 100
+    said = ("Deployment cfg=2P1D (2P1D via NixlConnector): its decode servers prefilled 12 of 800 requests again "
+            "at max_concurrency 4 (their KV did not arrive through the connector): its latencies include prefills "
+            "a working transfer does not do")
+    c = conclusions.conclude(runs, ["max_concurrency"], objective="output_throughput")
+    lines = conclusions.headlines(c)
+    assert [ln for ln in lines if "prefilled" in ln] == [said], lines
+    page = conclusions_section(SimpleNamespace(df=runs, answer=c, campaign={}), lambda *_: "")  # type: ignore[arg-type]
+    assert page.count(esc(said)) == 1
+    fine = conclusions.conclude(runs.assign(pd_decode_prefilled_requests=0), ["max_concurrency"],
+                                objective="output_throughput")
+    assert not any("prefilled" in ln for ln in conclusions.headlines(fine))
+    uncounted = runs.drop(columns=["pd_decode_prefilled_requests", "pd_decode_finished_requests"])
+    assert not any("prefilled" in ln
+                   for ln in conclusions.headlines(conclusions.conclude(uncounted, ["max_concurrency"])))
+    alone = conclusions.conclude(runs[runs["serve_id"] == "2P1D"], ["max_concurrency"], objective="output_throughput")
+    assert alone.single_config and conclusions.headlines(alone)[-1] == said

@@ -31,7 +31,8 @@ Beside the best, each shape names its *cheapest* point (under the slo where ther
 energy was measured (`CHEAPEST_METRICS`; docs/energy.md). Where a shape's points hold several P/D
 deployments over several loads, a line says which deployment leads in which load region
 (`raysweep.results.pd_regions`); beside it, once, any pair of deployments whose role servers' settings differ
-beyond the campaign's declared sweep axes, or that their settings were not recorded (`raysweep.results.pd_arms`).
+beyond the campaign's declared sweep axes, or that their settings were not recorded, and a note for a
+deployment whose decode servers prefilled requests again (`raysweep.results.pd_arms`).
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ class Conclusions:
     single_config: bool = False   # one server config (an endpoint) swept over loads: judged by load, not config
     start_spread: StartSpread | None = None  # the objective's spread between server starts, where measured
     deployments: dict[str, str] = field(default_factory=dict)  # P/D deployments by serve_id (`pd_regions`)
-    arms: list[str] = field(default_factory=list)  # whether the deployments differ only where declared (`pd_arms`)
+    # whether the deployments differ only where declared, and any that prefilled requests again (`pd_arms`)
+    arms: list[str] = field(default_factory=list)
 
     @property
     def noisy(self) -> pd.DataFrame:
@@ -251,8 +253,9 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     deployments = pd_regions.deployment_names(df)
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
                        _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
-                       [*gpu_note, *notes, *_start_note(summary)], slo, single, spread,
-                       deployments, pd_arms.arm_lines(df, deployments, serve_params))
+                       [*gpu_note, *notes, *_start_note(summary)], slo, single, spread, deployments,
+                       [*pd_arms.arm_lines(df, deployments, serve_params),
+                        *pd_arms.prefilled_again_lines(df, deployments, load or None)])
 
 
 def _spread_of(summary: pd.DataFrame, obj: Objective) -> StartSpread | None:
@@ -742,7 +745,7 @@ def headlines(c: Conclusions) -> list[str]:
     """One line per bench shape: the winner, its value, its lead and what the test shows (one server config
     swept over loads: `load_lines`)."""
     if c.single_config:
-        return load_lines(c)
+        return [*load_lines(c), *c.arms]
     lines, said_arms = [], False
     for v in c.verdicts:
         lead = ""

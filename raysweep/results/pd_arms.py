@@ -8,7 +8,9 @@ carries the effective settings of every role server as it started (`pd_role_sett
 (`raysweep.serve.pd_settings.declared_axes` of the campaign's serve parameters), role server by role server.
 A role server that only one arm has (a 2P1D against a 1P1D: its ratio is declared) is compared with the other
 arm's first server of the role. A deployment whose runs carry no settings says `not recorded`, never that
-nothing differs. Pure: a function of the results table, without Ray.
+nothing differs. A deployment whose decode servers prefilled requests again (their KV did not arrive
+through the connector: `pd_decode_prefilled_requests`) is not the deployment under test either: a line
+says how many, at which loads. Pure: a function of the results table, without Ray.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import pandas as pd
 
 from raysweep.serve.pd_settings import declared_axes, settings_differences
 
-__all__ = ["ROLE_SETTINGS", "arm_lines", "role_settings_by_deployment", "undeclared_differences"]
+__all__ = ["ROLE_SETTINGS", "arm_lines", "prefilled_again_lines", "role_settings_by_deployment",
+           "undeclared_differences"]
 
 log = logging.getLogger(__name__)
 
@@ -94,4 +97,28 @@ def arm_lines(df: pd.DataFrame, names: Mapping[str, str], serve_params: Iterable
     elif not lines:
         lines.append(f"The {len(names)} deployments' role servers differ only in the declared sweep axes ({axes}), "
                      "as their settings were recorded at their start")
+    return lines
+
+
+def prefilled_again_lines(df: pd.DataFrame, names: Mapping[str, str], load: str | None = None) -> list[str]:
+    """A line per P/D deployment (`names`, by serve_id) whose decode servers prefilled some of its requests
+    again (`pd_decode_prefilled_requests` of its runs, out of `pd_decode_finished_requests`), with the loads
+    (`load`, the campaign's load column) where they did; [] where none did or none was counted."""
+    cols = {"serve_id", "pd_decode_prefilled_requests", "pd_decode_finished_requests"}
+    if not names or not cols <= set(df.columns):
+        return []
+    lines = []
+    for sid, name in sorted(names.items(), key=lambda kv: kv[1]):
+        runs = df[df["serve_id"].astype(str) == sid]
+        again = pd.to_numeric(runs["pd_decode_prefilled_requests"], errors="coerce")
+        if not (again > 0).any():
+            continue
+        finished = pd.to_numeric(runs["pd_decode_finished_requests"], errors="coerce")[again.notna()]
+        where = ""
+        if load and load in runs.columns:
+            loads = sorted(set(runs.loc[again > 0, load].dropna().tolist()))
+            where = f" at {load} {', '.join(f'{v:g}' if isinstance(v, float) else str(v) for v in loads)}"
+        lines.append(f"Deployment {name}: its decode servers prefilled {int(again.sum())} of {int(finished.sum())} "
+                     f"requests again{where} (their KV did not arrive through the connector): its latencies "
+                     "include prefills a working transfer does not do")
     return lines

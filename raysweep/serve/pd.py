@@ -29,8 +29,9 @@ from raysweep.serve.pd_router import PDRouter, RouterThread
 from raysweep.serve.pd_settings import effective_settings
 from raysweep.serve.server import ServerHost, expected_model
 
-__all__ = ["PDServers", "RoleFailure", "RouterHost", "deployment_counts", "nixl_side_channels", "point_fields",
-           "prompt_sources", "read_role_settings", "role_of", "role_settings", "start_deployment"]
+__all__ = ["PDServers", "PrefilledRequests", "RoleFailure", "RouterHost", "deployment_counts", "nixl_side_channels",
+           "point_fields", "prefilled_requests", "prompt_sources", "read_role_settings", "role_of", "role_settings",
+           "start_deployment"]
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,49 @@ def prompt_sources(metrics_text: str) -> dict[str, float]:
     return out
 
 
+_COMPUTED = "vllm:request_prefill_kv_computed_tokens"
+
+
+@dataclass(frozen=True)
+class PrefilledRequests:
+    """A vLLM server's finished requests, counted from `vllm:request_prefill_kv_computed_tokens` (per request,
+    the prompt tokens the server computed itself, its cache hits, local or received through the connector,
+    left out): `finished` in all, and `over` those it computed more than `bound` tokens of, `bound` being
+    the histogram's first bucket bound at or above one KV block (`block_size`, from `vllm:cache_config_info`).
+    A decode server whose KV arrived computes less than a block of each prompt (the tail the blocks do not
+    cover); one that computed more prefilled the prompt again. The buckets set the resolution: with vLLM's
+    default bounds (1, 2, 5, 10, 20, 50, 100, 200, 500, ...) and the CPU build's 128-token blocks the bound
+    is 200 tokens, and a prompt of fewer tokens prefilled again shows only in the tokens
+    (`pd_decode_prefilled_tokens`)."""
+
+    finished: float
+    over: float
+    bound: float
+
+
+def prefilled_requests(metrics_text: str) -> PrefilledRequests | None:
+    """`PrefilledRequests` from one server's /metrics body, summed over its engines; None where the server
+    reports no such histogram or no block size."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    block: float | None = None
+    buckets: dict[float, float] = {}
+    finished = 0.0
+    for fam in text_string_to_metric_families(metrics_text):
+        for s in fam.samples:
+            if s.name == "vllm:cache_config_info" and s.labels.get("block_size", "").isdigit():
+                block = float(s.labels["block_size"])
+            elif s.name == _COMPUTED + "_bucket":
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + float(s.value)
+            elif s.name == _COMPUTED + "_count":
+                finished += float(s.value)
+    bounds = sorted(le for le in buckets if block is not None and block <= le < float("inf"))
+    if not bounds:
+        return None
+    return PrefilledRequests(finished, finished - buckets[bounds[0]], bounds[0])
+
+
 # ---------------------------------------------------------------------------------------------------
 # What one point did to a deployment: requests and failures per role, KV received against prefilled again
 # ---------------------------------------------------------------------------------------------------
@@ -241,14 +285,17 @@ def deployment_counts(router: Any, servers: dict[str, str] | list[str]) -> dict[
         servers = {f"decode-{i}": url for i, url in enumerate(servers)}
     stats = ray.get(router.stats.remote(), timeout=30)
     by_server: dict[str, dict[str, float] | None] = {}
+    requests: dict[str, PrefilledRequests | None] = {}
     for name, url in servers.items():
         try:
             with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
-                by_server[name] = prompt_sources(resp.read().decode())
+                text = resp.read().decode()
         except OSError as exc:
             log.info("the %s server at %s gave no /metrics (%s)", name, url, exc)
-            by_server[name] = None
-    return {"stats": stats, "sources": _summed(by_server, "decode"), "by_server": by_server}
+            by_server[name] = requests[name] = None
+            continue
+        by_server[name], requests[name] = prompt_sources(text), prefilled_requests(text)
+    return {"stats": stats, "sources": _summed(by_server, "decode"), "by_server": by_server, "requests": requests}
 
 
 def role_of(server_name: str) -> str:
@@ -274,7 +321,10 @@ def point_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     `pd_<role>_requests` and `pd_<role>_failures` as the router counted them, and, where the decode servers
     report their prompt tokens by source, `pd_kv_received_tokens` (received through the connector) and
     `pd_decode_prefilled_tokens` (computed by the decode servers themselves: a transfer that silently fails
-    shows here, as prompts prefilled twice, not only as a slower point), summed over every decode server.
+    shows here, as prompts prefilled twice, not only as a slower point), summed over every decode server; and
+    where every decode server reports `vllm:request_prefill_kv_computed_tokens`, the requests it prefilled
+    again (`pd_decode_prefilled_requests`, more than `pd_decode_prefilled_bound_tokens` of the prompt computed
+    by the decode server itself: `PrefilledRequests`) out of `pd_decode_finished_requests`.
     Where the counters were read server by server: `pd_prefill_computed_tokens` (the prompt tokens the
     prefill servers computed, summed over them, where each reports them) and `pd_server_tokens`, a JSON
     object of each role server's prompt tokens by source over the point (`{"decode-0": {"external_kv_transfer":
@@ -288,6 +338,7 @@ def point_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     if src_a and src_b is not None:
         out["pd_kv_received_tokens"] = src_a.get("external_kv_transfer", 0.0) - src_b.get("external_kv_transfer", 0.0)
         out["pd_decode_prefilled_tokens"] = src_a.get("local_compute", 0.0) - src_b.get("local_compute", 0.0)
+    out.update(_prefilled_fields(before.get("requests"), after.get("requests")))
     each_a, each_b = after.get("by_server"), before.get("by_server")
     if each_a is None or each_b is None:
         return out
@@ -299,3 +350,18 @@ def point_fields(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     if prefill and all(n in per and "local_compute" in per[n] for n in prefill):
         out["pd_prefill_computed_tokens"] = sum(per[n]["local_compute"] for n in prefill)
     return out
+
+
+def _prefilled_fields(before: dict[str, PrefilledRequests | None] | None,
+                      after: dict[str, PrefilledRequests | None] | None) -> dict[str, Any]:
+    """`pd_decode_prefilled_requests` (the point's requests whose prompt a decode server computed more than
+    `pd_decode_prefilled_bound_tokens` tokens of itself, summed over the decode servers) and
+    `pd_decode_finished_requests`, where every decode server gave its histogram before and after."""
+    decode = [n for n in (after or {}) if role_of(n) == "decode"]
+    pairs = [((before or {}).get(n), (after or {}).get(n)) for n in decode]
+    done = [(b, a) for b, a in pairs if a is not None and b is not None]
+    if not decode or len(done) < len(pairs):
+        return {}
+    return {"pd_decode_prefilled_requests": int(sum(a.over - b.over for b, a in done)),
+            "pd_decode_finished_requests": int(sum(a.finished - b.finished for b, a in done)),
+            "pd_decode_prefilled_bound_tokens": int(max(a.bound for _, a in done))}
