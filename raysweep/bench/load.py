@@ -8,13 +8,13 @@ the files read as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from raysweep import grid
 
-__all__ = ["CONCURRENCY", "RATE", "VARIABLES", "Load", "LoadVariable", "flags", "load_in", "load_of"]
+__all__ = ["CONCURRENCY", "RATE", "VARIABLES", "Load", "LoadVariable", "flags", "load_of"]
 
 LoadVariable = Literal["max_concurrency", "request_rate"]
 CONCURRENCY: Final = "max_concurrency"  # requests kept in flight (a closed loop); unset: no limit
@@ -69,8 +69,3 @@ def load_of(argv: Sequence[str]) -> Load:
     missing or not a number reads as unset. It never refuses: the option parser (`bench.options`) judges."""
     return _load(*(grid.find_flag_value(argv, *flags(v)) for v in VARIABLES))
 
-
-def load_in(params: Mapping[str, Any]) -> Load:
-    """The load typed in a bench point's parameters (either spelling of a key), the command aside."""
-    norm = {grid.normalize_key(str(k)): v for k, v in params.items()}
-    return _load(*(norm.get(v) for v in VARIABLES))

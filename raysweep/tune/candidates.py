@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysweep.bench.load import load_in
 from raysweep.ledger import Ledger, PointState
 from raysweep.plan.plan import Plan, ServeConfig, serve_points
 from raysweep.tune.space import candidate_serve
@@ -28,11 +27,6 @@ def restore_plan(plan: Plan, ledger: Ledger) -> None:
                     if p.state in (PointState.DONE, PointState.FAILED)}
             points = [p for p in points if p.id in kept]
         plan.add(serve, points, searches)
-
-
-def _load_key(bench_params: dict[str, Any]) -> tuple[float, float]:
-    """A bench point's load as its parameters type it, for the order of its points (unset: inf)."""
-    return load_in(bench_params).key()
 
 
 @dataclass

@@ -22,7 +22,7 @@ from raysweep.place import placement
 from raysweep.plan.plan import Plan
 from raysweep.tune import surrogate
 from raysweep.tune.budget import Budget
-from raysweep.tune.candidates import Candidate, _load_key
+from raysweep.tune.candidates import Candidate
 from raysweep.tune.objective import Objective
 from raysweep.tune.sampler import STARTUP, Tuner
 from raysweep.tune.space import _draw, _finite, _grid_values, candidate_serve, refusal
@@ -90,7 +90,7 @@ class Proposals:
         tried = [c for c in self.cands.values() if c.state != "refused"]
         if not self.t.pareto_model or self.t.sampler == "grid" or len(tried) < STARTUP:
             return None
-        loads = {b.id: _load_key(b.params) for b in self.plan.benches}
+        loads = {b.id: b.load.key() for b in self.plan.benches}
         xs, ys, run = [], [], []
         for c in tried:
             a, b = (self.objective.per_bench(c, o, None) for o in self.objective.objectives)

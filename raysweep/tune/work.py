@@ -24,7 +24,7 @@ from raysweep.ledger import Ledger
 from raysweep.place import placement
 from raysweep.plan.plan import Plan, PointRun, ServeConfig, serve_points
 from raysweep.tune.budget import Budget
-from raysweep.tune.candidates import Candidate, _load_key
+from raysweep.tune.candidates import Candidate
 from raysweep.tune.objective import Objective
 from raysweep.tune.proposals import Proposals
 from raysweep.tune.rungs import Rungs
@@ -112,12 +112,12 @@ class TuneWork(Workload):
         (lowest first for a latency, or per user), so the first rungs already say much. Pareto: both ends of
         the load first (highest, lowest), then the rest from the high end down."""
         if len(self.objectives) == 2:
-            loads = sorted({_load_key(p.bench.params) for p in points})
+            loads = sorted({p.bench.load.key() for p in points})
             ends = [loads[-1], loads[0]] + loads[-2:0:-1] if loads else []
             rank = {load: ends.index(load) for load in loads}
-            return sorted(points, key=lambda p: (rank[_load_key(p.bench.params)], p.bench.id, p.run))
+            return sorted(points, key=lambda p: (rank[p.bench.load.key()], p.bench.id, p.run))
         high_first = self.objectives[0].direction == "maximize" and self.objectives[0].per != "user"
-        return sorted(points, key=lambda p: (tuple(-v if high_first else v for v in _load_key(p.bench.params)),
+        return sorted(points, key=lambda p: (tuple(-v if high_first else v for v in p.bench.load.key()),
                                              p.bench.id, p.run))
 
     def bench_order(self, serve_id: str) -> list[str]:
