@@ -668,26 +668,38 @@ def test_cli_import(tmp_path):
 
 
 def test_a_configuration_keeps_its_colour_on_every_figure(table):
-    """One colour per server configuration across the page and `plot`: from the campaign's whole table, so a
-    figure filtered to one configuration, a figure per input length, and the drift timeline all colour
-    max_num_seqs=8 alike (it is second in the campaign's order, so the first figure colour is not its own)."""
+    """One colour per server configuration across the page and `plot`: from the campaign's whole table, in the
+    natural order of the configurations (max_num_seqs=8 before 16, as the figures list them), so a figure
+    filtered to one configuration, a figure per input length, a figure whose curves are the server parameter
+    (the report's figures) or a card's curves by configuration, the server-side metrics and the drift timeline
+    all colour max_num_seqs=16 alike (second in the campaign's order, so the first figure colour is not its
+    own, even in a figure of 16 alone)."""
     from matplotlib.colors import to_hex
 
     from raysweep.report import timeline
     from raysweep.report.plots.style import config_colors
 
-    want = to_hex(config_colors(table)["max_num_seqs=8"])
-    assert want != to_hex(config_colors(table)["max_num_seqs=16"])
+    assert list(config_colors(table)) == ["max_num_seqs=8", "max_num_seqs=16"]
+    want = to_hex(config_colors(table)["max_num_seqs=16"])
+    assert want != to_hex(config_colors(table)["max_num_seqs=8"])
     spec = plots.PlotSpec(var_x="max_concurrency", var_y="output_throughput", curve_by=("serve_label",),
                           fig_by=("random_input_len",))
+    by_param = replace(spec, curve_by=("max_num_seqs",))
     seen = []
-    for s in (spec, replace(spec, filter_by=("max_num_seqs==8",))):
+    for s in (spec, replace(spec, filter_by=("max_num_seqs==16",)), by_param,
+              replace(by_param, filter_by=("max_num_seqs==16",))):
         for plan in plots.plan_curves(table, s):
             fig = plots.render(plan, s)
             seen += [to_hex(ln.get_color()) for ax in fig.get_axes() for ln in lines_of(ax)
-                     if ln.get_label() == "max_num_seqs=8"]
-    assert len(seen) == 4 and set(seen) == {want}
+                     if ln.get_label() == "max_num_seqs=16"]
+    assert len(seen) == 8 and set(seen) == {want}
+    metrics_spec = plots.PlotSpec(col_by=(), row_by=("random_input_len",), curve_by=("max_num_seqs",))
+    plan = plots.plan_server_metrics(table, metrics_spec, "max_concurrency")[0]
+    fig = plots.render(plan, metrics_spec)
+    drawn = {to_hex(ln.get_color()) for ax in fig.get_axes() for ln in lines_of(ax)
+             if ln.get_label() == "max_num_seqs=16"}
+    assert drawn == {want}
     timed = table.assign(started_at=np.arange(len(table), dtype=float))
     fig = timeline._figure(timed, "output_throughput", set())
     dots = {c.get_label(): to_hex(c.get_facecolor()[0]) for c in fig.axes[0].collections}
-    assert dots["max_num_seqs=8"] == want
+    assert dots["max_num_seqs=16"] == want

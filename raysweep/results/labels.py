@@ -6,6 +6,7 @@ the comparison all write them so.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from raysweep.bench.load import RATE
 
-__all__ = ["axis_label", "fmt_value", "keyed_label", "sort_key"]
+__all__ = ["axis_label", "fmt_value", "keyed_label", "natural_key", "sort_key"]
 
 _UNITS = {"request_throughput": "req/s", RATE: "req/s", "request_goodput": "req/s",
           "output_throughput": "tok/s", "total_token_throughput": "tok/s", "max_output_tokens_per_s": "tok/s",
@@ -45,6 +46,14 @@ def sort_key(value: Any) -> tuple[int, float, str]:
     if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
         return (0, float(value), "")
     return (1, 0.0, str(value))
+
+
+_NUMBERS = re.compile(r"(\d+(?:\.\d+)?)")
+
+
+def natural_key(text: str) -> tuple[tuple[int, float, str], ...]:
+    """A label's order with its numbers read as numbers: `max_num_seqs=8` before `max_num_seqs=16`."""
+    return tuple((0, float(part), "") if i % 2 else (1, 0.0, part) for i, part in enumerate(_NUMBERS.split(text)))
 
 
 def keyed_label(keys: Sequence[str], values: Sequence[Any]) -> str:

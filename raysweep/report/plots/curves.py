@@ -30,7 +30,7 @@ from raysweep.report.plots.style import (
     _FLAG_STYLE,
     _curve_styles,
     _file_stem,
-    config_colors,
+    curve_colors,
     save_figure,
     styled,
 )
@@ -194,8 +194,8 @@ def _figure_groups(df: pd.DataFrame, spec: PlotSpec, prefix: str) -> list[tuple[
 
 def plan_curves(df: pd.DataFrame, spec: PlotSpec) -> list[FigurePlan]:
     """The figures `raysweep plot` draws for `spec`, one per `fig_by` group. A curve keeps its colour in every
-    figure: a server configuration has the campaign's (`config_colors`, from the whole table), any other
-    curve label its place among all the figures' labels.
+    figure: a server configuration has the campaign's (`curve_colors`: also where the curves are the server
+    parameters that tell the configurations apart), any other curve label its place among all the figures' labels.
 
     :raises UserError: a named column is missing, a filter or bin is malformed, or nothing is left.
     """
@@ -204,8 +204,7 @@ def plan_curves(df: pd.DataFrame, spec: PlotSpec) -> list[FigurePlan]:
                              "--col-by": spec.col_by, "--curve-by": spec.curve_by, "--fig-by": spec.fig_by})
     _require_numeric(df, {"--var-x": spec.var_x, "--var-y": spec.var_y})
     df, notes = _numeric(df, [spec.var_x, spec.var_y])
-    colors = (config_colors(whole) if tuple(spec.curve_by) == ("serve_label",)
-              else {lab: c for lab, (c, _) in _curve_styles(_groups(df, spec.curve_by)[1]).items()})
+    colors = curve_colors(whole, df, spec.curve_by)
     plans = []
     for stem, title, fdf in _figure_groups(df, spec, spec.fig_name):
         rows, row_order = _groups(fdf, spec.row_by)

@@ -17,7 +17,7 @@ from raysweep.report.plots.curves import (
     _prepare,
     _require_numeric,
 )
-from raysweep.report.plots.style import config_colors
+from raysweep.report.plots.style import curve_colors
 from raysweep.results.labels import axis_label
 from raysweep.results.rows import _curve_title, _flagged_note, _groups, _limited_note, _numeric
 
@@ -61,5 +61,5 @@ def plan_server_metrics(df: pd.DataFrame, spec: PlotSpec, load_var: str) -> list
         notes += _mixing_note(fdf, [rows, curves], load_var)
         plans.append(FigurePlan(stem, title or "server-side metrics", panels, curve_order, _curve_title(curve_by),
                                 len(fdf), list(dict.fromkeys(notes)),
-                                config_colors(whole) if tuple(curve_by) == ("serve_label",) else {}))
+                                curve_colors(whole, fdf, curve_by)))
     return plans

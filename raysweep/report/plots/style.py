@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from raysweep.record.files import write_bytes_atomic
-from raysweep.results.labels import fmt_value, sort_key
+from raysweep.results.labels import fmt_value, natural_key
+from raysweep.results.rows import _groups
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn or encoded, not with this module
     from matplotlib.figure import Figure
@@ -60,8 +61,13 @@ def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 150, png_compression:
     buf = io.BytesIO()
     extra: dict[str, Any] = ({"pil_kwargs": {"compress_level": png_compression}}
                              if png_compression is not None and fmt == "png" else {})
+    # A figure laid out by matplotlib's constrained layout (all of raysweep's) already fits its legends and titles
+    # inside it; "tight" would draw it once more only to measure it (a third of the report's drawing time).
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    tight = None if isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine) else "tight"
     with matplotlib.rc_context(_STYLE):
-        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight", **extra)
+        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches=tight, **extra)
     return buf.getvalue()
 
 
@@ -90,8 +96,25 @@ def config_colors(df: Any) -> dict[str, Any]:
     turn. Made from the whole results table, so a figure of a few configurations keeps their colours."""
     if "serve_label" not in getattr(df, "columns", ()):
         return {}
-    labels = sorted({fmt_value(v) for v in df["serve_label"]}, key=sort_key)
+    labels = sorted({fmt_value(v) for v in df["serve_label"]}, key=natural_key)
     return {lab: _COLORS[i % len(_COLORS)] for i, lab in enumerate(labels)}
+
+
+def curve_colors(whole: Any, df: Any, curve_by: Sequence[str]) -> dict[str, Any]:
+    """The colour of each curve of a figure drawn from `df` (a part of the campaign's table `whole`), by curve
+    label, in the campaign's order: where each curve is one server configuration (curves by `serve_label`, or by
+    the server parameters that tell the configurations apart), that configuration's colour (`config_colors`),
+    so that a configuration looks alike on a card and in the figures; else each curve's place among them."""
+    curves, order = _groups(df, curve_by)
+    palette = config_colors(whole)
+    if tuple(curve_by) == ("serve_label",):
+        return palette
+    if palette and "serve_label" in df.columns:
+        configs = {lab: set(df.loc[curves == lab, "serve_label"].map(fmt_value)) for lab in order}
+        if all(len(c) == 1 for c in configs.values()):
+            ranked = sorted(order, key=lambda lab: list(palette).index(next(iter(configs[lab]))))
+            return {lab: palette[next(iter(configs[lab]))] for lab in ranked}
+    return {lab: c for lab, (c, _) in _curve_styles(order).items()}
 
 
 _FLAG_STYLE: dict[str, Any] = {"marker": "x", "color": "#d62728", "linewidths": 1.4, "s": 55, "zorder": 4}
