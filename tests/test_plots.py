@@ -693,6 +693,9 @@ def test_a_configuration_keeps_its_colour_on_every_figure(table):
             seen += [to_hex(ln.get_color()) for ax in fig.get_axes() for ln in lines_of(ax)
                      if ln.get_label() == "max_num_seqs=16"]
     assert len(seen) == 8 and set(seen) == {want}
+    # and listed in that order in the legends, by configuration or by its parameter
+    assert plots.plan_curves(table, spec)[0].curve_labels == ["max_num_seqs=8", "max_num_seqs=16"]
+    assert plots.plan_curves(table, by_param)[0].curve_labels == ["max_num_seqs=8", "max_num_seqs=16"]
     metrics_spec = plots.PlotSpec(col_by=(), row_by=("random_input_len",), curve_by=("max_num_seqs",))
     plan = plots.plan_server_metrics(table, metrics_spec, "max_concurrency")[0]
     fig = plots.render(plan, metrics_spec)

@@ -39,21 +39,25 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
-def sort_key(value: Any) -> tuple[int, float, str]:
-    """Numbers in numeric order, then text, then missing values."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return (2, 0.0, "")
-    if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
-        return (0, float(value), "")
-    return (1, 0.0, str(value))
-
-
 _NUMBERS = re.compile(r"(\d+(?:\.\d+)?)")
 
 
 def natural_key(text: str) -> tuple[tuple[int, float, str], ...]:
     """A label's order with its numbers read as numbers: `max_num_seqs=8` before `max_num_seqs=16`."""
     return tuple((0, float(part), "") if i % 2 else (1, 0.0, part) for i, part in enumerate(_NUMBERS.split(text)))
+
+
+SortKey = tuple[int, float, tuple[tuple[int, float, str], ...]]
+
+
+def sort_key(value: Any) -> SortKey:
+    """Numbers in numeric order, then text (the numbers in it read as numbers: `max_num_seqs=8` before
+    `max_num_seqs=16`), then missing values."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return (2, 0.0, ())
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
+        return (0, float(value), ())
+    return (1, 0.0, natural_key(str(value)))
 
 
 def keyed_label(keys: Sequence[str], values: Sequence[Any]) -> str:
