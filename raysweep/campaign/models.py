@@ -491,7 +491,8 @@ class Campaign(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="campaign name (letters, digits, . _ -)")
     output_dir: str | None = Field(None, description="where the ledger and results go (default results/NAME)")
     runs: int = Field(3, ge=1, description="repeats of every benchmark point")
-    warmup: int = Field(0, ge=0, description="prompts run once after every server start, not recorded")
+    warmup: int = Field(0, ge=0, description="prompts run once after every server start, not recorded, at the "
+                        "heaviest load among the server's bench points")
     continue_on_error: bool = Field(True, description="record failures and go on instead of stopping")
     max_attempts: int = Field(2, ge=1, description="attempts per point before it stays failed")
     mode: Literal["serve", "offline", "startup"] = Field(

@@ -21,7 +21,7 @@ from typing import Any
 
 from raysweep.bench import backend_for
 from raysweep.drive import hooks, sequential
-from raysweep.drive.point import PointRunner
+from raysweep.drive.point import PointRunner, heaviest
 from raysweep.drive.state import Workload
 from raysweep.ledger import PointRow
 from raysweep.maths.order import in_rounds, round_key
@@ -139,7 +139,7 @@ class ConfigLife:
             points = in_rounds(points, w.order.seed)
         instance = w.instance_of(points[0].run) if points else 0
         if self.c.warmup and (points or self.c.sla is not None):
-            self.points.warmup(run, server, (points or w.plan.points_of(run.serve.id))[0])
+            self.points.warmup(run, server, heaviest(points or w.plan.points_of(run.serve.id)))
         refused = self.servers.check_transport(run, server)
         if refused is not None:
             w.give_up(run.serve, refused, search_state="transport refused")
