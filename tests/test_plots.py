@@ -706,3 +706,10 @@ def test_a_configuration_keeps_its_colour_on_every_figure(table):
     fig = timeline._figure(timed, "output_throughput", set())
     dots = {c.get_label(): to_hex(c.get_facecolor()[0]) for c in fig.axes[0].collections}
     assert dots["max_num_seqs=16"] == want
+    # the report's GPU telemetry, drawn for the points that have it (here 16's only): its colour, not the first
+    from raysweep.report import run_sections
+
+    gpus = table[table["max_num_seqs"] == 16].assign(gpu_util_mean_pct=90.0, gpu_power_mean_w=300.0,
+                                                      gpu_sm_clock_mean_mhz=1800.0, gpu_throttled_fraction=0.0)
+    fig = run_sections._telemetry_figure(gpus, config_colors(table))
+    assert {to_hex(ln.get_color()) for ax in fig.axes for ln in ax.get_lines()} == {want}

@@ -18,9 +18,9 @@ from raysweep.bench import timeseries
 from raysweep.place import transport
 from raysweep.report.cache import cached
 from raysweep.report.plots import figure_bytes
+from raysweep.report.plots.style import config_colors
 from raysweep.results.directory import CampaignDir
 from raysweep.results.table import load_records, results_table
-from raysweep.serve import telemetry
 from raysweep.serve.telemetry import THROTTLED_FRACTION
 
 if TYPE_CHECKING:
@@ -125,10 +125,10 @@ def multinode_section(output_dir: Path, results: pd.DataFrame | None = None) -> 
     except Exception:
         df = None
     if df is not None and "gpu_util_mean_pct" in df.columns and df["gpu_util_mean_pct"].notna().any():
-        df = df[df["gpu_util_mean_pct"].notna()].sort_values("started_at")
+        whole, df = df, df[df["gpu_util_mean_pct"].notna()].sort_values("started_at")
         if "gpu_throttled_fraction" not in df.columns:
             df["gpu_throttled_fraction"] = 0.0
-        png = base64.b64encode(figure_bytes(telemetry._telemetry_figure(df), "png", dpi=90)).decode()
+        png = base64.b64encode(figure_bytes(_telemetry_figure(df, config_colors(whole)), "png", dpi=90)).decode()
         hot = int((df["gpu_throttled_fraction"].fillna(0) > THROTTLED_FRACTION).sum())
         parts.append(f'<h3>GPU telemetry</h3><figure><img alt="GPU telemetry" src="data:image/png;base64,{png}">'
                      f"<figcaption>NVML samples of each server's own GPUs during every point; {hot} point(s) "
@@ -137,3 +137,27 @@ def multinode_section(output_dir: Path, results: pd.DataFrame | None = None) -> 
         sources = sorted({str(x) for x in df["gpu_telemetry"].dropna()})
         parts.append(f'<p class="muted">GPU telemetry: {e(", ".join(sources))}.</p>')
     return "\n".join(parts) or None
+
+
+def _telemetry_figure(df: pd.DataFrame, palette: dict[str, Any]) -> Any:
+    """Utilisation, power and SM clock per point (throttled points in red), each server config in the campaign's
+    colour (`config_colors`: the same as on every other figure of the page)."""
+    from matplotlib.figure import Figure
+
+    from raysweep.results.labels import fmt_value
+
+    cols = [("gpu_util_mean_pct", "GPU utilisation %"), ("gpu_power_mean_w", "power W (mean)"),
+            ("gpu_sm_clock_mean_mhz", "SM clock MHz (mean)")]
+    fig = Figure(figsize=(11, 3.2), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for ax, (col, title) in zip(axes, cols, strict=True):
+        for i, (label, g) in enumerate(df.groupby("serve_label", sort=False)):
+            color = palette.get(fmt_value(label), f"C{i % 10}")
+            ax.plot(range(len(g)), g[col], "o-", label=str(label)[:40], color=color, ms=4)
+            hot = g["gpu_throttled_fraction"].fillna(0).to_numpy() > THROTTLED_FRACTION
+            if hot.any():
+                ax.plot([j for j, h in enumerate(hot) if h], g[col].to_numpy()[hot], "x", color="red", ms=9)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("point (in run order)", fontsize=8)
+    axes[0].legend(fontsize=6)
+    return fig

@@ -343,29 +343,3 @@ def summarise(windows: list[dict[str, Any]]) -> dict[str, Any]:
                gpu_throttle_reasons=",".join(names))
     return out
 
-
-# ---------------------------------------------------------------------------------------------------
-# The report's multi-node section
-# ---------------------------------------------------------------------------------------------------
-
-def _telemetry_figure(df: Any) -> Any:
-    """Utilisation, power and SM clock per point (throttled points in red), one colour per server config."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = [("gpu_util_mean_pct", "GPU utilisation %"), ("gpu_power_mean_w", "power W (mean)"),
-            ("gpu_sm_clock_mean_mhz", "SM clock MHz (mean)")]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-    for ax, (col, title) in zip(axes, cols):
-        for i, (label, g) in enumerate(df.groupby("serve_label", sort=False)):
-            ax.plot(range(len(g)), g[col], "o-", label=str(label)[:40], color=f"C{i % 10}", ms=4)
-            hot = g["gpu_throttled_fraction"].fillna(0).to_numpy() > THROTTLED_FRACTION
-            if hot.any():
-                ax.plot([j for j, h in enumerate(hot) if h], g[col].to_numpy()[hot], "x", color="red", ms=9)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("point (in run order)", fontsize=8)
-    axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    return fig
