@@ -693,6 +693,10 @@ def test_a_configuration_keeps_its_colour_on_every_figure(table):
             seen += [to_hex(ln.get_color()) for ax in fig.get_axes() for ln in lines_of(ax)
                      if ln.get_label() == "max_num_seqs=16"]
     assert len(seen) == 8 and set(seen) == {want}
+    # curves that split a configuration (by its parameter and the input length) each keep a colour of their own
+    split = replace(spec, curve_by=("max_num_seqs", "random_input_len"), fig_by=())
+    plan = plots.plan_curves(table, split)[0]
+    assert len(plan.curve_labels) > 2 and len(set(map(to_hex, plan.colors.values()))) == len(plan.curve_labels)
     # and listed in that order in the legends, by configuration or by its parameter
     assert plots.plan_curves(table, spec)[0].curve_labels == ["max_num_seqs=8", "max_num_seqs=16"]
     assert plots.plan_curves(table, by_param)[0].curve_labels == ["max_num_seqs=8", "max_num_seqs=16"]

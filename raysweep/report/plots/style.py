@@ -111,7 +111,8 @@ def curve_colors(whole: Any, df: Any, curve_by: Sequence[str]) -> dict[str, Any]
         return palette
     if palette and "serve_label" in df.columns:
         configs = {lab: set(df.loc[curves == lab, "serve_label"].map(fmt_value)) for lab in order}
-        if all(len(c) == 1 for c in configs.values()):
+        one = [next(iter(c)) for c in configs.values() if len(c) == 1]
+        if len(one) == len(order) == len(set(one)):  # each curve one configuration, each configuration one curve
             ranked = sorted(order, key=lambda lab: list(palette).index(next(iter(configs[lab]))))
             return {lab: palette[next(iter(configs[lab]))] for lab in ranked}
     return {lab: c for lab, (c, _) in _curve_styles(order).items()}
