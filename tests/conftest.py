@@ -164,7 +164,8 @@ def tiny_model(tmp_path_factory):
 def vllm_server(tiny_model, tmp_path_factory):
     """One real `vllm serve` (CPU build, tiny model, eager) shared by every test that only needs a running
     server: its URL, model path, pid and log. Started once per session on a free loopback port, in its own
-    process group, stopped through that group at the end."""
+    process group, stopped through that group at the end. The model's worker runs inside the engine process
+    (the uni backend, as in configs/demo-cpu.yaml): two processes import vLLM instead of three."""
     import signal
     import subprocess
     import urllib.request
@@ -173,10 +174,11 @@ def vllm_server(tiny_model, tmp_path_factory):
 
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_HOST_IP": "127.0.0.1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     argv = [_vllm_cli(), "serve", str(tiny_model), "--load-format", "dummy", "--max-model-len", "1024",
             "--dtype", "bfloat16", "--gpu-memory-utilization", "0.2", "--enforce-eager",
-            "--host", "127.0.0.1", "--port", str(port)]
+            "--distributed-executor-backend", "uni", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 
