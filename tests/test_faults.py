@@ -180,18 +180,23 @@ def test_open_campaign_refuses_a_held_campaign_unless_forced(campaign_dir, live_
 
 
 def test_report_events_section_shows_accepted_changes_and_lost_drivers(campaign_dir):
-    from raysweep.drive import recovery
+    from raysweep.report.page import build_report
+    from raysweep.report.run_sections import events_section
+    from raysweep.results.data import read_data
 
     _, out = campaign_dir
-    assert recovery.report_section(out) is None
+    data = read_data(out)
+    assert events_section(data.events, data.drivers) is None
     ledger = Ledger.open_existing(out)
     ledger.add_event(drift.EVENT, [], [], "accepted: warmup: 0 -> 5")
     ledger.acquire_driver(999999, 1.0, lambda *a: False)
     ledger.acquire_driver(999998, 2.0, lambda *a: False)  # finds the first one dead: lost
     ledger.close()
-    html = recovery.report_section(out) or ""
+    data = read_data(out)
+    html = events_section(data.events, data.drivers) or ""
     assert "settings_changed" in html and "warmup: 0 -&gt; 5" in html
     assert "driver_lost" in html and "driver pid 999999" in html and "999998" not in html
+    assert html in build_report(out)  # the page shows the section as read once with the rest of its data
 
 
 def _sleeper(ignore_term: bool = False, child: bool = False) -> subprocess.Popen:

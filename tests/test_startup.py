@@ -87,6 +87,10 @@ def test_medians_per_configuration_and_the_table():
     assert table == [["a", "3", "1 cold, 2 warm", "32.0", "3.0", "1.5"]]
     assert [r[:4] for r in startup.start_rows(rows)] == [["s0", "a", "cold", "40.0"], ["s1", "a", "warm", "30.0"],
                                                          ["s2", "a", "warm", "32.0"]]
+    # the report's section, from the server rows the report read once with the rest of its data
+    section = startup.report_section(rows) or ""
+    assert "<td>1 cold, 2 warm</td><td>32.0</td>" in section and "3 start(s), 2 warm" in section
+    assert startup.report_section(rows[-1:]) is None  # no start recorded its phases
 
 
 def test_compilation_caches_shared_per_campaign_fresh_per_server_or_the_users(tmp_path, monkeypatch):

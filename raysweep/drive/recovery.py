@@ -9,14 +9,12 @@ Ray and removes their session directory.
 from __future__ import annotations
 
 import contextlib
-import html
 import json
 import logging
 import shutil
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -27,7 +25,7 @@ from raysweep.ledger import Ledger, ServerRow
 from raysweep.place import placement
 
 __all__ = ["dead_drivers", "driver_alive", "embedded_temp_dir", "helper_processes", "reap_lost", "reap_lost_drivers",
-           "recover", "report_section"]
+           "recover"]
 
 log = logging.getLogger(__name__)
 
@@ -152,26 +150,3 @@ def reap_lost(servers: list[ServerRow]) -> None:
             list(pool.map(procs.kill_tree, local))
     if remote:
         ray.wait(remote, num_returns=len(remote), timeout=60)
-
-def report_section(output_dir: Path) -> str | None:
-    """The report's Events section: every event the ledger recorded (node losses, replaced servers, accepted
-    settings changes, ...) and every driver that was lost (killed, crashed), in time order; None when none."""
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        events, drivers = ledger.events(), ledger.drivers()
-    finally:
-        ledger.close()
-    rows = [(e["at"], e["kind"], ", ".join(e["serve_ids"]), ", ".join(e["nodes"]), e["detail"] or "") for e in events]
-    rows += [(d["ended_at"] or d["started_at"], "driver_lost", "", d["hostname"],
-              f"driver pid {d['pid']} (started {_clock(d['started_at'])}) ended without releasing the campaign")
-             for d in drivers if d["outcome"] == "lost"]
-    if not rows:
-        return None
-    body = "".join(f"<tr><td>{_clock(at)}</td>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in rest) + "</tr>"
-                   for at, *rest in sorted(rows, key=lambda r: r[0]))
-    return (f"<p>{len(rows)} event(s).</p><table><thead><tr><th>time (UTC)</th><th>event</th><th>server config</th>"
-            f"<th>nodes</th><th>detail</th></tr></thead><tbody>{body}</tbody></table>")
-
-
-def _clock(at: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) if at else ""

@@ -52,7 +52,6 @@ from raysweep.report.sections import (
 )
 from raysweep.results import conclusions
 from raysweep.results.data import ReportData, answer_of, read_data
-from raysweep.results.directory import CampaignDir
 
 __all__ = ["REPORT_FILE", "Section", "build_report", "conclusions_of", "write_report",
            "write_report_with_headlines"]
@@ -168,14 +167,6 @@ def _conclusions(data: ReportData) -> str:
     return conclusions_section(data, _card_figure)
 
 
-def _any_events(output_dir: Path) -> bool:
-    """Whether the ledger recorded an event or a lost driver (the Events section's rows; its module imports
-    Ray)."""
-    with CampaignDir(output_dir) as campaign_dir:
-        ledger = campaign_dir.ledger
-        return bool(ledger.events()) or any(d["outcome"] == "lost" for d in ledger.drivers())
-
-
 # -- the report's own sections, in order (a mode's section registers with its package) ------------------------
 
 
@@ -186,15 +177,15 @@ def _comparison(data: ReportData) -> str | None:
 
 
 def _events(data: ReportData) -> str | None:
-    from raysweep.drive.recovery import report_section  # imports Ray: only for a campaign with events
+    from raysweep.report.run_sections import events_section
 
-    return report_section(data.output_dir)
+    return events_section(data.events, data.drivers)
 
 
 def _startup(data: ReportData) -> str | None:
     from raysweep.serve.startup import report_section
 
-    return report_section(data.output_dir)
+    return report_section(data.servers)
 
 
 def _timeseries(data: ReportData) -> str | None:
@@ -231,7 +222,7 @@ for _section in [
     Section("multinode", "Multi-node and GPUs", _multinode, order=110),
     Section("startup", "Server starts", _startup, order=120),
     Section("failures", "Failures", failures_section, order=130),
-    Section("events", "Events", _events, lambda d: _any_events(d.output_dir), order=140),
+    Section("events", "Events", _events, order=140),
     Section("campaign", "Campaign", campaign_section, order=150),
     Section("plan", "Plan", plan_section, order=160),
     Section("environment", "Environment", environment_section, order=170),

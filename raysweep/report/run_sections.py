@@ -1,5 +1,6 @@
-"""The report's sections of what happened while the campaign ran: the time series of each bench point and the
-multi-node and GPU record of each server (links, fabric probe, topology, cluster events, GPU telemetry).
+"""The report's sections of what happened while the campaign ran: the time series of each bench point, the
+multi-node and GPU record of each server (links, fabric probe, topology, cluster events, GPU telemetry) and
+the events the ledger recorded.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from raysweep.serve.telemetry import THROTTLED_FRACTION
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["multinode_section", "timeseries_section"]
+__all__ = ["events_section", "multinode_section", "timeseries_section"]
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +162,23 @@ def _telemetry_figure(df: pd.DataFrame, palette: dict[str, Any]) -> Any:
         ax.set_xlabel("point (in run order)", fontsize=8)
     axes[0].legend(fontsize=6)
     return fig
+
+
+def events_section(events: Sequence[dict[str, Any]], drivers: Sequence[dict[str, Any]]) -> str | None:
+    """The report's Events section: every event the ledger recorded (node losses, replaced servers, accepted
+    settings changes, ...) and every driver that was lost (killed, crashed), in time order; None when none.
+    `events` and `drivers`: the ledger's (`Ledger.events`, `Ledger.drivers`)."""
+    rows = [(e["at"], e["kind"], ", ".join(e["serve_ids"]), ", ".join(e["nodes"]), e["detail"] or "") for e in events]
+    rows += [(d["ended_at"] or d["started_at"], "driver_lost", "", d["hostname"],
+              f"driver pid {d['pid']} (started {_clock(d['started_at'])}) ended without releasing the campaign")
+             for d in drivers if d["outcome"] == "lost"]
+    if not rows:
+        return None
+    body = "".join(f"<tr><td>{_clock(at)}</td>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in rest) + "</tr>"
+                   for at, *rest in sorted(rows, key=lambda r: r[0]))
+    return (f"<p>{len(rows)} event(s).</p><table><thead><tr><th>time (UTC)</th><th>event</th><th>server config</th>"
+            f"<th>nodes</th><th>detail</th></tr></thead><tbody>{body}</tbody></table>")
+
+
+def _clock(at: float | None) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if at else ""

@@ -1,5 +1,5 @@
-"""What the report shows, read once from an output dir (the ledger's campaign, points and servers, the
-records and their table, the SLA searches), and what more than one section derives from it: the
+"""What the report shows, read once from an output dir (the ledger's campaign, points, servers, events and
+drivers, the records and their table, the SLA searches), and what more than one section derives from it: the
 parameters that vary, and the conclusions, made once per report. The winner's confirmation (`confirm:`,
 `raysweep.drive.confirm`) reads its leaders and runners-up the same way (`winner_pairs`)."""
 
@@ -37,6 +37,8 @@ class ReportData:
     sla: pd.DataFrame
     sla_variable: str
     records: list[dict[str, Any]]
+    events: list[dict[str, Any]]   # the ledger's events and drivers (the report's Events section)
+    drivers: list[dict[str, Any]]
     objective: str | None = None
     answer: conclusions.Conclusions | None = None  # made once, by `answer_of`
 
@@ -47,10 +49,11 @@ def read_data(output_dir: Path, objective: str | None = None) -> ReportData:
         campaign = ledger.stored_campaign()
         name = ledger.meta("name") or campaign.get("name", "")
         points, servers, extra = ledger.points(), ledger.servers(), ledger.out_of_plan()
+        events, drivers = ledger.events(), ledger.drivers()
     sla, variable = read_sla(output_dir)
     records = load_records(output_dir)
     return ReportData(output_dir, name, campaign, points, servers, extra, records_table(records), sla, variable,
-                      records, objective)
+                      records, events, drivers, objective)
 
 
 def param_names(points: list[PointRow], df: pd.DataFrame) -> tuple[list[str], list[str]]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = ["PHASES", "by_config", "phases", "report_section", "start_rows", "summarize", "table_rows"]
@@ -172,16 +172,9 @@ def start_rows(servers: Iterable[Any]) -> list[list[str]]:
     return rows
 
 
-def report_section(output_dir: Any) -> str | None:
+def report_section(servers: Sequence[Any]) -> str | None:
     """The report's Server starts section: per configuration the median phases of its starts; None when no
-    start recorded any."""
-    from raysweep.ledger import Ledger
-
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        servers = ledger.servers()
-    finally:
-        ledger.close()
+    start recorded any. `servers`: the ledger's server rows (`Ledger.servers`)."""
     header, rows = table_rows(servers)
     if not rows:
         return None
