@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -389,9 +390,9 @@ def run_chaos(per_kind: int, seed: int, work: Path, configs: int = 3, inputs: in
     work.mkdir(parents=True, exist_ok=True)
     campaign_file(work, configs, inputs, runs, sleep_s)
     os.environ.update(ENV)
+    temp_dir = f"/tmp/rs-c{os.getpid()}"  # the cluster's session files: removed with it
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False,
-                                                           "temp_dir": f"/tmp/rs-c{os.getpid()}",
-                                                           "_system_config": HEALTH})
+                                                           "temp_dir": temp_dir, "_system_config": HEALTH})
     for i in range(2):
         cluster.add_node(num_cpus=2, num_gpus=2, runtime_env_dir_name=f"rr_chaos{i}")
     cluster.wait_for_nodes()
@@ -437,6 +438,7 @@ def run_chaos(per_kind: int, seed: int, work: Path, configs: int = 3, inputs: in
         if chaos.driver is not None and chaos.driver.poll() is None:
             chaos.driver.kill()
         cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _longest_gap(chaos: Chaos, t0: float) -> dict[str, Any]:

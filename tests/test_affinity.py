@@ -57,14 +57,14 @@ def test_bad_affinity_is_refused_naming_the_field(tmp_path, serve, bench, field,
     assert res.exit_code == 2 and field in res.output and not (tmp_path / "out").exists()
 
 
-def _guarded(cpus: str | None) -> str:
-    """The output of a command started by the server guard, with RAYSWEEP_CPU_AFFINITY set to `cpus`."""
+def _guarded(cpus: str | None, state: Path) -> str:
+    """The output of a command started by the server guard, with RAYSWEEP_CPU_AFFINITY set to `cpus`; `state`:
+    the guard's directory (its pid files)."""
     me = psutil.Process()
     env = {k: v for k, v in os.environ.items() if k != procs.CPUS_ENV}
     if cpus is not None:
         env[procs.CPUS_ENV] = cpus
-    state = Path(os.environ.get("TMPDIR", "/tmp")) / f"rs-aff-{os.getpid()}-{cpus}"
-    state.mkdir(exist_ok=True)
+    state.mkdir()
     child = ("import os, time; time.sleep(0.2); print('cpus', sorted(os.sched_getaffinity(0)), "
              "os.environ.get('RAYSWEEP_CPU_AFFINITY'), flush=True)")
     out = subprocess.run([sys.executable, "-m", "raysweep.serve.guard", str(me.pid), repr(me.create_time()), str(state),
@@ -73,10 +73,11 @@ def _guarded(cpus: str | None) -> str:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell a pinned process apart")
-def test_the_guard_pins_the_server_it_starts():
+def test_the_guard_pins_the_server_it_starts(tmp_path):
     last = max(os.sched_getaffinity(0))
-    assert f"cpus [{last}] None" in _guarded(str(last))  # pinned, and the variable not passed on to the server
-    unpinned = _guarded(None)
+    # pinned, and the variable not passed on to the server
+    assert f"cpus [{last}] None" in _guarded(str(last), tmp_path / "pinned")
+    unpinned = _guarded(None, tmp_path / "unpinned")
     assert f"cpus {sorted(os.sched_getaffinity(0))} None" in unpinned
 
 
