@@ -13,6 +13,10 @@ the actor, however the actor ends:
 - It runs on the CPUs `RAYSWEEP_CPU_AFFINITY` names (`serve.cpu_affinity`), and so does the server.
 - It raises its own priority to niceness 0 where the OS allows (Ray starts workers at nice 15, and the
   server would inherit it), and records in `nice` the niceness before, after and why it could not.
+- It gives the server a private directory for vLLM's IPC sockets (`VLLM_RPC_BASE_PATH`, unless the server's
+  environment sets it): vLLM creates them in /tmp by default and leaves them there when its processes are
+  stopped. The guard removes the directory once the server's tree has ended. Its path is short (under /tmp),
+  as a socket's path may not exceed 107 bytes.
 It writes `guard.pid`, `nice` and `server.pid` on start and `exit_code` at the end into STATE_DIR.
 """
 
@@ -26,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,6 +47,7 @@ SERVER_PID_FILE = "server.pid"
 EXIT_FILE = "exit_code"
 NICE_FILE = "nice"
 SERVER_NICENESS = 0  # the priority a server runs at, whatever the Ray worker that starts it has
+IPC_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM puts its processes' IPC sockets
 
 _stop = False
 
@@ -65,7 +71,14 @@ def main(argv: list[str]) -> int:
     _pin(os.environ.pop(CPUS_ENV, None))
     write_text_atomic(state / PID_FILE, str(os.getpid()))
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    code = _supervise(cmd, lambda: not _stop and is_alive(watch, watch_start))
+    sockets = None if IPC_ENV in os.environ else tempfile.mkdtemp(prefix="rs-ipc-")
+    if sockets is not None:
+        os.environ[IPC_ENV] = sockets
+    try:
+        code = _supervise(cmd, lambda: not _stop and is_alive(watch, watch_start))
+    finally:
+        if sockets is not None:
+            shutil.rmtree(sockets, ignore_errors=True)
     if is_alive(watch, watch_start):
         write_text_atomic(state / EXIT_FILE, str(code))  # the host reads it, then removes the directory
     else:  # the host is gone (killed, its node lost): nobody will read the state, so leave none behind
