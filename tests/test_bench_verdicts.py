@@ -41,9 +41,7 @@ def test_the_verdicts_hold_over_time_on_seeded_simulations():
     missed = [f"{r['condition']}: {r['measure']} {100 * r['rate']:.1f} % (target {r['target']})" for r in judged
               if not verdicts_time.meets_target(r)]
     # not reached (benchmarks/RESULTS.md says so): held at the rate measured, so that they cannot get worse
-    known = {("-1 %/run drift, 5 runs", "coverage of the undrifted level, unflagged points"): (">=", 0.65),
-             ("-3 %/run drift, 5 runs", "coverage of the undrifted level, unflagged points"): (">=", 0.25),
-             ("one arm drifts -3 %/run, identical, 5 runs a side", "false verdict (unpaired)"): ("<=", 0.10),
+    known = {("one arm drifts -3 %/run, identical, 5 runs a side", "false verdict (unpaired)"): ("<=", 0.10),
              ("one arm drifts -3 %/slot, identical, 5 runs a side in AB BA pairs", "false verdict (paired)"):
                  ("<=", 0.10)}
     for (condition, measure), (op, bound) in known.items():

@@ -31,8 +31,8 @@ from scipy import special
 
 from raysweep.maths.verdicts import ALPHA, MIN_RUNS, Verdict
 
-__all__ = ["OVER_STARTS", "StartSpread", "compare_over_starts", "start_spread", "starts_per_point",
-           "widened_intervals"]
+__all__ = ["OVER_STARTS", "StartSpread", "compare_over_starts", "level_intervals", "start_spread",
+           "starts_per_point", "widened_intervals"]
 
 
 @dataclass(frozen=True)
@@ -91,15 +91,30 @@ def widened_intervals(mean: np.ndarray, std: np.ndarray, runs: np.ndarray, start
     """Each point's interval of its level over server starts (see the module docstring): t on the larger of
     a start's mean's variance over its starts and its runs' variance of the mean. NaN where the point has
     fewer than 2 runs."""
-    mean, std = np.asarray(mean, dtype=float), np.asarray(std, dtype=float)
-    runs, starts = np.asarray(runs, dtype=float), np.maximum(np.asarray(starts, dtype=float), 1.0)
-    ok = (runs >= 2) & np.isfinite(mean) & np.isfinite(std)
+    mean, std, runs = np.asarray(mean, dtype=float), np.asarray(std, dtype=float), np.asarray(runs, dtype=float)
+    ok = runs >= 2
     n = np.where(ok, runs, 2.0)
-    within = np.where(ok, std, 0.0) ** 2 / n
-    between = spread.var * np.where(ok, mean, 0.0) ** 2 / starts
-    dof = np.where(between >= within, float(spread.df), n - 1)
+    return level_intervals(np.where(ok, mean, math.nan), std ** 2 / n, n - 1, starts, spread, confidence)
+
+
+def level_intervals(level: np.ndarray, within: np.ndarray, within_df: np.ndarray, starts: np.ndarray,
+                    spread: StartSpread | None, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each point's interval of its `level` (the mean of its runs, or its level at its server's start:
+    `raysweep.maths.start_level`) from the variance of that estimate over its runs (`within`, with
+    `within_df` degrees of freedom) and, with a `spread`, over server starts: t on the larger of the two
+    variances, with the degrees of freedom of the one taken (see the module docstring). NaN where a value
+    is missing or `within_df` is under 1."""
+    level, within = np.asarray(level, dtype=float), np.asarray(within, dtype=float)
+    within_df = np.asarray(within_df, dtype=float)
+    ok = np.isfinite(level) & np.isfinite(within) & (within_df >= 1)
+    within = np.where(ok, within, 0.0)
+    if spread is None:
+        between, dof = np.zeros_like(within), np.where(ok, within_df, 1.0)
+    else:
+        between = spread.var * np.where(ok, level, 0.0) ** 2 / np.maximum(np.asarray(starts, dtype=float), 1.0)
+        dof = np.where(between >= within, float(spread.df), np.where(ok, within_df, 1.0))
     half = special.stdtrit(dof, 0.5 + confidence / 2.0) * np.sqrt(np.maximum(between, within))
-    return np.where(ok, mean - half, math.nan), np.where(ok, mean + half, math.nan)
+    return np.where(ok, level - half, math.nan), np.where(ok, level + half, math.nan)
 
 
 OVER_STARTS = "t over server starts"

@@ -128,8 +128,11 @@ def _precision(data: ReportData, row: Any) -> str:
     reached = row.get("precision_rel_half_width")
     at = (f"; its interval (the one the rule judged, widened for its looks) is +-{100 * float(reached):.1f} % of "
           "the mean" if conclusions.finite(reached) else "")
-    if at and "server starts" in str(row.get("ci_method") or ""):
-        at += " over its runs; the interval shown adds the spread between server starts"
+    method = str(row.get("ci_method") or "")
+    more = [what for key, what in (("server's start", "of its level at its server's start (the drift fitted out)"),
+                                   ("server starts", "widened by the spread between server starts")) if key in method]
+    if at and more:
+        at += f" over its runs; the interval shown is {' and '.join(more)}"
     goal = f" (+-{100 * float(target or 0):.1f} % of the mean)" if conclusions.finite(target) else ""
     return (f'<p class="flag">Precision not reached: this point {esc(why)} before its interval was as narrow as '
             f"bench.precision asks{esc(goal)}{esc(at)}. Its value is less certain than the campaign asked.</p>")

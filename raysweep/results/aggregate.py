@@ -46,7 +46,8 @@ import pyarrow.parquet as pq
 
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import bootstrap, verdicts
-from raysweep.maths.start_spread import StartSpread, start_spread, starts_per_point, widened_intervals
+from raysweep.maths.start_level import start_levels
+from raysweep.maths.start_spread import StartSpread, level_intervals, start_spread, starts_per_point
 from raysweep.maths.verdicts import t_quantile
 from raysweep.record.files import write_bytes_atomic, write_text_atomic
 
@@ -183,13 +184,14 @@ def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: flo
     keys = point_keys(df, params)
     names, shape = _param_columns(df, keys, params)
     df = df.assign(**{m: pd.to_numeric(df[m], errors="coerce") for m in metrics})  # once, not once per point
-    rows, spreads = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples,
-                                resamples)
+    rows, spreads, fits = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples,
+                                      resamples)
     out = pd.DataFrame.from_records(rows)
     out["runs_needed"] = out["runs_needed"].astype("Int64")
     out["noisy"] = out["noisy"].astype(bool)
     out.attrs.update(keys=keys, params=names, confidence=confidence, threshold=threshold,
-                     start_spread={m: [sp.var, sp.df, sp.points] for m, sp in spreads.items()})
+                     start_spread={m: [sp.var, sp.df, sp.points] for m, sp in spreads.items()},
+                     start_level={m: [[float(x) for x in part] for part in fit] for m, fit in fits.items()})
     return out
 
 
@@ -235,10 +237,11 @@ def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
 
 def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
                 confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
-                resamples: int) -> tuple[list[dict[str, Any]], dict[str, StartSpread]]:
+                resamples: int) -> tuple[list[dict[str, Any]], dict[str, StartSpread], dict[str, Any]]:
     """One row per point, in the order of its keys: the counts and statistics of every point at once (one
-    group-by over the table, not a table per point), then each point's row; and the spread between server
-    starts of each metric where the campaign measured it (`_over_starts`)."""
+    group-by over the table, not a table per point), then each point's row; the spread between server
+    starts of each metric where the campaign measured it (`_over_starts`); and each metric's levels at the
+    server's start (`_at_server_start`)."""
     grouped = df.groupby(keys, dropna=False, sort=True)
     codes = grouped.ngroup().to_numpy()
     points = grouped.ngroups
@@ -286,9 +289,13 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
         rows.append(row)
     values = df[metrics].to_numpy(dtype=float)[used]
     stats = _group_stats(values, codes[used], points, confidence)
-    starts, spreads = _over_starts(df, values, codes, used, points, metrics, stats, confidence)
+    starts, spreads = _over_starts(df, values, codes, used, points, metrics)
+    fits = _at_server_start(df, codes, used, points, metrics)
+    _intervals(stats, metrics, fits, starts, spreads, confidence)
     named = next((m for m in ("output_throughput", *spreads) if m in spreads), None)
     method = "t" if named is None else f"t over runs and server starts ({named}: {spreads[named].text()})"
+    if fits:
+        method = f"{'t over runs' if method == 't' else method}; {AT_START}"
     for i, row in enumerate(rows):
         mine = {m: {k: float(stats[k][i, j]) for k in STATS} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
@@ -304,7 +311,7 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
         _add_pooled(rows, [[str(p) for p in ids[m[used[m]]]] for m in
                            (order[bounds[i]:bounds[i + 1]] for i in range(points))], metrics, confidence, samples,
                     resamples)
-    return rows, spreads
+    return rows, spreads, fits
 
 
 def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: list[str], confidence: float,
@@ -326,7 +333,8 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
         if not extra:
             continue
         row = rows[i]
-        row["ci_method"] = (f"t over runs; pooled percentiles with a two-level bootstrap (runs, then requests; "
+        said = "t over runs" if row["ci_method"] == "t" else row["ci_method"]
+        row["ci_method"] = (f"{said}; pooled percentiles with a two-level bootstrap (runs, then requests; "
                             f"{requests} requests)")
         rows[i] = {}
         for k, v in row.items():  # the pooled columns after the metric's interval, as before
@@ -337,12 +345,11 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
 
 
 def _over_starts(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.ndarray, points: int,
-                 metrics: list[str], stats: dict[str, np.ndarray], confidence: float,
-                 ) -> tuple[np.ndarray | None, dict[str, StartSpread]]:
+                 metrics: list[str]) -> tuple[np.ndarray | None, dict[str, StartSpread]]:
     """The server starts each point's runs came from, and, where some points were measured on 2 or more
     starts (`order.instances`, the winner's confirmation), the spread between starts of each metric
-    (`raysweep.maths.start_spread`): every point's interval widened by it in `stats`, in place, so that it
-    covers the configuration's level over server starts and not only over one start's runs."""
+    (`raysweep.maths.start_spread`), by which `_intervals` widens every point's interval so that it covers
+    the configuration's level over server starts and not only over one start's runs."""
     if "server_id" not in df.columns or df["server_id"].isna().all():
         return None, {}
     start_codes = pd.factorize(df["server_id"])[0][used]  # -1: a run whose start is not recorded
@@ -350,17 +357,80 @@ def _over_starts(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: 
     starts = np.maximum(starts_per_point(run_points[known], start_codes[known], points), 1)
     if not (starts >= 2).any():
         return starts, {}
-    n = pd.DataFrame(~np.isnan(values)).groupby(run_points).sum().reindex(pd.RangeIndex(points)).to_numpy()
     same = _measured_alike(df)[used][known]
     spreads: dict[str, StartSpread] = {}
     for j, m in enumerate(metrics):
         spread = start_spread(values[known, j], same, start_codes[known])
-        if spread is None:
-            continue
-        spreads[m] = spread
-        stats["ci_low"][:, j], stats["ci_high"][:, j] = widened_intervals(
-            stats["mean"][:, j], stats["std"][:, j], n[:, j], starts, spread, confidence)
+        if spread is not None:
+            spreads[m] = spread
     return starts, spreads
+
+
+AT_START = "levels at the server's start (each server's drift over its runs fitted out)"
+
+
+def _places(df: pd.DataFrame) -> np.ndarray | None:
+    """Each run's place in its server's life (0: the first run its server measured), by `started_at`, else by
+    the run order's `slot`; None where neither is known for every run."""
+    for col in ("started_at", "slot"):
+        if col in df.columns:
+            key = pd.to_numeric(df[col], errors="coerce")
+            if key.notna().all():
+                return (key.groupby(df["server_id"].astype(str)).rank(method="first") - 1.0).to_numpy(dtype=float)
+    return None
+
+
+def _at_server_start(df: pd.DataFrame, codes: np.ndarray, used: np.ndarray, points: int,
+                     metrics: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per metric, each point's level at its server's start with the variance of that estimate and its degrees
+    of freedom (`raysweep.maths.start_level`: the drift of the server's life fitted over all its points' runs;
+    NaN for a point not fitted), for the points whose runs used all come from one server start. Empty where
+    the runs' servers or their order are not recorded."""
+    if "server_id" not in df.columns or df["server_id"].isna().any():
+        return {}
+    places = _places(df)
+    if places is None:
+        return {}
+    server = pd.factorize(df["server_id"].astype(str))[0]
+    one_start = starts_per_point(codes[used], server[used], points) == 1
+    mine = used & one_start[codes]
+    everything = df[metrics].to_numpy(dtype=float)
+    fits: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for s in np.unique(server[mine]):
+        rows = np.flatnonzero(mine & (server == s))
+        local, members = pd.factorize(codes[rows], sort=True)
+        for j, m in enumerate(metrics):
+            v = everything[rows, j]
+            keep = np.isfinite(v)
+            fit = start_levels(v[keep], local[keep], places[rows][keep], len(members))
+            if fit is None:
+                continue
+            level, within, dof = fits.setdefault(m, (np.full(points, math.nan), np.full(points, math.nan),
+                                                     np.full(points, math.nan)))
+            centre = np.exp(fit.log_level)
+            level[members], within[members], dof[members] = centre, (centre * fit.log_se) ** 2, fit.df
+    return fits
+
+
+def _intervals(stats: dict[str, np.ndarray], metrics: list[str],
+               fits: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], starts: np.ndarray | None,
+               spreads: dict[str, StartSpread], confidence: float) -> None:
+    """Every point's interval in `stats`, in place: of its level at its server's start where `fits` has it,
+    else of its runs' mean; widened by the spread between server starts where the campaign measured it
+    (`raysweep.maths.start_spread.level_intervals`). Unchanged (the plain t-interval) for a metric with
+    neither."""
+    for j, m in enumerate(metrics):
+        if m not in fits and m not in spreads:
+            continue
+        n = stats["n"][:, j]
+        level, within = stats["mean"][:, j].copy(), stats["std"][:, j] ** 2 / np.maximum(n, 1.0)
+        dof = np.where(n >= 2, n - 1.0, 0.0)
+        if m in fits:
+            fitted = np.isfinite(fits[m][0]) & (n >= 2)
+            level[fitted], within[fitted], dof[fitted] = (f[fitted] for f in fits[m])
+        how_many = starts if starts is not None else np.ones(level.size)
+        stats["ci_low"][:, j], stats["ci_high"][:, j] = level_intervals(level, within, dof, how_many,
+                                                                        spreads.get(m), confidence)
 
 
 def _measured_alike(df: pd.DataFrame) -> np.ndarray:
@@ -417,7 +487,7 @@ def _group_stats(values: np.ndarray, codes: np.ndarray, points: int, confidence:
         half = np.where(many, q * std / np.sqrt(np.maximum(n, 1)), nan)
     ok = np.isfinite(half)
     return {"mean": mean, "median": median, "std": std, "cv": cv, "ci_low": np.where(ok, mean - half, nan),
-            "ci_high": np.where(ok, mean + half, nan)}
+            "ci_high": np.where(ok, mean + half, nan), "n": n}
 
 
 TREND_METRICS = ("output_throughput", "request_throughput", "total_token_throughput")

@@ -265,14 +265,20 @@ def _spread_of(summary: pd.DataFrame, obj: Objective) -> StartSpread | None:
 
 
 def _start_note(summary: pd.DataFrame) -> list[str]:
-    """A line saying that the intervals include the spread between server starts, where they do."""
-    methods = [m for m in summary.get("ci_method", pd.Series(dtype=object)).dropna().unique()
-               if str(m).startswith("t over runs and server starts")]
-    if not methods:
-        return []
-    said = str(methods[0])[len("t over runs and server starts ("):].rstrip(")")
-    return [f"Intervals cover the level over server starts, not only one start's runs ({said}): more server "
-            "starts narrow them (order.instances, confirm.starts), more runs of one start do not"]
+    """Lines saying what the intervals cover beyond one start's runs: the spread between server starts and the
+    drift of a server's life, where they do."""
+    notes = []
+    spreads = summary.attrs.get("start_spread") or {}
+    named = next((m for m in ("output_throughput", *spreads) if m in spreads), None)
+    if named is not None:
+        notes.append(f"Intervals cover the level over server starts, not only one start's runs ({named}: "
+                     f"{StartSpread(*spreads[named]).text()}): more server starts narrow them (order.instances, "
+                     "confirm.starts), more runs of one start do not")
+    if summary.attrs.get("start_level"):
+        notes.append("Intervals are of each point's level at its server's start: a drift over the server's runs "
+                     "is fitted over all its points and left out (a point measured on several starts keeps the "
+                     "interval of its mean)")
+    return notes
 
 
 def gpus_declared(df: pd.DataFrame) -> bool:

@@ -23,8 +23,7 @@ from raysweep.maths.precision import (
     reported_confidence,
     runs_to_reach,
 )
-from raysweep.maths.start_spread import StartSpread, widened_intervals
-from raysweep.maths.verdicts import t_quantile
+from raysweep.maths.start_spread import StartSpread, level_intervals
 
 __all__ = ["precision_counts", "precision_columns"]
 
@@ -96,24 +95,29 @@ def _real(value: Any) -> float:
 
 def _widen_for_looks(out: Any, decided: list[bool], spec: PrecisionSpec) -> None:
     """The precision metric's `_ci_low`/`_ci_high` of the points the rule decided, at `reported_confidence`
-    (`precision_confidence` says which level a row's interval has), in place."""
+    (`precision_confidence` says which level a row's interval has), in place: of the point's level at its
+    server's start where the summary fitted it, widened by the spread between server starts where measured,
+    as every interval of the summary is (`raysweep.results.aggregate`)."""
     m = spec.metric
     if not {f"{m}_mean", f"{m}_std", f"{m}_ci_low", f"{m}_ci_high", "runs"} <= set(out.columns):
         return
     level = reported_confidence(spec)
     measured = (out.attrs.get("start_spread") or {}).get(m)
     between = StartSpread(*measured) if measured is not None else None
-    starts = out["server_starts"] if between is not None and "server_starts" in out.columns else None
+    fit = (out.attrs.get("start_level") or {}).get(m)
+    fitted = [np.asarray(part, dtype=float) for part in fit] if fit is not None and len(fit[0]) == len(out) else None
+    starts = (out["server_starts"].to_numpy(dtype=float) if between is not None and "server_starts" in out.columns
+              else np.ones(len(out)))
     lows, highs, levels = list(out[f"{m}_ci_low"]), list(out[f"{m}_ci_high"]), []
     for i, (mean, std, n, mine) in enumerate(zip(out[f"{m}_mean"], out[f"{m}_std"], out["runs"], decided)):
         runs, spread = _real(n), _real(std)
         ok = mine and runs >= 2 and math.isfinite(spread) and math.isfinite(_real(mean))
-        if ok and starts is not None and between is not None:  # the spread between starts, as every interval
-            low, high = widened_intervals(np.array([_real(mean)]), np.array([spread]), np.array([runs]),
-                                          np.array([_real(starts.iloc[i])]), between, level)
+        if ok:
+            centre, within, dof = _real(mean), spread * spread / runs, runs - 1.0
+            if fitted is not None and math.isfinite(fitted[0][i]):
+                centre, within, dof = fitted[0][i], fitted[1][i], fitted[2][i]
+            low, high = level_intervals(np.array([centre]), np.array([within]), np.array([dof]),
+                                        starts[i:i + 1], between, level)
             lows[i], highs[i] = float(low[0]), float(high[0])
-        elif ok:
-            half = t_quantile(0.5 + level / 2.0, runs - 1.0) * spread / math.sqrt(runs)
-            lows[i], highs[i] = float(mean) - half, float(mean) + half
         levels.append(level if ok else None)
     out[f"{m}_ci_low"], out[f"{m}_ci_high"], out["precision_confidence"] = lows, highs, levels
