@@ -132,7 +132,7 @@ def life_rows(rng: np.random.Generator, reps: int, condition: str, points: int, 
         if alone:
             values = np.where(order == 0, values, _runs(rng, slots))
         fit = start_level.start_levels(values, order, slots, points)
-        if alone and fit is not None:
+        if alone:
             flagged += over_time.trend(list(values[order == 0])).drifts
             itself += _holds(fit, 0)
         for p in range(1 if alone else 0, points):
@@ -140,8 +140,6 @@ def life_rows(rng: np.random.Generator, reps: int, condition: str, points: int, 
             _, lo, hi = verdicts.mean_interval(list(mine))
             plain += lo <= 1000.0 <= hi
             cases += 1
-            if fit is None:
-                continue
             fitted += _holds(fit, p)
             low, high = _level_interval(fit, p)
             widths.append((high - low) / (hi - lo))
@@ -161,7 +159,7 @@ def _level_interval(fit: Any, p: int) -> tuple[float, float]:
     """Point p's 95 % interval of its level at the server's start, as the summary computes it."""
     level = math.exp(fit.log_level[p])
     low, high = start_spread.level_intervals(np.array([level]), np.array([(level * fit.log_se[p]) ** 2]),
-                                             np.array([fit.df]), np.ones(1), None, 0.95)
+                                             np.array([fit.df[p]]), np.ones(1), None, 0.95)
     return float(low[0]), float(high[0])
 
 

@@ -20,6 +20,10 @@ The residual variance is pooled over the life, so its degrees of freedom are tho
 interval is about as wide as the plain one when nothing drifts, and it holds the level at the start with or
 without a common drift (`benchmarks/verdicts_time.py`, benchmarks/RESULTS.md "Verdicts over time"). A server
 with one point fits that point's own line: an honest interval, wider than the plain one when nothing drifts.
+A life with fewer than `MIN_DF` (3) residual degrees of freedom is not fitted, and its points keep the
+t-interval of their mean: a line through so few runs costs more than it can remove (Student's t at 2 degrees
+of freedom is 4.30, at 1 12.71, against 3.18 at 3), e.g. one point of 3 or 4 runs alone on its server, or 2
+points of 2 runs.
 
 The assumptions to state: the drift is linear over a server's life (a step is not a line: the paired verdicts
 handle steps), and the run-to-run spread of the metric's logarithm is alike for the points of a life.
@@ -33,92 +37,95 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-__all__ = ["ALONE_ALPHA", "StartLevels", "start_levels"]
+__all__ = ["ALONE_ALPHA", "MIN_DF", "StartLevels", "start_levels"]
 
 ALONE_ALPHA = 0.01   # a point drifts alone when both its tests reject at this level (see the module docstring)
+MIN_DF = 3           # fewer residual degrees of freedom in a server's life: it is not fitted (see the docstring)
 
 
 @dataclass(frozen=True)
 class StartLevels:
-    """Per point of one server's life (its code): the log of its level at the server's start, that log's
-    standard error and degrees of freedom (NaN where the point has fewer than 2 runs, or the life cannot be
-    fitted), whether it was fitted alone; and the shared slope in % per place of the life."""
+    """Per point (its code): the log of its level at its server's start, that log's standard error and the
+    degrees of freedom of its server's fit (NaN where the point has fewer than 2 runs or its server's life
+    cannot be fitted), whether it was fitted alone, and its server's shared slope in % per place."""
 
     log_level: np.ndarray
     log_se: np.ndarray
-    df: float
+    df: np.ndarray
     alone: np.ndarray
-    slope_pct: float
+    slope_pct: np.ndarray
+
+
+def _by(codes: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
+    return np.bincount(codes, weights=np.asarray(weights, dtype=float), minlength=size)
 
 
 def _sums(logs: np.ndarray, places: np.ndarray, points: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
     """Per point: runs, mean log, mean place, and the centred sums Sxx, Sxy, Syy."""
     n = np.bincount(points, minlength=k).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ybar = np.bincount(points, weights=logs, minlength=k) / n
-        xbar = np.bincount(points, weights=places, minlength=k) / n
+        ybar = _by(points, logs, k) / n
+        xbar = _by(points, places, k) / n
     xc, yc = places - xbar[points], logs - ybar[points]
-    sxx = np.bincount(points, weights=xc * xc, minlength=k)
-    sxy = np.bincount(points, weights=xc * yc, minlength=k)
-    syy = np.bincount(points, weights=yc * yc, minlength=k)
-    return n, ybar, xbar, sxx, sxy, syy
+    return n, ybar, xbar, _by(points, xc * xc, k), _by(points, xc * yc, k), _by(points, yc * yc, k)
 
 
-def _drifting_alone(n: np.ndarray, sxx: np.ndarray, sxy: np.ndarray, syy: np.ndarray, alpha: float) -> np.ndarray:
+def _two_sided(t: np.ndarray, dof: np.ndarray) -> np.ndarray:
+    return 2.0 * special.stdtr(np.maximum(dof, 1.0), -np.abs(t))
+
+
+def _drifting_alone(n: np.ndarray, sxx: np.ndarray, sxy: np.ndarray, syy: np.ndarray, life: np.ndarray,
+                    lives: int, alpha: float) -> np.ndarray:
     """The points that drift alone: their own slope shown to differ from zero and from the pooled slope of the
-    others, on the residual variance of a line per point (see the module docstring)."""
-    k = n.size
+    other points of their life, on the residual variance of a line per point (see the module docstring)."""
     fitted = (n >= 3) & (sxx > 0)   # a slope and a residual: 3 runs at least
-    dof = float(np.sum(n[fitted] - 2))
-    alone = np.zeros(k, dtype=bool)
-    if k < 2 or dof < 1 or fitted.sum() < 2:
-        return alone
-    s2 = float(np.sum(syy[fitted] - sxy[fitted] ** 2 / sxx[fitted])) / dof
-    if not s2 > 0:
-        return alone
-    total_xx, total_xy = float(sxx[fitted].sum()), float(sxy[fitted].sum())
-    for p in np.flatnonzero(fitted):
-        others_xx = total_xx - sxx[p]
-        if others_xx <= 0:
-            continue
-        own = sxy[p] / sxx[p]
-        drifts = float(2.0 * special.stdtr(dof, -abs(own) / math.sqrt(s2 / sxx[p]))) < alpha
-        diff = own - (total_xy - sxy[p]) / others_xx
-        t = diff / math.sqrt(s2 * (1.0 / sxx[p] + 1.0 / others_xx))
-        alone[p] = drifts and float(2.0 * special.stdtr(dof, -abs(t))) < alpha
-    return alone
+    safe_xx = np.where(fitted, sxx, 1.0)
+    own = np.where(fitted, sxy / safe_xx, 0.0)
+    dof = _by(life, np.where(fitted, n - 2.0, 0.0), lives)[life]
+    count = _by(life, fitted, lives)[life]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s2 = _by(life, np.where(fitted, syy - sxy * own, 0.0), lives)[life] / dof
+        others_xx = _by(life, np.where(fitted, sxx, 0.0), lives)[life] - sxx
+        others_xy = _by(life, np.where(fitted, sxy, 0.0), lives)[life] - sxy
+        valid = fitted & (count >= 2) & (dof >= 1) & (s2 > 0) & (others_xx > 0)
+        s2, others_xx = np.where(valid, s2, 1.0), np.where(valid, others_xx, 1.0)
+        zero = _two_sided(own / np.sqrt(s2 / safe_xx), dof)
+        others = _two_sided((own - others_xy / others_xx) / np.sqrt(s2 * (1.0 / safe_xx + 1.0 / others_xx)), dof)
+    return valid & (zero < alpha) & (others < alpha)
 
 
 def start_levels(values: np.ndarray, points: np.ndarray, places: np.ndarray, k: int,
-                 alpha: float = ALONE_ALPHA) -> StartLevels | None:
-    """The levels at the server's start of the `k` points (coded 0 .. k - 1) of one server's life, from its
-    runs' `values` (one metric), their `points` and their `places` in the life (0: the first run the server
-    measured; gaps allowed). None when the life cannot be fitted: a value that is not positive and finite (a
-    logarithm is taken), fewer residual degrees of freedom than 1, or no spread of places."""
+                 lives: np.ndarray | None = None, alpha: float = ALONE_ALPHA) -> StartLevels:
+    """The levels at their server's start of the `k` points (coded 0 .. k - 1), from the runs' `values` (one
+    metric), their `points`, their `places` in their server's life (0: the first run the server measured; gaps
+    allowed) and their `lives` (a code per server start; default: one). Every run of a point must come from
+    one life. A life is not fitted (its points get NaN) when one of its values is not positive and finite (a
+    logarithm is taken) or it leaves fewer residual degrees of freedom than `MIN_DF`."""
     values, points = np.asarray(values, dtype=float), np.asarray(points, dtype=int)
     places = np.asarray(places, dtype=float)
-    if not values.size or not (np.isfinite(values).all() and (values > 0).all() and np.isfinite(places).all()):
-        return None
-    logs = np.log(values)
-    n, ybar, xbar, sxx, sxy, syy = _sums(logs, places, points, k)
-    alone = _drifting_alone(n, sxx, sxy, syy, alpha)
+    life_of_run = np.zeros(points.size, dtype=int) if lives is None else np.asarray(lives, dtype=int)
+    m = int(life_of_run.max()) + 1 if life_of_run.size else 1
+    life = np.zeros(k, dtype=int)
+    life[points] = life_of_run
+    bad = ~(np.isfinite(values) & (values > 0) & np.isfinite(places))
+    logs = np.log(np.where(bad, 1.0, values))
+    n, ybar, xbar, sxx, sxy, syy = _sums(logs, np.where(bad, 0.0, places), points, k)
+    alone = _drifting_alone(n, sxx, sxy, syy, life, m, alpha)
     shared = ~alone & (n > 0)
-    shared_xx = float(sxx[shared].sum())
-    slope = float(sxy[shared].sum()) / shared_xx if shared_xx > 0 else math.nan
-    own = np.divide(sxy, sxx, out=np.zeros(k), where=sxx > 0)
-    slopes = np.where(alone, own, slope)
-    used = n > 0
-    dof = float(n.sum() - used.sum() - (shared_xx > 0) - alone.sum())
-    if dof < 1:
-        return None
-    fit = slope if math.isfinite(slope) else 0.0   # no shared slope: the shared points have one run each
-    sse = float(np.sum(syy[shared] - 2.0 * fit * sxy[shared] + fit * fit * sxx[shared]))
-    sse += float(np.sum(syy[alone] - own[alone] * sxy[alone]))
-    s2 = max(sse, 0.0) / dof
-    slope_xx = np.where(alone, sxx, shared_xx)
+    shared_xx = _by(life, np.where(shared, sxx, 0.0), m)
     with np.errstate(invalid="ignore", divide="ignore"):
+        slope = np.where(shared_xx > 0, _by(life, np.where(shared, sxy, 0.0), m) / shared_xx, math.nan)
+        own = np.where(sxx > 0, sxy / np.where(sxx > 0, sxx, 1.0), 0.0)
+        slopes = np.where(alone, own, slope[life])
+        dof = _by(life, n, m) - _by(life, n > 0, m) - (shared_xx > 0) - _by(life, alone, m)
+        fit = np.where(np.isfinite(slope), slope, 0.0)[life]   # no shared slope: its points have one run each
+        sse = _by(life, np.where(shared, syy - 2.0 * fit * sxy + fit * fit * sxx,
+                                 np.where(alone, syy - own * sxy, 0.0)), m)
+        s2 = np.maximum(sse, 0.0) / dof
+        slope_xx = np.where(alone, sxx, shared_xx[life])
         log_level = ybar - slopes * xbar
-        var = s2 * (1.0 / n + xbar * xbar / slope_xx)
-    ok = n >= 2
-    return StartLevels(np.where(ok, log_level, math.nan), np.where(ok, np.sqrt(var), math.nan), dof, alone,
-                       100.0 * math.expm1(slope) if math.isfinite(slope) else math.nan)
+        se = np.sqrt(s2[life] * (1.0 / n + xbar * xbar / slope_xx))
+    ok = (n >= 2) & (dof[life] >= MIN_DF) & (_by(life_of_run, bad, m)[life] == 0) & np.isfinite(se)
+    nan = math.nan
+    return StartLevels(np.where(ok, log_level, nan), np.where(ok, se, nan), np.where(ok, dof[life], nan),
+                       alone & ok, np.where(ok, 100.0 * np.expm1(slope[life]), nan))

@@ -294,17 +294,20 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     _intervals(stats, metrics, fits, starts, spreads, confidence)
     named = next((m for m in ("output_throughput", *spreads) if m in spreads), None)
     method = "t" if named is None else f"t over runs and server starts ({named}: {spreads[named].text()})"
-    if fits:
-        method = f"{'t over runs' if method == 't' else method}; {AT_START}"
+    at_start = f"{'t over runs' if method == 't' else method}; {AT_START}"
+    drift_metric = next((m for m in ("output_throughput", *fits) if m in fits), "")
+    fitted = fits.get(drift_metric)
     for i, row in enumerate(rows):
         mine = {m: {k: float(stats[k][i, j]) for k in STATS} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
         needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
         known = [n for n in needed if n is not None]
         row.update(noisy=bool(noisy), noisy_metrics=",".join(noisy), runs_needed=max(known) if known else None,
-                   ci_method=method)
+                   ci_method=at_start if fitted is not None and math.isfinite(fitted[0][i]) else method)
         if starts is not None:
             row["server_starts"] = int(starts[i])
+        if fitted is not None:   # the drift fitted out of its interval
+            row["server_drift_pct_per_run"] = float(fitted[3][i])
         for m in metrics:
             row.update({f"{m}_{k}": v for k, v in mine[m].items()})
     if ids is not None and samples and resamples >= 1:
@@ -381,11 +384,11 @@ def _places(df: pd.DataFrame) -> np.ndarray | None:
 
 
 def _at_server_start(df: pd.DataFrame, codes: np.ndarray, used: np.ndarray, points: int,
-                     metrics: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per metric, each point's level at its server's start with the variance of that estimate and its degrees
-    of freedom (`raysweep.maths.start_level`: the drift of the server's life fitted over all its points' runs;
-    NaN for a point not fitted), for the points whose runs used all come from one server start. Empty where
-    the runs' servers or their order are not recorded."""
+                     metrics: list[str]) -> dict[str, tuple[np.ndarray, ...]]:
+    """Per metric, each point's level at its server's start with the variance of that estimate, its degrees of
+    freedom and the server's drift in % per run of its life (`raysweep.maths.start_level`: the drift fitted
+    over all the server's points' runs; NaN for a point not fitted), for the points whose runs used all come
+    from one server start. Empty where the runs' servers or their order are not recorded."""
     if "server_id" not in df.columns or df["server_id"].isna().any():
         return {}
     places = _places(df)
@@ -393,27 +396,20 @@ def _at_server_start(df: pd.DataFrame, codes: np.ndarray, used: np.ndarray, poin
         return {}
     server = pd.factorize(df["server_id"].astype(str))[0]
     one_start = starts_per_point(codes[used], server[used], points) == 1
-    mine = used & one_start[codes]
-    everything = df[metrics].to_numpy(dtype=float)
-    fits: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for s in np.unique(server[mine]):
-        rows = np.flatnonzero(mine & (server == s))
-        local, members = pd.factorize(codes[rows], sort=True)
-        for j, m in enumerate(metrics):
-            v = everything[rows, j]
-            keep = np.isfinite(v)
-            fit = start_levels(v[keep], local[keep], places[rows][keep], len(members))
-            if fit is None:
-                continue
-            level, within, dof = fits.setdefault(m, (np.full(points, math.nan), np.full(points, math.nan),
-                                                     np.full(points, math.nan)))
-            centre = np.exp(fit.log_level)
-            level[members], within[members], dof[members] = centre, (centre * fit.log_se) ** 2, fit.df
+    rows = np.flatnonzero(used & one_start[codes])
+    everything = df[metrics].to_numpy(dtype=float)[rows]
+    fits: dict[str, tuple[np.ndarray, ...]] = {}
+    for j, m in enumerate(metrics):
+        keep = np.isfinite(everything[:, j])
+        fit = start_levels(everything[keep, j], codes[rows][keep], places[rows][keep], points, server[rows][keep])
+        if np.isfinite(fit.log_level).any():
+            level = np.exp(fit.log_level)
+            fits[m] = (level, (level * fit.log_se) ** 2, fit.df, fit.slope_pct)
     return fits
 
 
 def _intervals(stats: dict[str, np.ndarray], metrics: list[str],
-               fits: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], starts: np.ndarray | None,
+               fits: dict[str, tuple[np.ndarray, ...]], starts: np.ndarray | None,
                spreads: dict[str, StartSpread], confidence: float) -> None:
     """Every point's interval in `stats`, in place: of its level at its server's start where `fits` has it,
     else of its runs' mean; widened by the spread between server starts where the campaign measured it
@@ -427,7 +423,7 @@ def _intervals(stats: dict[str, np.ndarray], metrics: list[str],
         dof = np.where(n >= 2, n - 1.0, 0.0)
         if m in fits:
             fitted = np.isfinite(fits[m][0]) & (n >= 2)
-            level[fitted], within[fitted], dof[fitted] = (f[fitted] for f in fits[m])
+            level[fitted], within[fitted], dof[fitted] = (f[fitted] for f in fits[m][:3])
         how_many = starts if starts is not None else np.ones(level.size)
         stats["ci_low"][:, j], stats["ci_high"][:, j] = level_intervals(level, within, dof, how_many,
                                                                         spreads.get(m), confidence)
