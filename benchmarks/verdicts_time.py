@@ -291,6 +291,7 @@ def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
         _count(reps, lambda: family("bh")))
     rows += slo_rows(rng, max(50, reps // 8))
     rows += selection_rows(rng, reps)
+    rows += other_sitting_rows(rng, reps)
     return rows
 
 
@@ -343,6 +344,26 @@ def selection_rows(rng: np.random.Generator, reps: int) -> list[dict[str, Any]]:
              "target": "", **_rate(chosen, reps)},
             {"condition": "leader of 8 identical configs, 5 runs", "measure": "coverage after 5 fresh runs",
              "target": ">= 0.93", **_rate(fresh, reps)}]
+
+
+def other_sitting_rows(rng: np.random.Generator, reps: int) -> list[dict[str, Any]]:
+    """What "each point's interval holds the other sittings' estimates" can reach: a calibrated 95 % t-interval
+    of a level (its spread estimated on `df` degrees of freedom) against another sitting's estimate of that
+    level, as noisy as its own (normal errors)."""
+    from scipy import stats
+
+    rows = []
+    for df in (4, 15):
+        q = float(stats.t.ppf(0.975, df))
+
+        def holds(df: int = df, q: float = q) -> bool:
+            own, other = rng.standard_normal(2)
+            return abs(own - other) <= q * math.sqrt(rng.chisquare(df) / df)
+
+        rows.append({"condition": f"a calibrated 95 % t-interval on {df} degrees of freedom, another sitting's "
+                     "estimate as noisy as its own", "measure": "the interval holds that estimate", "target": "",
+                     **_count(reps, holds)})
+    return rows
 
 
 def meets_target(row: dict[str, Any]) -> bool | None:
