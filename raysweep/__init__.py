@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from raysweep.api import Campaign, Conclusions, load, run
 
-__version__ = "0.1.0"
+from raysweep.version import __version__
+
 __all__ = ["Campaign", "Conclusions", "__version__", "load", "run"]
 
 _API = ("Campaign", "Conclusions", "load", "run")

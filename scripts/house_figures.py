@@ -23,89 +23,33 @@ import argparse
 import ast
 import importlib.util
 import json
-import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 
-def _floors() -> list[tuple[str, ...]]:
-    """The floors as `tests/test_imports.py` holds them (one order, kept by the test)."""
+def _graph_module():
+    """`tests/test_imports.py`, which holds the floors (one order, kept by the test) and reads the import graph."""
     path = Path(__file__).resolve().parent.parent / "tests" / "test_imports.py"
     spec = importlib.util.spec_from_file_location("raysweep_test_imports", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return list(module.FLOORS)
+    return module
 
 
-FLOORS = _floors()
+_GRAPH = _graph_module()
+FLOORS: list[tuple[str, ...]] = list(_GRAPH.FLOORS)
 MODES = set(FLOORS[-2])
 MODE_MODULES = {"SLA search": "sla", "load levels": "levels", "offline": "offline", "tune": "tune",
                 "endpoints": "drive.endpoint"}
-
-
-def floor_of(room: str) -> int | None:
-    for n, rooms in enumerate(FLOORS):
-        if room in rooms:
-            return n
-    return None
-
-
-def module_paths(root: Path) -> dict[str, Path]:
-    out = {}
-    for path in (root / "raysweep").rglob("*.py"):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
-    return out
-
-
-def _type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
-def _imports(tree: ast.AST, package_init: bool = False) -> Iterable[ast.Import | ast.ImportFrom]:
-    """Every import that runs; not those under `if TYPE_CHECKING:`, nor those in a package `__init__`'s
-    `__getattr__` (PEP 562: they run for the caller that asks for the name, so the arrow is the caller's)."""
-    for child in ast.iter_child_nodes(tree):
-        if package_init and isinstance(child, ast.FunctionDef) and child.name == "__getattr__":
-            continue
-        if isinstance(child, ast.If) and _type_checking(child):
-            for sub in child.orelse:
-                yield from _imports(sub)
-            continue
-        if isinstance(child, (ast.Import, ast.ImportFrom)):
-            yield child
-        yield from _imports(child)
+module_paths = _GRAPH.module_names
+components = _GRAPH.components
+room_of = _GRAPH.room_of
+floor_of = _GRAPH.floor_of
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {m: set() for m in modules}
-    for module, path in modules.items():
-        for node in _imports(ast.parse(path.read_text(), str(path)), path.name == "__init__.py"):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                base = node.module or ""
-                if node.level:
-                    pkg = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-                    pkg = pkg[:len(pkg) - (node.level - 1)]
-                    base = ".".join(pkg + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target in modules and target != module and not module.startswith(target + "."):
-                    graph[module].add(target)
-    return graph
-
-
-def room_of(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
+    """The test's import graph, without the arrows from a module to a package it lies in."""
+    return {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in _GRAPH.import_graph(modules).items()}
 
 
 def rename(module: str, moves: dict[str, str]) -> str:
@@ -113,41 +57,6 @@ def rename(module: str, moves: dict[str, str]) -> str:
         if module == old or module.startswith(old + "."):
             return new + module[len(old):]
     return module
-
-
-def components(graph: dict[str, set[str]]) -> list[list[str]]:
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-    sys.setrecursionlimit(10000)
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def upward(src: str, dst: str) -> bool:

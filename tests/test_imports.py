@@ -12,16 +12,19 @@ name, never while the package itself is imported, so the edge is the caller's.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "raysweep"
 
 
-def module_names() -> dict[str, Path]:
+def module_names(root: Path = ROOT) -> dict[str, Path]:
+    """The modules of the package under `root`, by dotted name (a package by its own name)."""
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in (root / "raysweep").rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
@@ -60,8 +63,9 @@ def _base(module: str, path: Path, node: ast.ImportFrom) -> str:
     return ".".join(package + ([node.module] if node.module else []))
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = module_names()
+def import_graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Each module's edges to the modules its imports run (`scripts/house_figures.py` draws from it too)."""
+    modules = module_names() if modules is None else modules
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         for node in _imports(ast.parse(path.read_text(), str(path)), path.name == "__init__.py"):
@@ -91,11 +95,13 @@ def components(graph: dict[str, set[str]]) -> list[list[str]]:
     on_stack: set[str] = set()
     found: list[list[str]] = []
 
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in sorted(graph[v]):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -188,7 +194,8 @@ def test_the_loader_runs_tunings_check_without_the_caller_importing_tuning(tmp_p
 
 # The rooms of `raysweep/` from the ground up; rooms on one floor may import each other (no circle among them).
 FLOORS: list[tuple[str, ...]] = [
-    ("raysweep", "errors", "procs", "grid", "vllm_plugin", "maths", "schemas"),  # stage-free: used by every stage
+    # stage-free: used by every stage
+    ("raysweep", "version", "errors", "procs", "grid", "vllm_plugin", "maths", "schemas"),
     ("ledger", "record"),            # what is kept: the SQLite ledger, whole-or-nothing files, mirrors, drift
     ("bench",),                      # the client: what a bench command means, and running it
     ("campaign",),                   # the campaign file, validated
@@ -295,3 +302,58 @@ def test_the_load_literal_finder_sees_a_name_and_not_a_text(tmp_path):
     f = tmp_path / "m.py"
     f.write_text('"""Per max_concurrency."""\nx = {"max_concurrency": 1}\ny = "request_rate"\nz = "request_rates"\n')
     assert load_name_literals(f) == 2
+
+
+# -- each room's `__init__` says what it may import, and says it true ------------------------------------------
+
+STAGE_FREE = set(FLOORS[0]) - {"raysweep"}
+
+
+def may_import(room: str, doc: str) -> set[str] | None:
+    """The rooms that the sentence `May import: ...` of a room's docstring allows (its own not included), or None
+    where the docstring has no such sentence. Backticked room names count, and the phrases `the stage-free rooms`,
+    `every earlier stage`, `every stage` (up to the report) and `every room`."""
+    text = " ".join(doc.split())
+    start = text.find("May import:")
+    if start < 0:
+        return None
+    sentence = text[start + len("May import:"):].split(". ")[0]
+    floor = floor_of(room)
+    assert floor is not None
+    allowed = {name for name in re.findall(r"`([a-z_]+)`", sentence) if floor_of(name) is not None}
+    if "stage-free" in sentence:
+        allowed |= STAGE_FREE
+    if "every earlier stage" in sentence:
+        allowed |= {r for rooms in FLOORS[:floor] for r in rooms} - {"raysweep"}
+    if "every stage" in sentence:
+        allowed |= {r for rooms in FLOORS[:10] for r in rooms} - {"raysweep"}  # up to the report
+    if "every room" in sentence:
+        allowed |= {r for rooms in FLOORS for r in rooms} - {"raysweep"}
+    return allowed - {room}
+
+
+def test_each_room_says_what_it_may_import_and_the_floors_agree():
+    """Each room's `May import:` line names only rooms on its floor or below it (a mode no other mode), and every
+    room its modules import is among them (the package itself, `raysweep`, counts as stage-free)."""
+    graph = import_graph()
+    imported: dict[str, set[str]] = {}
+    for src, targets in graph.items():
+        imported.setdefault(room_of(src), set()).update(room_of(t) for t in targets)
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        room = init.parent.name
+        allowed = may_import(room, ast.get_docstring(ast.parse(init.read_text())) or "")
+        assert allowed is not None, f"{room}/__init__.py: no `May import:` sentence"
+        floor = floor_of(room)
+        assert floor is not None
+        above = {r for r in allowed if (floor_of(r) or 0) > floor or (room in MODES and r in MODES)}
+        assert not above, f"{room}/__init__.py says it may import {sorted(above)}, above its floor in FLOORS"
+        used = imported.get(room, set()) - {room, "raysweep"}
+        assert used <= allowed, f"{room}/__init__.py leaves out rooms it imports: {sorted(used - allowed)}"
+
+
+def test_the_may_import_reader_reads_names_and_phrases():
+    assert may_import("record", "May import: the stage-free rooms and `ledger`. Knows nothing.") == (
+        STAGE_FREE | {"ledger"})
+    assert may_import("plan", "May import: `campaign`.") == {"campaign"}
+    assert "catalog" not in (may_import("sla", "A mode. May import: every stage; never another mode.") or set())
+    assert may_import("plan", "Says nothing of imports.") is None

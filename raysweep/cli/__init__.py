@@ -10,7 +10,7 @@ Exit codes: 0 everything done; 1 some points failed or the campaign stopped earl
 was started); 3 Ray did not start or could not be joined (one message says what to try; nothing was run);
 130 interrupted (finished points are kept; `raysweep resume` continues).
 
-A face: may import every room; every mode is imported (`raysweep.modes`) so that what it registers is
+A face. May import: every room; every mode is imported (`raysweep.modes`) so that what it registers is
 there.
 """
 

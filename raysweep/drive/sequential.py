@@ -57,7 +57,7 @@ def restore_plan(plan: Plan, ledger: Ledger) -> int:
     return len(extra)
 
 
-def _done_records(work: Workload, rows: list[PointRow]) -> list[dict[str, Any]]:
+def done_records(work: Workload, rows: list[PointRow]) -> list[dict[str, Any]]:
     """The result records of a point's done runs, in run order (unreadable ones left out, with a warning)."""
     records = []
     for row in sorted(rows, key=lambda r: r.run):
@@ -77,12 +77,12 @@ def _number(record: dict[str, Any], key: str) -> float:
 
 def run_values(work: Workload, rows: list[PointRow], metric: str) -> list[float]:
     """The metric of a point's done runs, in run order, from their result files (nan where missing)."""
-    return [_number(r, metric) for r in _done_records(work, rows)]
+    return [_number(r, metric) for r in done_records(work, rows)]
 
 
 def run_seconds(work: Workload, rows: list[PointRow]) -> float:
     """The measured run time of a point's done runs: their `duration` (s) added up (`max_duration_s`)."""
-    return float(sum(d for d in (_number(r, "duration") for r in _done_records(work, rows)) if math.isfinite(d)))
+    return float(sum(d for d in (_number(r, "duration") for r in done_records(work, rows)) if math.isfinite(d)))
 
 
 def _unfinished(row: PointRow, max_attempts: int) -> bool:

@@ -5,7 +5,7 @@ campaign's (`campaign.levels`).
 The run decides the levels through `raysweep.drive.hooks`, where this package lends `levels.search` when it is
 imported.
 
-A mode: may import every stage and the stage-free rooms, never another mode.
+A mode. May import: every stage and the stage-free rooms; never another mode.
 """
 
 from __future__ import annotations

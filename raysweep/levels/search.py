@@ -24,7 +24,6 @@ starts, the endpoints a dead driver left ended but undecided. Endpoints with no 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
@@ -45,6 +44,7 @@ from raysweep.campaign.levels import (
     status_lines,
     workload_of,
 )
+from raysweep.drive.sequential import done_records
 from raysweep.plan.plan import PointRun, endpoint_benches, first_runs, level_bench, point_id
 
 __all__ = ["BATCH", "LEVEL", "SERIAL", "WorkloadSpec", "achieved", "check_workload", "dataset_size",
@@ -63,20 +63,6 @@ def _unfinished(row: Any, max_attempts: int) -> bool:
 
     return row.state in (PointState.PENDING, PointState.RUNNING) or (
         row.state == PointState.FAILED and row.attempts < max_attempts)
-
-
-def _records(work: Any, rows: list[Any]) -> list[dict[str, Any]]:
-    from raysweep.ledger import PointState
-
-    out = []
-    for row in sorted(rows, key=lambda r: r.run):
-        if row.state != PointState.DONE:
-            continue
-        try:
-            out.append(json.loads((work.output_dir / (row.result_path or "")).read_text()))
-        except (OSError, ValueError) as exc:
-            log.warning("run %s of point %s/%s: result unreadable (%s)", row.run, row.serve_id, row.bench_id, exc)
-    return out
 
 
 def _level_runs(plan: Any, serve: Any, base: Any, values: list[int]) -> list[Any]:
@@ -141,8 +127,8 @@ def _precision_open(work: Any, serve_id: str, ends: list[Any]) -> bool:
 
 def _decide(work: Any, serve: Any, base: Any, rows: dict[str, list[Any]], wl: WorkloadSpec,
             replace: bool = False) -> dict[str, Any]:
-    serial = [achieved(r, wl.variable) for r in _records(work, rows[SERIAL])]
-    batch = [achieved(r, wl.variable) for r in _records(work, rows[BATCH])]
+    serial = [achieved(r, wl.variable) for r in done_records(work, rows[SERIAL])]
+    batch = [achieved(r, wl.variable) for r in done_records(work, rows[BATCH])]
     if not serial or not batch:
         work.ledger.record_workload_levels(serve.id, base.id, wl.variable, None, None, [], NO_ENDPOINTS)
         log.warning("server config %s, bench %s: no done run of the %s point; no level between them", serve.id,

@@ -5,6 +5,5 @@ the order runs go in by design (`order`), the verdict of a winner's confirmation
 between server starts (`start_spread`), each point's level at its server's start with the server's drift fitted
 out (`start_level`) and energy over a window from counters or power samples (`energy`).
 
-Stage-free: imports nothing of raysweep but `raysweep.errors`, and knows nothing of Ray, HTTP, the ledger
-or a campaign's directory.
+Stage-free. May import: `errors` only. Knows nothing of Ray, HTTP, the ledger or a campaign's directory.
 """

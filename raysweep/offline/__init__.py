@@ -3,7 +3,7 @@ group, without a server. The client's offline backend is the bench's (`bench.off
 
 The run calls its points through `raysweep.drive.hooks`, where this package lends them when it is imported.
 
-A mode: may import every stage and the stage-free rooms, never another mode.
+A mode. May import: every stage and the stage-free rooms; never another mode.
 """
 
 from __future__ import annotations

@@ -2,5 +2,5 @@
 output directory to a filesystem URI, settings drift between a campaign's points and a resume, and the names
 of the server-side fields a result record carries (`fields`).
 
-May import: the stage-free rooms, `campaign`, `plan` and `ledger`. Knows nothing of Ray or HTTP.
+May import: the stage-free rooms and `ledger`. Knows nothing of Ray, HTTP, the campaign file or the plan.
 """

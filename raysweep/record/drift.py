@@ -17,9 +17,9 @@ from typing import Any
 
 import ray
 
-from raysweep import __version__
 from raysweep.errors import LedgerError
 from raysweep.ledger import Ledger, PointState
+from raysweep.version import __version__
 
 __all__ = ["EVENT", "SETTINGS_KEY", "SettingsChanged", "check", "differences", "measured_with", "node_versions",
            "record"]

@@ -15,8 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from raysweep import __version__, grid
+from raysweep import grid
 from raysweep.place import preflight
+from raysweep.version import __version__
 
 __all__ = ["gather", "hf_cache_dir", "model_source", "model_facts", "result_fields"]
 

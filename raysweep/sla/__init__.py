@@ -3,7 +3,7 @@ that meets them (`sla.search`), and its probes against a live server (`sla.probe
 
 The run calls its searches through `raysweep.drive.hooks`, where this package lends them when it is imported.
 
-A mode: may import every stage and the stage-free rooms, never another mode.
+A mode. May import: every stage and the stage-free rooms; never another mode.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ geometry (dominance, hypervolume, the front) is `raysweep.maths.pareto`. The rep
 `report_section`, registered with the report when this package is imported; the run reaches `restore_plan`,
 `TuneWork` and `TunedCluster` through `raysweep.drive.hooks`, where this package lends itself.
 
-A mode: may import every stage and the stage-free rooms, never another mode.
+A mode. May import: every stage and the stage-free rooms; never another mode.
 
 The names below are loaded on first use, so that importing one room does not import Optuna.
 """
