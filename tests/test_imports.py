@@ -195,7 +195,7 @@ def test_the_loader_runs_tunings_check_without_the_caller_importing_tuning(tmp_p
 # The rooms of `raysweep/` from the ground up; rooms on one floor may import each other (no circle among them).
 FLOORS: list[tuple[str, ...]] = [
     # stage-free: used by every stage
-    ("raysweep", "version", "errors", "procs", "grid", "vllm_plugin", "maths", "schemas"),
+    ("raysweep", "version", "registry", "errors", "procs", "grid", "vllm_plugin", "maths", "schemas"),
     ("ledger", "record"),            # what is kept: the SQLite ledger, whole-or-nothing files, mirrors, drift
     ("bench",),                      # the client: what a bench command means, and running it
     ("campaign",),                   # the campaign file, validated

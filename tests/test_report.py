@@ -332,8 +332,8 @@ def no_such_section(data):
 
 def test_sections_registered_by_other_modules(tmp_path, no_figures, monkeypatch):
     out = build_output_dir(tmp_path / "out")
-    mine = {sid: sec for sid, sec in registry._SECTIONS.items() if sid in BUILT_IN}
-    monkeypatch.setattr(registry, "_SECTIONS", mine)   # only the built-in ones, then three registered after
+    mine = {sid: registry.SECTIONS.get(sid) for sid in registry.SECTIONS if sid in BUILT_IN}
+    monkeypatch.setattr(registry.SECTIONS, "_items", mine)   # only the built-in ones, then three registered after
     registry.register(registry.Section("extra", "Extra", fragment_section, order=45))     # after Figures (40)
     registry.register(registry.Section("absent", "Absent", no_such_section, order=46))
     registry.register(registry.Section("nothing", "Nothing", lambda data: None, order=47))

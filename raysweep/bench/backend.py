@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from raysweep.registry import Registry
+
 __all__ = ["BACKENDS", "BenchBackend", "BenchJob", "backend_for", "register_backend"]
 
 
@@ -37,15 +39,12 @@ class BenchBackend(Protocol):
 
 # name -> a factory of the backend from the campaign's `bench` section, its environment and its CPU ids
 Factory = Callable[[Any, dict[str, str], list[int] | None], BenchBackend]
-BACKENDS: dict[str, Factory] = {}
+BACKENDS: Registry[Factory] = Registry("bench backend", "a backend registers itself in raysweep.bench.backend")
 
 
 def register_backend(name: str) -> Callable[[Factory], Factory]:
-    """Register `factory(bench, env, cpu_ids)` as the backend `name`."""
-    def add(factory: Factory) -> Factory:
-        BACKENDS[name] = factory
-        return factory
-    return add
+    """Register `factory(bench, env, cpu_ids)` as the backend `name` (the campaign schema reads the names)."""
+    return BACKENDS.add(name)
 
 
 @register_backend("native")
@@ -73,4 +72,4 @@ def backend_for(bench: Any, env: dict[str, str]) -> BenchBackend:
     cpu_ids = sorted(cpu_set(wanted) or ()) if wanted is not None else None
     if bench.backend not in BACKENDS:
         raise ValueError(f"bench.backend: {bench.backend!r} is none of {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[bench.backend](bench, env, cpu_ids)
+    return BACKENDS.get(bench.backend)(bench, env, cpu_ids)

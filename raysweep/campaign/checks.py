@@ -18,6 +18,7 @@ from raysweep import grid
 from raysweep.campaign.messages import _did_you_mean
 from raysweep.campaign.models import Campaign
 from raysweep.errors import CampaignError
+from raysweep.registry import Registry
 
 Origins = list[str | None]  # per combination: the parameter file entry it comes from, if any
 
@@ -27,24 +28,25 @@ Check = Callable[[Campaign, list[dict[str, Any]], list[dict[str, Any]]], None]
 # section -> the module that owns its checks and registers them when imported; the loader imports it by name
 # when the section is set, so the schema depends on no owner
 SECTION_OWNERS = {"tune": "raysweep.tune.space"}
-_CHECKS: dict[str, list[Check]] = {}
+CHECKS: Registry[list[Check]] = Registry("campaign check", "a section's owner registers its checks when imported")
 
 
 def register_check(section: str, check: Check) -> None:
     """Run `check(campaign, serve_combos, bench_combos)` on every campaign that sets `section`."""
-    if check not in _CHECKS.setdefault(section, []):
-        _CHECKS[section].append(check)
+    checks = CHECKS.get(section) if section in CHECKS else CHECKS.register(section, [])
+    if check not in checks:
+        checks.append(check)
 
 
 def run_registered_checks(campaign: Campaign, serve_combos: list[dict[str, Any]],
                           bench_combos: list[dict[str, Any]]) -> None:
     """The owning layers' checks of the sections this campaign sets (serve and bench combos resolved)."""
     for section, owner in SECTION_OWNERS.items():
-        if getattr(campaign, section) is not None and section not in _CHECKS:
+        if getattr(campaign, section) is not None and section not in CHECKS:
             importlib.import_module(owner)
-    for section, checks in _CHECKS.items():
+    for section in CHECKS:
         if getattr(campaign, section, None) is not None:
-            for check in checks:
+            for check in CHECKS.get(section):
                 check(campaign, serve_combos, bench_combos)
 
 

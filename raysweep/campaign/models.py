@@ -7,10 +7,11 @@ resolved parameters are in `raysweep.campaign.checks`.
 from __future__ import annotations
 
 import shlex
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from raysweep.bench.backend import BACKENDS
 from raysweep.bench.load import CONCURRENCY, LoadVariable
 from raysweep.campaign.levels import WorkloadSpec
 from raysweep.campaign.pd import PDSpec
@@ -254,10 +255,17 @@ class ClientGuardSpec(_Strict):
                                    "(the client could not keep up with its own streams)")
 
 
+# the bench backends' names, as their registry holds them (`raysweep.bench.backend`): a new backend needs no edit here
+if TYPE_CHECKING:
+    BackendName = str
+else:
+    BackendName = Literal[tuple(BACKENDS.names())]
+
+
 class BenchSpec(_Strict):
     """How to drive load: the backend, the benchmark command (or its options) and the grid of its parameters."""
 
-    backend: Literal["native", "command"] = Field(
+    backend: BackendName = Field(
         "native", description="`native`: raysweep's own streaming client in Ray actors, reading `vllm bench serve` "
         "options; `command`: runs the benchmark command itself (e.g. `vllm bench serve`)")
     cmd: str | None = Field(None, description="base benchmark command, e.g. `vllm bench serve --model MODEL ...` "

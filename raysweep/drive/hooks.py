@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from raysweep.registry import Registry
+
 if TYPE_CHECKING:
     from raysweep.drive.point import PointRunner
     from raysweep.drive.state import EventSink, Workload
@@ -32,25 +34,24 @@ if TYPE_CHECKING:
     from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
-__all__ = ["Levels", "Tracking", "Tune", "levels", "offline_points", "register", "sla_searches", "tracking", "tune",
-           "winners"]
+__all__ = ["LOADERS", "Levels", "Tracking", "Tune", "levels", "offline_points", "register", "sla_searches", "tracking",
+           "tune", "winners"]
 
-_LOADERS: dict[str, Callable[[], Any]] = {}
+LOADERS: Registry[Callable[[], Any]] = Registry(
+    "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
+    "Python API do")
 _LOADED: dict[str, Any] = {}
 
 
 def register(name: str, load: Callable[[], Any]) -> None:
     """Lend the run the part `name` (see the module docstring): `load()` returns it, importing what it needs."""
-    _LOADERS[name] = load
+    LOADERS.register(name, load)
     _LOADED.pop(name, None)
 
 
 def _part(name: str) -> Any:
     if name not in _LOADED:
-        if name not in _LOADERS:
-            raise LookupError(f"the run needs `{name}`, which no room registered (raysweep.drive.hooks): import "
-                              "raysweep.modes first, as the CLI and the Python API do")
-        _LOADED[name] = _LOADERS[name]()
+        _LOADED[name] = LOADERS.get(name)()
     return _LOADED[name]
 
 

@@ -14,10 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from raysweep.registry import Registry
+
 if TYPE_CHECKING:
     from raysweep.results.data import ReportData
 
-__all__ = ["Section", "register", "sections"]
+__all__ = ["SECTIONS", "Section", "register", "sections"]
 
 
 @dataclass(frozen=True)
@@ -31,15 +33,14 @@ class Section:
     order: int = 0
 
 
-_SECTIONS: dict[str, Section] = {}
+SECTIONS: Registry[Section] = Registry("report section", "a room registers its sections when it is imported")
 
 
 def register(section: Section) -> Section:
     """Add `section` to the report (a second registration of its id replaces the first)."""
-    _SECTIONS[section.sid] = section
-    return section
+    return SECTIONS.register(section.sid, section)
 
 
 def sections() -> list[Section]:
     """Every registered section, in the page's order."""
-    return sorted(_SECTIONS.values(), key=lambda s: s.order)
+    return sorted(SECTIONS.values(), key=lambda s: s.order)
