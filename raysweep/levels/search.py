@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from raysweep.bench.load import CONCURRENCY, RATE
 from raysweep.campaign.levels import (
@@ -45,7 +46,20 @@ from raysweep.campaign.levels import (
     workload_of,
 )
 from raysweep.drive.sequential import done_records
-from raysweep.plan.plan import PointRun, endpoint_benches, first_runs, level_bench, point_id
+from raysweep.plan.plan import (
+    BenchPoint,
+    Plan,
+    PointRun,
+    ServeConfig,
+    endpoint_benches,
+    first_runs,
+    level_bench,
+    point_id,
+)
+
+if TYPE_CHECKING:
+    from raysweep.drive.state import Workload
+    from raysweep.ledger import Ledger, PointRow
 
 __all__ = ["BATCH", "LEVEL", "SERIAL", "WorkloadSpec", "achieved", "check_workload", "dataset_size",
            "dry_run_lines", "endpoint_benches", "level_bench", "levels_between", "pending", "report_section",
@@ -58,14 +72,14 @@ _lock = threading.Lock()
 
 # -- deciding them while the campaign runs ----------------------------------------------------------
 
-def _unfinished(row: Any, max_attempts: int) -> bool:
+def _unfinished(row: PointRow, max_attempts: int) -> bool:
     from raysweep.ledger import PointState
 
     return row.state in (PointState.PENDING, PointState.RUNNING) or (
         row.state == PointState.FAILED and row.attempts < max_attempts)
 
 
-def _level_runs(plan: Any, serve: Any, base: Any, values: list[int]) -> list[Any]:
+def _level_runs(plan: Plan, serve: ServeConfig, base: BenchPoint, values: list[int]) -> list[PointRun]:
     runs = []
     for v in values:
         b = level_bench(plan.spec, base, v)
@@ -74,7 +88,7 @@ def _level_runs(plan: Any, serve: Any, base: Any, values: list[int]) -> list[Any
     return runs
 
 
-def _add_to_plan(plan: Any, runs: list[Any]) -> list[Any]:
+def _add_to_plan(plan: Plan, runs: list[PointRun]) -> list[PointRun]:
     with _lock:
         have = {p.id for p in plan.points}
         new = [p for p in runs if p.id not in have]
@@ -82,7 +96,7 @@ def _add_to_plan(plan: Any, runs: list[Any]) -> list[Any]:
     return new
 
 
-def settle(work: Any, serve: Any, bench: Any) -> list[Any]:
+def settle(work: Workload, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]:
     """After a point of `serve` ended: when it is an endpoint and both endpoints of its base have ended,
     decide the levels (once, in the ledger) and return their runs (already in the ledger and the plan);
     else []."""
@@ -109,15 +123,15 @@ def settle(work: Any, serve: Any, bench: Any) -> list[Any]:
         return []
     work.ledger.add_points([(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in runs])
     new = _add_to_plan(work.plan, runs)
-    return [p for p in new if work.ledger.point(p.id) is not None
-            and not _done_or_spent(work.ledger.point(p.id), work.c.max_attempts)]
+    return [p for p in new if (row := work.ledger.point(p.id)) is not None
+            and not _done_or_spent(row, work.c.max_attempts)]
 
 
-def _done_or_spent(row: Any, max_attempts: int) -> bool:
+def _done_or_spent(row: PointRow, max_attempts: int) -> bool:
     return row.state == "done" or (row.state == "failed" and row.attempts >= max_attempts)
 
 
-def _precision_open(work: Any, serve_id: str, ends: list[Any]) -> bool:
+def _precision_open(work: Workload, serve_id: str, ends: list[BenchPoint]) -> bool:
     """With bench.precision, an endpoint not yet decided (its next run is about to be added)."""
     if getattr(work.c.bench, "precision", None) is None:
         return False
@@ -125,7 +139,7 @@ def _precision_open(work: Any, serve_id: str, ends: list[Any]) -> bool:
     return any(states.get((serve_id, b.id)) in (None, "measuring") for b in ends)
 
 
-def _decide(work: Any, serve: Any, base: Any, rows: dict[str, list[Any]], wl: WorkloadSpec,
+def _decide(work: Workload, serve: ServeConfig, base: BenchPoint, rows: dict[str, list[PointRow]], wl: WorkloadSpec,
             replace: bool = False) -> dict[str, Any]:
     serial = [achieved(r, wl.variable) for r in done_records(work, rows[SERIAL])]
     batch = [achieved(r, wl.variable) for r in done_records(work, rows[BATCH])]
@@ -145,7 +159,7 @@ def _decide(work: Any, serve: Any, base: Any, rows: dict[str, list[Any]], wl: Wo
     return recorded
 
 
-def restore_plan(plan: Any, ledger: Any) -> int:
+def restore_plan(plan: Plan, ledger: Ledger) -> int:
     """Put the levels earlier drivers decided back into the plan (their runs are in the ledger, not in the
     expanded grid); returns how many runs."""
     if workload_of(plan.spec.campaign) is None:
@@ -160,7 +174,7 @@ def restore_plan(plan: Any, ledger: Any) -> int:
     return len(_add_to_plan(plan, runs))
 
 
-def settle_all(work: Any) -> int:
+def settle_all(work: Workload) -> int:
     """`settle` every base point of every configuration (at the start of a run: a driver may have died between
     the endpoints' last run and the decision); returns how many runs it added."""
     if workload_of(work.c) is None:
@@ -177,7 +191,7 @@ def settle_all(work: Any) -> int:
 
 # -- with an SLA search -----------------------------------------------------------------------------------
 
-def pending(work: Any, serve_id: str) -> list[Any]:
+def pending(work: Workload, serve_id: str) -> list[PointRun]:
     """The serial, batch and level runs of a configuration still to run (with an SLA search, which runs after
     them, `Workload.work_left` counts them too)."""
     if workload_of(work.c) is None:
@@ -190,7 +204,7 @@ def pending(work: Any, serve_id: str) -> list[Any]:
     return out
 
 
-def search_probes(work: Any, serve_id: str, base_id: str) -> dict[float, list[str]]:
+def search_probes(work: Workload, serve_id: str, base_id: str) -> dict[float, list[str]]:
     """The workload points of one base point that run exactly what an SLA probe of the same variable would
     run, as the search's probes: value -> the result files of their runs, for values whose every run is done.
     Every level is one (the base with only the variable set); with max_concurrency the serial point is the
@@ -201,7 +215,7 @@ def search_probes(work: Any, serve_id: str, base_id: str) -> dict[float, list[st
     wl, cfg = workload_of(work.c), getattr(work.c, "sla", None)
     if wl is None or cfg is None or cfg.variable != wl.variable:
         return {}
-    runs: dict[float, list[Any]] = {}
+    runs: dict[float, list[PointRow | None]] = {}
     for p in work.plan.points_of(serve_id):
         b = p.bench
         if b.workload_of != base_id or b.workload_value is None:
@@ -213,16 +227,15 @@ def search_probes(work: Any, serve_id: str, base_id: str) -> dict[float, list[st
         else:
             continue
         runs.setdefault(value, []).append(work.ledger.point(p.id))
-    done = {v: rows for v, rows in runs.items()
-            if len(rows) >= work.c.runs and all(r is not None and r.state == "done" for r in rows)}
-    return {v: [r.result_path for r in sorted(rows, key=lambda r: r.run)] for v, rows in done.items()}
+    done = {v: [r for r in rows if r is not None and r.state == "done"] for v, rows in runs.items()}
+    return {v: [str(r.result_path) for r in sorted(rows, key=lambda r: r.run)] for v, rows in done.items()
+            if len(rows) == len(runs[v]) >= work.c.runs}
 
 
-def report_section(output_dir: Any) -> str | None:
+def report_section(output_dir: str | Path) -> str | None:
     """The report's Load levels section (bench.workload): per server config and bench point the serial and
     batch values and the levels decided between them; None for any other campaign."""
     import html
-    from pathlib import Path
 
     from raysweep.ledger import LEDGER_FILE
     from raysweep.results.directory import CampaignDir
