@@ -4,6 +4,7 @@ output-dir arguments (local or a storage URI) and small printing helpers."""
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import sys
 import warnings
@@ -12,11 +13,15 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from raysweep.errors import UserError
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
+
+# the output dir of the campaign this command runs, for the interrupt message's `raysweep resume DIR`
+running_dir: list[Path] = []
 
 
 def _say(text: str, err: bool = False, style: str | None = None) -> None:
@@ -65,8 +70,9 @@ class _Group(click.Group):
             _say(str(exc), err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
+            where = shlex.quote(str(running_dir[-1])) if running_dir else "OUTPUT_DIR"
             console.print("[yellow]interrupted[/]: finished points are kept; "
-                          "continue with `raysweep resume OUTPUT_DIR`")
+                          f"continue with `raysweep resume {escape(where)}`")
             sys.exit(130)
 
 

@@ -20,6 +20,7 @@ from raysweep.cli._common import (
     address_option,
     console,
     main,
+    running_dir,
 )
 from raysweep.cli.display import _print_counts, _ProgressDisplay, told_by_event
 from raysweep.cli.jsonout import json_option, print_json
@@ -221,6 +222,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
 
     # endpoints, tracking, a changed campaign, a live driver or changed settings: refused before Ray starts
     run_checks.check_before_run(spec, output_dir, force=force, accept_changes=accept_changes)
+    running_dir.append(output_dir)
     _sigterm_to_interrupt()
     display = _ProgressDisplay()
     summary, refused = None, False

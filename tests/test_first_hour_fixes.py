@@ -1,0 +1,60 @@
+"""What a newcomer's first hour met on 2026-12-07 and was fixed: each test fails on the code before the fix.
+
+No Ray, no vLLM: the commands run through click's runner, the driver's parts are stubbed where a real run is
+not the point."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from raysweep.cli import main
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def test_interrupt_names_the_output_dir_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupted run says `raysweep resume <its directory>`, not a placeholder to fill in."""
+    from raysweep.drive import checks, driver
+    from raysweep.results import table
+
+    @contextlib.contextmanager
+    def interrupted(*_: Any, **__: Any) -> Iterator[None]:
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(checks, "finished", lambda *a, **k: None)
+    monkeypatch.setattr(checks, "check_before_run", lambda *a, **k: None)
+    monkeypatch.setattr(driver, "ray_session", interrupted)
+    monkeypatch.setattr(table, "write_results", lambda *a, **k: [])
+    monkeypatch.setenv("RAYSWEEP_DEMO_MODEL", str(tmp_path / "model"))
+    out = tmp_path / "my out"
+    result = CliRunner().invoke(main, ["run", str(CONFIGS / "demo-cpu.yaml"), "--output-dir", str(out)])
+    assert result.exit_code == 130, result.output
+    text = " ".join(result.output.split())
+    assert "OUTPUT_DIR" not in text
+    assert f"raysweep resume '{out}'" in text
+
+
+def test_every_shipped_config_validates_without_the_demo_model_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`validate` checks the file with a stand-in for an unset variable and says that `run` needs it and how."""
+    monkeypatch.delenv("RAYSWEEP_DEMO_MODEL", raising=False)
+    files = sorted(str(f) for f in CONFIGS.glob("*.yaml"))
+    assert len(files) >= 8
+    result = CliRunner().invoke(main, ["validate", *files])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("OK ") == len(files)
+    assert "${RAYSWEEP_DEMO_MODEL} is not set" in result.output
+    assert "RAYSWEEP_DEMO_MODEL=$PWD/.cache/tiny-llama" in result.output
+
+
+def test_run_without_the_demo_model_says_how_to_set_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAYSWEEP_DEMO_MODEL", raising=False)
+    result = CliRunner().invoke(main, ["run", str(CONFIGS / "demo-cpu.yaml"), "--output-dir", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "export RAYSWEEP_DEMO_MODEL=$PWD/.cache/tiny-llama" in " ".join(result.output.split())
+    assert not (tmp_path / "o").exists()
