@@ -58,3 +58,16 @@ def test_run_without_the_demo_model_says_how_to_set_it(tmp_path: Path, monkeypat
     assert result.exit_code == 2
     assert "export RAYSWEEP_DEMO_MODEL=$PWD/.cache/tiny-llama" in " ".join(result.output.split())
     assert not (tmp_path / "o").exists()
+
+
+def test_a_startup_dry_run_says_startup(tmp_path: Path) -> None:
+    import yaml
+
+    f = tmp_path / "startup.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "st", "output_dir": str(tmp_path / "out"), "mode": "startup", "runs": 1,
+        "offline": {"cmd": "vllm bench startup --model m --num-iters-cold 1 --num-iters-warm 1",
+                    "params": {"grid": {"max_num_seqs": [8, 16]}}}}))
+    result = CliRunner().invoke(main, ["run", str(f), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "Mode: startup" in result.output and "Mode: offline" not in result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -169,11 +170,14 @@ def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], 
     est = estimate(plan, done=done, measured=measured, lanes=max(1, lanes), gpus_of=gpus_of)
     source = ("measured in " + ", ".join([str(output_dir)] * own + list(estimate_from))) if measured else (
         "from the commands and raysweep.plan.estimate.DEFAULTS")
-    notes = [f"durations {source}"] + [f"{len(done)} run(s) already done are not counted"] * bool(done) + [
-        "GPU-hours of the configurations' shapes: no GPUs here"] * (not gpus)
+    notes = [f"durations {source}"] + [f"{len(done)} run(s) already done are not counted"] * bool(done)
+    if not gpus:  # servers without GPUs bill node-hours (raysweep.plan.cost), not their shapes' GPU-hours
+        nodes = {sid: max(1, getattr(lay, "nnodes", 1)) for sid, lay in layouts.items()}
+        est = dataclasses.replace(est, node_hours=sum(nodes.get(sid, 1) * s for sid, s in est.per_serve_s.items())
+                                  / 3600)
     from raysweep.plan.cost import estimate_line
 
-    priced = estimate_line(cost, est.gpu_hours)
+    priced = estimate_line(cost, est.gpu_hours, est.node_hours)
     return f"{est.text()} ({'; '.join(notes)})" + (f"\n{priced}" if priced else "")
 
 
