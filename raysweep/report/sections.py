@@ -40,7 +40,7 @@ def validity_section(data: ReportData) -> str:
         return nothing("no finished run yet")
     checks = ", ".join(CHECKS)
     counts = validity_counts(recs)  # the count `status` prints: a check not judged is never a check passed
-    gaps = (f'<p class="muted">Not judged (nothing recorded): {esc(counts.gaps())}.</p>' if counts.not_judged
+    gaps = (f'<p class="muted">Not judged: {esc(counts.gaps())}.</p>' if counts.not_judged
             else "")
     bad = flagged(recs)
     spans = _hardware_spans(recs)
