@@ -71,3 +71,18 @@ def test_a_startup_dry_run_says_startup(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["run", str(f), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "Mode: startup" in result.output and "Mode: offline" not in result.output
+
+
+def test_a_lower_latency_lead_is_worded_lower_not_over() -> None:
+    """With a lower-is-better objective the headline says `x% lower than`, never `+x% over`."""
+    from test_report import _runs_table
+
+    from raysweep.results import conclusions
+
+    df = _runs_table()
+    df.loc[df["serve_id"] == "B", "median_ttft_ms"] *= 1.25  # B 25 % slower: A leads by 20 %
+    fast = conclusions.conclude(df, ["random_input_len", "max_concurrency"], objective="median_ttft_ms")
+    lines = [ln for ln in conclusions.headlines(fast) if ln.startswith("Best for")]
+    assert lines and all("% over" not in ln for ln in lines), lines
+    assert any("20.0% lower than cfg=B" in ln for ln in lines), lines
+    assert conclusions.lead_words(0.221, True) == "+22.1% over"

@@ -73,10 +73,10 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
         return f'<div class="card">{"".join([*parts, *_load_parts(data, c, v, card_figure)])}</div>'
     if v.runner_up is not None:
         cls = "sig" if v.clear else "insig"
-        amount = f"{v.lead:+.1%}" if v.lead is not None else "ahead"
+        amount = conclusions.lead_words(v.lead, c.objective.maximize, none="ahead")
         flag = (" Some runs of these points were flagged (see Warnings): the verdict rests on the others."
                 if v.flagged else "")
-        parts.append(f"<p>{esc(amount)} over {esc(conclusions.at_load(v.runner_up, c.load))} "
+        parts.append(f"<p>{esc(amount)} {esc(conclusions.at_load(v.runner_up, c.load))} "
                      f"({conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}): "
                      f'<span class="{cls}">{esc(conclusions.verdict_text(v))}</span>.{esc(flag)}</p>')
     if v.confirmation is not None:

@@ -747,6 +747,16 @@ def load_lines(c: Conclusions) -> list[str]:
     return lines
 
 
+def lead_words(lead: float | None, maximize: bool, none: str = "a lead") -> str:
+    """The leader's lead over a rival in words, before the rival's name: `+22.1% over` where higher is better,
+    `0.2% lower than` where lower is (a lower TTFT is never "+0.2 % over" its rival)."""
+    if lead is None:
+        return f"{none} over"
+    if maximize:
+        return f"{lead:+.1%} over"
+    return f"{abs(lead):.1%} {'lower' if lead >= 0 else 'higher'} than"
+
+
 def headlines(c: Conclusions) -> list[str]:
     """One line per bench shape: the winner, its value, its lead and what the test shows (one server config
     swept over loads: `load_lines`)."""
@@ -756,8 +766,8 @@ def headlines(c: Conclusions) -> list[str]:
     for v in c.verdicts:
         lead = ""
         if v.runner_up is not None:
-            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
-            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(v.runner_up['objective_mean'])}), " \
+            amount = lead_words(v.lead, c.objective.maximize)
+            lead = f"; {amount} {at_load(v.runner_up, c.load)} ({fmt(v.runner_up['objective_mean'])}), " \
                    f"{verdict_text(v)}"
         slo = ""
         if c.slo is not None and not v.slo_met:
@@ -772,8 +782,8 @@ def headlines(c: Conclusions) -> list[str]:
         if v.confirmation is not None:  # the leader's value and interval from its fresh runs, not the selection
             k = v.confirmation
             value = f"{fmt(k.leader_mean)} [{fmt(k.ci_low)}, {fmt(k.ci_high)}] (confirmation)"
-            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
-            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(k.runner_mean)}), {verdict_text(v)}"
+            amount = lead_words(v.lead, c.objective.maximize)
+            lead = f"; {amount} {at_load(v.runner_up, c.load)} ({fmt(k.runner_mean)}), {verdict_text(v)}"
         lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}{slo}, {c.objective.name} "
                      f"{value} {c.objective.unit}".rstrip() + lead + flagged + drift)
         if v.cheapest is not None:
