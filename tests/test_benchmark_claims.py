@@ -1,5 +1,5 @@
-"""The README, docs/overview.md and docs/benchmarks.md quote only what the latest benchmark recordings back: every figure they
-quote (a decimal, a thousands-separated count, a percentage, a multiplier, an "N of M") appears in
+"""The README, docs/overview.md and docs/benchmarks.md quote only what the latest benchmark recordings back:
+every figure they quote (a decimal, a thousands-separated count, a percentage, a multiplier, an "N of M") appears in
 benchmarks/RESULTS.md. In the README only the paragraphs that cite the benchmarks are read (its other
 numbers are settings and examples)."""
 
