@@ -167,11 +167,37 @@ def test_like_for_like_says_why_points_are_not_comparable(campaigns, tmp_path):
     cat = tmp_path / "cat"
     assert _cli("catalog", "add", str(cat), str(campaigns)).exit_code == 0
     res = _cli("catalog", "compare", str(cat), "old", "long")
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # nothing compared: no empty table with exit 0
     assert "not comparable: input length 16 vs 64" in res.output  # the nearest point of the baseline
     assert "worse" not in res.output and "better" not in res.output  # nothing set side by side
+    assert "nothing compared: no point of long is like a point of old" in res.output
+    assert "┃ point" not in res.output and "baseline" not in res.output.split("nothing compared")[0].split(":")[0]
     res = _cli("catalog", "compare", str(cat), "old", "new")
     assert res.exit_code == 0 and res.output.count("worse") == 8 and "not comparable" not in res.output
+
+
+def test_catalog_compare_as_json_and_an_empty_query_says_what_selected_nothing(campaigns, tmp_path):
+    import jsonschema
+
+    from raysweep.cli.jsonout import schema
+
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(campaigns)).exit_code == 0
+    res = _cli("catalog", "compare", str(cat), "old", "new", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    jsonschema.validate(doc, schema("catalog_compare"))
+    assert len(doc["matched"]) == 8 and all(m["verdict"] == "worse" for m in doc["matched"])
+    none = _cli("catalog", "compare", str(cat), "old", "long", "--json")
+    assert none.exit_code == 1 and json.loads(none.output)["matched"] == []
+    assert json.loads(none.output)["unmatched"][0]["why"] == ["not comparable: input length 16 vs 64"]
+    empty = _cli("catalog", "query", str(cat), "--model", "m")
+    assert empty.exit_code == 2, empty.output
+    assert "--model m: no valid run has it; there are: tiny" in empty.output
+    both = _cli("catalog", "query", str(cat), "--campaign", "long", "--input-len", "16")
+    assert both.exit_code == 2 and "no valid run matches them all" in both.output
+    nojson = _cli("catalog", "add", str(cat), str(campaigns), "--json")
+    assert nojson.exit_code == 2 and "`raysweep catalog add` has no JSON output" in nojson.output
 
 
 def test_compare_controls_its_points_as_one_family(tmp_path):

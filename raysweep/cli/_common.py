@@ -62,8 +62,9 @@ class _Group(click.Group):
                 raise
             from raysweep.cli.jsonout import JSON_COMMANDS
 
-            name = exc.ctx.info_name if exc.ctx is not None else "this command"
-            raise click.UsageError(f"--json: `raysweep {name}` has no JSON output; commands with --json: "
+            path = exc.ctx.command_path.split()[1:] if exc.ctx is not None else ["this command"]
+            name = " ".join(["raysweep", *path])  # `raysweep catalog compare`, whatever the program's name
+            raise click.UsageError(f"--json: `{name}` has no JSON output; commands with --json: raysweep "
                                    f"{', '.join(JSON_COMMANDS)}", exc.ctx) from None
         except UserError as exc:
             console.print("error:", style="bold red", end=" ")

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from raysweep.cli._common import _say, main, print_table
 from raysweep.cli.jsonout import json_option, print_json
+from raysweep.errors import UserError
 
 _FILTER_OPTIONS = ("model", "config", "hardware", "dataset", "input_len", "output_len", "campaign")
 
@@ -107,6 +108,8 @@ def query(catalog_dir: str, metrics: tuple[str, ...], sql: str | None, as_csv: b
 
     cat = Catalog(catalog_dir)
     df = cat.query(sql) if sql else queries.points(cat, list(metrics), filters)
+    if df.empty and not sql:  # an empty table with exit 0 reads as "nothing wrong": say what selected nothing
+        raise UserError(queries.nothing_selected(cat, filters))
     if as_csv:
         sys.stdout.write(df.to_csv(index=False))
         return
@@ -121,14 +124,29 @@ def query(catalog_dir: str, metrics: tuple[str, ...], sql: str | None, as_csv: b
 @click.argument("baseline")
 @click.argument("other")
 @click.option("--metric", default="output_throughput", show_default=True)
-def compare(catalog_dir: str, baseline: str, other: str, metric: str) -> None:
+@json_option
+def compare(catalog_dir: str, baseline: str, other: str, metric: str, as_json: bool) -> None:
     """OTHER against BASELINE (campaign names or ids): points matched like for like (model, workload,
     load, hardware, server settings), each judged over its runs; points without a like are listed with why
-    they are not comparable."""
+    they are not comparable. Exit 1 when no point is like one of the baseline (nothing was compared)."""
     from raysweep.catalog import queries
     from raysweep.catalog.store import Catalog
 
     result = queries.compare(Catalog(catalog_dir), baseline, other, metric)
+    if as_json:
+        print_json("catalog_compare", {"baseline": baseline, "other": other, "metric": metric,
+                                       "matched": result.matched, "family": result.family,
+                                       "unmatched": [{"point": p, "why": why} for p, why in result.unmatched]})
+        if not result.matched:
+            sys.exit(1)
+        return
+    if not result.matched:
+        for point, why in result.unmatched:
+            _say(f"{point}: {'; '.join(why)}")
+        _say(f"nothing compared: no point of {other} is like a point of {baseline} (model, workload, load, "
+             "hardware and server settings)" + ("; why each is not comparable is above" if result.unmatched
+                                                 else f"; {other} has no valid run of {metric}"), err=True)
+        sys.exit(1)
     table = Table("point", "baseline", "other", "ratio", "verdict")
     for m in result.matched:
         table.add_row(m["point"], _num(m["baseline"]), _num(m["other"]), _num(m["ratio"]), m["verdict"])
