@@ -198,3 +198,36 @@ def test_where_a_side_measured_the_spread_between_server_starts_the_verdicts_are
     assert plain.table.loc[conc2, "output_throughput_verdict"].item() == "better"
     assert over.table.loc[conc2, "output_throughput_verdict"].item() == "not shown"
     assert set(over.table["median_ttft_ms_test"]) == {"Welch's t over runs"}  # no spread measured for it
+
+
+def _with_confirmation(name: str, thr: float) -> list[dict]:
+    """Two configs at three loads, 3 runs each; then the leader (s16 at concurrency 4) and the runner-up (s8 at
+    4) measured again as the confirmation does: points of their own (`confirms_bench_id`), 4 runs on 2 starts."""
+    out = rows(name, thr, 10.0, configs=("s8", "s16"))
+    for sid in ("s8", "s16"):
+        for r in range(4):
+            f = 1.0 + 0.01 * (0, -1, 1, 0.5)[r]
+            out.append(run_row(sid, 4, r, thr * 4 * f * (1.1 if sid == "s16" else 1.0), 40.0 * f, campaign=name,
+                               bench_id="b4-confirm", point_id=f"{sid}-c4-{r}", phase="confirm",
+                               confirms_bench_id="b4", server_id=f"{sid}-{r % 2}"))
+    return out
+
+
+def test_campaigns_with_a_confirmation_compare_and_say_what_did_not_match(tmp_path):
+    """`confirm:` adds points with the parameters of the points they confirm: compare matches them as the answer
+    does (the confirmation's runs are the point's, measured again), instead of refusing the baseline."""
+    a = build_dir(tmp_path / "a", _with_confirmation("base", 100.0), name="base")
+    b = build_dir(tmp_path / "b", [r for r in _with_confirmation("new", 120.0) if r["max_concurrency"] != 1],
+                  name="new")
+    result = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert result.exit_code == 0, result.output
+    cmp = compare.compare(compare.load_side(a), compare.load_side(b))
+    t = cmp.table.set_index(["max_num_seqs", "max_concurrency"])
+    assert len(t) == 4 and t.index.is_unique  # 2 configs x the 2 loads both have
+    assert t.loc[(16, 4), "runs_a"] == 7 and t.loc[(8, 2), "runs_a"] == 3  # 3 of the sweep + 4 fresh
+    assert t.loc[(8, 2), "output_throughput_ratio"] == pytest.approx(1.2, rel=0.02)
+    text = " ".join(cmp.notes)
+    assert "confirmation" in text
+    assert "max_num_seqs=8, max_concurrency=1" in text and "2 point(s) of base not in new" in text
+    doc = json.loads(CliRunner().invoke(main, ["compare", str(a), str(b), "--json"]).output)
+    assert any("not in new" in n for n in doc["notes"]) and len(doc["comparisons"][0]["points"]) == 4

@@ -95,6 +95,7 @@ class Side:
     summary: pd.DataFrame
     params: list[str]
     runs: pd.DataFrame | None = None
+    folded: str = ""  # what counting its confirmation points as the points they confirm did, in words
 
 
 @dataclass
@@ -151,7 +152,33 @@ def load_side(path: str | Path, option: str = "DIR", confidence: float = 0.95) -
                         "sweep` dir, a dir written by `raysweep import`, or a summary/results .parquet or .csv file")
     if summary.empty:
         raise UserError(f"{option} {path}: no finished run to compare")
-    return Side(name, p, summary, aggregate.summary_params(summary), runs)
+    side = Side(name, p, summary, aggregate.summary_params(summary), runs)
+    return _confirmation_folded(side, confidence)
+
+
+def _confirmation_folded(side: Side, confidence: float) -> Side:
+    """The side with each confirmation point (`confirm:`, a point of its own with `confirms_bench_id`) counted
+    as the point it confirms, as the campaign's answer counts it: the same configuration at the same load,
+    measured again on fresh servers, so its runs join that point's. A side without one is returned as it is."""
+    runs = side.runs
+    if runs is None or "confirms_bench_id" not in runs.columns or "bench_id" not in runs.columns:
+        return side
+    base = runs["confirms_bench_id"]
+    again = base.notna() & (base.astype(str) != "")
+    if not again.any():
+        return side
+    folded = runs.copy()
+    folded.loc[again, "bench_id"] = base[again].astype(str)
+    if "bench_label" in folded.columns:  # the label of the point confirmed, not "(confirmation)"
+        labels = dict(zip(folded.loc[~again, "bench_id"], folded.loc[~again, "bench_label"]))
+        folded.loc[again, "bench_label"] = folded.loc[again, "bench_id"].map(labels).fillna(
+            folded.loc[again, "bench_label"])
+    folded = folded.drop(columns=[c for c in ("phase", "confirms_bench_id") if c in folded.columns])
+    summary = aggregate.summarize(folded, confidence)
+    points = runs.loc[again, ["serve_id", "bench_id"]].drop_duplicates()
+    side.folded = (f"{len(points)} confirmation point(s) of {side.name} compared as the points they confirm (their "
+                   f"{int(again.sum())} fresh run(s) with the sweep's, as its answer counts them)")
+    return Side(side.name, side.source, summary, aggregate.summary_params(summary), folded, side.folded)
 
 
 def _runs_of(path: Path) -> pd.DataFrame | None:
@@ -248,6 +275,10 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     table = pd.DataFrame.from_records(rows)
     fam = _control(table, names, family)
     notes = [_starts_note(spreads, names)] if rows else []
+    notes += [s.folded for s in (baseline, other) if s.folded]
+    notes += _unmatched_notes(baseline, other, keys, set(base_keys) - matched,
+                              [tuple(_norm(b[k]) for k in keys) for b in other.summary.to_dict("records")
+                               if tuple(_norm(b[k]) for k in keys) not in index])
     if not rows:
         notes.append(f"no point of {other.name} has the parameters of a point of {baseline.name} "
                      f"(matched on {', '.join(keys)})")
@@ -413,6 +444,27 @@ def _metrics(baseline: Side, other: Side, metrics: Sequence[str] | None) -> list
             raise UserError(unknown_names("--metrics", missing, both, "metric aggregated on both sides"))
         return list(metrics)
     return [m for m in DEFAULT_METRICS if has(baseline, m) and has(other, m)]
+
+
+_LISTED = 5  # unmatched points named one by one, the rest counted
+
+
+def _unmatched_notes(baseline: Side, other: Side, keys: list[str], only_a: set[tuple[Any, ...]],
+                     only_b: list[tuple[Any, ...]]) -> list[str]:
+    """Which points were not compared and why: the point (its matched values) is not in the other side."""
+    def said(values: tuple[Any, ...]) -> str:
+        return ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values))
+
+    out = []
+    for points, mine, theirs in ((sorted(only_a, key=str), baseline, other), (sorted(set(only_b), key=str), other,
+                                                                               baseline)):
+        if not points:
+            continue
+        named = "; ".join(said(p) for p in points[:_LISTED])
+        more = f" and {len(points) - _LISTED} more" if len(points) > _LISTED else ""
+        out.append(f"not compared: {len(points)} point(s) of {mine.name} not in {theirs.name} (no point there with "
+                   f"the same {', '.join(keys)}): {named}{more}")
+    return out
 
 
 def _check_unique(baseline: Side, keys: list[str], base_keys: list[tuple[Any, ...]]) -> None:
