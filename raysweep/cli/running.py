@@ -246,7 +246,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
     _print_counts(summary.counts)
     for p in summary.failures[:10]:
         console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
-                      f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
+                      f"{p.attempts_made} attempt(s)): {escape(str(p.error))}", highlight=False)
     if summary.stopped_early:
         console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
     drawn = _write_report(output_dir) if spec.campaign.report and summary.counts.get("done") else None
@@ -280,7 +280,7 @@ def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int]
     _print_counts(counts)
     for p in failed[:10]:
         console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
-                      f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
+                      f"{p.attempts_made} attempt(s)): {escape(str(p.error))}", highlight=False)
     drawn: tuple[Path, list[Path], list[str]] | None = None
     if spec.campaign.report and counts.get("done"):
         report = output_dir / "report.html"  # report.REPORT_FILE, without importing the report's modules
@@ -300,7 +300,7 @@ def _run_document(spec: Any, output_dir: Path, counts: dict[str, int], failures:
     """What `run --json` prints at the end (raysweep/schemas/run.json)."""
     return {"campaign": spec.campaign.name, "output_dir": output_dir, "ran": ran, "counts": counts,
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
-                          "attempts": p.attempts, "error": p.error} for p in failures],
+                          "attempts": p.attempts_made, "error": p.error} for p in failures],
             "stopped_early": stopped_early, "results": results, "report": drawn[0] if drawn else None,
             "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else []}
 

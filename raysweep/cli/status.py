@@ -128,7 +128,8 @@ def _show(output_dir: str) -> bool:
                       highlight=False)
     for p in points:
         if p.state == PointState.FAILED:
-            out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "
+            out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
+                      f"{p.attempts_made} attempt(s)): "
                       f"{escape(str(p.error))}", highlight=False)
             if p.log_tail:
                 _say("  " + "\n  ".join(p.log_tail.splitlines()[-5:]), style="dim")

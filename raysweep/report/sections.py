@@ -192,7 +192,7 @@ def failures_section(data: ReportData) -> str:
     for (serve, error), points in groups.items():
         first = points[0]
         tail = f"<pre>{esc(first.log_tail)}</pre>" if first.log_tail else '<p class="muted">no log tail recorded</p>'
-        which = "; ".join(f"{combo_label(p.bench_params)} run {p.run}, {p.attempts} attempt(s), point {p.point_id}"
+        which = "; ".join(f"{combo_label(p.bench_params)} run {p.run}, {p.attempts_made} attempt(s), point {p.point_id}"
                           for p in points)
         whose = f"The log tail of point {first.point_id}:" if len(points) > 1 else "Its log tail:"
         items.append(f'<div class="failure"><h3>{esc(serve)}: {len(points)} point(s)</h3><p>{esc(error)}</p>'
