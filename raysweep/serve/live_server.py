@@ -135,7 +135,7 @@ class Server:
         each, the one that says why chosen by `pick_cause` (the rank that `exited` first among equals), with its
         rank (and a P/D deployment's role server). A rank that exits because another failed (its connection
         lost) is never taken for the cause when the other's log says more."""
-        found = []
+        causes: list[dict[str, Any]] = []
         for rank, h in enumerate(self.hosts):
             try:
                 cause = ray.get(h.root_cause.remote(), timeout=30)
@@ -144,8 +144,8 @@ class Server:
                 found = root_cause(procs.tail(path, 10**9, max_bytes=4 * 1024 * 1024)) if path else None
                 cause = asdict(found) if found is not None else None
             if cause is not None:
-                found.append({**cause, "rank": rank, **({"role": self.who(rank)} if self.roles else {})})
-        return pick_cause(found, exited)
+                causes.append({**cause, "rank": rank, **({"role": self.who(rank)} if self.roles else {})})
+        return pick_cause(causes, exited)
 
     def log_tail(self, lines: int = 40) -> str:
         tails = []
