@@ -86,3 +86,36 @@ def test_a_lower_latency_lead_is_worded_lower_not_over() -> None:
     assert lines and all("% over" not in ln for ln in lines), lines
     assert any("20.0% lower than cfg=B" in ln for ln in lines), lines
     assert conclusions.lead_words(0.221, True) == "+22.1% over"
+
+
+def test_the_interval_methods_are_said_once_not_once_per_point() -> None:
+    from raysweep.cli.comparing import method_notes
+
+    long = ("t over runs; pooled percentiles with a two-level bootstrap (runs, then requests; {} requests)")
+    notes = method_notes([long.format(n) for n in (96, 96, 128, 64, 32, 32)])
+    assert len(notes) == 1 and "(6 point(s))" in notes[0] and "96" not in notes[0], notes
+    assert method_notes(["t over runs"] * 4) == ["intervals: t over runs"]
+    two = method_notes(["t over runs", "t over runs", "t over server starts"])
+    assert two == ["intervals (2 point(s)): t over runs", "intervals (1 point(s)): t over server starts"]
+
+
+def test_profile_ends_without_saying_its_summary_was_not_written(tmp_path: Path) -> None:
+    """`profile` runs a campaign whose end writes summary.*: its table is not followed by "summary not written"."""
+    from test_aggregate import build_dir, run_row
+
+    from raysweep.cli.profile import points_table
+    from raysweep.results.table import write_results
+
+    out = build_dir(tmp_path / "out", [run_row("s8", c, r, 100.0 * c * (1 + 0.01 * r), 10.0) for c in (1, 2)
+                                       for r in range(3)])
+    write_results(out)
+    runner = CliRunner()
+    import click
+
+    @click.command()
+    def table() -> None:
+        points_table(out)
+
+    result = runner.invoke(table, [])
+    assert result.exit_code == 0, result.output
+    assert "max_concurrency" in result.output and "summary not written" not in result.output

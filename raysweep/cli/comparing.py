@@ -63,9 +63,28 @@ def shown_metrics(option: str, given: str | None, available: list[str], default:
     return names
 
 
+def method_notes(methods: list[str]) -> list[str]:
+    """One note per way the points' intervals were made, never the same long text once per point: texts that
+    differ only in their numbers (a point's request count) are one note, with how many points it covers."""
+    import re
+
+    groups: dict[str, list[str]] = {}
+    for m in methods:
+        groups.setdefault(re.sub(r"\d+(?:\.\d+)?", "N", str(m)), []).append(str(m))
+    notes = []
+    for texts in groups.values():
+        first, many = texts[0], len(set(texts)) > 1
+        if many:  # the numbers differ point by point: say the text once, without them
+            first = re.sub(r"[;,]? ?\d+(?:\.\d+)? requests?", "", first)
+        count = f" ({len(texts)} point(s))" if len(groups) > 1 or many else ""
+        notes.append(f"intervals{count}: {first}")
+    return notes
+
+
 def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tuple[str, ...], confidence: float,
                      threshold: float, noise_metrics: str | None, metrics: str | None = None,
-                     dest: Path | None = None, as_json: bool = False, written: list[Path] | None = None) -> None:
+                     dest: Path | None = None, as_json: bool = False, written: list[Path] | None = None,
+                     tell_unwritten: bool = True) -> None:
     """Print the aggregates per point (`results --aggregate`), and write summary.* into `dest` when given;
     `results`: the results table (None: read where the kept summary does not serve)."""
     import pandas as pd
@@ -87,8 +106,7 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
     if dest is not None:
         paths += aggregate.write_summary(dest, [f for f in formats if f in aggregate.SUMMARY_FORMATS],
                                          summary=summary)
-    methods = sorted(set(summary.get("ci_method", pd.Series(dtype=str)).dropna()))
-    notes = [f"intervals: {m}" for m in methods]
+    notes = method_notes(list(summary.get("ci_method", pd.Series(dtype=str)).dropna()))
     if any(f"{m}_pooled" in summary.columns for m in shown):
         notes.append("a percentile shows the mean of its per-run values with their t-interval (what compare tests); "
                      "the summary also holds the pooled percentile and its two-level bootstrap interval (M_pooled*)")
@@ -106,7 +124,7 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
         table.add_row(*(escape(fmt_value(r[p])) for p in params), str(r["runs"]), *cells, noisy, needed)
     print_table(table, out)
     _print_paths(paths, notes)
-    if dest is None:
+    if dest is None and tell_unwritten:
         _say("summary not written (write it with --out DIR)", err=True)
 
 
