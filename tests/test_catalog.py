@@ -335,6 +335,32 @@ def test_other_tools_outputs_are_read_with_what_they_say_and_missing_what_they_d
     assert "0 added, 0 updated, 4 unchanged" in again.output
 
 
+def _flagged_campaign(out: Path) -> Path:
+    """A finished campaign every run of which failed a validity check (shared CPUs)."""
+    make_campaign(out, "flagged", started_at=1.74e9, seed=5)
+    for path in (out / "points").rglob("run=*.json"):
+        rec = json.loads(path.read_text())
+        path.write_text(json.dumps({**rec, "validity_ok": False, "validity_issues": "shared CPUs"}))
+    return out
+
+
+def test_a_campaign_whose_every_point_failed_is_listed_ended_not_complete(tmp_path):
+    from raysweep.ledger import Ledger
+
+    out = make_campaign(tmp_path / "broken", "broken", done=0)
+    led = Ledger.open_existing(out)
+    for p in led.points():
+        led.mark_failed(p.point_id, "server failed to start", started=False)
+    led.close()
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(out)).exit_code == 0
+    listed = _cli("catalog", "list", str(cat))
+    assert listed.exit_code == 0 and "ended, no run finished" in listed.output and "complete" not in listed.output
+    assert _cli("site", str(cat), str(tmp_path / "site")).exit_code == 0
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "<td>ended, no run finished</td>" in index and "<td>complete</td>" not in index
+
+
 INDEX_PROBE = """<script>
 window.__errors = [];
 window.addEventListener('error', function (e) { window.__errors.push(String(e.message)); });
@@ -365,12 +391,16 @@ var __t = setInterval(function () {
               configs: Array.from(g.querySelectorAll('polyline.curve')).map(function (l) {
                 return [l.getAttribute('data-config'), l.getAttribute('points').split(' ').length]; })}; }),
             note: (f.querySelector('.note') || {}).textContent || '',
+            legend: (f.querySelector('.legend') || {}).textContent || '',
+            dashes: Array.from(f.querySelectorAll('.legend line')).map(function (l) {
+              return l.getAttribute('stroke-dasharray'); }),
             ticks: Array.from(f.querySelectorAll('svg.overlay text.tick')).map(function (t) {
               return Number(t.textContent); }),
             ttft: Array.from(f.querySelectorAll('svg.overlay circle title')).map(function (t) {
               return Number(t.textContent.split(', ').pop().split(' ')[0]); })};
   });
-  document.body.setAttribute('data-probe', JSON.stringify({figs: figs, errors: window.__errors}));
+  document.body.setAttribute('data-probe', JSON.stringify({figs: figs, errors: window.__errors,
+    summary: document.getElementById('summary').textContent}));
 }, 50);
 </script>"""
 
@@ -431,6 +461,21 @@ def test_the_site_lists_filters_and_overlays_in_chromium(campaigns, tmp_path):
         xs, ys = f["ticks"][0::2], f["ticks"][1::2]  # the scale: five ticks a side, from the data's range
         assert len(xs) == len(ys) == 5 and xs == sorted(xs) and ys == sorted(ys) and ys[0] == 0
         assert xs[0] == pytest.approx(min(f["ttft"]), rel=5e-3) and xs[-1] == pytest.approx(max(f["ttft"]), rel=5e-3)
+        # a legend for the colours (campaigns, by name) and for the line styles (configurations)
+        assert "colour: campaign" in f["legend"] and "old" in f["legend"] and ids["old"] not in f["legend"]
+        assert "line (load curves): configuration" in f["legend"] and "max_num_seqs=16" in f["legend"]
+        assert len(f["dashes"]) == 2 and len(set(f["dashes"])) == 2
     probe = _probe(exe, overlay, f"?ids={ids['old']},{ids['long']}")
     assert probe["errors"] == [] and len(probe["figs"]) == 3  # another input length: never on one axis
     assert all("not comparable: input length" in f["note"] for f in probe["figs"]), probe["figs"]
+    assert all(ids["old"] not in f["note"] and ids["long"] not in f["note"] for f in probe["figs"])  # by name
+    assert any(f["note"].startswith("only old measured this") for f in probe["figs"]), probe["figs"]
+    # a campaign whose every run is flagged is said not drawn, by name, never dropped without a word
+    flagged = _flagged_campaign(tmp_path / "flagged")
+    assert _cli("catalog", "add", str(cat), str(flagged)).exit_code == 0
+    assert _cli("site", str(cat), str(tmp_path / "site")).exit_code == 0
+    ids = {e["name"]: e["id"] for e in Catalog(cat).campaigns.values()}
+    overlay.write_text((site / "overlay.html").read_text().replace("</body>", OVERLAY_PROBE + "</body>", 1))
+    probe = _probe(exe, overlay, f"?ids={ids['old']},{ids['flagged']}")
+    assert probe["errors"] == [] and "not drawn, no valid run" in probe["summary"], probe["summary"]
+    assert probe["summary"].endswith(": flagged") and len(probe["figs"]) == 2

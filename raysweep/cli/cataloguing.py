@@ -77,7 +77,7 @@ def add(catalog_dir: str, dirs: tuple[str, ...]) -> None:
 @json_option
 def list_(catalog_dir: str, as_json: bool) -> None:
     """The campaigns of CATALOG: source, runs, models, hardware, vLLM versions, dates."""
-    from raysweep.catalog.store import Catalog
+    from raysweep.catalog.store import Catalog, state_of
 
     cat = Catalog(catalog_dir)
     if as_json:
@@ -86,7 +86,7 @@ def list_(catalog_dir: str, as_json: bool) -> None:
         return
     table = Table("campaign", "source", "state", "runs", "points", "models", "hardware", "vLLM", "first run", "path")
     for c in sorted(cat.campaigns.values(), key=lambda c: (c.get("first_date") or 0.0, c["name"])):
-        table.add_row(c["name"], c["source"], "complete" if c["complete"] else "running", str(c["runs"]),
+        table.add_row(c["name"], c["source"], state_of(c), str(c["runs"]),
                       str(c["points"]), ", ".join(c["models"]) or "-", ", ".join(c["hardware"]) or "-",
                       ", ".join(c["vllm"]) or "-", _day(c.get("first_date")), c["path"])
     print_table(table)
