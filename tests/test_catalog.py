@@ -479,3 +479,23 @@ def test_the_site_lists_filters_and_overlays_in_chromium(campaigns, tmp_path):
     probe = _probe(exe, overlay, f"?ids={ids['old']},{ids['flagged']}")
     assert probe["errors"] == [] and "not drawn, no valid run" in probe["summary"], probe["summary"]
     assert probe["summary"].endswith(": flagged") and len(probe["figs"]) == 2
+
+
+def test_an_endpoint_campaign_has_the_model_its_bench_command_names(tmp_path):
+    """A campaign against an endpoint raysweep did not start has no `vllm serve` command: its model is the one
+    the bench command names (`--model`)."""
+    from raysweep.ledger import Ledger
+
+    out = make_campaign(tmp_path / "ep", "ep")
+    for path in (out / "points").rglob("run=*.json"):
+        rec = json.loads(path.read_text())
+        rec.pop("provenance_model_path", None)  # an endpoint: no server of ours to read the model from
+        path.write_text(json.dumps(rec))
+    led = Ledger.open_existing(out)
+    meaning = json.loads(led.meta("meaning") or "{}")
+    led.set_meta("meaning", json.dumps({**meaning, "serve_cmd": []}))
+    led.close()
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(out)).exit_code == 0
+    (entry,) = Catalog(cat).campaigns.values()
+    assert entry["models"] == ["tiny"]

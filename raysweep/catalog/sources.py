@@ -154,8 +154,11 @@ def _read_raysweep(path: Path) -> Source:
         key = f"{rec.get('serve_id')}/{rec.get('bench_id')}"
         if key not in per_point:
             sp, bp = params.get(pid, ({}, {}))
-            per_point[key] = {**fields.serve_fields(grid.apply_to_cmd(serve_cmd, sp)),
-                              **fields.bench_fields(grid.apply_to_cmd(bench_cmd, bp)),
+            served = fields.serve_fields(grid.apply_to_cmd(serve_cmd, sp))
+            bench_argv = grid.apply_to_cmd(bench_cmd, bp)
+            if not served.get("model"):  # an endpoint raysweep did not start: the model its bench command names
+                served["model"] = grid.find_flag_value(bench_argv, "--model")
+            per_point[key] = {**served, **fields.bench_fields(bench_argv),
                               "config": rec.get("serve_label") or grid.combo_label(sp) or "base command",
                               "point": f"{rec.get('serve_label')} | {rec.get('bench_label')}"}
         rows.append({**_common(rec), **per_point[key], "campaign_id": cid, "campaign": name, "source": RAYSWEEP,
