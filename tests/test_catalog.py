@@ -499,3 +499,26 @@ def test_an_endpoint_campaign_has_the_model_its_bench_command_names(tmp_path):
     assert _cli("catalog", "add", str(cat), str(out)).exit_code == 0
     (entry,) = Catalog(cat).campaigns.values()
     assert entry["models"] == ["tiny"]
+
+
+def test_history_and_catalog_compare_leave_out_the_outlier_run_the_campaign_leaves_out(tmp_path):
+    """One run of one point 3 times the others: the campaign's aggregates leave it out (Grubbs' rule), and so
+    do `catalog compare` and `history`, so that they state the ratio `compare` states for the same campaigns."""
+    from raysweep.results import compare as compare_dirs
+
+    a = make_campaign(tmp_path / "a", "a", runs=6, input_lens=(16,), concurrencies=(1,), seed=11, started_at=1.70e9)
+    b = make_campaign(tmp_path / "b", "b", runs=6, input_lens=(16,), concurrencies=(1,), seed=12, started_at=1.71e9)
+    run = sorted((a / "points").rglob("run=2.json"))[0]
+    rec = json.loads(run.read_text())
+    run.write_text(json.dumps({**rec, "output_throughput": rec["output_throughput"] * 3}))
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(a), str(b)).exit_code == 0
+    res = _cli("catalog", "compare", str(cat), "a", "b", "--json")
+    matched = {m["point"].split(" | ")[0]: m for m in json.loads(res.output)["matched"]}
+    cmp = compare_dirs.compare(compare_dirs.load_side(a), compare_dirs.load_side(b), metrics=["output_throughput"])
+    by_config = {int(r["max_num_seqs"]): r["output_throughput_ratio"] for r in cmp.table.to_dict("records")}
+    assert {k: round(v, 9) for k, v in by_config.items()} == {
+        int(p.split("=")[1]): round(m["ratio"], 9) for p, m in matched.items()}, (by_config, matched)
+    series = history(Catalog(cat), "output_throughput", 0.05, {"input_len": "16"})
+    runs = {s.config: [j.runs for j in s.points] for s in series}
+    assert sorted(runs.values()) == [[5, 6], [6, 6]], runs  # the outlier left out of its campaign's point

@@ -146,6 +146,7 @@ def _read_raysweep(path: Path) -> Source:
         params = {p.point_id: (p.serve_params, p.bench_params) for p in ledger.points()}
     kept = path / "results.parquet"
     table = pd.read_parquet(kept) if complete and kept.is_file() else results_table(path)
+    outliers = _outlier_runs(table)
     serve_cmd, bench_cmd = list(meaning.get("serve_cmd") or []), list(meaning.get("bench_cmd") or [])
     per_point: dict[str, dict[str, Any]] = {}
     rows = []
@@ -161,10 +162,39 @@ def _read_raysweep(path: Path) -> Source:
             per_point[key] = {**served, **fields.bench_fields(bench_argv),
                               "config": rec.get("serve_label") or grid.combo_label(sp) or "base command",
                               "point": f"{rec.get('serve_label')} | {rec.get('bench_label')}"}
-        rows.append({**_common(rec), **per_point[key], "campaign_id": cid, "campaign": name, "source": RAYSWEEP,
+        common = _common(rec)
+        if pid in outliers:  # left out of its point's statistics by the campaign: out of the catalogue's too
+            common.update(validity_ok=False, validity_issues="; ".join(
+                i for i in (common.get("validity_issues"), OUTLIER) if i))
+        rows.append({**common, **per_point[key], "campaign_id": cid, "campaign": name, "source": RAYSWEEP,
                      "source_path": str(path.resolve()),
                      "date": _num(rec.get("started_at")) if _num(rec.get("started_at")) > 0 else created})
     return Source(cid, name, RAYSWEEP, str(path.resolve()), signature, complete, fields.frame(rows))
+
+
+OUTLIER = "outlier run (left out of its point's statistics by the campaign's aggregates)"
+
+
+def _outlier_runs(table: pd.DataFrame) -> set[str]:
+    """The point ids of the runs the campaign's own aggregates leave out as outliers (Grubbs' rule on a point's
+    runs that do not drift, `aggregate.runs_over_time`), so that `history`, `catalog compare` and the site judge
+    the runs the campaign judged. Its flagged and client-limited runs are left out by the catalogue already."""
+    from raysweep.results import aggregate
+
+    if table.empty or not {"serve_id", "bench_id", "point_id"} <= set(table.columns):
+        return set()
+    metric = next((m for m in aggregate.TREND_METRICS if m in table.columns), None)
+    if metric is None:
+        return set()
+    used = table[~aggregate.left_out_mask(table)]
+    out: set[str] = set()
+    for _, runs in used.groupby(["serve_id", "bench_id"], sort=False):
+        if len(runs) < 3:
+            continue
+        _, label = aggregate.runs_over_time(runs, [metric])
+        if label is not None:
+            out.add(str(runs.at[label, "point_id"]))
+    return out
 
 
 def _common(rec: dict[str, Any]) -> dict[str, Any]:
