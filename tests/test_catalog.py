@@ -330,7 +330,7 @@ def test_other_tools_outputs_are_read_with_what_they_say_and_missing_what_they_d
     assert set(vllm.load_value) == {4.0, 8.0} and vllm.hardware.isna().all()
     # like for like across tools: different workloads are named, never compared
     res = _cli("catalog", "compare", str(cat), "exp-20250101", "run1/profile_export_aiperf.json")
-    assert res.exit_code == 0 and "not comparable: model m vs mock-model" in res.output, res.output
+    assert res.exit_code == 1 and "not comparable: model m vs mock-model" in res.output, res.output  # none alike
     again = _cli("catalog", "add", str(cat), str(src))
     assert "0 added, 0 updated, 4 unchanged" in again.output
 
