@@ -61,3 +61,48 @@ def test_first_screen_is_not_blank(report_file, tmp_path):
     rows_with_ink = (pixels[..., :3].min(axis=2) < 0.5).any(axis=1)
     assert rows_with_ink.sum() > 200, "the first screen is (nearly) blank"
     assert len(np.unique(pixels[..., :3].reshape(-1, 3), axis=0)) > 20  # text, table borders, coloured cards
+
+
+def _demo_like_rows() -> list[dict]:
+    """The demo's shape: max_num_seqs 8 and 16 at max_concurrency 4 and 16, 3 runs each, where the sweep cannot
+    tell them apart; then its confirmation of the leader and the runner-up at 16, 4 fresh runs each on 2 server
+    starts, which reads the leader 15 % ahead."""
+    from test_aggregate import run_row
+
+    rows = []
+    for sid, level in (("s8", 1650.0), ("s16", 1700.0)):
+        for c in (4, 16):
+            for r in range(3):
+                rows.append(run_row(sid, c, r, level * c / 16 * (1 + 0.06 * (0, -1, 1)[r]), 50.0,
+                                    campaign="demo-cpu", server_id=f"{sid}-0", gpu_count=0))
+    for sid, level in (("s8", 1649.0), ("s16", 1905.0)):
+        for r in range(4):
+            rows.append(run_row(sid, 16, r, level * (1 + 0.01 * (0, -1, 1, 0.5)[r]), 50.0, campaign="demo-cpu",
+                                bench_id="b16-confirm", point_id=f"{sid}-c16-{r}", phase="confirm",
+                                confirms_bench_id="b16", server_id=f"{sid}-{1 + r % 2}", gpu_count=0,
+                                bench_label="max_concurrency=16"))
+    return rows
+
+
+def test_the_demos_card_states_the_figures_the_terminal_prints(tmp_path, monkeypatch):
+    """What the card shows first in Chromium is what `raysweep run` printed at its end for the same campaign: the
+    leader's value and interval (the confirmation's), its lead and the runner-up's value, never the sweep's
+    numbers beside the confirmation's lead."""
+    import re
+
+    from test_aggregate import build_dir
+
+    from raysweep.results import conclusions
+
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])  # the words are compared, not the figures
+    monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
+    out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
+    (line,) = conclusions.headlines(report.conclusions_of(out))
+    said = re.search(r"output_throughput (\S+) \[(\S+), (\S+)\] \(confirmation\) tok/s; ([+-][\d.]+%) over "
+                     r"(max_num_seqs=\d+) at max_concurrency=16 \((\S+)\)", line)
+    assert said is not None, line
+    value, low, high, lead, rival, rival_value = said.groups()
+    probe = check_page(report.write_report(out), tmp_path)
+    card = " ".join(probe["first_text"].split())
+    assert f"output_throughput {value} tok/s (95% CI {low} to {high}" in card, (line, card)
+    assert f"{lead} over {rival} at max_concurrency=16 ({rival_value}," in card, (line, card)

@@ -58,6 +58,12 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
     lead = v.leader
     value = (f"{esc(c.objective.name)} {conclusions.fmt(lead['objective_mean'])} {esc(c.objective.unit)} "
              f"({_interval(lead)}, {_backing(lead)})")
+    k = v.confirmation
+    if k is not None:  # the value, interval and rival the terminal states: the confirmation's fresh runs
+        value = (f"{esc(c.objective.name)} {conclusions.fmt(k.leader_mean)} {esc(c.objective.unit)} "
+                 f"({conclusions.CONFIDENCE:.0%} CI {conclusions.fmt(k.ci_low)} to {conclusions.fmt(k.ci_high)}, "
+                 f"the confirmation's {k.runs[0]} fresh run(s) on {k.starts[0]} server start(s); in the sweep "
+                 f"{conclusions.fmt(lead['objective_mean'])}, {_backing(lead)})")
     parts = [f"<h3>{esc(v.shape)}</h3>"]
     if v.slo_met is False and c.slo is not None:
         parts.append(f'<p class="flag">No point of this shape is shown to meet the service-level objective '
@@ -76,8 +82,10 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
         amount = conclusions.lead_words(v.lead, c.objective.maximize, none="ahead")
         flag = (" Some runs of these points were flagged (see Warnings): the verdict rests on the others."
                 if v.flagged else "")
-        parts.append(f"<p>{esc(amount)} {esc(conclusions.at_load(v.runner_up, c.load))} "
-                     f"({conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}): "
+        rival = (f"{conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}" if k is None else
+                 f"{conclusions.fmt(k.runner_mean)}, {conclusions.CONFIDENCE:.0%} CI {conclusions.fmt(k.runner_ci[0])} "
+                 f"to {conclusions.fmt(k.runner_ci[1])}, confirmation")
+        parts.append(f"<p>{esc(amount)} {esc(conclusions.at_load(v.runner_up, c.load))} ({rival}): "
                      f'<span class="{cls}">{esc(conclusions.verdict_text(v))}</span>.{esc(flag)}</p>')
     if v.confirmation is not None:
         k = v.confirmation
