@@ -211,6 +211,16 @@ class Conclusions:
     deployments: dict[str, str] = field(default_factory=dict)  # P/D deployments by serve_id (`pd_regions`)
     # whether the deployments differ only where declared, and any that prefilled requests again (`pd_arms`)
     arms: list[str] = field(default_factory=list)
+    _answer: Any = None
+
+    @property
+    def answer(self) -> Any:
+        """The campaign's answer (`raysweep.results.answer.Answer`), computed once from these conclusions."""
+        if self._answer is None:
+            from raysweep.results.answer import build
+
+            self._answer = build(self)
+        return self._answer
 
     @property
     def noisy(self) -> pd.DataFrame:
@@ -721,36 +731,19 @@ def load_lines(c: Conclusions) -> list[str]:
     return lines
 
 
-def headlines(c: Conclusions) -> list[str]:
-    """One line per bench shape: the winner, its value, its lead and what the test shows (one server config
-    swept over loads: `load_lines`)."""
-    if c.single_config:
-        return [*load_lines(c), *c.arms]
+def headlines(c: Conclusions, verbose: bool = False) -> list[str]:
+    """The campaign's answer in words (`raysweep.results.answer`, made once per conclusions): one plain line per
+    bench shape (with its tests and p-values under `verbose`), then the cheapest points, the P/D regions and
+    notes."""
+    return c.answer.lines(verbose)
+
+
+def extra_lines(c: Conclusions) -> list[str]:
+    """The lines beside the shapes' answers: each shape's cheapest point and P/D load regions, then the notes on
+    the deployments' arms."""
     lines, said_arms = [], False
     for v in c.verdicts:
-        lead = ""
-        if v.runner_up is not None:
-            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
-            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(v.runner_up['objective_mean'])}), " \
-                   f"{verdict_text(v)}"
-        slo = ""
-        if c.slo is not None and not v.slo_met:
-            lines.append(f"No point of {v.shape} is shown to meet the slo {c.slo.label} (its {CONFIDENCE:.0%} "
-                         f"interval inside the bound); nearest: {v.nearest}")
-            continue
-        if c.slo is not None:
-            slo = f" (shown to meet the slo {c.slo.label})"
-        flagged = "; some of their runs were flagged" if v.flagged else ""
-        drift = "; their runs drift over their order" if v.drifting else ""
-        value = fmt(v.leader["objective_mean"])
-        if v.confirmation is not None:  # the leader's value and interval from its fresh runs, not the selection
-            k = v.confirmation
-            value = f"{fmt(k.leader_mean)} [{fmt(k.ci_low)}, {fmt(k.ci_high)}] (confirmation)"
-            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
-            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(k.runner_mean)}), {verdict_text(v)}"
-        lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}{slo}, {c.objective.name} "
-                     f"{value} {c.objective.unit}".rstrip() + lead + flagged + drift)
-        if v.cheapest is not None:
+        if v.cheapest is not None and (c.slo is None or v.slo_met):
             lines.append(f"Cheapest for {v.shape}{' under the slo' if v.slo_met else ''}: "
                          f"{at_load(v.cheapest, c.load)}, {cheapest_text(v)}")
         regions = pd_regions.region_line(c.points[c.points["shape"] == v.shape], c.deployments, c.load, v.shape,
