@@ -71,3 +71,14 @@ def test_every_face_states_the_same_answer(tmp_path, monkeypatch):
     card = (out / "report.html").read_text()
     for s in shapes:
         assert s["leader"] in card and conclusions.fmt(s["value"]) in card and f"{s['verdict']}: {s['why']}" in card
+
+
+def test_status_of_a_complete_campaign_gives_its_answer(tmp_path):
+    out = build_output_dir(tmp_path / "out")
+    res = CliRunner().invoke(main, ["status", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    report = json.loads(CliRunner().invoke(main, ["report", str(out), "--json"]).output)
+    assert doc["answer"] is not None and doc["answer"] == report["answer"]
+    text = CliRunner().invoke(main, ["status", str(out)]).output
+    assert "answer:" in text and report["answer"]["shapes"][0]["headline"][:60] in text.replace("\n", " ")
