@@ -83,9 +83,11 @@ def test_a_lower_latency_lead_is_worded_lower_not_over() -> None:
     df.loc[df["serve_id"] == "B", "median_ttft_ms"] *= 1.25  # B 25 % slower: A leads by 20 %
     fast = conclusions.conclude(df, ["random_input_len", "max_concurrency"], objective="median_ttft_ms")
     lines = [ln for ln in conclusions.headlines(fast) if ln.startswith("Best for")]
-    assert lines and all("% over" not in ln for ln in lines), lines
-    assert any("20.0% lower than cfg=B" in ln for ln in lines), lines
+    assert lines and all("% over" not in ln and "% more" not in ln for ln in lines), lines
+    # 10 ms against 12.5 ms: 20 % lower (the rival 25 % higher), never "+25 %" or "25 % lower"
+    assert all("20 % lower than cfg=B" in ln for ln in lines), lines
     assert conclusions.lead_words(0.221, True) == "+22.1% over"
+    assert conclusions.lead_words(0.25, False) == "20.0% lower than"
 
 
 def test_the_interval_methods_are_said_once_not_once_per_point() -> None:

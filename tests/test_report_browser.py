@@ -35,7 +35,8 @@ def test_report_renders_with_working_links_and_figures_in_chromium(report_file, 
     order = probe["sections"]
     assert order[:2] == ["conclusions", "validity"] and order.index("figures") < order.index("results")
     assert order[-3:] == ["campaign", "plan", "environment"]
-    assert "Best:" in probe["first_text"] and "random_input_len=128" in probe["first_text"]
+    assert ("Deploy:" in probe["first_text"] or "Best measured:" in probe["first_text"]) \
+        and "random_input_len=128" in probe["first_text"]
     # every in-page link lands on an element; the navigation names every section
     assert probe["links"] and all(link["ok"] for link in probe["links"]), probe["links"]
     assert {link["href"][1:] for link in probe["links"]} >= set(probe["sections"])
@@ -97,12 +98,24 @@ def test_the_demos_card_states_the_figures_the_terminal_prints(tmp_path, monkeyp
     monkeypatch.setattr(report, "_figure_list", lambda data: [])  # the words are compared, not the figures
     monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
     out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
-    (line,) = conclusions.headlines(report.conclusions_of(out))
-    said = re.search(r"output_throughput (\S+) \[(\S+), (\S+)\] \(confirmation\) tok/s; ([+-][\d.]+%) over "
-                     r"(max_num_seqs=\d+) at max_concurrency=16 \((\S+)\)", line)
+    c = report.conclusions_of(out)
+    (line,) = conclusions.headlines(c)
+    said = re.search(r"deploy (max_num_seqs=\d+) at max_concurrency=16: output_throughput ([\d,.]+) tok/s "
+                     r"\[([\d,.]+), ([\d,.]+) at 95 %\] \(the confirmation: .*\), (\d+) % more than "
+                     r"(max_num_seqs=\d+) at max_concurrency=16", line)
     assert said is not None, line
-    value, low, high, lead, rival, rival_value = said.groups()
+    leader, value, low, high, lead, rival = said.groups()
     probe = check_page(report.write_report(out), tmp_path)
     card = " ".join(probe["first_text"].split())
-    assert f"output_throughput {value} tok/s (95% CI {low} to {high}" in card, (line, card)
-    assert f"{lead} over {rival} at max_concurrency=16 ({rival_value}," in card, (line, card)
+    shown = re.search(r"Deploy: (max_num_seqs=\d+) at max_concurrency=16 ?: output_throughput ([\d,.]+) tok/s \(95 % "
+                      r"interval ([\d,.]+) to ([\d,.]+),.*?([+-][\d.]+)% over (max_num_seqs=\d+) at max_concurrency=16 "
+                      r"\(([\d,.]+),", card)
+    assert shown is not None, card
+    def num(text: str) -> float:
+        return float(text.replace(",", ""))
+
+    assert (shown[1], shown[6]) == (leader, rival), (line, card)
+    assert [num(x) for x in shown.groups()[1:4]] == [num(value), num(low), num(high)], (line, card)
+    assert abs(num(shown[5]) - num(lead)) <= 0.5, (line, card)  # the terminal says it in whole percent
+    (v,) = c.verdicts
+    assert v.confirmation is not None and num(shown[7]) == num(conclusions.fmt(v.confirmation.runner_mean))

@@ -302,7 +302,19 @@ def _run_document(spec: Any, output_dir: Path, counts: dict[str, int], failures:
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
                           "attempts": p.attempts_made, "error": p.error} for p in failures],
             "stopped_early": stopped_early, "results": results, "report": drawn[0] if drawn else None,
-            "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else []}
+            "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else [],
+            "answer": _answer_json(output_dir) if drawn and drawn[2] else None}
+
+
+def _answer_json(output_dir: Path) -> dict[str, Any] | None:
+    """The campaign's answer as JSON (`raysweep.results.answer.Answer.to_dict`), as the lines printed render it."""
+    from raysweep.report.page import conclusions_of
+
+    try:
+        c = conclusions_of(output_dir)
+    except Exception:  # as `_headlines`: the lines said why
+        return None
+    return c.answer.to_dict() if c is not None else None
 
 
 def _headlines(output_dir: Path) -> list[str]:
