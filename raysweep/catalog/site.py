@@ -137,7 +137,8 @@ def _index(campaigns: list[dict[str, Any]], reports: Path) -> str:
                     f'<td>{html.escape(c["name"])}</td><td>{html.escape(c["source"])}</td>'
                     f'<td>{html.escape(attrs["model"])}</td><td>{html.escape(attrs["hardware"])}</td>'
                     f'<td>{html.escape(attrs["vllm"])}</td><td>{attrs["date"]}</td><td>{c["runs"]}</td>'
-                    f'<td>{html.escape(state_of(c))}</td><td>{link}</td></tr>')
+                    f'<td>{html.escape(state_of(c))}</td><td>{link}</td>'
+                    f'<td class="answer">{"<br>".join(html.escape(a) for a in c.get("answer") or []) or "-"}</td></tr>')
 
     def options(key: str) -> str:
         values = sorted({v for c in campaigns for v in c[key]})
@@ -153,7 +154,8 @@ def _index(campaigns: list[dict[str, Any]], reports: Path) -> str:
             '<label>name <input type="search" id="f-text"></label>'
             '<button id="overlay">overlay the chosen campaigns</button> <span id="shown"></span></div>'
             '<table id="campaigns"><thead><tr><th></th><th>campaign</th><th>source</th><th>model</th>'
-            '<th>hardware</th><th>vLLM</th><th>first run</th><th>runs</th><th>state</th><th>report</th></tr>'
+            '<th>hardware</th><th>vLLM</th><th>first run</th><th>runs</th><th>state</th><th>report</th>'
+            '<th>its answer</th></tr>'
             f'</thead><tbody>{"".join(rows)}</tbody></table>')
     script = """
 function has(list, v) { return !v || list.split(', ').indexOf(v) >= 0; }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class Source:
     signature: str
     complete: bool
     rows: pd.DataFrame
+    answer: list[str] = field(default_factory=list)  # a raysweep campaign's answer as its run kept it
 
 
 def discover(path: str | Path) -> list[Found]:
@@ -169,7 +170,11 @@ def _read_raysweep(path: Path) -> Source:
         rows.append({**common, **per_point[key], "campaign_id": cid, "campaign": name, "source": RAYSWEEP,
                      "source_path": str(path.resolve()),
                      "date": _num(rec.get("started_at")) if _num(rec.get("started_at")) > 0 else created})
-    return Source(cid, name, RAYSWEEP, str(path.resolve()), signature, complete, fields.frame(rows))
+    from raysweep.results.answer_file import kept_answer
+
+    answer = kept_answer(path)
+    return Source(cid, name, RAYSWEEP, str(path.resolve()), signature, complete, fields.frame(rows),
+                  list((answer or {}).get("lines") or []))
 
 
 OUTLIER = "outlier run (left out of its point's statistics by the campaign's aggregates)"

@@ -90,6 +90,9 @@ def list_(catalog_dir: str, as_json: bool) -> None:
                       str(c["points"]), ", ".join(c["models"]) or "-", ", ".join(c["hardware"]) or "-",
                       ", ".join(c["vllm"]) or "-", _day(c.get("first_date")), c["path"])
     print_table(table)
+    for c in sorted(cat.campaigns.values(), key=lambda c: (c.get("first_date") or 0.0, c["name"])):
+        for line in c.get("answer") or []:  # the campaign's own answer, as its run gave it
+            _say(f"{c['name']}'s answer: {line}")
 
 
 @catalog.command("query")

@@ -200,10 +200,17 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
         paths += [compare.record_baseline(s.source, sides[0].source, split_list(match_on), wanted)
                   for s in sides[1:] if (s.source / LEDGER_FILE).is_file()]
     notes = [n for c in comparisons for n in c.notes]
+    from raysweep.results.answer_file import kept_answer
+
+    answers = {s.name: kept_answer(s.source) if s.source.is_dir() else None for s in sides}
     if as_json:
         print_json("compare", {"comparisons": [_comparison_document(c) for c in comparisons], "notes": notes,
-                         "written": paths})
+                               "written": paths,
+                               "answers": {k: (v or {}).get("answer") for k, v in answers.items()}})
         return
+    for name, kept in answers.items():  # each campaign's own answer, as its run gave it (answer.json)
+        for line in (kept or {}).get("lines", [])[:4]:
+            _say(f"{name}'s answer: {line}")
     for cmp in comparisons:
         _print_comparison(cmp)
     _print_paths(paths, notes)

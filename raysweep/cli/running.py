@@ -317,6 +317,16 @@ def _answer_json(output_dir: Path) -> dict[str, Any] | None:
     return c.answer.to_dict() if c is not None else None
 
 
+def _keep(output_dir: Path, answer: Any) -> None:
+    """The answer kept beside the results (`answer.json`), for the faces that read many campaigns."""
+    from raysweep.results.answer_file import keep_answer
+
+    try:
+        keep_answer(output_dir, answer)
+    except OSError as exc:  # a courtesy to the other faces: the run's results stand without it
+        console.print(f"answer.json not written: {escape(str(exc))}", highlight=False)
+
+
 def _headlines(output_dir: Path) -> list[str]:
     """The report's conclusions, one line per bench shape, without writing the report (printed, as
     `_write_report` prints them)."""
@@ -326,6 +336,8 @@ def _headlines(output_dir: Path) -> list[str]:
     try:
         answer = conclusions_of(output_dir)
         lines = headlines(answer) if answer is not None else []
+        if answer is not None:
+            _keep(output_dir, answer.answer)
     except Exception as exc:  # as write_report_with_headlines: the report says why, the lines are a courtesy
         console.print(f"conclusions not made: {escape(str(exc))}", highlight=False)
         lines = []
@@ -338,10 +350,13 @@ def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:
     """`report: true`: the HTML report and the default figures, with their paths; (report, figures,
     conclusions)."""
     from raysweep.cli.analysing import default_figures
-    from raysweep.report.page import write_report_with_headlines
+    from raysweep.report.page import write_report_with_answer
 
     figures, _ = default_figures(output_dir)  # their notes are in the report
-    path, lines = write_report_with_headlines(output_dir)
+    path, found = write_report_with_answer(output_dir)
+    lines = found.lines() if found is not None else []
+    if found is not None:
+        _keep(output_dir, found)
     console.print(f"Report: {path}", highlight=False)
     console.print(f"Figures: {', '.join(str(p) for p in figures)}", highlight=False)
     for line in lines:  # the report's conclusions, one line per bench shape
