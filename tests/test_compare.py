@@ -263,3 +263,13 @@ def test_campaigns_with_a_confirmation_compare_and_say_what_did_not_match(tmp_pa
     assert "max_num_seqs=8, max_concurrency=1" in text and "2 point(s) of base not in new" in text
     doc = json.loads(CliRunner().invoke(main, ["compare", str(a), str(b), "--json"]).output)
     assert any("not in new" in n for n in doc["notes"]) and len(doc["comparisons"][0]["points"]) == 4
+
+
+def test_compare_says_how_many_runs_each_side_left_out_and_why(tmp_path):
+    flagged = [{**r, "validity_ok": False, "validity_issues": "shared CPUs (server and clients on CPU(s) 0-1)"}
+               if r["run_number"] == 0 else r for r in rows("a", 100.0, 10.0, configs=("s8",))]
+    a = compare.load_side(build_dir(tmp_path / "a", flagged, name="a"))
+    b = compare.load_side(build_dir(tmp_path / "b", rows("b", 100.0, 10.0), name="b"))
+    notes = compare.compare(a, b).notes
+    said = [n for n in notes if n.startswith("left out of")]
+    assert said == ["left out of a: 3 of 9 run(s) (shared CPUs 3)"], notes

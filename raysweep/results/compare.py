@@ -270,6 +270,7 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     fam = _control(table, names, family)
     notes = [_starts_note(table, names)] if rows else []
     notes += [s.folded for s in (baseline, other) if s.folded]
+    notes += [n for n in (left_out_note(s) for s in (baseline, other)) if n]
     notes += _unmatched_notes(baseline, other, keys, set(base_keys) - matched,
                               [tuple(_norm(b[k]) for k in keys) for b in other.summary.to_dict("records")
                                if tuple(_norm(b[k]) for k in keys) not in index])
@@ -433,6 +434,27 @@ def _metrics(baseline: Side, other: Side, metrics: Sequence[str] | None) -> list
             raise UserError(unknown_names("--metrics", missing, both, "metric aggregated on both sides"))
         return list(metrics)
     return [m for m in DEFAULT_METRICS if has(baseline, m) and has(other, m)]
+
+
+def left_out_note(side: Side) -> str:
+    """How many of a side's runs its statistics leave out, by why (`left out of base: 8 of 24 run(s): shared
+    CPUs 8`), as every face that drops runs says it; empty when none is."""
+    s = side.summary
+    if "runs_left_out" not in s.columns:
+        return ""
+    left = pd.to_numeric(s["runs_left_out"], errors="coerce").fillna(0)
+    if not left.sum():
+        return ""
+    total = pd.to_numeric(s.get("runs_total", s["runs"] + left), errors="coerce").fillna(0)
+    why: dict[str, int] = {}
+    for text in s.get("left_out_reasons", pd.Series(dtype=str)).dropna().astype(str):
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, _, count = part.rpartition(" ")
+            if count.isdigit() and name:
+                why[name] = why.get(name, 0) + int(count)
+    reasons = ", ".join(f"{k} {v}" for k, v in why.items())
+    return (f"left out of {side.name}: {int(left.sum())} of {int(total.sum())} run(s)"
+            + (f" ({reasons})" if reasons else ""))
 
 
 _LISTED = 5  # unmatched points named one by one, the rest counted
