@@ -239,7 +239,8 @@ def _runs_table() -> pd.DataFrame:
                     rows.append({
                         "serve_id": sid, "bench_id": f"{length}-{conc}", "point_id": f"{sid}-{length}-{conc}-{run}",
                         "run_number": run, "serve_label": f"cfg={sid}", "bench_label": f"len={length}-c={conc}",
-                        "server_id": f"{sid}-start{run}", "random_input_len": length, "max_concurrency": conc, "num_prompts": 8 * conc,
+                        "server_id": f"{sid}-start{run}", "random_input_len": length, "max_concurrency": conc,
+                        "num_prompts": 8 * conc,
                         "gpu_count": gpus, "tensor_parallel_size": gpus,
                         "output_throughput": base * (1 + spread * wobble),
                         "median_ttft_ms": 10.0 * conc * (1 + spread * wobble), "client_limited": False})
