@@ -83,7 +83,8 @@ log = logging.getLogger(__name__)
 DEFAULT_OBJECTIVE = "output_throughput_per_gpu"
 CONFIDENCE = 0.95
 _PER_GPU = "_per_gpu"
-_STATS = ("mean", "median", "std", "ci_low", "ci_high", "se", "df", "ci_level")
+_STATS = ("mean", "median", "std", "ci_low", "ci_high", "se", "df", "ci_level", "drift_pct_per_run", "drift_p")
+_UNSCALED = ("_df", "_ci_level", "_drift_pct_per_run", "_drift_p")   # not divided per GPU
 _POINT = ["serve_id", "bench_id"]
 _LOWER_IS_BETTER = ("_ms", "_s", "duration", "failed", "error_rate", "num_preemptions", "j_per_output_token",
                     "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens", "energy_j", "energy_net_j")
@@ -342,7 +343,7 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     extra = [c for c in (*_RUN_COUNTS, "ci_level", "value_issues", f"{obj.metric}_cv") if c in summary.columns]
     pts = info.merge(summary[[*_POINT, *stats, *extra, *means]], on=_POINT, how="inner")
     for col in stats:   # per GPU where asked (degrees of freedom are not divided)
-        scale = 1.0 if col.endswith(("_df", "_ci_level")) else pts["gpus"]
+        scale = 1.0 if col.endswith(_UNSCALED) else pts["gpus"]
         pts[col.replace(obj.metric, "objective", 1)] = pd.to_numeric(pts[col], errors="coerce") / scale
     pts = pts.rename(columns={f"{obj.metric}_cv": "objective_cv"})
     pts = pts[np.isfinite(pd.to_numeric(pts["objective_mean"], errors="coerce"))]
@@ -497,12 +498,23 @@ def _all_flagged(rows: pd.DataFrame) -> pd.Series:
 def _drift_could_decide(against: verdicts.Verdict, leader: pd.Series, runner: pd.Series, maximize: bool) -> bool:
     """Whether a drift shown in the leader's or the runner-up's runs could have made the verdict
     (`hierarchy.drift_could_decide`)."""
-    drift = max(hierarchy.drift_total(r.get("drift_pct_per_run"), r.get("runs"), _drifts(r)) for r in (leader, runner))
+    def pct(r: pd.Series) -> Any:
+        own = r.get("objective_drift_pct_per_run")
+        return own if finite(own) else r.get("drift_pct_per_run")
+
+    drift = max(hierarchy.drift_total(pct(r), r.get("runs"), _drifts(r)) for r in (leader, runner))
     return hierarchy.drift_could_decide(against, drift, maximize)
 
 
 def _drifts(row: pd.Series | None) -> bool:
-    return row is not None and row.get("drift") == "drifts"
+    """Whether the objective's own runs drift over their order (its trend test at 5 %; the first rate metric's
+    where the summary has no per-metric trend)."""
+    if row is None:
+        return False
+    p = row.get("objective_drift_p")
+    if finite(p):
+        return float(p) < verdicts.ALPHA
+    return row.get("drift") == "drifts"
 
 
 def _cheapest(rows: pd.DataFrame, load: str | None = None) -> tuple[pd.Series | None, str, list[str]]:
