@@ -66,8 +66,9 @@ def test_the_model_holds_on_seeded_campaigns():
     """The seeded quick version of `bench_verdicts.py --model`: identical configurations measured on 8 server
     starts of 2 runs each (interleaved) get a green card at most 5 % of the time under 10 % start effects, a
     machine drifting -1 %/slot and one server drifting, the leader's interval holds its steady mean, and a +15 %
-    lead under 10 % start effects is found on 10 starts of 2 runs; the rule before (runs as replicates) fails on the same runs. Every
-    row's first campaigns are judged by `conclusions.conclude` too, and must agree with the model's functions."""
+    lead under 10 % start effects is found on 10 starts of 2 runs; the rule before (runs as replicates) fails on
+    the same runs. Every row's first campaigns are judged by `conclusions.conclude` too, and must agree with the
+    model's functions."""
     model = _benchmark("verdicts_model")
     picked = tuple(c for c in model.CONDITIONS if c.name in (
         "start effects 10 %", "machine drift -1 %/slot, start effects 5 %",
