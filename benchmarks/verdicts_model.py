@@ -156,6 +156,16 @@ def measure(reps: int, seed: int, starts: int = 8, runs: int = 2, conditions: tu
         if before:
             add(c.name, "false green (identical configurations)", "the rule before: runs as replicates (Welch)", "",
                 _rate(old_green, reps))
+    # what held before must still hold: i.i.d. runs, each on a start of its own, 5 a side
+    iid = Condition("i.i.d. runs at 2 %, 5 starts x 1 run a side")
+    for lead, what, target in ((0.0, "false green (identical configurations)", "<= 0.05"),
+                               (0.05, "power, B 5 % ahead (green for B)", ">= 0.80")):
+        hits = 0
+        for _ in range(reps):
+            df, truth = campaign(rng, iid, 5, 1, lead=lead)
+            g, _, leader = judge_model(df, truth)
+            hits += g and (lead == 0.0 or leader == "B")
+        add(iid.name, what, "5 starts x 1 run per configuration", target, _rate(hits, reps))
     ten = Condition("start effects 10 %", between=0.10)
     for k in power_starts:
         hits = 0

@@ -75,7 +75,7 @@ def test_the_model_holds_on_seeded_campaigns():
         "one server drifting -1 %/run, start effects 5 %"))
     rows = model.measure(100, seed=51, conditions=picked, power_starts=(10,), agree=2)
     judged = [r for r in rows if r["target"]]
-    assert len(judged) == 7
+    assert len(judged) == 9   # 3 conditions x (false green, coverage), 5 v 5 i.i.d. (false green, power), power
     missed = [(r["condition"], r["measure"], r["rate"]) for r in judged if not model.meets(r)]
     assert missed == []
     before = next(r for r in rows if r["condition"] == "start effects 10 %" and r["design"].startswith("the rule"))
