@@ -338,3 +338,15 @@ def test_values_no_statistic_may_read_are_left_out_and_said():
     assert p["output_throughput_ci_low"] < 102.0 < p["output_throughput_ci_high"]
     assert "output_throughput: 1 run(s) not finite, left out" in p["value_issues"]
     assert "output_throughput: 1 run(s) negative, left out" in p["value_issues"]
+
+
+def test_every_metric_s_drift_over_the_runs_is_measured_and_shown_latency_too():
+    # throughput steady; p99 TTFT 28, 26, ... 20 ms in the order the runs started (the rows list them backwards)
+    rows = [run_row("s8", 1, r, 100.0 * (1 + 0.001 * (-1) ** r), 10.0, p99_ttft_ms=20.0 * (1 + 0.1 * r),
+                    started_at=float(100 * (4 - r)), run_number=4 - r) for r in range(5)]
+    p = aggregate.summarize(table(rows)).iloc[0]
+    assert p["p99_ttft_ms_drift_pct_per_run"] == pytest.approx(-100.0 * 2.0 / 24.0, rel=1e-6)  # -2 ms/run of 24
+    assert p["p99_ttft_ms_drift_p"] < 0.001
+    assert abs(p["output_throughput_drift_pct_per_run"]) < 0.2 and p["output_throughput_drift_p"] > 0.05
+    # the value is the mean of the runs: a drift is shown, never fitted out
+    assert p["p99_ttft_ms_mean"] == pytest.approx(24.0)

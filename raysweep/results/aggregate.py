@@ -43,6 +43,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from scipy import special
 
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import bootstrap, hierarchy, verdicts
@@ -62,7 +63,8 @@ NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_through
                  "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms",
                  "mean_e2el_ms", "median_e2el_ms")
 STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
-MODEL_STATS = ("se", "df")   # the standard error of `mean` and its degrees of freedom (`raysweep.maths.hierarchy`)
+MODEL_STATS = ("se", "df",   # the standard error of `mean` and its degrees of freedom (`raysweep.maths.hierarchy`)
+               "drift_pct_per_run", "drift_p")   # the trend of the metric's runs in their order (`_drift_per_metric`)
 # `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
 STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
                    "cold_encoder_compilation_s", "warm_encoder_compilation_s")
@@ -286,6 +288,7 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     values, issues = _sane_values(df[metrics].to_numpy(dtype=float)[used], codes[used], points, metrics)
     stats = _group_stats(values, codes[used], points, confidence)
     starts = _model(df, values, codes, used, points, stats, confidence)
+    _drift_per_metric(stats, values, codes[used], _run_ranks(df, codes)[used], points)
     for i, row in enumerate(rows):
         mine = {m: {k: float(stats[k][i, j]) for k in (*STATS, *MODEL_STATS)} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
@@ -354,6 +357,57 @@ def _model(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.nda
         stats["ci_low"][:, j], stats["ci_high"][:, j] = low, high
     pairs = np.unique(np.stack([run_points, start_codes]), axis=1) if run_points.size else np.zeros((2, 0), int)
     return np.maximum(np.bincount(pairs[0], minlength=points), 1)
+
+
+def _run_ranks(df: pd.DataFrame, codes: np.ndarray) -> np.ndarray:
+    """Each run's place among its point's runs in the order they were measured (`started_at`, else round and run
+    number, else run number, else the table's order), as `over_time.run_order` orders them."""
+    from raysweep.maths import over_time
+
+    keys = [np.arange(len(df), dtype=float)]
+    for cols in (("started_at",), ("round", "run_number"), ("run_number",)):
+        if all(c in df.columns for c in cols):
+            got = [np.asarray([over_time._num(v) for v in df[c].tolist()], dtype=float) for c in cols]
+            if all(np.isfinite(g).all() for g in got):
+                keys = [*got, keys[0]]
+                break
+    order = np.lexsort((*reversed(keys), codes))
+    ranks = np.empty(len(df), dtype=float)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=int(codes.max()) + 1 if codes.size else 0))])
+    ranks[order] = np.arange(len(df)) - starts[codes[order]]
+    return ranks
+
+
+def _drift_per_metric(stats: dict[str, np.ndarray], values: np.ndarray, codes: np.ndarray, ranks: np.ndarray,
+                      points: int) -> None:
+    """Per point and metric, in `stats` in place: the least-squares slope of the runs' values in their order, in %
+    of their mean per run (`drift_pct_per_run`), and Student's t-test of a zero slope (`drift_p`), as
+    `over_time.trend` tests one series; NaN under `over_time.MIN_TREND_RUNS` runs with a value. A drift is
+    measured and shown for every metric, throughput and latency alike, never fitted out of the value."""
+    from raysweep.maths.over_time import MIN_TREND_RUNS
+
+    k = values.shape[1]
+    pct, pval = np.full((points, k), math.nan), np.full((points, k), math.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for j in range(k):
+            ok = np.isfinite(values[:, j])
+            y, x, c = values[ok, j], ranks[ok], codes[ok]
+            n = np.bincount(c, minlength=points).astype(float)
+            ybar = np.bincount(c, weights=y, minlength=points) / n
+            xbar = np.bincount(c, weights=x, minlength=points) / n
+            xc, yc = x - xbar[c], y - ybar[c]
+            sxx = np.bincount(c, weights=xc * xc, minlength=points)
+            sxy = np.bincount(c, weights=xc * yc, minlength=points)
+            syy = np.bincount(c, weights=yc * yc, minlength=points)
+            slope = sxy / sxx
+            s2 = np.maximum(syy - slope * sxy, 0.0) / (n - 2)
+            se = np.sqrt(s2 / sxx)
+            t = np.where(se > 0, slope / np.where(se > 0, se, 1.0), np.where(slope != 0, np.inf, 0.0))
+            p = 2.0 * special.stdtr(np.maximum(n - 2, 1), -np.abs(t))
+            judged = (n >= MIN_TREND_RUNS) & (sxx > 0) & np.isfinite(ybar) & (ybar != 0)
+            pct[:, j] = np.where(judged, 100.0 * slope / np.abs(ybar), math.nan)
+            pval[:, j] = np.where(judged, p, math.nan)
+    stats["drift_pct_per_run"], stats["drift_p"] = pct, pval
 
 
 def _sane_values(values: np.ndarray, codes: np.ndarray, points: int, metrics: list[str],
