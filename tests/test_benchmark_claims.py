@@ -1,5 +1,5 @@
-"""The README and docs/benchmarks.md quote only what the latest benchmark recordings back: every figure they
-quote (a decimal, a thousands-separated count, a percentage, a multiplier, an "N of M") appears in
+"""The README, docs/overview.md and docs/benchmarks.md quote only what the latest benchmark recordings back:
+every figure they quote (a decimal, a thousands-separated count, a percentage, a multiplier, an "N of M") appears in
 benchmarks/RESULTS.md. In the README only the paragraphs that cite the benchmarks are read (its other
 numbers are settings and examples)."""
 
@@ -48,3 +48,8 @@ def test_every_figure_docs_benchmarks_quotes_is_in_the_results():
 
 def test_every_figure_the_readme_quotes_from_the_benchmarks_is_in_the_results():
     assert not unbacked(benchmark_paragraphs((ROOT / "README.md").read_text()))
+
+
+def test_every_figure_the_overview_quotes_from_the_benchmarks_is_in_the_results():
+    """docs/overview.md holds the tour the README carried before it was cut to its first screens."""
+    assert not unbacked(benchmark_paragraphs((ROOT / "docs" / "overview.md").read_text()))

@@ -167,11 +167,37 @@ def test_like_for_like_says_why_points_are_not_comparable(campaigns, tmp_path):
     cat = tmp_path / "cat"
     assert _cli("catalog", "add", str(cat), str(campaigns)).exit_code == 0
     res = _cli("catalog", "compare", str(cat), "old", "long")
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # nothing compared: no empty table with exit 0
     assert "not comparable: input length 16 vs 64" in res.output  # the nearest point of the baseline
     assert "worse" not in res.output and "better" not in res.output  # nothing set side by side
+    assert "nothing compared: no point of long is like a point of old" in res.output
+    assert "┃ point" not in res.output and "baseline" not in res.output.split("nothing compared")[0].split(":")[0]
     res = _cli("catalog", "compare", str(cat), "old", "new")
     assert res.exit_code == 0 and res.output.count("worse") == 8 and "not comparable" not in res.output
+
+
+def test_catalog_compare_as_json_and_an_empty_query_says_what_selected_nothing(campaigns, tmp_path):
+    import jsonschema
+
+    from raysweep.cli.jsonout import schema
+
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(campaigns)).exit_code == 0
+    res = _cli("catalog", "compare", str(cat), "old", "new", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    jsonschema.validate(doc, schema("catalog_compare"))
+    assert len(doc["matched"]) == 8 and all(m["verdict"] == "worse" for m in doc["matched"])
+    none = _cli("catalog", "compare", str(cat), "old", "long", "--json")
+    assert none.exit_code == 1 and json.loads(none.output)["matched"] == []
+    assert json.loads(none.output)["unmatched"][0]["why"] == ["not comparable: input length 16 vs 64"]
+    empty = _cli("catalog", "query", str(cat), "--model", "m")
+    assert empty.exit_code == 2, empty.output
+    assert "--model m: no valid run has it; there are: tiny" in empty.output
+    both = _cli("catalog", "query", str(cat), "--campaign", "long", "--input-len", "16")
+    assert both.exit_code == 2 and "no valid run matches them all" in both.output
+    nojson = _cli("catalog", "add", str(cat), str(campaigns), "--json")
+    assert nojson.exit_code == 2 and "`raysweep catalog add` has no JSON output" in nojson.output
 
 
 def test_compare_controls_its_points_as_one_family(tmp_path):
@@ -304,9 +330,35 @@ def test_other_tools_outputs_are_read_with_what_they_say_and_missing_what_they_d
     assert set(vllm.load_value) == {4.0, 8.0} and vllm.hardware.isna().all()
     # like for like across tools: different workloads are named, never compared
     res = _cli("catalog", "compare", str(cat), "exp-20250101", "run1/profile_export_aiperf.json")
-    assert res.exit_code == 0 and "not comparable: model m vs mock-model" in res.output, res.output
+    assert res.exit_code == 1 and "not comparable: model m vs mock-model" in res.output, res.output  # none alike
     again = _cli("catalog", "add", str(cat), str(src))
     assert "0 added, 0 updated, 4 unchanged" in again.output
+
+
+def _flagged_campaign(out: Path) -> Path:
+    """A finished campaign every run of which failed a validity check (shared CPUs)."""
+    make_campaign(out, "flagged", started_at=1.74e9, seed=5)
+    for path in (out / "points").rglob("run=*.json"):
+        rec = json.loads(path.read_text())
+        path.write_text(json.dumps({**rec, "validity_ok": False, "validity_issues": "shared CPUs"}))
+    return out
+
+
+def test_a_campaign_whose_every_point_failed_is_listed_ended_not_complete(tmp_path):
+    from raysweep.ledger import Ledger
+
+    out = make_campaign(tmp_path / "broken", "broken", done=0)
+    led = Ledger.open_existing(out)
+    for p in led.points():
+        led.mark_failed(p.point_id, "server failed to start", started=False)
+    led.close()
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(out)).exit_code == 0
+    listed = _cli("catalog", "list", str(cat))
+    assert listed.exit_code == 0 and "ended, no run finished" in listed.output and "complete" not in listed.output
+    assert _cli("site", str(cat), str(tmp_path / "site")).exit_code == 0
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "<td>ended, no run finished</td>" in index and "<td>complete</td>" not in index
 
 
 INDEX_PROBE = """<script>
@@ -339,12 +391,16 @@ var __t = setInterval(function () {
               configs: Array.from(g.querySelectorAll('polyline.curve')).map(function (l) {
                 return [l.getAttribute('data-config'), l.getAttribute('points').split(' ').length]; })}; }),
             note: (f.querySelector('.note') || {}).textContent || '',
+            legend: (f.querySelector('.legend') || {}).textContent || '',
+            dashes: Array.from(f.querySelectorAll('.legend line')).map(function (l) {
+              return l.getAttribute('stroke-dasharray'); }),
             ticks: Array.from(f.querySelectorAll('svg.overlay text.tick')).map(function (t) {
               return Number(t.textContent); }),
             ttft: Array.from(f.querySelectorAll('svg.overlay circle title')).map(function (t) {
               return Number(t.textContent.split(', ').pop().split(' ')[0]); })};
   });
-  document.body.setAttribute('data-probe', JSON.stringify({figs: figs, errors: window.__errors}));
+  document.body.setAttribute('data-probe', JSON.stringify({figs: figs, errors: window.__errors,
+    summary: document.getElementById('summary').textContent}));
 }, 50);
 </script>"""
 
@@ -405,6 +461,64 @@ def test_the_site_lists_filters_and_overlays_in_chromium(campaigns, tmp_path):
         xs, ys = f["ticks"][0::2], f["ticks"][1::2]  # the scale: five ticks a side, from the data's range
         assert len(xs) == len(ys) == 5 and xs == sorted(xs) and ys == sorted(ys) and ys[0] == 0
         assert xs[0] == pytest.approx(min(f["ttft"]), rel=5e-3) and xs[-1] == pytest.approx(max(f["ttft"]), rel=5e-3)
+        # a legend for the colours (campaigns, by name) and for the line styles (configurations)
+        assert "colour: campaign" in f["legend"] and "old" in f["legend"] and ids["old"] not in f["legend"]
+        assert "line (load curves): configuration" in f["legend"] and "max_num_seqs=16" in f["legend"]
+        assert len(f["dashes"]) == 2 and len(set(f["dashes"])) == 2
     probe = _probe(exe, overlay, f"?ids={ids['old']},{ids['long']}")
     assert probe["errors"] == [] and len(probe["figs"]) == 3  # another input length: never on one axis
     assert all("not comparable: input length" in f["note"] for f in probe["figs"]), probe["figs"]
+    assert all(ids["old"] not in f["note"] and ids["long"] not in f["note"] for f in probe["figs"])  # by name
+    assert any(f["note"].startswith("only old measured this") for f in probe["figs"]), probe["figs"]
+    # a campaign whose every run is flagged is said not drawn, by name, never dropped without a word
+    flagged = _flagged_campaign(tmp_path / "flagged")
+    assert _cli("catalog", "add", str(cat), str(flagged)).exit_code == 0
+    assert _cli("site", str(cat), str(tmp_path / "site")).exit_code == 0
+    ids = {e["name"]: e["id"] for e in Catalog(cat).campaigns.values()}
+    overlay.write_text((site / "overlay.html").read_text().replace("</body>", OVERLAY_PROBE + "</body>", 1))
+    probe = _probe(exe, overlay, f"?ids={ids['old']},{ids['flagged']}")
+    assert probe["errors"] == [] and "not drawn, no valid run" in probe["summary"], probe["summary"]
+    assert probe["summary"].endswith(": flagged") and len(probe["figs"]) == 2
+
+
+def test_an_endpoint_campaign_has_the_model_its_bench_command_names(tmp_path):
+    """A campaign against an endpoint raysweep did not start has no `vllm serve` command: its model is the one
+    the bench command names (`--model`)."""
+    from raysweep.ledger import Ledger
+
+    out = make_campaign(tmp_path / "ep", "ep")
+    for path in (out / "points").rglob("run=*.json"):
+        rec = json.loads(path.read_text())
+        rec.pop("provenance_model_path", None)  # an endpoint: no server of ours to read the model from
+        path.write_text(json.dumps(rec))
+    led = Ledger.open_existing(out)
+    meaning = json.loads(led.meta("meaning") or "{}")
+    led.set_meta("meaning", json.dumps({**meaning, "serve_cmd": []}))
+    led.close()
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(out)).exit_code == 0
+    (entry,) = Catalog(cat).campaigns.values()
+    assert entry["models"] == ["tiny"]
+
+
+def test_history_and_catalog_compare_leave_out_the_outlier_run_the_campaign_leaves_out(tmp_path):
+    """One run of one point 3 times the others: the campaign's aggregates leave it out (Grubbs' rule), and so
+    do `catalog compare` and `history`, so that they state the ratio `compare` states for the same campaigns."""
+    from raysweep.results import compare as compare_dirs
+
+    a = make_campaign(tmp_path / "a", "a", runs=6, input_lens=(16,), concurrencies=(1,), seed=11, started_at=1.70e9)
+    b = make_campaign(tmp_path / "b", "b", runs=6, input_lens=(16,), concurrencies=(1,), seed=12, started_at=1.71e9)
+    run = sorted((a / "points").rglob("run=2.json"))[0]
+    rec = json.loads(run.read_text())
+    run.write_text(json.dumps({**rec, "output_throughput": rec["output_throughput"] * 3}))
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(a), str(b)).exit_code == 0
+    res = _cli("catalog", "compare", str(cat), "a", "b", "--json")
+    matched = {m["point"].split(" | ")[0]: m for m in json.loads(res.output)["matched"]}
+    cmp = compare_dirs.compare(compare_dirs.load_side(a), compare_dirs.load_side(b), metrics=["output_throughput"])
+    by_config = {int(r["max_num_seqs"]): r["output_throughput_ratio"] for r in cmp.table.to_dict("records")}
+    assert {k: round(v, 9) for k, v in by_config.items()} == {
+        int(p.split("=")[1]): round(m["ratio"], 9) for p, m in matched.items()}, (by_config, matched)
+    series = history(Catalog(cat), "output_throughput", 0.05, {"input_len": "16"})
+    runs = {s.config: [j.runs for j in s.points] for s in series}
+    assert sorted(runs.values()) == [[5, 6], [6, 6]], runs  # the outlier left out of its campaign's point

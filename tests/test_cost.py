@@ -88,7 +88,16 @@ def test_a_bad_cost_block_exits_2_naming_the_field(tmp_path, block, expected):
     assert not (tmp_path / "out").exists()
 
 
-def test_the_dry_run_prices_its_gpu_hour_estimate(tmp_path):
+def _with_gpus(monkeypatch, gpus: int) -> None:
+    """The dry run placed on this machine as if it had `gpus` GPUs."""
+    from raysweep.place import placement
+
+    node = placement.NodeInfo(node_id="local", ip="127.0.0.1", gpus=gpus, cpus=16.0, resources={"GPU": float(gpus)})
+    monkeypatch.setattr(placement, "local_nodes", lambda: [node])
+
+
+def test_the_dry_run_prices_its_gpu_hour_estimate(tmp_path, monkeypatch):
+    _with_gpus(monkeypatch, 8)
     one = dry_run(write_campaign(tmp_path, modified(lambda d: d.update(cost={"gpu_hour": {"H100": 3.0,
                                                                                           "default": 2.0}}))))
     assert one.exit_code == 0, one.output
@@ -99,3 +108,20 @@ def test_the_dry_run_prices_its_gpu_hour_estimate(tmp_path):
     (tmp_path / "typed").mkdir()
     typed = dry_run(write_campaign(tmp_path / "typed", modified(lambda d: d.update(cost={"gpu_hour": {"H100": 3.0}}))))
     assert "known once the servers run" in typed.output
+
+
+def test_without_gpus_the_dry_run_estimates_and_prices_node_hours(tmp_path, monkeypatch):
+    """A machine without GPUs bills its servers' node-hours (as `status` and the report count them): the dry run
+    says node-hours and prices them at cost.node_hour, never GPU-hours."""
+    _with_gpus(monkeypatch, 0)
+    one = dry_run(write_campaign(tmp_path, modified(lambda d: d.update(cost={"gpu_hour": 2.0, "node_hour": 0.5}))))
+    assert one.exit_code == 0, one.output
+    assert "GPU-hour" not in one.output
+    estimate = next(x for x in one.output.splitlines() if x.startswith("Estimate"))
+    line = next(x for x in one.output.splitlines() if x.startswith("Cost:"))
+    hours = float(line.split("(")[1].split(" node-hour")[0])
+    assert f"{hours:.2f} node-hour(s)" in estimate and line.endswith("node-hour(s) x 0.5)")
+    assert float(line.split("about ")[1].split(" USD")[0]) == pytest.approx(hours * 0.5, abs=0.011)
+    (tmp_path / "gpu").mkdir()
+    unpriced = dry_run(write_campaign(tmp_path / "gpu", modified(lambda d: d.update(cost={"gpu_hour": 2.0}))))
+    assert "cost.node_hour gives no price" in unpriced.output

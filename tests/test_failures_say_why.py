@@ -47,9 +47,10 @@ def test_failed_starts_say_their_root_cause_and_are_not_retried_in_vain(gpu_clus
     f = standin_campaign(tmp_path, serve_params=[
         {"fail_with": "ValueError: No available memory for the cache blocks."},
         {"fail_usage": "unrecognized arguments: --max-num-seqz 4"},
+        {"fail_with": "ValueError: max_model_len 4096 is larger than the model's 2048"},
         {"fail_start": False}], max_attempts=3)
     summary, out = run_file(f)
-    assert summary.counts["done"] == 2 and summary.counts["failed"] == 4
+    assert summary.counts["done"] == 2 and summary.counts["failed"] == 6
     from raysweep.ledger import Ledger
 
     led = Ledger.open_existing(out)
@@ -57,9 +58,14 @@ def test_failed_starts_say_their_root_cause_and_are_not_retried_in_vain(gpu_clus
     points = {p.point_id: p for p in led.points()}
     led.close()
     failed = [s for s in servers if s.state == "failed"]
-    # the ValueError twice (then not again, though max_attempts is 3), the argument error once
-    assert len(failed) == 3, [(s.serve_id, s.error) for s in servers]
-    value = [s for s in failed if "ValueError" in (s.error or "")]
+    # the memory ValueError twice (then not again, though max_attempts is 3), the argument error and the
+    # ValueError of the start's own arguments once each
+    assert len(failed) == 4, [(s.serve_id, s.error) for s in servers]
+    own = [s for s in failed if "max_model_len 4096" in (s.error or "")]
+    assert len(own) == 1
+    by_serve = {p.serve_id: p for p in points.values() if p.state == "failed"}
+    assert sorted(p.attempts_made for p in by_serve.values()) == [1, 1, 2]  # the starts each really had
+    value = [s for s in failed if "ValueError: No available memory" in (s.error or "")]
     usage = [s for s in failed if "unrecognized arguments" in (s.error or "")]
     assert len(value) == 2 and len(usage) == 1
     assert all(s.error.endswith(": ValueError: No available memory for the cache blocks.") for s in value)
@@ -67,6 +73,7 @@ def test_failed_starts_say_their_root_cause_and_are_not_retried_in_vain(gpu_clus
     errors = [p.error or "" for p in points.values() if p.state == "failed"]
     assert sum("not started again: it failed twice with the same root cause" in e for e in errors) == 2
     assert sum("not started again: an argument error fails the same way every time" in e for e in errors) == 2
+    assert sum("not started again: ValueError at start fails the same way every time" in e for e in errors) == 2
     assert not any("See root cause above" in e for e in errors)
 
     res = CliRunner().invoke(main, ["status", str(out)])

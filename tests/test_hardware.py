@@ -93,3 +93,16 @@ def test_results_summary_status_and_report_say_so_and_never_pool_the_two(tmp_pat
     assert "<th>hardware</th>" in html or ">hardware<" in html
     recs = load_records(out)
     assert sum(1 for r in recs if r["validity_ok"] is False) == 7  # s8's run 1 of its 7 finished points
+
+
+def test_the_machine_the_driver_runs_on_says_its_own_cpus_not_the_embedded_rays(monkeypatch):
+    """An embedded Ray declares at least 4 CPUs; the hardware of its node is the machine's cores (2 here)."""
+    import os
+
+    from raysweep.serve.hardware import _node_type
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    node = {"NodeID": "n1", "Resources": {"CPU": 4.0, "GPU": 0.0}, "Labels": {}}
+    assert _node_type(node, local="n1") == "0 GPU, 2 CPU"
+    assert _node_type(node, local="other") == "0 GPU, 4 CPU"  # a remote node: what it declared
+    assert _node_type({**node, "Labels": {"ray.io/accelerator-type": "H100"}}) == "H100, 0 GPU, 4 CPU"

@@ -228,7 +228,7 @@ def _runs_table() -> pd.DataFrame:
     """Three runs per point: config A (2 GPUs) and B (1 GPU), two input lengths, loads 1, 4 and 16, and a
     num_prompts that follows the load; throughput grows as the square root of the load. In shape 128 A makes
     3x B's throughput (1.5x B's per GPU) with a spread of 1 %; in shape 256 both make the same per GPU with a
-    spread of 10 %."""
+    spread of 10 %. Run r of every point of a config ran on its server start r (3 starts per config)."""
     rows = []
     for sid, gpus in (("A", 2), ("B", 1)):
         for length in (128, 256):
@@ -239,7 +239,8 @@ def _runs_table() -> pd.DataFrame:
                     rows.append({
                         "serve_id": sid, "bench_id": f"{length}-{conc}", "point_id": f"{sid}-{length}-{conc}-{run}",
                         "run_number": run, "serve_label": f"cfg={sid}", "bench_label": f"len={length}-c={conc}",
-                        "random_input_len": length, "max_concurrency": conc, "num_prompts": 8 * conc,
+                        "server_id": f"{sid}-start{run}", "random_input_len": length, "max_concurrency": conc,
+                        "num_prompts": 8 * conc,
                         "gpu_count": gpus, "tensor_parallel_size": gpus,
                         "output_throughput": base * (1 + spread * wobble),
                         "median_ttft_ms": 10.0 * conc * (1 + spread * wobble), "client_limited": False})
@@ -263,13 +264,14 @@ def test_conclusions_name_the_best_config_per_shape_and_judge_its_lead():
     tied = verdicts["random_input_len=256"]
     assert tied.lead == pytest.approx(0.0, abs=1e-9) and tied.significant is False
     assert "better than every other config" in conclusions.verdict_text(clear) and clear.clear
-    assert tied.tied == ["cfg=B"] and "not shown better with 3 runs: tied with the leader: cfg=B" in \
+    assert tied.tied == ["cfg=B"] and "not shown better: tied with the leader: cfg=B" in \
         conclusions.verdict_text(tied) and not tied.clear
     assert all("noise" not in conclusions.verdict_text(v) for v in (clear, tied))
     lines = conclusions.headlines(c)
-    assert lines[0].startswith("Best for random_input_len=128: cfg=A at max_concurrency=16, "
-                               "output_throughput_per_gpu 600")
-    assert "+50.0% over cfg=B at max_concurrency=16" in lines[0] and "better than every other config" in lines[0]
+    assert lines[0].startswith("Best for random_input_len=128: deploy cfg=A at max_concurrency=16: "
+                               "output_throughput_per_gpu 600.0 tok/s [")
+    assert "50 % more than cfg=B at max_concurrency=16 [+" in lines[0]
+    assert lines[0].endswith("shown better than every other configuration (t over server starts)")
     # the Pareto front of each shape, from the point means: per user falls as per GPU rises with the load
     front = c.fronts["random_input_len=128"]
     assert list(front["serve_label"]) == ["cfg=A"] * 3 and list(front["max_concurrency"]) == [16, 4, 1]
@@ -287,7 +289,9 @@ def test_conclusions_for_another_objective_and_with_one_run():
     assert all(v.leader["max_concurrency"] == 1 for v in fast.verdicts)
     one = conclusions.conclude(df[df["run_number"] == 0], ["random_input_len", "max_concurrency"])
     assert all(v.significant is None for v in one.verdicts)
-    assert "not judged" in conclusions.verdict_text(one.verdicts[0])
+    # one run of each config: one server start each, ranked with its reason and never a p-value
+    assert conclusions.verdict_text(one.verdicts[0]).startswith("not compared: one server start each")
+    assert all(v.p_value is None for v in one.verdicts)
 
 
 @pytest.mark.parametrize("objective, words", [
@@ -314,7 +318,7 @@ def test_report_leads_with_the_conclusions_and_prints_them(tmp_path, monkeypatch
     assert [ln.split(":")[0] for ln in lines[1:]] == ["Best for random_input_len=128", "Best for random_input_len=256"]
     html = (out / "report.html").read_text()
     top = section(html, "conclusions")
-    assert top.count('class="card"') == 2 and "Best: <b>max_num_seqs=16 at max_concurrency=8</b>" in top
+    assert top.count('class="card"') == 2 and "Best measured: <b>max_num_seqs=16 at max_concurrency=8</b>" in top
     assert top.count('<img alt="median_ttft_ms against output_throughput') == 2  # a curve figure per card
     assert "Pareto front" in top and "SLA capacities" in top
     # SLA capacities: per bench point and target, the unbounded config first, the one that never met it last

@@ -35,7 +35,8 @@ def test_report_renders_with_working_links_and_figures_in_chromium(report_file, 
     order = probe["sections"]
     assert order[:2] == ["conclusions", "validity"] and order.index("figures") < order.index("results")
     assert order[-3:] == ["campaign", "plan", "environment"]
-    assert "Best:" in probe["first_text"] and "random_input_len=128" in probe["first_text"]
+    assert ("Deploy:" in probe["first_text"] or "Best measured:" in probe["first_text"]) \
+        and "random_input_len=128" in probe["first_text"]
     # every in-page link lands on an element; the navigation names every section
     assert probe["links"] and all(link["ok"] for link in probe["links"]), probe["links"]
     assert {link["href"][1:] for link in probe["links"]} >= set(probe["sections"])
@@ -61,3 +62,60 @@ def test_first_screen_is_not_blank(report_file, tmp_path):
     rows_with_ink = (pixels[..., :3].min(axis=2) < 0.5).any(axis=1)
     assert rows_with_ink.sum() > 200, "the first screen is (nearly) blank"
     assert len(np.unique(pixels[..., :3].reshape(-1, 3), axis=0)) > 20  # text, table borders, coloured cards
+
+
+def _demo_like_rows() -> list[dict]:
+    """The demo's shape: max_num_seqs 8 and 16 at max_concurrency 4 and 16, 3 runs each, where the sweep cannot
+    tell them apart; then its confirmation of the leader and the runner-up at 16, 4 fresh runs each on 2 server
+    starts, which reads the leader 15 % ahead."""
+    from test_aggregate import run_row
+
+    rows = []
+    for sid, level in (("s8", 1650.0), ("s16", 1700.0)):
+        for c in (4, 16):
+            for r in range(3):
+                rows.append(run_row(sid, c, r, level * c / 16 * (1 + 0.06 * (0, -1, 1)[r]), 50.0,
+                                    campaign="demo-cpu", server_id=f"{sid}-0", gpu_count=0))
+    for sid, level in (("s8", 1649.0), ("s16", 1905.0)):
+        for r in range(4):
+            rows.append(run_row(sid, 16, r, level * (1 + 0.01 * (0, -1, 1, 0.5)[r]), 50.0, campaign="demo-cpu",
+                                bench_id="b16-confirm", point_id=f"{sid}-c16-{r}", phase="confirm",
+                                confirms_bench_id="b16", server_id=f"{sid}-{1 + r % 2}", gpu_count=0,
+                                bench_label="max_concurrency=16"))
+    return rows
+
+
+def test_the_demos_card_states_the_figures_the_terminal_prints(tmp_path, monkeypatch):
+    """What the card shows first in Chromium is what `raysweep run` printed at its end for the same campaign: the
+    leader's value and interval (the confirmation's), its lead and the runner-up's value, never the sweep's
+    numbers beside the confirmation's lead."""
+    import re
+
+    from test_aggregate import build_dir
+
+    from raysweep.results import conclusions
+
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])  # the words are compared, not the figures
+    monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
+    out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
+    c = report.conclusions_of(out)
+    (line,) = conclusions.headlines(c)
+    said = re.search(r"deploy (max_num_seqs=\d+) at max_concurrency=16: output_throughput ([\d,.]+) tok/s "
+                     r"\[([\d,.]+), ([\d,.]+) at 95 %\] \(the confirmation: .*\), (\d+) % more than "
+                     r"(max_num_seqs=\d+) at max_concurrency=16", line)
+    assert said is not None, line
+    leader, value, low, high, lead, rival = said.groups()
+    probe = check_page(report.write_report(out), tmp_path)
+    card = " ".join(probe["first_text"].split())
+    shown = re.search(r"Deploy: (max_num_seqs=\d+) at max_concurrency=16 ?: output_throughput ([\d,.]+) tok/s \(95 % "
+                      r"interval ([\d,.]+) to ([\d,.]+),.*?([+-][\d.]+)% over (max_num_seqs=\d+) at max_concurrency=16 "
+                      r"\(([\d,.]+),", card)
+    assert shown is not None, card
+    def num(text: str) -> float:
+        return float(text.replace(",", ""))
+
+    assert (shown[1], shown[6]) == (leader, rival), (line, card)
+    assert [num(x) for x in shown.groups()[1:4]] == [num(value), num(low), num(high)], (line, card)
+    assert abs(num(shown[5]) - num(lead)) <= 0.5, (line, card)  # the terminal says it in whole percent
+    (v,) = c.verdicts
+    assert v.confirmation is not None and num(shown[7]) == num(conclusions.fmt(v.confirmation.runner_mean))

@@ -94,3 +94,49 @@ def test_same_cause_ignores_numbers():
                       " in use")
     assert not same_cause("ValueError: a", "ValueError: b")
     assert not same_cause(None, "ValueError: a")
+
+
+def test_an_exception_of_the_starts_own_making_is_deterministic_one_about_memory_is_not():
+    """A ValueError or an AssertionError at start fails the same command again: not started again (the memory
+    shortage of VALUE_ERROR_LOG may depend on what else runs: tried once more)."""
+    from raysweep.serve.root_cause import deterministic
+
+    for line in ("ValueError: max_model_len 4096 is larger than the model's 2048",
+                 "AssertionError: pipeline stage 1 got no layers", "FileNotFoundError: /models/x/config.json"):
+        cause = root_cause(f"Traceback (most recent call last):\n  File \"x.py\", line 1\n{line}")
+        assert cause is not None and cause.kind == "exception" and cause.deterministic, line
+    assert not deterministic("exception", "RuntimeError: NCCL error: unhandled system error")
+    assert not deterministic("exception", "ValueError: No available memory for the cache blocks.")
+    assert not deterministic("oom", "torch.OutOfMemoryError: CUDA out of memory")
+
+
+def test_the_cause_is_taken_from_every_ranks_log_not_the_rank_that_exited():
+    """Pipeline parallel across two nodes: rank 1 failed on an AssertionError; rank 0 then lost its peer and
+    exited with code 0. The cause is rank 1's, not rank 0's connection error."""
+    from raysweep.serve.root_cause import pick_cause
+
+    rank0 = {"line": "ConnectionResetError: [Errno 104] Connection reset by peer", "kind": "exception", "rank": 0}
+    rank1 = {"line": "AssertionError: pipeline stage 1 got no layers", "kind": "exception", "rank": 1}
+    assert pick_cause([rank0, rank1], exited=0) == rank1
+    assert pick_cause([rank0], exited=0) == rank0
+    assert pick_cause([], exited=0) is None
+    oom = {"line": "torch.OutOfMemoryError: CUDA out of memory", "kind": "oom", "rank": 2}
+    assert pick_cause([rank0, rank1, oom], exited=1) == oom
+    two = {**rank1, "rank": 0}
+    assert pick_cause([two, rank1], exited=1) == rank1  # among equals, the rank that exited
+
+
+def test_a_configuration_given_up_counts_the_attempts_it_really_had(tmp_path):
+    """A server that failed to start twice: its points say 2 attempts, not the 3 the budget holds."""
+    from raysweep.ledger import Ledger
+
+    led = Ledger(tmp_path / "ledger.sqlite")
+    led.sync(name="c", fingerprint="fp", meaning={}, campaign={"name": "c"}, campaign_file="c.yaml",
+             points=[("p1", "s", "b", 0, {}, {})])
+    for _ in range(2):
+        led.mark_failed("p1", "server failed to start", started=False)
+    led.give_up("p1", "not started again", 3)
+    (p,) = led.points()
+    assert p.attempts == 3 and p.attempts_made == 2 and not led.runnable("s", 3)
+    assert led.retry_failed() == 1 and led.points()[0].attempts_made == 0
+    led.close()

@@ -59,6 +59,23 @@ def test_runs_not_judged_are_not_shown_as_passing(tmp_path, monkeypatch):
     assert "not steady for 16 run(s)" in section
 
 
+def test_runs_too_short_to_judge_are_said_too_short_not_nothing_recorded(tmp_path, monkeypatch):
+    """Runs whose steady state was looked at and found too short to judge (`steady_state_note`): status and the
+    report say so, as the results do, never "nothing recorded: not steady"."""
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])
+    monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
+    out = build_output_dir(tmp_path / "out")
+    runs = judged_but(out, {"steady_state": 16})
+    for path in sorted((out / "points").rglob("run=*.json"))[:16]:
+        rec = json.loads(path.read_text())
+        write_json_atomic(path, {**rec, "steady_state": None, "steady_state_note": "not judged: too short"})
+    line, section = validity_text(out)
+    for text in (line, " ".join(section.split())):
+        assert "steady state too short to judge for 16 run(s)" in text, text
+        assert "nothing recorded" not in text and "not steady for" not in text
+    assert f"{runs - 16} pass every check, 16 were not judged" in line
+
+
 def test_when_every_check_was_judged_every_run_passes(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "_figure_list", lambda data: [])
     monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")

@@ -343,8 +343,9 @@ def _expand(text: str, fld: str, env: dict[str, str]) -> str:
             return env[name]
         if default is not None:
             return default
-        raise CampaignError(fld, f"refers to ${{{name}}}, but the environment variable {name} is not set "
-                                 f"(set it, or write ${{{name}:-default}})")
+        how = (f"`make demo` makes the tiny model in .cache/tiny-llama: export {name}=$PWD/.cache/tiny-llama"
+               if name == "RAYSWEEP_DEMO_MODEL" else f"set it, or write ${{{name}:-default}}")
+        raise CampaignError(fld, f"refers to ${{{name}}}, but the environment variable {name} is not set ({how})")
     return _VAR.sub(sub, text)
 
 

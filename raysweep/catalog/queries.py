@@ -52,6 +52,29 @@ def points(cat: Catalog, metrics: list[str], filters: dict[str, str | None]) -> 
                      cat.select(**{k: filters.get(k) for k in ("model", "hardware", "campaign")}))
 
 
+def nothing_selected(cat: Catalog, filters: dict[str, str | None]) -> str:
+    """Why a query selected no point: each filter that matches nothing on its own, with the values there are."""
+    asked = {k: v for k, v in filters.items() if v is not None}
+    if not asked:
+        return f"catalogue {cat.path}: no valid run recorded yet (`raysweep catalog add {cat.path} DIR`)"
+    parts = []
+    for name, value in asked.items():
+        column = name
+        try:
+            known = [str(v) for v in cat.query(f"SELECT DISTINCT CAST({column} AS VARCHAR) AS v FROM runs "
+                                               f"WHERE {VALID} ORDER BY v")["v"].dropna()]
+        except Exception:  # a column an older catalogue lacks: say the value only
+            known = []
+        if value not in known:
+            shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+            parts.append(f"--{name.replace('_', '-')} {value}: no valid run has it"
+                         + (f"; there are: {shown}" if known else ""))
+    if not parts:
+        parts.append("each filter matches runs, but no valid run matches them all: "
+                     + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in asked.items()))
+    return "no point selected: " + "; ".join(parts)
+
+
 @dataclass
 class Comparison:
     matched: list[dict[str, Any]] = field(default_factory=list)

@@ -30,7 +30,7 @@ from typing import Any
 
 from raysweep.catalog.fields import LABELS
 from raysweep.catalog.history import Series, history
-from raysweep.catalog.store import Catalog
+from raysweep.catalog.store import Catalog, state_of
 
 __all__ = ["write_site"]
 
@@ -137,7 +137,8 @@ def _index(campaigns: list[dict[str, Any]], reports: Path) -> str:
                     f'<td>{html.escape(c["name"])}</td><td>{html.escape(c["source"])}</td>'
                     f'<td>{html.escape(attrs["model"])}</td><td>{html.escape(attrs["hardware"])}</td>'
                     f'<td>{html.escape(attrs["vllm"])}</td><td>{attrs["date"]}</td><td>{c["runs"]}</td>'
-                    f'<td>{"complete" if c["complete"] else "running"}</td><td>{link}</td></tr>')
+                    f'<td>{html.escape(state_of(c))}</td><td>{link}</td>'
+                    f'<td class="answer">{"<br>".join(html.escape(a) for a in c.get("answer") or []) or "-"}</td></tr>')
 
     def options(key: str) -> str:
         values = sorted({v for c in campaigns for v in c[key]})
@@ -153,7 +154,8 @@ def _index(campaigns: list[dict[str, Any]], reports: Path) -> str:
             '<label>name <input type="search" id="f-text"></label>'
             '<button id="overlay">overlay the chosen campaigns</button> <span id="shown"></span></div>'
             '<table id="campaigns"><thead><tr><th></th><th>campaign</th><th>source</th><th>model</th>'
-            '<th>hardware</th><th>vLLM</th><th>first run</th><th>runs</th><th>state</th><th>report</th></tr>'
+            '<th>hardware</th><th>vLLM</th><th>first run</th><th>runs</th><th>state</th><th>report</th>'
+            '<th>its answer</th></tr>'
             f'</thead><tbody>{"".join(rows)}</tbody></table>')
     script = """
 function has(list, v) { return !v || list.split(', ').indexOf(v) >= 0; }
@@ -230,7 +232,7 @@ function axes(xs, ys, xlabel, ylabel, cls) {
 function dot(a, x, y, color, m, p) {
   var c = svg('circle', {cx: a.sx(x), cy: a.sy(y), r: 3, fill: color, 'fill-opacity': 0.5});
   var t = svg('title', {});
-  t.textContent = m + ' ' + p.c + ' load ' + p.l + ': ' + p.y + ' tok/s, ' + p.x + ' ms';
+  t.textContent = (NAMES[m] || m) + ' ' + p.c + ' load ' + p.l + ': ' + p.y + ' tok/s, ' + p.x + ' ms';
   c.appendChild(t);
   return c;
 }
@@ -243,8 +245,11 @@ function draw() {
     });
   });
   var keys = Object.keys(groups);
+  // a chosen campaign with no valid run (every run flagged, or none finished) is said, never dropped silently
+  var empty = ids.filter(function (id) { return !(RS.points[id] || []).length; });
   document.getElementById('summary').textContent = ids.length + ' campaigns chosen, ' + keys.length +
-      ' like-for-like group(s)';
+      ' like-for-like group(s)' + (empty.length ? '; not drawn, no valid run (every run flagged, or none ' +
+      'finished): ' + empty.map(function (m) { return NAMES[m] || m; }).join(', ') : '');
   keys.forEach(function (k) {
     var grp = groups[k], fig = document.createElement('figure'), members = Object.keys(grp.by);
     var cap = document.createElement('figcaption');
@@ -256,7 +261,8 @@ function draw() {
       var why = other ? GROUP.filter(function (f) { return String(groups[other].g[f]) !== String(grp.g[f]); })
         .map(function (f) { return 'not comparable: ' + (LABELS[f] || f) + ' ' + grp.g[f] + ' vs ' +
           groups[other].g[f]; }).join('; ') : '';
-      note.textContent = 'only ' + members.join(', ') + ' measured this' + (why ? ' (' + why + ')' : '');
+      note.textContent = 'only ' + members.map(function (m) { return NAMES[m] || m; }).join(', ') +
+        ' measured this' + (why ? ' (' + why + ')' : '');
       fig.appendChild(note);
     }
     var all = [].concat.apply([], members.map(function (m) { return grp.by[m]; }));
@@ -274,10 +280,13 @@ function draw() {
     // output throughput against the load: one curve per campaign and configuration
     var b = axes(all.map(function (p) { return Number(p.l); }), all.map(function (p) { return p.y; }),
                  (LABELS.load_value || 'load') + ' (' + grp.g.load_variable + ')', 'output tokens/s', 'curves');
+    // a configuration has one line style in the whole figure (its place among the group's configurations)
+    var configs = Object.keys(all.reduce(function (o, p) { o[p.c] = 1; return o; }, {})).sort();
     members.forEach(function (m) {
       var g = svg('g', {'data-campaign': m}), byConfig = {};
       grp.by[m].forEach(function (p) { (byConfig[p.c] = byConfig[p.c] || []).push(p); });
-      Object.keys(byConfig).sort().forEach(function (c, j) {
+      Object.keys(byConfig).sort().forEach(function (c) {
+        var j = configs.indexOf(c);
         var pts = byConfig[c].slice().sort(function (u, v) { return Number(u.l) - Number(v.l); });
         pts.forEach(function (p) { g.appendChild(dot(b, Number(p.l), p.y, color(m), m, p)); });
         var line = svg('polyline', {points: pts.map(function (p) { return b.sx(Number(p.l)) + ',' + b.sy(p.y); })
@@ -289,9 +298,14 @@ function draw() {
       b.svg.appendChild(g);
     });
     var legend = document.createElement('p');
-    legend.innerHTML = members.map(function (m) {
+    legend.className = 'legend';
+    legend.innerHTML = 'colour: campaign ' + members.map(function (m) {
       return '<span style="color:' + color(m) + '">&#9632; ' +
         (NAMES[m] || m).replace(/</g, '&lt;') + '</span>';
+    }).join(' ') + '<br>line (load curves): configuration ' + configs.map(function (c, j) {
+      return '<span class="dash"><svg width="28" height="8"><line x1="0" y1="4" x2="28" y2="4" stroke="#444" ' +
+        'stroke-width="1.5" stroke-dasharray="' + DASHES[j %% DASHES.length] + '"/></svg> ' +
+        String(c).replace(/</g, '&lt;') + '</span>';
     }).join(' ');
     fig.appendChild(a.svg); fig.appendChild(b.svg); fig.appendChild(legend); main.appendChild(fig);
   });

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class Source:
     signature: str
     complete: bool
     rows: pd.DataFrame
+    answer: list[str] = field(default_factory=list)  # a raysweep campaign's answer as its run kept it
 
 
 def discover(path: str | Path) -> list[Found]:
@@ -146,6 +147,7 @@ def _read_raysweep(path: Path) -> Source:
         params = {p.point_id: (p.serve_params, p.bench_params) for p in ledger.points()}
     kept = path / "results.parquet"
     table = pd.read_parquet(kept) if complete and kept.is_file() else results_table(path)
+    outliers = _outlier_runs(table)
     serve_cmd, bench_cmd = list(meaning.get("serve_cmd") or []), list(meaning.get("bench_cmd") or [])
     per_point: dict[str, dict[str, Any]] = {}
     rows = []
@@ -154,14 +156,50 @@ def _read_raysweep(path: Path) -> Source:
         key = f"{rec.get('serve_id')}/{rec.get('bench_id')}"
         if key not in per_point:
             sp, bp = params.get(pid, ({}, {}))
-            per_point[key] = {**fields.serve_fields(grid.apply_to_cmd(serve_cmd, sp)),
-                              **fields.bench_fields(grid.apply_to_cmd(bench_cmd, bp)),
+            served = fields.serve_fields(grid.apply_to_cmd(serve_cmd, sp))
+            bench_argv = grid.apply_to_cmd(bench_cmd, bp)
+            if not served.get("model"):  # an endpoint raysweep did not start: the model its bench command names
+                served["model"] = grid.find_flag_value(bench_argv, "--model")
+            per_point[key] = {**served, **fields.bench_fields(bench_argv),
                               "config": rec.get("serve_label") or grid.combo_label(sp) or "base command",
                               "point": f"{rec.get('serve_label')} | {rec.get('bench_label')}"}
-        rows.append({**_common(rec), **per_point[key], "campaign_id": cid, "campaign": name, "source": RAYSWEEP,
+        common = _common(rec)
+        if pid in outliers:  # left out of its point's statistics by the campaign: out of the catalogue's too
+            common.update(validity_ok=False, validity_issues="; ".join(
+                i for i in (common.get("validity_issues"), OUTLIER) if i))
+        rows.append({**common, **per_point[key], "campaign_id": cid, "campaign": name, "source": RAYSWEEP,
                      "source_path": str(path.resolve()),
                      "date": _num(rec.get("started_at")) if _num(rec.get("started_at")) > 0 else created})
-    return Source(cid, name, RAYSWEEP, str(path.resolve()), signature, complete, fields.frame(rows))
+    from raysweep.results.answer_file import kept_answer
+
+    answer = kept_answer(path)
+    return Source(cid, name, RAYSWEEP, str(path.resolve()), signature, complete, fields.frame(rows),
+                  list((answer or {}).get("lines") or []))
+
+
+OUTLIER = "outlier run (left out of its point's statistics by the campaign's aggregates)"
+
+
+def _outlier_runs(table: pd.DataFrame) -> set[str]:
+    """The point ids of the runs the campaign's own aggregates leave out as outliers (Grubbs' rule on a point's
+    runs that do not drift, `aggregate.runs_over_time`), so that `history`, `catalog compare` and the site judge
+    the runs the campaign judged. Its flagged and client-limited runs are left out by the catalogue already."""
+    from raysweep.results import aggregate
+
+    if table.empty or not {"serve_id", "bench_id", "point_id"} <= set(table.columns):
+        return set()
+    metric = next((m for m in aggregate.TREND_METRICS if m in table.columns), None)
+    if metric is None:
+        return set()
+    used = table[~aggregate.left_out_mask(table)]
+    out: set[str] = set()
+    for _, runs in used.groupby(["serve_id", "bench_id"], sort=False):
+        if len(runs) < 3:
+            continue
+        _, label = aggregate.runs_over_time(runs, [metric])
+        if label is not None:
+            out.add(str(runs.at[label, "point_id"]))
+    return out
 
 
 def _common(rec: dict[str, Any]) -> dict[str, Any]:

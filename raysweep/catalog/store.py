@@ -213,4 +213,12 @@ def _entry(src: sources.Source) -> dict[str, Any]:
             "complete": src.complete, "runs": int(len(df)), "points": int(df["point"].nunique()),
             "models": distinct("model"), "hardware": distinct("hardware"), "vllm": distinct("vllm_version"),
             "first_date": float(dates.min()) if len(dates) else None,
-            "last_date": float(dates.max()) if len(dates) else None}
+            "last_date": float(dates.max()) if len(dates) else None, "answer": list(src.answer)}
+
+
+def state_of(entry: dict[str, Any]) -> str:
+    """What a campaign of the index is: `running` (points pending or running), `complete`, or `ended, no run
+    finished` (every point failed: nothing to compare, never "complete")."""
+    if not entry.get("complete"):
+        return "running"
+    return "complete" if int(entry.get("runs") or 0) > 0 else "ended, no run finished"

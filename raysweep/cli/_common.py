@@ -4,6 +4,7 @@ output-dir arguments (local or a storage URI) and small printing helpers."""
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import sys
 import warnings
@@ -12,11 +13,15 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from raysweep.errors import UserError
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
+
+# the output dir of the campaign this command runs, for the interrupt message's `raysweep resume DIR`
+running_dir: list[Path] = []
 
 
 def _say(text: str, err: bool = False, style: str | None = None) -> None:
@@ -57,16 +62,18 @@ class _Group(click.Group):
                 raise
             from raysweep.cli.jsonout import JSON_COMMANDS
 
-            name = exc.ctx.info_name if exc.ctx is not None else "this command"
-            raise click.UsageError(f"--json: `raysweep {name}` has no JSON output; commands with --json: "
+            path = exc.ctx.command_path.split()[1:] if exc.ctx is not None else ["this command"]
+            name = " ".join(["raysweep", *path])  # `raysweep catalog compare`, whatever the program's name
+            raise click.UsageError(f"--json: `{name}` has no JSON output; commands with --json: raysweep "
                                    f"{', '.join(JSON_COMMANDS)}", exc.ctx) from None
         except UserError as exc:
             console.print("error:", style="bold red", end=" ")
             _say(str(exc), err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
+            where = shlex.quote(str(running_dir[-1])) if running_dir else "OUTPUT_DIR"
             console.print("[yellow]interrupted[/]: finished points are kept; "
-                          "continue with `raysweep resume OUTPUT_DIR`")
+                          f"continue with `raysweep resume {escape(where)}`")
             sys.exit(130)
 
 

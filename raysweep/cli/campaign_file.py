@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from typing import Any
@@ -14,6 +16,26 @@ from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
 
 _SAY_READ_S = 0.5  # `validate` says what reading the bench data cost when it took this long or longer
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-)?")  # ${VAR} or ${VAR:-default}
+DEMO_MODEL = "RAYSWEEP_DEMO_MODEL"
+
+
+def unset_variables(campaign_file: str) -> list[str]:
+    """The `${VAR}` references (without a default) of a campaign file whose variable is not set here."""
+    try:
+        with open(campaign_file, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return []  # loading the file says what is wrong with it
+    text = "\n".join(line.split(" #")[0] for line in text.splitlines() if not line.lstrip().startswith("#"))
+    return sorted({m.group(1) for m in _REFERENCE.finditer(text) if m.group(2) is None} - set(os.environ))
+
+
+def unset_note(name: str) -> str:
+    """What `validate` says of a variable that is not set: checked with a stand-in; `run` needs it."""
+    how = (f" (`make demo` makes the tiny model in .cache/tiny-llama: export {name}=$PWD/.cache/tiny-llama)"
+           if name == DEMO_MODEL else "")
+    return f"${{{name}}} is not set: checked with a stand-in for its value; `run` needs it set{how}"
 
 
 @main.command()
@@ -56,8 +78,10 @@ def _check(campaign_file: str) -> dict[str, Any]:
     from raysweep.campaign.vllm_options import check_campaign
     from raysweep.plan.plan import build_plan
 
+    unset = unset_variables(campaign_file)
     try:
-        plan = build_plan(load_campaign(campaign_file))
+        env = {**os.environ, **{name: f"<{name}>" for name in unset}}
+        plan = build_plan(load_campaign(campaign_file, env=env))
         options = check_campaign(plan.spec)  # serve and bench options against vLLM's own parser
         t0 = time.monotonic()
         notes = check_data_files(plan.spec)  # every data file its bench points read, line by line
@@ -67,6 +91,7 @@ def _check(campaign_file: str) -> dict[str, Any]:
                      *notes]
         if options.note:
             notes = [f"vLLM options not checked: {options.note}", *notes]
+        notes = [*map(unset_note, unset), *notes]
     except UserError as exc:
         return {"file": campaign_file, "valid": False, "error": str(exc), "field": getattr(exc, "field", None)}
     c = plan.spec.campaign

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from raysweep.cli._common import _say, main, print_table
 from raysweep.cli.jsonout import json_option, print_json
+from raysweep.errors import UserError
 
 _FILTER_OPTIONS = ("model", "config", "hardware", "dataset", "input_len", "output_len", "campaign")
 
@@ -76,7 +77,7 @@ def add(catalog_dir: str, dirs: tuple[str, ...]) -> None:
 @json_option
 def list_(catalog_dir: str, as_json: bool) -> None:
     """The campaigns of CATALOG: source, runs, models, hardware, vLLM versions, dates."""
-    from raysweep.catalog.store import Catalog
+    from raysweep.catalog.store import Catalog, state_of
 
     cat = Catalog(catalog_dir)
     if as_json:
@@ -85,10 +86,13 @@ def list_(catalog_dir: str, as_json: bool) -> None:
         return
     table = Table("campaign", "source", "state", "runs", "points", "models", "hardware", "vLLM", "first run", "path")
     for c in sorted(cat.campaigns.values(), key=lambda c: (c.get("first_date") or 0.0, c["name"])):
-        table.add_row(c["name"], c["source"], "complete" if c["complete"] else "running", str(c["runs"]),
+        table.add_row(c["name"], c["source"], state_of(c), str(c["runs"]),
                       str(c["points"]), ", ".join(c["models"]) or "-", ", ".join(c["hardware"]) or "-",
                       ", ".join(c["vllm"]) or "-", _day(c.get("first_date")), c["path"])
     print_table(table)
+    for c in sorted(cat.campaigns.values(), key=lambda c: (c.get("first_date") or 0.0, c["name"])):
+        for line in c.get("answer") or []:  # the campaign's own answer, as its run gave it
+            _say(f"{c['name']}'s answer: {line}")
 
 
 @catalog.command("query")
@@ -107,6 +111,8 @@ def query(catalog_dir: str, metrics: tuple[str, ...], sql: str | None, as_csv: b
 
     cat = Catalog(catalog_dir)
     df = cat.query(sql) if sql else queries.points(cat, list(metrics), filters)
+    if df.empty and not sql:  # an empty table with exit 0 reads as "nothing wrong": say what selected nothing
+        raise UserError(queries.nothing_selected(cat, filters))
     if as_csv:
         sys.stdout.write(df.to_csv(index=False))
         return
@@ -121,14 +127,29 @@ def query(catalog_dir: str, metrics: tuple[str, ...], sql: str | None, as_csv: b
 @click.argument("baseline")
 @click.argument("other")
 @click.option("--metric", default="output_throughput", show_default=True)
-def compare(catalog_dir: str, baseline: str, other: str, metric: str) -> None:
+@json_option
+def compare(catalog_dir: str, baseline: str, other: str, metric: str, as_json: bool) -> None:
     """OTHER against BASELINE (campaign names or ids): points matched like for like (model, workload,
     load, hardware, server settings), each judged over its runs; points without a like are listed with why
-    they are not comparable."""
+    they are not comparable. Exit 1 when no point is like one of the baseline (nothing was compared)."""
     from raysweep.catalog import queries
     from raysweep.catalog.store import Catalog
 
     result = queries.compare(Catalog(catalog_dir), baseline, other, metric)
+    if as_json:
+        print_json("catalog_compare", {"baseline": baseline, "other": other, "metric": metric,
+                                       "matched": result.matched, "family": result.family,
+                                       "unmatched": [{"point": p, "why": why} for p, why in result.unmatched]})
+        if not result.matched:
+            sys.exit(1)
+        return
+    if not result.matched:
+        for point, why in result.unmatched:
+            _say(f"{point}: {'; '.join(why)}")
+        _say(f"nothing compared: no point of {other} is like a point of {baseline} (model, workload, load, "
+             "hardware and server settings)" + ("; why each is not comparable is above" if result.unmatched
+                                                 else f"; {other} has no valid run of {metric}"), err=True)
+        sys.exit(1)
     table = Table("point", "baseline", "other", "ratio", "verdict")
     for m in result.matched:
         table.add_row(m["point"], _num(m["baseline"]), _num(m["other"]), _num(m["ratio"]), m["verdict"])

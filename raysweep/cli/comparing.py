@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _SHOWN = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
-_VERDICT_STYLE = {"better": "green", "worse": "red", "not shown": "yellow", "not judged": "dim",
+_VERDICT_STYLE = {"better": "green", "worse": "red", "not shown": "yellow", "not judged": "dim", "not compared": "dim",
                   "outside slo": "dim"}
 _STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
 
@@ -63,9 +63,28 @@ def shown_metrics(option: str, given: str | None, available: list[str], default:
     return names
 
 
+def method_notes(methods: list[str]) -> list[str]:
+    """One note per way the points' intervals were made, never the same long text once per point: texts that
+    differ only in their numbers (a point's request count) are one note, with how many points it covers."""
+    import re
+
+    groups: dict[str, list[str]] = {}
+    for m in methods:
+        groups.setdefault(re.sub(r"\d+(?:\.\d+)?", "N", str(m)), []).append(str(m))
+    notes = []
+    for texts in groups.values():
+        first, many = texts[0], len(set(texts)) > 1
+        if many:  # the numbers differ point by point: say the text once, without them
+            first = re.sub(r"[;,]? ?\d+(?:\.\d+)? requests?", "", first)
+        count = f" ({len(texts)} point(s))" if len(groups) > 1 or many else ""
+        notes.append(f"intervals{count}: {first}")
+    return notes
+
+
 def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tuple[str, ...], confidence: float,
                      threshold: float, noise_metrics: str | None, metrics: str | None = None,
-                     dest: Path | None = None, as_json: bool = False, written: list[Path] | None = None) -> None:
+                     dest: Path | None = None, as_json: bool = False, written: list[Path] | None = None,
+                     tell_unwritten: bool = True) -> None:
     """Print the aggregates per point (`results --aggregate`), and write summary.* into `dest` when given;
     `results`: the results table (None: read where the kept summary does not serve)."""
     import pandas as pd
@@ -87,8 +106,7 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
     if dest is not None:
         paths += aggregate.write_summary(dest, [f for f in formats if f in aggregate.SUMMARY_FORMATS],
                                          summary=summary)
-    methods = sorted(set(summary.get("ci_method", pd.Series(dtype=str)).dropna()))
-    notes = [f"intervals: {m}" for m in methods]
+    notes = method_notes(list(summary.get("ci_method", pd.Series(dtype=str)).dropna()))
     if any(f"{m}_pooled" in summary.columns for m in shown):
         notes.append("a percentile shows the mean of its per-run values with their t-interval (what compare tests); "
                      "the summary also holds the pooled percentile and its two-level bootstrap interval (M_pooled*)")
@@ -106,7 +124,7 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
         table.add_row(*(escape(fmt_value(r[p])) for p in params), str(r["runs"]), *cells, noisy, needed)
     print_table(table, out)
     _print_paths(paths, notes)
-    if dest is None:
+    if dest is None and tell_unwritten:
         _say("summary not written (write it with --out DIR)", err=True)
 
 
@@ -182,10 +200,17 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
         paths += [compare.record_baseline(s.source, sides[0].source, split_list(match_on), wanted)
                   for s in sides[1:] if (s.source / LEDGER_FILE).is_file()]
     notes = [n for c in comparisons for n in c.notes]
+    from raysweep.results.answer_file import kept_answer
+
+    answers = {s.name: kept_answer(s.source) if s.source.is_dir() else None for s in sides}
     if as_json:
         print_json("compare", {"comparisons": [_comparison_document(c) for c in comparisons], "notes": notes,
-                         "written": paths})
+                               "written": paths,
+                               "answers": {k: (v or {}).get("answer") for k, v in answers.items()}})
         return
+    for name, kept in answers.items():  # each campaign's own answer, as its run gave it (answer.json)
+        for line in (kept or {}).get("lines", [])[:4]:
+            _say(f"{name}'s answer: {line}")
     for cmp in comparisons:
         _print_comparison(cmp)
     _print_paths(paths, notes)
@@ -201,7 +226,9 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
                        "runs_other": r.get("runs_b"),
                        "metrics": {m: {"baseline": r.get(f"{m}_a"), "other": r.get(f"{m}_b"),
                                        "ratio": r.get(f"{m}_ratio"), "verdict": r.get(f"{m}_verdict"),
-                                       "test": r.get(f"{m}_test"), "p_adjusted": r.get(f"{m}_p_adjusted")}
+                                       "test": r.get(f"{m}_test"), "p_adjusted": r.get(f"{m}_p_adjusted"),
+                                       "ratio_low": r.get(f"{m}_ratio_low"), "ratio_high": r.get(f"{m}_ratio_high"),
+                                       "why": r.get(f"{m}_why") or None}
                                    for m in cmp.metrics}})
     totals = compare.totals(cmp).to_dict(orient="records") if not cmp.table.empty else []
     return {"baseline": cmp.baseline.name, "baseline_source": cmp.baseline.source, "other": cmp.other.name,

@@ -17,7 +17,8 @@ from raysweep.record.jsonvalues import jsonable
 
 __all__ = ["JSON_COMMANDS", "json_option", "jsonable", "print_json", "schema"]
 
-JSON_COMMANDS = ("status", "results", "compare", "tune", "sla", "validate", "report", "run", "history", "catalog list")
+JSON_COMMANDS = ("status", "results", "compare", "tune", "sla", "validate", "report", "run", "history", "catalog list",
+                 "catalog compare")
 SCHEMA_VERSION = 1
 
 

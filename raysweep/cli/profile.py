@@ -125,4 +125,5 @@ def points_table(out: Path) -> None:
     df = results_table(out)
     if df.empty:
         return
-    print_aggregates(str(out), df, ("parquet", "csv"), 0.95, 0.05, None, written=[])
+    # the run wrote summary.* into `out` already: no "summary not written" after it
+    print_aggregates(str(out), df, ("parquet", "csv"), 0.95, 0.05, None, written=[], tell_unwritten=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from raysweep.cli._common import (
     address_option,
     console,
     main,
+    running_dir,
 )
 from raysweep.cli.display import _print_counts, _ProgressDisplay, told_by_event
 from raysweep.cli.jsonout import json_option, print_json
@@ -168,11 +170,14 @@ def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], 
     est = estimate(plan, done=done, measured=measured, lanes=max(1, lanes), gpus_of=gpus_of)
     source = ("measured in " + ", ".join([str(output_dir)] * own + list(estimate_from))) if measured else (
         "from the commands and raysweep.plan.estimate.DEFAULTS")
-    notes = [f"durations {source}"] + [f"{len(done)} run(s) already done are not counted"] * bool(done) + [
-        "GPU-hours of the configurations' shapes: no GPUs here"] * (not gpus)
+    notes = [f"durations {source}"] + [f"{len(done)} run(s) already done are not counted"] * bool(done)
+    if not gpus:  # servers without GPUs bill node-hours (raysweep.plan.cost), not their shapes' GPU-hours
+        nodes = {sid: max(1, getattr(lay, "nnodes", 1)) for sid, lay in layouts.items()}
+        est = dataclasses.replace(est, node_hours=sum(nodes.get(sid, 1) * s for sid, s in est.per_serve_s.items())
+                                  / 3600)
     from raysweep.plan.cost import estimate_line
 
-    priced = estimate_line(cost, est.gpu_hours)
+    priced = estimate_line(cost, est.gpu_hours, est.node_hours)
     return f"{est.text()} ({'; '.join(notes)})" + (f"\n{priced}" if priced else "")
 
 
@@ -221,6 +226,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
 
     # endpoints, tracking, a changed campaign, a live driver or changed settings: refused before Ray starts
     run_checks.check_before_run(spec, output_dir, force=force, accept_changes=accept_changes)
+    running_dir.append(output_dir)
     _sigterm_to_interrupt()
     display = _ProgressDisplay()
     summary, refused = None, False
@@ -240,7 +246,7 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
     _print_counts(summary.counts)
     for p in summary.failures[:10]:
         console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
-                      f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
+                      f"{p.attempts_made} attempt(s)): {escape(str(p.error))}", highlight=False)
     if summary.stopped_early:
         console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
     drawn = _write_report(output_dir) if spec.campaign.report and summary.counts.get("done") else None
@@ -274,7 +280,7 @@ def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int]
     _print_counts(counts)
     for p in failed[:10]:
         console.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
-                      f"{p.attempts} attempt(s)): {escape(str(p.error))}", highlight=False)
+                      f"{p.attempts_made} attempt(s)): {escape(str(p.error))}", highlight=False)
     drawn: tuple[Path, list[Path], list[str]] | None = None
     if spec.campaign.report and counts.get("done"):
         report = output_dir / "report.html"  # report.REPORT_FILE, without importing the report's modules
@@ -294,9 +300,31 @@ def _run_document(spec: Any, output_dir: Path, counts: dict[str, int], failures:
     """What `run --json` prints at the end (raysweep/schemas/run.json)."""
     return {"campaign": spec.campaign.name, "output_dir": output_dir, "ran": ran, "counts": counts,
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
-                          "attempts": p.attempts, "error": p.error} for p in failures],
+                          "attempts": p.attempts_made, "error": p.error} for p in failures],
             "stopped_early": stopped_early, "results": results, "report": drawn[0] if drawn else None,
-            "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else []}
+            "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else [],
+            "answer": _answer_json(output_dir) if drawn and drawn[2] else None}
+
+
+def _answer_json(output_dir: Path) -> dict[str, Any] | None:
+    """The campaign's answer as JSON (`raysweep.results.answer.Answer.to_dict`), as the lines printed render it."""
+    from raysweep.report.page import conclusions_of
+
+    try:
+        c = conclusions_of(output_dir)
+    except Exception:  # as `_headlines`: the lines said why
+        return None
+    return c.answer.to_dict() if c is not None else None
+
+
+def _keep(output_dir: Path, answer: Any) -> None:
+    """The answer kept beside the results (`answer.json`), for the faces that read many campaigns."""
+    from raysweep.results.answer_file import keep_answer
+
+    try:
+        keep_answer(output_dir, answer)
+    except OSError as exc:  # a courtesy to the other faces: the run's results stand without it
+        console.print(f"answer.json not written: {escape(str(exc))}", highlight=False)
 
 
 def _headlines(output_dir: Path) -> list[str]:
@@ -308,6 +336,8 @@ def _headlines(output_dir: Path) -> list[str]:
     try:
         answer = conclusions_of(output_dir)
         lines = headlines(answer) if answer is not None else []
+        if answer is not None:
+            _keep(output_dir, answer.answer)
     except Exception as exc:  # as write_report_with_headlines: the report says why, the lines are a courtesy
         console.print(f"conclusions not made: {escape(str(exc))}", highlight=False)
         lines = []
@@ -320,10 +350,13 @@ def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:
     """`report: true`: the HTML report and the default figures, with their paths; (report, figures,
     conclusions)."""
     from raysweep.cli.analysing import default_figures
-    from raysweep.report.page import write_report_with_headlines
+    from raysweep.report.page import write_report_with_answer
 
     figures, _ = default_figures(output_dir)  # their notes are in the report
-    path, lines = write_report_with_headlines(output_dir)
+    path, found = write_report_with_answer(output_dir)
+    lines = found.lines() if found is not None else []
+    if found is not None:
+        _keep(output_dir, found)
     console.print(f"Report: {path}", highlight=False)
     console.print(f"Figures: {', '.join(str(p) for p in figures)}", highlight=False)
     for line in lines:  # the report's conclusions, one line per bench shape

@@ -300,7 +300,8 @@ class PointRunner:
         if why is not None:
             tail = server.log_tail()
             error = f"server died during the point ({why}); benchmark: {error or 'finished'}"
-            if getattr(server, "roles", None) and not server.host_lost:  # a P/D role: the root cause in its log
+            if (getattr(server, "roles", None) or len(getattr(server, "hosts", ())) > 1) and not server.host_lost:
+                # a P/D role or a rank of a server across nodes: the root cause from every rank's log
                 cause = server.root_cause(server.failed_rank)
                 if cause is not None:
                     error += f"; {server.who(cause['rank'])}: {cause['line']}"

@@ -101,8 +101,9 @@ class PointLedger(Store):
     def give_up(self, point_id: str, error: str, max_attempts: int) -> None:
         """Fail a point for good (its configuration can no longer run): no attempts left, the reason kept."""
         with self._tx() as c:
-            c.execute("UPDATE points SET state = 'failed', attempts = MAX(attempts, ?), ended_at = ?, error = ?,"
-                      " updated_at = ? WHERE point_id = ?", (max_attempts, time.time(), error, time.time(), point_id))
+            c.execute("UPDATE points SET state = 'failed', tried = COALESCE(tried, attempts),"
+                      " attempts = MAX(attempts, ?), ended_at = ?, error = ?, updated_at = ? WHERE point_id = ?",
+                      (max_attempts, time.time(), error, time.time(), point_id))
 
     def mark_pending(self, point_id: str, count_attempt: bool = False) -> None:
         with self._tx() as c:
@@ -112,7 +113,7 @@ class PointLedger(Store):
     def retry_failed(self) -> int:
         """Give every failed point of the plan a fresh set of attempts; returns how many."""
         with self._tx() as c:
-            return c.execute("UPDATE points SET state = 'pending', attempts = 0, updated_at = ? "
+            return c.execute("UPDATE points SET state = 'pending', attempts = 0, tried = NULL, updated_at = ? "
                              "WHERE state = 'failed' AND in_plan = 1", (time.time(),)).rowcount
 
     def counts(self) -> dict[str, int]:

@@ -38,6 +38,12 @@ class PointRow:
     log_tail: str | None
     result_path: str | None
     probe_of: str | None = None  # the bench point whose SLA search added this probe
+    tried: int | None = None  # given up: the attempts it really had (`attempts` then counts them all spent)
+
+    @property
+    def attempts_made(self) -> int:
+        """How many times it was really tried (a point given up has all its attempts counted as spent)."""
+        return self.attempts if self.tried is None else self.tried
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ def point_row(r: sqlite3.Row) -> PointRow:
     d["in_plan"] = bool(d["in_plan"])
     d["state"] = PointState(d["state"])
     d.pop("updated_at")
+    d["tried"] = None if d.get("tried") is None else int(d["tried"])
     return PointRow(**d)
 
 

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS points (
   log_tail TEXT,
   result_path TEXT,
   updated_at REAL NOT NULL,
-  probe_of TEXT
+  probe_of TEXT,
+  tried TEXT
 );
 CREATE INDEX IF NOT EXISTS points_by_serve ON points (serve_id, state);
 CREATE TABLE IF NOT EXISTS sla_searches (
@@ -138,7 +139,8 @@ CREATE TABLE IF NOT EXISTS candidates (
 """
 
 
-_ADDED_COLUMNS = (("points", "probe_of"), ("servers", "ranks"), ("servers", "log_path"), ("drivers", "helpers"),
+_ADDED_COLUMNS = (("points", "probe_of"), ("points", "tried"), ("servers", "ranks"), ("servers", "log_path"),
+                  ("drivers", "helpers"),
                   ("servers", "transport"), ("servers", "nice"), ("servers", "cpu_affinity"),
                   ("servers", "provenance"), ("servers", "fabric"), ("servers", "topology"), ("servers", "startup"),
                   ("servers", "role_settings"))

@@ -146,11 +146,18 @@ def spend_line(cost: CostSpec | None, servers: Iterable[Any], gpus_of: dict[str,
     return text + f": {s['cost']:.2f} {cost.currency}{unpriced}"
 
 
-def estimate_line(cost: CostSpec | None, gpu_hours: float) -> str:
+def estimate_line(cost: CostSpec | None, gpu_hours: float, node_hours: float | None = None) -> str:
     """The dry run's price of the GPU-hours it estimates: one price (or `default`) applies to all; prices
-    by GPU or node type only once the servers' GPUs are known (`status`, the report)."""
+    by GPU or node type only once the servers' GPUs are known (`status`, the report). On a machine without
+    GPUs (`node_hours` given) the servers bill node-hours at `cost.node_hour`."""
     if cost is None:
         return ""
+    if node_hours is not None:
+        if cost.node_hour is None:
+            return ("Cost: not priced: the servers here have no GPUs and bill node-hours, and cost.node_hour gives "
+                    "no price for them")
+        return (f"Cost: about {node_hours * cost.node_hour:.2f} {cost.currency} ({node_hours:.2f} node-hour(s) x "
+                f"{cost.node_hour:g})")
     price = cost.gpu_hour if not isinstance(cost.gpu_hour, dict) else cost.gpu_hour.get("default")
     if price is None:
         return ("Cost: priced by GPU or node type only (no default in cost.gpu_hour): known once the servers run "

@@ -80,6 +80,13 @@ class Estimate:
     most_points: int | None = None  # bench.precision: every undecided point run to max_runs
     most_wall_s: float | None = None
     confirm: tuple[int, int, float] | None = None  # the winner's confirmation after it: starts, runs, seconds
+    node_hours: float | None = None  # on a machine without GPUs: what its servers bill, node-hours (not GPU-hours)
+
+    def hours_text(self) -> str:
+        """What the servers will hold: GPU-hours, or node-hours where the machine has no GPUs."""
+        if self.node_hours is not None:
+            return f"{self.node_hours:.2f} node-hour(s) (no GPUs here)"
+        return f"{self.gpu_hours:.2f} GPU-hour(s)"
 
     def text(self) -> str:
         most = "" if self.most_points is None or self.most_wall_s is None else (
@@ -88,7 +95,7 @@ class Estimate:
             f"; then the winner's confirmation (per pair confirmed): {self.confirm[0]} server start(s), "
             f"{self.confirm[1]} run(s), about {format_duration(self.confirm[2])}")
         return (f"Estimate ({self.basis}): {self.server_starts} server start(s), {self.points} run(s)"
-                f"{' expected' if most else ''}, {self.gpu_hours:.2f} GPU-hour(s), wall time about "
+                f"{' expected' if most else ''}, {self.hours_text()}, wall time about "
                 f"{format_duration(self.wall_s)}{most}{then}")
 
 

@@ -372,7 +372,9 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
         lines = [f"Campaign {c.name}: tuning; each candidate runs {len(plan.benches)} bench point(s) x {c.runs} run(s)"
                  + (f" ({len(plan.serves)} candidate(s) already in the ledger)" if plan.serves else "")]
     if plan.spec.offline:
-        lines.append("Mode: offline (each run is the command below, to its end, with --output-json added)")
+        lines.append("Mode: startup (each run is `vllm bench startup` below, to its end: the engine's cold and warm "
+                     "starts timed, no server)" if c.mode == "startup" else
+                     "Mode: offline (each run is the command below, to its end, with --output-json added)")
     else:
         assert c.bench is not None
         lines.append("Bench backend: " + ("native (raysweep's streaming client in Ray actors, reading the options "

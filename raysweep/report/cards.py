@@ -12,6 +12,7 @@ from raysweep.errors import UserError
 from raysweep.ledger import PointState
 from raysweep.report.markup import esc, html_table
 from raysweep.results import conclusions
+from raysweep.results.answer import lead_span
 from raysweep.results.data import ReportData, answer_of
 
 CardFigure = Callable[[ReportData, conclusions.Conclusions, conclusions.ShapeVerdict], str]
@@ -32,15 +33,14 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
            f"{pct} interval of each bounded metric inside its bound) are ranked." if c.slo is not None else
            " No service-level objective (<code>slo:</code>): the leader is "
            "the raw best, whatever its latency; each card names the knee beside it.")
-    starts = c.start_spread is not None  # the summary measured the objective's spread between server starts
-    over_starts = " that includes the spread between server starts" if starts else ""
-    test = "a t over server starts" if starts else "Welch's t over runs"
     head = (f'<p class="muted">Objective: <b>{esc(c.objective.text)}</b> (<code>raysweep report --objective</code> '
             f"chooses another).{slo} A point is a server config at one bench point; its value is the mean over its "
-            f"runs that passed their checks, with a {pct} confidence interval{over_starts}. The leader is tested "
-            f"against every other config with {test} (a paired t where their runs were measured side by side) and "
-            f"Holm's correction over the configs; a point whose runs drift over their order is never green. Load: "
-            f"{esc(c.load or 'not swept')}; bench shape: {esc(', '.join(c.shape_keys) or 'one')}.</p>")
+            "server starts of each start's mean over its runs that passed their checks, with its interval over those "
+            "starts (a point on one start: over its runs, which says nothing of the next start). The replicate is "
+            "the server start: the leader is tested against every other config on their start means (t over server "
+            "starts, Holm's correction over the configs); configs on one server start each are ranked, not "
+            f"compared. Load: {esc(c.load or 'not swept')}; bench shape: "
+            f"{esc(', '.join(c.shape_keys) or 'one')}.</p>")
     if c.single_config:
         head = (f'<p class="muted">One server config swept over {esc(c.load or "its loads")}: each card gives its '
                 f"capacity (the load of highest mean {esc(c.objective.text)}, with its {pct} confidence interval), "
@@ -56,8 +56,15 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
 def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict,
                 card_figure: CardFigure) -> str:
     lead = v.leader
+    said = c.answer.shapes[c.verdicts.index(v)]   # the campaign's answer: rendered here, never recomputed
     value = (f"{esc(c.objective.name)} {conclusions.fmt(lead['objective_mean'])} {esc(c.objective.unit)} "
              f"({_interval(lead)}, {_backing(lead)})")
+    if not c.single_config:
+        interval = (f"{conclusions.level_text(said.level)} interval {conclusions.fmt(said.ci_low)} to "
+                    f"{conclusions.fmt(said.ci_high)}" if conclusions.finite(said.ci_low) else "no interval: one run")
+        value = (f"{esc(c.objective.name)} {conclusions.fmt(said.value)} {esc(c.objective.unit)} ({esc(interval)}, "
+                 f"on {said.starts} server start(s), {said.runs} run(s)"
+                 f"{', the confirmation on fresh servers' if v.confirmation is not None else ''})")
     parts = [f"<h3>{esc(v.shape)}</h3>"]
     if v.slo_met is False and c.slo is not None:
         parts.append(f'<p class="flag">No point of this shape is shown to meet the service-level objective '
@@ -65,28 +72,34 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
                      "nearness to the bound.</p>")
     elif c.single_config:
         parts.append(f'<p class="win">Capacity: <b>{esc(c.load or "")}={esc(str(lead.get(c.load)))}</b>: {value}</p>')
+    elif said.leader is None:
+        parts.append(f'<p class="flag">No configuration to deploy: {esc(said.why)}. Best measured: '
+                     f"<b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>")
     else:
-        parts.append(f'<p class="win">Best: <b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>')
+        word = "Deploy" if said.clear else "Best measured"
+        parts.append(f'<p class="win">{word}: <b>{esc(said.leader)}</b>: {value}</p>')
     parts.append(_precision(data, lead))
     parts.append(_latencies(lead))
     if c.single_config:
         return f'<div class="card">{"".join([*parts, *_load_parts(data, c, v, card_figure)])}</div>'
-    if v.runner_up is not None:
-        cls = "sig" if v.clear else "insig"
-        amount = f"{v.lead:+.1%}" if v.lead is not None else "ahead"
-        flag = (" Some runs of these points were flagged (see Warnings): the verdict rests on the others."
-                if v.flagged else "")
-        parts.append(f"<p>{esc(amount)} over {esc(conclusions.at_load(v.runner_up, c.load))} "
-                     f"({conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}): "
-                     f'<span class="{cls}">{esc(conclusions.verdict_text(v))}</span>.{esc(flag)}</p>')
-    if v.confirmation is not None:
+    if v.runner_up is not None and said.rivals:
+        cls = "sig" if said.clear else "insig"
+        first = said.rivals[0]
+        maximize = c.objective.maximize
+        ahead = v.lead if v.confirmation is not None and v.confirmation.verdict is not None else first.lead
+        amount = conclusions.lead_words(ahead, maximize, none="ahead")  # `+22.1% over`, `20.0% lower than`
+        span = lead_span(first.lead_low, first.lead_high, maximize)
+        span = f"{span[:-1]} at {conclusions.level_text(0.95)}]" if span else ""
         k = v.confirmation
-        parts.append("<p>Confirmed after the sweep on fresh servers (AB BA): the leader "
-                     f"{conclusions.fmt(k.leader_mean)} "
-                     f"({conclusions.CONFIDENCE:.0%} CI {conclusions.fmt(k.ci_low)} to {conclusions.fmt(k.ci_high)}), "
-                     f"the runner-up {conclusions.fmt(k.runner_mean)} ({conclusions.CONFIDENCE:.0%} CI "
-                     f"{conclusions.fmt(k.runner_ci[0])} to {conclusions.fmt(k.runner_ci[1])}); the verdict above is "
-                     "the confirmation's, not the selection's.</p>")
+        rival = (f"{conclusions.fmt(first.value)}, {_interval(v.runner_up)}" if k is None or k.verdict is None else
+                 f"{conclusions.fmt(k.runner_mean)}, {conclusions.level_text(k.level)} interval "
+                 f"{conclusions.fmt(k.runner_ci[0])} to {conclusions.fmt(k.runner_ci[1])}, the confirmation")
+        parts.append(f"<p>{esc(amount)} {esc(first.config)}{esc(span)} ({rival}): "
+                     f'<span class="{cls}">{esc(said.verdict)}: {esc(said.why)}</span>.</p>')
+        if said.left_out:
+            parts.append(f'<p class="flag">Left out: {esc("; ".join(said.left_out))}.</p>')
+        if said.details:
+            parts.append(f"<details><summary>The test</summary><p>{esc(' '.join(said.details))}</p></details>")
     if v.knee is not None:
         same = v.knee["serve_id"] == lead["serve_id"] and v.knee["bench_id"] == lead["bench_id"]
         parts.append(f"<p>Knee (best among points with {esc(v.knee_bound)}): "
@@ -189,7 +202,7 @@ def _interval(row: Any, bare: bool = False) -> str:
     if not (conclusions.finite(low) and conclusions.finite(high)):
         return "no interval: one run" if not bare else "n/a"
     text = f"{conclusions.fmt(low)} to {conclusions.fmt(high)}"
-    return text if bare else f"{conclusions.CONFIDENCE:.0%} CI {text}"
+    return text if bare else f"{conclusions.level_text(conclusions.level_of(row))} interval {text}"
 
 
 def _runs(row: Any) -> str:

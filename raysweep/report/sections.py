@@ -40,7 +40,7 @@ def validity_section(data: ReportData) -> str:
         return nothing("no finished run yet")
     checks = ", ".join(CHECKS)
     counts = validity_counts(recs)  # the count `status` prints: a check not judged is never a check passed
-    gaps = (f'<p class="muted">Not judged (nothing recorded): {esc(counts.gaps())}.</p>' if counts.not_judged
+    gaps = (f'<p class="muted">Not judged: {esc(counts.gaps())}.</p>' if counts.not_judged
             else "")
     bad = flagged(recs)
     spans = _hardware_spans(recs)
@@ -192,7 +192,7 @@ def failures_section(data: ReportData) -> str:
     for (serve, error), points in groups.items():
         first = points[0]
         tail = f"<pre>{esc(first.log_tail)}</pre>" if first.log_tail else '<p class="muted">no log tail recorded</p>'
-        which = "; ".join(f"{combo_label(p.bench_params)} run {p.run}, {p.attempts} attempt(s), point {p.point_id}"
+        which = "; ".join(f"{combo_label(p.bench_params)} run {p.run}, {p.attempts_made} attempt(s), point {p.point_id}"
                           for p in points)
         whose = f"The log tail of point {first.point_id}:" if len(points) > 1 else "Its log tail:"
         items.append(f'<div class="failure"><h3>{esc(serve)}: {len(points)} point(s)</h3><p>{esc(error)}</p>'

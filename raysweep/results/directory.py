@@ -126,7 +126,8 @@ class CampaignDir:
                                           for r in bad],
                          "hardware_mixed": hardware.mixed(records)},
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
-                          "attempts": p.attempts, "error": p.error} for p in points if p.state == PointState.FAILED],
+                          "attempts": p.attempts_made, "error": p.error}
+                         for p in points if p.state == PointState.FAILED],
             "spend": campaign_spend(CostSpec.model_validate(block) if block else None, servers),
             "precision": precision_counts(ledger),
         }

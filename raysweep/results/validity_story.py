@@ -35,21 +35,41 @@ class ValidityCounts:
         else:
             text = (f"none of {self.runs} finished run(s) fails a check; {self.passed} pass every check, "
                     f"{self.partly_judged} were not judged on every check")
-        return text + (f" (not judged, nothing recorded: {self.gaps()})" if self.not_judged else "")
+        return text + (f" (not judged, {self.gaps()})" if self.not_judged else "")
 
     def gaps(self) -> str:
-        """`not steady for 16 run(s); niced for 2 run(s)`."""
-        return "; ".join(f"{c} for {n} run(s)" for c, n in self.not_judged.items())
+        """Why checks were not judged, by check: `nothing recorded: not steady for 2 run(s); niced for 2 run(s)`,
+        or `steady state too short to judge for 16 run(s)` where the run was judged for it and found too short."""
+        unrecorded = "; ".join(f"{c} for {n} run(s)" for c, n in self.not_judged.items() if c not in _WHY)
+        why = "; ".join(f"{_WHY[c]} for {n} run(s)" for c, n in self.not_judged.items() if c in _WHY)
+        return "; ".join([f"nothing recorded: {unrecorded}"] * bool(unrecorded) + [why] * bool(why))
 
     def as_dict(self) -> dict[str, Any]:
         return {"runs": self.runs, "failed": self.failed, "passed": self.passed,
                 "partly_judged": self.partly_judged, "not_judged": dict(self.not_judged), "checks": list(CHECKS)}
 
 
+# a check that was looked at and could not be judged, by why (the run's `steady_state_note`): not "nothing recorded"
+_WHY = {"steady state: too short": "steady state too short to judge",
+        "steady state: too few requests": "steady state: too few requests to judge",
+        "steady state: no request succeeded": "steady state: no request succeeded",
+        "steady state: no output tokens": "steady state: no output tokens in the judged window"}
+
+
+def _gaps(record: dict[str, Any]) -> list[str]:
+    """The record's unjudged checks; the steady state's with the run's own reason where it recorded one."""
+    note = str(record.get("steady_state_note") or "").removeprefix("not judged: ")
+    out = []
+    for check in unknown_checks(record):
+        key = f"steady state: {note.split(' (')[0].split(' in the ')[0]}" if check == "not steady" else check
+        out.append(key if key in _WHY else check)
+    return out
+
+
 def validity_counts(records: list[dict[str, Any]]) -> ValidityCounts:
     """The counts of these finished runs' records (`results.load_records`)."""
     bad = {id(r) for r in flagged(records)}
-    gaps = [unknown_checks(r) for r in records]
+    gaps = [_gaps(r) for r in records]
     partly = sum(1 for r, g in zip(records, gaps) if g and id(r) not in bad)
     return ValidityCounts(runs=len(records), failed=len(bad), passed=len(records) - len(bad) - partly,
                           partly_judged=partly, not_judged=dict(Counter(c for g in gaps for c in g)))

@@ -20,6 +20,7 @@ their runs per hardware (`mixed`).
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -34,11 +35,16 @@ _LABELS = ("ray.io/accelerator-type", "ray.io/node-group")
 _TYPES: dict[tuple[str, ...], str] = {}  # node ids -> their types (a node's type does not change while it lives)
 
 
-def _node_type(node: dict[str, Any]) -> str:
+def _node_type(node: dict[str, Any], local: str | None = None) -> str:
+    """`H100, 8 GPU, 96 CPU`: its labels, GPUs and CPUs. The CPUs are the machine's own where the node is this
+    one (`local`, its Ray node id): an embedded Ray declares at least 4 CPUs to schedule its actors, which is
+    not what the machine has."""
     labels = node.get("Labels") or {}
     res = node.get("Resources") or {}
     named = [str(labels[k]) for k in _LABELS if labels.get(k)]
-    return ", ".join([*named, f"{res.get('GPU', 0):g} GPU", f"{res.get('CPU', 0):g} CPU"])
+    cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0) \
+        if local is not None and node.get("NodeID") == local else res.get("CPU", 0)
+    return ", ".join([*named, f"{res.get('GPU', 0):g} GPU", f"{cpus:g} CPU"])
 
 
 def node_types(node_ids: Iterable[str]) -> str:
@@ -51,12 +57,13 @@ def node_types(node_ids: Iterable[str]) -> str:
         import ray
 
         known = {n["NodeID"]: n for n in ray.nodes()} if ray.is_initialized() else {}
+        local = ray.get_runtime_context().get_node_id() if known else None
     except Exception as exc:
         log.debug("node types not read: %s", exc)
         return ""
     if not all(n in known for n in key):
         return ""
-    _TYPES[key] = " | ".join(sorted({_node_type(known[n]) for n in key}))
+    _TYPES[key] = " | ".join(sorted({_node_type(known[n], local) for n in key}))
     return _TYPES[key]
 
 

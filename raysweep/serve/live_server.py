@@ -30,7 +30,7 @@ from raysweep.place import fabric, placement, preflight, transport
 from raysweep.plan.plan import ServeConfig
 from raysweep.serve import caches, telemetry
 from raysweep.serve.rapl import POWERCAP, RAPL_ENV
-from raysweep.serve.root_cause import root_cause, same_cause
+from raysweep.serve.root_cause import deterministic, pick_cause, root_cause, same_cause
 from raysweep.serve.server import ServerHost, expected_model, rank_argv
 
 if TYPE_CHECKING:
@@ -130,12 +130,13 @@ class Server:
                 why = str(getattr(exc, "reason", exc))
         return f"/health did not answer within {timeout_s:.0f} s ({why})"
 
-    def root_cause(self, only: int | None = None) -> dict[str, Any] | None:
-        """The first error line of the first rank's log that has one (`raysweep.serve.root_cause`), with its rank
-        (and a P/D deployment's role server); `only`: that rank's."""
+    def root_cause(self, exited: int | None = None) -> dict[str, Any] | None:
+        """Why the server failed, from every rank's log (`raysweep.serve.root_cause`): the first error line of
+        each, the one that says why chosen by `pick_cause` (the rank that `exited` first among equals), with its
+        rank (and a P/D deployment's role server). A rank that exits because another failed (its connection
+        lost) is never taken for the cause when the other's log says more."""
+        causes: list[dict[str, Any]] = []
         for rank, h in enumerate(self.hosts):
-            if only is not None and rank != only:
-                continue
             try:
                 cause = ray.get(h.root_cause.remote(), timeout=30)
             except ray.exceptions.RayError:
@@ -143,8 +144,8 @@ class Server:
                 found = root_cause(procs.tail(path, 10**9, max_bytes=4 * 1024 * 1024)) if path else None
                 cause = asdict(found) if found is not None else None
             if cause is not None:
-                return {**cause, "rank": rank, **({"role": self.who(rank)} if self.roles else {})}
-        return None
+                causes.append({**cause, "rank": rank, **({"role": self.who(rank)} if self.roles else {})})
+        return pick_cause(causes, exited)
 
     def log_tail(self, lines: int = 40) -> str:
         tails = []
@@ -394,8 +395,13 @@ class Servers:
         tail = server.log_tail()
         cause = server.root_cause(ready.get("rank")) if ready.get("exited") and not server.host_lost else None
         if cause is not None:
-            where = f" ({cause.get('role') or 'rank ' + str(cause['rank'])})" if len(server.hosts) > 1 else ""
-            ready["error"] = f"{ready['error']}: {cause['line']}{where}"
+            who = cause.get("role") or f"rank {cause['rank']}"
+            if len(server.hosts) > 1 and ready.get("rank") is not None and cause["rank"] != ready.get("rank"):
+                # another rank's log says why: its cause first, the rank that happened to exit after it
+                ready["error"] = f"{cause['line']} ({who}'s log); {ready['error']}"
+            else:
+                where = f" ({who})" if len(server.hosts) > 1 else ""
+                ready["error"] = f"{ready['error']}: {cause['line']}{where}"
         w.ledger.update_server(server_id, state="failed", error=ready["error"], log_tail=tail)
         self.stop(server, state="failed")
         w.emit("server_failed", serve=serve, server_id=server_id, error=ready["error"], log_tail=tail,
@@ -425,6 +431,8 @@ class Servers:
         self._causes[serve_id] = cause["line"]
         if cause["kind"] == "argument":
             return "an argument error fails the same way every time"
+        if deterministic(cause["kind"], cause["line"]):
+            return f"{cause['line'].split(':')[0]} at start fails the same way every time"
         if same_cause(before, cause["line"]):
             return "it failed twice with the same root cause"
         return None

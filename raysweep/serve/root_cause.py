@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["RootCause", "root_cause", "same_cause"]
+__all__ = ["RootCause", "deterministic", "pick_cause", "root_cause", "same_cause"]
 
 # vLLM's per-process prefix and its logger's prefix: `(EngineCore_DP0 pid=12) ERROR 11-28 14:00:00 [core.py:7] `
 _PROC = re.compile(r"^\((?:[\w.-]+ )?pid=\d+\)\s?")
@@ -35,6 +36,14 @@ _POINTERS = ("see root cause above", "engine core initialization failed", "faile
              "engine process failed to start")
 _VALIDATION = ("ValidationError",)  # pydantic: a configuration value refused (vLLM's config classes)
 _MAX = 400
+# exceptions a start raises from its own arguments, files and code: the same command raises them again, so the
+# start is not tried again (a memory shortage aside: it may depend on what else the machine runs)
+_SAME_EVERY_TIME = ("ValueError", "TypeError", "AssertionError", "NotImplementedError", "KeyError", "AttributeError",
+                    "ImportError", "ModuleNotFoundError", "IndexError", "FileNotFoundError", "NotADirectoryError",
+                    "IsADirectoryError", "PermissionError", "SyntaxError")
+# what a rank says when another one failed first: the connection to it lost, a timeout waiting for it
+_KNOCK_ON = re.compile(r"connect|timed? ?out|timeout|broken pipe|reset by peer|eof|closed|shutdown|terminat",
+                       re.IGNORECASE)
 _OURS = "# raysweep:"  # what raysweep writes into the log (the command on its first line), never the cause
 
 
@@ -49,8 +58,30 @@ class RootCause:
 
     @property
     def deterministic(self) -> bool:
-        """An argument error: the same command fails the same way every time."""
-        return self.kind == "argument"
+        """An argument error, or an exception the start's own arguments, files or code raise (`ValueError`,
+        `AssertionError`, ...; not one about memory): the same command fails the same way every time."""
+        return deterministic(self.kind, self.line)
+
+
+def deterministic(kind: str, line: str) -> bool:
+    """Whether a root cause of this kind and line fails the same command the same way every time."""
+    if kind == "argument":
+        return True
+    m = _EXC.match(line)
+    if kind != "exception" or m is None or _OOM.search(line) or "memory" in line.lower():
+        return False
+    return m.group("name").rsplit(".", 1)[-1] in _SAME_EVERY_TIME
+
+
+def pick_cause(causes: list[dict[str, Any]], exited: int | None = None) -> dict[str, Any] | None:
+    """Of the root causes found in every rank's log ({line, kind, rank, ...}), the one that says why the start
+    failed: an argument error or out-of-memory first, then an exception that is not another rank's failure seen
+    from afar (a connection lost, a timeout), then the rank that exited, then the lowest rank."""
+    def order(c: dict[str, Any]) -> tuple[int, bool, int]:
+        weight = 0 if c.get("kind") in ("argument", "oom") else 2 if _KNOCK_ON.search(str(c.get("line"))) else 1
+        return weight, c.get("rank") != exited, int(c.get("rank") or 0)
+
+    return min(causes, key=order) if causes else None
 
 
 def _strip(line: str) -> tuple[str, str | None]:

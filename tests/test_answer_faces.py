@@ -1,0 +1,62 @@
+"""The campaign's answer on the faces that read many campaigns: `run` keeps it beside the results
+(`answer.json`), and `compare`, the catalogue (`catalog list`, `--json`) and its site render that answer, word for
+word, never another; a kept answer a later point made stale is not shown. No Ray, no vLLM."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+from test_aggregate import build_dir
+from test_report_browser import _demo_like_rows
+
+from raysweep.cli import main
+from raysweep.report.page import conclusions_of
+from raysweep.results.answer_file import ANSWER_FILE, kept_answer
+
+
+def test_the_kept_answer_is_what_compare_the_catalogue_and_the_site_say(tmp_path: Path) -> None:
+    from raysweep.cli.running import _headlines
+
+    out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
+    printed = _headlines(out)  # what `run` prints at its end, and keeps
+    c = conclusions_of(out)
+    assert c is not None and printed == c.answer.lines() and printed[0].startswith("Best for all bench points: deploy")
+    kept = kept_answer(out)
+    assert kept is not None and kept["lines"] == printed and kept["answer"] == c.answer.to_dict()
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    res = CliRunner().invoke(main, ["compare", str(out), str(copy)])
+    assert res.exit_code == 0, res.output
+    said = [ln.split("'s answer: ", 1)[1] for ln in res.output.splitlines() if "'s answer: " in ln]
+    assert said == printed * 2, res.output
+    doc = json.loads(CliRunner().invoke(main, ["compare", str(out), str(copy), "--json"]).output)
+    assert list(doc["answers"].values()) == [c.answer.to_dict()] * 2
+    cat = tmp_path / "cat"
+    assert CliRunner().invoke(main, ["catalog", "add", str(cat), str(out)]).exit_code == 0
+    listed = CliRunner().invoke(main, ["catalog", "list", str(cat)])
+    assert f"demo-cpu's answer: {printed[0]}" in " ".join(listed.output.split()), listed.output
+    entries = json.loads(CliRunner().invoke(main, ["catalog", "list", str(cat), "--json"]).output)["campaigns"]
+    assert entries[0]["answer"] == printed
+    assert CliRunner().invoke(main, ["site", str(cat), str(tmp_path / "site")]).exit_code == 0
+    import html
+
+    assert html.escape(printed[0]) in (tmp_path / "site" / "index.html").read_text()
+
+
+def test_a_kept_answer_is_not_shown_once_a_point_finished_after_it(tmp_path: Path) -> None:
+    from raysweep.cli.running import _headlines
+    from raysweep.ledger import Ledger
+
+    out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
+    _headlines(out)
+    assert kept_answer(out) is not None and (out / ANSWER_FILE).is_file()
+    led = Ledger.open_existing(out)
+    led.sync(name="demo-cpu", fingerprint="fp", meaning={}, campaign={"name": "demo-cpu"}, campaign_file="c.yaml",
+             points=[("late", "s8", "b4", 9, {"max_num_seqs": 8}, {"max_concurrency": 4})])
+    led.mark_running("late", "srv")
+    led.mark_done("late", "points/s8/b4/run=0.json")
+    led.close()
+    assert kept_answer(out) is None
