@@ -1,0 +1,194 @@
+"""The first day on a GPU cluster, made safe on this machine: what would fail there for a reason this machine
+can catch. NCCL's unflushed stdout through the server guard, the transport gate per layout, vLLM's own
+engine timeout, GPU isolation lost to Ray's NOSET switch, the fabric probe's interfaces, and NVML by UUID on
+nodes whose NVML order differs from CUDA's."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from types import SimpleNamespace
+
+from raysweep.ledger import ServerRow
+from raysweep.place import preflight
+from raysweep.results import acceptance
+from raysweep.serve import server as server_mod
+
+# ---------------------------------------------------------------------------------------------------
+# vLLM's own engine timeout (VLLM_ENGINE_READY_TIMEOUT_S, 600 s by default)
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_the_server_waits_for_its_engines_at_least_as_long_as_the_campaign(caplog):
+    env = server_mod.engine_timeout_env({"HF_TOKEN": "x"}, 1800.0)
+    assert env == {"HF_TOKEN": "x", "VLLM_ENGINE_READY_TIMEOUT_S": "1800"}
+    assert server_mod.engine_timeout_env({}, 899.2)["VLLM_ENGINE_READY_TIMEOUT_S"] == "900"
+    # a longer wait in serve.env is kept; a shorter one is raised, with a warning
+    assert server_mod.engine_timeout_env({"VLLM_ENGINE_READY_TIMEOUT_S": "3600"}, 900.0) == {
+        "VLLM_ENGINE_READY_TIMEOUT_S": "3600"}
+    with caplog.at_level(logging.WARNING):
+        assert server_mod.engine_timeout_env({"VLLM_ENGINE_READY_TIMEOUT_S": "60"}, 900.0) == {
+            "VLLM_ENGINE_READY_TIMEOUT_S": "900"}
+    assert "shorter than serve.ready_timeout_s" in caplog.text
+
+
+def _fake_host(node: int, started: list) -> SimpleNamespace:
+    """A host actor's calls as the driver makes them (`.remote(...)` answers at once)."""
+    def call(fn):
+        return SimpleNamespace(remote=fn)
+    info = {"node_id": f"n{node}", "node_ip": f"10.0.0.{node + 1}", "hostname": f"gpu{node}", "gpu_ids": "0,1"}
+    return SimpleNamespace(
+        node_info=call(lambda: info), pick_port=call(lambda: 29500),
+        start=call(lambda argv, env, http, nccl, retries: started.append((argv, env)) or {
+            "pid": 1, "pid_create_time": 1.0, "host": info["node_ip"], "port": 8000 if http else None,
+            "log_path": "/tmp/x.log", "command": " ".join(argv), "network": {}}),
+        process_facts=call(lambda: {"nice": 0, "cpu_affinity": "0-1"}))
+
+
+def test_the_launch_gives_every_rank_the_engine_timeout(tmp_path):
+    """The driver's launch of a two-node server: every rank's environment carries vLLM's engine timeout."""
+    from raysweep.place.placement import Layout
+    from raysweep.serve.live_server import Server, Servers
+
+    started: list = []
+    c = SimpleNamespace(name="c", serve=SimpleNamespace(ready_timeout_s=1800.0, warm_weights=False, share_caches=True),
+                        transport=SimpleNamespace(nccl_debug=True, telemetry=False))
+    work = SimpleNamespace(c=c, ledger=SimpleNamespace(update_server=lambda *a, **k: None), with_gpus=False,
+                           log_dir=tmp_path, emit=lambda *a, **k: None)
+    serve = SimpleNamespace(id="pp", argv=["vllm", "serve", "m", "-pp", "2"], env={"HF_TOKEN": "x"}, deployment=None)
+    run = SimpleNamespace(serve=serve, layout=Layout(2, 1, "nnodes"),
+                          wait=lambda ref, timeout: ("ok", ref))
+    server = Server("pp-x", [_fake_host(0, started), _fake_host(1, started)])
+    Servers(work).launch(run, server, serve.argv, serve_http=True)
+    assert [env.get("VLLM_ENGINE_READY_TIMEOUT_S") for _, env in started] == ["1800", "1800"]
+    assert all(env["HF_TOKEN"] == "x" for _, env in started)
+    assert "--headless" in started[1][0] and "--headless" not in started[0][0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lost GPU isolation: RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES
+# ---------------------------------------------------------------------------------------------------
+
+
+def _row(ranks: list[dict]) -> ServerRow:
+    return ServerRow(server_id="s-x", serve_id="s", command="vllm serve m", hostname="node0", node_id="n0",
+                     node_ip="10.0.0.1", port=8000, pid=1, pid_create_time=1.0, gpu_ids="0,1",
+                     ranks=json.dumps(ranks), started_at=1000.0, ready_at=1042.0, stopped_at=1100.0, state="stopped",
+                     error=None, log_tail=None, log_path=None, transport=None, fabric=None)
+
+
+def test_a_server_without_gpu_isolation_fails_the_checklist():
+    import pandas as pd
+
+    noset = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+    lost = _row([{"rank": 0, "gpu_ids": "0,1", "cuda_visible_devices": None, "cuda_visible_set": False,
+                  "noset_visible_devices": noset}])
+    items = {i.check: i for i in acceptance.checklist([lost], pd.DataFrame())}
+    gpus = items["GPUs per bundle"]
+    assert gpus.status == "FAIL", gpus
+    assert "isolation lost" in gpus.seen and "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1" in gpus.seen
+    assert "all GPUs of the node" in gpus.seen and "ray start" in gpus.fix
+    # the process had no CUDA_VISIBLE_DEVICES at all, the switch unseen (set on the node some other way)
+    unset = _row([{"rank": 0, "gpu_ids": "0,1", "cuda_visible_devices": None, "cuda_visible_set": False,
+                   "noset_visible_devices": {}}])
+    assert {i.check: i for i in acceptance.checklist([unset], pd.DataFrame())}["GPUs per bundle"].status == "FAIL"
+    # an old record without these facts is still "not seen", and a healthy one ok
+    old = _row([{"rank": 0, "gpu_ids": "0,1", "cuda_visible_devices": None}])
+    assert {i.check: i for i in acceptance.checklist([old], pd.DataFrame())}["GPUs per bundle"].status == "not seen"
+    ok = _row([{"rank": 0, "gpu_ids": "0,1", "cuda_visible_devices": "0,1", "cuda_visible_set": True,
+                "noset_visible_devices": {}}])
+    assert {i.check: i for i in acceptance.checklist([ok], pd.DataFrame())}["GPUs per bundle"].status == "ok"
+
+
+def test_the_isolation_switch_is_read_as_ray_reads_it():
+    assert server_mod.isolation_env({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "true", "PATH": "/bin",
+                                     "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES": "0"}) == {
+        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "true"}
+
+
+def test_preflight_flags_a_node_that_lost_gpu_isolation():
+    from tests.test_preflight import made_node
+
+    env = {"NCCL_IB_HCA": "mlx5", "NCCL_SOCKET_IFNAME": "bond0"}
+    gathered = preflight.nccl_env({**env, "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"})
+    assert gathered["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+    nodes = [made_node("aaaa", env=env), made_node("bbbb", env=gathered), made_node("cccc", env=env)]
+    findings, warnings = preflight.compare(nodes)
+    assert [(f.node_id[:4], f.field) for f in findings] == [
+        ("bbbb", "env:RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES")]
+    said = [(w.node_id[:4], w.message) for w in warnings]
+    assert len(said) == 1 and said[0][0] == "bbbb" and "every server on this node would see all its GPUs" in said[0][1]
+    # on every node alike: no difference between nodes, but each node is still warned
+    _, everywhere = preflight.compare([made_node(n, env=gathered) for n in ("aaaa", "bbbb")])
+    assert len(everywhere) == 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# The transport gate per layout: data parallel across nodes has no NCCL link between them
+# ---------------------------------------------------------------------------------------------------
+
+
+def _intra_lines(node: int) -> list[str]:
+    """One node of a two-node server of data-parallel replicas (TP=2 each): NCCL's lines inside the node only."""
+    head = f"gpu{node}:{200 + node}:{210 + node} [0] NCCL INFO"
+    return [f"{head} NCCL version 2.27.3+cuda12.8", f"{head} Using network IB",
+            f"{head} NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.{node + 1}<0>",
+            f"{head} Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+            f"{head} Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read",
+            f"{head} Connected all rings, use ring PXN 0 GDR 1"]
+
+
+def _pp_lines(node: int) -> list[str]:
+    """One node of a pipeline across two nodes whose cross-node link fell back to TCP sockets."""
+    head = f"gpu{node}:{300 + node}:{310 + node} [0] NCCL INFO"
+    return [f"{head} Using network Socket",
+            f"{head} Channel 00/0 : {node}[0] -> {1 - node}[0] [send] via NET/Socket/0",
+            f"{head} Channel 00/0 : {1 - node}[0] -> {node}[0] [receive] via NET/Socket/0"]
+
+
+def test_data_parallel_across_nodes_is_not_refused_for_links_it_does_not_have():
+    from raysweep.place import transport
+
+    argv = ["vllm", "serve", "m", "-tp", "2", "--data-parallel-size", "2"]
+    assert transport.needs_cross_node("dp", 2, argv) is False
+    assert transport.needs_cross_node("nnodes", 2, argv) is True
+    assert transport.needs_cross_node("dp", 1, argv) is False
+    assert transport.needs_cross_node("dp", 2, [*argv, "--enable-expert-parallel"]) is True
+    assert transport.needs_cross_node("dp", 2, [*argv, "--enable-expert-parallel", "--no-enable-expert-parallel"]) \
+        is False
+    verdict = transport.server_verdict([_intra_lines(0), _intra_lines(1)], transport.needs_cross_node("dp", 2, argv))
+    for require in ("ib", "gdr", "rdma"):
+        assert transport.refusal(verdict, require) is None, require
+    assert "no NCCL link between nodes" in transport.describe(verdict)
+    # the same lines from a layout that must cross nodes (a pipeline) are refused: no cross-node link seen
+    pipeline = transport.server_verdict([_intra_lines(0), _intra_lines(1)], True)
+    assert "no cross-node NCCL link" in (transport.refusal(pipeline, "ib") or "")
+    # data parallel whose lines do cross nodes (a mixture of experts) is judged on them
+    moe = transport.server_verdict([_pp_lines(0), _pp_lines(1)], False)
+    assert "Socket" in (transport.refusal(moe, "ib") or "")
+
+
+def test_the_driver_gate_and_the_checklist_pass_a_two_node_data_parallel_server():
+    import pandas as pd
+
+    from raysweep.place import transport
+    from raysweep.serve.live_server import Server, Servers
+
+    seen: dict = {}
+    work = SimpleNamespace(c=SimpleNamespace(transport=SimpleNamespace(require="ib", wait_s=0.0)),
+                           ledger=SimpleNamespace(update_server=lambda sid, **kw: seen.update(kw)),
+                           emit=lambda kind, **kw: seen.setdefault("emitted", []).append((kind, kw)))
+    hosts = [SimpleNamespace(nccl_lines=SimpleNamespace(remote=lambda n=n: _intra_lines(n))) for n in (0, 1)]
+    server = Server("dp-x", hosts, cross_node=transport.needs_cross_node("dp", 2, ["vllm", "serve", "m"]))
+    run = SimpleNamespace(serve=SimpleNamespace(id="dp"), wait=lambda refs, timeout: ("ok", list(refs)))
+    assert Servers(work).check_transport(run, server) is None
+    assert seen["emitted"][0][1]["refused"] is None
+    stored = json.loads(seen["transport"])
+    row = replace(_row([{"rank": r, "gpu_ids": "0,1", "cuda_visible_devices": "0,1"} for r in (0, 1)]),
+                  transport=json.dumps(stored))
+    items = {i.check: i for i in acceptance.checklist([row], pd.DataFrame())}
+    assert items["NCCL transport"].status == "ok", items["NCCL transport"]
+    # a pipeline with the same lines is refused by the same gate
+    server = Server("pp-x", hosts, cross_node=True)
+    assert "transport.require ib" in (Servers(work).check_transport(run, server) or "")
