@@ -192,3 +192,89 @@ def test_the_driver_gate_and_the_checklist_pass_a_two_node_data_parallel_server(
     # a pipeline with the same lines is refused by the same gate
     server = Server("pp-x", hosts, cross_node=True)
     assert "transport.require ib" in (Servers(work).check_transport(run, server) or "")
+
+
+# ---------------------------------------------------------------------------------------------------
+# NCCL's lines through the guard: libc's stdout, not flushed, from a server that stays up
+# ---------------------------------------------------------------------------------------------------
+
+# Writes NCCL_DEBUG=INFO-style lines as NCCL does (libc's stdout, vfprintf, no fflush), then stays alive.
+NCCL_CHILD = r"""
+import ctypes, sys, time
+libc = ctypes.CDLL(None)
+for i in range(30):
+    libc.printf(b"gpu0:4242:4250 [0] NCCL INFO Channel %02d/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA\n", i)
+sys.stderr.write("an error line\n")
+sys.stderr.flush()
+print("\x1b[32mINFO\x1b[0m a coloured line")
+time.sleep(int(sys.argv[1]))
+libc.printf(b"the last line, with no newline")
+"""
+
+
+def _start_guard(tmp_path, seconds: int):
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # this machine exports it; clusters do not
+    me = psutil.Process()
+    log = tmp_path / "server.log"
+    with open(log, "ab") as f:
+        launcher = subprocess.Popen([sys.executable, "-m", "raysweep.serve.guard", str(me.pid), repr(me.create_time()),
+                                     str(state), "--", sys.executable, "-c", NCCL_CHILD, str(seconds)],
+                                    stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    launcher.wait(timeout=30)
+    return state, log
+
+
+def _wait_for(check, timeout_s: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+def test_nccl_lines_of_a_live_server_reach_the_log_through_the_guard(tmp_path):
+    import os
+    import signal
+
+    from raysweep.place import transport
+    from raysweep.serve import guard
+
+    state, log = _start_guard(tmp_path, 60)
+
+    def channels() -> int:
+        return sum("NCCL INFO Channel" in ln for ln in log.read_text(errors="replace").splitlines())
+
+    try:
+        assert _wait_for(lambda: channels() == 30, 20), log.read_text()
+        server = int((state / guard.SERVER_PID_FILE).read_text())
+        assert os.path.exists(f"/proc/{server}")  # still running: the lines came live, not at its exit
+        text = log.read_text()
+        assert "\r" not in text and "\x1b[" not in text and "INFO a coloured line" in text
+        assert "an error line" in text
+        assert len(transport.parse_nccl(text.splitlines()).links) == 30  # what the transport check reads
+    finally:
+        guard_pid = int((state / guard.PID_FILE).read_text())
+        os.kill(guard_pid, signal.SIGTERM)
+        _wait_for(lambda: (state / guard.EXIT_FILE).exists(), 30)
+
+
+def test_a_server_that_ends_leaves_every_line_in_the_log(tmp_path):
+    from raysweep.serve import guard
+
+    state, log = _start_guard(tmp_path, 0)
+    assert _wait_for(lambda: (state / guard.EXIT_FILE).exists(), 30)
+    assert (state / guard.EXIT_FILE).read_text() == "0"
+    text = log.read_text()
+    assert _wait_for(lambda: "the last line, with no newline" in log.read_text(), 5), text
+    assert sum("NCCL INFO Channel" in ln for ln in log.read_text().splitlines()) == 30
