@@ -5,6 +5,7 @@ nodes whose NVML order differs from CUDA's."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 from dataclasses import replace
@@ -278,3 +279,126 @@ def test_a_server_that_ends_leaves_every_line_in_the_log(tmp_path):
     text = log.read_text()
     assert _wait_for(lambda: "the last line, with no newline" in log.read_text(), 5), text
     assert sum("NCCL INFO Channel" in ln for ln in log.read_text().splitlines()) == 30
+
+
+# ---------------------------------------------------------------------------------------------------
+# NVML on a node of mixed GPUs: the server's own GPUs by PCI bus id, not by NVML's index
+# ---------------------------------------------------------------------------------------------------
+
+
+class FakePynvml:
+    """`pynvml` as nvidia-ml-py behaves on a node of four GPUs of two models, with a driver before 535: handles
+    are ctypes pointers, structures are pynvml's own, errors are its NVMLError_* classes. NVML numbers the GPUs
+    in PCI bus order; CUDA (fastest first) numbers them C, D, A, B."""
+
+    GPUS = [  # NVML's order: PCI bus 1B, 3B, 5B, 7B
+        {"bus": b"00000000:1B:00.0", "uuid": "GPU-aaaa", "name": "NVIDIA A100-SXM4-40GB", "util": 11, "power": 61000},
+        {"bus": b"00000000:3B:00.0", "uuid": "GPU-bbbb", "name": "NVIDIA A100-SXM4-40GB", "util": 22, "power": 62000},
+        {"bus": b"00000000:5B:00.0", "uuid": "GPU-cccc", "name": "NVIDIA H100 80GB HBM3", "util": 77, "power": 377000},
+        {"bus": b"00000000:7B:00.0", "uuid": "GPU-dddd", "name": "NVIDIA H100 80GB HBM3", "util": 88, "power": 388000},
+    ]
+    CUDA_BUS_IDS = ["0000:5B:00.0", "0000:7B:00.0", "0000:1B:00.0", "0000:3B:00.0"]  # CUDA's order
+
+    def __init__(self):
+        import pynvml
+
+        self.p = pynvml
+        self._handles = [ctypes.cast(ctypes.c_void_p(0x1000 + 16 * i), pynvml.c_nvmlDevice_t)
+                         for i in range(len(self.GPUS))]
+        for name in dir(pynvml):
+            if name.startswith("NVMLError"):
+                setattr(self, name, getattr(pynvml, name))
+
+    def _gpu(self, h) -> dict:
+        addr = ctypes.cast(h, ctypes.c_void_p).value
+        return self.GPUS[(addr - 0x1000) // 16]
+
+    def nvmlInit(self):
+        return None
+
+    def nvmlDeviceGetCount(self):
+        return len(self.GPUS)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= int(i) < len(self.GPUS):
+            raise self.p.NVMLError(self.p.NVML_ERROR_INVALID_ARGUMENT)
+        return self._handles[int(i)]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for h, g in zip(self._handles, self.GPUS):
+            if g["uuid"] == uuid:
+                return h
+        raise self.p.NVMLError(self.p.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):
+        from raysweep.serve.telemetry import same_bus
+
+        for h, g in zip(self._handles, self.GPUS):
+            if same_bus(g["bus"], bus):
+                return h
+        raise self.p.NVMLError(self.p.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetName(self, h):
+        return self._gpu(h)["name"]
+
+    def nvmlDeviceGetPciInfo(self, h):
+        info = self.p.nvmlPciInfo_t()
+        info.busId = self._gpu(h)["bus"]
+        return info
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return self.p.c_nvmlUtilization_t(gpu=self._gpu(h)["util"], memory=5)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self.p.c_nvmlMemory_t(total=80 * 2**30, free=70 * 2**30, used=10 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return ctypes.c_uint(self._gpu(h)["power"]).value
+
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        return ctypes.c_uint(1980).value
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):  # the binding has it; a driver before 535 does not
+        raise self.p.NVMLError(self.p.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        return ctypes.c_ulonglong(0x4 if self._gpu(h)["util"] > 50 else 0).value
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        raise self.p.NVMLError(self.p.NVML_ERROR_NOT_SUPPORTED)
+
+
+def test_telemetry_reads_the_servers_own_gpus_where_nvml_and_cuda_number_them_differently():
+    import pytest
+
+    pytest.importorskip("pynvml")
+    from raysweep.serve import telemetry
+
+    fake = FakePynvml()
+    # Ray gave the server CUDA devices 0 and 1 (CUDA_VISIBLE_DEVICES=0,1): the two H100s at PCI 5B and 7B
+    sampler = telemetry.Sampler(["0", "1"], nvml=fake, source="nvml", cuda_bus_ids=lambda: fake.CUDA_BUS_IDS[:2])
+    assert sampler.source == "nvml"
+    rows = sampler.sample()
+    assert [(r["gpu"], r["util"], r["power_w"]) for r in rows] == [("0", 77, 377.0), ("1", 88, 388.0)]
+    # a driver before 535: the throttle reasons come from the older call, with the same bits
+    assert [r["reasons"] for r in rows] == [0x4, 0x4]
+    assert telemetry.summarise([{"source": "nvml", "samples": rows}])["gpu_throttle_reasons"] == "sw_power_cap"
+    assert rows[0]["mem_mib"] == 10 * 1024 and rows[0]["sm_mhz"] == 1980
+    # without CUDA's driver, a node of mixed models is not read by index (it would be the A100s)
+    blind = telemetry.Sampler(["0", "1"], nvml=fake, source="nvml", cuda_bus_ids=lambda: None)
+    assert blind.nvml is None and "mixes GPU models" in blind.source and "CUDA_DEVICE_ORDER" in blind.source
+    # UUIDs are read by UUID
+    by_uuid = telemetry.Sampler(["GPU-dddd"], nvml=fake, source="nvml")
+    assert [r["util"] for r in by_uuid.sample()] == [88]
+    # a bus id NVML does not know is NVML's own NotFound, recorded, not raised
+    lost = telemetry.Sampler(["0"], nvml=fake, source="nvml", cuda_bus_ids=lambda: ["0000:9B:00.0"])
+    assert lost.nvml is None and lost.source.startswith("unavailable: NVMLError_NotFound")
+
+
+def test_pci_bus_ids_as_nvml_and_cuda_write_them():
+    from raysweep.serve import telemetry
+
+    assert telemetry.same_bus(b"00000000:3B:00.0", "0000:3b:00.0")
+    assert telemetry.same_bus("3B:00.0", "0000:3B:00.0")
+    assert not telemetry.same_bus("0000:3B:00.0", "0000:5B:00.0") and not telemetry.same_bus("x", "x")
+    assert telemetry.cuda_pci_bus_ids() is None or isinstance(telemetry.cuda_pci_bus_ids(), list)
