@@ -11,6 +11,8 @@ import logging
 from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
+
 from raysweep.ledger import ServerRow
 from raysweep.place import preflight
 from raysweep.results import acceptance
@@ -369,8 +371,6 @@ class FakePynvml:
 
 
 def test_telemetry_reads_the_servers_own_gpus_where_nvml_and_cuda_number_them_differently():
-    import pytest
-
     pytest.importorskip("pynvml")
     from raysweep.serve import telemetry
 
@@ -402,3 +402,49 @@ def test_pci_bus_ids_as_nvml_and_cuda_write_them():
     assert telemetry.same_bus("3B:00.0", "0000:3B:00.0")
     assert not telemetry.same_bus("0000:3B:00.0", "0000:5B:00.0") and not telemetry.same_bus("x", "x")
     assert telemetry.cuda_pci_bus_ids() is None or isinstance(telemetry.cuda_pci_bus_ids(), list)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The fabric probe bootstraps NCCL as the server's ranks do: the same interface variables
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_only_the_variables_that_steer_the_fabric_go_to_the_probe():
+    from raysweep.place.fabric import fabric_env
+
+    env = {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "bond0", "GLOO_SOCKET_IFNAME": "bond0",
+           "UCX_NET_DEVICES": "mlx5_0:1", "FI_PROVIDER": "efa", "NCCL_NET": "IB", "NCCL_DEBUG": "INFO",
+           "NCCL_DEBUG_FILE": "/tmp/n.%h.%p", "HF_TOKEN": "secret", "VLLM_ENGINE_READY_TIMEOUT_S": "900"}
+    assert fabric_env(env) == {k: env[k] for k in ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                                                     "UCX_NET_DEVICES", "FI_PROVIDER", "NCCL_NET")}
+
+
+@pytest.mark.ray
+def test_the_probe_and_the_server_get_the_same_interface_variables(gpu_cluster):
+    """A probe rank and a server host in the same bundle, given the campaign's serve.env: the same address,
+    interfaces and fabric variables (the probe used to set only GLOO_SOCKET_IFNAME, and only for gloo)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from raysweep.place.fabric import ProbeRank
+    from raysweep.serve.server import ServerHost
+
+    pg = placement_group([{"CPU": 1.0, "GPU": 2}], strategy="STRICT_PACK")
+    assert pg.wait(60)
+    strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+    host = ServerHost.options(num_cpus=0.5, num_gpus=1, scheduling_strategy=strategy).remote("net-x")
+    rank = ProbeRank.options(num_gpus=1, scheduling_strategy=strategy).remote()
+    try:
+        for env in ({}, {"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo",
+                         "UCX_NET_DEVICES": "mlx5_0:1", "NCCL_DEBUG": "INFO", "HF_TOKEN": "x"}):
+            server = ray.get(host.network_for.remote(env), timeout=60)
+            probe = ray.get(rank.network.remote(env), timeout=60)
+            assert probe == server, (env, probe, server)
+            assert server["VLLM_HOST_IP"] and server["GLOO_SOCKET_IFNAME"] and server["NCCL_SOCKET_IFNAME"]
+            assert all(server[k] == v for k, v in env.items() if k not in ("NCCL_DEBUG", "HF_TOKEN"))
+            assert "HF_TOKEN" not in probe and "NCCL_DEBUG" not in probe
+    finally:
+        ray.kill(host)
+        ray.kill(rank)
+        remove_placement_group(pg)
