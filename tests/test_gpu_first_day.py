@@ -96,6 +96,10 @@ def test_a_server_without_gpu_isolation_fails_the_checklist():
     unset = _row([{"rank": 0, "gpu_ids": "0,1", "cuda_visible_devices": None, "cuda_visible_set": False,
                    "noset_visible_devices": {}}])
     assert {i.check: i for i in acceptance.checklist([unset], pd.DataFrame())}["GPUs per bundle"].status == "FAIL"
+    # a rank without GPUs (a CPU-only cluster) has none to isolate
+    cpu = _row([{"rank": 0, "gpu_ids": "", "cuda_visible_devices": None, "cuda_visible_set": False,
+                 "noset_visible_devices": {}}])
+    assert "isolation" not in {i.check: i for i in acceptance.checklist([cpu], pd.DataFrame())}["GPUs per bundle"].seen
     # an old record without these facts is still "not seen", and a healthy one ok
     old = _row([{"rank": 0, "gpu_ids": "0,1", "cuda_visible_devices": None}])
     assert {i.check: i for i in acceptance.checklist([old], pd.DataFrame())}["GPUs per bundle"].status == "not seen"

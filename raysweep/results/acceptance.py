@@ -72,8 +72,8 @@ def _gpus(row: ServerRow) -> Item:
     for r in ranks:
         ray_gpus, cvd = _gpu_set(r.get("gpu_ids")), r.get("cuda_visible_devices")
         noset = r.get("noset_visible_devices") or {}
-        if noset or (cvd is None and r.get("cuda_visible_set") is False):
-            # the process had no CUDA_VISIBLE_DEVICES of Ray's: it sees every GPU of the node
+        if ray_gpus and (noset or (cvd is None and r.get("cuda_visible_set") is False)):
+            # Ray reserved GPUs, but the process had no CUDA_VISIBLE_DEVICES of Ray's: it sees every GPU of the node
             why = ", ".join(f"{k}={v}" for k, v in noset.items()) or "CUDA_VISIBLE_DEVICES unset"
             lost.append(f"rank {r.get('rank', 0)}: Ray {','.join(sorted(ray_gpus)) or 'none'}, process "
                         f"{cvd if cvd is not None else 'all GPUs of the node'} ({why})")
