@@ -26,6 +26,8 @@ from raysweep.place.placement import Layout, NodeInfo, layout_for
 from raysweep.plan.plan import make_serve
 from raysweep.serve.server import expected_model, rank_argv, server_argv
 
+pytestmark = pytest.mark.xdist_group("vllm_argv")  # one worker imports vLLM once for the module
+
 CONFIGS = Path(__file__).parent.parent / "configs"
 MASTER, PORT = "10.0.0.1", 29501
 NODES = [NodeInfo(node_id=f"n{i}", ip=f"10.0.0.{i + 1}", gpus=8, cpus=64.0, resources={"GPU": 8.0, "CPU": 64.0},
