@@ -130,23 +130,32 @@ def stdout_terminal() -> tuple[int, int]:
 
 
 def _supervise(cmd: list[str], keep_going: object) -> int:
-    master, slave = stdout_terminal()
+    try:
+        master, slave = stdout_terminal()
+    except OSError as exc:  # no pty here (/dev/pts not mounted): a pipe, as before, and say what it costs
+        master = slave = -1
+        print(f"# raysweep: no terminal for the server's stdout ({exc}): NCCL's lines may reach this log only when "
+              "the server exits; set NCCL_DEBUG_FILE in serve.env to read them from files", flush=True)
     env = dict(os.environ)
     env.setdefault("NO_COLOR", "1")  # vLLM colours its log on a terminal (VLLM_LOGGING_COLOR=auto)
     try:
-        child = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+        child = subprocess.Popen(cmd, stdout=slave if slave >= 0 else subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, env=env)
     except OSError as exc:
-        os.close(master)
-        os.close(slave)
+        for fd in (master, slave):
+            if fd >= 0:
+                os.close(fd)
         print(f"raysweep guard: cannot start {cmd[0]!r}: {exc}", flush=True)
         return 127
-    os.close(slave)  # the server and what it forks hold it; the master reads EOF (EIO) once they all end
+    if slave >= 0:
+        os.close(slave)  # the server and what it forks hold it; the master reads EOF (EIO) once they all end
     write_text_atomic(Path(sys.argv[3]) / SERVER_PID_FILE, str(child.pid))
     secrets = secret_values(cmd, os.environ)
     lock = threading.Lock()
-    copiers = [threading.Thread(target=_copy_masked, args=(_pty_lines(master), secrets, lock, True), daemon=True),
-               threading.Thread(target=_copy_masked, args=(iter(child.stderr.readline, b""), secrets, lock),  # type: ignore[union-attr]
-                                daemon=True)]
+    stdout = _pty_lines(master) if master >= 0 else iter(child.stdout.readline, b"")  # type: ignore[union-attr]
+    stderr = iter(child.stderr.readline, b"")  # type: ignore[union-attr]
+    copiers = [threading.Thread(target=_copy_masked, args=(stdout, secrets, lock, master >= 0), daemon=True),
+               threading.Thread(target=_copy_masked, args=(stderr, secrets, lock), daemon=True)]
     for copier in copiers:
         copier.start()
     code: int | None = None
