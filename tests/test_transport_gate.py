@@ -104,3 +104,19 @@ def test_lines_from_nccl_debug_file_and_late_lines_are_read_and_silence_is_not_a
     assert "no cross-node NCCL link was seen in the logs of its 2 ranks" in points[0].error
     assert json.loads(servers[0].transport)["ranks_with_nccl"] == 0
     _no_orphans(servers)
+
+
+def test_data_parallel_replicas_across_nodes_are_not_refused_for_links_they_do_not_need(gpu_cluster, tmp_path):
+    """Two data-parallel replicas of TP=2 on each of two nodes: vLLM runs a dense model's replicas independently,
+    so NCCL links stay inside each node. `transport.require: ib` lets it run (the old gate refused it: no
+    cross-node link seen), and its verdict says why."""
+    f = standin_campaign(tmp_path, serve_params=[{"tensor_parallel_size": 2, "data_parallel_size": 4,
+                                                  "nccl_net": "intra"}],
+                         bench_params=[{"random_input_len": 16}], transport={"require": "ib", "wait_s": 3})
+    summary, out = run_file(f)
+    assert summary.counts.get("done") == 1 and not summary.counts.get("failed"), summary.counts
+    _, servers = _ledger(out)
+    verdict = servers[0].transport_verdict()
+    assert verdict["nnodes"] == 2 and verdict["cross_node"] is False and verdict["intra"] == "P2P"
+    assert verdict["ranks_with_nccl"] == 2 and verdict["inter"] == "none"
+    _no_orphans(servers)

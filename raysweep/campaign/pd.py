@@ -107,10 +107,12 @@ class RoleSpec:
     settings: dict[str, Any]
     kv_role: str
     env: dict[str, str] = field(default_factory=dict)
+    stages: int = 1  # pipeline x prefill-context parallel sizes of each replica (its settings, or serve.cmd)
 
     @property
     def gpus_each(self) -> int:
-        return self.tp * self.dp
+        """GPUs of one server of this role, as vLLM counts them: TP x PP x PCP per replica, times DP."""
+        return self.tp * self.stages * self.dp
 
     @property
     def gpus(self) -> int:
@@ -185,9 +187,33 @@ def _str_env(env: dict[str, EnvValue]) -> dict[str, str]:
     return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
 
 
-def deployment_of(spec: PDSpec, combo: dict[str, Any], where: str = "serve.params") -> Deployment:
+# a role's options that vLLM counts in a replica's world size besides TP (`ParallelConfig.world_size`)
+_STAGE_FLAGS = {"pipeline_parallel_size": ("--pipeline-parallel-size", "--pipeline_parallel_size", "-pp"),
+                "prefill_context_parallel_size": ("--prefill-context-parallel-size",
+                                                  "--prefill_context_parallel_size", "-pcp")}
+
+
+def _stages(settings: dict[str, Any], base_argv: list[str], label: str, role: str) -> int:
+    """Pipeline x prefill-context parallel sizes of a role's replica: from its settings, else the base command."""
+    norm = {grid.normalize_key(str(k)): v for k, v in settings.items()}
+    out = 1
+    for key, flags in _STAGE_FLAGS.items():
+        value = norm.get(key, grid.find_flag_value(base_argv, *flags))
+        try:
+            size = 1 if value is None else int(value)
+        except (TypeError, ValueError):
+            size = 0
+        if size < 1 or isinstance(value, bool):
+            raise CampaignError(label, f"{role}.settings.{key} must be a positive integer, got {value!r}")
+        out *= size
+    return out
+
+
+def deployment_of(spec: PDSpec, combo: dict[str, Any], where: str = "serve.params",
+                  base_argv: list[str] | None = None) -> Deployment:
     """The deployment of one serve combination: `serve.pd` with the combination's `prefill.*`, `decode.*` and
-    `kv_connector` laid over it. Raises CampaignError naming `where` for a value that cannot be a role's."""
+    `kv_connector` laid over it (`base_argv`, the server command, for the pipeline and prefill-context sizes
+    its roles inherit). Raises CampaignError naming `where` for a value that cannot be a role's."""
     label = f"{where} ({grid.combo_label(combo)})"
     over: dict[str, dict[str, Any]] = {r: {} for r in ROLES}
     connector = spec.kv_transfer_config["kv_connector"]
@@ -216,7 +242,8 @@ def deployment_of(spec: PDSpec, combo: dict[str, Any], where: str = "serve.param
                                     f"of the role, e.g. {name}.max_num_batched_tokens")
         settings = {**base.settings, **over[name]}
         roles.append(RoleSpec(name, sizes["count"], sizes["tensor_parallel_size"], sizes["data_parallel_size"],
-                              settings, base.kv_role or _DEFAULT_KV_ROLE[name], _str_env(base.env)))
+                              settings, base.kv_role or _DEFAULT_KV_ROLE[name], _str_env(base.env),
+                              _stages(settings, base_argv or [], label, name)))
     kv = {k: v for k, v in spec.kv_transfer_config.items() if k != "kv_connector"}
     return Deployment(connector, kv, roles[0], roles[1])
 

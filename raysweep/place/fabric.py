@@ -28,8 +28,8 @@ from raysweep import procs
 from raysweep.place.transport import describe_probe_links as describe_links
 from raysweep.place.transport import link_text
 
-__all__ = ["ProbeRank", "bandwidth_baseline", "bus_bandwidth", "describe_links", "gate", "link_text", "load_baseline",
-           "probe", "probe_nodes"]
+__all__ = ["FABRIC_ENV_PREFIXES", "ProbeRank", "bandwidth_baseline", "bus_bandwidth", "describe_links", "fabric_env",
+           "gate", "link_text", "load_baseline", "probe", "probe_nodes", "rank_network_env"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,31 @@ def bus_bandwidth(nbytes: int, seconds: float, world: int) -> tuple[float, float
     """(algbw, busbw) in GB/s of one all-reduce of `nbytes` over `world` ranks that took `seconds`."""
     algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
     return algbw, algbw * 2 * (world - 1) / world if world > 1 else algbw
+
+
+# the variables that choose how NCCL, gloo, UCX and libfabric reach the other nodes (interfaces, HCAs, plugins)
+FABRIC_ENV_PREFIXES = ("NCCL_", "GLOO_", "UCX_", "FI_", "TP_SOCKET_IFNAME")
+_NOT_FABRIC = ("NCCL_DEBUG",)  # logging, not the path: NCCL_DEBUG, NCCL_DEBUG_FILE, NCCL_DEBUG_SUBSYS
+
+
+def fabric_env(env: dict[str, str]) -> dict[str, str]:
+    """The campaign's (`serve.env`) variables that steer the fabric: what the probe must run with to measure the
+    path the server's ranks will take (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_NET, GLOO_SOCKET_IFNAME, UCX_*, FI_*)."""
+    return {k: v for k, v in env.items() if k.startswith(FABRIC_ENV_PREFIXES) and not k.startswith(_NOT_FABRIC)}
+
+
+def rank_network_env(ip: str, env: dict[str, str], node_env: dict[str, str], gpus: bool) -> dict[str, str]:
+    """What one rank (a server's, or the probe's) is given for its address and interfaces: its node's Ray
+    address as VLLM_HOST_IP, the interface that holds it as GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME with GPUs),
+    each unless the campaign's `env` or the node's own environment `node_env` sets it. The server and the fabric
+    probe both take theirs from here, so the probe bootstraps NCCL on the interface the server's ranks will."""
+    iface = procs.iface_of(ip)
+    want = {"VLLM_HOST_IP": ip}
+    if iface:
+        want["GLOO_SOCKET_IFNAME"] = iface
+        if gpus:
+            want["NCCL_SOCKET_IFNAME"] = iface
+    return {k: v for k, v in want.items() if k not in env and k not in node_env}
 
 
 @ray.remote(max_restarts=0, num_cpus=0)
@@ -56,6 +81,17 @@ class ProbeRank:
         return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "port": procs.free_port(ip),
                 "iface": iface, "mtu": stats.mtu if stats else None, "hostname": socket.gethostname()}
 
+    def network(self, env: dict[str, str] | None = None) -> dict[str, str | None]:
+        """Set the interface variables this rank runs with, as a server's rank on this node gets them (the
+        campaign's fabric variables, then `rank_network_env`), and return them."""
+        gpus = bool(ray.get_runtime_context().get_accelerator_ids().get("GPU"))
+        given = fabric_env(env or {})
+        os.environ.update(given)
+        os.environ.update(rank_network_env(ray.util.get_node_ip_address(), given, dict(os.environ), gpus))
+        here = dict(os.environ)
+        return {**{k: here.get(k) for k in ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
+                **fabric_env(here)}
+
     def run(self, rank: int, world: int, master: str, port: int, nbytes: int, iters: int,
             timeout_s: float) -> dict[str, Any]:
         import datetime
@@ -64,9 +100,6 @@ class ProbeRank:
         import torch.distributed as dist
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        iface = procs.iface_of(ray.util.get_node_ip_address())
-        if backend == "gloo" and iface:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
         dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
@@ -95,9 +128,11 @@ def _sync(backend: str) -> None:
 
 
 def probe_nodes(bundles: list[tuple[Any, int]], gpus_per_node: int, mib: float = 64.0, iters: int = 5,
-                timeout_s: float = 300.0) -> dict[str, Any]:
+                timeout_s: float = 300.0, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The probe over the ranks given as (scheduling options, GPUs of that bundle): one rank per GPU (or one
-    per bundle without GPUs). Never raises: a probe that failed says why in `error`."""
+    per bundle without GPUs), each with the interface variables a server's rank there gets (`env`: the
+    campaign's `serve.env`), recorded per rank in `network`. Never raises: a probe that failed says why in
+    `error`."""
     opts = [o for o, g in bundles for _ in range(max(g, 1))]
     actors = [ProbeRank.options(num_gpus=1 if gpus_per_node else 0, **o).remote()  # type: ignore[attr-defined]
               for o in opts]
@@ -105,6 +140,7 @@ def probe_nodes(bundles: list[tuple[Any, int]], gpus_per_node: int, mib: float =
     out: dict[str, Any] = {"backend": None, "world": len(actors), "nnodes": len(bundles), "bytes": nbytes,
                            "iters": iters}
     try:
+        out["network"] = ray.get([a.network.remote(env) for a in actors], timeout=timeout_s)
         where = ray.get([a.where.remote() for a in actors], timeout=timeout_s)
         master = where[0]
         refs = [a.run.remote(r, len(actors), master["ip"], master["port"], nbytes, iters, timeout_s)
@@ -159,13 +195,15 @@ def _links(actors: list[Any], where: list[dict[str, Any]], busbw: float, nbytes:
     return links
 
 
-def probe(res: Any, mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0) -> dict[str, Any]:
-    """The probe across a configuration's placement group (`placement.Reservation`), recorded with its nodes."""
+def probe(res: Any, mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0,
+          env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The probe across a configuration's placement group (`placement.Reservation`), recorded with its nodes;
+    `env`, the configuration's `serve.env`: its fabric variables reach the probe's ranks as they reach the server's."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundles = [({"scheduling_strategy": PlacementGroupSchedulingStrategy(res.pg, placement_group_bundle_index=i)},
                 res.layout.gpus_per_node) for i in range(len(res.bundles))]
-    out = probe_nodes(bundles, res.layout.gpus_per_node, mib, iters, timeout_s)
+    out = probe_nodes(bundles, res.layout.gpus_per_node, mib, iters, timeout_s, env)
     out.setdefault("node_ids", list(res.node_ids))
     return out
 

@@ -245,14 +245,17 @@ def layout_for(shape: Shape, rule: NodeRule, nodes: list[NodeInfo], gpus: bool |
     if shape.dp > 1:
         return (f"one replica needs {replica} GPUs, more than any node{where} has ({biggest}); data parallelism over "
                 "replicas that themselves span nodes is not supported: use data_parallel_size=1")
-    # one replica across nodes: its pipeline stages split evenly, each node holding whole TP groups
-    stages = shape.pp if not shape.per_replica else replica
+    # one replica across nodes: its pipeline stages (and prefill-context ranks: vLLM orders the ranks PP, PCP,
+    # TP from outer to inner) split evenly, each node holding whole TP groups
+    stages = shape.pp * shape.pcp if not shape.per_replica else replica
     for n in _divisors(stages):
         g = replica // n
         if n > 1 and replica % n == 0 and g <= biggest and nodes_with(g) >= n:
             return Layout(n, g, "nnodes")
-    return (f"tp={shape.tp} x pp={shape.pp} = {replica} GPUs cannot be split evenly over the nodes{where} "
-            f"(GPUs per node: {caps}): the nodes must each hold tp x pp / N GPUs with N dividing pp")
+    pcp = f" x pcp={shape.pcp}" if shape.pcp > 1 else ""
+    return (f"tp={shape.tp} x pp={shape.pp}{pcp} = {replica} GPUs cannot be split evenly over the nodes{where} "
+            f"(GPUs per node: {caps}): the nodes must each hold tp x pp{pcp and ' x pcp'} / N GPUs with N dividing "
+            f"pp{pcp and ' x pcp'}")
 
 
 def _spread(shape: Shape, caps: list[int], where: str) -> Layout | str:
@@ -264,8 +267,8 @@ def _spread(shape: Shape, caps: list[int], where: str) -> Layout | str:
             return Layout(shape.dp, replica, "dp", 1)
         return (f"placement_layout spread: {shape.dp} data-parallel replicas of {replica} GPUs need {shape.dp} "
                 f"nodes{where} with {replica} GPUs each (GPUs per node: {caps})")
-    if shape.pp > 1 and not shape.per_replica:
-        for n in sorted(_divisors(shape.pp), reverse=True):
+    if shape.pp * shape.pcp > 1 and not shape.per_replica:
+        for n in sorted(_divisors(shape.pp * shape.pcp), reverse=True):
             g = replica // n
             if n > 1 and sum(1 for c in caps if c >= g) >= n:
                 return Layout(n, g, "nnodes")

@@ -66,6 +66,7 @@ GPU_QUERY = ("nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
 TOPO_QUERY = ("nvidia-smi", "topo", "-m")
 IB_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 ENV_NAMES = ("GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "FI_PROVIDER")  # besides every NCCL_* variable
+NOSET_PREFIX = "RAY_EXPERIMENTAL_NOSET_"  # Ray's switches that stop it from isolating its workers' GPUs
 OUTPUT_LIMIT = 20_000  # characters kept of a command's stdout and stderr
 
 _TORCH_PROBE = r"""
@@ -92,8 +93,9 @@ print(json.dumps(out))
 
 def nccl_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables that steer NCCL and its fallbacks: every NCCL_*, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES,
-    FI_PROVIDER."""
-    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_") or k in ENV_NAMES}
+    FI_PROVIDER, and Ray's RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES (GPU isolation of its workers off)."""
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_") or k in ENV_NAMES
+            or (k.startswith(NOSET_PREFIX) and k.endswith("VISIBLE_DEVICES"))}
 
 
 def read_ib_sysfs(root: str | os.PathLike[str] = IB_SYSFS) -> dict[str, dict[str, dict[str, str]]]:
@@ -350,6 +352,12 @@ def node_warnings(rep: Mapping[str, Any], driver: Mapping[str, str] | None = Non
     if net:  # interface and address variables that do not fit this host (netcheck)
         say += netcheck.env_problems(net, net.get("env") or {})
         say += netcheck.version_problems(net, driver or {})
+    noset = {k: v for k, v in (rep.get("env") or {}).items()
+             if k.startswith(NOSET_PREFIX) and k.endswith("VISIBLE_DEVICES") and str(v).lower() in ("1", "true")}
+    if noset:
+        say.append(f"{', '.join(f'{k}={v}' for k, v in noset.items())} in Ray's environment: Ray does not set "
+                   "CUDA_VISIBLE_DEVICES for its workers, so every server on this node would see all its GPUs and a "
+                   "second configuration there would fail vLLM's free-memory check; remove it and start Ray again")
     if "gpu" in rep:
         gpu, ib, ray_gpus = rep["gpu"], rep["infiniband"], rep["ray"]["gpus"]
         if gpu_node(rep) and not ib["active_ports"]:

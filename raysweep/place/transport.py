@@ -25,8 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ACCEPTED", "Link", "Report", "classify", "describe", "describe_links", "describe_probe_links", "link_class",
-           "link_table", "link_text", "meets", "parse_nccl", "recorded_lines", "refusal", "server_verdict"]
+__all__ = ["ACCEPTED", "Link", "Report", "classify", "describe", "describe_links", "describe_probe_links",
+           "independent_nodes", "link_class", "link_table", "link_text", "meets", "needs_cross_node", "parse_nccl",
+           "recorded_lines", "refusal", "server_verdict"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|ESC\[[0-9;]*m")
 _RAY_PREFIX = re.compile(r"^(?:\((?:[^()]|\([^()]*\))*\)\s*)+")
@@ -240,12 +241,40 @@ def link_table(lines_per_rank: list[list[str]]) -> tuple[list[dict[str, object]]
     return rank_rows, node_rows
 
 
-def server_verdict(lines_per_rank: list[list[str]]) -> dict[str, object]:
+_EXPERT_PARALLEL = ("--enable-expert-parallel", "--enable_expert_parallel", "-ep")
+
+
+def needs_cross_node(mode: str, nnodes: int, argv: list[str]) -> bool:
+    """Whether a server laid out this way has NCCL links between its nodes at all: a replica across nodes
+    (mode `nnodes`: pipeline stages, or tensor/context-parallel groups, on several nodes) does; whole
+    data-parallel replicas per node (mode `dp`) do not, unless the model's experts are spread over the
+    data-parallel ranks (`--enable-expert-parallel`): vLLM runs the data-parallel ranks of a dense model as
+    independent engines (`vllm/v1/engine/core.py`, `reconfigure_for_independent_dp_rank`). A mixture-of-experts
+    model without expert parallelism still all-gathers across its data-parallel ranks; its links are judged
+    when NCCL prints them."""
+    if nnodes < 2:
+        return False
+    if mode != "dp":
+        return True
+    on = False
+    for tok in argv:  # the last word wins, as in vLLM's parser
+        name, _, value = tok.partition("=")
+        if name in _EXPERT_PARALLEL:
+            on = value.lower() not in ("false", "0") if value else True
+        elif name in ("--no-enable-expert-parallel", "--no-enable_expert_parallel"):
+            on = False
+    return on
+
+
+def server_verdict(lines_per_rank: list[list[str]], cross_node: bool | None = None) -> dict[str, object]:
     """The verdict of one server from the NCCL lines of each of its ranks (one rank per node), with its
-    per-link tables (`links`: rank pairs, `node_links`: node pairs)."""
+    per-link tables (`links`: rank pairs, `node_links`: node pairs). `cross_node` (`needs_cross_node`):
+    whether its layout links its nodes through NCCL at all; False (data-parallel replicas, one set per node)
+    and no cross-node link seen is no refusal. None: as for a replica across nodes."""
     rep = parse_nccl(line for lines in lines_per_rank for line in lines)
     verdict = classify(rep)
     verdict["nnodes"] = len(lines_per_rank)
+    verdict["cross_node"] = len(lines_per_rank) > 1 if cross_node is None else bool(cross_node)
     verdict["ranks_with_nccl"] = sum(1 for lines in lines_per_rank if lines)
     verdict["links"], verdict["node_links"] = link_table(lines_per_rank)
     pairs: list[dict[str, Any]] = verdict["node_links"]  # type: ignore[assignment]
@@ -279,7 +308,9 @@ def _nnodes(verdict: dict[str, object]) -> int:
 def describe(verdict: dict[str, object]) -> str:
     """One line for tables: `inter-node IB+GDR (IB), intra-node P2P, NCCL 2.21.5`."""
     parts = []
-    if _nnodes(verdict) > 1:
+    if _nnodes(verdict) > 1 and independent_nodes(verdict):
+        parts.append("no NCCL link between nodes (data-parallel replicas, each within its node)")
+    elif _nnodes(verdict) > 1:
         plugins = ", ".join(str(p) for p in verdict.get("plugins") or [])  # type: ignore[attr-defined]
         parts.append(f"inter-node {verdict['inter']}" + (f" ({plugins})" if plugins else ""))
     parts.append(f"intra-node {verdict['intra']}")
@@ -291,10 +322,16 @@ def describe(verdict: dict[str, object]) -> str:
     return ", ".join(parts)
 
 
+def independent_nodes(verdict: dict[str, object]) -> bool:
+    """A multi-node server whose layout needs no NCCL link between its nodes (`cross_node` False: whole
+    data-parallel replicas per node) and where none was seen: nothing crosses the fabric to judge."""
+    return verdict.get("cross_node") is False and verdict.get("inter") == "none"
+
+
 def refusal(verdict: dict[str, object], require: str) -> str | None:
     """Why a multi-node server fails `transport.require`, with the evidence; None when it passes (a server
     on one node always passes: the requirement is about links between nodes)."""
-    if _nnodes(verdict) < 2 or meets(verdict, require):
+    if _nnodes(verdict) < 2 or meets(verdict, require) or independent_nodes(verdict):
         return None
     evidence = [str(e) for e in verdict.get("evidence") or []][:8]  # type: ignore[attr-defined]
     if verdict["inter"] == "none":

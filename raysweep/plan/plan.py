@@ -31,12 +31,17 @@ _SHAPE_FLAGS = {
     "tp": ("tensor_parallel_size", ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")),
     "pp": ("pipeline_parallel_size", ("--pipeline-parallel-size", "--pipeline_parallel_size", "-pp")),
     "dp": ("data_parallel_size", ("--data-parallel-size", "--data_parallel_size", "-dp")),
+    # vLLM counts prefill context parallelism in a replica's world size (TP x PP x PCP, `config/parallel.py`);
+    # decode context parallelism reuses the TP ranks and takes no GPU of its own
+    "pcp": ("prefill_context_parallel_size", ("--prefill-context-parallel-size", "--prefill_context_parallel_size",
+                                               "-pcp")),
 }
 
 
 @dataclass(frozen=True)
 class Shape:
-    """How many GPUs a server configuration takes: tensor x pipeline x data parallel sizes."""
+    """How many GPUs a server configuration takes: tensor x pipeline x prefill-context x data parallel sizes,
+    as vLLM counts its world size (`ParallelConfig.world_size` = TP x PP x PCP, times DP across replicas)."""
 
     tp: int = 1
     pp: int = 1
@@ -44,10 +49,11 @@ class Shape:
     per_replica: int | None = None  # serve.gpus_per_replica, for commands that are not `vllm serve`
     spread: bool = False            # `placement_layout: spread`: across as many nodes as the shape allows
     pd_gpus: int | None = None      # a P/D deployment (serve.pd): all its roles' GPUs
+    pcp: int = 1                    # prefill context parallelism: its ranks are GPUs of the replica
 
     @property
     def replica_gpus(self) -> int:
-        return self.per_replica or self.tp * self.pp
+        return self.per_replica or self.tp * self.pp * self.pcp
 
     @property
     def gpu_count(self) -> int:
@@ -56,7 +62,7 @@ class Shape:
     def describe(self) -> str:
         if self.pd_gpus is not None:
             return "P/D deployment (its roles below)"
-        text = f"tp={self.tp} pp={self.pp} dp={self.dp}"
+        text = f"tp={self.tp} pp={self.pp} dp={self.dp}" + (f" pcp={self.pcp}" if self.pcp > 1 else "")
         return text + (f" gpus_per_replica={self.per_replica}" if self.per_replica else "") + (
             " spread" if self.spread else "")
 
@@ -258,7 +264,7 @@ def make_serve(spec: CampaignSpec, combo: dict[str, Any]) -> ServeConfig:
 
         env[CPUS_ENV] = cpu_text(cpu_set(cpus) or ())
     pd = spec.campaign.serve.pd if spec.campaign.serve is not None else None
-    dep = deployment_of(pd, combo) if pd is not None else None
+    dep = deployment_of(pd, combo, base_argv=spec.serve_argv) if pd is not None else None
     shape = shape_of({} if dep else combo, spec.serve_argv, spec.gpus_per_replica)
     # a deployment's shape (ratio, each role's parallelism, connector) is part of its id, swept or not
     ident = {**_no_name(combo), **({"pd": dep.identity()} if dep else {})}

@@ -61,17 +61,31 @@ def _gpu_set(value: Any) -> set[str]:
     return {g.strip() for g in str(value or "").split(",") if g.strip()}
 
 
+ISOLATION_FIX = ("Ray was told not to set CUDA_VISIBLE_DEVICES for its workers, so every server sees all the GPUs "
+                 "of its node: remove RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES from the environment of `ray start` "
+                 "and of serve.env, then start Ray again on the node")
+
+
 def _gpus(row: ServerRow) -> Item:
     ranks = row.rank_list()
-    seen, bad, unknown = [], [], 0
+    seen, bad, unknown, lost = [], [], 0, []
     for r in ranks:
         ray_gpus, cvd = _gpu_set(r.get("gpu_ids")), r.get("cuda_visible_devices")
+        noset = r.get("noset_visible_devices") or {}
+        if ray_gpus and (noset or (cvd is None and r.get("cuda_visible_set") is False)):
+            # Ray reserved GPUs, but the process had no CUDA_VISIBLE_DEVICES of Ray's: it sees every GPU of the node
+            why = ", ".join(f"{k}={v}" for k, v in noset.items()) or "CUDA_VISIBLE_DEVICES unset"
+            lost.append(f"rank {r.get('rank', 0)}: Ray {','.join(sorted(ray_gpus)) or 'none'}, process "
+                        f"{cvd if cvd is not None else 'all GPUs of the node'} ({why})")
+            continue
         if cvd is None:
             unknown += 1
             continue
         seen.append(f"rank {r.get('rank', 0)}: Ray {','.join(sorted(ray_gpus)) or 'none'}, process {cvd or 'none'}")
         if _gpu_set(cvd) != ray_gpus or not ray_gpus:
             bad.append(seen[-1])
+    if lost:
+        return Item(CHECKS[0], "", "FAIL", "GPU isolation lost: " + "; ".join(lost + bad), ISOLATION_FIX)
     if bad:
         return Item(CHECKS[0], "", "FAIL", "; ".join(bad), FIX[CHECKS[0]])
     if unknown == len(ranks):
@@ -86,9 +100,15 @@ def _transport(row: ServerRow, ngpus: int) -> Item:
     if verdict is None or not verdict.get("channels"):
         if nnodes < 2 and ngpus < 2:
             return Item(CHECKS[1], "", "n/a", "one GPU: no NCCL link")
+        if verdict is not None and verdict.get("cross_node") is False and ngpus <= nnodes:
+            return Item(CHECKS[1], "", "n/a", "one GPU per node, data-parallel replicas: no NCCL link")
         return Item(CHECKS[1], "", "not seen", "no NCCL channel line in the server's log (transport.nccl_debug "
                     "must be on)", FIX[CHECKS[1]])
     text = transport.describe(verdict)
+    if nnodes > 1 and transport.independent_nodes(verdict):  # data-parallel replicas, each inside its node
+        if verdict.get("intra") == "SHM":
+            return Item(CHECKS[1], "", "warn", text + " (through host memory, not P2P/NVLink)", FIX[CHECKS[1]])
+        return Item(CHECKS[1], "", "ok", text)
     if nnodes > 1:
         links = "; ".join(transport.describe_links(verdict)) or text
         slow = verdict.get("inter") in ("Socket", "none", "NET")

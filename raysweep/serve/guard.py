@@ -9,7 +9,14 @@ the actor, however the actor ends:
 - The guard is a child subreaper: whatever the server forks stays its descendant even when orphaned.
 - It ends the whole tree on SIGTERM/SIGINT, when the watched worker (pid + start time) is gone (the
   raylet or the driver was killed), or when the server's main process exits.
-- It copies the server's output to the log with secret values (secret env vars and flags) masked.
+- It copies the server's output to the log with secret values (secret env vars and flags) masked. The server's
+  stdout is a terminal (a pty, in raw mode: no `\r` added), its stderr a pipe: C libraries buffer a stdout that is
+  a pipe in 4 KiB blocks and flush it only when the process exits, and NCCL writes its `NCCL_DEBUG=INFO` lines
+  to stdout with `vfprintf` and no flush (`src/debug.cc`), so behind a pipe a live server's NCCL lines stay in its
+  own memory and the transport check sees none. A terminal makes libc (and Python without PYTHONUNBUFFERED)
+  flush every line, in every process the server forks, with no preload and no change to the command. Colour
+  codes that a program adds for a terminal are taken out (and `NO_COLOR=1` is set unless the environment sets
+  it), so the log reads as before.
 - It runs on the CPUs `RAYSWEEP_CPU_AFFINITY` names (`serve.cpu_affinity`), and so does the server.
 - It raises its own priority to niceness 0 where the OS allows (Ray starts workers at nice 15, and the
   server would inherit it), and records in `nice` the niceness before, after and why it could not.
@@ -26,15 +33,18 @@ import contextlib
 import ctypes
 import json
 import os
+import pty
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
 
 from raysweep.grid import mask_text, secret_values
 from raysweep.procs import CPUS_ENV, is_alive, kill_tree, pin_cpus
@@ -108,16 +118,46 @@ def renice(target: int) -> dict[str, object]:
     return {"before": before, "after": os.getpriority(os.PRIO_PROCESS, 0), "error": error}
 
 
+def stdout_terminal() -> tuple[int, int]:
+    """A pty for a child's stdout (master, slave), in raw mode: what the child writes comes through unchanged
+    (no `\n` turned into `\r\n`), and libc sees a terminal, so it flushes stdout at every line."""
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST  # output as written
+    attrs[3] &= ~(termios.ECHO | termios.ICANON)
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    return master, slave
+
+
 def _supervise(cmd: list[str], keep_going: object) -> int:
     try:
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        master, slave = stdout_terminal()
+    except OSError as exc:  # no pty here (/dev/pts not mounted): a pipe, as before, and say what it costs
+        master = slave = -1
+        print(f"# raysweep: no terminal for the server's stdout ({exc}): NCCL's lines may reach this log only when "
+              "the server exits; set NCCL_DEBUG_FILE in serve.env to read them from files", flush=True)
+    env = dict(os.environ)
+    env.setdefault("NO_COLOR", "1")  # vLLM colours its log on a terminal (VLLM_LOGGING_COLOR=auto)
+    try:
+        child = subprocess.Popen(cmd, stdout=slave if slave >= 0 else subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, env=env)
     except OSError as exc:
+        for fd in (master, slave):
+            if fd >= 0:
+                os.close(fd)
         print(f"raysweep guard: cannot start {cmd[0]!r}: {exc}", flush=True)
         return 127
+    if slave >= 0:
+        os.close(slave)  # the server and what it forks hold it; the master reads EOF (EIO) once they all end
     write_text_atomic(Path(sys.argv[3]) / SERVER_PID_FILE, str(child.pid))
     secrets = secret_values(cmd, os.environ)
-    copier = threading.Thread(target=_copy_masked, args=(child.stdout, secrets), daemon=True)
-    copier.start()
+    lock = threading.Lock()
+    stdout = _pty_lines(master) if master >= 0 else iter(child.stdout.readline, b"")  # type: ignore[union-attr]
+    stderr = iter(child.stderr.readline, b"")  # type: ignore[union-attr]
+    copiers = [threading.Thread(target=_copy_masked, args=(stdout, secrets, lock, master >= 0), daemon=True),
+               threading.Thread(target=_copy_masked, args=(stderr, secrets, lock), daemon=True)]
+    for copier in copiers:
+        copier.start()
     code: int | None = None
     while code is None and keep_going():  # type: ignore[operator]
         code = _reap(child.pid)
@@ -131,21 +171,52 @@ def _supervise(cmd: list[str], keep_going: object) -> int:
             code = _reap(child.pid)
             time.sleep(0.1)
     kill_tree(os.getpid(), grace_s=5, include_root=False)  # whatever it left behind
-    copier.join(timeout=5)
+    for copier in copiers:
+        copier.join(timeout=5)
     last = _reap(child.pid)
     if code is None:
         code = last if last is not None else 143
     return code
 
 
-def _copy_masked(stream: IO[bytes], secrets: set[str]) -> None:
-    """Copy the server's output to ours (the log file) line by line, with secret values masked."""
+_SGR = re.compile(rb"\x1b\[[0-9;]*m")  # colour codes a program writes to a terminal
+
+
+def _pty_lines(master: int) -> Iterator[bytes]:
+    """The lines read from a pty's master end until every holder of its slave end has closed it (Linux then
+    answers EIO), the last one even without its newline; the master is closed at the end."""
+    rest = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: no process holds the terminal any more
+                break
+            if not chunk:
+                break
+            rest += chunk
+            *lines, rest = rest.split(b"\n")
+            for line in lines:
+                yield line + b"\n"
+    finally:
+        os.close(master)
+    if rest:
+        yield rest + b"\n"
+
+
+def _copy_masked(lines: Iterable[bytes], secrets: set[str], lock: threading.Lock | None = None,
+                 terminal: bool = False) -> None:
+    """Copy the server's output to ours (the log file) line by line, with secret values masked (and from a
+    terminal, without colour codes); `lock` keeps the lines of stdout and stderr whole."""
     out = sys.stdout.buffer
-    for line in iter(stream.readline, b""):
+    for line in lines:
+        if terminal:
+            line = _SGR.sub(b"", line)
         if secrets:
             line = mask_text(line.decode(errors="replace"), secrets).encode()
-        out.write(line)
-        out.flush()
+        with lock or contextlib.nullcontext():
+            out.write(line)
+            out.flush()
 
 
 def _reap(child_pid: int) -> int | None:

@@ -31,7 +31,7 @@ from raysweep.plan.plan import ServeConfig
 from raysweep.serve import caches, telemetry
 from raysweep.serve.rapl import POWERCAP, RAPL_ENV
 from raysweep.serve.root_cause import deterministic, pick_cause, root_cause, same_cause
-from raysweep.serve.server import ServerHost, expected_model, rank_argv
+from raysweep.serve.server import ServerHost, engine_timeout_env, expected_model, rank_argv
 
 if TYPE_CHECKING:
     from raysweep.bench.backend import BenchBackend
@@ -66,6 +66,7 @@ class Server:
     router: Any = None               # a P/D deployment: its router's actor (raysweep.serve.pd.RouterHost)
     failed_rank: int | None = None   # the host whose process `down` found ended (a P/D deployment: its role)
     role_settings: dict[str, Any] | None = None  # a P/D deployment: each role server's effective settings
+    cross_node: bool | None = None   # whether its layout links its nodes through NCCL (transport.needs_cross_node)
 
     def who(self, rank: int) -> str:
         """How a host's process is named in messages: `rank N`, or a P/D role server (`decode server decode-0`)."""
@@ -162,7 +163,8 @@ class Server:
         return [{"rank": r, "hostname": n.get("hostname"), "node_id": n.get("node_id"), "node_ip": n.get("node_ip"),
                  "gpu_ids": n.get("gpu_ids"), "pid": i.get("pid"), "pid_create_time": i.get("pid_create_time"),
                  "log_path": i.get("log_path"), "network": i.get("network") or {},
-                 "cuda_visible_devices": (self.facts[r] if r < len(self.facts) else {}).get("cuda_visible_devices"),
+                 **{k: (self.facts[r] if r < len(self.facts) else {}).get(k)
+                    for k in ("cuda_visible_devices", "cuda_visible_set", "noset_visible_devices")},
                  **({"role": self.roles[r].role, "server": self.roles[r].name} if self.roles else {})}
                 for r, (n, i) in enumerate(zip(self.nodes, self.infos))]
 
@@ -458,7 +460,7 @@ class Servers:
             server_id if lay.nnodes == 1 else f"{server_id}-rank{r}", str(self.work.log_dir))
             for r in range(lay.nnodes)]
         self.work.ledger.add_server(server_id, run.serve.id, shell_join(run.serve.display_argv()))
-        return Server(server_id, hosts)
+        return Server(server_id, hosts, cross_node=transport.needs_cross_node(lay.mode, lay.nnodes, run.serve.argv))
 
     def role_hosts(self, run: ConfigRun, server_id: str) -> Server:
         """A P/D deployment: one host actor per role server, each in its own bundle of the deployment's
@@ -499,6 +501,8 @@ class Servers:
         master = server.nodes[0]["node_ip"]
         self._warm_weights(run, server)
         env = {**run.serve.env, **caches.cache_request(self.c, run.serve.env)}  # compilation caches
+        if self.c.serve is not None:  # vLLM's own wait for its engines, never shorter than the campaign's
+            env = engine_timeout_env(env, self.c.serve.ready_timeout_s)
         for h, (rank_cmd, rank_env, http, retries) in zip(
                 server.hosts, self._starts(run, server, argv, serve_http, follower_argv, env), strict=True):
             ref = h.start.remote(rank_cmd, rank_env, http, self.c.transport.nccl_debug, retries)
@@ -554,7 +558,7 @@ class Servers:
         cfg = self.c.transport
         if not cfg.probe or run.layout.nnodes < 2 or run.res is None:
             return None
-        run.fabric = fabric.probe(run.res, cfg.probe_mib, cfg.probe_iters)
+        run.fabric = fabric.probe(run.res, cfg.probe_mib, cfg.probe_iters, env=dict(run.serve.env))
         refused = fabric.gate(run.fabric, cfg.min_busbw_gbps, cfg.min_busbw_fraction,
                               fabric.load_baseline(cfg.baseline))
         self.work.emit("fabric", serve=run.serve, probe=run.fabric, refused=refused)
@@ -632,7 +636,8 @@ class Servers:
         if server.roles:  # a P/D deployment's servers are each on one node; its KV connector is not NCCL's
             return None
         cfg = self.c.transport
-        gated = len(server.hosts) > 1 and cfg.require != "any"
+        # a layout without NCCL links between its nodes (data-parallel replicas) has none to wait for
+        gated = len(server.hosts) > 1 and cfg.require != "any" and server.cross_node is not False
         deadline = time.monotonic() + (cfg.wait_s if gated else 0.0)
         while True:
             verdict = self.read_transport(run, server)
@@ -655,7 +660,7 @@ class Servers:
         except ray.exceptions.RayError as exc:
             log.info("server %s: NCCL lines not read (%s)", server.server_id, exc)
             return None
-        server.transport = transport.server_verdict(lines)
+        server.transport = transport.server_verdict(lines, server.cross_node)
         self.work.ledger.update_server(server.server_id, transport=json.dumps(server.transport))
         return server.transport
 

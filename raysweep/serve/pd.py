@@ -27,7 +27,7 @@ from raysweep.campaign.pd import Deployment, RoleInstance
 from raysweep.place.pd import ROUTER, PDReservation
 from raysweep.serve.pd_router import PDRouter, RouterThread
 from raysweep.serve.pd_settings import effective_settings
-from raysweep.serve.server import ServerHost, expected_model
+from raysweep.serve.server import ServerHost, engine_timeout_env, expected_model
 
 __all__ = ["PDServers", "PrefilledRequests", "RoleFailure", "RouterHost", "deployment_counts", "nixl_side_channels",
            "point_fields", "prefilled_requests", "prompt_sources", "read_role_settings", "role_of", "role_settings",
@@ -145,7 +145,7 @@ def start_deployment(dep: Deployment, argv: list[str], env: dict[str, str], res:
     try:
         side = nixl_side_channels(dep, instances, hosts) if dep.connector.startswith("Nixl") else {}
         for inst, host in zip(instances, hosts, strict=True):
-            env = {**inst.env, **side.get(inst.name, {})}
+            env = engine_timeout_env({**inst.env, **side.get(inst.name, {})}, ready_timeout_s)
             started.infos.append(ray.get(host.start.remote(inst.argv, env, nccl_debug=False), timeout=120))
         model = expected_model(argv)
         for inst, host in zip(instances, hosts, strict=True):

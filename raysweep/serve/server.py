@@ -19,6 +19,7 @@ import contextlib
 import glob
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -42,7 +43,8 @@ from raysweep.place.placement import Layout
 from raysweep.procs import cpu_text
 from raysweep.serve import caches, guard, provenance
 
-__all__ = ["NETWORK_ENV", "RESET_ENDPOINTS", "ServerHost", "expected_model", "rank_argv", "reset_caches", "server_argv"]
+__all__ = ["ENGINE_READY_ENV", "NETWORK_ENV", "RESET_ENDPOINTS", "ServerHost", "engine_timeout_env", "expected_model",
+           "isolation_env", "rank_argv", "reset_caches", "server_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,44 @@ def rank_argv(argv: list[str], layout: Layout, rank: int, master_addr: str, mast
 
 
 NETWORK_ENV = ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+def network_of(env: dict[str, str]) -> dict[str, str | None]:
+    """A server's address and interface variables and every variable that steers its fabric (NCCL_*, GLOO_*,
+    UCX_*, FI_*; `place.fabric.fabric_env`), from its full environment: the record the fabric probe's matches."""
+    from raysweep.place.fabric import fabric_env
+
+    return {**{k: env.get(k) for k in NETWORK_ENV}, **fabric_env(env)}
+
+
+# vLLM's own wait for its engine processes (`vllm/v1/engine/core_client.py`, 600 s by default): with data
+# parallelism or a headless rank the API server gives up on its engines after this long, whatever the campaign waits
+ENGINE_READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"
+
+
+def engine_timeout_env(env: dict[str, str], ready_timeout_s: float) -> dict[str, str]:
+    """The server's environment `env` (`serve.env`) with vLLM's engine start-up timeout at least the campaign's
+    `serve.ready_timeout_s` (a larger value in `serve.env` is kept), so that vLLM never gives up on its engines
+    before raysweep gives up on the server. It overrides a value in the node's own environment."""
+    want = math.ceil(ready_timeout_s)
+    have = env.get(ENGINE_READY_ENV, "")
+    try:
+        given = int(float(have)) if have else 0
+    except ValueError:
+        given = 0
+    if given >= want:
+        return dict(env)
+    if have:
+        log.warning("serve.env %s=%s is shorter than serve.ready_timeout_s: the server gets %d s", ENGINE_READY_ENV,
+                    have, want)
+    return {**env, ENGINE_READY_ENV: str(want)}
+
+
+def isolation_env(environ: dict[str, str]) -> dict[str, str]:
+    """Ray's switches that stop it from setting CUDA_VISIBLE_DEVICES (and the like) for its workers, where they are
+    on (`RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`, read as Ray reads it: `1` or `true`). A server started
+    under one sees every GPU of its node, not its bundle's: two configurations on a node then share GPUs."""
+    return {k: v for k, v in sorted(environ.items())
+            if k.startswith("RAY_EXPERIMENTAL_NOSET_") and k.endswith("VISIBLE_DEVICES") and v.lower() in ("1", "true")}
 
 
 STATE_PREFIX = "raysweep-guard-"
@@ -194,7 +234,7 @@ class ServerHost:
         if nccl_debug and "NCCL_DEBUG" not in env and "NCCL_DEBUG" not in os.environ:
             extra["NCCL_DEBUG"] = "INFO"
         env_ = procs.child_env({**extra, **env})
-        self.network = {k: env_.get(k) for k in NETWORK_ENV}
+        self.network = network_of(env_)
         self._nccl_file = env_.get("NCCL_DEBUG_FILE")
         self._started_at = time.time()
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -216,20 +256,22 @@ class ServerHost:
                 "host": self.ip, "port": self.port, "log_path": str(self.log_path),
                 "command": grid.shell_join(grid.mask_argv(full)), "network": dict(self.network)}
 
+    def network_for(self, env: dict[str, str]) -> dict[str, str | None]:
+        """The address and fabric variables a server started here with `serve.env` = `env` runs with (what
+        `start` records as `network`)."""
+        return network_of(procs.child_env({**self.rank_network_env(env), **env}))
+
     def rank_network_env(self, env: dict[str, str]) -> dict[str, str]:
-        """This rank's own address and interface for vLLM and gloo (NCCL too where the bundle has GPUs): its
-        node's Ray address as VLLM_HOST_IP, the interface that holds it as GLOO_SOCKET_IFNAME (and
-        NCCL_SOCKET_IFNAME), each unless the campaign (`serve.env`) or this node's environment sets it. Left
-        to themselves, vLLM guesses its address from a default route a host may not have ("using 0.0.0.0"),
-        and gloo from the hostname, which Debian's /etc/hosts maps to 127.0.1.1: the ranks then dial each
-        other on loopback."""
-        iface = procs.iface_of(self.ip)
-        want = {"VLLM_HOST_IP": self.ip}
-        if iface:
-            want["GLOO_SOCKET_IFNAME"] = iface
-            if ray.get_runtime_context().get_accelerator_ids().get("GPU"):
-                want["NCCL_SOCKET_IFNAME"] = iface
-        return {k: v for k, v in want.items() if k not in env and k not in os.environ}
+        """This rank's own address and interface for vLLM and gloo (NCCL too where the bundle has GPUs), by the
+        rule the fabric probe follows too (`place.fabric.rank_network_env`): its node's Ray address as
+        VLLM_HOST_IP, the interface that holds it as GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME), each unless
+        the campaign (`serve.env`) or this node's environment sets it. Left to themselves, vLLM guesses its
+        address from a default route a host may not have ("using 0.0.0.0"), and gloo from the hostname, which
+        Debian's /etc/hosts maps to 127.0.1.1: the ranks then dial each other on loopback."""
+        from raysweep.place.fabric import rank_network_env
+
+        gpus = bool(ray.get_runtime_context().get_accelerator_ids().get("GPU"))
+        return rank_network_env(self.ip, env, dict(os.environ), gpus)
 
     def _take_port(self) -> int:
         """A port for the server, held until it is ready; after two starts that lost their port anyway,
@@ -329,8 +371,12 @@ class ServerHost:
             proc = psutil.Process(int(pid_file.read_text()))
             facts["nice"] = proc.nice()
             facts["cpu_affinity"] = cpu_text(proc.cpu_affinity() or [])
-            # the GPUs the process itself was given (Ray sets it for the bundle): the acceptance checklist
-            facts["cuda_visible_devices"] = proc.environ().get("CUDA_VISIBLE_DEVICES")
+            # the GPUs the process itself was given (Ray sets it for the bundle): the acceptance checklist.
+            # Unset (Ray told not to set it) means the server sees every GPU of the node.
+            penv = proc.environ()
+            facts["cuda_visible_devices"] = penv.get("CUDA_VISIBLE_DEVICES")
+            facts["cuda_visible_set"] = "CUDA_VISIBLE_DEVICES" in penv
+            facts["noset_visible_devices"] = isolation_env(penv)
         return facts
 
     def url(self) -> str:

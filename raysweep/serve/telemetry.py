@@ -11,6 +11,16 @@ boost are not throttling.
 Without NVML (a CPU node, no driver, `nvidia-ml-py` missing) the sampler records why (`gpu_telemetry`
 says `unavailable: ...`), never an error.
 
+Which GPUs are the server's: Ray's GPU ids are CUDA's device numbers, and NVML numbers the devices in PCI bus
+order, which CUDA follows only with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (its default puts the fastest first: on a
+node of mixed GPUs the two orders differ). So the sampler asks CUDA's driver (`libcuda`, through ctypes: no
+context is made, no GPU memory taken) for the PCI bus id of each device this process sees (Ray's
+CUDA_VISIBLE_DEVICES, which the server inherits) and opens each in NVML by that bus id; a GPU id that is a
+UUID is opened by UUID. Without CUDA's driver it falls back on NVML's index only where the orders agree
+(`CUDA_DEVICE_ORDER=PCI_BUS_ID`, or every GPU of the node the same model), and otherwise says why it reads
+none rather than read another server's GPUs. Drivers before 535 lack the clock-event call: the older
+throttle-reason call is used instead (the same bits).
+
 Energy (`raysweep.maths.energy`): every sample also reads each GPU's total energy counter
 (`nvmlDeviceGetTotalEnergyConsumption`, mJ; None where the board has none), kept with its power as the
 device's energy readings; without NVML, a DCGM exporter's page or AMD SMI (`raysweep.serve.power_sources`), and
@@ -27,6 +37,7 @@ with `step_at` (a time) steps every GPU from `power_w` to its `load_power_w` the
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import logging
 import math
@@ -35,8 +46,8 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["FAKE_ENV", "THROTTLE_REASONS", "THROTTLED_FRACTION", "FileNvml", "Sampler", "load_nvml", "summarise",
-           "throttled"]
+__all__ = ["FAKE_ENV", "THROTTLE_REASONS", "THROTTLED_FRACTION", "FileNvml", "Sampler", "cuda_pci_bus_ids", "load_nvml",
+           "same_bus", "summarise", "throttled"]
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +155,43 @@ def nvml_why(exc: BaseException) -> str:
     return f"unavailable: {said}" if said else f"unavailable: {type(exc).__name__}: {exc}"[:200]
 
 
-def _physical_indices(gpu_ids: list[str]) -> list[int | str]:
-    return [int(g) if str(g).isdigit() else str(g) for g in gpu_ids]
+def cuda_pci_bus_ids() -> list[str] | None:
+    """The PCI bus id (`0000:3B:00.0`) of every GPU this process sees through CUDA, in CUDA's order (that of
+    CUDA_VISIBLE_DEVICES, under CUDA_DEVICE_ORDER), from CUDA's driver API; None without a CUDA driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    count = ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
+    out = []
+    for i in range(count.value):
+        dev, buf = ctypes.c_int(), ctypes.create_string_buffer(64)
+        if cuda.cuDeviceGet(ctypes.byref(dev), i) != 0 or cuda.cuDeviceGetPCIBusId(buf, 64, dev) != 0:
+            return None
+        out.append(buf.value.decode())
+    return out
+
+
+def _bus_key(bus: str | bytes) -> tuple[int, ...] | None:
+    """`00000000:3B:00.0` (NVML) and `0000:3b:00.0` (CUDA) as one key: (domain, bus, device, function)."""
+    text = bus.decode(errors="replace") if isinstance(bus, bytes) else str(bus)
+    parts = text.strip().replace(".", ":").split(":")
+    try:
+        nums = tuple(int(x, 16) for x in parts)
+    except ValueError:
+        return None
+    return nums if len(nums) == 4 else ((0, *nums) if len(nums) == 3 else None)
+
+
+def same_bus(a: str | bytes, b: str | bytes) -> bool:
+    """Whether two PCI bus ids, written as NVML or as CUDA writes them, are one device."""
+    return _bus_key(a) is not None and _bus_key(a) == _bus_key(b)
+
+
+class _Unmapped(RuntimeError):
+    """This server's GPUs cannot be told apart from the node's others in NVML."""
 
 
 class Sampler:
@@ -153,7 +199,8 @@ class Sampler:
 
     def __init__(self, gpu_ids: list[str], interval_s: float = 0.5, nvml: Any = None, source: str = "",
                  rapl_root: str | None = None, clock: Any = time.time, dcgm_url: str | None = None,
-                 amd: Any = False) -> None:
+                 amd: Any = False, cuda_bus_ids: Any = None) -> None:
+        """`cuda_bus_ids`: how to read the PCI bus ids of the GPUs this process sees (`cuda_pci_bus_ids`)."""
         self.interval_s = interval_s
         self.clock = clock
         self.nvml, self.source = (nvml, source or "nvml") if nvml is not None else load_nvml()
@@ -165,9 +212,12 @@ class Sampler:
         self.handles: list[tuple[str, Any]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reasons_call = "nvmlDeviceGetCurrentClocksEventReasons"  # the older call on drivers before 535
         if self.nvml is not None:
             try:
-                self.handles = [(str(g), self._handle(g)) for g in _physical_indices(gpu_ids)]
+                self.handles = self._server_handles([str(g) for g in gpu_ids], cuda_bus_ids)
+            except _Unmapped as exc:
+                self.nvml, self.source = None, f"unavailable: {exc}"
             except Exception as exc:
                 self.nvml, self.source = None, nvml_why(exc)
         if self.nvml is not None and not self.handles:
@@ -208,10 +258,29 @@ class Sampler:
                 return
             whys.append(src.why)
 
-    def _handle(self, gpu: int | str) -> Any:
-        if isinstance(gpu, int):
-            return self.nvml.nvmlDeviceGetHandleByIndex(gpu)
-        return self.nvml.nvmlDeviceGetHandleByUUID(gpu)
+    def _server_handles(self, gpu_ids: list[str], cuda_bus_ids: Any) -> list[tuple[str, Any]]:
+        """The NVML handle of each of the server's GPUs (Ray's ids, CUDA's numbers or UUIDs): by UUID, else by
+        the PCI bus id CUDA gives the device, else by NVML's index where NVML's order is CUDA's."""
+        nvml = self.nvml
+        if not gpu_ids:
+            return []
+        if all(not g.isdigit() for g in gpu_ids):  # UUIDs (GPU-..., MIG-...)
+            return [(g, nvml.nvmlDeviceGetHandleByUUID(g)) for g in gpu_ids]
+        if not hasattr(nvml, "nvmlDeviceGetHandleByPciBusId"):  # a stand-in indexed by position (FileNvml)
+            return [(g, nvml.nvmlDeviceGetHandleByIndex(int(g))) for g in gpu_ids]
+        buses = (cuda_bus_ids or cuda_pci_bus_ids)()
+        if buses is not None and len(buses) == len(gpu_ids):  # this process sees exactly the server's GPUs
+            handles = [(g, nvml.nvmlDeviceGetHandleByPciBusId(b)) for g, b in zip(gpu_ids, buses, strict=True)]
+            log.info("GPU telemetry: Ray's GPUs %s are the devices at PCI %s", ",".join(gpu_ids), ", ".join(buses))
+            return handles
+        if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            names = {str(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)))
+                     for i in range(int(nvml.nvmlDeviceGetCount()))}
+            if len(names) > 1:
+                raise _Unmapped(f"this node mixes GPU models ({', '.join(sorted(names))}), whose CUDA order is not "
+                                "NVML's, and CUDA's driver could not say which are the server's; set "
+                                "CUDA_DEVICE_ORDER=PCI_BUS_ID in the environment of `ray start`")
+        return [(g, nvml.nvmlDeviceGetHandleByIndex(int(g))) for g in gpu_ids]
 
     def sample(self) -> list[dict[str, Any]]:
         """One reading of every GPU (a value NVML cannot give is None); its energy readings kept apart."""
@@ -287,9 +356,18 @@ class Sampler:
                 "reasons": self._read(lambda: self._reasons(h))}
 
     def _reasons(self, h: Any) -> int:
-        get = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # drivers before 535
-        return int(get(h))
+        """The clock-event (throttle) reasons: NVML's call since driver 535, else the older one of the same bits
+        (an NVML binding newer than the driver has the new call, which then fails with FunctionNotFound)."""
+        get = getattr(self.nvml, self._reasons_call, None)
+        if get is not None:
+            try:
+                return int(get(h))
+            except Exception as exc:
+                if self._reasons_call == "nvmlDeviceGetCurrentClocksThrottleReasons" or \
+                        type(exc).__name__ != "NVMLError_FunctionNotFound":
+                    raise
+        self._reasons_call = "nvmlDeviceGetCurrentClocksThrottleReasons"  # drivers before 535
+        return int(self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
 
     @staticmethod
     def _read(fn: Any) -> Any:

@@ -21,8 +21,16 @@ def _nccl_lines(net: str, rank: int, delay: float) -> None:
     time.sleep(delay)
     host, pid = f"node{rank}", os.getpid()
     head = f"{host}:{pid}:{pid + 7} [0] NCCL INFO"
-    via = {"gdr": "NET/IB/0/GDRDMA", "ib": "NET/IB/0", "socket": "NET/Socket/0"}[net]
     lines = [f"{head} NCCL version 2.21.5+cuda12.4"]
+    if net == "intra":  # a data-parallel replica whole on this node: its NCCL links stay inside it
+        lines += [f"{head} NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.{rank + 1}<0>", f"{head} Using network IB",
+                  f"{head} Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+                  f"{head} Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read",
+                  f"{head} Connected all rings, use ring PXN 0 GDR 1"]
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+        return
+    via = {"gdr": "NET/IB/0/GDRDMA", "ib": "NET/IB/0", "socket": "NET/Socket/0"}[net]
     if net == "socket":
         lines += [f"{head} NET/IB : No device found.", f"{head} NET/Socket : Using [0]eth0:10.0.0.{rank + 1}<0>",
                   f"{head} Using network Socket"]
@@ -65,7 +73,8 @@ def main() -> None:
     ap.add_argument("--node-rank", type=int, default=0)
     ap.add_argument("--headless-die-after", type=float, default=0.0,
                     help="a headless rank exits(4) after this many seconds (once, with --die-once-file)")
-    ap.add_argument("--nccl-net", choices=["gdr", "ib", "socket"], default=None,
+    ap.add_argument("--data-parallel-start-rank", type=int, default=0)
+    ap.add_argument("--nccl-net", choices=["gdr", "ib", "socket", "intra"], default=None,
                     help="print the NCCL_DEBUG=INFO lines of a rank whose cross-node links use this transport "
                          "(to NCCL_DEBUG_FILE when that is set, else to stdout), only when NCCL_DEBUG=INFO")
     ap.add_argument("--nccl-delay", type=float, default=0.0, help="seconds after ready before the NCCL lines")
@@ -94,7 +103,8 @@ def main() -> None:
         sys.exit(1)
     time.sleep(args.startup_delay)
     if args.nccl_net:
-        threading.Thread(target=_nccl_lines, args=(args.nccl_net, args.node_rank, args.nccl_delay),
+        rank = args.node_rank or (1 if args.data_parallel_start_rank else 0)
+        threading.Thread(target=_nccl_lines, args=(args.nccl_net, rank, args.nccl_delay),
                          daemon=True).start()
     if args.headless:
         print(f"standin: headless rank {args.node_rank}", flush=True)
