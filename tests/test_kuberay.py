@@ -220,7 +220,9 @@ def test_a_nightly_raycronjob_is_valid_against_kuberays_crd_and_resumes_the_same
     assert crd_errors(cron) == [] and operator_errors(cron) == []
     assert cron["spec"]["schedule"] == "0 2 * * *" and cron["spec"]["timeZone"] == "Europe/Paris"
     tmpl = cron["spec"]["jobTemplate"]
-    assert tmpl["entrypoint"].endswith("--output-dir /shared/results/llama70b-multinode --retry-failed")
+    # each night's run in a directory of its day (the job's shell expands it); a retry the same day resumes it
+    assert tmpl["entrypoint"].endswith('--output-dir /shared/results/llama70b-multinode/"$(date -u +%F)" '
+                                       "--retry-failed")
     assert tmpl["shutdownAfterJobFinishes"] is True
     # the same template as a RayJob is a valid RayJob
     assert crd_errors({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "x"}, "spec": tmpl}) == []
@@ -245,6 +247,15 @@ def test_the_strict_schema_check_catches_a_misspelt_field_a_wrong_type_and_an_un
     assert operator_errors(bad)
 
 
+def test_a_raycronjob_with_same_dir_resumes_one_ledger_every_night(tmp_path):
+    code, output, docs = kube(tmp_path, ROOT / "configs" / "example-multinode.yaml", "--schedule", "@daily",
+                              "--same-dir")
+    assert code == 0, output
+    cron = by_kind(docs)["RayCronJob"]
+    assert crd_errors(cron) == [] and cron["spec"]["schedule"] == "@daily"
+    assert cron["spec"]["jobTemplate"]["entrypoint"].endswith("--output-dir /shared/results/llama70b-multinode")
+
+
 @pytest.mark.parametrize("args, named", [
     (["--submission-mode", "BatchMode"], "--submission-mode"),
     (["--queue", "q", "--cluster-selector", "raysweep"], "--queue"),
@@ -253,6 +264,7 @@ def test_the_strict_schema_check_catches_a_misspelt_field_a_wrong_type_and_an_un
     (["--schedule", "every night"], "--schedule"),
     (["--schedule", "CRON_TZ=UTC 0 2 * * *"], "--schedule"),
     (["--time-zone", "Europe/Paris"], "--time-zone"),
+    (["--same-dir"], "--same-dir"),
     (["--time", "30s"], "--time"),
     (["--time", "soon"], "--time"),
     (["--gpus-per-node", "4"], "--gpus-per-node"),       # TP 8 never fits a 4-GPU node

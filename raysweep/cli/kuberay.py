@@ -48,6 +48,8 @@ from raysweep.errors import UserError
 @click.option("--schedule", default=None, metavar="CRON", help="A RayCronJob on this schedule (\"0 2 * * *\": 02:00 "
               "each day) instead of a RayJob; each run resumes the same ledger.")
 @click.option("--time-zone", default=None, help="The schedule's time zone (IANA name; default: the operator's).")
+@click.option("--same-dir", is_flag=True, help="With --schedule: every run resumes the one ledger in the output "
+              "dir (default: each night's run in OUTPUT_DIR/YYYY-MM-DD, UTC).")
 @click.option("--retry-failed", is_flag=True, help="Each run gives failed points a fresh set of attempts.")
 @click.option("--output-dir", default=None, help="Where on the claim the campaign writes (an absolute path under "
               "/shared; default: /shared/results/NAME).")
@@ -57,7 +59,7 @@ def kuberay(campaign_file: str, image: str, gpus_per_node: int, nodes: int | Non
             namespace: str | None, cluster_selector: str | None, queue: str | None, submission_mode: str,
             time_limit: str | None, ttl: int, keep_cluster: bool, backoff_limit: int, pvc: str, existing_pvc: bool,
             storage_class: str | None, pvc_size: str, worker_cpus: str, worker_memory: str, head_cpus: str,
-            head_memory: str, schedule: str | None, time_zone: str | None, retry_failed: bool,
+            head_memory: str, schedule: str | None, time_zone: str | None, same_dir: bool, retry_failed: bool,
             output_dir: str | None, out: str | None) -> None:
     """Write the KubeRay RayJob of CAMPAIGN (or, with --schedule, a RayCronJob): a cluster sized from its largest
     placement (or --cluster-selector), the ledger on a PersistentVolumeClaim so that a deleted or failed job
@@ -79,6 +81,8 @@ def kuberay(campaign_file: str, image: str, gpus_per_node: int, nodes: int | Non
                                        and PurePosixPath(output_dir).is_relative_to(kr.SHARED)):
         raise UserError(f"--output-dir: {output_dir!r} is not accepted: an absolute path under {kr.SHARED} (the "
                         "claim), so that a job applied again finds its ledger")
+    if same_dir and schedule is None:
+        raise UserError("--same-dir: only with --schedule (a RayCronJob's runs)")
     secs = kr.parse_duration(time_limit) if time_limit is not None else None
     spec = load_campaign(campaign_file)
     if endpoints_of(spec):
@@ -109,7 +113,8 @@ def kuberay(campaign_file: str, image: str, gpus_per_node: int, nodes: int | Non
         make_pvc=not existing_pvc, storage_class=storage_class, pvc_size=pvc_size, cluster_selector=cluster_selector,
         queue=queue, submission_mode=submission_mode, shutdown=not keep_cluster, ttl_s=ttl,
         backoff_limit=backoff_limit, schedule=schedule, time_zone=time_zone, env_vars=staged.env_vars,
-        retry_failed=retry_failed, ray_labels=ray_labels, ray_resources=ray_resources,
+        retry_failed=retry_failed, dated=schedule is not None and not same_dir, ray_labels=ray_labels,
+        ray_resources=ray_resources,
         why=[(f"cluster: RayCluster {cluster_selector} (running already)" if cluster_selector else
               f"workers: {pods} pod(s) x {gpn} GPU(s): the largest placement, {which}, on nodes of {gpus_per_node} "
               f"GPU(s)" + (f"; {pods - want} more for configurations at once" if pods > want else "")),

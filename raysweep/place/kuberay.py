@@ -11,8 +11,9 @@ The manifest holds up to four documents, applied together with `kubectl apply -f
   of `nodes` pods with the GPUs of the largest placement each), or `clusterSelector` for a RayCluster that runs
   already; `shutdownAfterJobFinishes`, `ttlSecondsAfterFinished`, `submissionMode`, `activeDeadlineSeconds` from
   the plan's estimate, `backoffLimit`, and Kueue's `kueue.x-k8s.io/queue-name` label for gang admission;
-- or a RayCronJob (`schedule`) whose `jobTemplate` is that RayJob's spec, for a campaign run every night: each run
-  resumes the same ledger, so a finished campaign ends at once unless its file asks for more (`--retry-failed`).
+- or a RayCronJob (`schedule`) whose `jobTemplate` is that RayJob's spec, for a campaign run every night: each
+  night's run writes to OUTPUT_DIR/YYYY-MM-DD (the UTC day it starts: a retry the same day resumes it), or, with
+  `--same-dir`, every run resumes the one ledger in OUTPUT_DIR.
 
 The campaign's files reach the job two ways. With a cluster of its own, the ConfigMap is mounted in the head pod
 and the entrypoint changes into it. With `clusterSelector` (a cluster that runs already, whose pods cannot take a
@@ -81,6 +82,7 @@ class KubeJob:
     ray_labels: dict[str, str] = field(default_factory=dict)
     ray_resources: dict[str, float] = field(default_factory=dict)
     retry_failed: bool = False
+    dated: bool = False               # a RayCronJob's runs each in OUTPUT_DIR/YYYY-MM-DD (UTC, the day it starts)
     why: list[str] = field(default_factory=list)
 
 
@@ -302,7 +304,8 @@ def _cluster_spec(job: KubeJob) -> dict[str, Any]:
 
 def entrypoint(job: KubeJob) -> str:
     """`raysweep run` on the cluster's head: it resumes the ledger it finds in the output dir."""
-    run = f"raysweep run {_q(job.campaign)} --address auto --output-dir {_q(job.output_dir)}"
+    out = _q(job.output_dir) + ('/"$(date -u +%F)"' if job.dated else "")   # the shell of the job expands it
+    run = f"raysweep run {_q(job.campaign)} --address auto --output-dir {out}"
     if job.retry_failed:
         run += " --retry-failed"
     return run if job.cluster_selector else f"cd {CAMPAIGN_DIR} && {run}"
