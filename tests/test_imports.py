@@ -281,6 +281,7 @@ SPELLS_LOAD_NAMES = {
                                  "two among some eighty",
     "raysweep/bench/checks.py": "the client's checks: vLLM's own defaults, option by option",
     "raysweep/catalog/others.py": "AIPerf's key `request_rate` in its own files (another tool's name, not ours)",
+    "raysweep/catalog/br.py": "Benchmark Report v0.2's key `request_rate` (llm-d's format's name, not ours)",
 }
 
 

@@ -17,7 +17,12 @@
   of its requests (`Input Sequence Length (tokens)`, as it is the requested one for a fixed-length data
   set), the date the first request's timestamp.
 
-None of them says the hardware, the server's settings or the server's versions: missing. A run counts as
+- Benchmark Report v0.2 (llm-d's results format, YAML or JSON: `version: "0.2"`, `run`, `results`), which llm-d
+  writes for the harnesses it runs (inference-perf, GuideLLM, vLLM's benchmark, InferenceMAX, AIPerf): one row
+  per report, read by `raysweep.catalog.br` (the model, the accelerator, the engine's version and parallelism,
+  the workload, the metrics in raysweep's units).
+
+The first three say neither the hardware, the server's settings or the server's versions: missing. A run counts as
 valid when the tool reports no error (no errored request in the CSV) and no cancellation.
 """
 
@@ -35,15 +40,16 @@ from raysweep import grid
 from raysweep.bench.load import CONCURRENCY, RATE
 from raysweep.catalog import fields
 
-__all__ = ["AIPERF", "AIPERF_CSV", "GUIDELLM", "kind_of", "read"]
+__all__ = ["AIPERF", "AIPERF_CSV", "BR", "GUIDELLM", "kind_of", "read"]
 
-AIPERF, AIPERF_CSV, GUIDELLM = "aiperf", "aiperf-csv", "guidellm"
+AIPERF, AIPERF_CSV, GUIDELLM, BR = "aiperf", "aiperf-csv", "guidellm", "br-v0.2"
 _AIPERF_CSV_HEAD = "Metric,avg,min,max,"
 _MAX_SNIFF = 512 * 1024 * 1024  # a JSON file larger than this is not read to find out what wrote it
 
 
 def kind_of(path: Path) -> str | None:
-    """The tool that wrote a JSON (or AIPerf CSV) file, or None when it is none this reads."""
+    """The tool that wrote a JSON, YAML (a Benchmark Report) or AIPerf CSV file, or None when it is none this
+    reads."""
     if path.suffix == ".csv" and path.is_file():
         try:
             with path.open(encoding="utf-8") as f:
@@ -51,18 +57,33 @@ def kind_of(path: Path) -> str | None:
         except (OSError, UnicodeDecodeError):
             return None
         return AIPERF_CSV if head.startswith(_AIPERF_CSV_HEAD) else None
-    if path.suffix != ".json" or not path.is_file() or path.stat().st_size > _MAX_SNIFF:
+    if path.suffix not in (".json", ".yaml", ".yml") or not path.is_file() or path.stat().st_size > _MAX_SNIFF:
         return None
     try:
-        data = json.loads(path.read_text())
+        data = _load(path)
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     return _kind(data)
 
 
+def _load(path: Path) -> Any:
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    import yaml
+
+    try:
+        return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def _kind(data: Any) -> str | None:
+    from raysweep.catalog import br
+
     if not isinstance(data, dict):
         return None
+    if br.is_report(data):
+        return BR
     if isinstance(data.get("request_throughput"), dict) and ("aiperf_version" in data or "input_config" in data):
         return AIPERF
     benches = data.get("benchmarks")
@@ -80,6 +101,10 @@ def read(kind: str, path: Path) -> dict[str, Any]:
     name = f"{path.parent.name}/{path.name}"
     if kind == AIPERF_CSV:
         rows = _aiperf_csv(path.read_text(encoding="utf-8"))
+    elif kind == BR:
+        from raysweep.catalog import br
+
+        rows = br.report_rows(_load(path))
     else:
         data = json.loads(path.read_text())
         rows = _aiperf(data) if kind == AIPERF else _guidellm(data)

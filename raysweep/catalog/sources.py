@@ -68,8 +68,8 @@ def discover(path: str | Path) -> list[Found]:
     if not found:
         raise UserError(f"DIR {path}: neither a campaign nor a known tool's output; accepted: a raysweep output "
                         f"dir (with {LEDGER_FILE}), a `vllm bench sweep` output dir (with **/{SUMMARY_FILE}), "
-                        "an AIPerf JSON or CSV export or a GuideLLM benchmarks JSON, or a directory holding "
-                        "them")
+                        "an AIPerf JSON or CSV export, a GuideLLM benchmarks JSON or a Benchmark Report v0.2 (YAML or "
+                        "JSON), or a directory holding them")
     return found
 
 
@@ -81,7 +81,8 @@ def _walk(d: Path) -> list[Found]:
     subdirs = sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
     if (d / SUMMARY_FILE).is_file() or any((s / SUMMARY_FILE).is_file() for s in subdirs):
         return [Found(VLLM, d)]
-    out = [Found(k, f) for f in sorted(d.glob("*.json")) if (k := others.kind_of(f))]
+    out = [Found(k, f) for f in sorted([*d.glob("*.json"), *d.glob("*.yaml"), *d.glob("*.yml")])
+           if (k := others.kind_of(f))]
     if not any(f.kind == others.AIPERF for f in out):  # an AIPerf CSV beside its JSON export says less
         out += [Found(k, f) for f in sorted(d.glob("*.csv")) if (k := others.kind_of(f))]
     for s in subdirs:

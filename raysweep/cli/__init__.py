@@ -26,6 +26,7 @@ from raysweep.cli import (  # noqa: F401  # noqa: F401  # noqa: F401
     exporting,
     inspecting,
     jobs,
+    kuberay,
     lab,
     profile,
     running,

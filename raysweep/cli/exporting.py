@@ -1,4 +1,4 @@
-"""Export to experiment trackers: `export` (MLflow, Weights & Biases)."""
+"""Export to experiment trackers (MLflow, Weights & Biases) and to llm-d's Benchmark Report v0.2: `export`."""
 
 from __future__ import annotations
 
@@ -19,14 +19,36 @@ from raysweep.errors import UserError
 @click.option("--experiment", default=None, help="MLflow experiment name (default: the campaign name).")
 @click.option("--entity", default=None, help="W&B entity (team or user; default: yours).")
 @click.option("--no-report", is_flag=True, help="Do not make or log report.html.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help="Write files in this format instead of logging to a tracker: br-v0.2 (llm-d's Benchmark Report "
+                   "v0.2, one YAML file per point, with its interval and verdict; Prism reads them).")
+@click.option("--out", "dest", default=None, type=click.Path(file_okay=False),
+              help="With --format: the directory to write to (default: OUTPUT_DIR/br-v0.2).")
 def export_cmd(output_dir: str, mlflow_uri: str | None, wandb_project: str | None, experiment: str | None,
-               entity: str | None, no_report: bool) -> None:
+               entity: str | None, no_report: bool, fmt: str | None, dest: str | None) -> None:
     """Log every point (parameters, aggregates, per-run values, validity record) and the report to an
-    experiment tracker: one run per point and one for the campaign."""
+    experiment tracker: one run per point and one for the campaign. With --format br-v0.2: write every point
+    as a Benchmark Report v0.2 file instead."""
+    from pathlib import Path
+
     from raysweep.report import export
 
+    if fmt is not None:
+        if fmt != "br-v0.2":
+            raise UserError(f"--format: {fmt!r} is not accepted: br-v0.2")
+        if mlflow_uri is not None or wandb_project is not None:
+            raise UserError("--format: files or a tracker, not both: drop --mlflow/--wandb or --format")
+        from raysweep.catalog import br_export
+
+        paths = br_export.write_reports(output_dir, Path(dest) if dest else Path(output_dir) / "br-v0.2")
+        out.print(f"{len(paths)} Benchmark Report v0.2 file(s) in {paths[0].parent if paths else dest}",
+                  highlight=False)
+        return
+    if dest is not None:
+        raise UserError("--out: only with --format (a tracker is named by --mlflow or --wandb)")
     if (mlflow_uri is None) == (wandb_project is None):
-        raise UserError("export: name one tracker: --mlflow URI or --wandb PROJECT")
+        raise UserError("export: name one tracker (--mlflow URI or --wandb PROJECT) or a file format (--format "
+                        "br-v0.2)")
     export.tracker_library("mlflow" if mlflow_uri is not None else "wandb")  # before any work: a missing extra
     campaign = export.export_points(output_dir, report=not no_report)
     if mlflow_uri is not None:
