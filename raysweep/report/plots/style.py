@@ -16,6 +16,7 @@ from raysweep.results.labels import fmt_value, natural_key
 from raysweep.results.rows import _groups
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn or encoded, not with this module
+    import pandas as pd
     from matplotlib.figure import Figure
 
 P = ParamSpec("P")
@@ -90,7 +91,7 @@ def _curve_styles(labels: Sequence[str], palette: dict[str, Any] | None = None) 
             for i, lab in enumerate(labels)}
 
 
-def config_colors(df: Any) -> dict[str, Any]:
+def config_colors(df: pd.DataFrame) -> dict[str, Any]:
     """One colour per server configuration (`serve_label`), the same on every figure of a campaign and in
     `raysweep plot`: the campaign's configurations in the order the figures list them, over the palette in
     turn. Made from the whole results table, so a figure of a few configurations keeps their colours."""
@@ -100,7 +101,7 @@ def config_colors(df: Any) -> dict[str, Any]:
     return {lab: _COLORS[i % len(_COLORS)] for i, lab in enumerate(labels)}
 
 
-def curve_colors(whole: Any, df: Any, curve_by: Sequence[str]) -> dict[str, Any]:
+def curve_colors(whole: pd.DataFrame, df: pd.DataFrame, curve_by: Sequence[str]) -> dict[str, Any]:
     """The colour of each curve of a figure drawn from `df` (a part of the campaign's table `whole`), by curve
     label, in the campaign's order: where each curve is one server configuration (curves by `serve_label`, or by
     the server parameters that tell the configurations apart), that configuration's colour (`config_colors`),
