@@ -422,13 +422,13 @@ def run_crosscheck(spec: CampaignSpec, serve: ServeConfig, benches: list[BenchPo
     life = ConfigLife(work)
     backends = {"native": backend_for(c.bench.model_copy(update={"backend": "native"}), spec.bench_env),
                 "vllm": CommandBench(spec.bench_env, c.bench.timeout_s)}
-    run: Any = None
+    run: ConfigRun | None = None
     runs: list[dict[str, Any]] = []
     try:
         if url:
-            run = ConfigRun(serve, None, [])  # type: ignore[arg-type]  # no placement: the server is not ours
+            run = mine = ConfigRun(serve, None, [])  # type: ignore[arg-type]  # no placement: the server is not ours
             given = Server("given", [], url=url)
-            target = _Target(url, given, lambda: life.points.reset(run, given), f"{url} (given)")
+            target = _Target(url, given, lambda: life.points.reset(mine, given), f"{url} (given)")
         else:
             run, server = _start(life, serve, nodes, backends["native"])
             target = _Target(server.url, server, lambda: life.points.reset(run, server),
