@@ -22,11 +22,14 @@ import logging
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep import grid
 from raysweep.bench.options import PROGRAM, LoadOptions, parse_load_options
 from raysweep.errors import CampaignError
+
+if TYPE_CHECKING:
+    from raysweep.campaign.loading import CampaignSpec
 
 __all__ = ["MEASURED_FIELDS", "check_data_files", "check_param_names", "check_params_used", "is_measured"]
 
@@ -149,7 +152,7 @@ def _mtime(path: str | None) -> int | None:
         return None
 
 
-def check_data_files(spec: Any) -> list[str]:
+def check_data_files(spec: CampaignSpec) -> list[str]:
     """Read every data file of a campaign's bench points as its points will; refuse a bad one (CampaignError
     naming the field, the file, the line and the field in the file). Returns notes worth showing (blank lines
     skipped, trace lines out of order)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from raysweep import grid
 
@@ -51,14 +51,14 @@ class Load:
         return (math.inf if self.max_concurrency is None else float(self.max_concurrency), self.request_rate)
 
 
-def _number(value: Any) -> float | None:
+def _number(value: str | None) -> float | None:
     try:
         return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
 
 
-def _load(concurrency: Any, rate: Any) -> Load:
+def _load(concurrency: str | None, rate: str | None) -> Load:
     c, r = _number(concurrency), _number(rate)
     return Load(max_concurrency=int(c) if c is not None and math.isfinite(c) else None,
                 request_rate=math.inf if r is None else r)

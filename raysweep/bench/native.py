@@ -35,6 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -387,7 +388,8 @@ def _incomplete(tokens: bool, usage: bool, done: bool) -> str | None:
     return f"the stream ended without {' and '.join(missing)}" if missing else None
 
 
-async def _mark_sent(session: Any, ctx: Any, params: Any) -> None:
+async def _mark_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace,
+                     params: aiohttp.TraceRequestHeadersSentParams) -> None:
     ctx.trace_request_ctx[0] = time.perf_counter()
 
 

@@ -391,7 +391,7 @@ _WORKLOAD_OPTIONS = ("duration", "timed_trace_chunk_hash_size", "timed_trace_sec
                      "multi_turn_turns", "multi_turn_think_time", "timeseries_interval")
 
 
-def _check_workload(kw: dict[str, Any], a: dict[str, Any], bad: Any) -> None:
+def _check_workload(kw: dict[str, Any], a: dict[str, Any], bad: Callable[[str, str], CampaignError]) -> None:
     """The workload options (duration, timed traces, multi-turn sessions, time series), checked in place."""
     name = kw.get("dataset_name", "random")
     if a.get("trace_format"):

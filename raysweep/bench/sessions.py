@@ -30,13 +30,16 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raysweep.bench.options import LoadOptions
 from raysweep.bench.text import fit_text, length_range, load_vocab
 from raysweep.errors import CampaignError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["DEFAULT_TURNS", "Conversations", "conversations", "system_history", "turns_of", "with_history"]
 
@@ -56,7 +59,7 @@ class Conversations:
 Session = tuple[str | None, list[tuple[str, int]]]  # (system prompt, [(user message, output length), ...])
 
 
-def conversations(opts: LoadOptions, tok: Any) -> Conversations:
+def conversations(opts: LoadOptions, tok: PreTrainedTokenizerBase | None) -> Conversations:
     """The point's sessions (--num-prompts of them), from the file or synthetic."""
     if tok is None:
         raise CampaignError("bench.cmd", "--dataset-name multi_turn sends text to the chat API and needs the model's "
@@ -80,7 +83,7 @@ def system_history(system: str | None) -> list[dict[str, Any]]:
     return [{"role": "system", "content": system}] if system else []
 
 
-def _synthetic(opts: LoadOptions, tok: Any) -> list[list[tuple[str, int]]]:
+def _synthetic(opts: LoadOptions, tok: PreTrainedTokenizerBase) -> list[list[tuple[str, int]]]:
     rng = np.random.default_rng(opts.seed)
     vocab = load_vocab(opts, need_tokenizer=True)
     turns = opts.multi_turn_turns or DEFAULT_TURNS
@@ -152,7 +155,7 @@ def _read(path: Path) -> list[Any]:
     return rows
 
 
-def _from_file(opts: LoadOptions, tok: Any) -> list[Session]:
+def _from_file(opts: LoadOptions, tok: PreTrainedTokenizerBase) -> list[Session]:
     path = Path(opts.dataset_path or "")
     if not path.is_file():
         raise CampaignError("bench.cmd", f"--dataset-path {opts.dataset_path!r} is not a file on this machine")

@@ -29,12 +29,17 @@ been (due, and a slot free), the actors' event-loop lag, and the achieved vs the
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raysweep.bench.options import PERCENTILE_METRICS, LoadOptions
 from raysweep.bench.sane import finite_samples, guarded, merge
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["COLUMNS", "WORKLOAD_COLUMNS", "MAX_LOOP_LAG_MS", "MAX_SEND_LAG_MS", "MIN_RATE_FRACTION",
            "STEADY_DETECT_DRIFT_PCT", "STEADY_MAX_DRIFT_PCT",
@@ -78,7 +83,7 @@ def pool(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _arr(s: dict[str, Any], key: str, dtype: Any = float, instead: str | None = None) -> np.ndarray:
+def _arr(s: dict[str, Any], key: str, dtype: npt.DTypeLike = float, instead: str | None = None) -> np.ndarray:
     """A column as an array; `instead` for samples written before the column existed."""
     values = s.get(key)
     if instead is not None and (values is None or len(values) != len(s["ok"])):
@@ -91,7 +96,8 @@ def _begin(s: dict[str, Any]) -> np.ndarray:
 
 
 def settle(s: dict[str, Any], prompt_lens: list[int | None], max_tokens: list[int | None], ignore_eos: bool,
-           tokenizer: Any = None, prompt_texts: list[str | None] | None = None) -> dict[str, Any]:
+           tokenizer: PreTrainedTokenizerBase | None = None,
+           prompt_texts: list[str | None] | None = None) -> dict[str, Any]:
     """Token counts the server did not report, as vLLM fills them, and the ignore_eos check, in place.
 
     `prompt_lens` and `max_tokens` are indexed by the request's `index`. An input count missing from the usage
@@ -230,7 +236,7 @@ def turn_metrics(s: dict[str, Any]) -> dict[str, Any]:
     ok, turn, sess = _arr(s, "ok", bool), _arr(s, "turn", np.int64), _arr(s, "session", np.int64)
     req, in_tok = per_request(s), _arr(s, "in_tok", float)
 
-    def stat(fn: Any, values: np.ndarray) -> float | None:
+    def stat(fn: Callable[[np.ndarray], Any], values: np.ndarray) -> float | None:
         return float(fn(values)) if values.size else None
 
     rows = []

@@ -10,12 +10,15 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raysweep.bench.options import LoadOptions
 from raysweep.errors import CampaignError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["DEFAULT_VOCAB", "Vocab", "fit_text", "length_range", "load_vocab", "log_mismatch", "tokenizer_for",
            "vocab_size"]
@@ -128,7 +131,7 @@ def log_mismatch(total: int, what: str) -> None:
 
 
 @lru_cache(maxsize=4)
-def _tokenizer(name: str | None) -> Any:
+def _tokenizer(name: str | None) -> PreTrainedTokenizerBase | None:
     if not name:
         return None
     try:
@@ -139,7 +142,7 @@ def _tokenizer(name: str | None) -> Any:
         return None
 
 
-def tokenizer_for(opts: LoadOptions) -> Any:
+def tokenizer_for(opts: LoadOptions) -> PreTrainedTokenizerBase | None:
     return _tokenizer(opts.tokenizer or opts.model)
 
 

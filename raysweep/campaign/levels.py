@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from raysweep import grid
 from raysweep.bench.load import CONCURRENCY, RATE, VARIABLES, LoadVariable
 from raysweep.errors import CampaignError
+
+if TYPE_CHECKING:
+    from raysweep.campaign.loading import CampaignSpec
+    from raysweep.campaign.models import Campaign
 
 __all__ = ["BATCH", "DECIDED", "LEVEL", "NO_ENDPOINTS", "SERIAL", "VARIABLES", "WorkloadSpec", "achieved",
            "check_workload", "dataset_size", "dry_run_lines", "levels_between", "status_lines", "workload_of"]
@@ -37,7 +41,7 @@ class WorkloadSpec(BaseModel):
                         "--workload-iters (at least 2; the levels between are decided after the endpoints)")
 
 
-def workload_of(campaign: Any) -> WorkloadSpec | None:
+def workload_of(campaign: Campaign) -> WorkloadSpec | None:
     """The campaign's `bench.workload`, or None."""
     bench = getattr(campaign, "bench", None)
     return getattr(bench, "workload", None) if bench is not None else None
@@ -51,7 +55,7 @@ _REFUSED = (("tune", "a tuning candidate's objective compares every candidate on
             ("offline", "offline runs have no load variable"))
 
 
-def check_workload(campaign: Any, serve_combos: list[dict[str, Any]], bench_combos: list[dict[str, Any]]) -> None:
+def check_workload(campaign: Campaign, serve_combos: list[dict[str, Any]], bench_combos: list[dict[str, Any]]) -> None:
     """Refuse what cannot work with `bench.workload`: a hand-typed grid of its variable (or of
     max_concurrency, which the endpoints set), tuning, offline mode, or an SLA search of another variable
     (the levels are the search's first probes)."""
@@ -111,7 +115,7 @@ def levels_between(serial: Sequence[float], batch: Sequence[float], levels: int)
     return lo, hi, sorted(set(map(round, inner)))
 
 
-def dry_run_lines(spec: Any, endpoint_runs: int = 0) -> list[str]:
+def dry_run_lines(spec: CampaignSpec, endpoint_runs: int = 0) -> list[str]:
     """What the dry run says of the levels; `endpoint_runs`: the serial and batch runs the plan holds."""
     wl = workload_of(spec.campaign)
     if wl is None:

@@ -28,10 +28,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep import grid
 from raysweep.errors import CampaignError
+
+if TYPE_CHECKING:
+    from raysweep.campaign.loading import CampaignSpec
 
 __all__ = ["COMMANDS", "OptionCheck", "check_campaign", "closest", "known_options", "unknown_options", "vllm_version"]
 
@@ -265,7 +268,7 @@ def _check(cmd: str, base: list[str], combos: list[dict[str, Any]], fields: tupl
     return count
 
 
-def check_campaign(spec: Any) -> OptionCheck:
+def check_campaign(spec: CampaignSpec) -> OptionCheck:
     """Check a campaign's `vllm serve` and `vllm bench serve` options against vLLM's parser (module doc).
 
     :raises CampaignError: an option vLLM does not know, naming the field and the closest names.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -66,7 +65,7 @@ def acceptance(campaign_file: str, address: str | None, output_dir: str | None, 
             _say(f"Not run: {label}: {why}")
         _say("\n".join(acc.dry_run_lines(placement.has_gpus(nodes))))
         return
-    code: Any = 0
+    code: str | int | None = 0
     try:
         _run(spec, out, address, force=False)
     except SystemExit as exc:  # failed points: the checklist says why

@@ -8,7 +8,15 @@ import threading
 from typing import Any
 
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from raysweep.cli._common import console
 
@@ -41,7 +49,7 @@ class _ProgressDisplay:
     def __init__(self) -> None:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
-        self.task: Any = None
+        self.task: TaskID | None = None
         self.running: set[str] = set()
         self._lock = threading.Lock()  # events come from every running configuration's thread
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -14,6 +14,9 @@ from rich.table import Table
 from raysweep.cli._common import OUTPUT_DIR, _say, main, out, print_table
 from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @main.command()
@@ -66,7 +69,7 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
         _say("nothing written (write the table with --out DIR or --format FORMAT)", err=True)
 
 
-def _with_costs(df: Any, output_dir: str) -> Any:
+def _with_costs(df: pd.DataFrame, output_dir: str) -> pd.DataFrame:
     """The SLA table with the cost (else energy) per output token at each largest pass, where the runs have it
     (`conclusions.sla_costs`; docs/energy.md)."""
     from raysweep.results.conclusions import sla_costs

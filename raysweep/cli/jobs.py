@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.markup import escape
@@ -13,8 +14,13 @@ from rich.table import Table
 from raysweep.cli._common import console, deprecated_alias, main, out, print_table
 from raysweep.errors import UserError
 
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
 
-def _JOB_ADDRESS(f: Any) -> Any:
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _JOB_ADDRESS(f: _Command) -> _Command:
     """`--dashboard-url`, the job server; `--address` (which names the GCS in `run` and `resume`) is kept for one
     release as a deprecated alias."""
     f = deprecated_alias("--address", "--dashboard-url", "address")(f)
@@ -67,7 +73,7 @@ def submit(campaign_file: str, address: str | None, output_dir: str | None, foll
         _follow(job_client, job_id)
 
 
-def _follow(job_client: Any, job_id: str) -> None:
+def _follow(job_client: JobSubmissionClient, job_id: str) -> None:
     from raysweep.drive import jobs
 
     def write(chunk: str) -> None:

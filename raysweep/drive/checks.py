@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raysweep.campaign.loading import CampaignSpec
+    from raysweep.ledger.rows import PointRow
 
 __all__ = ["check_before_run", "finished"]
 
 log = logging.getLogger(__name__)
 
 
-def finished(spec: Any, output_dir: Path, retry_failed: bool) -> tuple[dict[str, int], list[Any]] | None:
+def finished(spec: CampaignSpec, output_dir: Path,
+             retry_failed: bool) -> tuple[dict[str, int], list[PointRow]] | None:
     """(counts, failed points) when the campaign in `output_dir` is this one, unchanged (same name and
     fingerprint), and has nothing left to run: every point of its plan done or failed for good (and not
     retried), no SLA search or tuning that could add points. None otherwise (the run goes on as usual)."""
@@ -48,7 +53,8 @@ def finished(spec: Any, output_dir: Path, retry_failed: bool) -> tuple[dict[str,
     return {"done": len(ours) - len(failed), "failed": len(failed), "pending": 0, "running": 0}, failed
 
 
-def check_before_run(spec: Any, output_dir: Path, *, force: bool = False, accept_changes: bool = False) -> None:
+def check_before_run(spec: CampaignSpec, output_dir: Path, *, force: bool = False,
+                     accept_changes: bool = False) -> None:
     """Refuse what cannot run before Ray starts, then clear what a dead driver left (its embedded Ray goes at
     once, before ours starts beside it). Nothing is written for a refused campaign.
 

@@ -30,10 +30,18 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from raysweep.errors import UserError
 from raysweep.maths import verdicts
+
+if TYPE_CHECKING:
+    from raysweep.bench.backend import BenchBackend
+    from raysweep.campaign import CampaignSpec
+    from raysweep.drive.config_life import ConfigLife
+    from raysweep.place.placement import NodeInfo
+    from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
+    from raysweep.serve.live_server import ConfigRun, Server
 
 __all__ = ["CompareRow", "JUDGED", "METRICS", "Tolerances", "compare", "markdown", "round_order", "run_crosscheck",
            "select", "verdict"]
@@ -219,7 +227,10 @@ def markdown(report: dict[str, Any]) -> str:
 # Choosing what to run
 # ---------------------------------------------------------------------------------------------------
 
-def _pick(items: list[Any], key: str, what: str, option: str) -> Any:
+_Item = TypeVar("_Item", "ServeConfig", "BenchPoint")
+
+
+def _pick(items: list[_Item], key: str, what: str, option: str) -> _Item:
     """An item by 0-based index or by (a unique prefix of) its id."""
     if key.isdigit() and int(key) < len(items):
         return items[int(key)]
@@ -231,7 +242,8 @@ def _pick(items: list[Any], key: str, what: str, option: str) -> Any:
     raise UserError(f"{option} {key!r} {why} of the campaign's {what}; accepted: {known}")
 
 
-def select(plan: Any, serve_index: int | None, serve_id: str | None, points: tuple[str, ...]) -> tuple[Any, list[Any]]:
+def select(plan: Plan, serve_index: int | None, serve_id: str | None,
+           points: tuple[str, ...]) -> tuple[ServeConfig, list[BenchPoint]]:
     """The server config (by index or id; default the first) and bench points (index or id; default the first)."""
     if plan.spec.offline:
         raise UserError("crosscheck compares two serving clients; this campaign is mode: offline (no server)")
@@ -257,7 +269,7 @@ class _Target:
     """Where the runs go: a server started here (`server`: a `raysweep.serve.live_server.Server`) or a given URL."""
 
     url: str
-    server: Any
+    server: Server
     reset: Callable[[], str]
     describe: str
 
@@ -307,7 +319,7 @@ def _trace_units(argv: list[str]) -> dict[str, Any]:
     return out
 
 
-def vllm_point(point: Any) -> Any:
+def vllm_point(point: PointRun) -> PointRun:
     """The point as `vllm bench serve` runs it: the campaign's bench command (`vllm bench serve` put in front
     of options given alone), without the options only the native client knows; a trace's `--trace-format` and
     `--trace-speedup` become vLLM's `--timed-trace-chunk-hash-size` and `--timed-trace-sec-multiplier`."""
@@ -328,8 +340,8 @@ def round_order(rnd: int) -> tuple[str, ...]:
     return TOOLS if rnd % 2 == 0 else TOOLS[::-1]
 
 
-def _one_run(life: Any, run: Any, target: _Target, point: Any, tool: str, rnd: int,
-             backends: dict[str, Any]) -> dict[str, Any]:
+def _one_run(life: ConfigLife, run: ConfigRun, target: _Target, point: PointRun, tool: str, rnd: int,
+             backends: dict[str, BenchBackend]) -> dict[str, Any]:
     reset = target.reset()
     if tool == "vllm":
         point = vllm_point(point)
@@ -351,7 +363,8 @@ def _one_run(life: Any, run: Any, target: _Target, point: Any, tool: str, rnd: i
     return rec
 
 
-def _start(life: Any, serve: Any, nodes: list[Any], native: Any) -> tuple[Any, Any]:
+def _start(life: ConfigLife, serve: ServeConfig, nodes: list[NodeInfo],
+           native: BenchBackend) -> tuple[ConfigRun, Server]:
     """Place and start one server config as a campaign does; (the config run, the ready server)."""
     from raysweep.place import placement
     from raysweep.serve.live_server import ConfigRun
@@ -379,8 +392,8 @@ def _start(life: Any, serve: Any, nodes: list[Any], native: Any) -> tuple[Any, A
     return run, server
 
 
-def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Tolerances, work_dir: Path,
-                   url: str | None = None, warmup: int | None = None,
+def run_crosscheck(spec: CampaignSpec, serve: ServeConfig, benches: list[BenchPoint], n: int, tol: Tolerances,
+                   work_dir: Path, url: str | None = None, warmup: int | None = None,
                    on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Alternate the two clients `n` times each on every bench point against one server (started here as a
     campaign starts one, through `raysweep.drive.config_life`, or the one at `url`); needs a Ray session. Returns the
@@ -396,6 +409,7 @@ def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Toler
     from raysweep.serve.server import expected_model
 
     c = spec.campaign
+    assert c.bench is not None  # a serving campaign: select() refuses offline ones
     model = expected_model(serve.argv)
     if url:
         url = url.rstrip("/")
@@ -408,13 +422,13 @@ def run_crosscheck(spec: Any, serve: Any, benches: list[Any], n: int, tol: Toler
     life = ConfigLife(work)
     backends = {"native": backend_for(c.bench.model_copy(update={"backend": "native"}), spec.bench_env),
                 "vllm": CommandBench(spec.bench_env, c.bench.timeout_s)}
-    run: Any = None
+    run: ConfigRun | None = None
     runs: list[dict[str, Any]] = []
     try:
         if url:
-            run = ConfigRun(serve, None, [])  # type: ignore[arg-type]  # no placement: the server is not ours
+            run = mine = ConfigRun(serve, None, [])  # type: ignore[arg-type]  # no placement: the server is not ours
             given = Server("given", [], url=url)
-            target = _Target(url, given, lambda: life.points.reset(run, given), f"{url} (given)")
+            target = _Target(url, given, lambda: life.points.reset(mine, given), f"{url} (given)")
         else:
             run, server = _start(life, serve, nodes, backends["native"])
             target = _Target(server.url, server, lambda: life.points.reset(run, server),

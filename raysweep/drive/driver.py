@@ -41,7 +41,7 @@ from raysweep.grid import shell_join
 from raysweep.ledger import LEDGER_FILE, CampaignHeld, Ledger, PointRow
 from raysweep.place import pd as pd_place
 from raysweep.place import placement
-from raysweep.place.scheduler import Scheduler, replica_key, with_event_log
+from raysweep.place.scheduler import Cluster, Scheduler, replica_key, with_event_log
 from raysweep.plan.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.procs import cpu_set, cpu_text
 from raysweep.record import drift, storage
@@ -404,7 +404,7 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     work first, largest first among equals, smaller ones filling the gaps), each in its own thread with
     its own client actors. Returns why it stopped early, or None when it went through."""
     c = plan.spec.campaign
-    cluster: Any
+    cluster: Cluster
     work: Workload
     if is_endpoint_campaign(plan.spec):  # serve.url: running endpoints, none started here
         work, cluster = endpoint.run_parts(plan, ledger, output_dir, emit, RayCluster)

@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.drive import hooks
 from raysweep.drive.config_life import ConfigLife
@@ -38,6 +38,10 @@ from raysweep.drive.state import EventSink, Workload
 from raysweep.errors import CampaignError
 from raysweep.ledger import Ledger
 from raysweep.place import placement
+
+if TYPE_CHECKING:
+    from raysweep.campaign.loading import CampaignSpec
+    from raysweep.campaign.models import Campaign
 from raysweep.plan.cost import point_cost_fields
 from raysweep.plan.plan import Plan, PointRun
 from raysweep.serve.live_server import ConfigRun, Server, Servers, new_server_id
@@ -68,7 +72,7 @@ def _base(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
-def endpoints_of(spec: Any) -> list[Endpoint]:
+def endpoints_of(spec: CampaignSpec | Campaign) -> list[Endpoint]:
     """The endpoints of a campaign's `serve.url` (a URL, or a list of URLs and mappings), in order."""
     serve = getattr(spec.campaign if hasattr(spec, "campaign") else spec, "serve", None)
     given = getattr(serve, "url", None) if serve is not None else None
@@ -87,7 +91,7 @@ def endpoints_of(spec: Any) -> list[Endpoint]:
     return out
 
 
-def is_endpoint_campaign(spec: Any) -> bool:
+def is_endpoint_campaign(spec: CampaignSpec | Campaign) -> bool:
     return bool(endpoints_of(spec))
 
 
@@ -124,13 +128,14 @@ def probe(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
     return {"ok": True, "error": None, "models": models, "version": version}
 
 
-def check_endpoints(spec: Any, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+def check_endpoints(spec: CampaignSpec, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
     """Every endpoint of the campaign answers with an OpenAI API (and serves `model` where one is named);
     what each said, by URL.
 
     :raises CampaignError: naming `serve.url[i]` (or `serve.url`) and what was wrong.
     """
     eps = endpoints_of(spec)
+    assert spec.campaign.serve is not None  # an endpoint campaign has serve.url
     many = isinstance(spec.campaign.serve.url, list)
     out = {}
     for i, ep in enumerate(eps):

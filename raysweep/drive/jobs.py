@@ -32,13 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from raysweep import grid
 from raysweep.campaign import CampaignSpec
 from raysweep.errors import UserError
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobDetails, JobSubmissionClient
 
 __all__ = ["META_KEY", "Staged", "auth_headers", "client", "entrypoint", "find_jobs", "follow", "named_files",
            "referenced_env", "stage", "stop", "submit"]
@@ -235,7 +238,7 @@ def auth_headers(env: dict[str, str] | None = None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def client(address: str | None) -> Any:
+def client(address: str | None) -> JobSubmissionClient:
     """A JobSubmissionClient for the cluster, with the token when there is one."""
     from ray.job_submission import JobSubmissionClient
 
@@ -246,7 +249,8 @@ def client(address: str | None) -> Any:
         raise UserError(f"--dashboard-url {url}: cannot reach the Ray job server: {exc}") from None
 
 
-def submit(job_client: Any, spec: CampaignSpec, staged: Staged, output_dir: str, *, python: str | None = None,
+def submit(job_client: JobSubmissionClient, spec: CampaignSpec, staged: Staged, output_dir: str, *,
+           python: str | None = None,
            user_env: dict[str, Any] | None = None, retry_failed: bool = False,
            stop_wait_s: int = STOP_WAIT_S) -> str:
     """Submit the staged campaign; refuses while a job of the same campaign and output dir is not finished."""
@@ -268,7 +272,7 @@ def submit(job_client: Any, spec: CampaignSpec, staged: Staged, output_dir: str,
     )
 
 
-def find_jobs(job_client: Any, name: str | None = None) -> list[Any]:
+def find_jobs(job_client: JobSubmissionClient, name: str | None = None) -> list[JobDetails]:
     """raysweep's jobs on the cluster (of one campaign when `name`), oldest first."""
     jobs = [j for j in job_client.list_jobs() if META_KEY in (j.metadata or {})]
     if name is not None:
@@ -276,7 +280,7 @@ def find_jobs(job_client: Any, name: str | None = None) -> list[Any]:
     return sorted(jobs, key=lambda j: j.start_time or 0)
 
 
-def stop(job_client: Any, job_id: str, wait_s: float = 0.0) -> str:
+def stop(job_client: JobSubmissionClient, job_id: str, wait_s: float = 0.0) -> str:
     """Ask the job to stop; with `wait_s`, wait that long for it to end. Returns its status."""
     try:
         job_client.get_job_info(job_id)
@@ -291,7 +295,7 @@ def stop(job_client: Any, job_id: str, wait_s: float = 0.0) -> str:
     return status
 
 
-def follow(job_client: Any, job_id: str, write: Callable[[str], None]) -> Any:
+def follow(job_client: JobSubmissionClient, job_id: str, write: Callable[[str], None]) -> JobDetails:
     """Stream the job's logs until it ends; returns its final JobInfo."""
     async def tail() -> None:
         async for chunk in job_client.tail_job_logs(job_id):

@@ -20,19 +20,22 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.drive.state import Workload
 from raysweep.ledger import Ledger, PointRow, PointState
 from raysweep.maths.precision import Decision, PrecisionSpec, decide
 from raysweep.plan.plan import Plan, PointRun, ServeConfig, point_id
 
+if TYPE_CHECKING:
+    from raysweep.campaign.models import Campaign
+
 __all__ = ["precision_of", "restore_plan", "run_seconds", "run_values", "settle", "settle_all"]
 
 log = logging.getLogger(__name__)
 
 
-def precision_of(campaign: Any) -> PrecisionSpec | None:
+def precision_of(campaign: Campaign) -> PrecisionSpec | None:
     """The campaign's `bench.precision`, or None."""
     bench = getattr(campaign, "bench", None)
     return getattr(bench, "precision", None) if bench is not None else None

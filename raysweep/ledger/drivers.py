@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from raysweep.ledger.rows import CampaignHeld, ServerRow, server_row
@@ -15,13 +16,14 @@ from raysweep.ledger.store import Store
 class DriverLedger(Store):
     """Which driver holds the campaign, and what a lost one left."""
 
-    def live_driver(self, is_alive: Any) -> dict[str, Any] | None:
+    def live_driver(self, is_alive: Callable[[str, int, float], bool]) -> dict[str, Any] | None:
         """The driver that holds the campaign and still runs (None when none does); reads only."""
         with self._lock:
             rows = self._conn.execute("SELECT * FROM drivers WHERE ended_at IS NULL ORDER BY id DESC").fetchall()
         return next((dict(r) for r in rows if is_alive(r["hostname"], r["pid"], r["pid_create_time"])), None)
 
-    def acquire_driver(self, pid: int, pid_create_time: float, is_alive: Any, force: bool = False) -> int:
+    def acquire_driver(self, pid: int, pid_create_time: float, is_alive: Callable[[str, int, float], bool],
+                       force: bool = False) -> int:
         """Register this driver; refuse if another live driver holds the campaign.
 
         `is_alive(hostname, pid, create_time)` says whether an earlier driver still runs.

@@ -58,7 +58,7 @@ def unwrap(counter: Sequence[float], wrap_mj: float) -> list[float]:
     of `wrap_mj`. The differences are taken in the counter's own type (exact for NVML's integers near 2**64,
     where a float would lose joules), then made floats."""
     out: list[float] = []
-    total: Any = 0
+    total: float = 0
     for prev, v in zip([None, *counter], counter):
         if prev is not None:
             total += v - prev if v >= prev else v + wrap_mj - prev

@@ -24,9 +24,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from raysweep.campaign.models import Campaign
+    from raysweep.plan.plan import PointRun
 
 __all__ = ["ROOM", "ConfirmSpec", "OrderSpec", "Turn", "block_order", "in_rounds", "instance_of", "open_turns",
            "order_lines", "order_of", "round_key", "turns"]
@@ -74,7 +78,7 @@ class ConfirmSpec(BaseModel):
         return self.starts * self.runs
 
 
-def order_of(campaign: Any) -> OrderSpec:
+def order_of(campaign: Campaign) -> OrderSpec:
     """The campaign's `order:` section (its defaults when absent)."""
     return getattr(campaign, "order", None) or OrderSpec()
 
@@ -85,7 +89,7 @@ def round_key(seed: int, serve_id: str, run: int, bench_id: str) -> tuple[int, s
     return run, digest
 
 
-def in_rounds(points: Sequence[Any], seed: int) -> list[Any]:
+def in_rounds(points: Sequence[PointRun], seed: int) -> list[PointRun]:
     """Runs (`PointRun`s) in rounds: run number first, then the seeded permutation within the round."""
     return sorted(points, key=lambda p: round_key(seed, p.serve.id, p.run, p.bench.id))
 

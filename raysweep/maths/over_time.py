@@ -41,12 +41,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import special  # the t distribution's functions without scipy.stats's import (0.5 s)
 
 from raysweep.maths.verdicts import ALPHA, Equivalence, Verdict
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["ALPHA", "MIN_RUNS", "MIN_TREND_RUNS", "OUTLIER_ALPHA", "PAIR_KEYS", "Outliers", "Trend", "adjust",
            "bound_verdict", "outliers", "paired_equivalence", "paired_verdict", "pairs", "run_order", "timeline",
@@ -170,7 +173,7 @@ def timeline(points: Sequence[Any], values: Sequence[Any], alpha: float = ALPHA)
     return Trend("drifts" if p < alpha else "no drift shown", slope, slope - q * se, slope + q * se, p, n)
 
 
-def run_order(runs: Any) -> list[Any]:
+def run_order(runs: pd.DataFrame) -> list[Any]:
     """The index labels of a point's runs (a DataFrame) in the order they were measured: by `started_at`
     where every run has one, else by `round` and run number, else by run number, else as given."""
     for keys in (("started_at",), ("round", "run_number"), ("run_number",)):
@@ -233,7 +236,7 @@ def outliers(values: Sequence[Any], alpha: float = OUTLIER_ALPHA) -> Outliers:
 # Paired verdicts
 # ---------------------------------------------------------------------------------------------------
 
-def _span(runs: Any) -> tuple[float, float] | None:
+def _span(runs: pd.DataFrame) -> tuple[float, float] | None:
     if "started_at" not in runs.columns:
         return None
     start = np.asarray([_num(v) for v in runs["started_at"]], dtype=float)
@@ -256,7 +259,7 @@ def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bo
     return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
-def pairs(a: Any, b: Any) -> tuple[str, list[Any], list[Any]] | None:
+def pairs(a: pd.DataFrame, b: pd.DataFrame) -> tuple[str, list[Any], list[Any]] | None:
     """How two sides' runs (DataFrames of one point each) pair (see the module docstring): (what a pair is,
     the key of each run of A, of B), or None: not measured side by side."""
     cols_a, cols_b = getattr(a, "columns", ()), getattr(b, "columns", ())

@@ -26,7 +26,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["ENV_NAMES", "Probe", "env_problems", "gather_facts", "host_facts", "interfaces_text", "probe_reachability",
@@ -240,7 +240,7 @@ def gather_facts(node_ids: list[str], timeout_s: float = 60.0) -> dict[str, dict
 
 
 def probe_reachability(nodes: list[tuple[str, str]], timeout_s: float = 5.0,
-                       between: Any = None) -> list[dict[str, Any]]:
+                       between: Callable[[dict[str, Any]], object] | None = None) -> list[dict[str, Any]]:
     """Every node dials every other node's listener: `nodes` are (node id, address) pairs; one result per
     ordered pair (`from`, `to`, `ip`, `port`, `ok`, `ms`, `error`). `between(probes)` runs after the
     listeners are up and before anyone dials (tests close one). The actors hold no CPU and are gone after."""

@@ -13,13 +13,16 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from raysweep.errors import LedgerError
 from raysweep.ledger import Ledger, PointState
 from raysweep.version import __version__
+
+if TYPE_CHECKING:
+    from raysweep.campaign.loading import CampaignSpec
 
 __all__ = ["EVENT", "SETTINGS_KEY", "SettingsChanged", "check", "differences", "measured_with", "node_versions",
            "record"]
@@ -49,7 +52,7 @@ def _version(package: str) -> str:
         return NOT_INSTALLED
 
 
-def measured_with(spec: Any, nodes: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def measured_with(spec: CampaignSpec, nodes: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The settings a campaign's points are measured with here (`nodes`: the distinct versions of raysweep,
     vLLM and Ray on the cluster's nodes, from `node_versions`)."""
     c = spec.campaign

@@ -26,9 +26,12 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.record.files import write_text_atomic
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["FOLDER", "FigureCache", "cached", "using"]
 
@@ -90,7 +93,7 @@ class FigureCache:
             text = repr(part).encode()
             h.update(b"r%d:" % len(text) + text)
 
-    def _frame_digest(self, df: Any) -> str:
+    def _frame_digest(self, df: pd.DataFrame) -> str:
         kept = self._frames.get(id(df))
         if kept is not None and kept[0] is df:
             return kept[1]
@@ -125,7 +128,7 @@ class FigureCache:
             self._writable = False
 
 
-def frame_digest(df: Any) -> str:
+def frame_digest(df: pd.DataFrame) -> str:
     """The SHA-256 of a DataFrame's content: column names and types, index, and every value (pandas' own
     row hash; a column it cannot hash, such as one of lists, by the repr of its values)."""
     import pandas as pd

@@ -36,6 +36,7 @@ from raysweep.results.compare import (
 from raysweep.results.labels import axis_label, fmt_value
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 __all__ = ["FIGURE_METRICS", "comparison_figure", "deployments_html", "report_section", "write_comparison"]
@@ -109,7 +110,7 @@ def _curve_keys(sides: list[Side], comparisons: Sequence[Comparison],
     return out
 
 
-def _draw_curve(ax: Any, pts: pd.DataFrame, x: str | None, metric: str, style: tuple[Any, str], dashed: bool,
+def _draw_curve(ax: Axes, pts: pd.DataFrame, x: str | None, metric: str, style: tuple[Any, str], dashed: bool,
                 label: str) -> None:
     if f"{metric}_mean" not in pts.columns or pts.empty:
         return

@@ -37,13 +37,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from raysweep.errors import UserError
 from raysweep.record.files import write_json_atomic, write_text_atomic
 from raysweep.results import aggregate
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
 
 __all__ = ["ExportPoint", "campaign_key", "export_mlflow", "export_points", "export_wandb", "mlflow_client",
            "tracker_library"]
@@ -242,7 +246,7 @@ def _artifact_root(tracking_uri: str) -> str | None:
     return (Path(tracking_uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
 
 
-def mlflow_client(tracking_uri: str, experiment: str, option: str = "--mlflow") -> tuple[Any, str]:
+def mlflow_client(tracking_uri: str, experiment: str, option: str = "--mlflow") -> tuple[MlflowClient, str]:
     """An MLflow client at `tracking_uri` and the id of `experiment` (made when missing).
 
     :raises UserError: the library is missing, or MLflow cannot use the URI (a `file:` store gets a one-line
@@ -274,9 +278,9 @@ def _file_path(uri: str) -> str:
     return str(Path(path).resolve())
 
 
-def _existing_runs(client: Any, exp_id: str, key: str) -> dict[str, Any]:
+def _existing_runs(client: MlflowClient, exp_id: str, key: str) -> dict[str, Run]:
     """The runs of a campaign already in the experiment, by `raysweep.key`."""
-    found: dict[str, Any] = {}
+    found: dict[str, Run] = {}
     token = None
     while True:
         page = client.search_runs([exp_id], filter_string=f"tags.`raysweep.campaign_key` = '{key}'",
@@ -334,14 +338,14 @@ def _numbers(text: str) -> set[int]:
     return {int(t) for t in text.split(",") if t.strip().lstrip("-").isdigit()}
 
 
-def _log_point_values(client: Any, rid: str, point: ExportPoint, logged: set[int]) -> None:
+def _log_point_values(client: MlflowClient, rid: str, point: ExportPoint, logged: set[int]) -> None:
     """Tags always (they are replaced); the aggregates and the per-run values only for runs not logged yet."""
     from mlflow.entities import Metric, RunTag
 
     steps = {step for step, _ in point.runs}
     tags = [RunTag(_key(f"raysweep.{k}"), str(v)) for k, v in point.validity.items() if v is not None]
     tags.append(RunTag("raysweep.runs_logged", ",".join(str(n) for n in sorted(steps | logged))))
-    metrics: list[Any] = []
+    metrics: list[Metric] = []
     if steps - logged:
         ts = point.ended_ms or _now_ms()
         metrics = [Metric(_key(k), v, ts, len(steps)) for k, v in point.metrics.items()]
@@ -407,7 +411,7 @@ def export_wandb(campaign: ExportCampaign, project: str, entity: str | None = No
             wandb.teardown()
 
 
-def _export_wandb(wandb: Any, campaign: ExportCampaign, project: str, entity: str | None, mode: str | None,
+def _export_wandb(wandb: ModuleType, campaign: ExportCampaign, project: str, entity: str | None, mode: str | None,
                   directory: str | Path | None, with_artifacts: bool) -> dict[str, Any]:
     common: dict[str, Any] = {"project": project, "group": campaign.name, "resume": "allow",
                               **({"entity": entity} if entity else {}), **({"mode": mode} if mode else {}),

@@ -15,10 +15,13 @@ import logging
 import queue
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.drive.state import EventSink
 from raysweep.errors import CampaignError, UserError
+
+if TYPE_CHECKING:
+    from raysweep.campaign.models import Campaign, TrackingSpec
 
 __all__ = ["LiveTracker", "check"]
 
@@ -27,11 +30,11 @@ log = logging.getLogger(__name__)
 _LOGGED_AFTER = ("point_done", "sla_done")
 
 
-def _experiment(spec: Any, name: str) -> str:
+def _experiment(spec: TrackingSpec, name: str) -> str:
     return spec.experiment or name
 
 
-def check(campaign: Any) -> None:
+def check(campaign: Campaign) -> None:
     """The campaign's tracker can be used (see the module docstring).
 
     :raises CampaignError: naming `tracking.backend` (library missing) or `tracking.uri` (MLflow refuses it).
@@ -48,6 +51,7 @@ def check(campaign: Any) -> None:
     except UserError as exc:
         raise CampaignError("tracking.backend", str(exc).split(": ", 1)[-1]) from None
     if t.backend == "mlflow":
+        assert t.uri is not None  # the campaign's model refuses mlflow without a uri
         try:
             export.mlflow_client(t.uri, _experiment(t, campaign.name), option="tracking.uri")
         except UserError as exc:
@@ -57,8 +61,9 @@ def check(campaign: Any) -> None:
 class LiveTracker:
     """Logs a running campaign's points as they land, and everything at the end (see the module docstring)."""
 
-    def __init__(self, campaign: Any, output_dir: Path) -> None:
-        self.spec = campaign.tracking
+    def __init__(self, campaign: Campaign, output_dir: Path) -> None:
+        assert campaign.tracking is not None  # made only for a campaign with `tracking:`
+        self.spec: TrackingSpec = campaign.tracking
         self.name = campaign.name
         self.output_dir = Path(output_dir)
         self._queue: queue.Queue[str | None] = queue.Queue()
@@ -102,6 +107,7 @@ class LiveTracker:
         try:
             campaign = export.export_points(self.output_dir, report=final, only=keys, artifacts=final)
             if self.spec.backend == "mlflow":
+                assert self.spec.uri is not None  # the campaign's model refuses mlflow without a uri
                 export.export_mlflow(campaign, self.spec.uri, _experiment(self.spec, self.name), with_artifacts=final)
             else:
                 export.export_wandb(campaign, self.spec.project or self.name, self.spec.entity, mode=self.spec.mode,

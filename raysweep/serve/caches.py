@@ -28,9 +28,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep import vllm_plugin
+
+if TYPE_CHECKING:
+    from raysweep.campaign.models import Campaign
 
 __all__ = ["CACHE_ENV", "cache_request", "compile_cache_state", "dir_bytes", "node_dirs", "warm_files"]
 
@@ -41,7 +44,7 @@ USER_KEYS = ("VLLM_CACHE_ROOT",)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def cache_request(campaign: Any, serve_env: dict[str, str]) -> dict[str, str]:
+def cache_request(campaign: Campaign, serve_env: dict[str, str]) -> dict[str, str]:
     """What the driver adds to a server's environment: shared per campaign, or fresh per server; nothing
     when `serve.env` chose the cache itself."""
     if any(k in serve_env for k in USER_KEYS):

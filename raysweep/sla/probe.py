@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.bench import stats
 from raysweep.bench.load import CONCURRENCY, RATE, LoadVariable
@@ -26,6 +26,9 @@ from raysweep.record.runs import read_samples
 from raysweep.serve import metrics
 from raysweep.serve.live_server import ConfigRun, Server
 from raysweep.sla import search as sla
+
+if TYPE_CHECKING:
+    from raysweep.campaign.models import SlaSpec
 
 __all__ = ["ProbeData", "SlaSearches", "capacity", "judge", "pool_probe"]
 
@@ -64,7 +67,7 @@ def pool_probe(output_dir: Path, result_paths: list[str | None], argv: list[str]
     return ProbeData(pooled, stats.per_request(samples), any(r.get("client_limited") for r in records))
 
 
-def judge(data: ProbeData | None, target: sla.Target, cfg: Any) -> sla.Verdict:
+def judge(data: ProbeData | None, target: sla.Target, cfg: SlaSpec) -> sla.Verdict:
     """A probe's verdict for one target, by the campaign's `sla.judge`."""
     if data is None or data.client_limited:  # a probe that did not run, or a client that limited it, decides nothing
         return sla.Verdict.UNRESOLVED

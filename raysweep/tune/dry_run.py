@@ -5,7 +5,7 @@ first candidates the sampler would ask for, and what one candidate costs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from raysweep import grid
 from raysweep.place import placement
@@ -13,6 +13,9 @@ from raysweep.plan.plan import Plan, ServeConfig, serve_points
 from raysweep.tune.ranking import objective_names
 from raysweep.tune.sampler import Tuner
 from raysweep.tune.space import SLA_CAPACITY, candidate_serve, refusal
+
+if TYPE_CHECKING:
+    from raysweep.plan.estimate import Measured
 
 
 def dry_run_lines(plan: Plan, nodes: list[placement.NodeInfo] | None = None,
@@ -66,7 +69,7 @@ def dry_run_lines(plan: Plan, nodes: list[placement.NodeInfo] | None = None,
     return lines
 
 
-def dry_run_estimate(plan: Plan, measured: Any = None, first: int = 4) -> str:
+def dry_run_estimate(plan: Plan, measured: Measured | None = None, first: int = 4) -> str:
     """What one candidate costs (the mean of the first candidates the sampler asks for, from the commands or
     what `measured` holds), and what the budget's candidate count would then hold at most."""
     from raysweep.plan.estimate import estimate, format_duration

@@ -7,12 +7,15 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.campaign import TuneObjective
 from raysweep.ledger import Ledger, PointState
 from raysweep.tune.candidates import Candidate
 from raysweep.tune.space import SLA_CAPACITY, _concurrency
+
+if TYPE_CHECKING:
+    from raysweep.ledger import PointRow
 
 
 def _aggregate(values: list[float], o: TuneObjective) -> float:
@@ -33,7 +36,7 @@ class Objective:
         self.bench_argv = bench_argv
         self._records: dict[str, dict[str, Any]] = {}
 
-    def _record(self, row: Any) -> dict[str, Any] | None:
+    def _record(self, row: PointRow) -> dict[str, Any] | None:
         if row.point_id not in self._records:
             path = self.output_dir / (row.result_path or "")
             try:

@@ -7,7 +7,7 @@ import html
 import logging
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
@@ -19,10 +19,13 @@ from raysweep.results.directory import CampaignDir
 from raysweep.tune.ranking import leaderboard, objective_names
 from raysweep.tune.sampler import Tuner, _steps
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 log = logging.getLogger(__name__)
 
 
-def _figure_html(fig: Any, caption: str) -> str:
+def _figure_html(fig: Figure, caption: str) -> str:
     """The figure as the report embeds it (a base64 PNG with its caption), then closed."""
     import matplotlib.pyplot as plt
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
@@ -30,6 +30,9 @@ from raysweep.tune.proposals import Proposals
 from raysweep.tune.rungs import Rungs
 from raysweep.tune.sampler import MAX_ASKS, Tuner
 from raysweep.tune.space import SLA_CAPACITY, candidate_serve, refusal
+
+if TYPE_CHECKING:
+    from raysweep.place.scheduler import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +294,7 @@ class TunedCluster:
     """The scheduler's `Cluster` seen by a tuning campaign: starts and ends reach `TuneWork`, which stops
     pruned candidates and asks for new ones each time the scheduler looks at what ended."""
 
-    def __init__(self, inner: Any, work: TuneWork) -> None:
+    def __init__(self, inner: Cluster, work: TuneWork) -> None:
         self.inner, self.work = inner, work
 
     def nodes(self) -> list[placement.NodeInfo]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,7 @@ from raysweep.results.rows import (
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.typing import ColorType
 
 _SCALES = ("linear", "log", "symlog", "logit", "asinh")
 
@@ -109,7 +110,7 @@ class FigurePlan:
     curve_title: str
     runs: int
     notes: list[str] = field(default_factory=list)
-    colors: dict[str, Any] = field(default_factory=dict)  # curve label -> colour, the same in every figure
+    colors: dict[str, ColorType] = field(default_factory=dict)  # curve label -> colour, the same in every figure
 
 
 def _prepare(df: pd.DataFrame, spec: PlotSpec, needed: dict[str, Sequence[str]]) -> pd.DataFrame:
@@ -301,7 +302,7 @@ def render(plan: FigurePlan, spec: PlotSpec) -> Figure:
     return fig
 
 
-def _draw_panel(ax: Axes, panel: Panel, styles: dict[str, tuple[Any, str]], band: bool) -> None:
+def _draw_panel(ax: Axes, panel: Panel, styles: dict[str, tuple[ColorType, str]], band: bool) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.set_title(panel.title)
@@ -332,7 +333,7 @@ def _draw_panel(ax: Axes, panel: Panel, styles: dict[str, tuple[Any, str]], band
         ax.set_ylim(bottom=-0.03 * top, top=top)  # a margin, so that a line at 0 is not hidden by the axis
 
 
-def _spread(ax: Axes, points: pd.DataFrame, color: Any) -> None:
+def _spread(ax: Axes, points: pd.DataFrame, color: ColorType) -> None:
     """± one SD: a band along a curve, whiskers for a curve of one x value (a band would have no width)."""
     sd = points["sd"].fillna(0)
     if len(points) > 1:
@@ -341,7 +342,7 @@ def _spread(ax: Axes, points: pd.DataFrame, color: Any) -> None:
         ax.errorbar(points["x"], points["y"], yerr=sd, fmt="none", ecolor=color, capsize=4)
 
 
-def _legend(fig: Figure, plan: FigurePlan, styles: dict[str, tuple[Any, str]]) -> None:
+def _legend(fig: Figure, plan: FigurePlan, styles: dict[str, tuple[ColorType, str]]) -> None:
     from matplotlib.lines import Line2D
 
     handles = [] if plan.curve_labels == ["(all)"] else [Line2D([], [], color=c, marker=m, label=lab)

@@ -16,7 +16,9 @@ from raysweep.results.labels import fmt_value, natural_key
 from raysweep.results.rows import _groups
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn or encoded, not with this module
+    import pandas as pd
     from matplotlib.figure import Figure
+    from matplotlib.typing import ColorType
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -25,7 +27,7 @@ R = TypeVar("R")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 # matplotlib's "tab10" colormap, written out so that this module does not import matplotlib (a test checks
 # they are the same)
-_COLORS: tuple[Any, ...] = (
+_COLORS: tuple[ColorType, ...] = (
     (0.12156862745098039, 0.4666666666666667, 0.7058823529411765), (1.0, 0.4980392156862745, 0.054901960784313725),
     (0.17254901960784313, 0.6274509803921569, 0.17254901960784313),
     (0.8392156862745098, 0.15294117647058825, 0.1568627450980392),
@@ -81,7 +83,8 @@ def _file_stem(text: str) -> str:
     return re.sub(r"[\\/:*?\"<>|\s]", "_", text.replace("..", "__")).strip("'\"")
 
 
-def _curve_styles(labels: Sequence[str], palette: dict[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
+def _curve_styles(labels: Sequence[str],
+                  palette: dict[str, ColorType] | None = None) -> dict[str, tuple[ColorType, str]]:
     """A colour and marker per curve label, the same in every panel of a figure; a label in `palette` (the
     campaign's, `config_colors`) keeps its colour and marker there, so that they are the same in every figure."""
     palette = palette or {}
@@ -90,7 +93,7 @@ def _curve_styles(labels: Sequence[str], palette: dict[str, Any] | None = None) 
             for i, lab in enumerate(labels)}
 
 
-def config_colors(df: Any) -> dict[str, Any]:
+def config_colors(df: pd.DataFrame) -> dict[str, ColorType]:
     """One colour per server configuration (`serve_label`), the same on every figure of a campaign and in
     `raysweep plot`: the campaign's configurations in the order the figures list them, over the palette in
     turn. Made from the whole results table, so a figure of a few configurations keeps their colours."""
@@ -100,7 +103,7 @@ def config_colors(df: Any) -> dict[str, Any]:
     return {lab: _COLORS[i % len(_COLORS)] for i, lab in enumerate(labels)}
 
 
-def curve_colors(whole: Any, df: Any, curve_by: Sequence[str]) -> dict[str, Any]:
+def curve_colors(whole: pd.DataFrame, df: pd.DataFrame, curve_by: Sequence[str]) -> dict[str, ColorType]:
     """The colour of each curve of a figure drawn from `df` (a part of the campaign's table `whole`), by curve
     label, in the campaign's order: where each curve is one server configuration (curves by `serve_label`, or by
     the server parameters that tell the configurations apart), that configuration's colour (`config_colors`),
