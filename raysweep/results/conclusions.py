@@ -218,9 +218,11 @@ class Conclusions:
     def answer(self) -> Any:
         """The campaign's answer (`raysweep.results.answer.Answer`), computed once from these conclusions."""
         if self._answer is None:
+            import sys
+
             from raysweep.results.answer import build
 
-            self._answer = build(self)
+            self._answer = build(self, sys.modules[__name__])
         return self._answer
 
     @property
