@@ -314,12 +314,13 @@ def _answer_json(output_dir: Path) -> dict[str, Any] | None:
 def _headlines(output_dir: Path) -> list[str]:
     """The report's conclusions, one line per bench shape, without writing the report (printed, as
     `_write_report` prints them)."""
+    from raysweep.cli import logs
     from raysweep.report.page import conclusions_of
     from raysweep.results.conclusions import headlines
 
     try:
         answer = conclusions_of(output_dir)
-        lines = headlines(answer) if answer is not None else []
+        lines = headlines(answer, verbose=logs.verbosity > 0) if answer is not None else []
     except Exception as exc:  # as write_report_with_headlines: the report says why, the lines are a courtesy
         console.print(f"conclusions not made: {escape(str(exc))}", highlight=False)
         lines = []
@@ -331,11 +332,13 @@ def _headlines(output_dir: Path) -> list[str]:
 def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:
     """`report: true`: the HTML report and the default figures, with their paths; (report, figures,
     conclusions)."""
+    from raysweep.cli import logs
     from raysweep.cli.analysing import default_figures
-    from raysweep.report.page import write_report_with_headlines
+    from raysweep.report.page import write_report_with_answer
 
     figures, _ = default_figures(output_dir)  # their notes are in the report
-    path, lines = write_report_with_headlines(output_dir)
+    path, found = write_report_with_answer(output_dir)
+    lines = found.lines(verbose=logs.verbosity > 0) if found is not None else []  # tests and p-values with -v
     console.print(f"Report: {path}", highlight=False)
     console.print(f"Figures: {', '.join(str(p) for p in figures)}", highlight=False)
     for line in lines:  # the report's conclusions, one line per bench shape
