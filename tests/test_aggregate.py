@@ -108,14 +108,17 @@ def test_one_run_has_no_interval_and_no_verdict():
     assert not aggregate.lead_is_significant(s.iloc[0], s.iloc[1], "output_throughput")
 
 
-def test_lead_is_significant_is_welchs_test_of_the_runs():
-    a = {"m_mean": 10.0, "m_std": 0.5, "runs": 5}
-    assert aggregate.lead_is_significant(a, {"m_mean": 11.0, "m_std": 0.5, "runs": 5}, "m")   # p ~ 0.01
-    assert aggregate.lead_is_significant({"m_mean": 11.0, "m_std": 0.5, "runs": 5}, a, "m")
-    # intervals that overlap (half-widths 0.62 each around 10 and 10.9) can still be a difference
-    assert aggregate.lead_is_significant(a, {"m_mean": 10.9, "m_std": 0.5, "runs": 5}, "m")
-    assert not aggregate.lead_is_significant(a, {"m_mean": 10.5, "m_std": 0.5, "runs": 5}, "m")   # p ~ 0.15
-    assert not aggregate.lead_is_significant(a, {"m_mean": 20.0, "m_std": 0.5, "runs": 1}, "m")   # not judged
+def test_lead_is_significant_is_the_model_s_test_of_the_server_starts():
+    def row(mean: float, starts: int, sd: float = 0.5) -> dict:
+        return {"m_mean": mean, "m_se": sd / math.sqrt(starts), "m_df": starts - 1, "server_starts": starts,
+                "runs": starts}
+
+    a = row(10.0, 5)
+    assert aggregate.lead_is_significant(a, row(11.0, 5), "m") and aggregate.lead_is_significant(row(11.0, 5), a, "m")
+    assert not aggregate.lead_is_significant(a, row(10.5, 5), "m")                      # p ~ 0.15
+    # the same means and spreads on one server start each: runs of one start are no replicates of a config
+    one = {"m_mean": 10.0, "m_se": 0.1, "m_df": 4, "server_starts": 1, "runs": 5}
+    assert not aggregate.lead_is_significant(one, {**one, "m_mean": 20.0}, "m")
 
 
 def test_flagged_and_client_limited_runs_are_counted():

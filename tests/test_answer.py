@@ -82,3 +82,16 @@ def test_status_of_a_complete_campaign_gives_its_answer(tmp_path):
     assert doc["answer"] is not None and doc["answer"] == report["answer"]
     text = CliRunner().invoke(main, ["status", str(out)]).output
     assert "answer:" in text and report["answer"]["shapes"][0]["headline"][:60] in text.replace("\n", " ")
+
+
+def test_the_tests_and_p_values_are_one_verbose_away(tmp_path, monkeypatch):
+    from raysweep.report import page as report
+
+    monkeypatch.setattr(report, "_figure_list", lambda data: [])
+    out = build_output_dir(tmp_path / "out")
+    plain = CliRunner().invoke(main, ["report", str(out), "--objective", "output_throughput"]).output
+    verbose = CliRunner().invoke(main, ["-v", "report", str(out), "--objective", "output_throughput"]).output
+    # the test behind each shape's verdict, on a line of its own under it, only with -v
+    detail = "\n  random_input_len=128: not compared: one server start each"
+    assert detail not in plain and detail in verbose
+    assert [ln for ln in verbose.splitlines() if not ln.startswith("  ")] == plain.splitlines()

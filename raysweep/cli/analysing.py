@@ -161,8 +161,10 @@ def report(output_dir: str, out_path: str | None, objective: str | None, as_json
     from raysweep.results.directory import CampaignDir
 
     CampaignDir(output_dir).check()
+    from raysweep.cli import logs
+
     path, found = write_report_with_answer(output_dir, out_path, objective)
-    lines = found.lines() if found is not None else []
+    lines = found.lines(verbose=logs.verbosity > 0) if found is not None else []  # tests and p-values with -v
     if as_json:
         print_json("report", {"output_dir": output_dir, "report": path, "objective": objective, "conclusions": lines,
                               "answer": found.to_dict() if found is not None else None})

@@ -330,12 +330,13 @@ def _keep(output_dir: Path, answer: Any) -> None:
 def _headlines(output_dir: Path) -> list[str]:
     """The report's conclusions, one line per bench shape, without writing the report (printed, as
     `_write_report` prints them)."""
+    from raysweep.cli import logs
     from raysweep.report.page import conclusions_of
     from raysweep.results.conclusions import headlines
 
     try:
         answer = conclusions_of(output_dir)
-        lines = headlines(answer) if answer is not None else []
+        lines = headlines(answer, verbose=logs.verbosity > 0) if answer is not None else []
         if answer is not None:
             _keep(output_dir, answer.answer)
     except Exception as exc:  # as write_report_with_headlines: the report says why, the lines are a courtesy
@@ -349,12 +350,13 @@ def _headlines(output_dir: Path) -> list[str]:
 def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:
     """`report: true`: the HTML report and the default figures, with their paths; (report, figures,
     conclusions)."""
+    from raysweep.cli import logs
     from raysweep.cli.analysing import default_figures
     from raysweep.report.page import write_report_with_answer
 
     figures, _ = default_figures(output_dir)  # their notes are in the report
     path, found = write_report_with_answer(output_dir)
-    lines = found.lines() if found is not None else []
+    lines = found.lines(verbose=logs.verbosity > 0) if found is not None else []  # tests and p-values with -v
     if found is not None:
         _keep(output_dir, found)
     console.print(f"Report: {path}", highlight=False)

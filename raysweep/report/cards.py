@@ -111,12 +111,15 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
                      f"<b>{esc(conclusions.at_load(v.cheapest, c.load))}</b>, {esc(conclusions.cheapest_text(v))}"
                      f"{' (the best itself)' if same else ''} (see Energy and cost).</p>")
     parts.append(card_figure(data, c, v))
+    levels = {conclusions.level_of(r) for _, r in v.ranking.iterrows()}
+    same = len(levels) == 1   # the header says the level where every row's interval has it, else each cell does
     rows = [[i + 1, r.get("serve_label"), *([r.get(c.load)] if c.load else []),
-             conclusions.rounded(r["objective_mean"]), _interval(r, bare=True), r.get("runs"),
+             conclusions.rounded(r["objective_mean"]), _interval(r, bare=same), r.get("server_starts"), r.get("runs"),
              _left_out(r)] for i, (_, r) in enumerate(v.ranking.iterrows())]
     unit = f" ({c.objective.unit})" if c.objective.unit else ""
-    cols = ["#", "server config", *([f"at {c.load}"] if c.load else []), f"mean{unit}",
-            f"{conclusions.CONFIDENCE:.0%} CI", "runs used", "left out"]
+    level = f"{conclusions.level_text(levels.pop())} interval" if same else "interval"
+    cols = ["#", "server config", *([f"at {c.load}"] if c.load else []), f"mean{unit}", level,
+            "server starts", "runs used", "left out"]
     parts.append(html_table(cols, rows))
     front = c.fronts.get(v.shape)
     if front is not None and len(front):

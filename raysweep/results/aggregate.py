@@ -6,9 +6,14 @@ the statistics (`left_out_mask`; `runs` counts the runs used, `runs_total` all o
 `left_out_reasons` the others by check); a point whose runs are all flagged keeps them, and says so in
 `on_flagged_runs`. For each headline metric M (`HEADLINE_RATES` and the mean, median and percentile columns
 of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`, `M_median`, `M_std`
-(sample standard deviation over the runs), `M_cv` (std / |mean|) and `M_ci_low`, `M_ci_high`: the Student
-t-interval of the mean over the runs (`confidence`, two-sided; one run has no interval). For a percentile
-column that is the t-interval of the per-run percentiles, the same quantity the verdicts test. The energy
+(sample standard deviation over the runs), `M_cv` (std / |mean|), and the point's value under the one model of a
+measurement (`raysweep.maths.hierarchy`): `M_mean` the mean over its server starts (`server_id`) of each
+start's mean, `M_se` and `M_df` its standard error and degrees of freedom (over starts; over the runs of its
+one start where it has one), `M_ci_low`, `M_ci_high` Student's t on them (`confidence`, two-sided, in
+`ci_level`; one run has no interval), and `server_starts`. For a percentile column the runs' values are their
+per-run percentiles, the same quantity the verdicts test. Run values that are not finite, or negative for a
+rate or a latency, are left out and said (`value_issues`). Each metric's trend over the point's runs is
+measured and shown (`M_drift_pct_per_run`, `M_drift_p`), never fitted out. The energy
 and cost columns of a run (`ENERGY_COST_METRICS`: J per token, power, $ per million tokens; docs/energy.md)
 are aggregated the same way where the runs have them.
 
@@ -26,7 +31,7 @@ not drift, Grubbs' outlier rule on that metric: an outlier run is left out of th
 A point is `noisy` when the coefficient of variation of one of its `NOISE_METRICS` exceeds `threshold`
 (default 5 %; `noisy_metrics` names them), and `runs_needed` is the number of runs that would bring the
 t-interval's half-width of every one of them under `threshold` of its mean (estimated from the spread
-seen; empty with one run). `lead_is_significant` is Welch's t-test of two points (`raysweep.maths.verdicts`).
+seen; empty with one run).
 """
 
 from __future__ import annotations
@@ -667,10 +672,11 @@ def _chunk_offsets(chunks: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def lead_is_significant(a_row: Mapping[str, Any], b_row: Mapping[str, Any], metric: str,
                         alpha: float = verdicts.ALPHA) -> bool:
-    """Whether `metric` differs between two summary rows: Welch's t-test on their per-run mean, spread and
-    runs (`verdicts.compare_means`) at level `alpha`; False when either has fewer than 2 runs."""
-    return verdicts.compare_means(verdicts.row_stats(a_row, metric), verdicts.row_stats(b_row, metric),
-                                  alpha=alpha).decided
+    """Whether `metric` differs between two summary rows under the one model of a measurement
+    (`hierarchy.compare` of their server starts' means, from `M_mean`, `M_se`, `M_df`, `server_starts`) at level
+    `alpha`; False where the model cannot compare them (one server start on a side, no spread, no value)."""
+    return hierarchy.compare(hierarchy.Estimate.of_row(a_row, metric), hierarchy.Estimate.of_row(b_row, metric),
+                             alpha=alpha).decided
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -194,9 +194,8 @@ def _left_out(rows: list[Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _rivals(c: Conclusions, v: ShapeVerdict) -> list[Rival]:
-    from raysweep.results.conclusions import at_load
-
+def _rivals(c: Conclusions, v: ShapeVerdict, cl: Any) -> list[Rival]:
+    at_load = cl.at_load
     if v.runner_up is None:
         return []
     lead_est = _estimate(v.leader)
@@ -222,12 +221,11 @@ def _rivals(c: Conclusions, v: ShapeVerdict) -> list[Rival]:
     return out
 
 
-def _shape(c: Conclusions, v: ShapeVerdict) -> ShapeAnswer:
-    from raysweep.results.conclusions import at_load, level_of, verdict_text
-
+def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
+    at_load, level_of, verdict_text = cl.at_load, cl.level_of, cl.verdict_text
     unit = f" {c.objective.unit}" if c.objective.unit else ""
     leader = v.leader
-    rivals = _rivals(c, v)
+    rivals = _rivals(c, v, cl)
     left = _left_out([leader, v.runner_up])
     value, low, high = (_num(leader.get("objective_mean")), _num(leader.get("objective_ci_low")),
                         _num(leader.get("objective_ci_high")))
@@ -288,31 +286,22 @@ def _shape(c: Conclusions, v: ShapeVerdict) -> ShapeAnswer:
                        verdict, why, confirmed, rivals, left, headline, details)
 
 
-def build(c: Conclusions) -> Answer:
-    """The answer of a campaign's conclusions (`raysweep.results.conclusions.conclude`), once."""
-    from raysweep.results import conclusions as cl
-
+def build(c: Conclusions, cl: Any) -> Answer:
+    """The answer of a campaign's conclusions (`raysweep.results.conclusions.conclude`), once; `cl` is the
+    conclusions' module, whose words (`at_load`, `level_of`, `verdict_text`, `load_lines`, `extra_lines`) it
+    uses (passed in: the answer comes after the conclusions, which hand themselves over)."""
     if c.single_config:
         shapes = [ShapeAnswer(v.shape, cl.at_load(v.leader, c.load), _num(v.leader.get("objective_mean")),
                               _num(v.leader.get("objective_ci_low")), _num(v.leader.get("objective_ci_high")),
                               cl.level_of(v.leader), _count(v.leader.get("server_starts")) or 1,
                               _count(v.leader.get("runs")), ALONE, "one server configuration swept over loads", False,
-                              [], _left_out([v.leader]), line) for v, line in zip(c.verdicts, _load_heads(c))]
+                              [], _left_out([v.leader]), line)
+                  for v, line in zip(c.verdicts, [x for x in cl.load_lines(c) if x.startswith(_CAPACITY)])]
         return Answer(c.objective.name, c.objective.metric, c.objective.unit, c.objective.maximize, c.load, shapes,
-                      [*_load_rest(c), *c.arms])
-    shapes = [_shape(c, v) for v in c.verdicts]
+                      [*(x for x in cl.load_lines(c) if not x.startswith(_CAPACITY)), *c.arms])
+    shapes = [_shape(c, v, cl) for v in c.verdicts]
     return Answer(c.objective.name, c.objective.metric, c.objective.unit, c.objective.maximize, c.load, shapes,
                   cl.extra_lines(c))
 
 
-def _load_heads(c: Conclusions) -> list[str]:
-    """The capacity line of each shape of a single configuration (`conclusions.load_lines`' first of each)."""
-    from raysweep.results.conclusions import load_lines
-
-    return [line for line in load_lines(c) if line.startswith("Capacity for ")]
-
-
-def _load_rest(c: Conclusions) -> list[str]:
-    from raysweep.results.conclusions import load_lines
-
-    return [line for line in load_lines(c) if not line.startswith("Capacity for ")]
+_CAPACITY = "Capacity for "   # the first line of each shape of a single configuration (`load_lines`)

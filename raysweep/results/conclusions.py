@@ -19,11 +19,13 @@ With a service-level objective (the campaign's `slo:`), only points shown to mee
 (goodput-style): the 95 % interval of each threshold's metric inside its bound (`slo_judgement`: met,
 missed or not shown; a latency percentile judged on its pooled requests where the raw samples are
 kept); a shape where none is shown to meet it names no winner, only the nearest point. Per shape the
-best point of each server config is ranked; the leader is tested against every other one with Welch's t
-over their runs (or, where their runs were measured side by side, `over_time.pairs`, a paired t over those
-pairs: `over_time.paired_verdict`), Holm's correction over the family (the leader is the best of many,
-`verdicts.tied_with_leader`): those not shown to be behind are *tied with the leader*. A leader or
-runner-up whose runs drift over their order is never green (`ShapeVerdict.clear`). Without an slo, the
+best point of each server config is ranked (a point whose runs all failed a check after every other: never
+the leader); the leader is tested against every other one on their server starts' means (the one model of a
+measurement, `raysweep.maths.hierarchy`: one server start each is "not compared"), Holm's correction over the
+family (the leader is the best of many, `verdicts.tied_with_leader`): those not shown to be behind are *tied
+with the leader*. A drift in the objective's runs withholds the verdict only where it is as large as the lead
+its interval shows (`hierarchy.drift_could_decide`). The answer of the conclusions, computed once, is
+`Conclusions.answer` (`raysweep.results.answer`). Without an slo, the
 *knee* is the point of highest objective among those whose
 median E2EL (else median TPOT, else median TTFT) is at most `KNEE_FACTOR` times the lowest of the shape.
 Beside the best, each shape names its *cheapest* point (under the slo where there is one): the least
@@ -218,9 +220,11 @@ class Conclusions:
     def answer(self) -> Any:
         """The campaign's answer (`raysweep.results.answer.Answer`), computed once from these conclusions."""
         if self._answer is None:
+            import sys
+
             from raysweep.results.answer import build
 
-            self._answer = build(self)
+            self._answer = build(self, sys.modules[__name__])
         return self._answer
 
     @property
