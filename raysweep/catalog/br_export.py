@@ -60,6 +60,7 @@ def _statistics(row: pd.Series, units: str, mean_col: str, pct_cols: dict[str, s
 def _verdicts(output_dir: Path) -> tuple[str | None, dict[tuple[str, str], dict[str, Any]]]:
     """The campaign's objective metric and each point's verdict on it, from the campaign's one answer."""
     from raysweep.results import conclusions
+    from raysweep.results.answer import ALONE, BETTER
     from raysweep.results.data import answer_of, read_data
 
     try:
@@ -67,17 +68,16 @@ def _verdicts(output_dir: Path) -> tuple[str | None, dict[tuple[str, str], dict[
     except Exception:  # noqa: BLE001 - a campaign the answer cannot be made of: its points are `not shown`
         return None, {}
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for v in answer.verdicts:
-        text = conclusions.verdict_text(v)
-        tied = set(v.tied)
+    for v, shape in zip(answer.verdicts, answer.answer.shapes):   # the answer's words, never made again here
+        text = shape.headline
+        rivals = {rv.config: rv for rv in shape.rivals}
         for i, r in v.ranking.reset_index(drop=True).iterrows():
             key = (str(r.get("serve_id")), str(r.get("bench_id")))
             if i == 0:
-                word = "leader" if v.significant or v.runner_up is None else "not shown"
-            elif conclusions.at_load(r, None) in tied or v.significant is None:
-                word = "tied" if conclusions.at_load(r, None) in tied else "not shown"
+                word = "leader" if shape.verdict in (BETTER, ALONE) else shape.verdict
             else:
-                word = "behind"
+                rival = rivals.get(conclusions.at_load(r, answer.load))
+                word = "not shown" if rival is None else "behind" if rival.verdict == BETTER else rival.verdict
             metric = answer.objective.metric
             value = {k: num(r.get(f"{metric}_{s}")) for k, s in (("value", "mean"), ("ci_low", "ci_low"),
                                                                    ("ci_high", "ci_high"))}
