@@ -83,6 +83,7 @@ class LabSpec:
     dashboard: bool = True
     env: dict[str, str] = field(default_factory=dict)   # extra variables for every host's Ray
     persistent: bool = False     # made by `raysweep lab up`: up until `down`, whoever made it (no owner)
+    ray: bool = True             # start Ray on every host (a lab for a scheduler that starts Ray itself: False)
 
     def per_host(self, values: list[int], i: int) -> int:
         return values[min(i, len(values) - 1)] if values else 0
@@ -291,10 +292,13 @@ def up(spec: LabSpec) -> dict[str, Any]:
         for h in state["hosts"]:
             _make_host(state, h, spec.shm_mb)
         _save_state(state)
-        _start_rays(state, spec)
-        state["address"] = f"{state['hosts'][0]['ip']}:{RAY_PORT}"
-        state["dashboard"] = f"http://{state['hosts'][0]['ip']}:{DASHBOARD_PORT}" if spec.dashboard else None
-        wait_nodes(state, spec.hosts, 120)
+        if spec.ray:
+            _start_rays(state, spec)
+            state["address"] = f"{state['hosts'][0]['ip']}:{RAY_PORT}"
+            state["dashboard"] = f"http://{state['hosts'][0]['ip']}:{DASHBOARD_PORT}" if spec.dashboard else None
+            wait_nodes(state, spec.hosts, 120)
+        else:
+            state.update(spec=asdict(spec), address=None, dashboard=None)
         state["up_s"] = round(time.monotonic() - t0, 2)
         _save_state(state)
         return state
