@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -403,6 +404,44 @@ def test_a_full_disk_at_a_result_write_waits_and_loses_nothing(gpu_cluster, tmp_
     assert all(p.attempts == 1 for p in led.points())
     led.close()
     assert len(list((out / "points").rglob("run=*.json"))) == 2
+
+
+@pytest.mark.ray
+def test_a_record_that_cannot_be_written_fails_its_point_once_naming_the_path_and_the_cause(gpu_cluster, tmp_path,
+                                                                                            monkeypatch):
+    """Not a full disk: a write refused for another cause (here EXDEV, as a driver whose working directory came
+    from another mount namespace met). Each point fails once with the path and the cause; the server is not
+    blamed: no point runs again, no server starts again."""
+    import errno
+
+    from raysweep.drive import point
+
+    tried: list[str] = []
+
+    def refused(path, obj):
+        tried.append(str(path))
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(path))
+
+    monkeypatch.setattr(point, "write_json_atomic", refused)
+    f = standin_campaign(tmp_path, max_attempts=3)
+    summary, out = run_file(f)
+    assert summary.counts["failed"] == 2 and summary.counts["done"] == 0, summary
+    assert len(tried) == 2 and len(set(tried)) == 2          # each point's record tried once
+    led = Ledger.open_existing(out)
+    try:
+        points = led.points()
+        servers = led.servers()
+        errors = led.attempt_errors()
+    finally:
+        led.close()
+    assert len(servers) == 1                                 # the server was not replaced
+    assert len(errors) == 2 and sorted(e["point_id"] for e in errors) == sorted(p.point_id for p in points)
+    for p in points:
+        assert p.state == "failed" and p.attempts == 3, p     # no attempt left: resuming does not run it again
+        assert "Invalid cross-device link" in p.error and f"{out}/points/" in p.error and "run=" in p.error
+        assert "not run again" in p.error
+    summary, _ = run_file(f)                                 # resumed: nothing runs again
+    assert len(tried) == 2 and summary.counts["failed"] == 2
 
 
 # -- the short chaos run ------------------------------------------------------------------------------------------

@@ -270,6 +270,34 @@ def test_each_real_link_is_recorded_and_a_tbf_capped_link_is_refused_naming_it(l
     assert f"{h2['ip']} ({h2['dev']}" in why, why
 
 
+def test_a_campaign_given_by_relative_paths_runs_from_inside_a_lab_host_as_make_demo_cluster_does(
+        lab_cluster, tmp_path):
+    """`make demo-cluster`'s way from a fresh clone: `raysweep lab exec 1 -- raysweep run FILE --output-dir DIR
+    --address auto` in the clone, FILE and DIR relative. Every record is written (none fails crossing mounts)
+    under the directory the command was given in, and nothing temporary is left."""
+    state = lab_cluster
+    standin_pp_campaign(tmp_path, "rel", runs=2, output_dir="results/rel")
+    run = subprocess.run([*RAYSWEEP, "lab", "exec", "--name", state["name"], "1", "--", *RAYSWEEP, "run", "rel.yaml",
+                          "--output-dir", "results/rel", "--address", "auto"],
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
+                         cwd=str(tmp_path))
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+    out = tmp_path / "results" / "rel"
+    led = Ledger.open_existing(out)
+    try:
+        points = led.points()
+    finally:
+        led.close()
+    assert [p.state for p in points] == ["done", "done"] and all(p.attempts == 1 for p in points), points
+    records = sorted((out / "points").rglob("run=*"))
+    assert sorted(p.name for p in records) == [f"run={r}.{kind}" for r in (0, 1)
+                                               for kind in ("json", "samples.parquet", "timeseries.parquet")]
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    df = results_table(out)
+    assert len(df) == 2 and not df["samples_path"].str.startswith("/").any()
+    assert set(df["node_ips"].str.split(",").sum()) == {state["hosts"][1]["ip"], state["hosts"][2]["ip"]}
+
+
 # ---------------------------------------------------------------------------------------------------
 # A partition mid-campaign
 # ---------------------------------------------------------------------------------------------------

@@ -61,7 +61,8 @@ def write_site(catalog: Catalog, out: str | Path) -> Path:
     """The site of `catalog` in `out` (replaced whole)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # named as `out` is (relative or not): a rename between an absolute and a relative name can cross mounts
+    tmp = out.parent / Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)).name
     try:
         (tmp / "data").mkdir()
         (tmp / "reports").mkdir()

@@ -316,12 +316,16 @@ class PointRunner:
             except Aborted as exc:  # stopped while waiting for space: nothing of it is recorded as done
                 self.abandon(point, str(exc), attempt)
                 return False
-            except Exception as exc:  # its record could not be made: the point fails, the campaign goes on
+            except Exception as exc:  # its record could not be written: the point fails once, the campaign goes on
                 trace = traceback.format_exc()
-                log.error("point %s: its record could not be made; the point is recorded failed:\n%s", point.id,
+                log.error("point %s: its record could not be written; the point is recorded failed:\n%s", point.id,
                           trace)
-                error = f"the point's record could not be made: {type(exc).__name__}: {exc}"
+                # the server and the benchmark did their part: running the point again would only fail the same
+                # way (the cause is where the record goes), so no attempt is left to it
+                error = (f"the point's record could not be written: {type(exc).__name__}: {exc} (not run again: "
+                         "the fault is where its record goes, not the server)")
                 ledger.mark_failed(point.id, error, trace)
+                ledger.give_up(point.id, error, self.c.max_attempts)
                 emit("point_failed", point=point, error=error, attempt=attempt)
                 return False
             return True

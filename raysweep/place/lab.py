@@ -225,11 +225,15 @@ def _owner_alive(state: dict[str, Any]) -> bool:
 
 def exec_argv(state: dict[str, Any], host: int, argv: list[str], cwd: str | None = None) -> list[str]:
     """The command line that runs `argv` inside lab host `host` (1-based): its network, mount (its /etc/hosts
-    and /dev/shm), UTS and IPC namespaces, on its cores when the lab pins, in `cwd` (default: this one's)."""
+    and /dev/shm), UTS and IPC namespaces, on its cores when the lab pins, in `cwd` (default: this one's).
+
+    The directory is entered by its name inside the host's mount namespace (`env --chdir`), not by nsenter's
+    `--wd`, which opens it before entering: a working directory held through a mount of another namespace makes
+    a relative and an absolute name of one directory two mounts, and a rename between them fails (EXDEV)."""
     h = state["hosts"][host - 1]
     pin = ["taskset", "-c", h["cpus_pinned"]] if h.get("cpus_pinned") else []
-    return ["nsenter", "-t", str(h["anchor_pid"]), "-n", "-m", "-u", "-i", f"--wd={cwd or os.getcwd()}", "--",
-            *pin, *argv]
+    return ["nsenter", "-t", str(h["anchor_pid"]), "-n", "-m", "-u", "-i", "--",
+            "env", f"--chdir={os.path.abspath(cwd or os.getcwd())}", *pin, *argv]
 
 
 def host_env(state: dict[str, Any], host: int, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,16 +1,23 @@
 """Whole-or-nothing file writes: a temporary file beside the target, fsync, then `os.replace`.
 
+The temporary file is made, renamed and synced through one handle on the target's directory (`dir_fd`), never
+by two path names: a process whose working directory was set from another mount namespace (`nsenter --wd`,
+as `raysweep lab exec` once did) reaches a relative path through that namespace's mount and an absolute one
+through its own, and a rename between the two is refused as crossing devices (EXDEV) although both name the
+same directory of the same filesystem.
+
 The file gets the mode any program of the user would give it (0666 less the umask: 0644 under the usual
 022), not the 0600 of the temporary file, so teammates reading a shared results directory can open it."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import secrets
 import shutil
 import sqlite3
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -70,21 +77,43 @@ def _injected_fault(path: Path) -> None:
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write `data` to `path` whole or not at all. An error names `path` (and keeps the errno: a full disk is
+    still told by `no_space`); no temporary file is left behind."""
     path = Path(path)
     _injected_fault(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), file_mode())
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp, fd = _temp_beside(dfd, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), file_mode())
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            if isinstance(exc, OSError):
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
+            raise
+        with contextlib.suppress(OSError):  # the rename itself on disk (some filesystems cannot sync a directory)
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
     return path
+
+
+def _temp_beside(dfd: int, path: Path) -> tuple[str, int]:
+    """A new, empty temporary file in the directory `dfd` (its name relative to it, and an open descriptor)."""
+    for _ in range(100):
+        name = f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return name, os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
