@@ -83,13 +83,15 @@ def slurm_conf(state: dict[str, Any], kill_wait_s: int = KILL_WAIT_S) -> str:
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none", "MpiDefault=none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "GresTypes=gpu",
-        "SchedulerType=sched/backfill", "SlurmdParameters=config_overrides", "ReturnToService=2",
+        "SchedulerType=sched/backfill", "SchedulerParameters=bf_interval=2,bf_hetjob_immediate", "SlurmdParameters=config_overrides", "ReturnToService=2",
         f"KillWait={kill_wait_s}", "MinJobAge=300", "InactiveLimit=0", "SlurmdTimeout=120", "MessageTimeout=20",
         "SlurmctldDebug=info", "SlurmdDebug=info",
     ]
     for h in state["hosts"]:
+        # GPU nodes weigh more: Slurm gives the lightest first, so a CPU-only component of a heterogeneous job
+        # (the clients) goes to a host without GPUs rather than taking a GPU host its GPU component needs
         lines.append(f"NodeName={h['hostname']} NodeAddr={h['ip']} CPUs={h['cpus']} RealMemory=1024"
-                     f"{gres_line(h['gpus'])} State=UNKNOWN")
+                     f"{gres_line(h['gpus'])} Weight={10 if h['gpus'] else 1} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO")
     return "\n".join(lines) + "\n"
 

@@ -153,8 +153,8 @@ def render(job: SlurmJob) -> str:
     body = _BODY
     for k, v in values.items():
         body = body.replace(k, v)
-    return (f"#!/bin/bash\n# raysweep campaign {job.name}: {job.campaign}\n# written by `raysweep slurm` from the "
-            f"campaign's plan:\n{about}\n#\n# Submit with `sbatch {Path(job.campaign).stem}.sbatch` (again to "
+    return (f"#!/bin/bash\n# raysweep campaign {job.name.removeprefix('raysweep-')}: {job.campaign}\n# written by `raysweep slurm` from the "
+            f"campaign's plan:\n{about}\n#\n# Submit with `sbatch THIS_FILE` (again to "
             "resume: finished points are never run twice).\n"
             f"{head}\n{body}")
 
@@ -208,11 +208,17 @@ stop_all() {    # the campaign first (it keeps every finished point), then Ray o
     fi
     if (( ${#STEPS[@]} )); then
         say "stopping Ray on @NODES@ node(s)"
-        kill -TERM "${STEPS[@]}" 2>/dev/null
-        local deadline=$(( SECONDS + 30 )) pid
+        # SIGTERM to the Ray steps' tasks (each node's slurm_node stops its Ray, then whatever is left, by
+        # pid); a TERM to srun itself would make it kill the step at once
+        local step
+        for step in $(squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null); do
+            [[ $step == *.batch || $step == *.extern ]] || scancel --signal=TERM "$step" 2>/dev/null
+        done
+        local deadline=$(( SECONDS + 40 )) pid
         for pid in "${STEPS[@]}"; do
             while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 0.5; done
         done
+        kill -TERM "${STEPS[@]}" 2>/dev/null   # what did not stop: srun ends its step
         STEPS=()
     fi
 }
