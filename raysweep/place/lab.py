@@ -523,6 +523,12 @@ def down(name: str, quiet: bool = False, grace_s: float = 5.0) -> dict[str, Any]
             pids.add(int(h["anchor_pid"]))
     pids.discard(os.getpid())
     alive = _stop_pids(sorted(pids), grace_s) if pids else []
+    for _ in range(3):   # what a dying process forked while the first were stopped (a job script's subshell)
+        more = {p for ns in ns_all for p in _ns_pids(ns)} - pids - {os.getpid()}
+        if not more:
+            break
+        pids |= more
+        alive += _stop_pids(sorted(more), grace_s)
     for ns in ns_all:
         _run(["ip", "netns", "del", ns], check=False)
         shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)

@@ -83,7 +83,9 @@ def slurm_conf(state: dict[str, Any], kill_wait_s: int = KILL_WAIT_S) -> str:
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none", "MpiDefault=none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "GresTypes=gpu",
-        "SchedulerType=sched/backfill", "SchedulerParameters=bf_interval=2,bf_hetjob_immediate", "SlurmdParameters=config_overrides", "ReturnToService=2",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=2,bf_hetjob_immediate",   # a heterogeneous job starts within seconds
+        "SlurmdParameters=config_overrides", "ReturnToService=2",
         f"KillWait={kill_wait_s}", "MinJobAge=300", "InactiveLimit=0", "SlurmdTimeout=120", "MessageTimeout=20",
         "SlurmctldDebug=info", "SlurmdDebug=info",
     ]
@@ -275,16 +277,17 @@ def down(state: dict[str, Any], grace_s: float = 10.0) -> dict[str, Any]:
 
 
 def wait_job(state: dict[str, Any], job_id: str, timeout_s: float) -> str:
-    """Wait until a job has left the queue (or the timeout passed); its last state as `scontrol` has it."""
+    """Wait until a job has left the queue, its processes gone (`squeue` lists a cancelled job as COMPLETING
+    until then), or the timeout passed; its last state as `scontrol` has it."""
     deadline = time.monotonic() + timeout_s
-    last = ""
+    env = client_env(state)
     while time.monotonic() < deadline:
-        out = subprocess.run([_tool("scontrol"), "-o", "show", "job", job_id], capture_output=True, text=True,
-                             env=client_env(state), timeout=30).stdout
-        fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
-        last = fields.get("JobState", last or "UNKNOWN")
-        if last not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
-                        "SIGNALING", "STAGE_OUT"):
-            return last
+        queued = subprocess.run([_tool("squeue"), "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                                env=env, timeout=30)
+        if queued.returncode == 0 and not queued.stdout.strip():
+            break
         time.sleep(0.5)
-    return last
+    out = subprocess.run([_tool("scontrol"), "-o", "show", "job", job_id], capture_output=True, text=True,
+                         env=env, timeout=30).stdout
+    states = [kv.split("=", 1)[1] for kv in out.split() if kv.startswith("JobState=")]
+    return states[0] if states else "UNKNOWN"

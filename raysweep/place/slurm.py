@@ -19,7 +19,6 @@ import math
 import re
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from raysweep.errors import UserError
@@ -153,7 +152,8 @@ def render(job: SlurmJob) -> str:
     body = _BODY
     for k, v in values.items():
         body = body.replace(k, v)
-    return (f"#!/bin/bash\n# raysweep campaign {job.name.removeprefix('raysweep-')}: {job.campaign}\n# written by `raysweep slurm` from the "
+    name = job.name.removeprefix("raysweep-")
+    return (f"#!/bin/bash\n# raysweep campaign {name}: {job.campaign}\n# written by `raysweep slurm` from the "
             f"campaign's plan:\n{about}\n#\n# Submit with `sbatch THIS_FILE` (again to "
             "resume: finished points are never run twice).\n"
             f"{head}\n{body}")
@@ -186,7 +186,8 @@ else
 fi
 HEAD_IP=${RAY_HEAD_IP:-$(hostname -I | awk '{print $1}')}
 TMP_BASE=${RAYSWEEP_RAY_TMP:-/tmp}          # node-local and short: Ray's socket paths must fit 107 bytes
-NODE_RAY=("$PYTHON" -m raysweep.place.slurm_node --grace "$(( GRACE > 60 ? 20 : GRACE / 3 ))" --
+NODE_RAY=("$PYTHON" -m raysweep.place.slurm_node --grace "$(( GRACE > 60 ? 20 : GRACE / 3 ))"
+          --clean "$TMP_BASE/rs-$SLURM_JOB_ID-@NODE@" --
           ray start --block --disable-usage-stats --num-cpus=@CPUS@ --num-gpus=@GPUS@
           --temp-dir="$TMP_BASE/rs-$SLURM_JOB_ID-@NODE@" --labels="slurm-node=@NODE@")
 STEPS=()        # the srun of Ray's head and the one of its workers

@@ -9,7 +9,8 @@ so it is neither lost to Slurm's process tracking (`proctrack/linuxproc` follows
 
 On SIGTERM, SIGINT or SIGHUP (srun forwards `scancel`'s and the batch script's), and when the command exits,
 it stops the command (SIGTERM; `ray start --block` then stops its node's processes), waits up to `--grace`
-seconds, then stops every descendant left by pid (SIGTERM, then SIGKILL 3 s later), reaps them, and exits.
+seconds, then stops every descendant left by pid (SIGTERM, then SIGKILL 3 s later), reaps them, removes the
+directory `--clean` names (Ray's temp dir on the node), and exits.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +89,7 @@ def sweep(grace_s: float = 3.0) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m raysweep.place.slurm_node", description=__doc__.splitlines()[0])
     ap.add_argument("--grace", type=float, default=20.0, help="seconds the command has to stop on a signal")
+    ap.add_argument("--clean", default=None, help="a directory to remove once everything has stopped (Ray's temp dir)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -112,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             child.wait(args.grace)
     n = sweep()
     rc = child.poll()
-    print(f"slurm_node {os.environ.get('SLURMD_NODENAME', '')}: stopped ({'signal ' + str(stop['sig']) if stop['sig'] else 'exit ' + str(rc)}); "
-          f"{n} process(es) left by it stopped by pid", flush=True)
+    if args.clean:
+        shutil.rmtree(expand([args.clean], dict(os.environ))[0], ignore_errors=True)
+    why = f"signal {stop['sig']}" if stop["sig"] else f"exit {rc}"
+    print(f"slurm_node {os.environ.get('SLURMD_NODENAME', '')}: stopped ({why}); {n} process(es) left by it "
+          "stopped by pid", flush=True)
     return 0 if stop["sig"] else (rc if rc is not None else 1)
 
 
