@@ -246,7 +246,7 @@ def test_an_sbatch_cancelled_mid_point_keeps_every_finished_point_and_resumes_ru
     assert done_first and sum(s == "running" for s, _ in first.values()) <= 1, first
     time.sleep(1)
     assert not any(_left_on_hosts(state).values()), _left_on_hosts(state)
-    assert not list(Path("/tmp").glob(f"rs-{job}-*")), "a node's Ray temp dir was left"
+    assert not list(Path("/tmp").glob(f"rs-{job}-{lab.prefix(state['name'])}-*")), "a node's Ray temp dir was left"
 
     job2 = submit()
     end = lab_slurm.wait_job(state, job2, 400)
