@@ -116,6 +116,12 @@ def lab_down(name: str, stale: bool, as_json: bool) -> None:
     from raysweep.place import lab as labmod
 
     try:
+        state = labmod.load_state(name)
+        if state is not None and state.get("slurm"):   # its Slurm daemons first, each by its pid file
+            from raysweep.place import lab_slurm
+
+            labmod.check_root()
+            lab_slurm.down(state)
         done = [labmod.down(name)] + (labmod.down_stale() if stale else [])
     except labmod.LabError as exc:
         _fail(exc)

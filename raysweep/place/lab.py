@@ -511,10 +511,6 @@ def down(name: str, quiet: bool = False, grace_s: float = 5.0) -> dict[str, Any]
     check_root()
     t0 = time.monotonic()
     state = load_state(name) or {}
-    if state.get("slurm"):   # its Slurm daemons first, each by its pid file
-        from raysweep.place import lab_slurm
-
-        lab_slurm.down(state)
     nss = set(_netns_list())
     links = {r.get("ifname") for r in _ip_json("link", "show")}
     left = _leftovers(name, nss, links)
