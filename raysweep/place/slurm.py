@@ -211,8 +211,8 @@ stop_all() {    # the campaign first (it keeps every finished point), then Ray o
         say "stopping Ray on @NODES@ node(s)"
         # SIGTERM to the Ray steps' tasks (each node's slurm_node stops its Ray, then whatever is left, by
         # pid); a TERM to srun itself would make it kill the step at once
-        local step
-        for step in $(squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null); do
+        local step jobs="$SLURM_JOB_ID${SLURM_JOB_ID_HET_GROUP_1:+,$SLURM_JOB_ID_HET_GROUP_1}"
+        for step in $(squeue -h -s -j "$jobs" -o %i 2>/dev/null); do
             [[ $step == *.batch || $step == *.extern ]] || scancel --signal=TERM "$step" 2>/dev/null
         done
         local deadline=$(( SECONDS + 40 )) pid
