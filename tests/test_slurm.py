@@ -258,5 +258,7 @@ def test_an_sbatch_cancelled_mid_point_keeps_every_finished_point_and_resumes_ru
     assert sum(a for _, a in after.values()) <= 5                       # only the point cut short ran twice
     time.sleep(1)
     assert not any(_left_on_hosts(state).values()), _left_on_hosts(state)
+    assert not list(Path("/tmp").glob(f"rs-{job2}-{lab.prefix(state['name'])}-*")), "a node's Ray temp dir was left"
+    assert "Killed" not in text, text[-3000:]          # every node's Ray stopped by its supervisor, not by srun
     assert lab.status(state["name"])["hosts"] and all(
         n.rstrip("*") == "idle" for n in lab_slurm.sinfo(state).values())
