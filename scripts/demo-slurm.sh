@@ -26,7 +26,8 @@ echo "demo-slurm: job $job submitted; sinfo:"; sinfo -N -o "%N %T %c %G"
 while [ -n "$(squeue -h -j "$job" 2>/dev/null)" ]; do sleep 5; done
 state=$(scontrol -o show job "$job" | tr ' ' '\n' | sed -n 's/^JobState=//p' | head -1)
 rc=0; [ "$state" = COMPLETED ] || rc=1
-echo "demo-slurm: job $job $state; its output: slurm-raysweep-$job.out"
+mv "slurm-raysweep-$job.out" "$OUT/" 2>/dev/null || true
+echo "demo-slurm: job $job $state; its output: $OUT/slurm-raysweep-$job.out"
 "$BIN/raysweep" status "$OUT" || true
 echo "demo-slurm: $(( $(date +%s) - start )) s from the start to the lab down (exit code $rc)"
 exit $rc
