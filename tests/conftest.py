@@ -41,6 +41,7 @@ HEAVY_FIXTURES = {"gpu_cluster": "ray", "tiny_model": "vllm", "vllm_server": "vl
 # its two workers take the long ones early and end together.
 LONGEST = ("test_lab_hosts_are_hosts_of_their_own",   # the lab's group (one worker) starts first: the longest
            "test_a_real_vllm_server_pipeline_parallel_across_two_lab_hosts_with_clients_on_the_third",
+           "test_an_sbatch_cancelled_mid_point_keeps_every_finished_point_and_resumes_running_nothing_twice",
            "test_each_real_link_is_recorded_and_a_tbf_capped_link_is_refused_naming_it",
            "test_a_partition_mid_point_is_recorded_the_configuration_waits_and_runs_again_when_the_host_rejoins",
            "test_demo_campaign_killed_mid_run_then_resumed",
