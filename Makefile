@@ -18,7 +18,7 @@ export VLLM_HOST_IP := 127.0.0.1
 # (marker `timing`) run after them, one at a time, with nothing beside them; docs/tests.md has the times.
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
-.PHONY: setup demo demo-cluster test test-fast lint clean-demo
+.PHONY: setup demo demo-cluster demo-slurm slurm-up slurm-down install-slurm test test-fast lint clean-demo
 setup:
 	bash scripts/setup-venv.sh
 
@@ -32,8 +32,24 @@ demo: setup
 demo-cluster: setup
 	env -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER -u VLLM_HOST_IP BIN=$(BIN) MODEL=$(MODEL) bash scripts/demo-cluster.sh
 
+# A real Slurm on a lab of 3 hosts (root; docs/cluster.md): Debian's slurmctld, slurmd and munge installed
+# once (scripts/install-slurm.sh), slurmctld on host 1, a slurmd per host, the hosts' simulated GPUs as gres.
+# `make demo-slurm` submits the multi-node demo to it with the sbatch `raysweep slurm` writes.
+install-slurm:
+	bash scripts/install-slurm.sh
+
+slurm-up: setup install-slurm
+	env -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER -u VLLM_HOST_IP $(BIN)/raysweep lab up --name slurm --subnet 10.77.2.0/24 --slurm
+
+slurm-down:
+	$(BIN)/raysweep lab down --name slurm
+
+demo-slurm: setup
+	env -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER -u VLLM_HOST_IP BIN=$(BIN) MODEL=$(MODEL) bash scripts/demo-slurm.sh
+
 test: lint
 	bash scripts/install-browser.sh
+	bash scripts/install-slurm.sh
 	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(PYTEST) -m "not timing" --durations=25
 	RAY_AUTH_MODE=disabled RAYSWEEP_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m timing
 

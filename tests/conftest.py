@@ -33,13 +33,15 @@ FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_m
 
 # The fixtures that start Ray or vLLM, and the marker each gives its tests (`make test-fast` runs
 # `-m "not ray and not vllm"`); a test that starts them another way carries the marker itself.
-HEAVY_FIXTURES = {"gpu_cluster": "ray", "tiny_model": "vllm", "vllm_server": "vllm", "lab_cluster": "lab"}
+HEAVY_FIXTURES = {"gpu_cluster": "ray", "tiny_model": "vllm", "vllm_server": "vllm", "lab_cluster": "lab",
+                  "slurm_cluster": "lab"}
 
 
 # The tests that take over 40 s on 2 cores, longest first (docs/tests.md): `make test` runs them first, so that
 # its two workers take the long ones early and end together.
 LONGEST = ("test_lab_hosts_are_hosts_of_their_own",   # the lab's group (one worker) starts first: the longest
            "test_a_real_vllm_server_pipeline_parallel_across_two_lab_hosts_with_clients_on_the_third",
+           "test_an_sbatch_cancelled_mid_point_keeps_every_finished_point_and_resumes_running_nothing_twice",
            "test_each_real_link_is_recorded_and_a_tbf_capped_link_is_refused_naming_it",
            "test_a_partition_mid_point_is_recorded_the_configuration_waits_and_runs_again_when_the_host_rejoins",
            "test_demo_campaign_killed_mid_run_then_resumed",
@@ -72,7 +74,7 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(getattr(pytest.mark, marker))
         if "vllm_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(SHARED_SERVER_GROUP))
-        if "lab_cluster" in getattr(item, "fixturenames", ()):
+        if {"lab_cluster", "slurm_cluster"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
 
     def rank(item) -> tuple[int, int]:
@@ -238,3 +240,36 @@ def _subnet_free(subnet: str) -> bool:
         return True
     except lab.LabError:
         return False
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """Started once per test session (root, Slurm and munge installed: scripts/install-slurm.sh): a lab of 3 real
+    hosts without Ray (GPUs 0,1,1 and CPUs 2,1,1, as `lab_cluster`), with a real Slurm on it
+    (raysweep.place.lab_slurm: slurmctld on host 1, a slurmd per host, munge). Its lab state, with `slurm`.
+    Jobs start Ray themselves. Cleared at the end: the daemons by pid, then the lab."""
+    import warnings
+
+    if os.geteuid() != 0:
+        why = ("NOT RUN: the Slurm tier (tests/test_slurm.py: a real Slurm on lab hosts) needs root; run `make test` "
+               "as root to prove it")
+        warnings.warn(why, stacklevel=1)
+        pytest.skip(why)
+    from raysweep.place import lab, lab_slurm
+
+    if missing := lab_slurm.missing_tools():
+        why = f"NOT RUN: the Slurm tier needs Slurm and munge ({', '.join(missing)} missing): scripts/install-slurm.sh"
+        if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
+            pytest.fail(why)
+        warnings.warn(why, stacklevel=1)
+        pytest.skip(why)
+    lab.down_stale()
+    subnet = next(s for s in (f"10.77.{i}.0/24" for i in range(200, 250)) if _subnet_free(s))
+    state = lab.up(lab.LabSpec(name=f"s{os.getpid() % 100000}", hosts=3, subnet=subnet, gpus=[0, 1, 1],
+                               cpus=[2, 1, 1], ray=False))
+    try:
+        lab_slurm.up(state)
+        yield state
+    finally:
+        lab_slurm.down(state)
+        lab.down(state["name"])

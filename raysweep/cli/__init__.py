@@ -30,6 +30,7 @@ from raysweep.cli import (  # noqa: F401  # noqa: F401  # noqa: F401
     lab,
     profile,
     running,
+    slurm,
     status,
     tuning,
 )

@@ -41,15 +41,31 @@ def lab() -> None:
 @click.option("--cpus", default="2,1,1", show_default=True, help="Ray CPUs per host (the last repeats).")
 @click.option("--pin/--no-pin", default=None, help="Pin each host to its own cores (default: when every host "
               "gets two cores at least).")
+@click.option("--slurm", is_flag=True, help="A real Slurm on the hosts instead of Ray (slurmctld on the first, a "
+              "slurmd on each, munge; the hosts' GPUs as generic resources): jobs start Ray themselves. Needs "
+              "scripts/install-slurm.sh.")
 @click.option("--json", "as_json", is_flag=True, help="Print the lab's state as JSON.")
-def lab_up(name: str, hosts: int, subnet: str, gpus: str, cpus: str, pin: bool | None, as_json: bool) -> None:
-    """Make the lab and start Ray on every host; print the Ray address and the dashboard URL."""
+def lab_up(name: str, hosts: int, subnet: str, gpus: str, cpus: str, pin: bool | None, slurm: bool,
+           as_json: bool) -> None:
+    """Make the lab and start Ray on every host (or Slurm, with --slurm); print how to reach it."""
     from raysweep.place import lab as labmod
 
     spec = labmod.LabSpec(name=name, hosts=hosts, subnet=subnet, gpus=_ints(gpus, "--gpus"),
-                          cpus=_ints(cpus, "--cpus"), pin=pin, persistent=True)
+                          cpus=_ints(cpus, "--cpus"), pin=pin, persistent=True, ray=not slurm)
     try:
+        if slurm:
+            from raysweep.place import lab_slurm
+
+            if missing := lab_slurm.missing_tools():
+                raise labmod.LabError(f"--slurm: {', '.join(missing)} not installed: run scripts/install-slurm.sh "
+                                      "as root; nothing was created", 2)
         state = labmod.up(spec)
+        if slurm:
+            try:
+                lab_slurm.up(state)
+            except BaseException:
+                labmod.down(name, quiet=True)
+                raise
     except labmod.LabError as exc:
         _fail(exc)
         return
@@ -59,6 +75,11 @@ def lab_up(name: str, hosts: int, subnet: str, gpus: str, cpus: str, pin: bool |
     for h in state["hosts"]:
         _say(f"host {h['hostname']}: {h['ip']} on {h['dev']}, {h['gpus']} GPU(s), {h['cpus']} CPU(s)"
              + (f", cores {h['cpus_pinned']}" if h.get("cpus_pinned") else ""))
+    if slurm:
+        _say(f"Slurm up in {state['slurm']['up_s']:.1f} s: export SLURM_CONF={state['slurm']['conf']}, then sbatch, "
+             f"squeue, scancel as usual (`raysweep slurm CAMPAIGN` writes a campaign's sbatch); `raysweep lab down "
+             f"--name {name}` clears it")
+        return
     _say(f"Ray address: {state['address']}\ndashboard: {state['dashboard']}\nup in {state['up_s']:.1f} s; "
          f"run a driver on the head with `raysweep lab exec --name {name} 1 -- raysweep run FILE`; "
          f"`raysweep lab down --name {name}` clears it")
@@ -95,6 +116,12 @@ def lab_down(name: str, stale: bool, as_json: bool) -> None:
     from raysweep.place import lab as labmod
 
     try:
+        state = labmod.load_state(name)
+        if state is not None and state.get("slurm"):   # its Slurm daemons first, each by its pid file
+            from raysweep.place import lab_slurm
+
+            labmod.check_root()
+            lab_slurm.down(state)
         done = [labmod.down(name)] + (labmod.down_stale() if stale else [])
     except labmod.LabError as exc:
         _fail(exc)

@@ -83,6 +83,7 @@ class LabSpec:
     dashboard: bool = True
     env: dict[str, str] = field(default_factory=dict)   # extra variables for every host's Ray
     persistent: bool = False     # made by `raysweep lab up`: up until `down`, whoever made it (no owner)
+    ray: bool = True             # start Ray on every host (a lab for a scheduler that starts Ray itself: False)
 
     def per_host(self, values: list[int], i: int) -> int:
         return values[min(i, len(values) - 1)] if values else 0
@@ -295,10 +296,13 @@ def up(spec: LabSpec) -> dict[str, Any]:
         for h in state["hosts"]:
             _make_host(state, h, spec.shm_mb)
         _save_state(state)
-        _start_rays(state, spec)
-        state["address"] = f"{state['hosts'][0]['ip']}:{RAY_PORT}"
-        state["dashboard"] = f"http://{state['hosts'][0]['ip']}:{DASHBOARD_PORT}" if spec.dashboard else None
-        wait_nodes(state, spec.hosts, 120)
+        if spec.ray:
+            _start_rays(state, spec)
+            state["address"] = f"{state['hosts'][0]['ip']}:{RAY_PORT}"
+            state["dashboard"] = f"http://{state['hosts'][0]['ip']}:{DASHBOARD_PORT}" if spec.dashboard else None
+            wait_nodes(state, spec.hosts, 120)
+        else:
+            state.update(spec=asdict(spec), address=None, dashboard=None)
         state["up_s"] = round(time.monotonic() - t0, 2)
         _save_state(state)
         return state
@@ -519,6 +523,12 @@ def down(name: str, quiet: bool = False, grace_s: float = 5.0) -> dict[str, Any]
             pids.add(int(h["anchor_pid"]))
     pids.discard(os.getpid())
     alive = _stop_pids(sorted(pids), grace_s) if pids else []
+    for _ in range(3):   # what a dying process forked while the first were stopped (a job script's subshell)
+        more = {p for ns in ns_all for p in _ns_pids(ns)} - pids - {os.getpid()}
+        if not more:
+            break
+        pids |= more
+        alive += _stop_pids(sorted(more), grace_s)
     for ns in ns_all:
         _run(["ip", "netns", "del", ns], check=False)
         shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
