@@ -54,7 +54,7 @@ def test_the_sbatch_is_sized_from_the_largest_placement_and_timed_from_the_estim
     assert "--nodes=1" in lines[:het] and not any("gpus" in x for x in lines[:het])
     assert {"--nodes=2", "--gpus-per-node=1", "--ntasks-per-node=1"} <= set(lines[het:])
     assert "--signal=B:TERM@120" in lines and "--requeue" in lines and f"--chdir={tmp_path}" in lines
-    assert "pipeline_parallel_size=2 (2 node(s), nnodes)" in text
+    assert "pipeline_parallel_size=2 (2 nodes x 1 GPU(s), pipeline across nodes)" in text
     limit = parse_time(next(x for x in lines if x.startswith("--time=")).split("=", 1)[1])
     assert "the estimate (" in text and limit % 60 == 0 and limit > 120 + 300
     assert f"OUTPUT_DIR={tmp_path / 'results' / 'demo-cluster'}" in text and f"CAMPAIGN={DEMO}" in text
@@ -262,3 +262,4 @@ def test_an_sbatch_cancelled_mid_point_keeps_every_finished_point_and_resumes_ru
     assert "Killed" not in text, text[-3000:]          # every node's Ray stopped by its supervisor, not by srun
     assert lab.status(state["name"])["hosts"] and all(
         n.rstrip("*") == "idle" for n in lab_slurm.sinfo(state).values())
+

@@ -68,6 +68,7 @@ def kuberay(campaign_file: str, image: str, gpus_per_node: int, nodes: int | Non
     from raysweep.drive import jobs
     from raysweep.drive.endpoint import endpoints_of
     from raysweep.place import kuberay as kr
+    from raysweep.place import sizing
     from raysweep.plan.estimate import estimate, format_duration
     from raysweep.plan.plan import build_plan
 
@@ -89,7 +90,8 @@ def kuberay(campaign_file: str, image: str, gpus_per_node: int, nodes: int | Non
         raise UserError("serve.url: the campaign measures endpoints that run already; there is no server to place on "
                         "a KubeRay cluster (run it with `raysweep run` where the endpoints are reachable)")
     plan = build_plan(spec)
-    want, gpn, which, ray_labels, ray_resources = kr.size(plan, gpus_per_node)
+    sized = sizing.size(plan, gpus_per_node)
+    want, gpn, which, ray_labels, ray_resources = sized.nodes, sized.gpus, sized.which, sized.labels, sized.resources
     if nodes is not None and nodes < want:
         raise UserError(f"--nodes: {nodes} is not accepted: the largest placement, {which}, needs {want} worker pod(s)")
     est = estimate(plan)

@@ -43,6 +43,7 @@ def slurm(campaign_file: str, gpus_per_node: int, cpus_per_node: int | None, cli
     largest placement, the time limit from its estimate, Ray started on every node with srun, stopped cleanly
     (nothing left on any node) on the time limit or scancel; submitted again, it resumes the campaign."""
     from raysweep.campaign import load_campaign
+    from raysweep.place import sizing
     from raysweep.place import slurm as slurmmod
     from raysweep.plan.estimate import estimate, format_duration
     from raysweep.plan.plan import build_plan
@@ -58,7 +59,8 @@ def slurm(campaign_file: str, gpus_per_node: int, cpus_per_node: int | None, cli
         raise UserError("serve.url: the campaign measures endpoints that run already; there is no server to place "
                         "on a Slurm allocation (run it with `raysweep run` where the endpoints are reachable)")
     plan = build_plan(spec)
-    nodes, gpn, which = slurmmod.size(plan, gpus_per_node, cpus_per_node)
+    sized = sizing.size(plan, gpus_per_node, cpus_per_node)
+    nodes, gpn, which = sized.nodes, sized.gpus, sized.which
     py = Path(python or sys.executable)
     if not (py.is_file() and os.access(py, os.X_OK)):
         raise UserError(f"--python: {str(py)!r} is not an executable file; give the Python that has raysweep, Ray and "

@@ -24,7 +24,6 @@ CRD schemas in the test suite.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +32,12 @@ from typing import Any
 import yaml
 
 from raysweep.errors import UserError
-from raysweep.place import pd as pd_place
-from raysweep.place.placement import NodeInfo
+from raysweep.place import sizing
 
-__all__ = ["KubeJob", "MARGIN", "START_S", "deadline_s", "manifests", "parse_duration", "render", "size"]
+__all__ = ["KubeJob", "MARGIN", "START_S", "deadline_s", "manifests", "parse_duration", "render"]
 
 START_S = 600.0        # pods scheduled, images pulled, Ray up on every pod: on top of the campaign's estimate
-MARGIN = 1.5           # the estimate is a guess
+MARGIN = sizing.MARGIN # the estimate is a guess
 SHARED = "/shared"     # the claim's mount point on every pod (as in cluster/kuberay-raycluster.yaml)
 CAMPAIGN_DIR = "/etc/raysweep/campaign"
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "SidecarMode")
@@ -90,83 +88,14 @@ class KubeJob:
 # Sizes from the plan
 # ---------------------------------------------------------------------------------------------------
 
-def size(plan: Any, gpus_per_node: int) -> tuple[int, int, str, dict[str, str], dict[str, float]]:
-    """(worker pods, GPUs per pod, which configuration decided, the Ray labels and custom resources the worker pods
-    carry for the campaign's placement rules) from the largest placement of `plan` on nodes of `gpus_per_node`
-    GPUs (0: a cluster without GPUs, one CPU worker). A UserError names every configuration that could never be
-    placed on such nodes."""
-    with_gpus = gpus_per_node > 0
-    labels: dict[str, str] = {}
-    resources: dict[str, float] = {}
-    for serve in plan.serves:       # the worker pods carry what the rules ask for (the first accepted value)
-        for key, value in serve.rule.node_labels.items():
-            labels.setdefault(key, str(value[0] if isinstance(value, list) else value))
-        for key, amount in serve.rule.resources.items():
-            resources[key] = max(resources.get(key, 0.0), amount * max(1, gpus_per_node))
-    nodes = [NodeInfo(node_id=f"n{i}", ip=f"10.0.0.{i + 1}", gpus=gpus_per_node, cpus=64.0, labels=dict(labels),
-                      resources={"GPU": float(gpus_per_node), "CPU": 64.0, **resources}) for i in range(64)]
-    pods, gpus, which, bad = 0, 0, "", []
-    for serve in plan.serves:
-        if not plan.points_of(serve.id):
-            continue
-        lay = pd_place.layout_of(serve, nodes, with_gpus)
-        if isinstance(lay, str):
-            bad.append(f"{serve.id} ({serve.label}): {lay}")
-            continue
-        n, g = (_extent(lay.node_gpus(), gpus_per_node) if lay.bundle_gpus
-                else (max(1, lay.nnodes), lay.gpus_per_node))
-        if (n, g) > (pods, gpus) or not which:
-            which = f"{serve.label} ({lay.describe()})"
-        pods, gpus = max(pods, n), max(gpus, g)
-    if bad:
-        raise UserError(f"--gpus-per-node {gpus_per_node}: these configurations can never be placed on such nodes:\n  "
-                        + "\n  ".join(bad))
-    if not which:
-        raise UserError("the campaign has no point to run: nothing to submit")
-    # Ray sets its own labels (ray.io/accelerator-type from the GPU): only the others go on the pods
-    return pods, gpus, which, {k: v for k, v in labels.items() if not k.startswith("ray.io/")}, resources
-
-
-def _extent(bundle_gpus: list[int], per_node: int) -> tuple[int, int]:
-    """A P/D deployment's bundles packed first-fit onto nodes of `per_node` GPUs: (nodes, most GPUs on one)."""
-    free: list[int] = []
-    for g in sorted(bundle_gpus, reverse=True):
-        i = next((i for i, f in enumerate(free) if f >= g), None)
-        if i is None:
-            free.append(per_node - g)
-        else:
-            free[i] -= g
-    return max(1, len(free)), max((per_node - f for f in free), default=0)
-
-
 def deadline_s(estimate_s: float) -> int:
     """activeDeadlineSeconds from the plan's estimate: with a margin and the pods' start, in whole minutes."""
-    return int(math.ceil((estimate_s * MARGIN + START_S) / 60.0) * 60)
+    return sizing.time_s(estimate_s, START_S)
 
 
 def parse_duration(text: str, option: str = "--time") -> int:
-    """Seconds from `90` (minutes, as Slurm reads it), `MM:SS`, `HH:MM:SS`, `D-HH:MM:SS` or `2h`, `45m`, `600s`."""
-    t = text.strip()
-    unit = re.fullmatch(r"(\d+)([smhd])", t)
-    if unit:
-        secs = int(unit.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit.group(2)]
-    else:
-        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
-        if not m:
-            raise UserError(f"{option}: {text!r} is not accepted: minutes, MM:SS, HH:MM:SS, D-HH:MM:SS, or a number "
-                            "with s, m, h or d (2h)")
-        d, a, b, c = m.groups()
-        if d is not None:
-            secs = int(d) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-        elif c is not None:
-            secs = int(a) * 3600 + int(b) * 60 + int(c)
-        elif b is not None:
-            secs = int(a) * 60 + int(b)
-        else:
-            secs = int(a) * 60
-    if secs < 60:
-        raise UserError(f"{option}: {text!r} is under a minute: a campaign's pods alone take longer to start")
-    return secs
+    """Seconds from `90` (minutes), `MM:SS`, `HH:MM:SS`, `D-HH:MM:SS` or `2h`, `45m`, `600s`."""
+    return sizing.parse_duration(text, option, "a campaign's pods alone take longer to start")
 
 
 # ---------------------------------------------------------------------------------------------------

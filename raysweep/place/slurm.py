@@ -15,20 +15,15 @@ machine by name, another job's included.
 
 from __future__ import annotations
 
-import math
-import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
 
-from raysweep.errors import UserError
-from raysweep.place import pd as pd_place
-from raysweep.place.placement import Layout, NodeInfo
+from raysweep.place import sizing
 
-__all__ = ["SlurmJob", "parse_time", "render", "size", "time_limit"]
+__all__ = ["SlurmJob", "parse_time", "render", "time_limit"]
 
 START_S = 300.0        # Ray on every node, and the driver's own start, on top of the campaign's estimate
-MARGIN = 1.5           # the estimate is a guess: this much more time, then the grace period
+MARGIN = sizing.MARGIN # the estimate is a guess: this much more time, then the grace period
 
 
 @dataclass
@@ -54,68 +49,15 @@ class SlurmJob:
     why: list[str] = field(default_factory=list)   # how the sizes were chosen, for the script's header
 
 
-def size(plan: Any, gpus_per_node: int, cpus_per_node: int | None = None) -> tuple[int, int, str]:
-    """(nodes, GPUs per node, which configuration decided) from the largest placement of `plan` on nodes of
-    `gpus_per_node` GPUs; a UserError naming each configuration that could never be placed."""
-    cpus = float(cpus_per_node or 64)
-    nodes = [NodeInfo(node_id=f"n{i}", ip=f"10.0.0.{i + 1}", gpus=gpus_per_node, cpus=cpus,
-                      resources={"GPU": float(gpus_per_node), "CPU": cpus}) for i in range(64)]
-    best: tuple[int, int, str] | None = None
-    bad = []
-    for serve in plan.serves:
-        if not plan.points_of(serve.id):
-            continue
-        lay = pd_place.layout_of(serve, nodes, True)
-        if isinstance(lay, str):
-            bad.append(f"{serve.id} ({serve.label}): {lay}")
-            continue
-        n, g = _extent(lay, gpus_per_node)
-        if best is None or (n * g, n) > (best[0] * best[1], best[0]):
-            best = (n, g, f"{serve.label} ({lay.nnodes} node(s), {lay.mode})")
-    if bad:
-        raise UserError(f"--gpus-per-node {gpus_per_node}: these configurations can never be placed on such "
-                        "nodes:\n  " + "\n  ".join(bad))
-    if best is None:
-        raise UserError("the campaign has no point to run: nothing to submit")
-    return best
-
-
-def _extent(lay: Layout, gpus_per_node: int) -> tuple[int, int]:
-    if lay.mode == "pd":   # bundles packed onto nodes of this size, first fit
-        free: list[int] = []
-        for g in sorted(lay.bundle_gpus, reverse=True):
-            i = next((i for i, f in enumerate(free) if f >= g), None)
-            if i is None:
-                free.append(gpus_per_node - g)
-            else:
-                free[i] -= g
-        used = max((gpus_per_node - f for f in free), default=0)
-        return max(1, len(free)), used
-    return max(1, lay.nnodes), lay.gpus_per_node
-
-
 def time_limit(estimate_s: float, grace_s: int) -> int:
     """Seconds: the estimate with a margin, Ray's start, and the grace period; whole minutes."""
-    return int(math.ceil((estimate_s * MARGIN + START_S + grace_s) / 60.0) * 60)
+    return sizing.time_s(estimate_s, START_S, grace_s)
 
 
 def parse_time(text: str) -> int:
-    """Slurm's time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) to seconds; UserError otherwise."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
-    if not m or text.strip() == "":
-        raise UserError(f"--time: {text!r} is not accepted: minutes, MM:SS, HH:MM:SS or D-HH:MM:SS (Slurm's formats)")
-    d, a, b, c = m.groups()
-    if d is not None:
-        secs = int(d) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    elif c is not None:
-        secs = int(a) * 3600 + int(b) * 60 + int(c)
-    elif b is not None:
-        secs = int(a) * 60 + int(b)
-    else:
-        secs = int(a) * 60
-    if secs < 60:
-        raise UserError(f"--time: {text!r} is under a minute, Slurm's smallest limit")
-    return secs
+    """Slurm's time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, and 2h, 45m) to seconds; UserError
+    otherwise."""
+    return sizing.parse_duration(text, "--time", "Slurm's smallest limit")
 
 
 def slurm_time(seconds: int) -> str:
