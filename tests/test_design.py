@@ -82,9 +82,11 @@ def test_the_lead_the_design_quotes_is_shown_that_often():
     sd = math.sqrt(start_cv ** 2 + run_cv ** 2 / n)
     a = 1 + sd * rng.standard_normal((4000, k))
     b = 1 + lead + sd * rng.standard_normal((4000, k))
-    shown = stats.ttest_ind(b, a, axis=1).pvalue < 0.05
-    assert 0.77 <= shown.mean() <= 0.83 and 0.2 < lead < 0.3
-    assert d.detectable_lead(start_cv, run_cv, 6, n) < lead  # more starts, a smaller lead shown
+    t = (b.mean(axis=1) - a.mean(axis=1)) / np.sqrt(b.var(axis=1, ddof=1) / k + a.var(axis=1, ddof=1) / k)
+    shown = np.abs(t) > stats.t.ppf(0.975, d.test_df(k))  # 3 starts a side: Hsu's 2 degrees of freedom
+    assert 0.77 <= shown.mean() <= 0.85 and 0.3 < lead < 0.5
+    assert d.detectable_lead(start_cv, run_cv, 6, n) < 0.2 < lead  # more starts, a smaller lead shown
+    assert d.test_df(3) == 2 and d.test_df(6) == 10
 
 
 def test_auto_chooses_from_the_spreads_and_a_pilot_where_they_are_not_known():

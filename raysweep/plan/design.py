@@ -29,11 +29,12 @@ from scipy.optimize import brentq
 from raysweep.campaign.design import MIN_STARTS, PILOT, DesignSpec
 from raysweep.plan.guess import DEFAULTS, guess_point_s
 
-__all__ = ["AUTO_LEAST", "POWER", "Design", "applied", "block_text", "choose", "components", "design_of",
-           "detectable_lead", "dry_run_lines", "half_width", "runs_per_start", "starts_for"]
+__all__ = ["AUTO_LEAST", "FEW_STARTS", "POWER", "Design", "applied", "block_text", "choose", "components", "design_of",
+           "detectable_lead", "dry_run_lines", "half_width", "runs_per_start", "starts_for", "test_df"]
 
 AUTO_LEAST = 3  # auto gives at least this many starts: 2 a side leave a t over starts 2 degrees of freedom
 POWER = 0.8  # the power at which the dry run quotes the smallest lead a design shows
+FEW_STARTS = 5  # the verdicts' test reads Hsu's degrees of freedom below this many starts a side
 
 
 @dataclass(frozen=True)
@@ -116,16 +117,23 @@ def starts_for(start_cv: float, run_cv: float, runs: int, target: float, confide
     return most, half_width(start_cv, run_cv, most, runs, confidence), True
 
 
+def test_df(starts: int) -> int:
+    """The degrees of freedom the verdict between two configurations of `starts` starts each reads: with few
+    starts a side (under `FEW_STARTS`) Hsu's starts - 1, which holds its error rate whatever the two sides'
+    spreads; else Welch's, 2 x starts - 2 for sides alike."""
+    return starts - 1 if starts < FEW_STARTS else 2 * starts - 2
+
+
 def detectable_lead(start_cv: float, run_cv: float, starts: int, runs: int, alpha: float = 0.05,
                     power: float = POWER) -> float:
     """The relative lead two configurations of this design are shown apart by, `power` of the time: Student's t
-    over the starts' means (2 x starts - 2 degrees of freedom), two-sided at `alpha`, from the noncentral t."""
+    over the starts' means as the verdicts read it (`test_df`), two-sided at `alpha`, from the noncentral t."""
     if starts < 2:
         return math.inf
     sd = math.sqrt(start_cv ** 2 + run_cv ** 2 / max(runs, 1))
     if sd <= 0:
         return 0.0
-    df = 2 * starts - 2
+    df = test_df(starts)
     crit = float(stats.t.ppf(1 - alpha / 2, df))
     scale = sd * math.sqrt(2 / starts)
 
