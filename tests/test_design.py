@@ -264,3 +264,30 @@ def test_auto_confirmation_counts_every_shape_it_would_re_measure(tmp_path):
                                              bench_params={"grid": {"max_concurrency": [2]}})))
     sweep = estimate(one).wall_s
     assert confirm_pairs(one) == 1 and wanted(one, sweep) and confirm_cost(one)[2] <= 0.25 * sweep
+
+
+# -- on the stand-in servers ------------------------------------------------------------------------------------
+
+def _records(out: Path) -> list[dict]:
+    import json
+
+    recs = [json.loads(p.read_text()) for p in (out / "points").rglob("run=*.json")]
+    return sorted(recs, key=lambda r: r["started_at"])
+
+
+@pytest.mark.ray
+def test_a_designed_campaign_starts_its_servers_in_interleaved_blocks_on_the_cluster(gpu_cluster, tmp_path):
+    """2 configurations x 1 point, `design: {starts: 3, runs_per_start: 1}`, one server at a time: 6 separate server
+    starts in the order A B | B A | A B, each running its run of the point, every run recording its start."""
+    from helpers import run_file
+
+    f = _campaign(tmp_path, {"starts": 3, "runs_per_start": 1}, placement={"max_servers": 1},
+                  bench_params={"grid": {"max_concurrency": [2]}})
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 6 and summary.counts["failed"] == 0
+    recs = _records(out)
+    a, b = (s.id for s in build_plan(load_campaign(f)).serves)
+    starts = list(dict.fromkeys((r["server_id"], r["serve_id"], r["instance"]) for r in recs))
+    assert [(s, i) for _, s, i in starts] == [(a, 0), (b, 0), (b, 1), (a, 1), (a, 2), (b, 2)]
+    assert len({sid for sid, _, _ in starts}) == 6  # six separate server starts
+    assert [(r["run_number"], r["block"]) for r in recs if r["serve_id"] == a] == [(0, 0), (1, 1), (2, 2)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +182,11 @@ def estimate(plan: Plan, *, done: set[str] | None = None, measured: Measured | N
     `lanes` configurations at a time (the longest first). `gpus_of` gives a configuration's GPUs
     (default: its shape). With `bench.precision`, the runs each point not `decided` is expected to add
     (`precision_runs` from the metric `values` seen) are counted, and `most_points` / `most_wall_s` say
-    what running every one of them to max_runs would take."""
+    what running every one of them to max_runs would take. A `design:` that states the cost of a server start
+    (`design.start_s`) gives it where none was measured."""
+    design = getattr(plan.spec.campaign, "design", None)
+    if design is not None and design.start_s is not None and defaults is DEFAULTS:
+        defaults = replace(defaults, server_start_s=design.start_s)
     secs = _run_seconds(plan, measured, defaults)
     est = _estimate(plan, precision_runs(plan, values, decided, run_s=secs), done, measured, lanes, gpus_of,
                     running, defaults)
