@@ -15,6 +15,9 @@ outliers; the slo's false "met" at most 5 %; a -3 %/run drift over 5 runs found 
 false drift alarms at most 5 %.
 
     .venv/bin/python benchmarks/bench_verdicts.py --time [--reps 2000]
+
+The server start as the replicate (the one model of a measurement, `raysweep.maths.hierarchy`) is proven on
+whole simulated campaigns by `benchmarks/verdicts_model.py` (`bench_verdicts.py --model`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from raysweep.maths import bootstrap, over_time, start_level, start_spread, verdicts
+from raysweep.maths import bootstrap, over_time, verdicts
 
 SPREAD = 0.02
 REFERENCE = ""   # a row without a target: what raysweep's verdict meets where the order gives no pairs
@@ -78,94 +81,6 @@ def abba(n_per_arm: int) -> tuple[np.ndarray, np.ndarray]:
         first, second = 2 * k, 2 * k + 1
         (a.append(first), b.append(second)) if k % 2 == 0 else (b.append(first), a.append(second))
     return np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-
-
-def over_starts(rng: np.random.Generator, between: float, widen: bool) -> bool:
-    """Whether a sweep point's interval holds its configuration's level over server starts (1000), in the demo's
-    design: the point on one start (4 runs at 2 %); the confirmation's 2 points on 2 starts of 2 runs each,
-    from which the summary estimates the spread between starts (`start_spread`)."""
-    def start(n: int) -> np.ndarray:
-        return 1000.0 * np.exp(between * rng.standard_normal()) * (1.0 + SPREAD * rng.standard_normal(n))
-
-    point = start(4)
-    if not widen:
-        _, lo, hi = verdicts.mean_interval(list(point))
-        return bool(lo <= 1000.0 <= hi)
-    confirmation = np.concatenate([start(2) for _ in range(4)])
-    spread = start_spread.start_spread(confirmation, np.repeat([0, 0, 1, 1], 2), np.repeat(np.arange(4), 2))
-    if spread is None:
-        return False
-    lo, hi = start_spread.widened_intervals(np.array([point.mean()]), np.array([point.std(ddof=1)]), np.array([4]),
-                                            np.array([1]), spread, 0.95)
-    return bool(lo[0] <= 1000.0 <= hi[0])
-
-
-def identical_over_starts(rng: np.random.Generator, between: float, test: str) -> bool:
-    """Whether two identical configurations, each measured on one start (4 runs at 2 %) with the spread between
-    starts estimated from the demo's confirmation design (2 points on 2 starts of 2 runs), get a verdict."""
-    def start(n: int) -> np.ndarray:
-        return 1000.0 * np.exp(between * rng.standard_normal()) * (1.0 + SPREAD * rng.standard_normal(n))
-
-    a, b = start(4), start(4)
-    if test == "welch":
-        return verdicts.compare_values(a, b).decided
-    confirmation = np.concatenate([start(2) for _ in range(4)])
-    spread = start_spread.start_spread(confirmation, np.repeat([0, 0, 1, 1], 2), np.repeat(np.arange(4), 2))
-    if spread is None:
-        return False
-    return start_spread.compare_over_starts((a.mean(), a.std(ddof=1), 4, 1), (b.mean(), b.std(ddof=1), 4, 1),
-                                            spread).decided
-
-
-def life_rows(rng: np.random.Generator, reps: int, condition: str, points: int, rounds: int, drift: float,
-              alone: bool = False) -> list[dict[str, Any]]:
-    """A server's life in rounds (every point once per round, shuffled; a drift of `drift` per slot, on every
-    point or only on point 0 with `alone`): how often each point's interval of its level at the server's start
-    (`start_level.start_levels`, `start_spread.level_intervals`: the summary's) holds the level before the
-    drift, against the t-interval of its mean; and the fitted interval's median width over the plain one's.
-    With `alone`, over the other points."""
-    fitted, plain, widths, cases, itself, flagged = 0, 0, [], 0, 0, 0
-    for _ in range(reps):
-        order = np.concatenate([rng.permutation(points) for _ in range(rounds)])
-        slots = np.arange(order.size, dtype=float)
-        values = _runs(rng, slots, drift=drift)
-        if alone:
-            values = np.where(order == 0, values, _runs(rng, slots))
-        fit = start_level.start_levels(values, order, slots, points)
-        if alone:
-            flagged += over_time.trend(list(values[order == 0])).drifts
-            itself += _holds(fit, 0)
-        for p in range(1 if alone else 0, points):
-            mine = values[order == p]
-            _, lo, hi = verdicts.mean_interval(list(mine))
-            plain += lo <= 1000.0 <= hi
-            cases += 1
-            fitted += _holds(fit, p)
-            low, high = _level_interval(fit, p)
-            widths.append((high - low) / (hi - lo))
-    width = float(np.median(widths)) if widths else math.nan
-    rows = [{"condition": condition, "target": ">= 0.93", **_rate(fitted, cases),
-             "measure": f"coverage of the level at the server's start (fitted; median width {width:.2f}x the plain)"},
-            {"condition": condition, "target": REFERENCE, **_rate(plain, cases),
-             "measure": "coverage of the level at the server's start (t-interval of the mean: the rule before)"}]
-    if alone:
-        rows.append({"condition": condition.replace("(the other 3)", "(the drifting point)"), "target": REFERENCE,
-                     **_rate(itself, reps), "measure": f"coverage of the level at the server's start (fitted; its "
-                     f"trend test flags it {100 * flagged / reps:.0f} % of the time)"})
-    return rows
-
-
-def _level_interval(fit: Any, p: int) -> tuple[float, float]:
-    """Point p's 95 % interval of its level at the server's start, as the summary computes it."""
-    level = math.exp(fit.log_level[p])
-    low, high = start_spread.level_intervals(np.array([level]), np.array([(level * fit.log_se[p]) ** 2]),
-                                             np.array([fit.df[p]]), np.ones(1), None, 0.95)
-    return float(low[0]), float(high[0])
-
-
-def _holds(fit: Any, p: int) -> bool:
-    low, high = _level_interval(fit, p)
-    return low <= 1000.0 <= high
 
 
 def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
@@ -234,19 +149,6 @@ def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
         _count(reps, lambda: inst_pair("welch")))
     add("instance effects 3 % (3 starts x 3 runs), identical", "false verdict (paired by start)", "<= 0.05",
         _count(reps, lambda: inst_pair("paired")))
-    # start effects: the demo's design (4 points on one start each, 4 runs at 2 %; the confirmation measures 2
-    # points on 2 starts of 2 runs), 10 % between starts: a sweep point's interval of its configuration's level
-    starts_rng = np.random.default_rng([seed, 1])  # a stream of their own: the other rows draw as before
-    for spread_between in (0.0, 0.05, 0.10, 0.20):
-        where = f"{100 * spread_between:.0f} % between server starts, the demo's design"
-        add(where, "coverage (t over one start's runs)", REFERENCE,
-            _count(reps, lambda b=spread_between: over_starts(starts_rng, b, widen=False)))
-        add(where, "coverage (widened by the spread between starts)", ">= 0.93",
-            _count(reps, lambda b=spread_between: over_starts(starts_rng, b, widen=True)))
-        add(where.replace("server starts,", "server starts, identical,"), "false verdict (Welch over runs)",
-            REFERENCE, _count(reps, lambda b=spread_between: identical_over_starts(starts_rng, b, "welch")))
-        add(where.replace("server starts,", "server starts, identical,"), "false verdict (t over server starts)",
-            "<= 0.05", _count(reps, lambda b=spread_between: identical_over_starts(starts_rng, b, "starts")))
     # outlier runs: one run in ten 20 % slow; the interval of the undisturbed level
     for n in (5, 10):
         def covered(n: int = n) -> bool:
@@ -256,17 +158,6 @@ def measure_time(reps: int, seed: int) -> list[dict[str, Any]]:
             _, lo, hi = verdicts.mean_interval(list(kept))
             return bool(lo <= 1000.0 <= hi)
         add(f"one run in ten 20 % slow, {n} runs", "coverage (outlier left out)", ">= 0.93", _count(reps, covered))
-    # drift and the interval: each point's interval of its level at its server's start (the summary's)
-    for d in (-0.01, -0.03):
-        flagged = _count(reps, lambda d=d: over_time.trend(list(_runs(rng, five, drift=d))).drifts)
-        add(f"{100 * d:+.0f} %/run drift, one point of 5 runs on its server", "drift flagged", REFERENCE, flagged)
-        rows.extend(life_rows(rng, reps, f"{100 * d:+.0f} %/run drift, one point of 5 runs on its server",
-                              points=1, rounds=5, drift=d))
-    for d in (0.0, -0.01, -0.03):
-        rows.extend(life_rows(rng, reps, f"{'no drift' if not d else f'{100 * d:+.0f} %/round drift'}, 4 points x 5 "
-                              "rounds on one server", points=4, rounds=5, drift=d / 4))
-    rows.extend(life_rows(rng, reps, "one point of 4 drifting -3 %/round alone, 5 rounds (the other 3)", points=4,
-                          rounds=5, drift=-0.03 / 4, alone=True))
     # unequal spreads with few runs
     for na, nb in ((2, 5), (3, 5), (3, 3)):
         add(f"spreads 1 % and 5 %, {na} and {nb} runs, identical", "false verdict (Welch, 3-run floor)",

@@ -21,6 +21,7 @@ from raysweep.bench.options import parse_load_options
 from raysweep.cli import main
 from raysweep.errors import UserError
 from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.maths import hierarchy
 from raysweep.record.files import write_json_atomic
 from raysweep.results import aggregate
 from raysweep.results.table import write_results
@@ -72,7 +73,10 @@ def test_summary_statistics_of_a_point_over_its_runs():
     half = T2_975 * 10.0 / math.sqrt(3)
     assert p["output_throughput_ci_low"] == pytest.approx(110.0 - half)
     assert p["output_throughput_ci_high"] == pytest.approx(110.0 + half)
-    assert p["ci_method"] == "t"
+    # one server start: the interval is over its runs, and says that a start's own effect is not in it
+    assert p["ci_method"] == hierarchy.RUNS_OF_ONE_START and p["server_starts"] == 1
+    assert p["output_throughput_se"] == pytest.approx(10.0 / math.sqrt(3)) and p["output_throughput_df"] == 2
+    assert p["ci_level"] == 0.95
     # per GPU: gpu_count is 2
     assert p["output_throughput_per_gpu_mean"] == pytest.approx(55.0)
     # the parameters that differ between points stay, the facts of one run do not
@@ -172,7 +176,7 @@ def test_percentiles_of_the_pooled_requests_are_bootstrapped():
     assert "mean_ttft_ms_pooled" not in s.columns
     # a point with a run without samples gets t-intervals only
     partial = aggregate.summarize(table(rows), samples={"s8-b1-0": runs["s8-b1-0"]})
-    assert partial["ci_method"].iloc[0] == "t"
+    assert partial["ci_method"].iloc[0] == hierarchy.RUNS_OF_ONE_START
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -311,3 +315,26 @@ def test_every_points_statistics_at_once_are_those_of_each_point_alone():
             for k in aggregate.STATS:
                 assert got[k][point, j] == pytest.approx(want[k], rel=1e-12, nan_ok=True), (point, j, k)
     assert got["std"][2, 1] == 0.0 and got["cv"][2, 1] == 0.0
+
+
+def test_a_point_on_several_server_starts_is_the_mean_of_its_start_means_with_t_over_starts():
+    # 3 starts of 2, 2 and 1 runs: the value is the mean of the start means, not of the runs
+    runs = [(0, 100.0), (0, 102.0), (1, 120.0), (1, 122.0), (2, 90.0)]
+    rows = [run_row("s8", 1, r, thr, 10.0, server_id=f"srv{start}") for r, (start, thr) in enumerate(runs)]
+    p = aggregate.summarize(table(rows)).iloc[0]
+    starts = np.array([101.0, 121.0, 90.0])
+    assert p["output_throughput_mean"] == pytest.approx(starts.mean())
+    assert p["output_throughput_se"] == pytest.approx(starts.std(ddof=1) / math.sqrt(3))
+    assert p["output_throughput_df"] == 2 and p["server_starts"] == 3 and p["ci_method"] == hierarchy.MODEL
+    half = T2_975 * starts.std(ddof=1) / math.sqrt(3)
+    assert p["output_throughput_ci_low"] == pytest.approx(starts.mean() - half)
+    assert p["output_throughput_ci_low"] < p["output_throughput_mean"] < p["output_throughput_ci_high"]
+
+
+def test_values_no_statistic_may_read_are_left_out_and_said():
+    rows = [run_row("s8", 1, r, thr, 10.0) for r, thr in enumerate((100.0, math.inf, 104.0, -5.0))]
+    p = aggregate.summarize(table(rows)).iloc[0]
+    assert p["output_throughput_mean"] == pytest.approx(102.0)   # never inf beside a finite interval
+    assert p["output_throughput_ci_low"] < 102.0 < p["output_throughput_ci_high"]
+    assert "output_throughput: 1 run(s) not finite, left out" in p["value_issues"]
+    assert "output_throughput: 1 run(s) negative, left out" in p["value_issues"]

@@ -81,15 +81,20 @@ def test_auto_confirms_only_where_it_costs_a_quarter_of_the_sweep_and_the_dry_ru
     assert wanted(forced, estimate(forced).wall_s) and estimate(forced).confirm is not None
 
 
-def test_the_verdict_comes_from_the_fresh_runs_and_needs_three_a_side():
-    c = confirmed_verdict([110, 111, 109, 110], [100, 101, 99, 100], higher_is_better=True, starts=(2, 2))
+def test_the_verdict_comes_from_the_fresh_starts_and_needs_two_a_side():
+    two = (["a", "a", "b", "b"], ["c", "c", "d", "d"])   # 2 fresh starts of 2 runs a side
+    c = confirmed_verdict([110, 111, 109, 110], [100, 101, 99, 100], higher_is_better=True, starts=two)
     assert c is not None and c.significant is True and c.lead == pytest.approx(0.10)
     assert c.ci_low < 110 < c.ci_high and "confirmed better on 4 and 4 fresh run(s) on 2 and 2" in c.text()
-    same = confirmed_verdict([100, 103, 98, 101], [101, 99, 102, 100], higher_is_better=True)
+    assert c.verdict is not None and c.verdict.low > 1.0 and "at 95 %" in c.text()
+    same = confirmed_verdict([100, 103, 98, 101], [101, 99, 102, 100], higher_is_better=True, starts=two)
     assert same is not None and same.significant is False and "not confirmed better" in same.text()
-    few = confirmed_verdict([110, 111], [100, 101], higher_is_better=True)
-    assert few is not None and few.significant is None and "not shown" in few.text()
-    flipped = confirmed_verdict([90, 91, 89], [100, 101, 99], higher_is_better=True)
+    # one fresh start a side, however many runs: not compared, with the reason, never a p-value
+    one = confirmed_verdict([110, 111, 110], [100, 101, 100], higher_is_better=True, starts=(["a"] * 3, ["b"] * 3))
+    assert one is not None and one.significant is None and one.p_value is None
+    assert "not compared: one server start each" in one.text()
+    flipped = confirmed_verdict([90, 91, 89], [100, 101, 99], higher_is_better=True,
+                                starts=(["a", "b", "c"], ["d", "e", "f"]))
     assert flipped is not None and flipped.significant is False and flipped.lead is not None and flipped.lead < 0
 
 
@@ -110,7 +115,8 @@ def test_the_conclusions_leave_the_confirmation_out_of_the_ranking_and_take_the_
     assert len(c.points) == 2 and set(c.points["bench_id"]) == {"b"}  # the confirmation is not a point of its own
     assert v.leader["serve_id"] == "A" and v.confirmation is not None and v.clear
     assert v.confirmation.runs == (4, 4) and v.confirmation.starts == (2, 2)
-    assert v.lead == pytest.approx(0.1, abs=0.01) and "not shown" in v.selection  # the sweep alone could not tell
+    # the sweep alone could not tell: one server start each
+    assert v.lead == pytest.approx(0.1, abs=0.01) and v.selection.startswith("not compared: one server start each")
     line = headlines(c)[0]
     assert "(confirmation)" in line and "confirmed better on 4 and 4 fresh run(s)" in line
 

@@ -33,6 +33,7 @@ from raysweep.maths.precision import (
 )
 from raysweep.plan.estimate import estimate, precision_runs
 from raysweep.plan.plan import build_plan, dry_run_text, point_id
+from raysweep.results.importer import read_table
 from raysweep.results.precision import REACHED
 
 SPEC = PrecisionSpec(metric="output_throughput", rel_half_width=0.03, min_runs=3, max_runs=6)
@@ -324,13 +325,20 @@ def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_
     # the precision metric's interval at the confidence raised for the sequential looks (97.5 %)
     assert list(table["precision_confidence"]) == [pytest.approx(0.975)] * 2
     m = "request_throughput"
-    half = stats.t.ppf(0.9875, 4) * table[f"{m}_std"] / np.sqrt(5)
-    assert np.allclose(table[f"{m}_ci_high"] - table[f"{m}_mean"], half)
-    # one interval and one count everywhere: the rule's last look is the summary's interval, and the runs
-    # needed are the rule's at the spread seen
+    # the resume started each configuration's server again: 2 server starts (4 runs and 1), and the interval
+    # shown is the model's over those starts (t on 1 degree of freedom), at the rule's level
+    runs = read_table(out).df
+    assert list(table["server_starts"]) == [2, 2]
+    for (_, row), (_, mine) in zip(table.iterrows(), runs.groupby("bench_id", sort=True), strict=True):
+        means = mine.groupby("server_id")[m].mean().to_numpy()
+        assert row[f"{m}_mean"] == pytest.approx(means.mean())
+        half = stats.t.ppf(0.9875, 1) * means.std(ddof=1) / np.sqrt(2)
+        assert row[f"{m}_ci_high"] - row[f"{m}_mean"] == pytest.approx(half)
+        assert row[f"{m}_ci_level"] == pytest.approx(0.975) and row["ci_level"] == pytest.approx(0.95)
+    # the rule's last look, as the ledger records it, is over the point's runs as they came
     spec = PrecisionSpec.model_validate(data["bench"]["precision"])
-    rel = (table[f"{m}_ci_high"] - table[f"{m}_mean"]) / table[f"{m}_mean"]
-    assert np.allclose(table["precision_rel_half_width"].astype(float), rel)
+    rule = stats.t.ppf(0.9875, 4) * table[f"{m}_std"] / np.sqrt(5) / runs.groupby("bench_id")[m].mean().to_numpy()
+    assert np.allclose(table["precision_rel_half_width"].astype(float), rule)
     assert list(table["runs_needed"]) == [runs_to_reach(cv, spec) for cv in table[f"{m}_cv"]]
     assert all(n > 5 for n in table["runs_needed"])  # a width no point reaches: more than its 5 runs
     res = CliRunner().invoke(main, ["status", str(out)])

@@ -228,7 +228,7 @@ def _runs_table() -> pd.DataFrame:
     """Three runs per point: config A (2 GPUs) and B (1 GPU), two input lengths, loads 1, 4 and 16, and a
     num_prompts that follows the load; throughput grows as the square root of the load. In shape 128 A makes
     3x B's throughput (1.5x B's per GPU) with a spread of 1 %; in shape 256 both make the same per GPU with a
-    spread of 10 %."""
+    spread of 10 %. Run r of every point of a config ran on its server start r (3 starts per config)."""
     rows = []
     for sid, gpus in (("A", 2), ("B", 1)):
         for length in (128, 256):
@@ -239,7 +239,7 @@ def _runs_table() -> pd.DataFrame:
                     rows.append({
                         "serve_id": sid, "bench_id": f"{length}-{conc}", "point_id": f"{sid}-{length}-{conc}-{run}",
                         "run_number": run, "serve_label": f"cfg={sid}", "bench_label": f"len={length}-c={conc}",
-                        "random_input_len": length, "max_concurrency": conc, "num_prompts": 8 * conc,
+                        "server_id": f"{sid}-start{run}", "random_input_len": length, "max_concurrency": conc, "num_prompts": 8 * conc,
                         "gpu_count": gpus, "tensor_parallel_size": gpus,
                         "output_throughput": base * (1 + spread * wobble),
                         "median_ttft_ms": 10.0 * conc * (1 + spread * wobble), "client_limited": False})
@@ -263,7 +263,7 @@ def test_conclusions_name_the_best_config_per_shape_and_judge_its_lead():
     tied = verdicts["random_input_len=256"]
     assert tied.lead == pytest.approx(0.0, abs=1e-9) and tied.significant is False
     assert "better than every other config" in conclusions.verdict_text(clear) and clear.clear
-    assert tied.tied == ["cfg=B"] and "not shown better with 3 runs: tied with the leader: cfg=B" in \
+    assert tied.tied == ["cfg=B"] and "not shown better: tied with the leader: cfg=B" in \
         conclusions.verdict_text(tied) and not tied.clear
     assert all("noise" not in conclusions.verdict_text(v) for v in (clear, tied))
     lines = conclusions.headlines(c)
@@ -287,7 +287,9 @@ def test_conclusions_for_another_objective_and_with_one_run():
     assert all(v.leader["max_concurrency"] == 1 for v in fast.verdicts)
     one = conclusions.conclude(df[df["run_number"] == 0], ["random_input_len", "max_concurrency"])
     assert all(v.significant is None for v in one.verdicts)
-    assert "not judged" in conclusions.verdict_text(one.verdicts[0])
+    # one run of each config: one server start each, ranked with its reason and never a p-value
+    assert conclusions.verdict_text(one.verdicts[0]).startswith("not compared: one server start each")
+    assert all(v.p_value is None for v in one.verdicts)
 
 
 @pytest.mark.parametrize("objective, words", [

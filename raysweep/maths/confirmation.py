@@ -1,8 +1,7 @@
-"""The verdict of the winner's confirmation (`raysweep.drive.confirm` runs it): the leader's and the runner-up's
-fresh runs compared by Welch's t, the leader's interval from its own fresh runs; "not shown" with fewer than
-`MIN_RUNS` runs on a side. Where the campaign measured the spread between server starts
-(`raysweep.maths.start_spread`: the confirmation's own starts measure it), the two arms are compared as levels
-over their starts (`compare_over_starts`) and the leader's interval includes that spread."""
+"""The verdict of the winner's confirmation (`raysweep.drive.confirm` runs it): the same model of a measurement
+(`raysweep.maths.hierarchy`) applied to the leader's and the runner-up's fresh server starts alone, so that the
+selection (the leader read high by chance: the winner's curse) does not enter the value, the interval or the
+verdict. Each fresh start is a replicate; a side on one fresh start is "not compared"."""
 
 from __future__ import annotations
 
@@ -10,17 +9,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
+from raysweep.maths import hierarchy
+from raysweep.maths.verdicts import Verdict
 
-from raysweep.maths.start_spread import OVER_STARTS, StartSpread, compare_over_starts, widened_intervals
+__all__ = ["Confirmation", "confirmed_verdict"]
 
-__all__ = ["MIN_RUNS", "Confirmation", "confirmed_verdict"]
 
 @dataclass(frozen=True)
 class Confirmation:
-    """The confirmation of one shape's leader against its runner-up, over their fresh runs: the leader's mean
-    and interval, the runner-up's mean, the lead, Welch's p and the verdict (True: shown better; False: not
-    shown; None: too few runs to judge)."""
+    """The confirmation of one shape's leader against its runner-up, over their fresh starts: the leader's value
+    and interval (at `level`), the runner-up's value and interval, the lead, the p-value and the verdict (True:
+    shown better; False: not shown; None: the model cannot compare them, `verdict.reason` says why)."""
 
     leader_mean: float
     ci_low: float
@@ -32,57 +31,36 @@ class Confirmation:
     significant: bool | None
     runs: tuple[int, int]
     starts: tuple[int, int]
-    test: str = "Welch's t"
+    test: str = hierarchy.MODEL
+    verdict: Verdict | None = None
+    level: float = 0.95
 
     def text(self, confidence: float = 0.95) -> str:
         n = f"{self.runs[0]} and {self.runs[1]} fresh run(s) on {self.starts[0]} and {self.starts[1]} server start(s)"
         if self.significant is None:
-            return f"confirmation not shown: {n}, fewer than 3 on a side"
-        lead = f"{self.lead:+.1%}" if self.lead is not None else "no lead"
+            why = self.verdict.text if self.verdict is not None else "not judged"
+            return f"confirmation {why}: {n}"
+        lead = self.verdict.lead_text if self.verdict is not None else ""
         said = "confirmed better" if self.significant else "not confirmed better"
-        return f"{said} on {n} (AB BA): {lead}, {self.test} p={self.p_value:.2g}"
-
-
-MIN_RUNS = 3  # a verdict with fewer runs on a side is "not shown"
+        return f"{said} on {n}: {lead}, {self.test} p={self.p_value:.2g}"
 
 
 def confirmed_verdict(leader: Sequence[float], runner: Sequence[float], higher_is_better: bool,
-                      starts: tuple[int, int] = (0, 0), confidence: float = 0.95,
-                      spread: StartSpread | None = None) -> Confirmation | None:
-    """The confirmation's verdict from the objective of the leader's and the runner-up's fresh runs (over
-    server starts where `spread` is given)."""
-    from raysweep.maths.verdicts import compare_values, mean_interval
-
-    a = [float(v) for v in leader if v is not None and math.isfinite(float(v))]
-    b = [float(v) for v in runner if v is not None and math.isfinite(float(v))]
-    if not a or not b:
+                      starts: tuple[Sequence[object], Sequence[object]], confidence: float = 0.95,
+                      ) -> Confirmation | None:
+    """The confirmation's verdict from the objective of the leader's and the runner-up's fresh runs, with the
+    server start of each run (`starts`: one sequence per side, aligned with the values)."""
+    ea = hierarchy.Estimate.of_runs(leader, starts[0])
+    eb = hierarchy.Estimate.of_runs(runner, starts[1])
+    if not ea.runs or not eb.runs:
         return None
-    ma, lo, hi = mean_interval(a, confidence)
-    mb, blo, bhi = mean_interval(b, confidence)
-    if spread is not None:
-        (lo, hi), (blo, bhi) = _over_starts(a, starts[0], spread, confidence), _over_starts(b, starts[1], spread,
-                                                                                         confidence)
-    lead = None if not mb else ((ma - mb) / abs(mb) if higher_is_better else (mb - ma) / abs(mb))
-    if len(a) < MIN_RUNS or len(b) < MIN_RUNS:
-        return Confirmation(ma, lo, hi, mb, (blo, bhi), lead, None, None, (len(a), len(b)), starts)
-    if spread is None:
-        v = compare_values(b, a, higher_is_better, 1 - confidence)  # the leader (B) against the runner-up (A)
-        test = "Welch's t"
-    else:
-        v = compare_over_starts(_described(b, starts[1]), _described(a, starts[0]), spread, higher_is_better,
-                                1 - confidence)
-        test = OVER_STARTS
+    lo, hi = ea.interval(confidence)
+    v = hierarchy.compare(eb, ea, higher_is_better, 1.0 - confidence)   # the leader (B) against the runner-up
+    ma, mb = ea.mean, eb.mean
+    lead = None
+    if mb and math.isfinite(mb):
+        lead = (ma - mb) / abs(mb) if higher_is_better else (mb - ma) / abs(mb)
+    decided = v.word in ("better", "worse", "not shown")
     p = v.p_value if math.isfinite(v.p_value) else None
-    return Confirmation(ma, lo, hi, mb, (blo, bhi), lead, p, v.word == "better", (len(a), len(b)), starts, test)
-
-
-def _described(values: list[float], starts: int) -> tuple[float, float, int, int]:
-    x = np.asarray(values, dtype=float)
-    return float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else math.nan, int(x.size), starts
-
-
-def _over_starts(values: list[float], starts: int, spread: StartSpread, confidence: float) -> tuple[float, float]:
-    mean, std, runs, k = _described(values, starts)
-    low, high = widened_intervals(np.array([mean]), np.array([std]), np.array([runs]), np.array([k]), spread,
-                                  confidence)
-    return float(low[0]), float(high[0])
+    return Confirmation(ma, lo, hi, mb, eb.interval(confidence), lead, p, (v.word == "better") if decided else None,
+                        (ea.runs, eb.runs), (ea.starts, eb.starts), hierarchy.MODEL, v, confidence)

@@ -114,6 +114,11 @@ class Verdict:
     p_value: float = math.nan
     test: str = WELCH
     reason: str = ""
+    low: float = math.nan      # the interval of the ratio B / A, where the test gives one
+    high: float = math.nan
+    level: float = math.nan    # the level of that interval
+    starts_a: int = 0          # the server starts behind each side (`raysweep.maths.hierarchy`), where counted
+    starts_b: int = 0
 
     @property
     def text(self) -> str:
@@ -125,7 +130,20 @@ class Verdict:
             return f"not shown with {runs}" + (f" ({self.reason})" if self.reason else "")
         if self.word == "not judged":
             return f"not judged: {self.reason or 'fewer than 2 runs on a side'}"
+        if self.word == "not compared":
+            return f"not compared: {self.reason}"
         return self.word
+
+    @property
+    def lead_text(self) -> str:
+        """`+22.1 % [+12.0, +33.1 %] at 95 %`: the ratio as a change with its interval and its real level."""
+        if not math.isfinite(self.ratio):
+            return ""
+        out = f"{100.0 * (self.ratio - 1.0):+.1f} %"
+        if math.isfinite(self.low) and math.isfinite(self.high):
+            out += (f" [{100.0 * (self.low - 1.0):+.1f}, {100.0 * (self.high - 1.0):+.1f} %] at "
+                    f"{100.0 * self.level:.4g} %")
+        return out
 
     @property
     def decided(self) -> bool:
@@ -209,6 +227,7 @@ class Leadership:
     not_judged: list[int] = field(default_factory=list)
     adjusted_p: dict[int, float] = field(default_factory=dict)
     tests: dict[int, str] = field(default_factory=dict)
+    verdicts: dict[int, Verdict] = field(default_factory=dict)   # each candidate's own test against the leader
 
     @property
     def clear(self) -> bool | None:
@@ -238,7 +257,8 @@ def tied_with_leader(candidates: Sequence[tuple[float, float, int]], higher_is_b
         v = (paired(lead, i) if paired is not None else None) or \
             compare_means(candidates[lead], c, higher_is_better, alpha=1.0)   # p only
         out.tests[i] = v.test
-        if v.word == "not judged":
+        out.verdicts[i] = v
+        if v.word in ("not judged", "not compared"):
             out.not_judged.append(i)
         elif v.reason:   # too few runs to be shown behind: tied, outside the family
             short.append(i)

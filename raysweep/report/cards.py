@@ -32,15 +32,14 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
            f"{pct} interval of each bounded metric inside its bound) are ranked." if c.slo is not None else
            " No service-level objective (<code>slo:</code>): the leader is "
            "the raw best, whatever its latency; each card names the knee beside it.")
-    starts = c.start_spread is not None  # the summary measured the objective's spread between server starts
-    over_starts = " that includes the spread between server starts" if starts else ""
-    test = "a t over server starts" if starts else "Welch's t over runs"
     head = (f'<p class="muted">Objective: <b>{esc(c.objective.text)}</b> (<code>raysweep report --objective</code> '
             f"chooses another).{slo} A point is a server config at one bench point; its value is the mean over its "
-            f"runs that passed their checks, with a {pct} confidence interval{over_starts}. The leader is tested "
-            f"against every other config with {test} (a paired t where their runs were measured side by side) and "
-            f"Holm's correction over the configs; a point whose runs drift over their order is never green. Load: "
-            f"{esc(c.load or 'not swept')}; bench shape: {esc(', '.join(c.shape_keys) or 'one')}.</p>")
+            "server starts of each start's mean over its runs that passed their checks, with its interval over those "
+            "starts (a point on one start: over its runs, which says nothing of the next start). The replicate is "
+            "the server start: the leader is tested against every other config on their start means (t over server "
+            "starts, Holm's correction over the configs); configs on one server start each are ranked, not "
+            f"compared. Load: {esc(c.load or 'not swept')}; bench shape: "
+            f"{esc(', '.join(c.shape_keys) or 'one')}.</p>")
     if c.single_config:
         head = (f'<p class="muted">One server config swept over {esc(c.load or "its loads")}: each card gives its '
                 f"capacity (the load of highest mean {esc(c.objective.text)}, with its {pct} confidence interval), "
@@ -189,7 +188,7 @@ def _interval(row: Any, bare: bool = False) -> str:
     if not (conclusions.finite(low) and conclusions.finite(high)):
         return "no interval: one run" if not bare else "n/a"
     text = f"{conclusions.fmt(low)} to {conclusions.fmt(high)}"
-    return text if bare else f"{conclusions.CONFIDENCE:.0%} CI {text}"
+    return text if bare else f"{conclusions.level_text(conclusions.level_of(row))} interval {text}"
 
 
 def _runs(row: Any) -> str:

@@ -45,9 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raysweep.errors import UserError, unknown_names
-from raysweep.maths import bootstrap, verdicts
-from raysweep.maths.start_level import start_levels
-from raysweep.maths.start_spread import StartSpread, level_intervals, start_spread, starts_per_point
+from raysweep.maths import bootstrap, hierarchy, verdicts
 from raysweep.maths.verdicts import t_quantile
 from raysweep.record.files import write_bytes_atomic, write_text_atomic
 
@@ -64,6 +62,7 @@ NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_through
                  "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms",
                  "mean_e2el_ms", "median_e2el_ms")
 STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
+MODEL_STATS = ("se", "df")   # the standard error of `mean` and its degrees of freedom (`raysweep.maths.hierarchy`)
 # `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
 STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
                    "cold_encoder_compilation_s", "warm_encoder_compilation_s")
@@ -184,14 +183,12 @@ def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: flo
     keys = point_keys(df, params)
     names, shape = _param_columns(df, keys, params)
     df = df.assign(**{m: pd.to_numeric(df[m], errors="coerce") for m in metrics})  # once, not once per point
-    rows, spreads, fits = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples,
+    rows = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples,
                                       resamples)
     out = pd.DataFrame.from_records(rows)
     out["runs_needed"] = out["runs_needed"].astype("Int64")
     out["noisy"] = out["noisy"].astype(bool)
-    out.attrs.update(keys=keys, params=names, confidence=confidence, threshold=threshold,
-                     start_spread={m: [sp.var, sp.df, sp.points] for m, sp in spreads.items()},
-                     start_level={m: [[float(x) for x in part] for part in fit] for m, fit in fits.items()})
+    out.attrs.update(keys=keys, params=names, confidence=confidence, threshold=threshold)
     return out
 
 
@@ -237,11 +234,10 @@ def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
 
 def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
                 confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
-                resamples: int) -> tuple[list[dict[str, Any]], dict[str, StartSpread], dict[str, Any]]:
+                resamples: int) -> list[dict[str, Any]]:
     """One row per point, in the order of its keys: the counts and statistics of every point at once (one
-    group-by over the table, not a table per point), then each point's row; the spread between server
-    starts of each metric where the campaign measured it (`_over_starts`); and each metric's levels at the
-    server's start (`_at_server_start`)."""
+    group-by over the table, not a table per point), then each point's row, its values and intervals under
+    the model of a measurement (`_model`)."""
     grouped = df.groupby(keys, dropna=False, sort=True)
     codes = grouped.ngroup().to_numpy()
     points = grouped.ngroups
@@ -287,34 +283,24 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
             row["hardware"] = " | ".join(sorted({str(h) for h in hardware[members[used[members]]] if not pd.isna(h)}))
             row["hardware_mixed"] = bool(mixed[members].any()) if mixed is not None else False
         rows.append(row)
-    values = df[metrics].to_numpy(dtype=float)[used]
+    values, issues = _sane_values(df[metrics].to_numpy(dtype=float)[used], codes[used], points, metrics)
     stats = _group_stats(values, codes[used], points, confidence)
-    starts, spreads = _over_starts(df, values, codes, used, points, metrics)
-    fits = _at_server_start(df, codes, used, points, metrics)
-    _intervals(stats, metrics, fits, starts, spreads, confidence)
-    named = next((m for m in ("output_throughput", *spreads) if m in spreads), None)
-    method = "t" if named is None else f"t over runs and server starts ({named}: {spreads[named].text()})"
-    at_start = f"{'t over runs' if method == 't' else method}; {AT_START}"
-    drift_metric = next((m for m in ("output_throughput", *fits) if m in fits), "")
-    fitted = fits.get(drift_metric)
+    starts = _model(df, values, codes, used, points, stats, confidence)
     for i, row in enumerate(rows):
-        mine = {m: {k: float(stats[k][i, j]) for k in STATS} for j, m in enumerate(metrics)}
+        mine = {m: {k: float(stats[k][i, j]) for k in (*STATS, *MODEL_STATS)} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
         needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
         known = [n for n in needed if n is not None]
         row.update(noisy=bool(noisy), noisy_metrics=",".join(noisy), runs_needed=max(known) if known else None,
-                   ci_method=at_start if fitted is not None and math.isfinite(fitted[0][i]) else method)
-        if starts is not None:
-            row["server_starts"] = int(starts[i])
-        if fitted is not None:   # the drift fitted out of its interval
-            row["server_drift_pct_per_run"] = float(fitted[3][i])
+                   server_starts=int(starts[i]), ci_method=hierarchy.method_text(int(starts[i])),
+                   ci_level=confidence, value_issues=issues[i])
         for m in metrics:
             row.update({f"{m}_{k}": v for k, v in mine[m].items()})
     if ids is not None and samples and resamples >= 1:
         _add_pooled(rows, [[str(p) for p in ids[m[used[m]]]] for m in
                            (order[bounds[i]:bounds[i + 1]] for i in range(points))], metrics, confidence, samples,
                     resamples)
-    return rows, spreads, fits
+    return rows
 
 
 def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: list[str], confidence: float,
@@ -336,7 +322,7 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
         if not extra:
             continue
         row = rows[i]
-        said = "t over runs" if row["ci_method"] == "t" else row["ci_method"]
+        said = row["ci_method"]
         row["ci_method"] = (f"{said}; pooled percentiles with a two-level bootstrap (runs, then requests; "
                             f"{requests} requests)")
         rows[i] = {}
@@ -347,98 +333,46 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
                 rows[i][f"{m}_pooled"], rows[i][f"{m}_pooled_ci_low"], rows[i][f"{m}_pooled_ci_high"] = extra[m]
 
 
-def _over_starts(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.ndarray, points: int,
-                 metrics: list[str]) -> tuple[np.ndarray | None, dict[str, StartSpread]]:
-    """The server starts each point's runs came from, and, where some points were measured on 2 or more
-    starts (`order.instances`, the winner's confirmation), the spread between starts of each metric
-    (`raysweep.maths.start_spread`), by which `_intervals` widens every point's interval so that it covers
-    the configuration's level over server starts and not only over one start's runs."""
-    if "server_id" not in df.columns or df["server_id"].isna().all():
-        return None, {}
-    start_codes = pd.factorize(df["server_id"])[0][used]  # -1: a run whose start is not recorded
-    run_points, known = codes[used], start_codes >= 0
-    starts = np.maximum(starts_per_point(run_points[known], start_codes[known], points), 1)
-    if not (starts >= 2).any():
-        return starts, {}
-    same = _measured_alike(df)[used][known]
-    spreads: dict[str, StartSpread] = {}
+def _model(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.ndarray, points: int,
+           stats: dict[str, np.ndarray], confidence: float) -> np.ndarray:
+    """Every point's value and interval under the model of a measurement (`raysweep.maths.hierarchy`), in
+    `stats` in place: `mean` the mean over its server starts of their start means, `se` and `df` its standard
+    error and degrees of freedom, `ci_low`/`ci_high` Student's t on them. Returns the server starts of each
+    point (runs whose start is not recorded count as one start of their point)."""
+    if "server_id" in df.columns:
+        start_codes = pd.factorize(df["server_id"].astype(str).where(df["server_id"].notna(), ""))[0][used]
+    else:
+        start_codes = np.zeros(int(used.sum()), dtype=int)
+    run_points = codes[used]
+    k = values.shape[1]
+    stats["se"], stats["df"] = np.full((points, k), math.nan), np.full((points, k), math.nan)
+    for j in range(k):
+        known = np.isfinite(values[:, j])
+        mean, se, dof, _, _ = hierarchy.estimates(values[known, j], run_points[known], start_codes[known], points)
+        low, high = hierarchy.interval(mean, se, dof, confidence)
+        stats["mean"][:, j], stats["se"][:, j], stats["df"][:, j] = mean, se, dof
+        stats["ci_low"][:, j], stats["ci_high"][:, j] = low, high
+    pairs = np.unique(np.stack([run_points, start_codes]), axis=1) if run_points.size else np.zeros((2, 0), int)
+    return np.maximum(np.bincount(pairs[0], minlength=points), 1)
+
+
+def _sane_values(values: np.ndarray, codes: np.ndarray, points: int, metrics: list[str],
+                 ) -> tuple[np.ndarray, list[str]]:
+    """The runs' values with those no statistic may read left out (NaN): not finite (inf), or negative for a
+    rate or a latency; and per point what was left out, in words (`value_issues`), never in silence."""
+    values = values.copy()
+    issues: list[list[str]] = [[] for _ in range(points)]
     for j, m in enumerate(metrics):
-        spread = start_spread(values[known, j], same, start_codes[known])
-        if spread is not None:
-            spreads[m] = spread
-    return starts, spreads
-
-
-AT_START = "levels at the server's start (each server's drift over its runs fitted out)"
-
-
-def _places(df: pd.DataFrame) -> np.ndarray | None:
-    """Each run's place in its server's life (0: the first run its server measured), by `started_at`, else by
-    the run order's `slot`; None where neither is known for every run."""
-    for col in ("started_at", "slot"):
-        if col in df.columns:
-            key = pd.to_numeric(df[col], errors="coerce")
-            if key.notna().all():
-                return (key.groupby(df["server_id"].astype(str)).rank(method="first") - 1.0).to_numpy(dtype=float)
-    return None
-
-
-def _at_server_start(df: pd.DataFrame, codes: np.ndarray, used: np.ndarray, points: int,
-                     metrics: list[str]) -> dict[str, tuple[np.ndarray, ...]]:
-    """Per metric, each point's level at its server's start with the variance of that estimate, its degrees of
-    freedom and the server's drift in % per run of its life (`raysweep.maths.start_level`: the drift fitted
-    over all the server's points' runs; NaN for a point not fitted), for the points whose runs used all come
-    from one server start. Empty where the runs' servers or their order are not recorded."""
-    if "server_id" not in df.columns or df["server_id"].isna().any():
-        return {}
-    places = _places(df)
-    if places is None:
-        return {}
-    server = pd.factorize(df["server_id"].astype(str))[0]
-    one_start = starts_per_point(codes[used], server[used], points) == 1
-    rows = np.flatnonzero(used & one_start[codes])
-    everything = df[metrics].to_numpy(dtype=float)[rows]
-    fits: dict[str, tuple[np.ndarray, ...]] = {}
-    for j, m in enumerate(metrics):
-        keep = np.isfinite(everything[:, j])
-        fit = start_levels(everything[keep, j], codes[rows][keep], places[rows][keep], points, server[rows][keep])
-        if np.isfinite(fit.log_level).any():
-            level = np.exp(fit.log_level)
-            fits[m] = (level, (level * fit.log_se) ** 2, fit.df, fit.slope_pct)
-    return fits
-
-
-def _intervals(stats: dict[str, np.ndarray], metrics: list[str],
-               fits: dict[str, tuple[np.ndarray, ...]], starts: np.ndarray | None,
-               spreads: dict[str, StartSpread], confidence: float) -> None:
-    """Every point's interval in `stats`, in place: of its level at its server's start where `fits` has it,
-    else of its runs' mean; widened by the spread between server starts where the campaign measured it
-    (`raysweep.maths.start_spread.level_intervals`). Unchanged (the plain t-interval) for a metric with
-    neither."""
-    for j, m in enumerate(metrics):
-        if m not in fits and m not in spreads:
-            continue
-        n = stats["n"][:, j]
-        level, within = stats["mean"][:, j].copy(), stats["std"][:, j] ** 2 / np.maximum(n, 1.0)
-        dof = np.where(n >= 2, n - 1.0, 0.0)
-        if m in fits:
-            fitted = np.isfinite(fits[m][0]) & (n >= 2)
-            level[fitted], within[fitted], dof[fitted] = (f[fitted] for f in fits[m][:3])
-        how_many = starts if starts is not None else np.ones(level.size)
-        stats["ci_low"][:, j], stats["ci_high"][:, j] = level_intervals(level, within, dof, how_many,
-                                                                        spreads.get(m), confidence)
-
-
-def _measured_alike(df: pd.DataFrame) -> np.ndarray:
-    """A code per run for what it measured: its point, where a confirmation's point counts as the point it
-    confirms (`confirms_bench_id`: the same configuration at the same load, measured again on fresh starts)."""
-    if "serve_id" not in df.columns or "bench_id" not in df.columns:
-        return pd.factorize(pd.Series(range(len(df))))[0]
-    bench = df["bench_id"].astype(str)
-    if "confirms_bench_id" in df.columns:
-        base = df["confirms_bench_id"]
-        bench = base.where(base.notna() & (base.astype(str) != ""), bench).astype(str)
-    return pd.factorize(df["serve_id"].astype(str) + "/" + bench)[0]
+        col = values[:, j]
+        bad_inf = np.isinf(col)
+        bad_neg = np.isfinite(col) & (col < 0) & (m in HEADLINE_RATES or bool(_LATENCY.match(m)))
+        for what, bad in (("not finite", bad_inf), ("negative", bad_neg)):
+            if bad.any():
+                for i, n in enumerate(np.bincount(codes[bad], minlength=points)):
+                    if n:
+                        issues[i].append(f"{m}: {n} run(s) {what}, left out")
+        col[bad_inf | bad_neg] = math.nan
+    return values, ["; ".join(x) for x in issues]
 
 
 def _percentiles(sets: list[tuple[np.ndarray, list[float]]]) -> list[list[float]]:

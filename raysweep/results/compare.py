@@ -6,13 +6,13 @@ A side is a raysweep output dir, a `vllm bench sweep` dir, a dir written by `ray
 both sides have (or `--match-on`); the baseline must hold one point per matched value, the other side may hold
 several (several server configs against one baseline point). Per metric a comparison gives the baseline and
 the other mean over runs (for a percentile, the mean of the per-run percentiles), their ratio (other /
-baseline), the p-value of the test that decided (`M_test`: Welch's t over runs, `verdicts.compare_means`;
-or a paired t where the two points' runs were measured side by side, `over_time.pairs`; or, where a side
-measured the spread between server starts, `t over server starts`, `maths.start_spread`) and a verdict
-(higher is better for throughputs, lower for latencies): `better` or `worse` when the test rejects equal
-means, `not shown` when it does not (the runs cannot tell them apart: not a claim that they are equal) or
-a side has fewer than 3 runs or, unpaired, a side's runs drift over their order (`drift`), `not judged`
-when a side has fewer than 2. Every verdict of a comparison
+baseline) with its interval (`M_ratio_low`, `M_ratio_high`), the p-value and a verdict from one model
+(`raysweep.maths.hierarchy`: each side's value is the mean over its server starts of their start means, and
+the two are compared on those start means; `M_test`), higher is better for throughputs, lower for latencies:
+`better` or `worse` when the interval of the ratio excludes 1, `not shown` when it does not (not a claim
+that they are equal) or a drift shown on a side is as large as the lead shown, `not compared` when a side
+was measured on one server start (`M_why` says so), `not judged` when a value or a spread is missing.
+Every verdict of a comparison
 (all matched points x metrics) is one family: its p-values are adjusted for the false discovery rate
 (Benjamini-Hochberg, `FAMILY`; `M_p_adjusted`), and `family_text` says how many were tested
 (benchmarks/bench_verdicts.py measures the false verdicts per comparison).
@@ -32,18 +32,17 @@ import logging
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from raysweep.campaign.slo import Target, meets
+from raysweep.campaign.slo import Target
 from raysweep.errors import UserError, unknown_names
-from raysweep.maths import over_time, verdicts
+from raysweep.maths import hierarchy, over_time, verdicts
 from raysweep.maths.over_time import Family
-from raysweep.maths.start_spread import StartSpread, compare_over_starts
 from raysweep.record.files import write_json_atomic
 from raysweep.results import aggregate
 from raysweep.results.labels import fmt_value
@@ -231,11 +230,7 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
     _check_unique(baseline, keys, base_keys)
     index = {k: i for i, k in enumerate(base_keys)}
     rows, matched, served = [], set(), []
-    runs_a, runs_b = _runs_by_point(baseline, names), _runs_by_point(other, names)  # once, not a scan per point
-    # runs pair only by their blocks (`over_time.pairs`): where a side's runs have none, no point's runs are read
-    paired = runs_a is not None and runs_b is not None and "block" in runs_a[0] and "block" in runs_b[0]
     base_rows = baseline.summary.to_dict("records")  # plain dicts: a Series' lookups cost 20 times more
-    spreads = start_spreads(baseline, other)
     for b in other.summary.to_dict("records"):
         key = tuple(_norm(b[k]) for k in keys)
         if key not in index:
@@ -243,11 +238,10 @@ def compare(baseline: Side, other: Side, on: Sequence[str] | None = None,
         matched.add(key)
         a = base_rows[index[key]]
         served.append((a.get("serve_id"), b.get("serve_id")))
-        point_runs = (_point_runs(baseline, a, runs_a), _point_runs(other, b, runs_b)) if paired else (None, None)
-        rows.append(_row(a, b, keys, names, slo, *point_runs, spreads=spreads))
+        rows.append(_row(a, b, keys, names, slo))
     table = pd.DataFrame.from_records(rows)
     fam = _control(table, names, family)
-    notes = [_starts_note(spreads, names)] if rows else []
+    notes = [_starts_note(table, names)] if rows else []
     if not rows:
         notes.append(f"no point of {other.name} has the parameters of a point of {baseline.name} "
                      f"(matched on {', '.join(keys)})")
@@ -321,40 +315,6 @@ def _shown(value: Any) -> str:
     return "(none)" if value is None else fmt_value(value)
 
 
-_RUN_FIELDS = ("serve_id", "bench_id", "client_limited", "validity_ok", "block", "round", "run_number",
-               "started_at", "ended_at")  # what a point's runs are compared by, beside the metrics
-
-
-RunsByPoint = tuple[pd.DataFrame, dict[tuple[Any, Any], Any], np.ndarray]
-
-
-def _runs_by_point(side: Side, metrics: Sequence[str]) -> RunsByPoint | None:
-    """A side's runs (only the fields a comparison reads), their positions by (serve_id, bench_id) and which
-    of them are left out (`aggregate.left_out_mask`, once for all), or None where its runs are not known."""
-    runs = side.runs
-    if runs is None or not {"serve_id", "bench_id"} <= set(runs.columns):
-        return None
-    runs = runs[[c for c in dict.fromkeys((*_RUN_FIELDS, *metrics)) if c in runs.columns]]
-    return (runs, dict(runs.groupby(["serve_id", "bench_id"], sort=False, dropna=False).indices),
-            aggregate.left_out_mask(runs).to_numpy(dtype=bool))
-
-
-def _point_runs(side: Side, row: dict[str, Any], by_point: RunsByPoint | None = None) -> pd.DataFrame | None:
-    """The runs of one point of a side (those its summary used: left-out runs dropped, unless every one of
-    them is), or None; `by_point` (`_runs_by_point`) finds them without scanning every run."""
-    runs = side.runs
-    if runs is None or not {"serve_id", "bench_id"} <= set(runs.columns):
-        return None
-    if by_point is not None:
-        slim, where, left_out = by_point
-        at = np.asarray(where.get((row.get("serve_id"), row.get("bench_id")), []), dtype=int)
-        kept = at[~left_out[at]]
-        return slim.iloc[kept if kept.size else at]
-    mine = runs[(runs["serve_id"] == row.get("serve_id")) & (runs["bench_id"] == row.get("bench_id"))]
-    left = aggregate.left_out_mask(mine)
-    return mine[~left] if (~left).any() else mine
-
-
 def _control(table: pd.DataFrame, metrics: list[str], method: str) -> Family:
     """The verdicts of the whole comparison (every matched point and metric) as one family: the p-values
     adjusted (`over_time.adjust`) and a verdict better or worse only where the adjusted p-value is under 5 %
@@ -383,7 +343,36 @@ def _control(table: pd.DataFrame, metrics: list[str], method: str) -> Family:
 
 
 def _meets(row: dict[str, Any], slo: Target) -> bool:
-    return meets({t.metric: row.get(f"{t.metric}_mean") for t in slo.thresholds}, slo) is True
+    """A point meets the slo when the interval of every threshold's metric lies inside its bound (a latency
+    percentile: the interval of its pooled requests where kept, else of the model), never on a mean."""
+    for t in slo.thresholds:
+        pooled = f"{t.metric}_pooled_ci_low" in row and _finite(row.get(f"{t.metric}_pooled_ci_low"))
+        pre = f"{t.metric}_pooled_ci" if pooled else f"{t.metric}_ci"
+        low, high = row.get(f"{pre}_low", math.nan), row.get(f"{pre}_high", math.nan)
+        if over_time.bound_verdict(low, high, t.op, t.bound) != "met":
+            return False
+    return True
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _starts_note(table: pd.DataFrame, metrics: list[str]) -> str:
+    """What the verdicts rest on: the server starts of each side (`raysweep.maths.hierarchy`)."""
+    one = 0
+    if {"starts_a", "starts_b"} <= set(table.columns):
+        a = pd.to_numeric(table["starts_a"], errors="coerce").fillna(1)
+        b = pd.to_numeric(table["starts_b"], errors="coerce").fillna(1)
+        one = int(((a < 2) | (b < 2)).sum())
+    said = f"verdicts {hierarchy.MODEL}: the server start is the replicate"
+    if one:
+        said += (f"; {one} of {len(table)} matched point(s) not compared: one server start on a side "
+                 "(a campaign with several starts per configuration compares them)")
+    return said
 
 
 def _match_columns(baseline: Side, other: Side, on: Sequence[str] | None) -> list[str]:
@@ -428,71 +417,34 @@ def _check_unique(baseline: Side, keys: list[str], base_keys: list[tuple[Any, ..
         seen[k] = i
 
 
-def start_spreads(*sides: Side) -> dict[str, StartSpread]:
-    """Per metric, the spread between server starts the sides' summaries measured (`summarize`'s
-    `start_spread`), pooled over the sides that measured it (weighted by their degrees of freedom)."""
-    found: dict[str, list[tuple[float, int, int]]] = {}
-    for side in sides:
-        for m, (var, df, points) in (side.summary.attrs.get("start_spread") or {}).items():
-            found.setdefault(m, []).append((float(var), int(df), int(points)))
-    return {m: StartSpread(sum(v * d for v, d, _ in xs) / sum(d for _, d, _ in xs), sum(d for _, d, _ in xs),
-                           sum(p for _, _, p in xs)) for m, xs in found.items() if sum(d for _, d, _ in xs) > 0}
-
-
-def _starts_note(spreads: dict[str, StartSpread], metrics: list[str]) -> str:
-    """What the verdicts include of the server starts."""
-    judged = [m for m in metrics if m in spreads]
-    if judged:
-        m = judged[0]
-        return (f"verdicts over server starts for {len(judged)} of {len(metrics)} metric(s) ({m}: "
-                f"{spreads[m].text()})")
-    return ("no side measured a point on 2+ server starts: the verdicts are over runs, and what a server start "
-            "adds is not in them (`order.instances` or `confirm:` measure it)")
-
-
-def _starts(row: dict[str, Any]) -> int:
-    k = row.get("server_starts")
-    try:
-        return max(int(k), 1) if k is not None and math.isfinite(float(k)) else 1
-    except (TypeError, ValueError):
-        return 1
-
-
 def _row(a: dict[str, Any], b: dict[str, Any], keys: list[str], metrics: list[str], slo: Target | None = None,
-         runs_a: pd.DataFrame | None = None, runs_b: pd.DataFrame | None = None,
-         spreads: dict[str, StartSpread] | None = None) -> dict[str, Any]:
+         ) -> dict[str, Any]:
     row: dict[str, Any] = {k: b[k] for k in keys}
     for lab in _LABELS:
         row[f"{lab}_a"], row[f"{lab}_b"] = a.get(lab), b.get(lab)
     row["runs_a"], row["runs_b"] = a.get("runs"), b.get("runs")
+    row["starts_a"], row["starts_b"] = a.get("server_starts"), b.get("server_starts")
     judged = True
     if slo is not None:
         ma, mb = _meets(a, slo), _meets(b, slo)
         row["slo"] = {(True, True): "both meet", (True, False): "only the baseline meets",
                       (False, True): "only this one meets", (False, False): "neither meets"}[(ma, mb)]
         judged = ma and mb
-    paired = over_time.pairs(runs_a, runs_b) if runs_a is not None and runs_b is not None else None
     drifts = [s for s, r in (("baseline", a), ("this campaign", b)) if r.get("drift") == "drifts"]
     row["drift"] = " and ".join(drifts)
+    drift = max(hierarchy.drift_total(r.get("drift_pct_per_run"), r.get("runs"), r.get("drift") == "drifts")
+                for r in (a, b))
     for m in metrics:
-        spread = (spreads or {}).get(m)
-        v = (verdicts.compare_means(verdicts.row_stats(a, m), verdicts.row_stats(b, m), higher_is_better(m))
-             if spread is None else
-             compare_over_starts((*verdicts.row_stats(a, m), _starts(a)), (*verdicts.row_stats(b, m), _starts(b)),
-                                 spread, higher_is_better(m)))
-        if drifts and v.decided:   # a level that drifts over the runs is no level to compare unpaired
-            v = verdicts.Verdict("not shown", v.runs_a, v.runs_b, v.ratio, v.p_value, v.test,
-                                 reason=f"the runs of {row['drift']} drift")
-        if paired is not None and m in runs_a.columns and m in runs_b.columns:  # type: ignore[union-attr]
-            what, ka, kb = paired
-            pv = over_time.paired_verdict(ka, list(runs_a[m]), kb, list(runs_b[m]),  # type: ignore[index]
-                                          higher_is_better(m), key=what)
-            v = pv if pv.word != "not judged" else v
+        v = hierarchy.compare(hierarchy.Estimate.of_row(a, m), hierarchy.Estimate.of_row(b, m), higher_is_better(m))
+        if hierarchy.drift_could_decide(v, drift, higher_is_better(m)):
+            v = replace(v, word="not shown", reason=f"the runs of {row['drift']} drift as much as the lead shown")
         row[f"{m}_a"], row[f"{m}_b"] = verdicts.row_stats(a, m)[0], verdicts.row_stats(b, m)[0]
         row[f"{m}_ratio"] = v.ratio
+        row[f"{m}_ratio_low"], row[f"{m}_ratio_high"] = v.low, v.high
         row[f"{m}_p"] = v.p_value
         row[f"{m}_test"] = v.test
         row[f"{m}_verdict"] = v.word if judged else "outside slo"
+        row[f"{m}_why"] = v.reason
     return row
 
 
@@ -511,7 +463,8 @@ def totals(cmp: Comparison) -> pd.DataFrame:
                      "ratio_min": float(good.min()) if len(good) else math.nan,
                      "ratio_max": float(good.max()) if len(good) else math.nan,
                      **{v.replace(" ", "_"): int(verdicts.get(v, 0))
-                        for v in ("better", "worse", "not shown", "not judged", "outside slo")}})
+                        for v in ("better", "worse", "not shown", "not judged", "not compared",
+                                                  "outside slo")}})
     return pd.DataFrame.from_records(rows)
 
 

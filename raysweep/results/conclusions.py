@@ -49,8 +49,7 @@ import pandas as pd
 from raysweep.bench.load import CONCURRENCY
 from raysweep.campaign.slo import Target
 from raysweep.errors import UserError, unknown_names
-from raysweep.maths import verdicts
-from raysweep.maths.start_spread import StartSpread, compare_over_starts
+from raysweep.maths import hierarchy, verdicts
 from raysweep.results import aggregate, pd_arms, pd_regions
 from raysweep.results.front import gpu_counts, pareto
 from raysweep.results.labels import axis_label, fmt_value, sort_key
@@ -84,7 +83,7 @@ log = logging.getLogger(__name__)
 DEFAULT_OBJECTIVE = "output_throughput_per_gpu"
 CONFIDENCE = 0.95
 _PER_GPU = "_per_gpu"
-_STATS = ("mean", "median", "std", "ci_low", "ci_high")
+_STATS = ("mean", "median", "std", "ci_low", "ci_high", "se", "df", "ci_level")
 _POINT = ["serve_id", "bench_id"]
 _LOWER_IS_BETTER = ("_ms", "_s", "duration", "failed", "error_rate", "num_preemptions", "j_per_output_token",
                     "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens", "energy_j", "energy_net_j")
@@ -175,7 +174,9 @@ class ShapeVerdict:
     cheapest: pd.Series | None = None  # the point of least cost (else energy) per output token, under the slo
     cheapest_metric: str = ""
     test: str = verdicts.WELCH   # the test that decided the leader against the runner-up
-    drifting: bool = False       # the leader's or the runner-up's runs drift over their order
+    drifting: bool = False       # the leader's or the runner-up's runs drift over their order (shown, not a veto)
+    against: verdicts.Verdict | None = None  # the leader against the runner-up (the model), the lead with its interval
+    all_flagged: bool = False    # every configuration's runs failed a check: no leader is named
     nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
     confirmation: Any = None  # raysweep.maths.confirmation.Confirmation: the leader and runner-up measured again, fresh
     selection: str = ""       # with a confirmation, what the sweep's own test said (the verdict is the confirmation's)
@@ -185,11 +186,11 @@ class ShapeVerdict:
     def clear(self) -> bool:
         """A verdict shown in green: the leader beats every other config (with a confirmation: the confirmation
         shows it better than the runner-up), none of their runs is flagged, and neither drifts."""
+        if self.all_flagged:
+            return False
         if self.confirmation is not None:
-            return (bool(self.confirmation.significant) and not self.flagged and self.slo_met is not False
-                    and not self.drifting)
-        return (bool(self.significant) and not self.tied and not self.flagged and self.slo_met is not False
-                and not self.drifting)
+            return bool(self.confirmation.significant) and not self.flagged and self.slo_met is not False
+        return bool(self.significant) and not self.tied and not self.flagged and self.slo_met is not False
 
 
 @dataclass
@@ -207,7 +208,6 @@ class Conclusions:
     notes: list[str] = field(default_factory=list)
     slo: Target | None = None
     single_config: bool = False   # one server config (an endpoint) swept over loads: judged by load, not config
-    start_spread: StartSpread | None = None  # the objective's spread between server starts, where measured
     deployments: dict[str, str] = field(default_factory=dict)  # P/D deployments by serve_id (`pd_regions`)
     # whether the deployments differ only where declared, and any that prefilled requests again (`pd_arms`)
     arms: list[str] = field(default_factory=list)
@@ -228,7 +228,7 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
 
     :raises UserError: the objective is not an aggregated metric.
     """
-    if summary is None:  # of every run, the confirmation's too: its fresh starts measure the spread between starts
+    if summary is None:
         summary = aggregate.summarize(df, confidence=confidence)
     df, confirming = _without_confirmation(df)
     if len(confirming):
@@ -243,42 +243,18 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     load = load_variable(df, "")
     keys = shape_keys(df, bench_vars, load or None, sla_variable)
     points, notes = _points(df, summary, obj, load or None, keys, slo)
-    spread = _spread_of(summary, obj)
-    verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None, spread)
+    verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None)
                  for shape, rows in points.groupby("shape", sort=False)]
     for v in verdicts_:
-        _confirmed(v, confirming, obj, confidence, spread)
+        _confirmed(v, confirming, obj, confidence)
     fronts, front_notes = _fronts(df, points)
     single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
     deployments = pd_regions.deployment_names(df)
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
                        _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
-                       [*gpu_note, *notes, *_start_note(summary)], slo, single, spread, deployments,
+                       [*gpu_note, *notes], slo, single, deployments,
                        [*pd_arms.arm_lines(df, deployments, serve_params),
                         *pd_arms.prefilled_again_lines(df, deployments, load or None)])
-
-
-def _spread_of(summary: pd.DataFrame, obj: Objective) -> StartSpread | None:
-    """The spread between server starts the summary measured for the objective's metric (None: not measured)."""
-    measured = (summary.attrs.get("start_spread") or {}).get(obj.metric)
-    return StartSpread(*measured) if measured is not None else None
-
-
-def _start_note(summary: pd.DataFrame) -> list[str]:
-    """Lines saying what the intervals cover beyond one start's runs: the spread between server starts and the
-    drift of a server's life, where they do."""
-    notes = []
-    spreads = summary.attrs.get("start_spread") or {}
-    named = next((m for m in ("output_throughput", *spreads) if m in spreads), None)
-    if named is not None:
-        notes.append(f"Intervals cover the level over server starts, not only one start's runs ({named}: "
-                     f"{StartSpread(*spreads[named]).text()}): more server starts narrow them (order.instances, "
-                     "confirm.starts), more runs of one start do not")
-    if summary.attrs.get("start_level"):
-        notes.append("Intervals are of each point's level at its server's start: a drift over the server's runs "
-                     "is fitted over all its points and left out (a point measured on several starts keeps the "
-                     "interval of its mean)")
-    return notes
 
 
 def gpus_declared(df: pd.DataFrame) -> bool:
@@ -297,8 +273,7 @@ def _without_confirmation(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     return df[~mask].reset_index(drop=True), df[mask].reset_index(drop=True)
 
 
-def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: float,
-               spread: StartSpread | None = None) -> None:
+def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: float) -> None:
     """A shape's verdict from the confirmation's fresh runs of its leader and runner-up, where there are
     some: the lead, the test and `clear` are the confirmation's; the sweep's own test is kept in words."""
     from raysweep.maths.confirmation import confirmed_verdict
@@ -307,7 +282,7 @@ def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: 
         return
     kept = ~aggregate.left_out_mask(runs)
 
-    def arm(row: pd.Series) -> tuple[list[float], int]:
+    def arm(row: pd.Series) -> tuple[list[float], list[str]]:
         of_it = (runs["serve_id"] == row["serve_id"]) & (runs["confirms_bench_id"] == row["bench_id"])
         # its runs that passed their checks; when none did, all of them, as the sweep's aggregates do
         mine = runs[of_it & kept] if (of_it & kept).any() else runs[of_it]
@@ -317,15 +292,18 @@ def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: 
         values = pd.to_numeric(mine.get(metric, pd.Series(dtype=float)), errors="coerce")
         if per_gpu:
             values = values / float(row.get("gpus") or 1.0)
-        return [float(x) for x in values if math.isfinite(x)], int(mine["server_id"].nunique()) if len(mine) else 0
+        starts = (mine["server_id"].astype(str) if "server_id" in mine.columns
+                  else pd.Series("", index=mine.index))
+        return list(values.astype(float)), list(starts)
 
     (a, sa), (b, sb) = arm(v.leader), arm(v.runner_up)
-    c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence, spread)
+    c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence)
     if c is None:
         return
     v.selection = verdict_text(v, drift_note=False)
     v.confirmation, v.significant, v.lead, v.p_value = c, c.significant, c.lead, c.p_value
-    v.test = f"{c.test} over the confirmation's fresh runs"
+    v.against = c.verdict
+    v.test = f"{c.test} of the confirmation's fresh starts"
 
 
 def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
@@ -351,10 +329,11 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
               if f"{m}_{st}" in summary.columns and f"{m}_{st}" not in (*stats, *means)]
     means += [f"{t.metric}_{k}" for t in (slo.thresholds if slo else ()) for k in _SLO_STATS[1:]
               if f"{t.metric}_{k}" in summary.columns and f"{t.metric}_{k}" not in stats + means]
-    extra = [c for c in (*_RUN_COUNTS, f"{obj.metric}_cv") if c in summary.columns]
+    extra = [c for c in (*_RUN_COUNTS, "ci_level", "value_issues", f"{obj.metric}_cv") if c in summary.columns]
     pts = info.merge(summary[[*_POINT, *stats, *extra, *means]], on=_POINT, how="inner")
-    for col in stats:
-        pts[col.replace(obj.metric, "objective", 1)] = pd.to_numeric(pts[col], errors="coerce") / pts["gpus"]
+    for col in stats:   # per GPU where asked (degrees of freedom are not divided)
+        scale = 1.0 if col.endswith(("_df", "_ci_level")) else pts["gpus"]
+        pts[col.replace(obj.metric, "objective", 1)] = pd.to_numeric(pts[col], errors="coerce") / scale
     pts = pts.rename(columns={f"{obj.metric}_cv": "objective_cv"})
     pts = pts[np.isfinite(pd.to_numeric(pts["objective_mean"], errors="coerce"))]
     pts = pts.assign(failed_last=_failed_last(df, pts, obj))
@@ -418,34 +397,6 @@ def slo_judgement(row: pd.Series, slo: Target) -> tuple[str, str, float]:
     return word, "; ".join(texts), excess
 
 
-def _paired(df: pd.DataFrame | None, family: pd.DataFrame, obj: Objective) -> Any:
-    """The paired test of two members of the family where their runs carry a pairing key (`over_time`):
-    a function (leader, other) -> Verdict, or None without pairs."""
-    from raysweep.maths import over_time
-
-    if df is None or not any(k in df.columns for k in over_time.PAIR_KEYS) or obj.metric not in df.columns:
-        return None
-    used = df[~aggregate.left_out_mask(df)] if (~aggregate.left_out_mask(df)).any() else df
-
-    def runs(i: int) -> pd.DataFrame:
-        r = family.iloc[i]
-        return used[(used["serve_id"] == r["serve_id"]) & (used["bench_id"] == r["bench_id"])]
-
-    def test(lead: int, other: int) -> verdicts.Verdict | None:
-        a, b = runs(lead), runs(other)
-        paired = over_time.pairs(a, b)
-        if paired is None:
-            return None
-        what, ka, kb = paired
-        ga, gb = float(family.iloc[lead].get("gpus") or 1.0), float(family.iloc[other].get("gpus") or 1.0)
-        va = pd.to_numeric(a[obj.metric], errors="coerce") / ga
-        vb = pd.to_numeric(b[obj.metric], errors="coerce") / gb
-        v = over_time.paired_verdict(ka, list(va), kb, list(vb), obj.maximize, key=what)
-        return None if v.word == "not judged" else v
-
-    return test
-
-
 def _nearest(rows: pd.DataFrame, load: str | None = None) -> str:
     """The point nearest to meeting the slo, with its thresholds' intervals."""
     if "slo_excess" not in rows.columns or rows.empty:
@@ -455,35 +406,8 @@ def _nearest(rows: pd.DataFrame, load: str | None = None) -> str:
     return f"{at_load(best, load)}: {best.get('slo_text')}"
 
 
-def _over_starts(family: pd.DataFrame, obj: Objective, spread: StartSpread | None) -> Any:
-    """Where the campaign measured the spread between server starts: a function (leader, other) -> Verdict
-    comparing the two as levels over their starts (`compare_over_starts`); None where it did not."""
-    if spread is None or "server_starts" not in family.columns:
-        return None
-
-    def test(lead: int, other: int) -> verdicts.Verdict:
-        a, b = family.iloc[lead], family.iloc[other]
-        return compare_over_starts((*_cand(a), _starts(a)), (*_cand(b), _starts(b)), spread, obj.maximize,
-                                   alpha=1.0)
-
-    return test
-
-
-def _starts(row: pd.Series) -> int:
-    k = row.get("server_starts")
-    return int(k) if finite(k) else 1
-
-
-def _either(first: Any, second: Any) -> Any:
-    """The first test's verdict where it gives one, else the second's (either may be None)."""
-    if first is None or second is None:
-        return first or second
-    return lambda lead, other: first(lead, other) or second(lead, other)
-
-
 def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None = None,
-             df: pd.DataFrame | None = None, load: str | None = None,
-             spread: StartSpread | None = None) -> ShapeVerdict:
+             df: pd.DataFrame | None = None, load: str | None = None) -> ShapeVerdict:
     slo_met = None
     nearest = ""
     if slo is not None:
@@ -500,17 +424,20 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
         rows = meeting
     cheapest, cheap_metric, cheap_tied = _cheapest(rows, load)
     sign = -1.0 if obj.maximize else 1.0
-    ordered = rows.assign(_key=sign * pd.to_numeric(rows["objective_mean"], errors="coerce")) \
-        .sort_values(["failed_last", "_key"], kind="stable").drop(columns="_key")
+    # a point whose runs all failed a check ranks after every point with runs that passed: never the leader
+    ordered = rows.assign(_key=sign * pd.to_numeric(rows["objective_mean"], errors="coerce"),
+                          _flag=_all_flagged(rows)) \
+        .sort_values(["_flag", "failed_last", "_key"], kind="stable").drop(columns=["_key", "_flag"])
     ranking = ordered.drop_duplicates("serve_id").reset_index(drop=True)
     leader = ranking.iloc[0]
+    everything_flagged = bool(leader.get("on_flagged_runs") == True)  # noqa: E712 (numpy's bool too)
     knee, bound = _knee(rows, obj) if slo is None else (None, "")
     others = ranking.iloc[1:] if len(ranking) > 1 else ordered.iloc[1:]
     runner = others.iloc[0] if len(others) else None
     if runner is None:
         return ShapeVerdict(shape, ranking, leader, None, None, None, slo_met=slo_met, knee=knee, knee_bound=bound,
                             flagged=_flagged(leader), cheapest=cheapest, cheapest_metric=cheap_metric,
-                            cheapest_tied=cheap_tied)
+                            cheapest_tied=cheap_tied, all_flagged=everything_flagged)
     a, b = float(leader["objective_mean"]), float(runner["objective_mean"])
     lead = (a - b) / abs(b) if b else None
     if lead is not None and not obj.maximize:
@@ -518,19 +445,50 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
     family = ranking if len(ranking) > 1 else ordered.reset_index(drop=True).iloc[:2]
     if not bool(leader.get("failed_last")):   # failed-last points are behind by rule, not by test
         family = family[~family["failed_last"].astype(bool)]
+    family = family[~_all_flagged(family)] if not everything_flagged else family
     drifting = _drifts(leader) or _drifts(runner)
+    against = hierarchy.compare(_estimate(runner), _estimate(leader), obj.maximize)
     if len(family) < 2:
         return ShapeVerdict(shape, ranking, leader, runner, True, lead, [], None, _flagged(leader) or
                             _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric, drifting=drifting,
-                            cheapest_tied=cheap_tied)
+                            cheapest_tied=cheap_tied, against=against, all_flagged=everything_flagged)
     family = family.reset_index(drop=True)
-    led = verdicts.tied_with_leader([_cand(r) for _, r in family.iterrows()], obj.maximize,
-                                    paired=_either(_paired(df, family, obj), _over_starts(family, obj, spread)))
-    significant = None if 1 in led.not_judged or _cand(family.iloc[0])[2] < 2 else (1 in led.behind)
+    estimates = [_estimate(r) for _, r in family.iterrows()]
+    led = verdicts.tied_with_leader([(e.mean, math.nan, e.runs) for e in estimates], obj.maximize,
+                                    paired=lambda i, j: hierarchy.compare(estimates[j], estimates[i], obj.maximize,
+                                                                          alpha=1.0))
+    significant = None if 1 in led.not_judged else (1 in led.behind)
+    if significant:   # a drift or a step decides only where it is as large as the lead's shown part
+        significant = not _drift_could_decide(against, leader, runner, obj.maximize)
     tied = [at_load(family.iloc[i], None) for i in led.tied]
     return ShapeVerdict(shape, ranking, leader, runner, significant, lead, tied, led.adjusted_p.get(1),
                         _flagged(leader) or _flagged(runner), slo_met, knee, bound, cheapest, cheap_metric,
-                        led.tests.get(1, verdicts.WELCH), drifting, cheapest_tied=cheap_tied)
+                        hierarchy.MODEL, drifting, cheapest_tied=cheap_tied, against=against,
+                        all_flagged=everything_flagged)
+
+
+def _estimate(row: pd.Series) -> hierarchy.Estimate:
+    """A point's objective under the model (`raysweep.maths.hierarchy`), as the summary holds it."""
+    def num(key: str) -> float:
+        v = row.get(key)
+        return float(v) if finite(v) else math.nan
+
+    starts, runs = row.get("server_starts"), row.get("runs")
+    return hierarchy.Estimate(num("objective_mean"), num("objective_se"), num("objective_df"),
+                              int(starts) if finite(starts) else 1, int(runs) if finite(runs) else 0)
+
+
+def _all_flagged(rows: pd.DataFrame) -> pd.Series:
+    if "on_flagged_runs" not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    return rows["on_flagged_runs"].fillna(False).astype(bool)
+
+
+def _drift_could_decide(against: verdicts.Verdict, leader: pd.Series, runner: pd.Series, maximize: bool) -> bool:
+    """Whether a drift shown in the leader's or the runner-up's runs could have made the verdict
+    (`hierarchy.drift_could_decide`)."""
+    drift = max(hierarchy.drift_total(r.get("drift_pct_per_run"), r.get("runs"), _drifts(r)) for r in (leader, runner))
+    return hierarchy.drift_could_decide(against, drift, maximize)
 
 
 def _drifts(row: pd.Series | None) -> bool:
@@ -559,12 +517,6 @@ def _cheapest(rows: pd.DataFrame, load: str | None = None) -> tuple[pd.Series | 
         led = verdicts.tied_with_leader(cands, higher_is_better=False)
         return best.iloc[led.leader], metric, [at_load(best.iloc[i], load) for i in led.tied + led.not_judged]
     return None, "", []
-
-
-def _cand(row: pd.Series) -> tuple[float, float, int]:
-    runs = row.get("runs")
-    return (float(row["objective_mean"]), float(row.get("objective_std", math.nan)),
-            int(runs) if finite(runs) else 0)
 
 
 def _flagged(row: pd.Series) -> bool:
@@ -658,6 +610,21 @@ def _cheapest_at_pass(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFr
 
 # -- text ------------------------------------------------------------------------------------------------
 
+def level_of(row: Any, prefix: str = "objective") -> float:
+    """The real level of a point's interval of `prefix` (the objective by default): its own where the summary
+    gives one (`M_ci_level`: `bench.precision` reports its metric at a raised level), else the summary's."""
+    for key in (f"{prefix}_ci_level", "ci_level"):
+        v = row.get(key)
+        if finite(v):
+            return float(v)
+    return CONFIDENCE
+
+
+def level_text(level: float) -> str:
+    """`95 %`, `97.5 %`."""
+    return f"{100.0 * level:.4g} %"
+
+
 def fmt(value: Any) -> str:
     """A measured value with 4 significant digits."""
     return f"{float(value):.4g}" if finite(value) else "n/a"
@@ -675,23 +642,30 @@ def at_load(row: pd.Series, load: str | None) -> str:
 
 
 def verdict_text(verdict: ShapeVerdict, drift_note: bool = True) -> str:
-    """What the test of the leader against the others shows, in words (`drift_note`: with the note that
-    drifting runs keep it from green)."""
+    """What the model shows of the leader against the others, in words: the lead over the runner-up with its
+    interval and real level, then the verdict (`drift_note`: with a drift shown in their runs)."""
+    if verdict.all_flagged:
+        return "no leader: every configuration's runs failed a check (see Warnings)"
     if verdict.runner_up is None:
         return "nothing to compare it with"
-    drift = ("; not green: the runs of the leader or the runner-up drift over their order (see Warnings)"
+    drift = ("; the runs of the leader or the runner-up drift over their order (see Warnings)"
              if verdict.drifting and drift_note else "")
     if verdict.confirmation is not None:
         return (verdict.confirmation.text() + (f" (in the sweep: {verdict.selection})" if verdict.selection else "")
                 + drift)
+    v = verdict.against
+    lead = f"lead {v.lead_text}; " if v is not None and v.lead_text and v.word in ("better", "worse", "not shown") \
+        else ""
     if verdict.significant is None:
-        return "not judged: a point with fewer than 2 runs cannot be tested" + drift
+        why = v.text if v is not None else "not judged"
+        return f"{why} (still measured and ranked)" + drift
     if verdict.tied:
-        runs = int(verdict.leader.get("runs") or 0)
-        return (f"not shown better with {runs} runs: tied with the leader: {', '.join(verdict.tied)} "
+        return (f"{lead}not shown better: tied with the leader: {', '.join(verdict.tied)} "
                 f"({verdict.test}, Holm over the configs)" + drift)
+    if not verdict.significant:
+        return f"{lead}not shown: a drift in their runs is as large as the lead it would show" + drift
     p = f", adjusted p={verdict.p_value:.2g}" if verdict.p_value is not None else ""
-    return f"better than every other config ({verdict.test}, Holm over the configs{p})" + drift
+    return f"{lead}better than every other config ({verdict.test}, Holm over the configs{p})" + drift
 
 
 def noise_text(verdict: ShapeVerdict) -> str:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from raysweep.errors import LedgerError
 from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.maths import hierarchy
 from raysweep.maths.precision import (
     AT_DURATION,
     AT_MAX,
@@ -23,7 +24,6 @@ from raysweep.maths.precision import (
     reported_confidence,
     runs_to_reach,
 )
-from raysweep.maths.start_spread import StartSpread, level_intervals
 
 __all__ = ["precision_counts", "precision_columns"]
 
@@ -95,29 +95,19 @@ def _real(value: Any) -> float:
 
 def _widen_for_looks(out: Any, decided: list[bool], spec: PrecisionSpec) -> None:
     """The precision metric's `_ci_low`/`_ci_high` of the points the rule decided, at `reported_confidence`
-    (`precision_confidence` says which level a row's interval has), in place: of the point's level at its
-    server's start where the summary fitted it, widened by the spread between server starts where measured,
-    as every interval of the summary is (`raysweep.results.aggregate`)."""
+    (`precision_confidence` and `ci_level` say which level a row's interval has), in place: the model's interval
+    (`raysweep.maths.hierarchy`: over server starts where a point has several, else over its one start's runs)
+    at that level, as the rule judged it."""
     m = spec.metric
-    if not {f"{m}_mean", f"{m}_std", f"{m}_ci_low", f"{m}_ci_high", "runs"} <= set(out.columns):
+    if not {f"{m}_mean", f"{m}_se", f"{m}_df", f"{m}_ci_low", f"{m}_ci_high"} <= set(out.columns):
         return
     level = reported_confidence(spec)
-    measured = (out.attrs.get("start_spread") or {}).get(m)
-    between = StartSpread(*measured) if measured is not None else None
-    fit = (out.attrs.get("start_level") or {}).get(m)
-    fitted = [np.asarray(part, dtype=float) for part in fit] if fit is not None and len(fit[0]) == len(out) else None
-    starts = (out["server_starts"].to_numpy(dtype=float) if between is not None and "server_starts" in out.columns
-              else np.ones(len(out)))
-    lows, highs, levels = list(out[f"{m}_ci_low"]), list(out[f"{m}_ci_high"]), []
-    for i, (mean, std, n, mine) in enumerate(zip(out[f"{m}_mean"], out[f"{m}_std"], out["runs"], decided)):
-        runs, spread = _real(n), _real(std)
-        ok = mine and runs >= 2 and math.isfinite(spread) and math.isfinite(_real(mean))
-        if ok:
-            centre, within, dof = _real(mean), spread * spread / runs, runs - 1.0
-            if fitted is not None and math.isfinite(fitted[0][i]):
-                centre, within, dof = fitted[0][i], fitted[1][i], fitted[2][i]
-            low, high = level_intervals(np.array([centre]), np.array([within]), np.array([dof]),
-                                        starts[i:i + 1], between, level)
-            lows[i], highs[i] = float(low[0]), float(high[0])
-        levels.append(level if ok else None)
-    out[f"{m}_ci_low"], out[f"{m}_ci_high"], out["precision_confidence"] = lows, highs, levels
+    mean, se, dof = (out[f"{m}_{k}"].to_numpy(dtype=float) for k in ("mean", "se", "df"))
+    low, high = hierarchy.interval(mean, se, dof, level)
+    mine = np.asarray(decided, dtype=bool) & np.isfinite(low)
+    out[f"{m}_ci_low"] = np.where(mine, low, out[f"{m}_ci_low"].to_numpy(dtype=float))
+    out[f"{m}_ci_high"] = np.where(mine, high, out[f"{m}_ci_high"].to_numpy(dtype=float))
+    out["precision_confidence"] = [level if x else None for x in mine]
+    # the level printed is the level used: this metric's own where it differs from the summary's `ci_level`
+    out[f"{m}_ci_level"] = [level if x else c for x, c in zip(mine, out.get("ci_level", [None] * len(out)),
+                                                               strict=True)]
