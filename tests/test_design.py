@@ -291,3 +291,24 @@ def test_a_designed_campaign_starts_its_servers_in_interleaved_blocks_on_the_clu
     assert [(s, i) for _, s, i in starts] == [(a, 0), (b, 0), (b, 1), (a, 1), (a, 2), (b, 2)]
     assert len({sid for sid, _, _ in starts}) == 6  # six separate server starts
     assert [(r["run_number"], r["block"]) for r in recs if r["serve_id"] == a] == [(0, 0), (1, 1), (2, 2)]
+
+
+@pytest.mark.ray
+def test_two_instances_give_a_verdict_over_server_starts_on_the_cluster(gpu_cluster, tmp_path):
+    """`order.instances: 2`, one run per start: two configurations far apart (a request takes 0.05 s against
+    0.5 s) are called apart by t over their starts' means (1 degree of freedom with 2 starts a side), where one
+    start each could only rank them."""
+    from helpers import run_file
+
+    from raysweep.maths.hierarchy import MODEL
+    from raysweep.results.data import answer_of, read_data
+
+    f = _campaign(tmp_path, None, runs=2, placement={"max_servers": 1}, order={"instances": 2},
+                  serve_params={"grid": {"request_delay": [0.05, 0.5]}},
+                  bench_params={"grid": {"max_concurrency": [4]}})
+    summary, out = run_file(f)
+    assert summary.counts["done"] == 4 and summary.counts["failed"] == 0
+    assert len({r["server_id"] for r in _records(out)}) == 4
+    (v,) = answer_of(read_data(out)).verdicts
+    assert str(v.leader["serve_label"]) == "request_delay=0.05"
+    assert v.test == MODEL and v.significant is True and v.p_value is not None and v.p_value < 0.05

@@ -27,6 +27,7 @@ from scipy import stats
 from scipy.optimize import brentq
 
 from raysweep.campaign.design import MIN_STARTS, PILOT, DesignSpec
+from raysweep.maths.hierarchy import FEW_STARTS
 from raysweep.plan.guess import DEFAULTS, guess_point_s
 
 __all__ = ["AUTO_LEAST", "FEW_STARTS", "POWER", "Design", "applied", "block_text", "choose", "components", "design_of",
@@ -34,7 +35,6 @@ __all__ = ["AUTO_LEAST", "FEW_STARTS", "POWER", "Design", "applied", "block_text
 
 AUTO_LEAST = 3  # auto gives at least this many starts: 2 a side leave a t over starts 2 degrees of freedom
 POWER = 0.8  # the power at which the dry run quotes the smallest lead a design shows
-FEW_STARTS = 5  # the verdicts' test reads Hsu's degrees of freedom below this many starts a side
 
 
 @dataclass(frozen=True)
