@@ -115,6 +115,9 @@ def test_the_spreads_are_read_from_runs_on_several_starts():
     start_cv, run_cv, used = components(rows)
     assert used == 40 and start_cv == pytest.approx(0.08, abs=0.015) and run_cv == pytest.approx(0.03, abs=0.005)
     assert components([("g", 0, 1.0), ("g", 0, 1.1)]) is None  # one start: no spread between starts
+    one_run = components([("g", 0, 1.0), ("g", 1, 1.2), ("g", 2, 1.1)])
+    assert one_run is not None and one_run[1] is None  # one run per start: the runs' spread is not measured
+    assert one_run[0] == pytest.approx(0.1 / 1.1)
 
 
 # -- the plan and the driver -----------------------------------------------------------------------------------
@@ -291,6 +294,11 @@ def test_a_designed_campaign_starts_its_servers_in_interleaved_blocks_on_the_clu
     assert [(s, i) for _, s, i in starts] == [(a, 0), (b, 0), (b, 1), (a, 1), (a, 2), (b, 2)]
     assert len({sid for sid, _, _ in starts}) == 6  # six separate server starts
     assert [(r["run_number"], r["block"]) for r in recs if r["serve_id"] == a] == [(0, 0), (1, 1), (2, 2)]
+    # the dry run reads the spread between the starts it measured and says what design it chooses
+    res = CliRunner().invoke(main, ["run", str(f), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert f"Measured in {out}: a start's mean varies by" in res.output and "would choose" in res.output
+    assert "a run within a start not measured (one run per start" in res.output
 
 
 @pytest.mark.ray

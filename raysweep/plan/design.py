@@ -31,7 +31,8 @@ from raysweep.maths.hierarchy import FEW_STARTS
 from raysweep.plan.guess import DEFAULTS, guess_point_s
 
 __all__ = ["AUTO_LEAST", "FEW_STARTS", "POWER", "Design", "applied", "block_text", "choose", "components", "design_of",
-           "detectable_lead", "dry_run_lines", "half_width", "runs_per_start", "starts_for", "test_df"]
+           "components_of", "detectable_lead", "dry_run_lines", "half_width", "measured_lines", "runs_per_start",
+           "starts_for", "test_df"]
 
 AUTO_LEAST = 3  # auto gives at least this many starts: 2 a side leave a t over starts 2 degrees of freedom
 POWER = 0.8  # the power at which the dry run quotes the smallest lead a design shows
@@ -230,13 +231,14 @@ def dry_run_lines(spec: Any, labels: Sequence[str], together: bool | None, point
             f"{design.run_s:.0f} s); run r of a point goes to start r mod {design.starts}"]
 
 
-def components(values: Iterable[tuple[str, int, float]]) -> tuple[float, float, int] | None:
+def components(values: Iterable[tuple[Any, Any, float]]) -> tuple[float, float | None, int] | None:
     """The spread between starts and between runs, as fractions of the mean, from runs given as (group, start,
     value): a group is a configuration at a bench point, a start one of its server starts. The run spread is
     pooled within starts; the start spread is that of the start means less what the runs put in it (the
-    one-way random-effects estimate, at 0 when negative). Returns (start_cv, run_cv, groups used), or None
-    where no group has two starts."""
-    groups: dict[str, dict[int, list[float]]] = {}
+    one-way random-effects estimate, at 0 when negative). Returns (start_cv, run_cv, groups used), run_cv None
+    where no start has two runs (the start spread then holds the runs' too), or None where no group has two
+    starts."""
+    groups: dict[Any, dict[Any, list[float]]] = {}
     for group, start, value in values:
         if value is not None and math.isfinite(value):
             groups.setdefault(group, {}).setdefault(start, []).append(float(value))
@@ -258,4 +260,40 @@ def components(values: Iterable[tuple[str, int, float]]) -> tuple[float, float, 
         return None
     run_var = within_ss / within_df if within_df else 0.0
     start_var = statistics.fmean(max(0.0, v - run_var / n) for v, n in start_parts)
-    return math.sqrt(start_var), math.sqrt(run_var), len(start_parts)
+    return math.sqrt(start_var), math.sqrt(run_var) if within_df else None, len(start_parts)
+
+
+def components_of(records: Iterable[Mapping[str, Any]], metric: str) -> tuple[float, float | None, int] | None:
+    """`components` of the run records of a campaign (its result files): a configuration at a bench point is a
+    group (a confirmation's runs with the point they confirm), its `server_id` a start."""
+    def value(r: Mapping[str, Any]) -> float:
+        v = r.get(metric)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    return components(((r.get("serve_id"), r.get("confirms_bench_id") or r.get("bench_id")), r.get("server_id"),
+                       value(r)) for r in records if r.get("server_id") is not None)
+
+
+def measured_lines(spec: Any, measured: tuple[float, float | None, int] | None, start_s: float | None,
+                   run_s: float | None, points: int, source: str) -> list[str]:
+    """What the spreads measured in earlier runs (`components_of`) say: the design they choose for this campaign
+    (its `design:`, else the defaults of one), at the measured costs where given; [] where nothing was measured
+    on two starts or more."""
+    if measured is None:
+        return []
+    start_cv, run_cv, groups = measured
+    d = getattr(spec.campaign, "design", None) or DesignSpec()
+    guess = design_of(replace(spec, campaign=spec.campaign.model_copy(update={"design": d})), points)
+    assert guess is not None
+    runs = 0.0 if run_cv is None else run_cv
+    chosen = choose(d.model_copy(update={"start_cv": round(start_cv, 3), "run_cv": round(runs, 3),
+                                         "starts": "auto", "runs_per_start": "auto"}),
+                    start_s or guess.start_s, run_s or guess.run_s, points)
+    within = (f"a run by {runs:.1%} within a start" if run_cv is not None else
+              "a run within a start not measured (one run per start: the start spread holds it)")
+    said = (f"Measured in {source}: a start's mean varies by {start_cv:.1%} from start to start, {within} "
+            f"({groups} point(s) on 2 server starts or more)")
+    return [said, f"  `design: {{start_cv: {start_cv:.3f}, run_cv: {runs:.3f}}}` would choose "
+                  f"{chosen.starts} start(s) x {chosen.runs_per_start} run(s) per start"
+                  + (f" (expected +-{chosen.expected:.1%}" if chosen.expected is not None else " (")
+                  + (f"; a lead of {chosen.detectable:.0%} shown {POWER:.0%} of the time)"
+                     if chosen.detectable is not None and math.isfinite(chosen.detectable) else ")")]
