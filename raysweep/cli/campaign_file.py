@@ -75,7 +75,8 @@ def _check(campaign_file: str) -> dict[str, Any]:
             "what": "offline config(s)" if plan.spec.offline else "server config(s)",
             "server_configs": sum(1 for s in plan.serves if plan.points_of(s.id)), "bench_points": len(plan.benches),
             "runs_per_point": counts["per_point"], "runs": len(plan.points), "sla_searches": len(plan.searches),
-            "notes": notes, **{k: v for k, v in counts.items() if k != "per_point"}}
+            "notes": notes + ([counts["note"]] if counts.get("note") else []),
+            **{k: v for k, v in counts.items() if k not in ("per_point", "note")}}
 
 
 def _all_runs(plan: Any) -> dict[str, Any]:
@@ -94,6 +95,10 @@ def _all_runs(plan: Any) -> dict[str, Any]:
     precision = getattr(c.bench, "precision", None)
     words = []
     if precision is not None:
+        out["note"] = ("bench.precision adds its runs inside one server start (the last, with order.instances): they "
+                       "narrow what that start measured, not what the next start adds; on one start per "
+                       "configuration its points are ranked, not compared. `design:` replaces it for verdicts "
+                       "(docs/design.md)")
         out["per_point"] = f"{precision.min_runs} to {precision.max_runs}"
         out["runs_most"] = est.most_points if est.most_points is not None else len(plan.points)
         words.append(f"up to {out['runs_most']} with bench.precision")

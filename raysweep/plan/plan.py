@@ -422,7 +422,8 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
         from raysweep.maths.precision import describe
 
         lines += ["", (f"Precision: {describe(precision)}; the runs above are the first {precision.min_runs} of "
-                       "each point, the others are added one at a time")]
+                       "each point, the others are added one at a time to one server start (the last, with "
+                       "order.instances); for verdicts over several starts, `design:` (docs/design.md)")]
     lines += ["", *workload_lines(plan.spec, len(plan.points))] if workload_lines(plan.spec) else []
     if not plan.spec.offline and c.tune is None and c.sla is None:
         from raysweep.maths.order import order_lines, order_of
