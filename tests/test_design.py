@@ -196,6 +196,8 @@ def test_validate_states_every_run_and_start_the_campaign_will_make(tmp_path):
     assert res.exit_code == 0, res.output  # the demo's former design: 12 first runs, 16 at most, 8 to confirm
     assert ("x 3 to 4 run(s) = 12 run(s) (up to 16 with bench.precision; then the winner's confirmation: 8 run(s) on 4 "
             "fresh server start(s)): 24 run(s) on 6 server start(s) in all") in res.output
+    assert "note: bench.precision adds its runs inside one server start" in res.output
+    assert "`design:` replaces it for verdicts" in res.output
 
 
 def test_the_dry_run_shows_the_design_and_its_cost_before_anything_starts(tmp_path):
