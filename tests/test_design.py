@@ -129,6 +129,7 @@ def test_the_design_becomes_starts_in_blocks_and_runs_dealt_to_them(tmp_path):
     text = dry_run_text(plan)
     assert "Design: 3 server start(s) x 2 run(s) per start of each point, per configuration (as given)" in text
     assert "6 server start(s), 24 run(s); blocks ordered AB BA" in text and "A B | B A | A B" in text
+    assert "Instances:" not in text  # said once, by the design
     est = estimate(plan)
     assert est.server_starts == 6 and est.points == 24
     again = build_plan(load_campaign(_campaign(tmp_path, {"starts": 3, "runs_per_start": 2})))

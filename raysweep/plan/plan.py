@@ -435,6 +435,8 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
         lines += ["", *designed] if designed else []
         said = order_lines(order_of(c), [s.label for s in plan.serves], benches, first_runs(plan.spec),
                            first.id if first is not None else "")
+        if designed:  # the design's lines above say the starts and their blocks
+            said = [line for line in said if not line.startswith("Instances:")]
         lines += ["", *said] if said else []
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]
