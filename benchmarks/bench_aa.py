@@ -100,7 +100,8 @@ def _read(out: Path) -> dict[str, Any]:
     lead = None
     if against is not None and math.isfinite(getattr(against, "ratio", math.nan)):
         lead = {"lead": against.ratio - 1, "low": against.low - 1, "high": against.high - 1,
-                "level": against.level, "word": against.word, "starts": [against.starts_a, against.starts_b]}
+                "level": against.level, "word": against.word, "starts": [against.starts_a, against.starts_b],
+                "over": None if v.runner_up is None else str(v.runner_up["serve_label"])}
     return {"headline": headlines(answer), "points": points, "lead": lead,
             "leader": None if v is None else str(v.leader["serve_label"]),
             "winner_named": bool(v is not None and v.clear),
@@ -128,17 +129,33 @@ def _coverage(sittings: list[dict[str, Any]], of: str = "mean") -> tuple[int, in
     return held, total
 
 
+def _oriented(s: dict[str, Any], leader: str) -> tuple[float, float, float] | None:
+    """A sitting's lead and its interval as the ratio of `leader` over the other configuration (inverted where the
+    sitting's own leader is the other one); None where the sitting compared other configurations."""
+    lead = s["lead"]
+    ratio, low, high = 1 + lead["lead"], 1 + lead["low"], 1 + lead["high"]
+    if s["leader"] == leader:
+        return ratio, low, high
+    if lead.get("over") == leader and ratio > 0 and low > 0:
+        return 1 / ratio, 1 / high, 1 / low
+    return None
+
+
 def _lead_coverage(sittings: list[dict[str, Any]]) -> tuple[int, int]:
-    """How many ordered pairs of sittings (i, j) have sitting i's interval of the lead (leader over runner-up)
-    holding sitting j's lead, among sittings whose leader and runner-up are the same configurations."""
+    """How many ordered pairs of sittings (i, j) have sitting i's interval of the lead (the most frequent leader over
+    the other configuration, every sitting's ratio turned that way) holding sitting j's lead."""
     held = total = 0
     ok = [s for s in sittings if s.get("lead") and math.isfinite(s["lead"]["low"]) and math.isfinite(s["lead"]["high"])]
-    for a in ok:
-        for b in ok:
-            if a is b or a["leader"] != b["leader"]:
-                continue
-            total += 1
-            held += a["lead"]["low"] <= b["lead"]["lead"] <= a["lead"]["high"]
+    if not ok:
+        return 0, 0
+    leaders = [s["leader"] for s in ok]
+    leader = max(set(leaders), key=leaders.count)
+    turned = [t for s in ok if (t := _oriented(s, leader)) is not None]
+    for i, a in enumerate(turned):
+        for j, b in enumerate(turned):
+            if i != j:
+                total += 1
+                held += a[1] <= b[0] <= a[2]
     return held, total
 
 
