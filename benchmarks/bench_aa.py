@@ -136,8 +136,8 @@ def _oriented(s: dict[str, Any], leader: str) -> tuple[float, float, float] | No
     ratio, low, high = 1 + lead["lead"], 1 + lead["low"], 1 + lead["high"]
     if s["leader"] == leader:
         return ratio, low, high
-    if lead.get("over") == leader and ratio > 0 and low > 0:
-        return 1 / ratio, 1 / high, 1 / low
+    if lead.get("over") == leader and ratio > 0:
+        return 1 / ratio, (1 / high if high > 0 else math.nan), (1 / low if low > 0 else math.inf)
     return None
 
 
@@ -145,13 +145,15 @@ def _lead_coverage(sittings: list[dict[str, Any]]) -> tuple[int, int]:
     """How many ordered pairs of sittings (i, j) have sitting i's interval of the lead (the most frequent leader over
     the other configuration, every sitting's ratio turned that way) holding sitting j's lead."""
     held = total = 0
-    ok = [s for s in sittings if s.get("lead") and math.isfinite(s["lead"]["low"]) and math.isfinite(s["lead"]["high"])]
+    ok = [s for s in sittings if s.get("lead") and math.isfinite(s["lead"]["lead"])]
     if not ok:
         return 0, 0
     leaders = [s["leader"] for s in ok]
     leader = max(set(leaders), key=leaders.count)
     turned = [t for s in ok if (t := _oriented(s, leader)) is not None]
-    for i, a in enumerate(turned):
+    for i, a in enumerate(turned):  # a sitting with no interval (one start a side) is held, never holds
+        if not (math.isfinite(a[1]) and math.isfinite(a[2])):
+            continue
         for j, b in enumerate(turned):
             if i != j:
                 total += 1
