@@ -358,6 +358,23 @@ def time_main(reps: int, seed: int, dest: Path | None) -> int:
     return report("verdicts_time", text, {"reps": reps, "seed": seed, "rows": rows}, dest)
 
 
+def model_main(reps: int, seed: int, dest: Path | None) -> int:
+    import os
+    import subprocess
+
+    import verdicts_model
+
+    start = time.monotonic()
+    rows = verdicts_model.measure(reps, seed)
+    took = time.monotonic() - start
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                            check=False).stdout.strip()
+    note = (f", {time.strftime('%Y-%m-%d', time.gmtime())}, commit {commit or '?'}, load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    text = verdicts_model.markdown(rows, reps, seed, took, note)
+    return report("verdicts-model", text, {"reps": reps, "seed": seed, "commit": commit, "rows": rows}, dest)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=400)
@@ -371,7 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time", action="store_true", help="verdicts with time in the model instead (drift, order, "
                     "steps, instances, outliers, few runs, families, the slo, selection): writes verdicts_time.md "
                     "and verdicts_time.json")
+    ap.add_argument("--model", action="store_true", help="the one model of a measurement (the server start as the "
+                    "replicate) on whole simulated campaigns: writes verdicts-model.md and verdicts-model.json")
     args = ap.parse_args(argv)
+    if args.model:
+        return model_main(20 if args.quick else args.reps, args.seed if args.seed else 51,
+                          args.out if args.out is not None else (None if args.quick else ROOT / "benchmarks"
+                                                                 / "results"))
     if args.time:
         return time_main(40 if args.quick else 5 * args.reps, args.seed,
                          args.out if args.out is not None else (None if args.quick else ROOT / "benchmarks"

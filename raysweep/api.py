@@ -46,6 +46,7 @@ class Conclusions:
     fronts: dict[str, pd.DataFrame]
     sla: pd.DataFrame
     detail: _Conclusions | None = field(default=None, repr=False)
+    answer: Any = None   # raysweep.results.answer.Answer: the one answer every face renders (`to_dict()` for JSON)
 
 
 class Campaign:
@@ -112,7 +113,7 @@ class Campaign:
         c = conclusions_of(self.output_dir, objective)
         if c is None:
             return None
-        return Conclusions(conclusions.headlines(c), c.objective.name, c.points, c.fronts, c.sla, c)
+        return Conclusions(conclusions.headlines(c), c.objective.name, c.points, c.fronts, c.sla, c, c.answer)
 
     @functools.cached_property
     def sla(self) -> pd.DataFrame:

@@ -108,14 +108,17 @@ def test_one_run_has_no_interval_and_no_verdict():
     assert not aggregate.lead_is_significant(s.iloc[0], s.iloc[1], "output_throughput")
 
 
-def test_lead_is_significant_is_welchs_test_of_the_runs():
-    a = {"m_mean": 10.0, "m_std": 0.5, "runs": 5}
-    assert aggregate.lead_is_significant(a, {"m_mean": 11.0, "m_std": 0.5, "runs": 5}, "m")   # p ~ 0.01
-    assert aggregate.lead_is_significant({"m_mean": 11.0, "m_std": 0.5, "runs": 5}, a, "m")
-    # intervals that overlap (half-widths 0.62 each around 10 and 10.9) can still be a difference
-    assert aggregate.lead_is_significant(a, {"m_mean": 10.9, "m_std": 0.5, "runs": 5}, "m")
-    assert not aggregate.lead_is_significant(a, {"m_mean": 10.5, "m_std": 0.5, "runs": 5}, "m")   # p ~ 0.15
-    assert not aggregate.lead_is_significant(a, {"m_mean": 20.0, "m_std": 0.5, "runs": 1}, "m")   # not judged
+def test_lead_is_significant_is_the_model_s_test_of_the_server_starts():
+    def row(mean: float, starts: int, sd: float = 0.5) -> dict:
+        return {"m_mean": mean, "m_se": sd / math.sqrt(starts), "m_df": starts - 1, "server_starts": starts,
+                "runs": starts}
+
+    a = row(10.0, 5)
+    assert aggregate.lead_is_significant(a, row(11.0, 5), "m") and aggregate.lead_is_significant(row(11.0, 5), a, "m")
+    assert not aggregate.lead_is_significant(a, row(10.5, 5), "m")                      # p ~ 0.15
+    # the same means and spreads on one server start each: runs of one start are no replicates of a config
+    one = {"m_mean": 10.0, "m_se": 0.1, "m_df": 4, "server_starts": 1, "runs": 5}
+    assert not aggregate.lead_is_significant(one, {**one, "m_mean": 20.0}, "m")
 
 
 def test_flagged_and_client_limited_runs_are_counted():
@@ -338,3 +341,15 @@ def test_values_no_statistic_may_read_are_left_out_and_said():
     assert p["output_throughput_ci_low"] < 102.0 < p["output_throughput_ci_high"]
     assert "output_throughput: 1 run(s) not finite, left out" in p["value_issues"]
     assert "output_throughput: 1 run(s) negative, left out" in p["value_issues"]
+
+
+def test_every_metric_s_drift_over_the_runs_is_measured_and_shown_latency_too():
+    # throughput steady; p99 TTFT 28, 26, ... 20 ms in the order the runs started (the rows list them backwards)
+    rows = [run_row("s8", 1, r, 100.0 * (1 + 0.001 * (-1) ** r), 10.0, p99_ttft_ms=20.0 * (1 + 0.1 * r),
+                    started_at=float(100 * (4 - r)), run_number=4 - r) for r in range(5)]
+    p = aggregate.summarize(table(rows)).iloc[0]
+    assert p["p99_ttft_ms_drift_pct_per_run"] == pytest.approx(-100.0 * 2.0 / 24.0, rel=1e-6)  # -2 ms/run of 24
+    assert p["p99_ttft_ms_drift_p"] < 0.001
+    assert abs(p["output_throughput_drift_pct_per_run"]) < 0.2 and p["output_throughput_drift_p"] > 0.05
+    # the value is the mean of the runs: a drift is shown, never fitted out
+    assert p["p99_ttft_ms_mean"] == pytest.approx(24.0)

@@ -165,7 +165,7 @@ def test_the_card_says_how_many_runs_back_the_leader_its_latencies_and_groups_wa
         write_json_atomic(path, rec)
     html = report.build_report(out, objective="output_throughput")
     card = section(html, "conclusions")
-    assert re.search(r"backed by \d run\(s\)", card) and "At this point: median_ttft" in card
+    assert re.search(r"on 1 server start\(s\), \d run\(s\)", card) and "At this point: median_ttft" in card
     assert "Knee (best among points with" in card and "not compared: one server start each" in card
     warn = section(html, "validity")
     assert "<summary class=\"flag\">shared CPUs: 2 run(s)</summary>" in warn

@@ -118,7 +118,10 @@ def test_the_conclusions_leave_the_confirmation_out_of_the_ranking_and_take_the_
     # the sweep alone could not tell: one server start each
     assert v.lead == pytest.approx(0.1, abs=0.01) and v.selection.startswith("not compared: one server start each")
     line = headlines(c)[0]
-    assert "(confirmation)" in line and "confirmed better on 4 and 4 fresh run(s)" in line
+    assert line.startswith("Best for all bench points: deploy max_num_seqs=8: output_throughput_per_gpu 110.0 tok/s [")
+    assert "(the confirmation: 2 fresh server start(s), 4 run(s)), 10 % more than max_num_seqs=4 [+" in line
+    assert line.endswith("confirmed on fresh servers")
+    assert "confirmed better on 4 and 4 fresh run(s)" in headlines(c, verbose=True)[1]   # the test, one step away
 
 
 def _records(out: Path) -> list[dict]:

@@ -366,9 +366,12 @@ def test_the_summary_reports_a_decided_points_interval_at_the_raised_confidence(
     from raysweep.results.precision import _widen_for_looks
 
     spec = PrecisionSpec(metric="request_throughput", rel_half_width=0.5)
+    # the model's estimate of each point (`M_se`, `M_df`: here one start of 5, 1 and 4 runs)
     table = pd.DataFrame({"runs": np.array([5, 1, 4]), "request_throughput_mean": [10.0, 10.0, 10.0],
                           "request_throughput_std": [1.0, np.nan, 2.0], "request_throughput_ci_low": [9.0, np.nan, 8.0],
-                          "request_throughput_ci_high": [11.0, np.nan, 12.0]})
+                          "request_throughput_ci_high": [11.0, np.nan, 12.0], "ci_level": 0.95,
+                          "request_throughput_se": [1.0 / np.sqrt(5), np.nan, 1.0],
+                          "request_throughput_df": [4.0, np.nan, 3.0]})
     _widen_for_looks(table, [True, True, False], spec)
     half = stats.t.ppf(0.9875, 4) / np.sqrt(5)
     assert table["request_throughput_ci_low"][0] == pytest.approx(10.0 - half)
@@ -376,3 +379,5 @@ def test_the_summary_reports_a_decided_points_interval_at_the_raised_confidence(
     # one run has no interval, and a point without a decision keeps the summary's own
     assert np.isnan(table["request_throughput_ci_low"][1]) and table["request_throughput_ci_high"][2] == 12.0
     assert list(table["precision_confidence"].fillna(0)) == [pytest.approx(0.975), 0, 0]
+    # the level printed is the level used: the metric's own beside the summary's
+    assert list(table["request_throughput_ci_level"]) == [pytest.approx(0.975), 0.95, 0.95]

@@ -239,7 +239,8 @@ def _runs_table() -> pd.DataFrame:
                     rows.append({
                         "serve_id": sid, "bench_id": f"{length}-{conc}", "point_id": f"{sid}-{length}-{conc}-{run}",
                         "run_number": run, "serve_label": f"cfg={sid}", "bench_label": f"len={length}-c={conc}",
-                        "server_id": f"{sid}-start{run}", "random_input_len": length, "max_concurrency": conc, "num_prompts": 8 * conc,
+                        "server_id": f"{sid}-start{run}", "random_input_len": length, "max_concurrency": conc,
+                        "num_prompts": 8 * conc,
                         "gpu_count": gpus, "tensor_parallel_size": gpus,
                         "output_throughput": base * (1 + spread * wobble),
                         "median_ttft_ms": 10.0 * conc * (1 + spread * wobble), "client_limited": False})
@@ -267,9 +268,10 @@ def test_conclusions_name_the_best_config_per_shape_and_judge_its_lead():
         conclusions.verdict_text(tied) and not tied.clear
     assert all("noise" not in conclusions.verdict_text(v) for v in (clear, tied))
     lines = conclusions.headlines(c)
-    assert lines[0].startswith("Best for random_input_len=128: cfg=A at max_concurrency=16, "
-                               "output_throughput_per_gpu 600")
-    assert "+50.0% over cfg=B at max_concurrency=16" in lines[0] and "better than every other config" in lines[0]
+    assert lines[0].startswith("Best for random_input_len=128: deploy cfg=A at max_concurrency=16: "
+                               "output_throughput_per_gpu 600.0 tok/s [")
+    assert "50 % more than cfg=B at max_concurrency=16 [+" in lines[0]
+    assert lines[0].endswith("shown better than every other configuration (t over server starts)")
     # the Pareto front of each shape, from the point means: per user falls as per GPU rises with the load
     front = c.fronts["random_input_len=128"]
     assert list(front["serve_label"]) == ["cfg=A"] * 3 and list(front["max_concurrency"]) == [16, 4, 1]
@@ -316,7 +318,7 @@ def test_report_leads_with_the_conclusions_and_prints_them(tmp_path, monkeypatch
     assert [ln.split(":")[0] for ln in lines[1:]] == ["Best for random_input_len=128", "Best for random_input_len=256"]
     html = (out / "report.html").read_text()
     top = section(html, "conclusions")
-    assert top.count('class="card"') == 2 and "Best: <b>max_num_seqs=16 at max_concurrency=8</b>" in top
+    assert top.count('class="card"') == 2 and "Best measured: <b>max_num_seqs=16 at max_concurrency=8</b>" in top
     assert top.count('<img alt="median_ttft_ms against output_throughput') == 2  # a curve figure per card
     assert "Pareto front" in top and "SLA capacities" in top
     # SLA capacities: per bench point and target, the unbounded config first, the one that never met it last

@@ -157,13 +157,17 @@ def report(output_dir: str, out_path: str | None, objective: str | None, as_json
     """One self-contained HTML report: conclusions (best config per bench shape, its lead against the noise,
     Pareto front, SLA capacities), warnings, figures, results, SLA, transport, failures, campaign, plan,
     environment. Prints its path and the conclusions."""
-    from raysweep.report.page import write_report_with_headlines
+    from raysweep.report.page import write_report_with_answer
     from raysweep.results.directory import CampaignDir
 
     CampaignDir(output_dir).check()
-    path, lines = write_report_with_headlines(output_dir, out_path, objective)
+    from raysweep.cli import logs
+
+    path, found = write_report_with_answer(output_dir, out_path, objective)
+    lines = found.lines(verbose=logs.verbosity > 0) if found is not None else []  # tests and p-values with -v
     if as_json:
-        print_json("report", {"output_dir": output_dir, "report": path, "objective": objective, "conclusions": lines})
+        print_json("report", {"output_dir": output_dir, "report": path, "objective": objective, "conclusions": lines,
+                              "answer": found.to_dict() if found is not None else None})
         return
     out.print(str(path), highlight=False)
     for line in lines:

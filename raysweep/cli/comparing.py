@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _SHOWN = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
-_VERDICT_STYLE = {"better": "green", "worse": "red", "not shown": "yellow", "not judged": "dim",
+_VERDICT_STYLE = {"better": "green", "worse": "red", "not shown": "yellow", "not judged": "dim", "not compared": "dim",
                   "outside slo": "dim"}
 _STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
 
@@ -201,7 +201,9 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
                        "runs_other": r.get("runs_b"),
                        "metrics": {m: {"baseline": r.get(f"{m}_a"), "other": r.get(f"{m}_b"),
                                        "ratio": r.get(f"{m}_ratio"), "verdict": r.get(f"{m}_verdict"),
-                                       "test": r.get(f"{m}_test"), "p_adjusted": r.get(f"{m}_p_adjusted")}
+                                       "test": r.get(f"{m}_test"), "p_adjusted": r.get(f"{m}_p_adjusted"),
+                                       "ratio_low": r.get(f"{m}_ratio_low"), "ratio_high": r.get(f"{m}_ratio_high"),
+                                       "why": r.get(f"{m}_why") or None}
                                    for m in cmp.metrics}})
     totals = compare.totals(cmp).to_dict(orient="records") if not cmp.table.empty else []
     return {"baseline": cmp.baseline.name, "baseline_source": cmp.baseline.source, "other": cmp.other.name,

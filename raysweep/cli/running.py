@@ -332,18 +332,31 @@ def _run_document(spec: Any, output_dir: Path, counts: dict[str, int], failures:
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
                           "attempts": p.attempts, "error": p.error} for p in failures],
             "stopped_early": stopped_early, "results": results, "report": drawn[0] if drawn else None,
-            "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else []}
+            "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else [],
+            "answer": _answer_json(output_dir) if drawn and drawn[2] else None}
+
+
+def _answer_json(output_dir: Path) -> dict[str, Any] | None:
+    """The campaign's answer as JSON (`raysweep.results.answer.Answer.to_dict`), as the lines printed render it."""
+    from raysweep.report.page import conclusions_of
+
+    try:
+        c = conclusions_of(output_dir)
+    except Exception:  # as `_headlines`: the lines said why
+        return None
+    return c.answer.to_dict() if c is not None else None
 
 
 def _headlines(output_dir: Path) -> list[str]:
     """The report's conclusions, one line per bench shape, without writing the report (printed, as
     `_write_report` prints them)."""
+    from raysweep.cli import logs
     from raysweep.report.page import conclusions_of
     from raysweep.results.conclusions import headlines
 
     try:
         answer = conclusions_of(output_dir)
-        lines = headlines(answer) if answer is not None else []
+        lines = headlines(answer, verbose=logs.verbosity > 0) if answer is not None else []
     except Exception as exc:  # as write_report_with_headlines: the report says why, the lines are a courtesy
         console.print(f"conclusions not made: {escape(str(exc))}", highlight=False)
         lines = []
@@ -355,11 +368,13 @@ def _headlines(output_dir: Path) -> list[str]:
 def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:
     """`report: true`: the HTML report and the default figures, with their paths; (report, figures,
     conclusions)."""
+    from raysweep.cli import logs
     from raysweep.cli.analysing import default_figures
-    from raysweep.report.page import write_report_with_headlines
+    from raysweep.report.page import write_report_with_answer
 
     figures, _ = default_figures(output_dir)  # their notes are in the report
-    path, lines = write_report_with_headlines(output_dir)
+    path, found = write_report_with_answer(output_dir)
+    lines = found.lines(verbose=logs.verbosity > 0) if found is not None else []  # tests and p-values with -v
     console.print(f"Report: {path}", highlight=False)
     console.print(f"Figures: {', '.join(str(p) for p in figures)}", highlight=False)
     for line in lines:  # the report's conclusions, one line per bench shape

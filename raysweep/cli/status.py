@@ -126,13 +126,35 @@ def _show(output_dir: str) -> bool:
         for pid in sorted(retried)[:10]:
             out.print(f"  {pid} attempt {last[pid]['attempt']}: {escape(str(last[pid]['error']))[:200]}",
                       highlight=False)
+    complete = not counts.get("pending") and not counts.get("running") and not live
+    if complete and counts.get("done"):
+        for line in _answer_lines(output_dir):
+            out.print(escape(line), highlight=False)
     for p in points:
         if p.state == PointState.FAILED:
             out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, {p.attempts} attempt(s)): "
                       f"{escape(str(p.error))}", highlight=False)
             if p.log_tail:
                 _say("  " + "\n  ".join(p.log_tail.splitlines()[-5:]), style="dim")
-    return not counts.get("pending") and not counts.get("running") and not live
+    return complete
+
+
+def _answer_of(output_dir: str) -> Any:
+    """The campaign's answer (`raysweep.results.answer.Answer`), as `run` and the report give it; None when it
+    cannot be made (the report says why)."""
+    from raysweep.report.page import conclusions_of
+
+    try:
+        c = conclusions_of(output_dir)
+    except Exception as exc:  # a courtesy line: the report says why
+        _say(f"answer not made: {exc}", style="dim")
+        return None
+    return c.answer if c is not None else None
+
+
+def _answer_lines(output_dir: str) -> list[str]:
+    found = _answer_of(output_dir)
+    return ["answer:", *found.lines()] if found is not None else []
 
 
 def _spend_line(servers: list[Any], stored: dict[str, Any]) -> None:
@@ -307,4 +329,7 @@ def _status_document(output_dir: str) -> dict[str, Any]:
     from raysweep.results.directory import CampaignDir
 
     with CampaignDir(output_dir) as directory:
-        return directory.status_document()
+        doc = directory.status_document()
+    done = (doc.get("counts") or {}).get("done")
+    found = _answer_of(output_dir) if doc.get("complete") and done else None
+    return {**doc, "answer": found.to_dict() if found is not None else None}

@@ -55,8 +55,15 @@ def conclusions_section(data: ReportData, card_figure: CardFigure) -> str:
 def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict,
                 card_figure: CardFigure) -> str:
     lead = v.leader
+    said = c.answer.shapes[c.verdicts.index(v)]   # the campaign's answer: rendered here, never recomputed
     value = (f"{esc(c.objective.name)} {conclusions.fmt(lead['objective_mean'])} {esc(c.objective.unit)} "
              f"({_interval(lead)}, {_backing(lead)})")
+    if not c.single_config:
+        interval = (f"{conclusions.level_text(said.level)} interval {conclusions.fmt(said.ci_low)} to "
+                    f"{conclusions.fmt(said.ci_high)}" if conclusions.finite(said.ci_low) else "no interval: one run")
+        value = (f"{esc(c.objective.name)} {conclusions.fmt(said.value)} {esc(c.objective.unit)} ({esc(interval)}, "
+                 f"on {said.starts} server start(s), {said.runs} run(s)"
+                 f"{', the confirmation on fresh servers' if v.confirmation is not None else ''})")
     parts = [f"<h3>{esc(v.shape)}</h3>"]
     if v.slo_met is False and c.slo is not None:
         parts.append(f'<p class="flag">No point of this shape is shown to meet the service-level objective '
@@ -64,28 +71,31 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
                      "nearness to the bound.</p>")
     elif c.single_config:
         parts.append(f'<p class="win">Capacity: <b>{esc(c.load or "")}={esc(str(lead.get(c.load)))}</b>: {value}</p>')
+    elif said.leader is None:
+        parts.append(f'<p class="flag">No configuration to deploy: {esc(said.why)}. Best measured: '
+                     f"<b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>")
     else:
-        parts.append(f'<p class="win">Best: <b>{esc(conclusions.at_load(lead, c.load))}</b>: {value}</p>')
+        word = "Deploy" if said.clear else "Best measured"
+        parts.append(f'<p class="win">{word}: <b>{esc(said.leader)}</b>: {value}</p>')
     parts.append(_precision(data, lead))
     parts.append(_latencies(lead))
     if c.single_config:
         return f'<div class="card">{"".join([*parts, *_load_parts(data, c, v, card_figure)])}</div>'
-    if v.runner_up is not None:
-        cls = "sig" if v.clear else "insig"
-        amount = f"{v.lead:+.1%}" if v.lead is not None else "ahead"
-        flag = (" Some runs of these points were flagged (see Warnings): the verdict rests on the others."
-                if v.flagged else "")
-        parts.append(f"<p>{esc(amount)} over {esc(conclusions.at_load(v.runner_up, c.load))} "
-                     f"({conclusions.fmt(v.runner_up['objective_mean'])}, {_interval(v.runner_up)}): "
-                     f'<span class="{cls}">{esc(conclusions.verdict_text(v))}</span>.{esc(flag)}</p>')
-    if v.confirmation is not None:
-        k = v.confirmation
-        parts.append("<p>Confirmed after the sweep on fresh servers (AB BA): the leader "
-                     f"{conclusions.fmt(k.leader_mean)} "
-                     f"({conclusions.CONFIDENCE:.0%} CI {conclusions.fmt(k.ci_low)} to {conclusions.fmt(k.ci_high)}), "
-                     f"the runner-up {conclusions.fmt(k.runner_mean)} ({conclusions.CONFIDENCE:.0%} CI "
-                     f"{conclusions.fmt(k.runner_ci[0])} to {conclusions.fmt(k.runner_ci[1])}); the verdict above is "
-                     "the confirmation's, not the selection's.</p>")
+    if v.runner_up is not None and said.rivals:
+        cls = "sig" if said.clear else "insig"
+        first = said.rivals[0]
+        amount = (f"{first.lead:+.1%}" if first.lead is not None else "ahead")
+        span = (f" [{first.lead_low:+.1%}, {first.lead_high:+.1%} at {conclusions.level_text(0.95)}]"
+                if first.lead_low is not None and first.lead_high is not None else "")
+        if v.confirmation is not None and v.confirmation.verdict is not None:
+            amount = f"{v.lead:+.1%}" if v.lead is not None else "ahead"
+        parts.append(f"<p>{esc(amount + span)} over {esc(first.config)} ({conclusions.fmt(first.value)}, "
+                     f"{_interval(v.runner_up)}): "
+                     f'<span class="{cls}">{esc(said.verdict)}: {esc(said.why)}</span>.</p>')
+        if said.left_out:
+            parts.append(f'<p class="flag">Left out: {esc("; ".join(said.left_out))}.</p>')
+        if said.details:
+            parts.append(f"<details><summary>The test</summary><p>{esc(' '.join(said.details))}</p></details>")
     if v.knee is not None:
         same = v.knee["serve_id"] == lead["serve_id"] and v.knee["bench_id"] == lead["bench_id"]
         parts.append(f"<p>Knee (best among points with {esc(v.knee_bound)}): "
@@ -97,12 +107,15 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
                      f"<b>{esc(conclusions.at_load(v.cheapest, c.load))}</b>, {esc(conclusions.cheapest_text(v))}"
                      f"{' (the best itself)' if same else ''} (see Energy and cost).</p>")
     parts.append(card_figure(data, c, v))
+    levels = {conclusions.level_of(r) for _, r in v.ranking.iterrows()}
+    same = len(levels) == 1   # the header says the level where every row's interval has it, else each cell does
     rows = [[i + 1, r.get("serve_label"), *([r.get(c.load)] if c.load else []),
-             conclusions.rounded(r["objective_mean"]), _interval(r, bare=True), r.get("runs"),
+             conclusions.rounded(r["objective_mean"]), _interval(r, bare=same), r.get("server_starts"), r.get("runs"),
              _left_out(r)] for i, (_, r) in enumerate(v.ranking.iterrows())]
     unit = f" ({c.objective.unit})" if c.objective.unit else ""
-    cols = ["#", "server config", *([f"at {c.load}"] if c.load else []), f"mean{unit}",
-            f"{conclusions.CONFIDENCE:.0%} CI", "runs used", "left out"]
+    level = f"{conclusions.level_text(levels.pop())} interval" if same else "interval"
+    cols = ["#", "server config", *([f"at {c.load}"] if c.load else []), f"mean{unit}", level,
+            "server starts", "runs used", "left out"]
     parts.append(html_table(cols, rows))
     front = c.fronts.get(v.shape)
     if front is not None and len(front):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from raysweep.record.files import write_text_atomic
 from raysweep.report import cache as report_cache
@@ -71,8 +72,16 @@ def write_report(output_dir: str | Path, out: str | Path | None = None, objectiv
 
 def write_report_with_headlines(output_dir: str | Path, out: str | Path | None = None,
                                 objective: str | None = None) -> tuple[Path, list[str]]:
-    """`write_report`, and the conclusions in one line per bench shape (`conclusions.headlines`; empty when
-    there is nothing to conclude or they could not be made). The figures kept in OUTPUT_DIR/.figures/ are
+    """`write_report`, and the answer in one line per bench shape (`conclusions.headlines`; empty when there is
+    nothing to conclude or it could not be made)."""
+    path, found = write_report_with_answer(output_dir, out, objective)
+    return path, found.lines() if found is not None else []
+
+
+def write_report_with_answer(output_dir: str | Path, out: str | Path | None = None,
+                             objective: str | None = None) -> tuple[Path, Any]:
+    """`write_report`, and the campaign's answer (`raysweep.results.answer.Answer`; None when there is nothing
+    to conclude or it could not be made). The figures kept in OUTPUT_DIR/.figures/ are
     embedded while what they are drawn from is unchanged (`raysweep.report.cache`); a report written into the
     output dir (the default `out`) keeps what it draws there, one written elsewhere keeps nothing."""
     data = read_data(Path(output_dir), objective)
@@ -85,11 +94,11 @@ def write_report_with_headlines(output_dir: str | Path, out: str | Path | None =
         figures.prune()
     log.info("report figures: %d kept ones used, %d drawn", figures.hits, figures.drawn)
     try:
-        lines = conclusions.headlines(answer_of(data)) if not data.df.empty else []
-    except Exception as exc:  # the report says why; the lines are a courtesy
+        found = answer_of(data).answer if not data.df.empty else None
+    except Exception as exc:  # the report says why; the answer is a courtesy
         log.warning("conclusions not made: %s", exc)
-        lines = []
-    return write_text_atomic(target, text), lines
+        found = None
+    return write_text_atomic(target, text), found
 
 
 def conclusions_of(output_dir: str | Path, objective: str | None = None) -> conclusions.Conclusions | None:

@@ -6,9 +6,14 @@ the statistics (`left_out_mask`; `runs` counts the runs used, `runs_total` all o
 `left_out_reasons` the others by check); a point whose runs are all flagged keeps them, and says so in
 `on_flagged_runs`. For each headline metric M (`HEADLINE_RATES` and the mean, median and percentile columns
 of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`, `M_median`, `M_std`
-(sample standard deviation over the runs), `M_cv` (std / |mean|) and `M_ci_low`, `M_ci_high`: the Student
-t-interval of the mean over the runs (`confidence`, two-sided; one run has no interval). For a percentile
-column that is the t-interval of the per-run percentiles, the same quantity the verdicts test. The energy
+(sample standard deviation over the runs), `M_cv` (std / |mean|), and the point's value under the one model of a
+measurement (`raysweep.maths.hierarchy`): `M_mean` the mean over its server starts (`server_id`) of each
+start's mean, `M_se` and `M_df` its standard error and degrees of freedom (over starts; over the runs of its
+one start where it has one), `M_ci_low`, `M_ci_high` Student's t on them (`confidence`, two-sided, in
+`ci_level`; one run has no interval), and `server_starts`. For a percentile column the runs' values are their
+per-run percentiles, the same quantity the verdicts test. Run values that are not finite, or negative for a
+rate or a latency, are left out and said (`value_issues`). Each metric's trend over the point's runs is
+measured and shown (`M_drift_pct_per_run`, `M_drift_p`), never fitted out. The energy
 and cost columns of a run (`ENERGY_COST_METRICS`: J per token, power, $ per million tokens; docs/energy.md)
 are aggregated the same way where the runs have them.
 
@@ -26,7 +31,7 @@ not drift, Grubbs' outlier rule on that metric: an outlier run is left out of th
 A point is `noisy` when the coefficient of variation of one of its `NOISE_METRICS` exceeds `threshold`
 (default 5 %; `noisy_metrics` names them), and `runs_needed` is the number of runs that would bring the
 t-interval's half-width of every one of them under `threshold` of its mean (estimated from the spread
-seen; empty with one run). `lead_is_significant` is Welch's t-test of two points (`raysweep.maths.verdicts`).
+seen; empty with one run).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from scipy import special
 
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import bootstrap, hierarchy, verdicts
@@ -62,7 +68,8 @@ NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_through
                  "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms",
                  "mean_e2el_ms", "median_e2el_ms")
 STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
-MODEL_STATS = ("se", "df")   # the standard error of `mean` and its degrees of freedom (`raysweep.maths.hierarchy`)
+MODEL_STATS = ("se", "df",   # the standard error of `mean` and its degrees of freedom (`raysweep.maths.hierarchy`)
+               "drift_pct_per_run", "drift_p")   # the trend of the metric's runs in their order (`_drift_per_metric`)
 # `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
 STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
                    "cold_encoder_compilation_s", "warm_encoder_compilation_s")
@@ -286,6 +293,7 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     values, issues = _sane_values(df[metrics].to_numpy(dtype=float)[used], codes[used], points, metrics)
     stats = _group_stats(values, codes[used], points, confidence)
     starts = _model(df, values, codes, used, points, stats, confidence)
+    _drift_per_metric(stats, values, codes[used], _run_ranks(df, codes)[used], points)
     for i, row in enumerate(rows):
         mine = {m: {k: float(stats[k][i, j]) for k in (*STATS, *MODEL_STATS)} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
@@ -354,6 +362,57 @@ def _model(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.nda
         stats["ci_low"][:, j], stats["ci_high"][:, j] = low, high
     pairs = np.unique(np.stack([run_points, start_codes]), axis=1) if run_points.size else np.zeros((2, 0), int)
     return np.maximum(np.bincount(pairs[0], minlength=points), 1)
+
+
+def _run_ranks(df: pd.DataFrame, codes: np.ndarray) -> np.ndarray:
+    """Each run's place among its point's runs in the order they were measured (`started_at`, else round and run
+    number, else run number, else the table's order), as `over_time.run_order` orders them."""
+    from raysweep.maths import over_time
+
+    keys = [np.arange(len(df), dtype=float)]
+    for cols in (("started_at",), ("round", "run_number"), ("run_number",)):
+        if all(c in df.columns for c in cols):
+            got = [np.asarray([over_time._num(v) for v in df[c].tolist()], dtype=float) for c in cols]
+            if all(np.isfinite(g).all() for g in got):
+                keys = [*got, keys[0]]
+                break
+    order = np.lexsort((*reversed(keys), codes))
+    ranks = np.empty(len(df), dtype=float)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=int(codes.max()) + 1 if codes.size else 0))])
+    ranks[order] = np.arange(len(df)) - starts[codes[order]]
+    return ranks
+
+
+def _drift_per_metric(stats: dict[str, np.ndarray], values: np.ndarray, codes: np.ndarray, ranks: np.ndarray,
+                      points: int) -> None:
+    """Per point and metric, in `stats` in place: the least-squares slope of the runs' values in their order, in %
+    of their mean per run (`drift_pct_per_run`), and Student's t-test of a zero slope (`drift_p`), as
+    `over_time.trend` tests one series; NaN under `over_time.MIN_TREND_RUNS` runs with a value. A drift is
+    measured and shown for every metric, throughput and latency alike, never fitted out of the value."""
+    from raysweep.maths.over_time import MIN_TREND_RUNS
+
+    k = values.shape[1]
+    pct, pval = np.full((points, k), math.nan), np.full((points, k), math.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for j in range(k):
+            ok = np.isfinite(values[:, j])
+            y, x, c = values[ok, j], ranks[ok], codes[ok]
+            n = np.bincount(c, minlength=points).astype(float)
+            ybar = np.bincount(c, weights=y, minlength=points) / n
+            xbar = np.bincount(c, weights=x, minlength=points) / n
+            xc, yc = x - xbar[c], y - ybar[c]
+            sxx = np.bincount(c, weights=xc * xc, minlength=points)
+            sxy = np.bincount(c, weights=xc * yc, minlength=points)
+            syy = np.bincount(c, weights=yc * yc, minlength=points)
+            slope = sxy / sxx
+            s2 = np.maximum(syy - slope * sxy, 0.0) / (n - 2)
+            se = np.sqrt(s2 / sxx)
+            t = np.where(se > 0, slope / np.where(se > 0, se, 1.0), np.where(slope != 0, np.inf, 0.0))
+            p = 2.0 * special.stdtr(np.maximum(n - 2, 1), -np.abs(t))
+            judged = (n >= MIN_TREND_RUNS) & (sxx > 0) & np.isfinite(ybar) & (ybar != 0)
+            pct[:, j] = np.where(judged, 100.0 * slope / np.abs(ybar), math.nan)
+            pval[:, j] = np.where(judged, p, math.nan)
+    stats["drift_pct_per_run"], stats["drift_p"] = pct, pval
 
 
 def _sane_values(values: np.ndarray, codes: np.ndarray, points: int, metrics: list[str],
@@ -613,10 +672,11 @@ def _chunk_offsets(chunks: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def lead_is_significant(a_row: Mapping[str, Any], b_row: Mapping[str, Any], metric: str,
                         alpha: float = verdicts.ALPHA) -> bool:
-    """Whether `metric` differs between two summary rows: Welch's t-test on their per-run mean, spread and
-    runs (`verdicts.compare_means`) at level `alpha`; False when either has fewer than 2 runs."""
-    return verdicts.compare_means(verdicts.row_stats(a_row, metric), verdicts.row_stats(b_row, metric),
-                                  alpha=alpha).decided
+    """Whether `metric` differs between two summary rows under the one model of a measurement
+    (`hierarchy.compare` of their server starts' means, from `M_mean`, `M_se`, `M_df`, `server_starts`) at level
+    `alpha`; False where the model cannot compare them (one server start on a side, no spread, no value)."""
+    return hierarchy.compare(hierarchy.Estimate.of_row(a_row, metric), hierarchy.Estimate.of_row(b_row, metric),
+                             alpha=alpha).decided
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -354,6 +354,15 @@ def _meets(row: dict[str, Any], slo: Target) -> bool:
     return True
 
 
+def _metric_drift(row: dict[str, Any], m: str) -> float:
+    """How far a side's runs drift in metric `m` over their window (`hierarchy.drift_total` of its own trend,
+    `M_drift_pct_per_run` and `M_drift_p`; the first rate metric's `drift` where the summary has none)."""
+    p = row.get(f"{m}_drift_p")
+    if p is not None and _finite(p):
+        return hierarchy.drift_total(row.get(f"{m}_drift_pct_per_run"), row.get("runs"), float(p) < verdicts.ALPHA)
+    return hierarchy.drift_total(row.get("drift_pct_per_run"), row.get("runs"), row.get("drift") == "drifts")
+
+
 def _finite(value: Any) -> bool:
     try:
         return math.isfinite(float(value))
@@ -432,12 +441,13 @@ def _row(a: dict[str, Any], b: dict[str, Any], keys: list[str], metrics: list[st
         judged = ma and mb
     drifts = [s for s, r in (("baseline", a), ("this campaign", b)) if r.get("drift") == "drifts"]
     row["drift"] = " and ".join(drifts)
-    drift = max(hierarchy.drift_total(r.get("drift_pct_per_run"), r.get("runs"), r.get("drift") == "drifts")
-                for r in (a, b))
     for m in metrics:
         v = hierarchy.compare(hierarchy.Estimate.of_row(a, m), hierarchy.Estimate.of_row(b, m), higher_is_better(m))
+        sides = [(name, _metric_drift(r, m)) for name, r in (("the baseline", a), ("this campaign", b))]
+        drift = max(d for _, d in sides)
         if hierarchy.drift_could_decide(v, drift, higher_is_better(m)):
-            v = replace(v, word="not shown", reason=f"the runs of {row['drift']} drift as much as the lead shown")
+            who = " and ".join(name for name, d in sides if d > 0)
+            v = replace(v, word="not shown", reason=f"the runs of {who} drift in {m} as much as the lead shown")
         row[f"{m}_a"], row[f"{m}_b"] = verdicts.row_stats(a, m)[0], verdicts.row_stats(b, m)[0]
         row[f"{m}_ratio"] = v.ratio
         row[f"{m}_ratio_low"], row[f"{m}_ratio_high"] = v.low, v.high

@@ -19,11 +19,13 @@ With a service-level objective (the campaign's `slo:`), only points shown to mee
 (goodput-style): the 95 % interval of each threshold's metric inside its bound (`slo_judgement`: met,
 missed or not shown; a latency percentile judged on its pooled requests where the raw samples are
 kept); a shape where none is shown to meet it names no winner, only the nearest point. Per shape the
-best point of each server config is ranked; the leader is tested against every other one with Welch's t
-over their runs (or, where their runs were measured side by side, `over_time.pairs`, a paired t over those
-pairs: `over_time.paired_verdict`), Holm's correction over the family (the leader is the best of many,
-`verdicts.tied_with_leader`): those not shown to be behind are *tied with the leader*. A leader or
-runner-up whose runs drift over their order is never green (`ShapeVerdict.clear`). Without an slo, the
+best point of each server config is ranked (a point whose runs all failed a check after every other: never
+the leader); the leader is tested against every other one on their server starts' means (the one model of a
+measurement, `raysweep.maths.hierarchy`: one server start each is "not compared"), Holm's correction over the
+family (the leader is the best of many, `verdicts.tied_with_leader`): those not shown to be behind are *tied
+with the leader*. A drift in the objective's runs withholds the verdict only where it is as large as the lead
+its interval shows (`hierarchy.drift_could_decide`). The answer of the conclusions, computed once, is
+`Conclusions.answer` (`raysweep.results.answer`). Without an slo, the
 *knee* is the point of highest objective among those whose
 median E2EL (else median TPOT, else median TTFT) is at most `KNEE_FACTOR` times the lowest of the shape.
 Beside the best, each shape names its *cheapest* point (under the slo where there is one): the least
@@ -83,7 +85,8 @@ log = logging.getLogger(__name__)
 DEFAULT_OBJECTIVE = "output_throughput_per_gpu"
 CONFIDENCE = 0.95
 _PER_GPU = "_per_gpu"
-_STATS = ("mean", "median", "std", "ci_low", "ci_high", "se", "df", "ci_level")
+_STATS = ("mean", "median", "std", "ci_low", "ci_high", "se", "df", "ci_level", "drift_pct_per_run", "drift_p")
+_UNSCALED = ("_df", "_ci_level", "_drift_pct_per_run", "_drift_p")   # not divided per GPU
 _POINT = ["serve_id", "bench_id"]
 _LOWER_IS_BETTER = ("_ms", "_s", "duration", "failed", "error_rate", "num_preemptions", "j_per_output_token",
                     "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens", "energy_j", "energy_net_j")
@@ -211,6 +214,18 @@ class Conclusions:
     deployments: dict[str, str] = field(default_factory=dict)  # P/D deployments by serve_id (`pd_regions`)
     # whether the deployments differ only where declared, and any that prefilled requests again (`pd_arms`)
     arms: list[str] = field(default_factory=list)
+    _answer: Any = None
+
+    @property
+    def answer(self) -> Any:
+        """The campaign's answer (`raysweep.results.answer.Answer`), computed once from these conclusions."""
+        if self._answer is None:
+            import sys
+
+            from raysweep.results.answer import build
+
+            self._answer = build(self, sys.modules[__name__])
+        return self._answer
 
     @property
     def noisy(self) -> pd.DataFrame:
@@ -325,14 +340,14 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
     stats = [f"{obj.metric}_{s}" for s in _STATS if f"{obj.metric}_{s}" in summary.columns]
     wanted = {*CARD_LATENCIES, *_KNEE_LATENCIES, *(t.metric for t in (slo.thresholds if slo else ()))}
     means = [f"{m}_mean" for m in sorted(wanted) if f"{m}_mean" in summary.columns and f"{m}_mean" not in stats]
-    means += [f"{m}_{st}" for m in CHEAPEST_METRICS for st in ("mean", "std", "ci_low", "ci_high")
+    means += [f"{m}_{st}" for m in CHEAPEST_METRICS for st in ("mean", "std", "ci_low", "ci_high", "se", "df")
               if f"{m}_{st}" in summary.columns and f"{m}_{st}" not in (*stats, *means)]
     means += [f"{t.metric}_{k}" for t in (slo.thresholds if slo else ()) for k in _SLO_STATS[1:]
               if f"{t.metric}_{k}" in summary.columns and f"{t.metric}_{k}" not in stats + means]
     extra = [c for c in (*_RUN_COUNTS, "ci_level", "value_issues", f"{obj.metric}_cv") if c in summary.columns]
     pts = info.merge(summary[[*_POINT, *stats, *extra, *means]], on=_POINT, how="inner")
     for col in stats:   # per GPU where asked (degrees of freedom are not divided)
-        scale = 1.0 if col.endswith(("_df", "_ci_level")) else pts["gpus"]
+        scale = 1.0 if col.endswith(_UNSCALED) else pts["gpus"]
         pts[col.replace(obj.metric, "objective", 1)] = pd.to_numeric(pts[col], errors="coerce") / scale
     pts = pts.rename(columns={f"{obj.metric}_cv": "objective_cv"})
     pts = pts[np.isfinite(pd.to_numeric(pts["objective_mean"], errors="coerce"))]
@@ -455,8 +470,7 @@ def _verdict(shape: str, rows: pd.DataFrame, obj: Objective, slo: Target | None 
     family = family.reset_index(drop=True)
     estimates = [_estimate(r) for _, r in family.iterrows()]
     led = verdicts.tied_with_leader([(e.mean, math.nan, e.runs) for e in estimates], obj.maximize,
-                                    paired=lambda i, j: hierarchy.compare(estimates[j], estimates[i], obj.maximize,
-                                                                          alpha=1.0))
+                                    paired=_model_test(estimates, obj.maximize))
     significant = None if 1 in led.not_judged else (1 in led.behind)
     if significant:   # a drift or a step decides only where it is as large as the lead's shown part
         significant = not _drift_could_decide(against, leader, runner, obj.maximize)
@@ -487,19 +501,31 @@ def _all_flagged(rows: pd.DataFrame) -> pd.Series:
 def _drift_could_decide(against: verdicts.Verdict, leader: pd.Series, runner: pd.Series, maximize: bool) -> bool:
     """Whether a drift shown in the leader's or the runner-up's runs could have made the verdict
     (`hierarchy.drift_could_decide`)."""
-    drift = max(hierarchy.drift_total(r.get("drift_pct_per_run"), r.get("runs"), _drifts(r)) for r in (leader, runner))
+    def pct(r: pd.Series) -> Any:
+        own = r.get("objective_drift_pct_per_run")
+        return own if finite(own) else r.get("drift_pct_per_run")
+
+    drift = max(hierarchy.drift_total(pct(r), r.get("runs"), _drifts(r)) for r in (leader, runner))
     return hierarchy.drift_could_decide(against, drift, maximize)
 
 
 def _drifts(row: pd.Series | None) -> bool:
-    return row is not None and row.get("drift") == "drifts"
+    """Whether the objective's own runs drift over their order (its trend test at 5 %; the first rate metric's
+    where the summary has no per-metric trend)."""
+    if row is None:
+        return False
+    p = row.get("objective_drift_p")
+    if finite(p):
+        return float(p) < verdicts.ALPHA
+    return row.get("drift") == "drifts"
 
 
 def _cheapest(rows: pd.DataFrame, load: str | None = None) -> tuple[pd.Series | None, str, list[str]]:
     """The point of least cost per million output tokens (else least energy per output token) among
     `rows` (those meeting the slo where one is set; never a point its failures rank last), the metric, and the
-    other configurations (each at its cheapest point) not shown to cost more: Welch's t over the runs of
-    each against it, Holm over them (`verdicts.tied_with_leader`, lower is better)."""
+    other configurations (each at its cheapest point) not shown to cost more: the model's test on their server
+    starts' means (`hierarchy.compare`; one start each: not compared, so tied), Holm over them
+    (`verdicts.tied_with_leader`, lower is better)."""
     for metric in CHEAPEST_METRICS:
         col = f"{metric}_mean"
         if col not in rows.columns:
@@ -512,11 +538,19 @@ def _cheapest(rows: pd.DataFrame, load: str | None = None) -> tuple[pd.Series | 
             .drop(columns="_c").drop_duplicates("serve_id").reset_index(drop=True)
         if len(best) < 2:
             return best.iloc[0], metric, []
-        cands = [(float(r[col]), float(r.get(f"{metric}_std", math.nan)),
-                  int(r["runs"]) if finite(r.get("runs")) else 0) for _, r in best.iterrows()]
-        led = verdicts.tied_with_leader(cands, higher_is_better=False)
+        costs = [hierarchy.Estimate.of_row(r, metric) for _, r in best.iterrows()]
+        led = verdicts.tied_with_leader([(e.mean, math.nan, e.runs) for e in costs], higher_is_better=False,
+                                        paired=_model_test(costs, False))
         return best.iloc[led.leader], metric, [at_load(best.iloc[i], load) for i in led.tied + led.not_judged]
     return None, "", []
+
+
+def _model_test(estimates: list[hierarchy.Estimate], maximize: bool) -> Any:
+    """A function (leader, other) -> the model's verdict of the leader against the other (p-value only)."""
+    def test(lead: int, other: int) -> verdicts.Verdict:
+        return hierarchy.compare(estimates[other], estimates[lead], maximize, alpha=1.0)
+
+    return test
 
 
 def _flagged(row: pd.Series) -> bool:
@@ -721,36 +755,19 @@ def load_lines(c: Conclusions) -> list[str]:
     return lines
 
 
-def headlines(c: Conclusions) -> list[str]:
-    """One line per bench shape: the winner, its value, its lead and what the test shows (one server config
-    swept over loads: `load_lines`)."""
-    if c.single_config:
-        return [*load_lines(c), *c.arms]
+def headlines(c: Conclusions, verbose: bool = False) -> list[str]:
+    """The campaign's answer in words (`raysweep.results.answer`, made once per conclusions): one plain line per
+    bench shape (with its tests and p-values under `verbose`), then the cheapest points, the P/D regions and
+    notes."""
+    return c.answer.lines(verbose)
+
+
+def extra_lines(c: Conclusions) -> list[str]:
+    """The lines beside the shapes' answers: each shape's cheapest point and P/D load regions, then the notes on
+    the deployments' arms."""
     lines, said_arms = [], False
     for v in c.verdicts:
-        lead = ""
-        if v.runner_up is not None:
-            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
-            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(v.runner_up['objective_mean'])}), " \
-                   f"{verdict_text(v)}"
-        slo = ""
-        if c.slo is not None and not v.slo_met:
-            lines.append(f"No point of {v.shape} is shown to meet the slo {c.slo.label} (its {CONFIDENCE:.0%} "
-                         f"interval inside the bound); nearest: {v.nearest}")
-            continue
-        if c.slo is not None:
-            slo = f" (shown to meet the slo {c.slo.label})"
-        flagged = "; some of their runs were flagged" if v.flagged else ""
-        drift = "; their runs drift over their order" if v.drifting else ""
-        value = fmt(v.leader["objective_mean"])
-        if v.confirmation is not None:  # the leader's value and interval from its fresh runs, not the selection
-            k = v.confirmation
-            value = f"{fmt(k.leader_mean)} [{fmt(k.ci_low)}, {fmt(k.ci_high)}] (confirmation)"
-            amount = f"{v.lead:+.1%}" if v.lead is not None else "a lead"
-            lead = f"; {amount} over {at_load(v.runner_up, c.load)} ({fmt(k.runner_mean)}), {verdict_text(v)}"
-        lines.append(f"Best for {v.shape}: {at_load(v.leader, c.load)}{slo}, {c.objective.name} "
-                     f"{value} {c.objective.unit}".rstrip() + lead + flagged + drift)
-        if v.cheapest is not None:
+        if v.cheapest is not None and (c.slo is None or v.slo_met):
             lines.append(f"Cheapest for {v.shape}{' under the slo' if v.slo_met else ''}: "
                          f"{at_load(v.cheapest, c.load)}, {cheapest_text(v)}")
         regions = pd_regions.region_line(c.points[c.points["shape"] == v.shape], c.deployments, c.load, v.shape,
