@@ -11,7 +11,11 @@ sitting's intervals hold the others: for every point (configuration x load) and 
 sittings (i, j), whether sitting i's reported 95 % interval of output throughput holds sitting j's estimate
 (target: at least 90 % of cases; `held_centres` also counts the cases where it holds the middle of sitting j's
 interval, the level j estimates), and whether the leader is the same in all sittings or called tied (or
-not confirmed better). Each sitting's wall time is recorded (the demo's target: within 5 minutes).
+not confirmed better). Each sitting's wall time is recorded (the demo's target: within 6 minutes). On the
+design's model (`design:`) it also checks the answer: the same leader, or "not shown", in every sitting
+(`leader_same_or_not_shown`), and each sitting's interval of the lead (leader over runner-up, t over server
+starts) holding the other sittings' leads in at least 90 % of pairs (`lead_coverage`; `met_answer`).
+`--name` names the record (default aa or demos).
 
     .venv/bin/python benchmarks/bench_aa.py --model DIR [--mode aa|demos] [--sittings 5] [--work /tmp/aa]
     .venv/bin/python benchmarks/bench_aa.py --mode demos --reread
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -91,7 +96,13 @@ def _read(out: Path) -> dict[str, Any]:
                        "high": float(r["objective_ci_high"]), "runs": int(r.get("runs") or 0),
                        "ci_method": str(r.get("ci_method") or "")}
     v = answer.verdicts[0] if answer.verdicts else None
-    return {"headline": headlines(answer), "points": points,
+    against = getattr(v, "against", None) if v is not None else None
+    lead = None
+    if against is not None and math.isfinite(getattr(against, "ratio", math.nan)):
+        lead = {"lead": against.ratio - 1, "low": against.low - 1, "high": against.high - 1,
+                "level": against.level, "word": against.word, "starts": [against.starts_a, against.starts_b],
+                "over": None if v.runner_up is None else str(v.runner_up["serve_label"])}
+    return {"headline": headlines(answer), "points": points, "lead": lead,
             "leader": None if v is None else str(v.leader["serve_label"]),
             "winner_named": bool(v is not None and v.clear),
             "confirmed": None if v is None or v.confirmation is None else bool(v.confirmation.significant),
@@ -118,17 +129,50 @@ def _coverage(sittings: list[dict[str, Any]], of: str = "mean") -> tuple[int, in
     return held, total
 
 
+def _oriented(s: dict[str, Any], leader: str) -> tuple[float, float, float] | None:
+    """A sitting's lead and its interval as the ratio of `leader` over the other configuration (inverted where the
+    sitting's own leader is the other one); None where the sitting compared other configurations."""
+    lead = s["lead"]
+    ratio, low, high = 1 + lead["lead"], 1 + lead["low"], 1 + lead["high"]
+    if s["leader"] == leader:
+        return ratio, low, high
+    if lead.get("over") == leader and ratio > 0:
+        return 1 / ratio, (1 / high if high > 0 else math.nan), (1 / low if low > 0 else math.inf)
+    return None
+
+
+def _lead_coverage(sittings: list[dict[str, Any]]) -> tuple[int, int]:
+    """How many ordered pairs of sittings (i, j) have sitting i's interval of the lead (the most frequent leader over
+    the other configuration, every sitting's ratio turned that way) holding sitting j's lead."""
+    held = total = 0
+    ok = [s for s in sittings if s.get("lead") and math.isfinite(s["lead"]["lead"])]
+    if not ok:
+        return 0, 0
+    leaders = [s["leader"] for s in ok]
+    leader = max(set(leaders), key=leaders.count)
+    turned = [t for s in ok if (t := _oriented(s, leader)) is not None]
+    for i, a in enumerate(turned):  # a sitting with no interval (one start a side) is held, never holds
+        if not (math.isfinite(a[1]) and math.isfinite(a[2])):
+            continue
+        for j, b in enumerate(turned):
+            if i != j:
+                total += 1
+                held += a[1] <= b[0] <= a[2]
+    return held, total
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="the tiny model `raysweep tiny-model DIR` wrote")
     ap.add_argument("--mode", choices=("aa", "demos"), default="aa")
     ap.add_argument("--sittings", type=int, default=5)
     ap.add_argument("--work", default="/tmp/raysweep-aa", help="where the sittings' output dirs go")
+    ap.add_argument("--name", default=None, help="the record's file name in benchmarks/results (default: aa or demos)")
     ap.add_argument("--reread", action="store_true",
                     help="run nothing: read the recorded sittings' output dirs again with today's code and write "
                          "aa-reread / demos-reread beside the record")
     args = ap.parse_args()
-    name = "aa" if args.mode == "aa" else "demos"
+    name = args.name or ("aa" if args.mode == "aa" else "demos")
     if args.reread:
         record = RESULTS / f"{name}.json"
         if not record.is_file():
@@ -165,19 +209,31 @@ def _write(mode: str, name: str, sittings: list[dict[str, Any]], asked: int, whe
         held, total = _coverage(done)
         centres = _coverage(done, "centre")[0]
         leaders = {s["leader"] for s in done}
+        lead_held, lead_pairs = _lead_coverage(done)
+        named = {s["leader"] for s in done if s["winner_named"]}
         summary.update(held=held, cases=total, coverage=held / total if total else None, held_centres=centres,
                        leaders=sorted(str(x) for x in leaders),
                        leader_same_or_tied=len(leaders) <= 1 or all(s["tied"] or s["confirmed"] is False for s in done),
-                       within_5_min=sum(s["wall_s"] <= 300 for s in done))
+                       # the answer: the same leader, or "not shown", in every sitting (no two winners named)
+                       leader_same_or_not_shown=len(leaders) <= 1 or len(named) == 0 or (
+                           len(named) == 1 and all(s["winner_named"] is False or s["leader"] in named for s in done)),
+                       lead_held=lead_held, lead_pairs=lead_pairs,
+                       lead_coverage=lead_held / lead_pairs if lead_pairs else None,
+                       within_5_min=sum(s["wall_s"] <= 300 for s in done),
+                       within_6_min=sum(s["wall_s"] <= 360 for s in done))
         summary["met"] = bool(total and held / total >= 0.9 and summary["leader_same_or_tied"]
                               and len(done) == asked)
+        summary["met_answer"] = bool(lead_pairs and lead_held / lead_pairs >= 0.9
+                                     and summary["leader_same_or_not_shown"] and len(done) == asked)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"summary": summary, "sittings": sittings}, indent=1))
     lines = [f"# {name}: {summary}", "", "| sitting | exit | wall s | load before/after | leader | winner named | "
-             "headline |", "|---|---|---|---|---|---|---|"]
+             "lead [interval] | headline |", "|---|---|---|---|---|---|---|---|"]
     for s in sittings:
+        lead = s.get("lead")
+        said = "" if not lead else f"{lead['lead']:+.1%} [{lead['low']:+.1%}, {lead['high']:+.1%}]"
         lines.append(f"| {s['sitting']} | {s['exit']} | {s['wall_s']} | {s['load_before']}/{s['load_after']} | "
-                     f"{s.get('leader')} | {s.get('winner_named')} | {' '.join(s.get('headline') or [])} |")
+                     f"{s.get('leader')} | {s.get('winner_named')} | {said} | {' '.join(s.get('headline') or [])} |")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print(json.dumps(summary))
     return 0 if summary["met"] else 1

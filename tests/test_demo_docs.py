@@ -67,6 +67,7 @@ def _printed_today(plan, spec, clear: bool = True, confirmed: bool = False) -> l
     (`confirmed`) that sweep, with a confirmation whose fresh runs read the leader 15 % ahead at a 1 % spread."""
     rows = []
     spread = 0.01 if clear else 0.1
+    starts = plan.spec.campaign.order.instances  # the demo's design: each run on its server start (run r on r mod N)
     for p in plan.points:
         level = 100.0 * (1 + p.serve.params["max_num_seqs"] / 4) * (1 + p.bench.params["max_concurrency"] / 16)
         if not clear:
@@ -81,7 +82,8 @@ def _printed_today(plan, spec, clear: bool = True, confirmed: bool = False) -> l
                      "request_throughput": level / 16,
                      "median_ttft_ms": 50.0, "p99_ttft_ms": 80.0, "median_tpot_ms": 10.0, "p99_tpot_ms": 12.0,
                      "median_e2el_ms": 200.0, "completed": 100, "failed": 0, "validity_ok": True,
-                     "client_limited": False})
+                     "client_limited": False, "server_id": f"{p.serve.id}-{p.run % starts}",
+                     "instance": p.run % starts})
     c = conclusions.conclude(pd.DataFrame(rows), list(plan.benches[0].params))
     if spec.campaign.confirm.enabled is True:  # the demo confirms its winner: the leader and runner-up again
         from raysweep.drive.confirm import confirm_bench_id

@@ -189,6 +189,37 @@ def _check_affinity(campaign: Campaign) -> None:
                                                   "run would be marked 'shared CPUs'; give each CPUs of its own")
 
 
+def _check_design(campaign: Campaign) -> None:
+    """`design:` decides the server starts and the runs of every point: not beside what decides them otherwise,
+    and only where raysweep starts the servers of a plain sweep."""
+    if campaign.design is None:
+        return
+    if campaign.bench is not None and campaign.bench.precision is not None:
+        raise CampaignError("bench.precision", "cannot be used with design:, which replaces it (design.metric, "
+                                               "design.rel_half_width and design.confidence read as it did; the "
+                                               "starts and the runs per start instead of min_runs/max_runs); "
+                                               "remove bench.precision")
+    if campaign.runs != type(campaign).model_fields["runs"].default:
+        raise CampaignError("runs", f"{campaign.runs} cannot be used with design:, which sets a point's runs (starts "
+                                    "x runs per start); remove `runs` (or set design.runs_per_start)")
+    if campaign.order.instances != 1:
+        raise CampaignError("order.instances", "cannot be used with design:, which sets the server starts per "
+                                               "configuration; remove it (or set design.starts)")
+    for part, why in (("sla", "an SLA search's probes follow one another on one server"),
+                      ("tune", "tuning candidates are stopped early by rung, one server each"),
+                      ("offline", "offline runs start no server")):
+        if getattr(campaign, part) is not None:
+            raise CampaignError("design", f"cannot be used with `{part}:` ({why}); remove one of them")
+    if getattr(campaign.bench, "workload", None) is not None:
+        raise CampaignError("design", "cannot be used with bench.workload (its levels are searched on one server); "
+                                      "remove one of them")
+    if campaign.serve is not None and campaign.serve.url is not None:
+        raise CampaignError("design", "cannot be used with serve.url (no server is started); remove it")
+    if campaign.placement.tail_replicas:
+        raise CampaignError("design", "cannot be used with placement.tail_replicas (both decide which server runs "
+                                      "which runs); use one of them")
+
+
 def _check_precision(campaign: Campaign) -> None:
     """`bench.precision` decides how many runs a point gets: not with `runs:`, an SLA search or tuning."""
     if campaign.bench is None or campaign.bench.precision is None:

@@ -26,6 +26,7 @@ from raysweep.campaign.checks import (
     Origins,
     _check_affinity,
     _check_confirm,
+    _check_design,
     _check_endpoints,
     _check_links,
     _check_mode,
@@ -170,6 +171,7 @@ def _resolve(data: dict[str, Any], base_dir: Path, source_path: str, env: dict[s
     _check_tail_replicas(campaign)
     _check_order(campaign)
     _check_confirm(campaign)
+    _check_design(campaign)
     _check_precision(campaign)
     _check_affinity(campaign)
     if campaign.slo is not None:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from raysweep.bench.backend import BACKENDS
 from raysweep.bench.load import CONCURRENCY, LoadVariable
+from raysweep.campaign.design import DesignSpec
 from raysweep.campaign.levels import WorkloadSpec
 from raysweep.campaign.pd import PDSpec
 from raysweep.maths.order import ConfirmSpec, OrderSpec
@@ -515,6 +516,10 @@ class Campaign(_Strict):
     order: OrderSpec = Field(default_factory=OrderSpec, description="the order runs go in: rounds within a "
                              "server's life (the order within a round drawn from a seed), and server starts "
                              "per configuration ordered AB BA (`instances`)")
+    design: DesignSpec | None = Field(None, description="a campaign that asks for verdicts: several server "
+                                      "starts per configuration in interleaved blocks, and runs per start, chosen "
+                                      "from the spread and the cost of a start and of a run (`design: auto`, or a "
+                                      "mapping); unset: one start per configuration, ranked but not compared")
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec, description="after the sweep, the leader and the "
                                  "runner-up of each bench shape re-measured on fresh servers in AB BA order; the "
                                  "headline's verdict and the leader's interval come from these runs (true, false, "

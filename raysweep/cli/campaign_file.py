@@ -62,7 +62,7 @@ def validate(campaign_files: tuple[str, ...], as_json: bool) -> None:
             if r["valid"]:
                 _say(f"OK {r['file']}: campaign {r['campaign']}, {r['server_configs']} {r['what']} x "
                      f"{r['bench_points']} bench point(s) x {r['runs_per_point']} run(s) = {r['runs']} run(s)"
-                     + (f", {r['sla_searches']} SLA search(es)" if r["sla_searches"] else ""))
+                     + (f", {r['sla_searches']} SLA search(es)" if r["sla_searches"] else "") + r["more"])
                 for note in r["notes"]:
                     _say(f"note: {note}")
             else:
@@ -95,7 +95,48 @@ def _check(campaign_file: str) -> dict[str, Any]:
     except UserError as exc:
         return {"file": campaign_file, "valid": False, "error": str(exc), "field": getattr(exc, "field", None)}
     c = plan.spec.campaign
+    counts = _all_runs(plan)
     return {"file": campaign_file, "valid": True, "error": None, "field": None, "campaign": c.name,
             "what": "offline config(s)" if plan.spec.offline else "server config(s)",
             "server_configs": sum(1 for s in plan.serves if plan.points_of(s.id)), "bench_points": len(plan.benches),
-            "runs_per_point": c.runs, "runs": len(plan.points), "sla_searches": len(plan.searches), "notes": notes}
+            "runs_per_point": counts["per_point"], "runs": len(plan.points), "sla_searches": len(plan.searches),
+            "notes": notes + ([counts["note"]] if counts.get("note") else []),
+            **{k: v for k, v in counts.items() if k not in ("per_point", "note")}}
+
+
+def _all_runs(plan: Any) -> dict[str, Any]:
+    """What the campaign will run beyond the plan's first runs: the runs bench.precision may add, the winner's
+    confirmation where it is on, the server starts of a design; `more` says it in words ("" when nothing)."""
+    from raysweep.plan.design import design_of
+    from raysweep.plan.estimate import estimate
+
+    c = plan.spec.campaign
+    out: dict[str, Any] = {"per_point": c.runs, "more": "", "runs_most": len(plan.points), "confirm_runs": 0,
+                           "server_starts": None}
+    if plan.spec.offline or c.tune is not None or c.sla is not None or c.bench is None:
+        return out
+    est = estimate(plan)
+    out["server_starts"] = est.server_starts
+    precision = getattr(c.bench, "precision", None)
+    words = []
+    if precision is not None:
+        out["note"] = ("bench.precision adds its runs inside one server start (the last, with order.instances): they "
+                       "narrow what that start measured, not what the next start adds; on one start per "
+                       "configuration its points are ranked, not compared. `design:` replaces it for verdicts "
+                       "(docs/design.md)")
+        out["per_point"] = f"{precision.min_runs} to {precision.max_runs}"
+        out["runs_most"] = est.most_points if est.most_points is not None else len(plan.points)
+        words.append(f"up to {out['runs_most']} with bench.precision")
+    design = design_of(plan.spec, len(plan.benches))
+    if design is not None:
+        words.append(f"design: {design.starts} server start(s) x {design.runs_per_start} run(s) per start per "
+                     f"configuration")
+    if est.confirm is not None:
+        out["confirm_runs"] = est.confirm[1]
+        words.append(f"then the winner's confirmation: {est.confirm[1]} run(s) on {est.confirm[0]} fresh server "
+                     "start(s)")
+    if words:
+        total = out["runs_most"] + out["confirm_runs"]
+        out["more"] = f" ({'; '.join(words)}): {total} run(s) on {est.server_starts + (est.confirm or (0,))[0]} " \
+                      "server start(s) in all"
+    return out

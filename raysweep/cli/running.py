@@ -114,8 +114,44 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
 
         _say(dry_run_estimate(plan, measured_from(*estimate_from)))
         return
+    if advice := _measured_design(plan, output_dir, estimate_from):
+        _say(advice)
     _say(_estimate_text(plan, output_dir, estimate_from, layouts, gpus, spec.campaign.placement.max_servers,
                         spec.campaign.cost))
+
+
+def _measured_design(plan: Any, output_dir: Path, estimate_from: tuple[str, ...]) -> str:
+    """The spreads between starts and between runs that the output dir (and `--estimate-from`) measured on 2
+    server starts or more, and the design they choose ("" where none did): a pilot's answer."""
+    import statistics
+
+    from raysweep.errors import UserError
+    from raysweep.ledger import LEDGER_FILE
+    from raysweep.plan import design
+    from raysweep.plan.estimate import measured_from
+    from raysweep.record.runs import read_records
+
+    if plan.spec.offline or plan.spec.campaign.tune is not None or plan.spec.campaign.sla is not None:
+        return ""
+    dirs = [d for d in [str(output_dir), *estimate_from] if (Path(d) / LEDGER_FILE).is_file()]
+    records: list[dict[str, Any]] = []
+    for d in dirs:
+        try:
+            records += [{**r, "serve_id": f"{d}/{r.get('serve_id')}"} for r in read_records(d)]
+        except (OSError, ValueError, UserError):
+            continue
+    d_spec = plan.spec.campaign.design
+    metric = d_spec.metric if d_spec is not None else "output_throughput"
+    found = design.components_of(records, metric)
+    if found is None:
+        return ""
+    m = measured_from(*dirs)
+    starts = [v for vs in m.server_start_s.values() for v in vs]
+    runs = [v for vs in m.point_s.values() for v in vs]
+    lines = design.measured_lines(plan.spec, found, statistics.median(starts) if starts else None,
+                                  statistics.median(runs) if runs else None, max(len(plan.benches), 1),
+                                  ", ".join(dirs))
+    return "\n".join(lines)
 
 
 def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path, options: str | None = None) -> bool:

@@ -46,8 +46,9 @@ def confirm_bench_id(bench_id: str) -> str:
     return params_id({"confirms": bench_id})
 
 
-def cost(plan: Any, measured: Any = None, pairs: int = 1) -> tuple[int, int, float]:
-    """Server starts, runs and seconds the confirmation of `pairs` pair(s) takes (`estimate.confirm_cost`)."""
+def cost(plan: Any, measured: Any = None, pairs: int | None = None) -> tuple[int, int, float]:
+    """Server starts, runs and seconds the confirmation of `pairs` pair(s) takes (default: one per bench shape;
+    `estimate.confirm_cost`)."""
     from raysweep.plan.estimate import confirm_cost
 
     return confirm_cost(plan, measured, pairs)
@@ -72,12 +73,15 @@ def dry_run_lines(plan: Any, sweep_s: float | None = None) -> list[str]:
     spec = confirm_of(plan.spec.campaign)
     if not applies(plan.spec):
         return []
+    from raysweep.plan.estimate import confirm_pairs
+
     starts, runs, secs = cost(plan)
+    pairs = confirm_pairs(plan)
     on = wanted(plan, sweep_s) if sweep_s is not None else spec.enabled is True
     what = (f"the leader and the runner-up of each bench shape re-measured after the sweep on fresh servers, "
             f"{spec.starts} start(s) each in blocks ordered AB BA ({'A B B A' if spec.starts == 2 else 'A B ...'}),"
-            f" {spec.runs} run(s) of each point per start: {starts} start(s) and {runs} run(s) per pair, about "
-            f"{secs:.0f} s; the headline's verdict and the leader's interval come from these runs")
+            f" {spec.runs} run(s) of each point per start: {pairs} pair(s), {starts} start(s) and {runs} run(s) in "
+            f"all, about {secs:.0f} s; the headline's verdict and the leader's interval come from these runs")
     if on:
         return [f"Confirmation: {what}"]
     why = ("confirm.enabled is false" if spec.enabled is False else
@@ -192,6 +196,12 @@ def run_after(plan: Any, ledger: Any, output_dir: Path, emit: Callable[..., None
         if not chosen:
             log.info("confirmation: no bench shape has a runner-up to confirm its leader against")
             return None
+        if spec.enabled == "auto":  # what it costs for the pairs chosen, not for the shapes guessed before
+            secs = cost(plan, measured, len(chosen) // 2)[2]
+            if secs > ROOM * sweep.wall_s:
+                log.info("confirmation: off (auto): %d pair(s) would take about %.0f s, more than %.0f %% of the "
+                         "sweep's %.0f s", len(chosen) // 2, secs, ROOM * 100, sweep.wall_s)
+                return None
         stored = {"pairs": chosen, "spec": spec.model_dump()}
         ledger.set_meta(META_KEY, json.dumps(stored))  # first: a resume confirms the same pairs
         restore_plan(plan, ledger)

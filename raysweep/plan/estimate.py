@@ -11,38 +11,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raysweep import grid
-from raysweep.bench.load import Load, load_of
 from raysweep.maths.order import ROOM
+from raysweep.plan.guess import DEFAULTS, Defaults, guess_point_s
 from raysweep.plan.plan import Plan, PointRun, first_runs
 
-__all__ = ["DEFAULTS", "Defaults", "Estimate", "Measured", "add_recorded", "estimate", "eta_s", "format_duration",
-           "guess_point_s", "measured_from", "precision_runs"]
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """What the command-based guess assumes where nothing was measured (vLLM's own defaults for the
-    benchmark options: 1000 prompts, 128 output tokens, unbounded rate and concurrency)."""
-
-    server_start_s: float = 120.0  # `vllm serve` on GPUs: weights, torch.compile, CUDA graphs
-    ttft_s: float = 0.2  # time to the first token of one request
-    itl_s: float = 0.025  # seconds per further output token of one request
-    point_overhead_s: float = 5.0  # cache reset, metrics scrapes, result file, per point
-    num_prompts: int = 1000
-    output_len: int = 128
-    unbounded_concurrency: int = 256  # requests in flight when neither rate nor concurrency bounds them
-    offline_iterations: int = 40  # `vllm bench latency`: 30 measured + 10 warmup iterations
-
-
-DEFAULTS = Defaults()
-
-_OUTPUT_FLAGS = ("--random-output-len", "--random_output_len", "--output-len", "--output_len",
-                 "--sharegpt-output-len", "--custom-output-len", "--max-tokens")
+__all__ = ["DEFAULTS", "Defaults", "Estimate", "Measured", "add_recorded", "confirm_pairs", "estimate", "eta_s",
+           "format_duration", "guess_point_s", "measured_from", "precision_runs"]
 
 
 @dataclass
@@ -92,7 +70,8 @@ class Estimate:
         most = "" if self.most_points is None or self.most_wall_s is None else (
             f"; bench.precision: at most {self.most_points} run(s), about {format_duration(self.most_wall_s)}")
         then = "" if self.confirm is None else (
-            f"; then the winner's confirmation (per pair confirmed): {self.confirm[0]} server start(s), "
+            f"; then the winner's confirmation (every bench shape's leader and runner-up): {self.confirm[0]} "
+            "server start(s), "
             f"{self.confirm[1]} run(s), about {format_duration(self.confirm[2])}")
         return (f"Estimate ({self.basis}): {self.server_starts} server start(s), {self.points} run(s)"
                 f"{' expected' if most else ''}, {self.hours_text()}, wall time about "
@@ -107,41 +86,6 @@ def format_duration(seconds: float) -> str:
         return f"{seconds / 60:.0f} min"
     h, m = divmod(round(seconds / 60), 60)
     return f"{h} h {m:02d} min"
-
-
-def _number(argv: list[str], *flags: str) -> float | None:
-    value = grid.find_flag_value(argv, *flags)
-    try:
-        return None if value is None else float(value)
-    except ValueError:
-        return None
-
-
-def guess_point_s(argv: list[str], offline: bool = False, defaults: Defaults = DEFAULTS,
-                  load: Load | None = None) -> float:
-    """Seconds one run of a benchmark command takes, from its options (the constants of `defaults` fill
-    in what it does not say): `num_prompts` requests of `output_len` tokens, under its load (a bench
-    point's `load`, else read from `argv`): sent at `request_rate` or kept `max_concurrency` in flight."""
-    prompts = _number(argv, "--num-prompts", "--num_prompts") or defaults.num_prompts
-    out_len = _number(argv, *_OUTPUT_FLAGS)
-    out_len = defaults.output_len if out_len is None else out_len
-    request_s = defaults.ttft_s + max(out_len - 1, 0) * defaults.itl_s
-    if offline:
-        if "latency" in argv:
-            iterations = (_number(argv, "--num-iters", "--num_iters") or 30) + (
-                _number(argv, "--num-iters-warmup", "--num_iters_warmup") or 10)
-            return defaults.server_start_s + iterations * request_s + defaults.point_overhead_s
-        waves = math.ceil(prompts / defaults.unbounded_concurrency)
-        return defaults.server_start_s + waves * request_s + defaults.point_overhead_s
-    load = load_of(argv) if load is None else load
-    rate, concurrency = load.request_rate, load.max_concurrency
-    duration = _number(argv, "--duration")  # a duration-bounded point (docs/workloads.md) runs that long
-    if duration:
-        return duration + request_s + defaults.point_overhead_s
-    waves = math.ceil(prompts / (concurrency or defaults.unbounded_concurrency))
-    by_concurrency = waves * request_s
-    by_rate = prompts / rate + request_s if rate and math.isfinite(rate) else 0.0
-    return max(by_concurrency, by_rate) + defaults.point_overhead_s
 
 
 def _median(values: list[float]) -> float:
@@ -245,7 +189,11 @@ def estimate(plan: Plan, *, done: set[str] | None = None, measured: Measured | N
     `lanes` configurations at a time (the longest first). `gpus_of` gives a configuration's GPUs
     (default: its shape). With `bench.precision`, the runs each point not `decided` is expected to add
     (`precision_runs` from the metric `values` seen) are counted, and `most_points` / `most_wall_s` say
-    what running every one of them to max_runs would take."""
+    what running every one of them to max_runs would take. A `design:` that states the cost of a server start
+    (`design.start_s`) gives it where none was measured."""
+    design = getattr(plan.spec.campaign, "design", None)
+    if design is not None and design.start_s is not None and defaults is DEFAULTS:
+        defaults = replace(defaults, server_start_s=design.start_s)
     secs = _run_seconds(plan, measured, defaults)
     est = _estimate(plan, precision_runs(plan, values, decided, run_s=secs), done, measured, lanes, gpus_of,
                     running, defaults)
@@ -274,11 +222,27 @@ def confirm_applies(spec: Any) -> bool:
                 or getattr(c.bench, "workload", None) is not None)
 
 
-def confirm_cost(plan: Plan, measured: Measured | None = None, pairs: int = 1) -> tuple[int, int, float]:
-    """Server starts, runs and seconds the confirmation of `pairs` pair(s) takes (two configurations each)."""
+def confirm_pairs(plan: Plan) -> int:
+    """The pairs the confirmation re-measures: one per bench shape (its bench parameters less the load), where
+    there are two configurations or more to rank."""
+    if len(plan.serves) < 2:
+        return 0
+    from raysweep.bench.load import VARIABLES
+
+    load_keys = set(VARIABLES)
+    return len({tuple(sorted((str(k), repr(v)) for k, v in b.params.items()
+                             if str(k).replace("-", "_") not in load_keys)) for b in plan.benches})
+
+
+def confirm_cost(plan: Plan, measured: Measured | None = None, pairs: int | None = None) -> tuple[int, int, float]:
+    """Server starts, runs and seconds the confirmation of `pairs` pair(s) takes (two configurations each;
+    default: one per bench shape, `confirm_pairs`). A configuration in several pairs is started once per
+    `confirm.starts` for all of its points."""
     spec = order_of_confirm(plan)
     measured = measured or Measured()
-    starts, runs = 2 * pairs * spec.starts, 2 * pairs * spec.per_arm
+    pairs = confirm_pairs(plan) if pairs is None else pairs
+    configs = min(2 * pairs, len(plan.serves)) if plan.serves else 2 * pairs
+    starts, runs = configs * spec.starts, 2 * pairs * spec.per_arm
     if not plan.points:
         return starts, runs, math.nan
     scale = _calibration(plan, measured, plan.spec.offline, DEFAULTS)
@@ -294,7 +258,7 @@ def confirm_wanted(plan: Plan, sweep_s: float, measured: Measured | None = None)
     if spec.enabled is not True and spec.enabled is not False:
         if not confirm_applies(plan.spec) or len(plan.serves) < 2:
             return False
-        return confirm_cost(plan, measured)[2] <= ROOM * sweep_s
+        return confirm_pairs(plan) > 0 and confirm_cost(plan, measured)[2] <= ROOM * sweep_s
     return bool(spec.enabled) and confirm_applies(plan.spec)
 
 

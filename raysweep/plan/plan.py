@@ -238,7 +238,12 @@ def fingerprint(spec: CampaignSpec) -> str:
 
 def build_plan(spec: CampaignSpec) -> Plan:
     """Expand a campaign into server configs, bench points and runs (linked pairs only). A `tune:` campaign
-    starts with no server config: the tuner adds its candidates (`make_serve`, `serve_points`, `Plan.add`)."""
+    starts with no server config: the tuner adds its candidates (`make_serve`, `serve_points`, `Plan.add`).
+    A campaign's `design:` is put in place first: its starts as `order.instances`, its runs as `runs`
+    (`raysweep.plan.design.applied`)."""
+    from raysweep.plan.design import applied
+
+    spec = applied(spec)
     c = spec.campaign
     _check_pins(c.placement, spec.serve_combos)
     serves = [] if c.tune is not None else [make_serve(spec, combo) for combo in spec.serve_combos]
@@ -425,15 +430,21 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
         from raysweep.maths.precision import describe
 
         lines += ["", (f"Precision: {describe(precision)}; the runs above are the first {precision.min_runs} of "
-                       "each point, the others are added one at a time")]
+                       "each point, the others are added one at a time to one server start (the last, with "
+                       "order.instances); for verdicts over several starts, `design:` (docs/design.md)")]
     lines += ["", *workload_lines(plan.spec, len(plan.points))] if workload_lines(plan.spec) else []
     if not plan.spec.offline and c.tune is None and c.sla is None:
         from raysweep.maths.order import order_lines, order_of
+        from raysweep.plan.design import dry_run_lines as design_lines
 
         first = next((s for s in plan.serves if plan.points_of(s.id)), None)
         benches = list(dict.fromkeys(p.bench.id for p in plan.points_of(first.id))) if first is not None else []
+        designed = design_lines(plan.spec, [s.label for s in plan.serves], None, len(benches))
+        lines += ["", *designed] if designed else []
         said = order_lines(order_of(c), [s.label for s in plan.serves], benches, first_runs(plan.spec),
                            first.id if first is not None else "")
+        if designed:  # the design's lines above say the starts and their blocks
+            said = [line for line in said if not line.startswith("Instances:")]
         lines += ["", *said] if said else []
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]
