@@ -1,4 +1,4 @@
-"""The lab (raysweep.place.lab, root only): its up and down time, partitions at random moments, leftovers, and what a
+"""The lab (raysweep.lab.hosts, root only): its up and down time, partitions at random moments, leftovers, and what a
 client on another host costs.
 
     python benchmarks/bench_lab.py --partitions 10 --seed 1 --json lab.json   # the recorded run (many minutes)
@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import yaml
 
+from raysweep.lab import hosts as lab
 from raysweep.ledger import Ledger
-from raysweep.place import lab
 from raysweep.results.table import results_table
 
 PY = sys.executable
@@ -220,7 +220,7 @@ def main() -> None:
         result["partitions"] = bench_partitions(args.partitions, args.seed, args.points)
         print(json.dumps(result["partitions"], indent=1), flush=True)
     if not args.no_client:
-        from raysweep.serve.demo import make_tiny_model
+        from raysweep.lab.tiny_model import make_tiny_model
 
         model = make_tiny_model(Path(tempfile.mkdtemp(prefix="rs-bench-model-")) / "tiny-llama")
         result["client"] = bench_client(str(model))

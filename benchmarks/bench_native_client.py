@@ -295,7 +295,7 @@ def main() -> None:
     ap.add_argument("part", choices=[*PARTS, "all"], default="all", nargs="?")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from raysweep.serve.demo import make_tiny_model
+    from raysweep.lab.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="rs-bnc") as tmp:
         work = Path(tmp)

@@ -287,8 +287,8 @@ def main() -> int:
     if args.sittings <= 1:
         args.prompts = args.prompts or 100
     sys.path.insert(0, str(REPO))
+    from raysweep.lab.tiny_model import make_tiny_model
     from raysweep.procs import free_port
-    from raysweep.serve.demo import make_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="rs-parity-") as tmp:
         work = Path(tmp)

@@ -1,6 +1,6 @@
 """A campaign's sbatch stopped at random moments on the lab's real Slurm, then submitted again.
 
-A lab of 3 real hosts (raysweep.place.lab: GPUs 0,1,1) with a real Slurm on it (raysweep.place.lab_slurm), the
+A lab of 3 real hosts (raysweep.lab.hosts: GPUs 0,1,1) with a real Slurm on it (raysweep.lab.slurm), the
 sbatch `raysweep slurm` writes for a campaign of the stand-in server (tests/standin) pipeline-parallel across
 hosts 2 and 3, its clients on host 1 (a heterogeneous job). Each trial is a fresh campaign:
 
@@ -39,8 +39,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from raysweep.lab import hosts as lab  # noqa: E402
+from raysweep.lab import slurm as lab_slurm  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
-from raysweep.place import lab, lab_slurm  # noqa: E402
 
 STANDIN = ROOT / "tests" / "standin"
 POINTS = 10

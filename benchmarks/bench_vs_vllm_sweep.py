@@ -245,7 +245,7 @@ def main() -> None:
                     help="comma list of vllm (vLLM's sweep), native and command (raysweep with that client)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from raysweep.serve.demo import make_tiny_model
+    from raysweep.lab.tiny_model import make_tiny_model
 
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     if bad := [t for t in tools if t not in TOOLS]:

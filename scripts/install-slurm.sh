@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Slurm and munge from Debian's packages, for the lab's Slurm cluster (raysweep.place.lab_slurm; the Slurm
+# Slurm and munge from Debian's packages, for the lab's Slurm cluster (raysweep.lab.slurm; the Slurm
 # tests and `make demo-slurm`). Idempotent and quick when they are installed already: nothing is done when
 # slurmctld, slurmd, sbatch and munged are on PATH. As root on Debian/Ubuntu it installs them with apt-get,
 # with every daemon kept from starting (the lab starts its own, per host, and stops them by pid): a

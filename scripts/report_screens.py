@@ -118,7 +118,7 @@ def endpoint_campaign(work: Path, address: str, standin: bool) -> Path:
                 "--itl-delay", "0.01", "--slots", "8"]
         model, env, name = "m", None, "endpoint-standin"
     else:
-        from raysweep.serve.demo import make_tiny_model
+        from raysweep.lab.tiny_model import make_tiny_model
 
         model = str(make_tiny_model(work / "tiny-llama"))
         vllm = shutil.which("vllm") or str(Path(PY).parent / "vllm")

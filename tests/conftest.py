@@ -157,7 +157,7 @@ def tiny_model(tmp_path_factory):
         if os.environ.get("RAYSWEEP_REQUIRE_VLLM"):
             pytest.fail("the vLLM CPU build is required here (RAYSWEEP_REQUIRE_VLLM is set); run scripts/setup-venv.sh")
         pytest.skip("the vLLM CPU build is not installed")
-    from raysweep.serve.demo import make_tiny_model
+    from raysweep.lab.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 
@@ -209,7 +209,7 @@ def vllm_server(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def lab_cluster():
-    """Started once per test session (root only): a lab of 3 real hosts (raysweep.place.lab: each its own network,
+    """Started once per test session (root only): a lab of 3 real hosts (raysweep.lab.hosts: each its own network,
     UTS, IPC and mount namespaces on a private bridge), the Ray head on host 1 (no GPU, 2 CPUs), hosts 2 and
     3 with 1 simulated GPU and 1 CPU each; its state (addresses, interfaces). Cleared at the end, and a lab a
     killed session left is cleared first."""
@@ -220,7 +220,7 @@ def lab_cluster():
                "over a real network) needs root; run `make test` as root to prove it")
         warnings.warn(why, stacklevel=1)
         pytest.skip(why)
-    from raysweep.place import lab
+    from raysweep.lab import hosts as lab
 
     lab.down_stale()
     subnet = next(s for s in (f"10.77.{i}.0/24" for i in range(100, 200)) if _subnet_free(s))
@@ -233,7 +233,7 @@ def lab_cluster():
 
 
 def _subnet_free(subnet: str) -> bool:
-    from raysweep.place import lab
+    from raysweep.lab import hosts as lab
 
     try:
         lab.check_subnet(subnet)
@@ -246,7 +246,7 @@ def _subnet_free(subnet: str) -> bool:
 def slurm_cluster():
     """Started once per test session (root, Slurm and munge installed: scripts/install-slurm.sh): a lab of 3 real
     hosts without Ray (GPUs 0,1,1 and CPUs 2,1,1, as `lab_cluster`), with a real Slurm on it
-    (raysweep.place.lab_slurm: slurmctld on host 1, a slurmd per host, munge). Its lab state, with `slurm`.
+    (raysweep.lab.slurm: slurmctld on host 1, a slurmd per host, munge). Its lab state, with `slurm`.
     Jobs start Ray themselves. Cleared at the end: the daemons by pid, then the lab."""
     import warnings
 
@@ -255,7 +255,8 @@ def slurm_cluster():
                "as root to prove it")
         warnings.warn(why, stacklevel=1)
         pytest.skip(why)
-    from raysweep.place import lab, lab_slurm
+    from raysweep.lab import hosts as lab
+    from raysweep.lab import slurm as lab_slurm
 
     if missing := lab_slurm.missing_tools():
         why = f"NOT RUN: the Slurm tier needs Slurm and munge ({', '.join(missing)} missing): scripts/install-slurm.sh"

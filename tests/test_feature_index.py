@@ -24,9 +24,10 @@ FEATURES: dict[str, tuple[str, set[str]]] = {
     "energy and cost (`energy:`)": (r"(^|\.)(energy|point_energy|rapl|power_sources|cost)$", {"energy"}),
     "precision (`bench.precision`)": (r"^raysweep\.(maths|results)\.precision$|^raysweep\.drive\.sequential$",
                                       {"precision"}),
+    "designs of server starts (`design:`)": (r"^raysweep\.(campaign|plan)\.design$", {"design"}),
     "the confirmation (`confirm:`)": (r"^raysweep\.(drive\.confirm|maths\.confirmation)$", {"confirm"}),
     "endpoints that already run (`endpoint:`)": (r"^raysweep\.drive\.endpoint$", {"endpoint"}),
-    "the lab (`raysweep lab`)": (r"^raysweep\.(place\.lab\w*|cli\.lab)$", set()),
+    "the lab (`raysweep lab`)": (r"^raysweep\.(lab(\.|$)|cli\.lab)$", set()),
 }
 LAYOUT = ROOT / "docs" / "layout.md"
 HEADING = "## Where each feature lives"

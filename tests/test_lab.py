@@ -1,4 +1,4 @@
-"""The multi-node path over a real network: a lab of real hosts on this machine (raysweep.place.lab; root only).
+"""The multi-node path over a real network: a lab of real hosts on this machine (raysweep.lab.hosts; root only).
 
 Host 1 is the Ray head (no GPU, 2 CPUs: the campaign's driver and its clients), hosts 2 and 3 declare one GPU
 and one CPU each (a server bundle takes half a CPU, so no client fits beside it). Each host has its own address,
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raysweep.lab import hosts as lab
 from raysweep.ledger import Ledger
-from raysweep.place import lab
 from raysweep.results.table import results_table
 
 RAYSWEEP = [sys.executable, "-m", "raysweep"]
@@ -101,7 +101,7 @@ def test_a_subnet_with_a_route_of_its_own_is_refused_by_ip_route_get():
     try:
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
         subprocess.run(["ip", "-n", ns, "route", "add", "10.78.5.128/25", "dev", "lo"], check=True)
-        code = ("import sys; from raysweep.place import lab\n"
+        code = ("import sys; from raysweep.lab import hosts as lab\n"
                 "try:\n    lab.check_subnet(sys.argv[1])\nexcept lab.LabError as e:\n    print(e.code, e)\n")
         out = [subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, net], capture_output=True,
                               text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
@@ -479,7 +479,7 @@ def test_a_campaign_across_a_slow_lossy_relay_finishes_and_its_validity_record_s
                                                            "--model", "m", "--host", h2["ip"], "--port", "18000"]),
                                   env=lab.host_env(state, 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         started.append(server)
-        relay = subprocess.Popen(lab.exec_argv(state, 3, [sys.executable, "-m", "raysweep.place.lab_relay", "--listen",
+        relay = subprocess.Popen(lab.exec_argv(state, 3, [sys.executable, "-m", "raysweep.lab.relay", "--listen",
                                                           f"{h3['ip']}:19000", "--to", f"{h2['ip']}:18000",
                                                           "--delay-ms", "20", "--drop", "0.15", "--cut-every", "10",
                                                           "--spare", "3"]),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from raysweep.place import fabric, lab
+from raysweep.lab import hosts as lab
+from raysweep.place import fabric
 from raysweep.procs import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +90,7 @@ def test_the_relay_delays_and_drops_connections():
     """On loopback: an echo server behind the relay; the first connection is spared, then about half dropped."""
     target = _echo_server()
     port = free_port()
-    relay = subprocess.Popen([sys.executable, "-m", "raysweep.place.lab_relay", "--listen", f"127.0.0.1:{port}", "--to",
+    relay = subprocess.Popen([sys.executable, "-m", "raysweep.lab.relay", "--listen", f"127.0.0.1:{port}", "--to",
                               f"127.0.0.1:{target.getsockname()[1]}", "--delay-ms", "50", "--drop", "0.5",
                               "--spare", "1", "--seed", "3"], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     try:
@@ -119,7 +120,7 @@ def test_the_relay_cuts_every_nth_answer_chunk():
     one chunk, so of 9 connections the 3rd, 6th and 9th are reset mid-answer and the others answered."""
     target = _echo_server()
     port = free_port()
-    relay = subprocess.Popen([sys.executable, "-m", "raysweep.place.lab_relay", "--listen", f"127.0.0.1:{port}", "--to",
+    relay = subprocess.Popen([sys.executable, "-m", "raysweep.lab.relay", "--listen", f"127.0.0.1:{port}", "--to",
                               f"127.0.0.1:{target.getsockname()[1]}", "--cut-every", "3"],
                              stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     try:

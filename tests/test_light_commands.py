@@ -25,7 +25,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_validate_of_a_random_data_set_loads_no_tokenizer(tmp_path):
-    from raysweep.serve.demo import make_tiny_model
+    from raysweep.lab.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny")  # a real local tokenizer: validate could load it, and must not
     data = yaml.safe_load(open("configs/demo-cpu.yaml"))
@@ -44,7 +44,7 @@ def test_validate_says_when_it_reads_a_data_files_tokens(tmp_path, monkeypatch):
     from raysweep.cli.campaign_file import _check
 
     model_dir = tmp_path / "tiny"
-    from raysweep.serve.demo import make_tiny_model
+    from raysweep.lab.tiny_model import make_tiny_model
 
     model = make_tiny_model(model_dir)
     rows = [{"prompt": f"hello number {i}", "output_tokens": 4} for i in range(20)]

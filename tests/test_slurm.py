@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raysweep.lab import hosts as lab
+from raysweep.lab import slurm as lab_slurm
 from raysweep.ledger import Ledger
-from raysweep.place import lab, lab_slurm
 from raysweep.place.slurm import parse_time
 
 RAYSWEEP = [sys.executable, "-m", "raysweep"]

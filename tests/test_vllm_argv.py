@@ -59,7 +59,7 @@ def vllm_engine(tmp_path_factory):
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from raysweep.serve.demo import make_tiny_model
+    from raysweep.lab.tiny_model import make_tiny_model
 
     model = tmp_path_factory.mktemp("vllm-argv") / "wide"
     shutil.copytree(make_tiny_model(model.parent / "tiny"), model)

@@ -86,6 +86,6 @@ def preflight(address: str | None, as_json: bool, out_path: str | None, strict: 
 @click.option("--overwrite", is_flag=True)
 def tiny_model(directory: str, overwrite: bool) -> None:
     """Write a tiny dummy-weight Llama (config + tokenizer) that the vLLM CPU build can serve."""
-    from raysweep.serve.demo import make_tiny_model
+    from raysweep.lab.tiny_model import make_tiny_model
 
     out.print(str(make_tiny_model(directory, overwrite=overwrite)))

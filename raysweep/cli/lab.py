@@ -1,4 +1,4 @@
-"""`raysweep lab up|status|down|exec`: a cluster of real hosts on one machine (raysweep.place.lab)."""
+"""`raysweep lab up|status|down|exec`: a cluster of real hosts on one machine (raysweep.lab.hosts)."""
 
 from __future__ import annotations
 
@@ -48,13 +48,13 @@ def lab() -> None:
 def lab_up(name: str, hosts: int, subnet: str, gpus: str, cpus: str, pin: bool | None, slurm: bool,
            as_json: bool) -> None:
     """Make the lab and start Ray on every host (or Slurm, with --slurm); print how to reach it."""
-    from raysweep.place import lab as labmod
+    from raysweep.lab import hosts as labmod
 
     spec = labmod.LabSpec(name=name, hosts=hosts, subnet=subnet, gpus=_ints(gpus, "--gpus"),
                           cpus=_ints(cpus, "--cpus"), pin=pin, persistent=True, ray=not slurm)
     try:
         if slurm:
-            from raysweep.place import lab_slurm
+            from raysweep.lab import slurm as lab_slurm
 
             if missing := lab_slurm.missing_tools():
                 raise labmod.LabError(f"--slurm: {', '.join(missing)} not installed: run scripts/install-slurm.sh "
@@ -90,7 +90,7 @@ def lab_up(name: str, hosts: int, subnet: str, gpus: str, cpus: str, pin: bool |
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def lab_status(name: str, as_json: bool) -> None:
     """Each host's namespace, processes and Ray node; exit 1 when the lab is not (wholly) up."""
-    from raysweep.place import lab as labmod
+    from raysweep.lab import hosts as labmod
 
     st = labmod.status(name)
     if as_json:
@@ -113,12 +113,12 @@ def lab_status(name: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
 def lab_down(name: str, stale: bool, as_json: bool) -> None:
     """Stop every process of the lab's hosts by PID; delete its namespaces, veths and bridge."""
-    from raysweep.place import lab as labmod
+    from raysweep.lab import hosts as labmod
 
     try:
         state = labmod.load_state(name)
         if state is not None and state.get("slurm"):   # its Slurm daemons first, each by its pid file
-            from raysweep.place import lab_slurm
+            from raysweep.lab import slurm as lab_slurm
 
             labmod.check_root()
             lab_slurm.down(state)
@@ -142,7 +142,7 @@ def lab_down(name: str, stale: bool, as_json: bool) -> None:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def lab_exec(name: str, host: int, argv: tuple[str, ...]) -> None:
     """Run a command inside lab host HOST (1 is the head), with the host's environment."""
-    from raysweep.place import lab as labmod
+    from raysweep.lab import hosts as labmod
 
     state = labmod.load_state(name)
     if state is None:

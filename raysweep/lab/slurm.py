@@ -1,4 +1,4 @@
-"""A real Slurm cluster on a lab's hosts (raysweep.place.lab): `slurmctld` on the head, `slurmd` on every host
+"""A real Slurm cluster on a lab's hosts (raysweep.lab.hosts): `slurmctld` on the head, `slurmd` on every host
 (its own hostname and address), `munged` for authentication with a key made for this lab, the hosts' simulated
 GPUs declared as generic resources, and no cgroup anywhere (`proctrack/linuxproc`, `task/none`,
 `jobacct_gather/none`), so it runs where the machine gives a process no cgroup of its own.
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raysweep.place import lab
-from raysweep.place.lab import LabError
+from raysweep.lab import hosts as lab
+from raysweep.lab.hosts import LabError
 
 __all__ = ["CTLD_PORT", "SLURMD_PORT", "client_env", "down", "gres_line", "missing_tools", "sinfo", "slurm_conf",
            "up", "wait_job"]

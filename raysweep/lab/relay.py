@@ -3,7 +3,7 @@ target after a delay per chunk each way, drops a share of the connections (reset
 first `--spare`) and cuts answers mid-stream: a share of their chunks at random (`--cut`), or every Nth chunk
 (`--cut-every`, so that a test knows every answer-heavy stretch of traffic loses some).
 
-    python -m raysweep.place.lab_relay --listen 10.77.0.4:9000 --to 10.77.0.3:8000 --delay-ms 20 --drop 0.1 --cut 0.02
+    python -m raysweep.lab.relay --listen 10.77.0.4:9000 --to 10.77.0.3:8000 --delay-ms 20 --drop 0.1 --cut 0.02
 
 Run it inside a lab host (`raysweep lab exec`) and point a campaign's `serve.url` at it: the clients' traffic
 then crosses two links and the relay. It counts the connections it forwarded and dropped on stdout when it
