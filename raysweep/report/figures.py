@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -48,7 +50,87 @@ def figures_section(data: ReportData, figures: Callable[[ReportData], Sequence[L
     """The Figures section: every figure `figures` lists for the data, drawn one by one (or kept)."""
     if data.df.empty:
         return nothing("no finished run yet")
-    return shared_notes_once([figure_html(*entry) for entry in figures(data)])
+    entries = list(figures(data))
+    beside = _Beside(entries if len(data.df) >= BESIDE_FROM_RUNS else [])
+    html: dict[int, str] = {i: figure_html(*entry) for i, entry in enumerate(entries) if i not in beside.mine}
+    made = beside.result()
+    html.update({i: figure_html(entries[i][0], entries[i][1], _parts(entries[i]), made.get(i)) for i in beside.mine})
+    return shared_notes_once([html[i] for i in range(len(entries))])
+
+
+# From this many finished runs, half of the figures a report draws are drawn by a second process (`_Beside`);
+# below, forking would cost more than it saves
+BESIDE_FROM_RUNS = 400
+# The figures the second process draws (`_Beside`), set before it starts: it inherits them
+_BESIDE: list[tuple[str, Draw]] = []
+
+
+class _Beside:
+    """Half of the figures to be drawn (not kept) drawn by a second process while this one draws the other
+    half: a figure's drawing and encoding is all matplotlib's CPU time, and a large campaign's figures were
+    most of its report's time. Nothing is forked when there are fewer than two figures to draw, one CPU, no
+    `fork`, or Ray runs in this process; a figure the second process could not draw is drawn here, as any
+    other."""
+
+    def __init__(self, entries: Sequence[Listed]) -> None:
+        self.mine: list[int] = []  # the indices of `entries` drawn beside
+        self._future: Any = None
+        self._pool: Any = None
+        import multiprocessing
+
+        kept = report_cache.active()
+        todo = [i for i, entry in enumerate(entries)
+                if (parts := _parts(entry)) is None or kept is None or not kept.has((*parts, entry[0]))]
+        ray = sys.modules.get("ray")
+        if (len(todo) < 2 or len(os.sched_getaffinity(0)) < 2
+                or "fork" not in multiprocessing.get_all_start_methods()
+                or (ray is not None and getattr(ray, "is_initialized", lambda: False)())):
+            return
+        from concurrent.futures import ProcessPoolExecutor
+
+        mine = todo[1::2]
+        _BESIDE[:] = [(entries[i][0], entries[i][1]) for i in mine]
+        try:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+            self._future = self._pool.submit(_draw_beside)
+            self.mine = mine
+        except Exception as exc:  # every figure is then drawn here
+            log.info("figures not drawn beside: %s", exc)
+            self._close()
+
+    def result(self) -> dict[int, str]:
+        """Index -> HTML of the figures drawn beside (a figure that failed there is missing)."""
+        if self._future is None:
+            return {}
+        try:
+            drawn = self._future.result()
+        except Exception as exc:
+            log.info("figures not drawn beside: %s", exc)
+            return {}
+        finally:
+            self._close()
+        return {i: html for i, html in zip(self.mine, drawn, strict=True) if html is not None}
+
+    def _close(self) -> None:
+        _BESIDE.clear()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def _parts(entry: Listed) -> tuple[Any, ...] | None:
+    return entry[2] if len(entry) > 2 else None
+
+
+def _draw_beside() -> list[str | None]:
+    """In the second process: the HTML of each figure of `_BESIDE` (None for one that failed)."""
+    out: list[str | None] = []
+    for caption, draw in _BESIDE:
+        try:
+            out.append(_figure_body(caption, draw))
+        except Exception:  # drawn again in the report's process, which says why
+            out.append(None)
+    return out
 
 
 _NOTE = re.compile(r'<br><span class="note">(.*?)</span>')
@@ -129,20 +211,25 @@ def _pareto(df: pd.DataFrame) -> tuple[Figure | None, list[str]]:
     return plots.pareto_figure(result, [CONCURRENCY, "gpus"]), result.notes + result.drawn_notes
 
 
-def figure_html(caption: str, draw: Draw, parts: tuple[Any, ...] | None = None) -> str:
+def figure_html(caption: str, draw: Draw, parts: tuple[Any, ...] | None = None, made: str | None = None) -> str:
     """One embedded PNG with its caption and notes; the reason instead when it cannot be drawn. With `parts`
-    (what the figure is drawn from), kept by the report being written and drawn only when they change."""
+    (what the figure is drawn from), kept by the report being written and drawn only when they change;
+    `made`: its HTML already drawn (by `_Beside`), used in place of drawing it."""
     def make() -> str:
-        fig, notes = draw()
-        if fig is None:
-            return f'<p class="muted">{esc(caption)}: no data for it in these results.</p>'
-        return img_html(fig, caption, notes)
+        return made if made is not None else _figure_body(caption, draw)
 
     try:
         return make() if parts is None else report_cache.cached((*parts, caption), make)
     except Exception as exc:  # a figure that fails costs only itself
         log.warning("report figure %r not drawn: %s", caption, exc)
         return f'<p class="note">{esc(caption)}: not drawn ({esc(exc)})</p>'
+
+
+def _figure_body(caption: str, draw: Draw) -> str:
+    fig, notes = draw()
+    if fig is None:
+        return f'<p class="muted">{esc(caption)}: no data for it in these results.</p>'
+    return img_html(fig, caption, notes)
 
 
 def img_html(fig: Figure, caption: str, notes: Sequence[str] = (), dpi: int = 110) -> str:
