@@ -91,6 +91,9 @@ class _Beside:
             return
         from concurrent.futures import ProcessPoolExecutor
 
+        import matplotlib.backends.backend_agg  # noqa: F401 - imported once, before the fork, for both processes
+        import matplotlib.figure  # noqa: F401
+
         mine = todo[1::2] if every_other else todo[len(todo) // 2:]
         _BESIDE[:] = [entries[i][0] for i in mine]
         try:
