@@ -52,7 +52,7 @@ def figures_section(data: ReportData, figures: Callable[[ReportData], Sequence[L
         return nothing("no finished run yet")
     entries = list(figures(data))
     beside = _Beside([(partial(_figure_body, e[0], e[1]), None if (p := _parts(e)) is None else (*p, e[0]))
-                      for e in entries] if len(data.df) >= BESIDE_FROM_RUNS else [], every_other=True)
+                      for e in entries] if len(data.df) >= BESIDE_FROM_RUNS else [])
     html: dict[int, str] = {i: figure_html(*entry) for i, entry in enumerate(entries) if i not in beside.mine}
     made = beside.result()
     html.update({i: figure_html(entries[i][0], entries[i][1], _parts(entries[i]), made.get(i)) for i in beside.mine})
@@ -73,10 +73,10 @@ class _Beside:
     `fork`, or Ray runs in this process; a figure the second process could not draw is drawn here, as any
     other."""
 
-    def __init__(self, entries: Sequence[tuple[Callable[[], str], tuple[Any, ...] | None]],
-                 every_other: bool = False) -> None:
+    def __init__(self, entries: Sequence[tuple[Callable[[], str], tuple[Any, ...] | None]]) -> None:
         """`entries`: each figure's making (its HTML) and what it is kept by (None: never kept); the second
-        process draws every other one (`every_other`) or the second half."""
+        process draws the later half (the server-side metrics, the largest figure, among them), this one the
+        first half and the rest of the report."""
         self.mine: list[int] = []  # the indices of `entries` drawn beside
         self._future: Any = None
         self._pool: Any = None
@@ -94,7 +94,7 @@ class _Beside:
         import matplotlib.backends.backend_agg  # noqa: F401 - imported once, before the fork, for both processes
         import matplotlib.figure  # noqa: F401
 
-        mine = todo[1::2] if every_other else todo[len(todo) // 2:]
+        mine = todo[len(todo) // 2:]
         _BESIDE[:] = [entries[i][0] for i in mine]
         try:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
