@@ -119,6 +119,18 @@ def test_a_report_written_again_on_unchanged_data_draws_nothing_and_is_the_same_
     assert kept(copy) == before
 
 
+def test_figures_drawn_by_a_second_process_make_the_same_page_and_are_kept_alike(cold, tmp_path, monkeypatch):
+    out, first, figures = cold
+    fresh = Path(shutil.copytree(out, tmp_path / "out"))
+    shutil.rmtree(fresh / report_cache.FOLDER)
+    monkeypatch.setattr(report_figures, "BESIDE_FROM_RUNS", 0)  # half of the figures drawn by a forked process
+    drawn = Drawn(monkeypatch)
+    again = report.write_report(fresh).read_text()
+    assert 0 < len(drawn.figures) < len(figures)  # this process drew only its half of the Figures section
+    assert page(again, fresh) == page(first, out)  # the same figures, in the same places
+    assert kept(fresh) == kept(out)
+
+
 def test_a_report_of_kept_figures_does_not_import_matplotlib(copy):
     code = ("import sys\nfrom raysweep.report.page import write_report\n"
             "write_report(sys.argv[1])\nprint('matplotlib' in sys.modules)")

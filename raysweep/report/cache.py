@@ -33,7 +33,7 @@ from raysweep.record.files import write_text_atomic
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["FOLDER", "FigureCache", "cached", "using"]
+__all__ = ["FOLDER", "FigureCache", "active", "cached", "using"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,10 @@ class FigureCache:
         self.drawn += 1
         self._write(key, text)
         return text
+
+    def has(self, parts: Sequence[Any]) -> bool:
+        """Whether the figure drawn from `parts` is kept (then `html` reads it rather than drawing it)."""
+        return self._read(self.key(parts)) is not None
 
     def key(self, parts: Sequence[Any]) -> str:
         h = hashlib.sha256(_code_stamp().encode())
@@ -169,6 +173,11 @@ def using(figures: FigureCache | None) -> Iterator[FigureCache | None]:
         yield figures
     finally:
         _ACTIVE.reset(token)
+
+
+def active() -> FigureCache | None:
+    """The cache of the report being made (`using`); None when there is none."""
+    return _ACTIVE.get()
 
 
 def cached(parts: Callable[[], Sequence[Any]] | Sequence[Any], make: Callable[[], str]) -> str:

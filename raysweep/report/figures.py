@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -21,7 +23,7 @@ from raysweep.report import cache as report_cache
 from raysweep.report import plots
 from raysweep.report.markup import SHARED_NOTE, esc, nothing
 from raysweep.results import conclusions
-from raysweep.results.data import ReportData, param_names
+from raysweep.results.data import ReportData, answer_of, param_names
 from raysweep.results.front import pareto
 from raysweep.results.labels import sort_key
 from raysweep.results.rows import client_limited_mask, load_variable
@@ -48,7 +50,93 @@ def figures_section(data: ReportData, figures: Callable[[ReportData], Sequence[L
     """The Figures section: every figure `figures` lists for the data, drawn one by one (or kept)."""
     if data.df.empty:
         return nothing("no finished run yet")
-    return shared_notes_once([figure_html(*entry) for entry in figures(data)])
+    entries = list(figures(data))
+    beside = _Beside([(partial(_figure_body, e[0], e[1]), None if (p := _parts(e)) is None else (*p, e[0]))
+                      for e in entries] if len(data.df) >= BESIDE_FROM_RUNS else [])
+    html: dict[int, str] = {i: figure_html(*entry) for i, entry in enumerate(entries) if i not in beside.mine}
+    made = beside.result()
+    html.update({i: figure_html(entries[i][0], entries[i][1], _parts(entries[i]), made.get(i)) for i in beside.mine})
+    return shared_notes_once([html[i] for i in range(len(entries))])
+
+
+# From this many finished runs, half of the figures a report draws are drawn by a second process (`_Beside`);
+# below, forking would cost more than it saves
+BESIDE_FROM_RUNS = 400
+# The figures the second process draws (`_Beside`), set before it starts: it inherits them
+_BESIDE: list[Callable[[], str]] = []
+
+
+class _Beside:
+    """Half of the figures to be drawn (not kept) drawn by a second process while this one draws the other
+    half: a figure's drawing and encoding is all matplotlib's CPU time, and a large campaign's figures were
+    most of its report's time. Nothing is forked when there are fewer than two figures to draw, one CPU, no
+    `fork`, or Ray runs in this process; a figure the second process could not draw is drawn here, as any
+    other."""
+
+    def __init__(self, entries: Sequence[tuple[Callable[[], str], tuple[Any, ...] | None]]) -> None:
+        """`entries`: each figure's making (its HTML) and what it is kept by (None: never kept); the second
+        process draws the later half (the server-side metrics, the largest figure, among them), this one the
+        first half and the rest of the report."""
+        self.mine: list[int] = []  # the indices of `entries` drawn beside
+        self._future: Any = None
+        self._pool: Any = None
+        import multiprocessing
+
+        kept = report_cache.active()
+        todo = [i for i, (_, key) in enumerate(entries) if key is None or kept is None or not kept.has(key)]
+        ray = sys.modules.get("ray")
+        if (len(todo) < 2 or len(os.sched_getaffinity(0)) < 2
+                or "fork" not in multiprocessing.get_all_start_methods()
+                or (ray is not None and getattr(ray, "is_initialized", lambda: False)())):
+            return
+        from concurrent.futures import ProcessPoolExecutor
+
+        import matplotlib.backends.backend_agg  # noqa: F401 - imported once, before the fork, for both processes
+        import matplotlib.figure  # noqa: F401
+
+        mine = todo[len(todo) // 2:]
+        _BESIDE[:] = [entries[i][0] for i in mine]
+        try:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+            self._future = self._pool.submit(_draw_beside)
+            self.mine = mine
+        except Exception as exc:  # every figure is then drawn here
+            log.info("figures not drawn beside: %s", exc)
+            self._close()
+
+    def result(self) -> dict[int, str]:
+        """Index -> HTML of the figures drawn beside (a figure that failed there is missing)."""
+        if self._future is None:
+            return {}
+        try:
+            drawn = self._future.result()
+        except Exception as exc:
+            log.info("figures not drawn beside: %s", exc)
+            return {}
+        finally:
+            self._close()
+        return {i: html for i, html in zip(self.mine, drawn, strict=True) if html is not None}
+
+    def _close(self) -> None:
+        _BESIDE.clear()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def _parts(entry: Listed) -> tuple[Any, ...] | None:
+    return entry[2] if len(entry) > 2 else None
+
+
+def _draw_beside() -> list[str | None]:
+    """In the second process: the HTML of each figure of `_BESIDE` (None for one that failed)."""
+    out: list[str | None] = []
+    for make in _BESIDE:
+        try:
+            out.append(make())
+        except Exception:  # drawn again in the report's process, which says why
+            out.append(None)
+    return out
 
 
 _NOTE = re.compile(r'<br><span class="note">(.*?)</span>')
@@ -129,20 +217,25 @@ def _pareto(df: pd.DataFrame) -> tuple[Figure | None, list[str]]:
     return plots.pareto_figure(result, [CONCURRENCY, "gpus"]), result.notes + result.drawn_notes
 
 
-def figure_html(caption: str, draw: Draw, parts: tuple[Any, ...] | None = None) -> str:
+def figure_html(caption: str, draw: Draw, parts: tuple[Any, ...] | None = None, made: str | None = None) -> str:
     """One embedded PNG with its caption and notes; the reason instead when it cannot be drawn. With `parts`
-    (what the figure is drawn from), kept by the report being written and drawn only when they change."""
+    (what the figure is drawn from), kept by the report being written and drawn only when they change;
+    `made`: its HTML already drawn (by `_Beside`), used in place of drawing it."""
     def make() -> str:
-        fig, notes = draw()
-        if fig is None:
-            return f'<p class="muted">{esc(caption)}: no data for it in these results.</p>'
-        return img_html(fig, caption, notes)
+        return made if made is not None else _figure_body(caption, draw)
 
     try:
         return make() if parts is None else report_cache.cached((*parts, caption), make)
     except Exception as exc:  # a figure that fails costs only itself
         log.warning("report figure %r not drawn: %s", caption, exc)
         return f'<p class="note">{esc(caption)}: not drawn ({esc(exc)})</p>'
+
+
+def _figure_body(caption: str, draw: Draw) -> str:
+    fig, notes = draw()
+    if fig is None:
+        return f'<p class="muted">{esc(caption)}: no data for it in these results.</p>'
+    return img_html(fig, caption, notes)
 
 
 def img_html(fig: Figure, caption: str, notes: Sequence[str] = (), dpi: int = 110) -> str:
@@ -154,27 +247,74 @@ def img_html(fig: Figure, caption: str, notes: Sequence[str] = (), dpi: int = 11
             f"<figcaption>{esc(caption)}{note}</figcaption></figure>")
 
 
-def card_figure(data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict) -> str:
+def card_figure(data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict,
+                made: str | None = None) -> str:
     """Latency against throughput of one bench shape: a curve per server config, a point per load value (the
-    mean of its runs), the best point starred. Empty without those metrics; the reason when it fails."""
+    mean of its runs), the best point starred. Empty without those metrics; the reason when it fails. `made`:
+    its HTML already drawn (`cards_beside`), used in place of drawing it."""
     x, y = LATENCY_THROUGHPUT
     if not {x, y, "serve_label"} <= set(data.df.columns):
         return ""
     if next(i for i, w in enumerate(c.verdicts) if w is v) >= MAX_SHAPES_DRAWN:
         return (f'<p class="muted">Figure drawn for the first {MAX_SHAPES_DRAWN} bench shapes only; '
                 "<code>raysweep plot</code> draws any.</p>")
-    caption = f"{y} against {x}, one point per {c.load or 'bench point'}; \u2605 the best point"
+    caption = _card_caption(c)
     try:
-        mine = c.points.loc[c.points["shape"] == v.shape, ["serve_id", "bench_id"]]
-        # no validity crosses here: the Warnings section lists those runs, the Figures mark them
-        rows = data.df.merge(mine, on=["serve_id", "bench_id"]).drop(columns=["validity_ok"], errors="ignore")
-        spec = plots.PlotSpec(var_x=x, var_y=y, curve_by=("serve_label",), fig_height=2.3)
-        leader = (v.leader["serve_id"], v.leader["bench_id"])
-        return report_cache.cached(("card", rows, spec, leader, caption), partial(_card_html, rows, spec, leader,
-                                                                                   caption))
+        key, draw = _card(data, c, v, caption)
+        return report_cache.cached(key, draw if made is None else lambda: made)
     except Exception as exc:  # the card stays without its figure
         log.warning("conclusions figure of %s not drawn: %s", v.shape, exc)
         return f'<p class="note">{esc(caption)}: not drawn ({esc(exc)})</p>'
+
+
+def _card(data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict,
+          caption: str) -> tuple[tuple[Any, ...], Callable[[], str]]:
+    """What a card's figure is drawn from (its key in the kept figures) and its drawing."""
+    x, y = LATENCY_THROUGHPUT
+    mine = c.points.loc[c.points["shape"] == v.shape, ["serve_id", "bench_id"]]
+    # no validity crosses here: the Warnings section lists those runs, the Figures mark them
+    rows = data.df.merge(mine, on=["serve_id", "bench_id"]).drop(columns=["validity_ok"], errors="ignore")
+    spec = plots.PlotSpec(var_x=x, var_y=y, curve_by=("serve_label",), fig_height=2.3)
+    leader = (v.leader["serve_id"], v.leader["bench_id"])
+    return ("card", rows, spec, leader, caption), partial(_card_html, rows, spec, leader, caption)
+
+
+class CardsBeside:
+    """`card_figure` with the later half of the cards' figures to be drawn (not kept) drawn by a second
+    process (`_Beside`) while this one makes the first cards, from BESIDE_FROM_RUNS finished runs. `close`
+    when the cards are made."""
+
+    def __init__(self, data: ReportData, card_figure: Callable[..., str]) -> None:
+        self.card_figure = card_figure
+        self._mine: dict[int, int] = {}  # id of a verdict drawn beside -> its index
+        self._made: dict[int, str] | None = None
+        self._beside: _Beside | None = None
+        if len(data.df) < BESIDE_FROM_RUNS or not {*LATENCY_THROUGHPUT, "serve_label"} <= set(data.df.columns):
+            return
+        try:
+            c = answer_of(data)
+            drawn = c.verdicts[:MAX_SHAPES_DRAWN]
+            entries = [_card(data, c, v, _card_caption(c))[::-1] for v in drawn]
+        except Exception:  # the conclusions section says why
+            return
+        self._beside = _Beside(entries)
+        self._mine = {id(drawn[i]): i for i in self._beside.mine}
+
+    def __call__(self, data: ReportData, c: conclusions.Conclusions, v: conclusions.ShapeVerdict) -> str:
+        i = self._mine.get(id(v))
+        made = self.close().get(i) if i is not None else None
+        return self.card_figure(data, c, v) if made is None else self.card_figure(data, c, v, made)
+
+    def close(self) -> dict[int, str]:
+        """The figures drawn beside (index -> HTML), waited for once."""
+        if self._made is None:
+            self._made = self._beside.result() if self._beside is not None else {}
+        return self._made
+
+
+def _card_caption(c: conclusions.Conclusions) -> str:
+    x, y = LATENCY_THROUGHPUT
+    return f"{y} against {x}, one point per {c.load or 'bench point'}; \u2605 the best point"
 
 
 def _card_html(rows: pd.DataFrame, spec: plots.PlotSpec, leader: tuple[Any, Any], caption: str) -> str:

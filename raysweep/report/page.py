@@ -38,7 +38,7 @@ from raysweep.record.files import write_text_atomic
 from raysweep.report import cache as report_cache
 from raysweep.report.cards import conclusions_section
 from raysweep.report.energy import report_section as energy_section
-from raysweep.report.figures import card_figure, figure_list, figures_section
+from raysweep.report.figures import CardsBeside, card_figure, figure_list, figures_section
 from raysweep.report.markup import CSS, SORT_JS, esc, notes_once, nothing_said
 from raysweep.report.registry import Section, register, sections
 from raysweep.report.sections import (
@@ -173,7 +173,11 @@ def _figures(data: ReportData) -> str:
 
 
 def _conclusions(data: ReportData) -> str:
-    return conclusions_section(data, _card_figure)
+    figure = CardsBeside(data, _card_figure)
+    try:
+        return conclusions_section(data, figure)
+    finally:
+        figure.close()
 
 
 # -- the report's own sections, in order (a mode's section registers with its package) ------------------------
