@@ -120,3 +120,27 @@ def remove_node_when_running(cluster, out: Path, candidates: list, removed: list
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
+
+
+def plan_workload(plan: Any, tmp_path: Path, with_gpus: bool = False) -> Any:
+    """A run's bookkeeping (`raysweep.drive.state.Workload`) over a fresh ledger of `plan` in TMP/out, with no
+    driver: for tests of the order the runs are handed out in."""
+    from raysweep.drive.state import Workload
+    from raysweep.ledger import LEDGER_FILE, Ledger
+
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    ledger = Ledger(out / LEDGER_FILE)
+    ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
+                points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
+    return Workload(plan, ledger, out, lambda kind, **data: None, with_gpus=with_gpus)
+
+
+def finish_runnable(work: Any, serve_id: str) -> list[int]:
+    """Claim and mark done every run of `serve_id` the workload hands out now; their run numbers, sorted."""
+    runs = []
+    for row in work.runnable(serve_id):
+        assert work.ledger.claim(row.point_id, "s", work.c.max_attempts) is not None
+        work.ledger.mark_done(row.point_id, "x.json")
+        runs.append(row.run)
+    return sorted(runs)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from helpers import standin_campaign
+from helpers import finish_runnable, plan_workload, standin_campaign
 from scipy import stats
 
 from raysweep.campaign import load_campaign
@@ -20,7 +20,6 @@ from raysweep.campaign.design import DesignSpec
 from raysweep.cli import main
 from raysweep.drive.state import Workload
 from raysweep.errors import CampaignError
-from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.plan import design as d
 from raysweep.plan.design import choose, components, design_of
 from raysweep.plan.estimate import confirm_cost, confirm_pairs, estimate
@@ -138,21 +137,7 @@ def test_the_design_becomes_starts_in_blocks_and_runs_dealt_to_them(tmp_path):
 
 def _work(tmp_path: Path, design: dict, with_gpus: bool = False) -> Workload:
     plan = build_plan(load_campaign(_campaign(tmp_path, design, bench_params={"grid": {"max_concurrency": [2]}})))
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    ledger = Ledger(out / LEDGER_FILE)
-    ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
-                points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
-    return Workload(plan, ledger, out, lambda kind, **data: None, with_gpus=with_gpus)
-
-
-def _finish(work: Workload, serve_id: str) -> list[int]:
-    runs = []
-    for row in work.runnable(serve_id):
-        assert work.ledger.claim(row.point_id, "s", work.c.max_attempts) is not None
-        work.ledger.mark_done(row.point_id, "x.json")
-        runs.append(row.run)
-    return sorted(runs)
+    return plan_workload(plan, tmp_path, with_gpus)
 
 
 def test_the_starts_go_in_interleaved_blocks_one_after_another_without_room(tmp_path):
@@ -162,7 +147,7 @@ def test_the_starts_go_in_interleaved_blocks_one_after_another_without_room(tmp_
     for _ in range(6):
         due = [s for s in (a, b) if work.work_left(s)]
         assert len(due) == 1
-        seen.append((due[0], _finish(work, due[0])))
+        seen.append((due[0], finish_runnable(work, due[0])))
     assert seen == [(a, [0]), (b, [0]), (b, [1]), (a, [1]), (a, [2]), (b, [2])]  # A B | B A | A B
     work.ledger.close()
 
@@ -172,8 +157,8 @@ def test_a_blocks_configurations_run_together_where_the_cluster_has_room(tmp_pat
     a, b = (s.id for s in work.serves)
     for instance in range(3):
         assert [r.run for r in work.runnable(a)] == [r.run for r in work.runnable(b)] == [instance, instance + 3]
-        _finish(work, a)
-        _finish(work, b)
+        finish_runnable(work, a)
+        finish_runnable(work, b)
     assert not work.work_left(a) and not work.work_left(b)
     work.ledger.close()
 

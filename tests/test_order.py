@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from helpers import standin_campaign
+from helpers import finish_runnable, plan_workload, standin_campaign
 
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
 from raysweep.drive.state import Workload
 from raysweep.errors import CampaignError
-from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.ledger import Ledger
 from raysweep.maths.order import Turn, in_rounds, instance_of, open_turns, turns
 from raysweep.plan.estimate import estimate
 from raysweep.plan.plan import build_plan, dry_run_text
@@ -119,21 +119,7 @@ def test_dry_run_and_estimate_show_the_order_and_what_instances_cost(tmp_path):
 def _work(tmp_path: Path, order: dict, runs: int = 4, with_gpus: bool = False) -> Workload:
     plan = build_plan(load_campaign(_campaign(tmp_path, order, runs=runs,
                                               bench_params={"grid": {"random_input_len": [16]}})))
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    ledger = Ledger(out / LEDGER_FILE)
-    ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
-                points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
-    return Workload(plan, ledger, out, lambda kind, **data: None, with_gpus=with_gpus)
-
-
-def _finish_all(work: Workload, serve_id: str) -> list[int]:
-    runs = []
-    for row in work.runnable(serve_id):
-        assert work.ledger.claim(row.point_id, "s", work.c.max_attempts) is not None
-        work.ledger.mark_done(row.point_id, "x.json")
-        runs.append(row.run)
-    return sorted(runs)
+    return plan_workload(plan, tmp_path, with_gpus)
 
 
 def test_each_configuration_measures_its_instance_when_its_turn_comes(tmp_path):
@@ -143,7 +129,7 @@ def test_each_configuration_measures_its_instance_when_its_turn_comes(tmp_path):
     for _ in range(4):
         due = [s for s in (a, b) if work.work_left(s)]
         assert len(due) == 1  # one server at a time on a cluster without GPUs
-        seen.append((due[0], _finish_all(work, due[0])))
+        seen.append((due[0], finish_runnable(work, due[0])))
     assert seen == [(a, [0, 2]), (b, [0, 2]), (b, [1, 3]), (a, [1, 3])]
     assert not work.work_left(a) and not work.work_left(b)
     assert work.order_fields(b, "x", 3, 1) == {"round": 3, "instance": 1, "block": 1, "turn": 0, "slot": 1,
@@ -158,13 +144,13 @@ def test_a_block_runs_together_where_the_cluster_has_room_and_a_failed_run_holds
     row = work.runnable(a)[0]
     work.ledger.claim(row.point_id, "s", work.c.max_attempts)
     work.ledger.mark_failed(row.point_id, "broken")  # an attempt left: the block waits for it
-    _finish_all(work, b)
+    finish_runnable(work, b)
     rest = [r for r in work.runnable(a) if r.point_id != row.point_id]
     for r in rest:
         work.ledger.claim(r.point_id, "s", work.c.max_attempts)
         work.ledger.mark_done(r.point_id, "x.json")
     assert [r.run for r in work.runnable(a)] == [row.run] and not work.runnable(b)
-    _finish_all(work, a)
+    finish_runnable(work, a)
     assert sorted(r.run for r in work.runnable(a)) == [1, 3] and sorted(r.run for r in work.runnable(b)) == [1, 3]
     work.ledger.close()
 

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 from scipy import special
 
-from raysweep.maths.verdicts import ALPHA, Verdict
+from raysweep.maths.verdicts import ALPHA, Verdict, row_number
 
 __all__ = ["FEW_STARTS", "MODEL", "ONE_START", "RUNS_OF_ONE_START", "Estimate", "compare", "estimates", "interval",
            "method_text", "drift_could_decide", "drift_total"]
@@ -61,11 +61,7 @@ class Estimate:
         """From a summary row (`M_mean`, `M_se`, `M_df`, `server_starts`, `runs`); `scale` divides the value
         (per GPU)."""
         def num(key: str) -> float:
-            try:
-                v = row.get(key)
-                return float(v) if v is not None else math.nan
-            except (TypeError, ValueError):
-                return math.nan
+            return row_number(row, key)
 
         starts, runs = num("server_starts"), num(f"{metric}_runs")
         runs = runs if math.isfinite(runs) else num("runs")

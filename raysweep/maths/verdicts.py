@@ -197,15 +197,20 @@ def _welch_p(ma: float, sa: float, na: int, mb: float, sb: float, nb: int) -> fl
     return float(2.0 * special.stdtr(min(na, nb) - 1, -abs(t)))
 
 
+def row_number(row: Mapping[str, Any], key: str) -> float:
+    """A summary row's number at `key`, NaN where it is missing or not a number."""
+    try:
+        v = row.get(key)
+        return float(v) if v is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def row_stats(row: Mapping[str, Any], metric: str) -> tuple[float, float, int]:
     """(mean, std, runs) of `metric` in a summary row (`M_mean`, `M_std`, `runs`, or `M_runs` when the
     metric has its own count)."""
     def num(key: str) -> float:
-        try:
-            v = row.get(key)
-            return float(v) if v is not None else math.nan
-        except (TypeError, ValueError):
-            return math.nan
+        return row_number(row, key)
 
     runs = num(f"{metric}_runs")
     runs = runs if math.isfinite(runs) else num("runs")
