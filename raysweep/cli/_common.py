@@ -9,13 +9,16 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
 from raysweep.errors import UserError
+
+if TYPE_CHECKING:
+    from raysweep.campaign import CampaignSpec
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
@@ -141,7 +144,7 @@ def _sigterm_to_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _output_dir(spec: Any, override: str | None) -> Path:
+def _output_dir(spec: CampaignSpec, override: str | None) -> Path:
     c = spec.campaign
     from raysweep.results.directory import default_path
 

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -26,6 +26,11 @@ from raysweep.cli._common import (
 from raysweep.cli.display import _print_counts, _ProgressDisplay, told_by_event
 from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import LedgerError, UserError
+
+if TYPE_CHECKING:
+    from raysweep.campaign import CampaignSpec
+    from raysweep.plan.plan import Plan
+    from raysweep.results.answer import Answer
 
 ACCEPT_HELP = ("Go on although what the finished points were measured with changed (versions, warmup, client, "
                "transport); the change is recorded as an event.")
@@ -61,7 +66,7 @@ def run(campaign_file: str, address: str | None, output_dir: str | None, dry_run
     _run(spec, _output_dir(spec, output_dir), address, force, retry_failed, as_json, accept_changes)
 
 
-def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tuple[str, ...]) -> None:
+def _dry_run(spec: CampaignSpec, address: str | None, output_dir: Path, estimate_from: tuple[str, ...]) -> None:
     from raysweep.bench.command import bench_argv
     from raysweep.campaign.vllm_options import check_campaign
     from raysweep.drive.driver import check_placement, placement_lines, ray_session
@@ -83,7 +88,7 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
         if address:
             raise
         raise UserError(f"{exc}\n(planned for this machine; pass --address to plan for a cluster)") from None
-    if spec.offline or spec.campaign.bench.backend == "native":
+    if spec.offline or (spec.campaign.bench is not None and spec.campaign.bench.backend == "native"):
         def render(argv: list[str]) -> list[str]:
             return argv
     else:
@@ -120,7 +125,7 @@ def _dry_run(spec: Any, address: str | None, output_dir: Path, estimate_from: tu
                         spec.campaign.cost))
 
 
-def _measured_design(plan: Any, output_dir: Path, estimate_from: tuple[str, ...]) -> str:
+def _measured_design(plan: Plan, output_dir: Path, estimate_from: tuple[str, ...]) -> str:
     """The spreads between starts and between runs that the output dir (and `--estimate-from`) measured on 2
     server starts or more, and the design they choose ("" where none did): a pilot's answer."""
     import statistics
@@ -154,7 +159,7 @@ def _measured_design(plan: Any, output_dir: Path, estimate_from: tuple[str, ...]
     return "\n".join(lines)
 
 
-def _endpoint_dry_run(spec: Any, plan: Any, output_dir: Path, options: str | None = None) -> bool:
+def _endpoint_dry_run(spec: CampaignSpec, plan: Plan, output_dir: Path, options: str | None = None) -> bool:
     """The dry run of a `serve.url` campaign (nothing is placed: the endpoints run already); False otherwise.
     `options` is the verdict of the vLLM options check, when there was one."""
     from raysweep.drive.endpoint import endpoint_lines, endpoints_of
@@ -184,7 +189,7 @@ def _recorded_links(output_dir: Path) -> str:
     return "Links recorded so far (latest server of each configuration):\n" + "\n".join(lines) if lines else ""
 
 
-def _estimate_text(plan: Any, output_dir: Path, estimate_from: tuple[str, ...], layouts: dict[str, Any], gpus: int,
+def _estimate_text(plan: Plan, output_dir: Path, estimate_from: tuple[str, ...], layouts: dict[str, Any], gpus: int,
                    max_servers: int | None, cost: Any = None) -> str:
     """The estimate of what is left: the output dir's own finished points are not counted again."""
     from raysweep.ledger import LEDGER_FILE, PointState
@@ -249,7 +254,7 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
     _run(spec, Path(output_dir), address, force, retry_failed, as_json, accept_changes)
 
 
-def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False,
+def _run(spec: CampaignSpec, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False,
          as_json: bool = False, accept_changes: bool = False) -> None:
     from raysweep.drive import checks as run_checks
 
@@ -293,7 +298,8 @@ def _run(spec: Any, output_dir: Path, address: str | None, force: bool, retry_fa
         sys.exit(1)
 
 
-def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int], list[Any]], as_json: bool) -> None:
+def _answer_finished(spec: CampaignSpec, output_dir: Path, finished: tuple[dict[str, int], list[Any]],
+                     as_json: bool) -> None:
     """A finished campaign run again: its counts, results and report, each made again only where a point
     finished after it was written."""
     from raysweep.results.directory import CampaignDir
@@ -331,8 +337,9 @@ def _answer_finished(spec: Any, output_dir: Path, finished: tuple[dict[str, int]
         sys.exit(1)
 
 
-def _run_document(spec: Any, output_dir: Path, counts: dict[str, int], failures: list[Any], stopped_early: str | None,
-                  results: list[Path], drawn: tuple[Path, list[Path], list[str]] | None, ran: bool) -> dict[str, Any]:
+def _run_document(spec: CampaignSpec, output_dir: Path, counts: dict[str, int], failures: list[Any],
+                  stopped_early: str | None, results: list[Path], drawn: tuple[Path, list[Path], list[str]] | None,
+                  ran: bool) -> dict[str, Any]:
     """What `run --json` prints at the end (raysweep/schemas/run.json)."""
     return {"campaign": spec.campaign.name, "output_dir": output_dir, "ran": ran, "counts": counts,
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
@@ -353,7 +360,7 @@ def _answer_json(output_dir: Path) -> dict[str, Any] | None:
     return c.answer.to_dict() if c is not None else None
 
 
-def _keep(output_dir: Path, answer: Any) -> None:
+def _keep(output_dir: Path, answer: Answer) -> None:
     """The answer kept beside the results (`answer.json`), for the faces that read many campaigns."""
     from raysweep.results.answer_file import keep_answer
 

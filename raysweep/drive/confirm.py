@@ -20,10 +20,17 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.drive import hooks
 from raysweep.maths.order import ROOM, ConfirmSpec
+
+if TYPE_CHECKING:
+    from raysweep.campaign import Campaign, CampaignSpec
+    from raysweep.drive.state import EventSink, Workload
+    from raysweep.ledger import Ledger, PointRow
+    from raysweep.plan.estimate import Measured
+    from raysweep.plan.plan import Plan, PointRun, ServeConfig
 
 __all__ = ["ConfirmSpec", "ConfirmWork", "PHASE", "ROOM", "applies", "confirm_bench_id", "confirm_of", "cost",
            "dry_run_lines", "restore_plan", "run_after", "wanted"]
@@ -34,7 +41,7 @@ PHASE = "confirm"
 META_KEY = "confirm"
 
 
-def confirm_of(campaign: Any) -> ConfirmSpec:
+def confirm_of(campaign: Campaign | None) -> ConfirmSpec:
     """The campaign's `confirm:` section (its defaults when absent)."""
     return getattr(campaign, "confirm", None) or ConfirmSpec()
 
@@ -46,7 +53,7 @@ def confirm_bench_id(bench_id: str) -> str:
     return params_id({"confirms": bench_id})
 
 
-def cost(plan: Any, measured: Any = None, pairs: int | None = None) -> tuple[int, int, float]:
+def cost(plan: Plan, measured: Measured | None = None, pairs: int | None = None) -> tuple[int, int, float]:
     """Server starts, runs and seconds the confirmation of `pairs` pair(s) takes (default: one per bench shape;
     `estimate.confirm_cost`)."""
     from raysweep.plan.estimate import confirm_cost
@@ -54,21 +61,21 @@ def cost(plan: Any, measured: Any = None, pairs: int | None = None) -> tuple[int
     return confirm_cost(plan, measured, pairs)
 
 
-def wanted(plan: Any, sweep_s: float, measured: Any = None) -> bool:
+def wanted(plan: Plan, sweep_s: float, measured: Measured | None = None) -> bool:
     """Whether the campaign confirms its winner (`estimate.confirm_wanted`)."""
     from raysweep.plan.estimate import confirm_wanted
 
     return confirm_wanted(plan, sweep_s, measured)
 
 
-def applies(spec: Any) -> bool:
+def applies(spec: CampaignSpec) -> bool:
     """Whether a campaign is one the confirmation can follow (`estimate.confirm_applies`)."""
     from raysweep.plan.estimate import confirm_applies
 
     return confirm_applies(spec)
 
 
-def dry_run_lines(plan: Any, sweep_s: float | None = None) -> list[str]:
+def dry_run_lines(plan: Plan, sweep_s: float | None = None) -> list[str]:
     """What the dry run says of the confirmation: on or off, its design and what it costs."""
     spec = confirm_of(plan.spec.campaign)
     if not applies(plan.spec):
@@ -91,7 +98,7 @@ def dry_run_lines(plan: Any, sweep_s: float | None = None) -> list[str]:
 
 # -- the points ---------------------------------------------------------------------------------------------
 
-def _points_for(plan: Any, chosen: Sequence[Sequence[str]], spec: ConfirmSpec) -> list[Any]:
+def _points_for(plan: Plan, chosen: Sequence[Sequence[str]], spec: ConfirmSpec) -> list[PointRun]:
     from raysweep.plan.plan import BenchPoint, PointRun, point_id
 
     serves = {s.id: s for s in plan.serves}
@@ -108,12 +115,12 @@ def _points_for(plan: Any, chosen: Sequence[Sequence[str]], spec: ConfirmSpec) -
     return out
 
 
-def _stored(ledger: Any) -> dict[str, Any] | None:
+def _stored(ledger: Ledger) -> dict[str, Any] | None:
     text = ledger.meta(META_KEY)
     return json.loads(text) if text else None
 
 
-def restore_plan(plan: Any, ledger: Any) -> int:
+def restore_plan(plan: Plan, ledger: Ledger) -> int:
     """Put the confirmation's runs an earlier driver chose back into the plan (they are in the ledger, not in
     the expanded grid); returns how many."""
     stored = _stored(ledger)
@@ -143,7 +150,7 @@ def _work_class() -> type:
 
         adds_runs = False
 
-        def __init__(self, plan: Any, ledger: Any, output_dir: Path, emit: Any, with_gpus: bool,
+        def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool,
                      serve_ids: list[str], spec: ConfirmSpec) -> None:
             super().__init__(plan, ledger, output_dir, emit, with_gpus)
             by_id = {s.id: s for s in plan.serves}
@@ -152,10 +159,10 @@ def _work_class() -> type:
             self.instances_always = True
 
         @property
-        def serves(self) -> list[Any]:
+        def serves(self) -> list[ServeConfig]:
             return self._serves
 
-        def mine(self, row: Any) -> bool:
+        def mine(self, row: PointRow) -> bool:
             return row.bench_id in self.plan.confirm_ids
 
         def design(self) -> list[Turn]:
@@ -172,13 +179,13 @@ def _work_class() -> type:
     return ConfirmWork
 
 
-def ConfirmWork(*args: Any, **kw: Any) -> Any:
+def ConfirmWork(*args: Any, **kw: Any) -> Workload:
     """`raysweep.drive.state.Workload` for the confirmation's runs (see `_work_class`)."""
     return _work_class()(*args, **kw)
 
 
-def run_after(plan: Any, ledger: Any, output_dir: Path, emit: Callable[..., None], with_gpus: bool,
-              run_work: Callable[[Any], str | None]) -> str | None:
+def run_after(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool,
+              run_work: Callable[[Workload], str | None]) -> str | None:
     """After the sweep: the pairs recorded (chosen now when the campaign confirms and none are), their
     runs in the ledger and the plan, and the confirmation run through `run_work` (the scheduler on the
     cluster). Returns why it stopped early, or None."""
