@@ -249,7 +249,7 @@ def simulate_shared(configs: list[Config], nodes: list[NodeInfo], policy: TailRe
     """Point by point: every server pulls its configuration's points one at a time until none is left, then
     frees its GPUs. At every such end the real `choose_starts` starts what fits; once nothing waits, the real
     `tail_starts` gets each running configuration's unclaimed points and, once measured (a point done on it,
-    so its own point time and server start are known, as `Workload.pace` reads them from the ledger), its
+    so its own point time and server start are known, as `RunState.pace` reads them from the ledger), its
     pace. A further server's start is drawn like any other (60-180 s), unknown to the policy. With
     `extra` = 0 this is the same campaign as `simulate` (same makespan). Returns the makespan and last start."""
     rng = random.Random(seed * 7919 + 3)

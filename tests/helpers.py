@@ -123,9 +123,9 @@ def remove_node_when_running(cluster, out: Path, candidates: list, removed: list
 
 
 def plan_workload(plan: Any, tmp_path: Path, with_gpus: bool = False) -> Any:
-    """A run's bookkeeping (`raysweep.drive.state.Workload`) over a fresh ledger of `plan` in TMP/out, with no
+    """A run's bookkeeping (`raysweep.drive.state.RunState`) over a fresh ledger of `plan` in TMP/out, with no
     driver: for tests of the order the runs are handed out in."""
-    from raysweep.drive.state import Workload
+    from raysweep.drive.state import RunState
     from raysweep.ledger import LEDGER_FILE, Ledger
 
     out = tmp_path / "out"
@@ -133,7 +133,7 @@ def plan_workload(plan: Any, tmp_path: Path, with_gpus: bool = False) -> Any:
     ledger = Ledger(out / LEDGER_FILE)
     ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
                 points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
-    return Workload(plan, ledger, out, lambda kind, **data: None, with_gpus=with_gpus)
+    return RunState(plan, ledger, out, lambda kind, **data: None, with_gpus=with_gpus)
 
 
 def finish_runnable(work: Any, serve_id: str) -> list[int]:

@@ -18,7 +18,7 @@ from scipy import stats
 from raysweep.campaign import load_campaign
 from raysweep.campaign.design import DesignSpec
 from raysweep.cli import main
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.errors import CampaignError
 from raysweep.plan import design as d
 from raysweep.plan.design import choose, components, design_of
@@ -135,7 +135,7 @@ def test_the_design_becomes_starts_in_blocks_and_runs_dealt_to_them(tmp_path):
     assert [p.id for p in again.points] == [p.id for p in plan.points]  # a resume gets the same design
 
 
-def _work(tmp_path: Path, design: dict, with_gpus: bool = False) -> Workload:
+def _work(tmp_path: Path, design: dict, with_gpus: bool = False) -> RunState:
     plan = build_plan(load_campaign(_campaign(tmp_path, design, bench_params={"grid": {"max_concurrency": [2]}})))
     return plan_workload(plan, tmp_path, with_gpus)
 

@@ -58,7 +58,7 @@ def precision_campaign(tmp_path: Path) -> Path:
     from raysweep.campaign import load_campaign
     from raysweep.drive import sequential
     from raysweep.drive.driver import open_campaign
-    from raysweep.drive.state import Workload
+    from raysweep.drive.state import RunState
 
     bench = bench_module()
     out = tmp_path / "prec"
@@ -83,7 +83,7 @@ def precision_campaign(tmp_path: Path) -> Path:
     try:
         for p in plan.points:
             finish(p)
-        work = Workload(plan, ledger, out, lambda kind, **kw: None, with_gpus=False)
+        work = RunState(plan, ledger, out, lambda kind, **kw: None, with_gpus=False)
         while True:
             added = [p for p in plan.points if ledger.points(serve_id=p.serve.id) and p.id not in
                      {r.point_id for r in ledger.points() if r.state == PointState.DONE}]

@@ -16,7 +16,7 @@ from helpers import finish_runnable, plan_workload, standin_campaign
 
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.errors import CampaignError
 from raysweep.ledger import Ledger
 from raysweep.maths.order import Turn, in_rounds, instance_of, open_turns, turns
@@ -116,7 +116,7 @@ def test_dry_run_and_estimate_show_the_order_and_what_instances_cost(tmp_path):
 
 # -- the turns of a running campaign, on its ledger ---------------------------------------------------------
 
-def _work(tmp_path: Path, order: dict, runs: int = 4, with_gpus: bool = False) -> Workload:
+def _work(tmp_path: Path, order: dict, runs: int = 4, with_gpus: bool = False) -> RunState:
     plan = build_plan(load_campaign(_campaign(tmp_path, order, runs=runs,
                                               bench_params={"grid": {"random_input_len": [16]}})))
     return plan_workload(plan, tmp_path, with_gpus)

@@ -16,7 +16,7 @@ from scipy import stats
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
 from raysweep.drive import sequential
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.errors import CampaignError
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.maths import precision
@@ -141,7 +141,7 @@ def test_precision_refuses_runs_and_sla(tmp_path):
         load_campaign(f)
 
 
-def _work(tmp_path: Path, **precision) -> Workload:
+def _work(tmp_path: Path, **precision) -> RunState:
     f = _campaign(tmp_path, {"metric": "output_throughput", "rel_half_width": 0.03, "min_runs": 3, "max_runs": 5,
                              **precision}, bench_params={"grid": {"random_input_len": [16]}})
     plan = build_plan(load_campaign(f))
@@ -152,12 +152,12 @@ def _work(tmp_path: Path, **precision) -> Workload:
     ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
                 points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
     events: list[tuple[str, dict]] = []
-    work = Workload(plan, ledger, out, lambda kind, **data: events.append((kind, data)), with_gpus=False)
+    work = RunState(plan, ledger, out, lambda kind, **data: events.append((kind, data)), with_gpus=False)
     work.events = events  # type: ignore[attr-defined]
     return work
 
 
-def _finish(work: Workload, run_id: str, value: float | None, duration: float = 1.0) -> None:
+def _finish(work: RunState, run_id: str, value: float | None, duration: float = 1.0) -> None:
     """A run ends as a point runner ends it: claimed, its result file written, then done (or failed for good)."""
     assert work.ledger.claim(run_id, "s", work.c.max_attempts) is not None
     if value is None:

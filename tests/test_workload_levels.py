@@ -12,7 +12,7 @@ from helpers import standin_campaign
 
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.errors import CampaignError
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.levels import search as wl
@@ -94,7 +94,7 @@ def test_workload_refuses_an_sla_search_of_another_variable_and_tuning(tmp_path)
 
 
 def _work(tmp_path: Path, workload: dict | None = None, precision: dict | None = None, sla: dict | None = None
-          ) -> Workload:
+          ) -> RunState:
     f = _campaign(tmp_path, workload)
     if sla is not None:
         _with_sla(f, **sla)
@@ -114,12 +114,12 @@ def _work(tmp_path: Path, workload: dict | None = None, precision: dict | None =
     ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
                 points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
     events: list[tuple[str, dict]] = []
-    work = Workload(plan, ledger, out, lambda kind, **data: events.append((kind, data)), with_gpus=False)
+    work = RunState(plan, ledger, out, lambda kind, **data: events.append((kind, data)), with_gpus=False)
     work.events = events  # type: ignore[attr-defined]
     return work
 
 
-def _finish(work: Workload, run_id: str, rps: float | None, e2el_ms: float = 1000.0) -> None:
+def _finish(work: RunState, run_id: str, rps: float | None, e2el_ms: float = 1000.0) -> None:
     assert work.ledger.claim(run_id, "s", work.c.max_attempts) is not None
     if rps is None:
         work.ledger.give_up(run_id, "broken", work.c.max_attempts)
@@ -239,7 +239,7 @@ def test_with_precision_the_levels_wait_for_the_endpoints_to_be_decided(tmp_path
     assert len(levels) == 2 * len(row["levels"])  # every level starts with min_runs runs
 
 
-def _finish_samples(work: Workload, run_id: str, ttft_ms: float, rps: float, e2el_ms: float) -> None:
+def _finish_samples(work: RunState, run_id: str, ttft_ms: float, rps: float, e2el_ms: float) -> None:
     """A done native run of 10 requests, all with the same TTFT, with its raw samples (an SLA probe pools them)."""
     from raysweep.bench import stats
     from raysweep.record.runs import write_samples

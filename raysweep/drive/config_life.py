@@ -22,7 +22,7 @@ from typing import Any
 from raysweep.bench import backend_for
 from raysweep.drive import hooks, sequential
 from raysweep.drive.point import PointRunner, heaviest
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.ledger import PointRow
 from raysweep.maths.order import in_rounds, round_key
 from raysweep.place import netcheck, placement
@@ -39,7 +39,7 @@ class ConfigLife:
     """Runs one configuration at a time per call to `main` (one thread per configuration); its parts
     (`servers`, `points`, `offline`, `searches`) can be used alone, as `raysweep crosscheck` does."""
 
-    def __init__(self, work: Workload) -> None:
+    def __init__(self, work: RunState) -> None:
         self.work = work
         self.c = work.c
         self.servers = Servers(work)

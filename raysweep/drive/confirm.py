@@ -27,7 +27,7 @@ from raysweep.maths.order import ROOM, ConfirmSpec
 
 if TYPE_CHECKING:
     from raysweep.campaign import Campaign, CampaignSpec
-    from raysweep.drive.state import EventSink, Workload
+    from raysweep.drive.state import EventSink, RunState
     from raysweep.ledger import Ledger, PointRow
     from raysweep.plan.estimate import Measured
     from raysweep.plan.plan import Plan, PointRun, ServeConfig
@@ -141,10 +141,10 @@ def _serve_order(chosen: Sequence[Sequence[str]]) -> list[str]:
 # -- running it -----------------------------------------------------------------------------------------
 
 def _work_class() -> type:
-    from raysweep.drive.state import Workload
+    from raysweep.drive.state import RunState
     from raysweep.maths.order import Turn, block_order, turns
 
-    class ConfirmWork(Workload):
+    class ConfirmWork(RunState):
         """The confirmation's share of a campaign: its configurations (in the pairs' order), their
         confirmation runs only, `starts` instances each in AB BA blocks; it adds no runs."""
 
@@ -179,13 +179,13 @@ def _work_class() -> type:
     return ConfirmWork
 
 
-def ConfirmWork(*args: Any, **kw: Any) -> Workload:
-    """`raysweep.drive.state.Workload` for the confirmation's runs (see `_work_class`)."""
+def ConfirmWork(*args: Any, **kw: Any) -> RunState:
+    """`raysweep.drive.state.RunState` for the confirmation's runs (see `_work_class`)."""
     return _work_class()(*args, **kw)
 
 
 def run_after(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool,
-              run_work: Callable[[Workload], str | None]) -> str | None:
+              run_work: Callable[[RunState], str | None]) -> str | None:
     """After the sweep: the pairs recorded (chosen now when the campaign confirms and none are), their
     runs in the ledger and the plan, and the confirmation run through `run_work` (the scheduler on the
     cluster). Returns why it stopped early, or None."""

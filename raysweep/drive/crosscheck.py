@@ -401,7 +401,7 @@ def run_crosscheck(spec: CampaignSpec, serve: ServeConfig, benches: list[BenchPo
     from raysweep.bench import backend_for
     from raysweep.bench.command import CommandBench
     from raysweep.drive.config_life import ConfigLife
-    from raysweep.drive.state import Workload
+    from raysweep.drive.state import RunState
     from raysweep.ledger import LEDGER_FILE, Ledger
     from raysweep.place import placement
     from raysweep.plan.plan import PointRun, build_plan, point_id
@@ -417,7 +417,7 @@ def run_crosscheck(spec: CampaignSpec, serve: ServeConfig, benches: list[BenchPo
     work_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work_dir / LEDGER_FILE)  # this check's own server rows, apart from the campaign's
     nodes = placement.cluster_nodes()
-    work = Workload(build_plan(spec), ledger, work_dir, lambda kind, **data: log.debug("%s %s", kind, data),
+    work = RunState(build_plan(spec), ledger, work_dir, lambda kind, **data: log.debug("%s %s", kind, data),
                     with_gpus=placement.has_gpus(nodes))
     life = ConfigLife(work)
     backends = {"native": backend_for(c.bench.model_copy(update={"backend": "native"}), spec.bench_env),

@@ -34,7 +34,7 @@ from raysweep.drive.config_life import ConfigLife
 from raysweep.drive.endpoint import is_endpoint_campaign
 from raysweep.drive.progress_metrics import Progress
 from raysweep.drive.recovery import driver_alive, embedded_temp_dir
-from raysweep.drive.state import EventSink, Workload
+from raysweep.drive.state import EventSink, RunState
 from raysweep.errors import RayStartError, UserError
 from raysweep.grid import mask_argv as grid_mask
 from raysweep.grid import shell_join
@@ -405,7 +405,7 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     its own client actors. Returns why it stopped early, or None when it went through."""
     c = plan.spec.campaign
     cluster: Cluster
-    work: Workload
+    work: RunState
     if is_endpoint_campaign(plan.spec):  # serve.url: running endpoints, none started here
         work, cluster = endpoint.run_parts(plan, ledger, output_dir, emit, RayCluster)
     elif c.tune is not None:  # candidates asked as GPUs free up, stopped early, told when they end
@@ -413,7 +413,7 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
         work = tune.TuneWork(plan, ledger, output_dir, emit, with_gpus)
         cluster = tune.TunedCluster(RayCluster(ConfigLife(work)), work)
     else:
-        work = Workload(plan, ledger, output_dir, emit, with_gpus)
+        work = RunState(plan, ledger, output_dir, emit, with_gpus)
         cluster = RayCluster(ConfigLife(work))
     scheduler = Scheduler(cluster, work, with_event_log(emit, ledger.add_event, lambda sid: in_flight(ledger, sid)),
                           max_servers=c.placement.max_servers or (None if with_gpus else 1),  # node losses: ledger rows
@@ -423,8 +423,8 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     hooks.levels().settle_all(work)  # endpoints of bench.workload that ended as it died
     emit("campaign_start", total=len(plan.points), counts=ledger.counts())
     scheduler.run()
-    if not work.stop_reason and type(work) is Workload:  # the winner confirmed on fresh servers (confirm:)
-        def run_work(cw: Workload) -> str | None:
+    if not work.stop_reason and type(work) is RunState:  # the winner confirmed on fresh servers (confirm:)
+        def run_work(cw: RunState) -> str | None:
             Scheduler(RayCluster(ConfigLife(cw)), cw, with_event_log(emit, ledger.add_event),
                       max_servers=c.placement.max_servers or (None if with_gpus else 1)).run()
             return cw.stop_reason

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from raysweep.drive import hooks
 from raysweep.drive.config_life import ConfigLife
 from raysweep.drive.point import PointRunner
-from raysweep.drive.state import EventSink, Workload
+from raysweep.drive.state import EventSink, RunState
 from raysweep.errors import CampaignError
 from raysweep.ledger import Ledger
 from raysweep.place import placement
@@ -236,7 +236,7 @@ class EndpointServers(Servers):
         return None
 
 
-class EndpointWork(Workload):
+class EndpointWork(RunState):
     """A campaign's shared state where an endpoint that stopped answering has no work left in this run."""
 
     def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink) -> None:

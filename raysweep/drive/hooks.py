@@ -29,7 +29,7 @@ from raysweep.registry import Registry
 
 if TYPE_CHECKING:
     from raysweep.drive.point import PointRunner
-    from raysweep.drive.state import EventSink, Workload
+    from raysweep.drive.state import EventSink, RunState
     from raysweep.ledger import Ledger, PointRow
     from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
     from raysweep.serve.live_server import ConfigRun, Server, Servers
@@ -59,10 +59,10 @@ class Levels(Protocol):
     """`bench.workload`'s load levels, decided while the campaign runs (`raysweep.levels.search`)."""
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> int: ...
-    def settle_all(self, work: Workload) -> int: ...
-    def settle(self, work: Workload, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]: ...
-    def pending(self, work: Workload, serve_id: str) -> list[PointRow]: ...
-    def search_probes(self, work: Workload, serve_id: str, base_id: str) -> dict[float, list[str]]: ...
+    def settle_all(self, work: RunState) -> int: ...
+    def settle(self, work: RunState, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]: ...
+    def pending(self, work: RunState, serve_id: str) -> list[PointRow]: ...
+    def search_probes(self, work: RunState, serve_id: str, base_id: str) -> dict[float, list[str]]: ...
 
 
 class ServerPart(Protocol):
@@ -82,7 +82,7 @@ class Tune(Protocol):
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> None: ...
     def TuneWork(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink,
-                 with_gpus: bool) -> Workload: ...
+                 with_gpus: bool) -> RunState: ...
     def TunedCluster(self, inner: Any, work: Any) -> Any: ...
 
 
@@ -97,11 +97,11 @@ def levels() -> Levels:
     return _part("levels")
 
 
-def sla_searches() -> Callable[[Workload, PointRunner], ServerPart]:
+def sla_searches() -> Callable[[RunState, PointRunner], ServerPart]:
     return _part("sla")
 
 
-def offline_points() -> Callable[[Workload, Servers, PointRunner], OfflinePart]:
+def offline_points() -> Callable[[RunState, Servers, PointRunner], OfflinePart]:
     return _part("offline")
 
 

@@ -28,7 +28,7 @@ from raysweep.bench.load import CONCURRENCY
 from raysweep.campaign import BenchSpec
 from raysweep.drive import validity
 from raysweep.drive.point_energy import node_label_values, point_energy_fields
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.errors import UserError
 from raysweep.place import placement
 from raysweep.place.scheduler import INTERRUPTED
@@ -129,7 +129,7 @@ def heaviest(points: Sequence[PointRun]) -> PointRun:
 class PointRunner:
     """Runs benchmark points of a configuration run against its live server (see the module docstring)."""
 
-    def __init__(self, work: Workload) -> None:
+    def __init__(self, work: RunState) -> None:
         self.work = work
         self.c = work.c
         self._slots: dict[str, int] = {}  # runs started per server: a run's place in its server's life

@@ -22,7 +22,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.ledger import Ledger, PointRow, PointState
 from raysweep.maths.precision import Decision, PrecisionSpec, decide
 from raysweep.plan.plan import Plan, PointRun, ServeConfig, point_id
@@ -60,7 +60,7 @@ def restore_plan(plan: Plan, ledger: Ledger) -> int:
     return len(extra)
 
 
-def done_records(work: Workload, rows: list[PointRow]) -> list[dict[str, Any]]:
+def done_records(work: RunState, rows: list[PointRow]) -> list[dict[str, Any]]:
     """The result records of a point's done runs, in run order (unreadable ones left out, with a warning)."""
     records = []
     for row in sorted(rows, key=lambda r: r.run):
@@ -78,12 +78,12 @@ def _number(record: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
-def run_values(work: Workload, rows: list[PointRow], metric: str) -> list[float]:
+def run_values(work: RunState, rows: list[PointRow], metric: str) -> list[float]:
     """The metric of a point's done runs, in run order, from their result files (nan where missing)."""
     return [_number(r, metric) for r in done_records(work, rows)]
 
 
-def run_seconds(work: Workload, rows: list[PointRow]) -> float:
+def run_seconds(work: RunState, rows: list[PointRow]) -> float:
     """The measured run time of a point's done runs: their `duration` (s) added up (`max_duration_s`)."""
     return float(sum(d for d in (_number(r, "duration") for r in done_records(work, rows)) if math.isfinite(d)))
 
@@ -93,7 +93,7 @@ def _unfinished(row: PointRow, max_attempts: int) -> bool:
         row.state == PointState.FAILED and row.attempts < max_attempts)
 
 
-def settle(work: Workload, serve: ServeConfig, bench_id: str, announce: bool = True) -> PointRun | None:
+def settle(work: RunState, serve: ServeConfig, bench_id: str, announce: bool = True) -> PointRun | None:
     """Decide a point whose runs have all ended; returns the run it adds (already in the ledger and the
     plan), or None (reached, at max_runs, runs still to end, or not a precision campaign)."""
     spec = precision_of(work.c)
@@ -118,7 +118,7 @@ def settle(work: Workload, serve: ServeConfig, bench_id: str, announce: bool = T
     return nxt
 
 
-def _announce(work: Workload, serve: ServeConfig, bench_id: str, decision: Decision, spec: PrecisionSpec) -> None:
+def _announce(work: RunState, serve: ServeConfig, bench_id: str, decision: Decision, spec: PrecisionSpec) -> None:
     log.info("point %s/%s: %s after %d run(s): %s", serve.id, bench_id, decision.state, decision.runs_done,
              decision.text(spec))
     work.emit("precision", serve=serve, bench_id=bench_id, state=decision.state, runs_done=decision.runs_done,
@@ -126,7 +126,7 @@ def _announce(work: Workload, serve: ServeConfig, bench_id: str, decision: Decis
               text=decision.text(spec), drift=decision.drift)
 
 
-def settle_all(work: Workload) -> int:
+def settle_all(work: RunState) -> int:
     """`settle` every point of the plan (at the start of a run: a driver may have died between a point's
     last run and its decision); returns how many runs it added."""
     if precision_of(work.c) is None:

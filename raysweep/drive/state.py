@@ -1,6 +1,6 @@
 """A running campaign as its parts share it, and what each server configuration still has to do.
 
-`Workload` holds the plan, the ledger, the output and log directories, the event sink and why the campaign
+`RunState` holds the plan, the ledger, the output and log directories, the event sink and why the campaign
 stops (None while it goes on). It answers the scheduler's `Work` questions: how much a configuration has
 left (its runnable points, or with SLA searches one probe's runs per open search), its measured pace
 (for more servers of it at the campaign's tail), and giving one up.
@@ -21,14 +21,14 @@ from raysweep.maths.order import Turn, block_order, instance_of, open_turns, ord
 from raysweep.plan import estimate
 from raysweep.plan.plan import Plan, ServeConfig, first_runs
 
-__all__ = ["EventSink", "Workload"]
+__all__ = ["EventSink", "RunState"]
 
 log = logging.getLogger(__name__)
 
 EventSink = Callable[..., None]
 
 
-class Workload:
+class RunState:
     """The shared state of one campaign run (see the module docstring)."""
 
     def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool) -> None:

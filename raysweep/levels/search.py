@@ -58,7 +58,7 @@ from raysweep.plan.plan import (
 )
 
 if TYPE_CHECKING:
-    from raysweep.drive.state import Workload
+    from raysweep.drive.state import RunState
     from raysweep.ledger import Ledger, PointRow
 
 __all__ = ["BATCH", "LEVEL", "SERIAL", "WorkloadSpec", "achieved", "check_workload", "dataset_size",
@@ -96,7 +96,7 @@ def _add_to_plan(plan: Plan, runs: list[PointRun]) -> list[PointRun]:
     return new
 
 
-def settle(work: Workload, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]:
+def settle(work: RunState, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]:
     """After a point of `serve` ended: when it is an endpoint and both endpoints of its base have ended,
     decide the levels (once, in the ledger) and return their runs (already in the ledger and the plan);
     else []."""
@@ -131,7 +131,7 @@ def _done_or_spent(row: PointRow, max_attempts: int) -> bool:
     return row.state == "done" or (row.state == "failed" and row.attempts >= max_attempts)
 
 
-def _precision_open(work: Workload, serve_id: str, ends: list[BenchPoint]) -> bool:
+def _precision_open(work: RunState, serve_id: str, ends: list[BenchPoint]) -> bool:
     """With bench.precision, an endpoint not yet decided (its next run is about to be added)."""
     if getattr(work.c.bench, "precision", None) is None:
         return False
@@ -139,7 +139,7 @@ def _precision_open(work: Workload, serve_id: str, ends: list[BenchPoint]) -> bo
     return any(states.get((serve_id, b.id)) in (None, "measuring") for b in ends)
 
 
-def _decide(work: Workload, serve: ServeConfig, base: BenchPoint, rows: dict[str, list[PointRow]], wl: WorkloadSpec,
+def _decide(work: RunState, serve: ServeConfig, base: BenchPoint, rows: dict[str, list[PointRow]], wl: WorkloadSpec,
             replace: bool = False) -> dict[str, Any]:
     serial = [achieved(r, wl.variable) for r in done_records(work, rows[SERIAL])]
     batch = [achieved(r, wl.variable) for r in done_records(work, rows[BATCH])]
@@ -174,7 +174,7 @@ def restore_plan(plan: Plan, ledger: Ledger) -> int:
     return len(_add_to_plan(plan, runs))
 
 
-def settle_all(work: Workload) -> int:
+def settle_all(work: RunState) -> int:
     """`settle` every base point of every configuration (at the start of a run: a driver may have died between
     the endpoints' last run and the decision); returns how many runs it added."""
     if workload_of(work.c) is None:
@@ -191,9 +191,9 @@ def settle_all(work: Workload) -> int:
 
 # -- with an SLA search -----------------------------------------------------------------------------------
 
-def pending(work: Workload, serve_id: str) -> list[PointRun]:
+def pending(work: RunState, serve_id: str) -> list[PointRun]:
     """The serial, batch and level runs of a configuration still to run (with an SLA search, which runs after
-    them, `Workload.work_left` counts them too)."""
+    them, `RunState.work_left` counts them too)."""
     if workload_of(work.c) is None:
         return []
     out = []
@@ -204,7 +204,7 @@ def pending(work: Workload, serve_id: str) -> list[PointRun]:
     return out
 
 
-def search_probes(work: Workload, serve_id: str, base_id: str) -> dict[float, list[str]]:
+def search_probes(work: RunState, serve_id: str, base_id: str) -> dict[float, list[str]]:
     """The workload points of one base point that run exactly what an SLA probe of the same variable would
     run, as the search's probes: value -> the result files of their runs, for values whose every run is done.
     Every level is one (the base with only the variable set); with max_concurrency the serial point is the

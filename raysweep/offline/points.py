@@ -15,7 +15,7 @@ import ray
 
 from raysweep.bench import offline
 from raysweep.drive.point import PointRunner
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.place import transport
 from raysweep.plan.plan import PointRun
 from raysweep.serve.live_server import Aborted, ConfigRun, Server, Servers, new_server_id, resolve_provenance
@@ -42,7 +42,7 @@ def load_window_fields(result: dict[str, Any], exited: float) -> dict[str, float
 class OfflinePoints:
     """Runs the offline points of a configuration (see the module docstring)."""
 
-    def __init__(self, work: Workload, servers: Servers, points: PointRunner) -> None:
+    def __init__(self, work: RunState, servers: Servers, points: PointRunner) -> None:
         self.work, self.servers, self.points = work, servers, points
         self.c = work.c
 

@@ -333,7 +333,7 @@ def resolve_provenance(server: Server, ledger: Ledger) -> dict[str, Any] | None:
 
 
 class ServingWork(Protocol):
-    """What starting and stopping servers asks of the running campaign (the driver's `drive.state.Workload`):
+    """What starting and stopping servers asks of the running campaign (the driver's `drive.state.RunState`):
     its campaign, ledger, log directory and event sink, whether it has GPUs, why it stops, and giving a
     configuration (or its open SLA searches) up."""
 

@@ -20,7 +20,7 @@ from raysweep.bench.load import CONCURRENCY, RATE, LoadVariable
 from raysweep.bench.options import parse_load_options
 from raysweep.drive import hooks
 from raysweep.drive.point import PointRunner
-from raysweep.drive.state import Workload
+from raysweep.drive.state import RunState
 from raysweep.plan.plan import BenchPoint, probe_runs
 from raysweep.record.runs import read_samples
 from raysweep.serve import metrics
@@ -90,7 +90,7 @@ def capacity(data: ProbeData | None, variable: LoadVariable) -> float | None:
 class SlaSearches:
     """Runs the open SLA searches of a configuration against its live server (see the module docstring)."""
 
-    def __init__(self, work: Workload, points: PointRunner) -> None:
+    def __init__(self, work: RunState, points: PointRunner) -> None:
         self.work, self.points = work, points
         self.c = work.c
 

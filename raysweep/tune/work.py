@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from optuna.trial import TrialState
 
 from raysweep.campaign import TuneSpec
-from raysweep.drive.state import EventSink, Workload
+from raysweep.drive.state import EventSink, RunState
 from raysweep.ledger import Ledger
 from raysweep.place import placement
 from raysweep.plan.plan import Plan, PointRun, ServeConfig, serve_points
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class TuneWork(Workload):
+class TuneWork(RunState):
     """The scheduler's `Work` for a `tune:` campaign: candidates asked as GPUs free up, judged at rungs,
     told when they end. `TunedCluster` calls `started`, `ended`, `review` and `refill`."""
 
