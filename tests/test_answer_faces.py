@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from test_aggregate import build_dir
 from test_report_browser import _demo_like_rows
@@ -17,8 +18,12 @@ from raysweep.report.page import conclusions_of
 from raysweep.results.answer_file import ANSWER_FILE, kept_answer
 
 
-def test_the_kept_answer_is_what_compare_the_catalogue_and_the_site_say(tmp_path: Path) -> None:
+def test_the_kept_answer_is_what_compare_the_catalogue_and_the_site_say(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from raysweep.cli import logs
     from raysweep.cli.running import _headlines
+
+    monkeypatch.setattr(logs, "verbosity", 0)  # as `run` without -v (an earlier command's -v is not this one's)
 
     out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
     printed = _headlines(out)  # what `run` prints at its end, and keeps
@@ -46,8 +51,12 @@ def test_the_kept_answer_is_what_compare_the_catalogue_and_the_site_say(tmp_path
     assert html.escape(printed[0]) in (tmp_path / "site" / "index.html").read_text()
 
 
-def test_a_kept_answer_is_not_shown_once_a_point_finished_after_it(tmp_path: Path) -> None:
+def test_a_kept_answer_is_not_shown_once_a_point_finished_after_it(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from raysweep.cli import logs
     from raysweep.cli.running import _headlines
+
+    monkeypatch.setattr(logs, "verbosity", 0)  # as `run` without -v (an earlier command's -v is not this one's)
     from raysweep.ledger import Ledger
 
     out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")

@@ -98,40 +98,35 @@ def _killed_then_resumed(tmp_path: Path, config: str, out: Path, tiny_model: Pat
     return first
 
 
-def _demo_with_fewer_runs(tmp_path: Path) -> Path:
-    """configs/demo-cpu.yaml as it is, but for bench.precision's run counts and the warmup: 2 to 3 runs a point
-    instead of 3 to 5. A point still stops only after two successive looks (`precision.CONFIRM_LOOKS`), so each
-    point gets exactly 3 runs, the third added by the precision rule, which is what the test checks; the points
-    keep their 9 s (the steady-state test judges a window of at least 5 s). The warmup is 16 prompts instead of
-    768 (about 12 s a server start): what the test checks of a run holds whether its first seconds ran slower
-    or not (a run the steady-state test flags is left out of the verdicts and counted), and the demo's own
-    validity is what benchmarks/RESULTS.md records."""
+def _demo_with_fewer_starts(tmp_path: Path) -> Path:
+    """configs/demo-cpu.yaml as it is, but for its design's server starts and the warmup: 2 starts per
+    configuration instead of 3 (blocks A B | B A, one run of each point per start: every point gets 2 runs, one
+    on each of its configuration's starts), and a warmup of 16 prompts instead of 384 (about 4 s a server start):
+    what the test checks of a run holds whether its first seconds ran slower or not (a run the steady-state test
+    flags is left out of the verdicts and counted), and the demo's own validity is what benchmarks/RESULTS.md
+    records. The points keep their 9 s (the steady-state test judges a window of at least 5 s)."""
     import yaml
 
-    from raysweep.maths.precision import CONFIRM_LOOKS
-
     data = yaml.safe_load((REPO / "configs/demo-cpu.yaml").read_text())
-    data["bench"]["precision"].update(min_runs=2, max_runs=3)
+    data["design"]["starts"] = 2
     data["warmup"] = 16
-    data["confirm"] = {"enabled": False}  # the kill comes during the sweep; tests/test_confirm.py has the re-run
-    assert data["bench"]["precision"]["min_runs"] + CONFIRM_LOOKS - 1 == data["bench"]["precision"]["max_runs"]
     path = tmp_path / "demo-cpu.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
 def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
-    """The demo, killed once its first server config is done and the second one's server is starting (so the
-    resume starts only the server it lost); every finished result survives and nothing is run twice. Its
-    `vllm serve` runs at niceness 0 (read while it runs, and as recorded, with Ray's default worker
-    niceness) on core 0 and the clients on core 1 (the campaign's cpu_affinity), its provenance is the
-    installed vLLM, and every row carries its validity record. bench.precision (2 to 3 runs here, see
-    `_demo_with_fewer_runs`) gave each point 3 runs (its decision in the ledger), numbered from 0 without a
-    gap or a repeat."""
+    """The demo on its design, killed once its first server start is done and the second one (the other
+    configuration's) is starting, so the resume starts only the server it lost; every finished result survives and
+    nothing is run twice. Its `vllm serve` runs at niceness 0 (read while it runs, and as recorded, with Ray's
+    default worker niceness) on core 0 and the clients on core 1 (the campaign's cpu_affinity), its provenance is
+    the installed vLLM, and every row carries its validity record. The design (2 starts here, see
+    `_demo_with_fewer_starts`) gave each point one run on each of its configuration's starts, numbered from 0
+    without a gap or a repeat."""
     import importlib.metadata
 
     out = tmp_path / "demo"
-    config = _demo_with_fewer_runs(tmp_path)
+    config = _demo_with_fewer_starts(tmp_path)
     nices: dict[int, int] = {}
     cpus: dict[int, list[int]] = {}
 
@@ -154,26 +149,26 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     assert cpus and all(c == [0] for c in cpus.values()), cpus
 
     led = Ledger.open_existing(out)
-    points, servers, decided = led.points(), led.servers(), led.precision()
+    points, servers = led.points(), led.servers()
     led.close()
     assert all(p.state == "done" and p.attempts == 1 for p in points)
     runs: dict[tuple[str, str], list[int]] = {}
     for p in points:
         runs.setdefault((p.serve_id, p.bench_id), []).append(p.run)
-    assert len(runs) == 4 and all(sorted(r) == list(range(len(r))) and len(r) == 3 for r in runs.values())
-    assert {(d["serve_id"], d["bench_id"]): d["runs_spent"] for d in decided} == {k: len(r) for k, r in runs.items()}
-    assert all(d["state"] == "reached" or (d["state"] == "max_runs" and d["runs_spent"] == 3) for d in decided)
+    assert len(runs) == 4 and all(sorted(r) == list(range(len(r))) and len(r) == 2 for r in runs.values())
     first_config = {str(p.relative_to(out)).split("/")[1] for p in first}
-    assert len(first_config) == 1  # the killed driver had finished the first server config only
-    assert len(first) == sum(len(r) for (serve, _), r in runs.items() if serve in first_config)
+    assert len(first_config) == 1  # the killed driver had finished the first server start only
+    assert len(first) == sum(1 for serve, _ in runs if serve in first_config)  # one run of each of its points
     assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
     assert {s.state for s in servers} <= {"stopped", "lost"} and sum(s.state == "lost" for s in servers) == 1
-    # two configurations of one model, both eager (--enforce-eager): each start is labelled as compiling nothing
+    # two configurations of one model, both eager (--enforce-eager), 2 starts each: every start is labelled as
+    # compiling nothing
     starts = [json.loads(s.startup or "{}") for s in servers if s.state == "stopped"]
-    assert len(starts) == 2 and [s.get("compile_cache") for s in starts] == ["none", "none"], starts
+    assert len(starts) == 4 and {s.get("compile_cache") for s in starts} == {"none"}, starts
 
     df = results_table(out)
     assert len(df) == len(points)
+    assert (df.groupby(["serve_id", "bench_id"])["server_id"].nunique() == 2).all()  # each run on its own start
     assert (df["completed"] > 0).all() and set(df["failed"]) == {0} and set(df["duration_limit_s"]) == {9.0}
     assert set(df["max_num_seqs"]) == {8, 16} and set(df["random_input_len"]) == {128}
     assert set(df["max_concurrency"]) == {4, 16}
