@@ -305,15 +305,29 @@ def _of_run(p: psutil.Process, work: Path) -> bool:
         return False
 
 
+def _uptime_s() -> float:
+    """Seconds since the machine booted (`/proc/uptime`)."""
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0])
+
+
+def _age_s(create_time: float, uptime_s: float) -> float:
+    """How long ago a process started, on the kernel's boot clock. psutil's `create_time` is the boot time plus
+    the process's start since boot, and Linux gives the boot time to the whole second (`btime` in /proc/stat):
+    against `time.time()` a process just started can read up to a second old (0.78 s on one boot), more than
+    the half second a stand-in bench call sleeps before its requests. The start since boot is exact."""
+    return uptime_s - (create_time - psutil.boot_time())
+
+
 def _bench_before_requests(work: Path, sleep_s: float) -> int | None:
     """The port a stand-in bench call of this run will load, for a call still in its opening sleep (younger
     than `sleep_s` less a margin), or None when no call is."""
-    now = time.time()
+    now = _uptime_s()
     for p in psutil.process_iter(["cmdline", "create_time"]):
         cmd = p.info["cmdline"] or []
         if str(STANDIN / "bench.py") not in cmd or "--base-url" not in cmd or not _of_run(p, work):
             continue
-        if now - (p.info["create_time"] or 0) < max(sleep_s - 0.5, 0.1):
+        if _age_s(p.info["create_time"] or 0.0, now) < max(sleep_s - 0.5, 0.1):
             url = cmd[cmd.index("--base-url") + 1]
             with contextlib.suppress(ValueError):
                 return int(url.rstrip("/").rsplit(":", 1)[1].split("/")[0])

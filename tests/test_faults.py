@@ -453,12 +453,10 @@ def test_one_fault_of_each_kind_loses_nothing_runs_nothing_twice_and_leaves_noth
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_chaos
 
-    # 256 points: on a quiet machine 32, 64 and 128 points were all done before the fifth and sixth faults (the
-    # servers' stop and kill, after a resume and a disk full that each wait for the run) had their moment
-    r = bench_chaos.run_chaos(1, seed=3, work=tmp_path, configs=2, inputs=4, runs=32, sleep_s=1.0, gap_s=(0.5, 1.5))
+    r = bench_chaos.run_chaos(1, seed=3, work=tmp_path, configs=2, inputs=4, runs=4, sleep_s=1.0, gap_s=(0.5, 1.5))
     assert r["injected"] == {k: 1 for k in bench_chaos.KINDS}, r
     assert (r["results_lost"], r["run_twice"], r["unfinished"], r["processes_left"]) == (0, 0, 0, []), r
-    assert r["done"] == r["points"] == 256
+    assert r["done"] == r["points"] == 32
     assert {"server_unresponsive", "disk_full"} <= set(r["events"]), r
     # the server stopped while its bench call slept before its requests was replaced as unresponsive
     assert [s["replaced"] for s in r["server_stops"]] == [True], r
