@@ -119,14 +119,33 @@ def test_a_report_written_again_on_unchanged_data_draws_nothing_and_is_the_same_
     assert kept(copy) == before
 
 
-def test_figures_drawn_by_a_second_process_make_the_same_page_and_are_kept_alike(cold, tmp_path, monkeypatch):
+# The report written in a fresh Python: a test worker may hold the session's Ray cluster, and a process where
+# Ray runs never forks (`_Beside`). It prints how many figures that process drew itself.
+BESIDE_CODE = """import sys
+from raysweep.report import figures
+from raysweep.report.page import write_report
+drawn = []
+img = figures.img_html
+def counting_img(fig, caption, notes=(), dpi=110):
+    drawn.append(caption)
+    return img(fig, caption, notes, dpi)
+figures.img_html = counting_img
+figures.BESIDE_FROM_RUNS = 0  # half of the figures drawn by a forked process
+write_report(sys.argv[1])
+print(len(drawn))
+"""
+
+
+def test_figures_drawn_by_a_second_process_make_the_same_page_and_are_kept_alike(cold, tmp_path):
     out, first, figures = cold
     fresh = Path(shutil.copytree(out, tmp_path / "out"))
     shutil.rmtree(fresh / report_cache.FOLDER)
-    monkeypatch.setattr(report_figures, "BESIDE_FROM_RUNS", 0)  # half of the figures drawn by a forked process
-    drawn = Drawn(monkeypatch)
-    again = report.write_report(fresh).read_text()
-    assert 0 < len(drawn.figures) < len(figures)  # this process drew only its half of the Figures section
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    proc = subprocess.run([sys.executable, "-c", BESIDE_CODE, str(fresh)], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    again = (fresh / report.REPORT_FILE).read_text()
+    assert 0 < int(proc.stdout.split()[-1]) < len(figures)  # that process drew only its half of the Figures section
     assert page(again, fresh) == page(first, out)  # the same figures, in the same places
     assert kept(fresh) == kept(out)
 
