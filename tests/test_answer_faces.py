@@ -69,3 +69,45 @@ def test_a_kept_answer_is_not_shown_once_a_point_finished_after_it(tmp_path: Pat
     led.mark_done("late", "points/s8/b4/run=0.json")
     led.close()
     assert kept_answer(out) is None
+
+
+def test_history_states_each_campaign_s_answer_as_its_run_gave_it(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`history` (text and --json) gives, for every campaign its series name, that campaign's kept answer: the
+    same lines `run` printed, and the same object (leader, value, lead, verdict, counts), never a second wording."""
+    import jsonschema
+
+    from raysweep.cli import logs
+    from raysweep.cli.jsonout import schema
+    from raysweep.cli.running import _headlines
+
+    monkeypatch.setattr(logs, "verbosity", 0)
+    out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
+    printed = _headlines(out)
+    c = conclusions_of(out)
+    assert c is not None
+    cat = tmp_path / "cat"
+    assert CliRunner().invoke(main, ["catalog", "add", str(cat), str(out)]).exit_code == 0
+    res = CliRunner().invoke(main, ["history", str(cat)])
+    assert res.exit_code == 0, res.output
+    said = [ln.split("'s answer: ", 1)[1] for ln in res.output.splitlines() if ln.startswith("demo-cpu's answer: ")]
+    assert said == printed, res.output
+    res = CliRunner().invoke(main, ["history", str(cat), "--json"])
+    doc = json.loads(res.stdout)
+    jsonschema.validate(doc, schema("history"))
+    (entry,) = doc["answers"]
+    assert entry["campaign"] == "demo-cpu" and entry["lines"] == printed
+    assert entry["answer"] == c.answer.to_dict()
+    listed = json.loads(CliRunner().invoke(main, ["catalog", "list", str(cat), "--json"]).stdout)
+    jsonschema.validate(listed, schema("catalog"))
+    assert listed["campaigns"][0]["answer_object"] == c.answer.to_dict()
+
+
+def test_history_says_where_a_campaign_kept_no_answer(tmp_path: Path) -> None:
+    out = build_dir(tmp_path / "unkept", _demo_like_rows(), name="unkept")   # no run ended: nothing kept
+    cat = tmp_path / "cat"
+    assert CliRunner().invoke(main, ["catalog", "add", str(cat), str(out)]).exit_code == 0
+    res = CliRunner().invoke(main, ["history", str(cat)])
+    assert res.exit_code == 0, res.output
+    assert "unkept: no answer kept (its run did not end, or a point finished after it)" in res.output
+    assert "unkept's answer" not in res.output

@@ -27,7 +27,7 @@ import pandas as pd
 from raysweep.catalog.store import Catalog
 from raysweep.maths import verdicts
 
-__all__ = ["KEY", "Judgement", "Series", "higher_is_better", "history"]
+__all__ = ["KEY", "Judgement", "Series", "answers", "higher_is_better", "history"]
 
 KEY = ("model", "server_settings", "workload", "load_variable", "load_value", "hardware")
 _FILTERS = {"model": "model", "config": "config", "hardware": "hardware", "dataset": "dataset",
@@ -50,6 +50,7 @@ class Judgement:
     ratio: float = math.nan
     low: float = math.nan
     high: float = math.nan
+    campaign_id: str = ""
 
     @property
     def text(self) -> str:
@@ -128,13 +129,30 @@ def history(catalog: Catalog, metric: str = "output_throughput", margin: float =
         for r in runs:
             x = np.asarray(r["vals"], dtype=float)
             j = Judgement(str(r["campaign"]), float(r["date"]), _none(r["vllm"]), _none(r["raysweep"]), int(x.size),
-                          float(x.mean()))
+                          float(x.mean()), campaign_id=str(r["campaign_id"]))
             if prev is not None:
                 pairs.append((j, prev, x))
             series.points.append(j)
             prev = x
         out.append(series)
     _judge(pairs, higher, margin, level)
+    return out
+
+
+def answers(catalog: Catalog, series: list[Series]) -> list[dict[str, Any]]:
+    """The answer of each campaign the series name, oldest first, as its run kept it (the catalogue's index holds
+    it: `Answer.lines()` and `Answer.to_dict()`), never another: {campaign, campaign_id, source, lines (empty
+    where none is kept), answer (the object, None where none is kept)}."""
+    known = catalog.campaigns
+    seen: dict[str, float] = {}
+    for s in series:
+        for j in s.points:
+            seen[j.campaign_id] = min(seen.get(j.campaign_id, j.date), j.date)
+    out = []
+    for cid in sorted(seen, key=lambda c: (seen[c], c)):
+        entry = known.get(cid) or {}
+        out.append({"campaign": entry.get("name", cid), "campaign_id": cid, "source": entry.get("source"),
+                    "lines": list(entry.get("answer") or []), "answer": entry.get("answer_object")})
     return out
 
 

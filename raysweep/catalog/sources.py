@@ -52,6 +52,7 @@ class Source:
     complete: bool
     rows: pd.DataFrame
     answer: list[str] = field(default_factory=list)  # a raysweep campaign's answer as its run kept it
+    answer_object: dict[str, Any] | None = None  # the same answer as an object (`Answer.to_dict`)
 
 
 def discover(path: str | Path) -> list[Found]:
@@ -175,7 +176,7 @@ def _read_raysweep(path: Path) -> Source:
 
     answer = kept_answer(path)
     return Source(cid, name, RAYSWEEP, str(path.resolve()), signature, complete, fields.frame(rows),
-                  list((answer or {}).get("lines") or []))
+                  list((answer or {}).get("lines") or []), (answer or {}).get("answer"))
 
 
 OUTLIER = "outlier run (left out of its point's statistics by the campaign's aggregates)"

@@ -213,7 +213,8 @@ def _entry(src: sources.Source) -> dict[str, Any]:
             "complete": src.complete, "runs": int(len(df)), "points": int(df["point"].nunique()),
             "models": distinct("model"), "hardware": distinct("hardware"), "vllm": distinct("vllm_version"),
             "first_date": float(dates.min()) if len(dates) else None,
-            "last_date": float(dates.max()) if len(dates) else None, "answer": list(src.answer)}
+            "last_date": float(dates.max()) if len(dates) else None, "answer": list(src.answer),
+            "answer_object": src.answer_object}
 
 
 def state_of(entry: dict[str, Any]) -> str:

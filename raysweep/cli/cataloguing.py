@@ -175,15 +175,17 @@ def history_cmd(catalog_dir: str, metric: str, margin: float, fail_on_regression
     """A configuration's measurements over campaigns (time and versions), series by series: only like-for-like
     points (model, server settings, workload, load, hardware) share a series; each campaign judged against
     the one before it with the ratio's confidence interval."""
-    from raysweep.catalog.history import history
+    from raysweep.catalog.history import answers, history
     from raysweep.catalog.store import Catalog
 
-    series = history(Catalog(catalog_dir), metric, margin, filters)
+    cat = Catalog(catalog_dir)
+    series = history(cat, metric, margin, filters)
     bad = [s for s in series if s.regressed]
     judged = sum(1 for s in series if len(s.points) > 1)
+    said = answers(cat, series)  # each campaign's own answer, as its run gave it: never a second wording
     if as_json:
         print_json("history", {"metric": metric, "margin": margin, "judged": judged, "regressed": len(bad),
-                               "series": [s.as_dict() for s in series]})
+                               "series": [s.as_dict() for s in series], "answers": said})
         if fail_on_regression and bad:
             sys.exit(1)
         return
@@ -200,6 +202,11 @@ def history_cmd(catalog_dir: str, metric: str, margin: float, fail_on_regression
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.append("")
+    for a in said:
+        lines += [f"{a['campaign']}'s answer: {line}" for line in a["lines"]] or [
+            f"{a['campaign']}: no answer kept ("
+            + ("its run did not end, or a point finished after it" if a["source"] == "raysweep"
+               else f"a {a['source']} output: raysweep did not run it") + ")"]
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
     _say(f"{len(series)} series, {judged} judged (one-sided at 5 % over all of them, margin {margin:.0%}); "
