@@ -273,3 +273,56 @@ def test_compare_says_how_many_runs_each_side_left_out_and_why(tmp_path):
     notes = compare.compare(a, b).notes
     said = [n for n in notes if n.startswith("left out of")]
     assert said == ["left out of a: 3 of 9 run(s) (shared CPUs 3)"], notes
+
+
+def test_a_campaign_of_a_catalogue_is_a_side_matched_as_its_dir_is(tmp_path):
+    """`compare --catalog CATALOG` takes a campaign's name or id as either side: read from the output dir it was
+    added from, its confirmation points matched as the answer matches them, the same comparison as the dirs'."""
+    a = build_dir(tmp_path / "a", _with_confirmation("base", 100.0), name="base")
+    b = build_dir(tmp_path / "b", [r for r in _with_confirmation("new", 120.0) if r["max_concurrency"] != 1],
+                  name="new")
+    cat = tmp_path / "cat"
+    assert CliRunner().invoke(main, ["catalog", "add", str(cat), str(a), str(b)]).exit_code == 0
+    by_dir = json.loads(CliRunner().invoke(main, ["compare", str(a), str(b), "--json"]).output)
+    ids = {c["name"]: c["id"] for c in json.loads(
+        CliRunner().invoke(main, ["catalog", "list", str(cat), "--json"]).output)["campaigns"]}
+    for args in (["base", "new"], [str(a), "new"], [ids["base"], str(b)], ["new", "--baseline", "base"]):
+        res = CliRunner().invoke(main, ["compare", "--catalog", str(cat), *args, "--json"])
+        assert res.exit_code == 0, (args, res.output)
+        doc = json.loads(res.output)
+        assert doc["comparisons"][0]["points"] == by_dir["comparisons"][0]["points"], args
+        assert doc["answers"] == by_dir["answers"]
+        named = [n for n in doc["notes"] if "of the catalogue" in n]
+        assert len(named) == sum(1 for x in args if x in ("base", "new", ids["base"])), (args, doc["notes"])
+    text = CliRunner().invoke(main, ["compare", "--catalog", str(cat), "base", "new"]).output
+    assert "the campaign new of the catalogue" in " ".join(text.split())
+    assert "max_concurrency=1 never measured there" in " ".join(text.split())
+
+
+def test_a_side_neither_a_path_nor_a_catalogue_campaign_is_refused_naming_what_is_accepted(tmp_path):
+    a = build_dir(tmp_path / "a", rows("base", 100.0, 10.0), name="base")
+    res = CliRunner().invoke(main, ["compare", str(a), "nope"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "DIR nope: no such file or directory" in said and "--catalog CATALOG" in said
+    cat = tmp_path / "cat"
+    assert CliRunner().invoke(main, ["catalog", "add", str(cat), str(a)]).exit_code == 0
+    res = CliRunner().invoke(main, ["compare", "--catalog", str(cat), "base", "nope"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "DIR nope: neither a file or directory here nor a campaign of the catalogue" in said
+    assert "its campaigns: base" in said and "accepted: a raysweep output dir" in said
+    res = CliRunner().invoke(main, ["compare", "--baseline", "nope", str(a)])
+    assert res.exit_code == 2 and "--baseline nope" in res.output
+    a.rename(tmp_path / "moved")  # the catalogue's campaign is no longer where it was added from
+    res = CliRunner().invoke(main, ["compare", "--catalog", str(cat), "base", str(tmp_path / "moved")])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "which is not on this machine" in said and "catalog compare" in said
+
+
+def test_unmatched_points_say_which_value_the_other_side_never_measured(tmp_path):
+    a = compare.load_side(build_dir(tmp_path / "a", rows("base", 100.0, 10.0, configs=("s8", "s16")), name="base"))
+    b = compare.load_side(build_dir(tmp_path / "b", [r for r in rows("new", 100.0, 10.0, configs=("s8", "s16"))
+                                                     if (r["max_num_seqs"], r["max_concurrency"]) != (16, 2)
+                                                     and r["max_concurrency"] != 1], name="new"))
+    text = " ".join(compare.compare(a, b).notes)
+    assert "max_num_seqs=8, max_concurrency=1 (max_concurrency=1 never measured there)" in text
+    assert "max_num_seqs=16, max_concurrency=2 (each of its values measured there, not together)" in text

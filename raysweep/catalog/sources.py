@@ -136,6 +136,23 @@ def _signature(path: Path) -> tuple[str, bool]:
     return hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16], complete
 
 
+def campaign_id(path: Path) -> str | None:
+    """The catalogue id of the raysweep campaign in `path` (its name, fingerprint and creation time), None where
+    its ledger cannot be read."""
+    try:
+        with CampaignDir(path) as campaign_dir:
+            return _id_of(campaign_dir.ledger, path)
+    except Exception:  # noqa: BLE001 - not a campaign, or a damaged one: no id
+        return None
+
+
+def _id_of(ledger: Any, path: Path) -> str:
+    """A raysweep campaign's stable id: a copy moved elsewhere is the same campaign."""
+    name = ledger.meta("name") or path.name
+    created = float(ledger.meta("created_at") or 0.0)
+    return grid.params_id({"name": name, "fingerprint": ledger.meta("fingerprint"), "created_at": created}, 16)
+
+
 def _read_raysweep(path: Path) -> Source:
     from raysweep.results.records import results_table
 
@@ -145,7 +162,7 @@ def _read_raysweep(path: Path) -> Source:
         name = ledger.meta("name") or path.name
         meaning = json.loads(ledger.meta("meaning") or "{}")
         created = float(ledger.meta("created_at") or 0.0)
-        cid = grid.params_id({"name": name, "fingerprint": ledger.meta("fingerprint"), "created_at": created}, 16)
+        cid = _id_of(ledger, path)
         params = {p.point_id: (p.serve_params, p.bench_params) for p in ledger.points()}
     kept = path / "results.parquet"
     table = pd.read_parquet(kept) if complete and kept.is_file() else results_table(path)

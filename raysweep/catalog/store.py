@@ -138,6 +138,43 @@ class Catalog:
                 write_json_atomic(index_file, self.index)
         return report
 
+    def entry(self, name: str, option: str = "CAMPAIGN") -> dict[str, Any]:
+        """The index entry of the campaign `name` (its id, or its name when one campaign has it).
+
+        :raises UserError: no campaign has that name or id, or several have that name (naming their ids)."""
+        known = self.index["campaigns"]
+        if name in known:
+            return dict(known[name])
+        named = [c for c in known.values() if c["name"] == name]
+        if len(named) == 1:
+            return dict(named[0])
+        if named:
+            raise UserError(f"{option} {name}: {len(named)} campaigns of the catalogue {self.path} have that name; "
+                            f"name one by its id: {', '.join(sorted(c['id'] for c in named))}")
+        names = sorted({c["name"] for c in known.values()})
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        raise UserError(f"{option} {name}: no campaign of the catalogue {self.path} has that name or id; "
+                        f"its campaigns: {shown or 'none'}")
+
+    def output_dir(self, name: str, option: str = "CAMPAIGN") -> Path:
+        """Where the campaign `name` (`entry`) was read from, when it is still there and still that campaign:
+        its output dir (or the file or dir another tool wrote), read whole by the faces that need more than the
+        catalogue keeps (server starts, confirmation points, the kept answer).
+
+        :raises UserError: not a campaign of the catalogue, or its output is no longer where it was added from
+            (or another campaign is there now)."""
+        c = self.entry(name, option)
+        path = Path(c["path"])
+        if not path.exists():
+            raise UserError(f"{option} {name}: the campaign {c['name']} ({c['id']}) of the catalogue {self.path} was "
+                            f"added from {path}, which is not on this machine; the catalogue keeps its runs, not its "
+                            "server starts and confirmation points: copy its output dir here and name the dir, or "
+                            f"compare it in the catalogue (`raysweep catalog compare {self.path} ...`)")
+        if c["source"] == sources.RAYSWEEP and sources.campaign_id(path) != c["id"]:
+            raise UserError(f"{option} {name}: {path}, where the campaign {c['name']} ({c['id']}) of the catalogue "
+                            f"{self.path} was added from, now holds another campaign; name the dir itself")
+        return path
+
     def files(self, only: Iterable[str] | None = None) -> list[str]:
         """The Parquet files of the campaigns (of the ids in `only`, when given)."""
         ids = self.index["campaigns"] if only is None else [c for c in only if c in self.index["campaigns"]]

@@ -150,11 +150,44 @@ def _value(row: Mapping[str, Any], metric: str) -> Any:
     return row[f"{metric}_mean"]
 
 
+_ACCEPTED = ("a raysweep output dir, a `vllm bench sweep` dir, a dir written by `raysweep import`, a summary/results "
+             ".parquet or .csv file, or the name or id of a campaign of --catalog CATALOG")
+
+
+def _resolve(arg: str, option: str, catalog_dir: str | None) -> tuple[str, str]:
+    """Where a side of `compare` is read from: the path itself when it is one here, else the output dir of the
+    catalogue's campaign of that name or id (`Catalog.output_dir`); with what it was, in words ("" for a path).
+
+    :raises UserError: neither (exit 2, naming the option and what is accepted)."""
+    from pathlib import Path
+
+    if Path(arg).exists():
+        return arg, ""
+    if catalog_dir is None:
+        raise UserError(f"{option} {arg}: no such file or directory, and no --catalog CATALOG to find a campaign of "
+                        f"that name in; accepted: {_ACCEPTED}")
+    from raysweep.catalog.store import Catalog
+
+    cat = Catalog(catalog_dir)
+    known = cat.campaigns
+    if arg not in known and not any(c["name"] == arg for c in known.values()):
+        names = sorted({c["name"] for c in known.values()})
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        raise UserError(f"{option} {arg}: neither a file or directory here nor a campaign of the catalogue "
+                        f"{catalog_dir} (its campaigns: {shown or 'none'}); accepted: {_ACCEPTED}")
+    entry = cat.entry(arg, option)
+    path = cat.output_dir(arg, option)
+    return str(path), f"{option} {arg}: the campaign {entry['name']} of the catalogue {catalog_dir}, read from {path}"
+
+
 @main.command("compare")
-@click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--baseline", type=click.Path(exists=True), default=None,
-              help="The baseline: an output dir, or a summary/results .parquet or .csv file. Default: the first "
-                   "DIR, the others compared against it.")
+@click.argument("dirs", nargs=-1, required=True)
+@click.option("--baseline", default=None,
+              help="The baseline: an output dir, a summary/results .parquet or .csv file, or a campaign of "
+                   "--catalog. Default: the first DIR, the others compared against it.")
+@click.option("--catalog", "catalog_dir", default=None, metavar="CATALOG",
+              help="A catalogue (`raysweep catalog add`): a DIR or --baseline that is not a path here names one of "
+                   "its campaigns (its name or id), read from the output dir it was added from.")
 @click.option("--match-on", default=None, help="Comma list of the parameter columns points are matched on "
                                                "(default: the parameters all sides have).")
 @click.option("--metrics", default=None, help="Comma list of the metrics compared (default: throughputs, median "
@@ -172,9 +205,9 @@ def _value(row: Mapping[str, Any], metric: str) -> Any:
                                              "(compare/baseline.json), so that their report shows the comparison.")
 @click.option("--no-record", is_flag=True, hidden=True, deprecated="nothing is recorded without --record")
 @json_option
-def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | None, metrics: str | None,
-                confidence: float, slo: str | None, out_path: str | None, fmt: str, fig_dpi: int, record: bool,
-                no_record: bool, as_json: bool) -> None:
+def compare_cmd(dirs: tuple[str, ...], baseline: str | None, catalog_dir: str | None, match_on: str | None,
+                metrics: str | None, confidence: float, slo: str | None, out_path: str | None, fmt: str, fig_dpi: int,
+                record: bool, no_record: bool, as_json: bool) -> None:
     """Compare campaigns with a baseline: points matched by their parameters, per metric the ratio and Welch's
     verdict over the runs (better, worse, not shown with N runs, not judged). Writes the tables and one figure with
     the curves
@@ -186,11 +219,12 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
 
     if record and no_record:
         raise UserError("--record and --no-record: accepted: one of them")
-    sources = ([baseline] if baseline else []) + list(dirs)
-    if len(sources) < 2:
+    given = ([("--baseline", baseline)] if baseline else []) + [("DIR", d) for d in dirs]
+    if len(given) < 2:
         raise UserError("compare: give at least two campaigns (DIR_A DIR_B), or one DIR and --baseline FILE")
-    sides = compare.distinct_names([compare.load_side(s, "--baseline" if baseline and i == 0 else "DIR", confidence)
-                                    for i, s in enumerate(sources)])
+    resolved = [_resolve(arg, option, catalog_dir) for option, arg in given]  # every side checked before reading
+    sides = compare.distinct_names([compare.load_side(path, option, confidence)
+                                    for (option, _), (path, _) in zip(given, resolved)])
     on = split_list(match_on) or compare.common_params(sides)
     wanted = split_list(metrics) or None
     target = compare.parse_slo_option(slo) if slo else compare.campaign_slo(sides[0].source)
@@ -199,7 +233,7 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, match_on: str | Non
     if record:
         paths += [compare.record_baseline(s.source, sides[0].source, split_list(match_on), wanted)
                   for s in sides[1:] if (s.source / LEDGER_FILE).is_file()]
-    notes = [n for c in comparisons for n in c.notes]
+    notes = [said for _, said in resolved if said] + [n for c in comparisons for n in c.notes]
     from raysweep.results.answer_file import kept_answer
 
     answers = {s.name: kept_answer(s.source) if s.source.is_dir() else None for s in sides}

@@ -471,16 +471,22 @@ _LISTED = 5  # unmatched points named one by one, the rest counted
 
 def _unmatched_notes(baseline: Side, other: Side, keys: list[str], only_a: set[tuple[Any, ...]],
                      only_b: list[tuple[Any, ...]]) -> list[str]:
-    """Which points were not compared and why: the point (its matched values) is not in the other side."""
-    def said(values: tuple[Any, ...]) -> str:
-        return ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values))
+    """Which points were not compared and why: the point (its matched values) is not in the other side, and
+    which of its values the other side never measured (or that it measured each, not together)."""
+    def said(values: tuple[Any, ...], measured: list[set[Any]]) -> str:
+        point = ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values))
+        never = [f"{k}={fmt_value(v)}" for k, v, seen in zip(keys, values, measured) if v not in seen]
+        why = (f"{' or '.join(never)} never measured there" if never else
+               "each of its values measured there, not together")
+        return f"{point} ({why})"
 
     out = []
     for points, mine, theirs in ((sorted(only_a, key=str), baseline, other), (sorted(set(only_b), key=str), other,
                                                                                baseline)):
         if not points:
             continue
-        named = "; ".join(said(p) for p in points[:_LISTED])
+        measured = [{_norm(v) for v in theirs.summary[k]} for k in keys]
+        named = "; ".join(said(p, measured) for p in points[:_LISTED])
         more = f" and {len(points) - _LISTED} more" if len(points) > _LISTED else ""
         out.append(f"not compared: {len(points)} point(s) of {mine.name} not in {theirs.name} (no point there with "
                    f"the same {', '.join(keys)}): {named}{more}")
