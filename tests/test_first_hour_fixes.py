@@ -86,8 +86,10 @@ def test_a_lower_latency_lead_is_worded_lower_not_over() -> None:
     assert lines and all("% over" not in ln and "% more" not in ln for ln in lines), lines
     # 10 ms against 12.5 ms: 20 % lower (the rival 25 % higher), never "+25 %" or "25 % lower"
     assert all("20 % lower than cfg=B" in ln for ln in lines), lines
-    assert conclusions.lead_words(0.221, True) == "+22.1% over"
-    assert conclusions.lead_words(0.25, False) == "20.0% lower than"
+    from raysweep.results.answer import lead_text
+
+    assert lead_text(0.221, True) == "22 % more"
+    assert lead_text(0.25, False) == "20 % lower"
 
 
 def test_the_interval_methods_are_said_once_not_once_per_point() -> None:

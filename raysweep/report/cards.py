@@ -12,7 +12,6 @@ from raysweep.errors import UserError
 from raysweep.ledger import PointState
 from raysweep.report.markup import esc, html_table
 from raysweep.results import conclusions
-from raysweep.results.answer import lead_span
 from raysweep.results.data import ReportData, answer_of
 
 CardFigure = Callable[[ReportData, conclusions.Conclusions, conclusions.ShapeVerdict], str]
@@ -85,16 +84,13 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
     if v.runner_up is not None and said.rivals:
         cls = "sig" if said.clear else "insig"
         first = said.rivals[0]
-        maximize = c.objective.maximize
-        ahead = v.lead if v.confirmation is not None and v.confirmation.verdict is not None else first.lead
-        amount = conclusions.lead_words(ahead, maximize, none="ahead")  # `+22.1% over`, `20.0% lower than`
-        span = lead_span(first.lead_low, first.lead_high, maximize)
-        span = f"{span[:-1]} at {conclusions.level_text(0.95)}]" if span else ""
+        # the lead in the answer's own words, as the terminal prints it: `22 % more than X [+12.0 %, +33.0 %]`
+        amount = said.lead_words or f"against {first.config}"
         k = v.confirmation
         rival = (f"{conclusions.fmt(first.value)}, {_interval(v.runner_up)}" if k is None or k.verdict is None else
                  f"{conclusions.fmt(k.runner_mean)}, {conclusions.level_text(k.level)} interval "
                  f"{conclusions.fmt(k.runner_ci[0])} to {conclusions.fmt(k.runner_ci[1])}, the confirmation")
-        parts.append(f"<p>{esc(amount)} {esc(first.config)}{esc(span)} ({rival}): "
+        parts.append(f'<p class="lead">{esc(amount)} ({rival}): '
                      f'<span class="{cls}">{esc(said.verdict)}: {esc(said.why)}</span>.</p>')
         if said.left_out:
             parts.append(f'<p class="flag">Left out: {esc("; ".join(said.left_out))}.</p>')

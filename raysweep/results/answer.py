@@ -63,6 +63,11 @@ class ShapeAnswer:
     left_out: list[str] = field(default_factory=list)   # what was left out, with its number and why
     headline: str = ""
     details: list[str] = field(default_factory=list)    # tests, p-values and corrections (verbose)
+    runner_up: str | None = None   # the rival the headline names (the confirmation's, where there is one)
+    lead: float | None = None      # the leader's lead over it, with its interval, as the headline gives it
+    lead_low: float | None = None
+    lead_high: float | None = None
+    lead_words: str = ""           # that lead in the headline's words: `22 % more than X [+12.0 %, +33.0 %]`
 
     @property
     def clear(self) -> bool:
@@ -254,7 +259,8 @@ def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
         headline = f"No point of {v.shape} is shown to meet the slo {c.slo.label} (its interval inside the bound): " \
             f"no configuration to deploy; nearest: {v.nearest}"
         return ShapeAnswer(v.shape, None, value, low, high, level, starts, runs, verdict, why, False, rivals, left,
-                           headline, [verdict_text(v)] if v.runner_up is not None else [])
+                           headline, [verdict_text(v)] if v.runner_up is not None else [], runner or None, lead,
+                           lead_low, lead_high, lead_words)
     if v.all_flagged:
         verdict, why = NO_LEADER, "every configuration's runs failed a check (see Warnings); none is named"
         headline = f"Best for {v.shape}: no configuration to deploy: {why}. Best measured: {name}, {said}"
@@ -283,7 +289,8 @@ def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
         headline += f"; left out: {'; '.join(left)}"
     details = [f"{v.shape}: {verdict_text(v)}"] if v.runner_up is not None else []
     return ShapeAnswer(v.shape, None if verdict == NO_LEADER else name, value, low, high, level, starts, runs,
-                       verdict, why, confirmed, rivals, left, headline, details)
+                       verdict, why, confirmed, rivals, left, headline, details, runner or None, lead, lead_low,
+                       lead_high, lead_words)
 
 
 def build(c: Conclusions, cl: Any) -> Answer:

@@ -755,18 +755,6 @@ def load_lines(c: Conclusions) -> list[str]:
     return lines
 
 
-def lead_words(lead: float | None, maximize: bool, none: str = "a lead") -> str:
-    """The leader's lead over a rival in words, before the rival's name: `+22.1% over` where higher is better,
-    `20.0% lower than` where lower is (the lead there is the rival over the leader, less one: a lower TTFT is
-    never "+25.0% over" its rival)."""
-    if lead is None:
-        return f"{none} over"
-    if maximize:
-        return f"{lead:+.1%} over"
-    below = lead / (1.0 + lead) if lead > -1.0 else -math.inf
-    return f"{abs(below):.1%} {'lower' if below >= 0 else 'higher'} than"
-
-
 def headlines(c: Conclusions, verbose: bool = False) -> list[str]:
     """The campaign's answer in words (`raysweep.results.answer`, made once per conclusions): one plain line per
     bench shape (with its tests and p-values under `verbose`), then the cheapest points, the P/D regions and
