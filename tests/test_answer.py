@@ -55,6 +55,19 @@ def test_a_configuration_whose_runs_are_all_flagged_is_never_the_leader_and_the_
     assert math.isfinite(every.value)   # still measured
 
 
+def test_a_flagged_configuration_behind_the_runner_up_is_still_said_to_be_left_out():
+    """The fastest configuration, every run flagged, is ranked last: the answer names it and why it is not the
+    leader, as it does when it is the runner-up, never drops it in silence."""
+    df = runs({"A": [(8, 2000.0, 100.0, 500.0)], "B": [(8, 1200.0, 100.0, 500.0)], "C": [(8, 1000.0, 100.0, 500.0)]},
+              n=4)
+    df.loc[df["serve_id"] == "A", ["validity_ok", "validity_issues"]] = [False, "shared CPUs"]
+    (s,) = _answer(df).shapes
+    assert s.leader == "cfg=B" and s.runner_up == "cfg=C"
+    assert any(x.startswith("cfg=A: every one of its 4 run(s) failed a check") and x.endswith("never the leader")
+               for x in s.left_out), s.left_out
+    assert "cfg=A: every one of its 4 run(s)" in s.headline
+
+
 def test_every_face_states_the_same_answer(tmp_path, monkeypatch):
     from raysweep import api
     from raysweep.report import page as report

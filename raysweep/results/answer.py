@@ -231,7 +231,10 @@ def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
     unit = f" {c.objective.unit}" if c.objective.unit else ""
     leader = v.leader
     rivals = _rivals(c, v, cl)
-    left = _left_out([leader, v.runner_up])
+    # what was left out of the leader's and the runner-up's values, and every configuration never the leader
+    # because all its runs failed a check (ranked last, whatever it measured: said, never dropped in silence)
+    never = [r for _, r in v.ranking.iterrows() if r.get("on_flagged_runs") == True]  # noqa: E712
+    left = _left_out([leader, v.runner_up, *never])
     value, low, high = (_num(leader.get("objective_mean")), _num(leader.get("objective_ci_low")),
                         _num(leader.get("objective_ci_high")))
     level, starts, runs = level_of(leader), _count(leader.get("server_starts")) or 1, _count(leader.get("runs"))
