@@ -211,12 +211,16 @@ def _the_card_states(card: str, s: dict[str, Any], single: bool) -> None:
     assert f"{s['verdict']}: {s['why']}" in card or s["leader"] is None
     for left in s["left_out"]:
         assert left in card
+    assert bool(s["precision"]) == ("Precision not reached: this point stopped at max_runs" in card)
 
 
 def _the_kind_shows(kind: str, a: Any, failed: int) -> None:
     """Each stand-in is the kind it stands for, as the answer reads it (a guard on the stand-ins themselves)."""
     first = a.shapes[0]
-    if kind == "confirmation":
+    if kind == "precision":
+        assert first.precision.startswith("precision not reached: its point stopped at max_runs"), a.lines()
+        assert first.headline.endswith(first.precision)
+    elif kind == "confirmation":
         assert first.confirmed or "confirmation" in first.headline
     elif kind == "flagged":
         assert first.leader != "max_num_seqs=16 at max_concurrency=16"

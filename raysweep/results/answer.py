@@ -68,6 +68,7 @@ class ShapeAnswer:
     lead_low: float | None = None
     lead_high: float | None = None
     lead_words: str = ""           # that lead in the headline's words: `22 % more than X [+12.0 %, +33.0 %]`
+    precision: str = ""            # `bench.precision` not reached at the leader's point, in words ("" otherwise)
 
     @property
     def clear(self) -> bool:
@@ -290,10 +291,24 @@ def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
                     f"{verdict}: {why}")
     if left:
         headline += f"; left out: {'; '.join(left)}"
+    short = _short_of_precision(leader) if k is None else ""
+    if short:
+        headline += f"; {short}"
     details = [f"{v.shape}: {verdict_text(v)}"] if v.runner_up is not None else []
     return ShapeAnswer(v.shape, None if verdict == NO_LEADER else name, value, low, high, level, starts, runs,
                        verdict, why, confirmed, rivals, left, headline, details, runner or None, lead, lead_low,
-                       lead_high, lead_words)
+                       lead_high, lead_words, short)
+
+
+def _short_of_precision(row: Any) -> str:
+    """A `bench.precision` point that stopped before its interval was as narrow as asked, in words (as the card
+    flags it); empty for one that reached it, or without precision."""
+    state = row.get("precision_state")
+    if not isinstance(state, str) or state in ("reached", ""):
+        return ""
+    why = {"max_runs": "stopped at max_runs", "max_duration": "stopped at max_duration",
+           "measuring": "is still being measured"}.get(state, state)
+    return f"precision not reached: its point {why} before its interval was as narrow as bench.precision asks"
 
 
 def build(c: Conclusions, cl: Any) -> Answer:
