@@ -102,6 +102,9 @@ def judge_model(df: pd.DataFrame, truth: dict[str, float]) -> tuple[bool, bool, 
         mine = df[df["serve_id"] == cfg]
         values = mine["output_throughput"].to_numpy(dtype=float)
         codes = pd.factorize(mine["server_id"])[0]
+        warm = hierarchy.warmup(values, np.zeros(values.size), codes, np.zeros(values.size),
+                                mine["started_at"].to_numpy(dtype=float), 1)
+        values, codes = values[~warm.cut], codes[~warm.cut]   # its warm-up, where shown, left out
         m, se, dof, k, n = hierarchy.estimates(values, np.zeros(values.size, dtype=int), codes, 1)
         est[cfg] = hierarchy.Estimate(float(m[0]), float(se[0]), float(dof[0]), int(k[0]), int(n[0]))
     lead = "A" if est["A"].mean >= est["B"].mean else "B"

@@ -55,6 +55,17 @@ def test_a_configuration_whose_runs_are_all_flagged_is_never_the_leader_and_the_
     assert math.isfinite(every.value)   # still measured
 
 
+def test_a_warm_up_cut_from_the_leader_is_said_with_what_was_left_out():
+    df = runs({"A": [(8, 1200.0, 100.0, 500.0)], "B": [(8, 1000.0, 100.0, 500.0)]}, n=8, per_start=2)
+    first = (df["serve_id"] == "A") & (df["run_number"] % 2 == 0)
+    df.loc[first, "output_throughput"] *= 0.85      # A's first run on each of its 4 starts is slow
+    (s,) = _answer(df).shapes
+    assert s.leader == "cfg=A" and s.value == pytest.approx(df.loc[(df["serve_id"] == "A") & ~first,
+                                                                   "output_throughput"].mean(), rel=1e-9)
+    said = [x for x in s.left_out if "warm-up left out" in x]
+    assert len(said) == 1 and said[0].startswith("cfg=A: ") and "first run after each of 4 server start(s)" in said[0]
+
+
 def test_every_face_states_the_same_answer(tmp_path, monkeypatch):
     from raysweep import api
     from raysweep.report import page as report

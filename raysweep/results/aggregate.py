@@ -69,7 +69,8 @@ NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_through
                  "mean_e2el_ms", "median_e2el_ms")
 STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
 MODEL_STATS = ("se", "df",   # the standard error of `mean` and its degrees of freedom (`raysweep.maths.hierarchy`)
-               "drift_pct_per_run", "drift_p")   # the trend of the metric's runs in their order (`_drift_per_metric`)
+               "drift_pct_per_run", "drift_p",  # the trend of the metric's runs in their order (`_drift_per_metric`)
+               "warmup_pct", "warmup_p")  # its configuration's warm-up test (`_cut_warmup`)
 # `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
 STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
                    "cold_encoder_compilation_s", "warm_encoder_compilation_s")
@@ -291,10 +292,15 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
             row["hardware_mixed"] = bool(mixed[members].any()) if mixed is not None else False
         rows.append(row)
     values, issues = _sane_values(df[metrics].to_numpy(dtype=float)[used], codes[used], points, metrics)
+    start_codes, ranks = _start_codes(df, used), _run_ranks(df, codes)[used]
+    measured = _run_ranks(df, np.zeros(len(df), dtype=int))[used]   # the order of measurement over the campaign
+    values, warm, warm_texts = _cut_warmup(df, values, codes, used, start_codes, measured, points, metrics)
     stats = _group_stats(values, codes[used], points, confidence)
-    starts = _model(df, values, codes, used, points, stats, confidence)
-    _drift_per_metric(stats, values, codes[used], _run_ranks(df, codes)[used], points)
+    stats.update(warm)
+    starts = _model(values, codes[used], start_codes, points, stats, confidence)
+    _drift_per_metric(stats, values, codes[used], ranks, points)
     for i, row in enumerate(rows):
+        row["warmup_text"] = warm_texts[i]
         mine = {m: {k: float(stats[k][i, j]) for k in (*STATS, *MODEL_STATS)} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
         needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
@@ -341,17 +347,60 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
                 rows[i][f"{m}_pooled"], rows[i][f"{m}_pooled_ci_low"], rows[i][f"{m}_pooled_ci_high"] = extra[m]
 
 
-def _model(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.ndarray, points: int,
+def _start_codes(df: pd.DataFrame, used: np.ndarray) -> np.ndarray:
+    """The server start (`server_id`) of each run used, as integer codes (runs whose start is not recorded share
+    one)."""
+    if "server_id" in df.columns:
+        return pd.factorize(df["server_id"].astype(str).where(df["server_id"].notna(), ""))[0][used]
+    return np.zeros(int(used.sum()), dtype=int)
+
+
+def _cut_warmup(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.ndarray, start_codes: np.ndarray,
+                ranks: np.ndarray, points: int, metrics: list[str],
+                ) -> tuple[np.ndarray, dict[str, np.ndarray], list[str]]:
+    """The warm-up of each configuration's server starts found per metric (`hierarchy.warmup`; a configuration
+    is its `serve_id`; `ranks`, the order of measurement over the campaign) and, where shown, the first run of
+    each start's life left out of that metric: the values with those runs NaN, per point and metric the
+    configuration's `warmup_pct` and `warmup_p`, and per point what was cut, in words (`warmup_text`, empty where
+    nothing was)."""
+    run_points = codes[used]
+    configs = (pd.factorize(df["serve_id"].astype(str))[0][used] if "serve_id" in df.columns
+               else np.zeros(run_points.size, dtype=int))
+    n_configs = int(configs.max()) + 1 if configs.size else 0
+    config_of = np.zeros(points, dtype=int)
+    config_of[run_points] = configs
+    values = values.copy()
+    pct, pval = np.full((points, len(metrics)), math.nan), np.full((points, len(metrics)), math.nan)
+    cut_in: list[list[tuple[str, int, hierarchy.Warmup, int]]] = [[] for _ in range(points)]
+    for j, m in enumerate(metrics):
+        known = np.flatnonzero(np.isfinite(values[:, j]))
+        if known.size < 2:
+            continue
+        w = hierarchy.warmup(values[known, j], configs[known], start_codes[known], run_points[known], ranks[known],
+                             n_configs)
+        pct[:, j], pval[:, j] = w.pct[config_of], w.p[config_of]
+        gone = known[w.cut]
+        values[gone, j] = math.nan
+        for i, n in zip(*np.unique(run_points[gone], return_counts=True)):
+            cut_in[int(i)].append((m, int(n), w, int(config_of[i])))
+    texts = []
+    for cut in cut_in:
+        if not cut:
+            texts.append("")
+            continue
+        m, n, w, c = cut[0]
+        texts.append(f"warm-up left out: the first run after each of {n} server start(s), in "
+                     f"{', '.join(x[0] for x in cut)} (in {m}: {w.pct[c]:+.1f} % against the later runs on the "
+                     f"same start, over {w.starts[c]} starts, p = {w.p[c]:.2g})")
+    return values, {"warmup_pct": pct, "warmup_p": pval}, texts
+
+
+def _model(values: np.ndarray, run_points: np.ndarray, start_codes: np.ndarray, points: int,
            stats: dict[str, np.ndarray], confidence: float) -> np.ndarray:
     """Every point's value and interval under the model of a measurement (`raysweep.maths.hierarchy`), in
     `stats` in place: `mean` the mean over its server starts of their start means, `se` and `df` its standard
     error and degrees of freedom, `ci_low`/`ci_high` Student's t on them. Returns the server starts of each
-    point (runs whose start is not recorded count as one start of their point)."""
-    if "server_id" in df.columns:
-        start_codes = pd.factorize(df["server_id"].astype(str).where(df["server_id"].notna(), ""))[0][used]
-    else:
-        start_codes = np.zeros(int(used.sum()), dtype=int)
-    run_points = codes[used]
+    point."""
     k = values.shape[1]
     stats["se"], stats["df"] = np.full((points, k), math.nan), np.full((points, k), math.nan)
     for j in range(k):
