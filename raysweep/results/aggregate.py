@@ -295,12 +295,13 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     start_codes, ranks = _start_codes(df, used), _run_ranks(df, codes)[used]
     measured = _run_ranks(df, np.zeros(len(df), dtype=int))[used]   # the order of measurement over the campaign
     values, warm, warm_texts = _cut_warmup(df, values, codes, used, start_codes, measured, points, metrics)
+    values, outlying = _cut_outliers(values, codes[used], ranks, points, metrics, over_time.metric)
     stats = _group_stats(values, codes[used], points, confidence)
     stats.update(warm)
     starts = _model(values, codes[used], start_codes, points, stats, confidence)
     _drift_per_metric(stats, values, codes[used], ranks, points)
     for i, row in enumerate(rows):
-        row["warmup_text"] = warm_texts[i]
+        row.update(warmup_text=warm_texts[i], outlier_metrics=outlying[i])
         mine = {m: {k: float(stats[k][i, j]) for k in (*STATS, *MODEL_STATS)} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
         needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
@@ -393,6 +394,30 @@ def _cut_warmup(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: n
                      f"{', '.join(x[0] for x in cut)} (in {m}: {w.pct[c]:+.1f} % against the later runs on the "
                      f"same start, over {w.starts[c]} starts, p = {w.p[c]:.2g})")
     return values, {"warmup_pct": pct, "warmup_p": pval}, texts
+
+
+def _cut_outliers(values: np.ndarray, run_points: np.ndarray, ranks: np.ndarray, points: int, metrics: list[str],
+                  judged_whole: str | None) -> tuple[np.ndarray, list[str]]:
+    """Grubbs' rule (`over_time.outlier_runs`) on every headline metric but `judged_whole` (the rate metric whose
+    outlier run leaves the point's statistics whole, `runs_over_time`), per point where that metric's runs do not
+    drift: an outlier run's value is left out of that metric only. Returns the values and per point the metrics
+    that lost one (`outlier_metrics`, comma-separated, empty where none did)."""
+    from raysweep.maths.over_time import outlier_runs
+
+    drift: dict[str, np.ndarray] = {}
+    _drift_per_metric(drift, values, run_points, ranks, points)
+    values = values.copy()
+    named: list[list[str]] = [[] for _ in range(points)]
+    for j, m in enumerate(metrics):
+        if m == judged_whole:
+            continue
+        steady = ~(np.nan_to_num(drift["drift_p"][:, j], nan=1.0) < verdicts.ALPHA)
+        known = np.flatnonzero(np.isfinite(values[:, j]) & steady[run_points])
+        out = known[outlier_runs(values[known, j], run_points[known], points)]
+        values[out, j] = math.nan
+        for i in run_points[out]:
+            named[int(i)].append(m)
+    return values, [",".join(n) for n in named]
 
 
 def _model(values: np.ndarray, run_points: np.ndarray, start_codes: np.ndarray, points: int,

@@ -191,6 +191,9 @@ def _left_out(rows: list[Any]) -> list[str]:
         for said in (r.get("value_issues"), r.get("warmup_text")):
             if isinstance(said, str) and said:
                 out.append(f"{name}: {said}")
+        if isinstance(r.get("outlier_metrics"), str) and r.get("outlier_metrics"):
+            out.append(f"{name}: an outlier run left out of {r['outlier_metrics'].replace(',', ', ')} only "
+                       "(Grubbs' test)")
     return list(dict.fromkeys(out))
 
 
