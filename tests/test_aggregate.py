@@ -149,6 +149,16 @@ def test_a_warm_up_of_a_configuration_s_starts_is_cut_from_its_values_and_said()
     assert s.loc["s8", "server_starts"] == 4
 
 
+def test_a_rate_s_or_a_latency_s_interval_never_reaches_below_zero():
+    rows = [run_row("s8", 4, r, thr, ttft, server_id=f"s8-{r}") for r, (thr, ttft) in
+            enumerate([(100.0, 5.0), (1900.0, 95.0)])]   # two starts far apart: t on 1 degree of freedom
+    s = aggregate.summarize(table(rows)).iloc[0]
+    mean, se = np.array([s["output_throughput_mean"]]), np.array([s["output_throughput_se"]])
+    assert hierarchy.interval(mean, se, np.array([1.0]), 0.95)[0][0] < -1000   # Student's t alone
+    assert s["output_throughput_ci_low"] == 0.0 and s["median_ttft_ms_ci_low"] == 0.0
+    assert s["output_throughput_ci_high"] > s["output_throughput_mean"] > 0
+
+
 def test_flagged_and_client_limited_runs_are_counted():
     rows = [run_row("s8", 1, 0, 100.0, 10.0), run_row("s8", 1, 1, 100.0, 10.0, validity_ok=False,
                                                        client_limited=True)]

@@ -1,21 +1,20 @@
 """Aggregates per point over its runs: mean, median, spread and confidence interval of the headline metrics.
 
-A point is one server configuration x one bench point (`serve_id`, `bench_id`); its runs are the rows of
-the results table that share them. Runs that are client-limited or fail a validity check are left out of
-the statistics (`left_out_mask`; `runs` counts the runs used, `runs_total` all of them, `runs_left_out` and
-`left_out_reasons` the others by check); a point whose runs are all flagged keeps them, and says so in
-`on_flagged_runs`. For each headline metric M (`HEADLINE_RATES` and the mean, median and percentile columns
-of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`, `M_median`, `M_std`
-(sample standard deviation over the runs), `M_cv` (std / |mean|), and the point's value under the one model of a
-measurement (`raysweep.maths.hierarchy`): `M_mean` the mean over its server starts (`server_id`) of each
-start's mean, `M_se` and `M_df` its standard error and degrees of freedom (over starts; over the runs of its
-one start where it has one), `M_ci_low`, `M_ci_high` Student's t on them (`confidence`, two-sided, in
-`ci_level`; one run has no interval), and `server_starts`. For a percentile column the runs' values are their
-per-run percentiles, the same quantity the verdicts test. Run values that are not finite, or negative for a
-rate or a latency, are left out and said (`value_issues`). Each metric's trend over the point's runs is
-measured and shown (`M_drift_pct_per_run`, `M_drift_p`), never fitted out. The energy
-and cost columns of a run (`ENERGY_COST_METRICS`: J per token, power, $ per million tokens; docs/energy.md)
-are aggregated the same way where the runs have them.
+A point is one server configuration x one bench point (`serve_id`, `bench_id`); its runs are the rows of the results
+table that share them. Runs that are client-limited or fail a validity check are left out of the statistics
+(`left_out_mask`; `runs` counts the runs used, `runs_total` all of them, `runs_left_out` and `left_out_reasons` the
+others by check); a point whose runs are all flagged keeps them, and says so in `on_flagged_runs`. For each headline
+metric M (`HEADLINE_RATES` and the mean, median and percentile columns of TTFT, TPOT, ITL and E2EL, as the results
+name them) `summarize` gives `M_mean`, `M_median`, `M_std` (sample standard deviation over the runs), `M_cv` (std /
+|mean|), and the point's value under the one model of a measurement (`raysweep.maths.hierarchy`): `M_mean` the mean
+over its server starts (`server_id`) of each start's mean, `M_se` and `M_df` its standard error and degrees of
+freedom (over starts; over the runs of its one start where it has one), `M_ci_low`, `M_ci_high` Student's t on them
+(`confidence`, two-sided, in `ci_level`; one run has no interval; a rate's or a latency's never reaches below 0),
+and `server_starts`. For a percentile column the runs' values are their per-run percentiles, the same quantity the
+verdicts test. Run values that are not finite, or negative for a rate or a latency, are left out and said
+(`value_issues`). Each metric's trend over the point's runs is measured and shown (`M_drift_pct_per_run`,
+`M_drift_p`), never fitted out. The energy and cost columns of a run (`ENERGY_COST_METRICS`: J per token, power, $
+per million tokens; docs/energy.md) are aggregated the same way where the runs have them.
 
 For the percentile columns (`median_*`, `p<P>_*`) of points whose runs all kept their raw samples (the
 native backend), `M_pooled` is the percentile of the requests of all runs pooled, and `M_pooled_ci_low`,
@@ -298,7 +297,7 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     values, outlying = _cut_outliers(values, codes[used], ranks, points, metrics, over_time.metric)
     stats = _group_stats(values, codes[used], points, confidence)
     stats.update(warm)
-    starts = _model(values, codes[used], start_codes, points, stats, confidence)
+    starts = _model(values, codes[used], start_codes, points, stats, confidence, [_never_negative(m) for m in metrics])
     _drift_per_metric(stats, values, codes[used], ranks, points)
     for i, row in enumerate(rows):
         row.update(warmup_text=warm_texts[i], outlier_metrics=outlying[i])
@@ -420,11 +419,17 @@ def _cut_outliers(values: np.ndarray, run_points: np.ndarray, ranks: np.ndarray,
     return values, [",".join(n) for n in named]
 
 
+def _never_negative(metric: str) -> bool:
+    """A rate or a latency: a value below 0 is not a measurement (`_sane_values`), nor an interval's end."""
+    return metric in HEADLINE_RATES or bool(_LATENCY.match(metric))
+
+
 def _model(values: np.ndarray, run_points: np.ndarray, start_codes: np.ndarray, points: int,
-           stats: dict[str, np.ndarray], confidence: float) -> np.ndarray:
+           stats: dict[str, np.ndarray], confidence: float, floored: list[bool]) -> np.ndarray:
     """Every point's value and interval under the model of a measurement (`raysweep.maths.hierarchy`), in
     `stats` in place: `mean` the mean over its server starts of their start means, `se` and `df` its standard
-    error and degrees of freedom, `ci_low`/`ci_high` Student's t on them. Returns the server starts of each
+    error and degrees of freedom, `ci_low`/`ci_high` Student's t on them (for a metric `floored`, its low end
+    never under 0: the value cannot be, and the interval holds what it held). Returns the server starts of each
     point."""
     k = values.shape[1]
     stats["se"], stats["df"] = np.full((points, k), math.nan), np.full((points, k), math.nan)
@@ -432,6 +437,8 @@ def _model(values: np.ndarray, run_points: np.ndarray, start_codes: np.ndarray, 
         known = np.isfinite(values[:, j])
         mean, se, dof, _, _ = hierarchy.estimates(values[known, j], run_points[known], start_codes[known], points)
         low, high = hierarchy.interval(mean, se, dof, confidence)
+        if floored[j]:
+            low = np.where(low < 0.0, 0.0, low)
         stats["mean"][:, j], stats["se"][:, j], stats["df"][:, j] = mean, se, dof
         stats["ci_low"][:, j], stats["ci_high"][:, j] = low, high
     pairs = np.unique(np.stack([run_points, start_codes]), axis=1) if run_points.size else np.zeros((2, 0), int)
@@ -498,7 +505,7 @@ def _sane_values(values: np.ndarray, codes: np.ndarray, points: int, metrics: li
     for j, m in enumerate(metrics):
         col = values[:, j]
         bad_inf = np.isinf(col)
-        bad_neg = np.isfinite(col) & (col < 0) & (m in HEADLINE_RATES or bool(_LATENCY.match(m)))
+        bad_neg = np.isfinite(col) & (col < 0) & _never_negative(m)
         for what, bad in (("not finite", bad_inf), ("negative", bad_neg)):
             if bad.any():
                 for i, n in enumerate(np.bincount(codes[bad], minlength=points)):
