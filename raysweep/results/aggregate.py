@@ -25,10 +25,10 @@ Over the order its runs were measured in (`runs_over_time`, `raysweep.maths.over
 test of its first rate metric (`drift`, `drift_pct_per_run`, `drift_p`, `drift_text`: a point whose runs
 drift is flagged, never green in the conclusions nor "reached" by `bench.precision`) and, where it does
 not drift, Grubbs' outlier rule on that metric: an outlier run is left out of the point's statistics
-(`runs_left_out`, `left_out_reasons` "outlier run 1", `outlier_text` says which and how far). On every other
-headline metric whose runs do not drift, an outlier run's value is left out of that metric only (`outlier_metrics`
-names them). Before any of this, a warm-up of the configuration's server starts, where shown, is cut from each
-metric (`_cut_warmup`: `M_warmup_pct`, `M_warmup_p`, `warmup_text`).
+(`runs_left_out`, `left_out_reasons` "outlier run 1", `outlier_text` says which and how far). Then a warm-up of
+the configuration's server starts, where shown, is cut from each metric (`_cut_warmup`: `M_warmup_pct`,
+`M_warmup_p`, `warmup_text`), and on every other headline metric whose runs do not drift an outlier run's value is
+left out of that metric only (`outlier_metrics` names them).
 
 A point is `noisy` when the coefficient of variation of one of its `NOISE_METRICS` exceeds `threshold`
 (default 5 %; `noisy_metrics` names them), and `runs_needed` is the number of runs that would bring the
