@@ -67,7 +67,7 @@ def test_a_warm_up_cut_from_the_leader_is_said_with_what_was_left_out():
 
 
 def test_an_outlier_left_out_of_one_metric_is_said_by_the_answer():
-    df = runs({"A": [(8, 1200.0, 100.0, 500.0)], "B": [(8, 1000.0, 100.0, 500.0)]}, n=8, per_start=2)
+    df = runs({"A": [(8, 1200.0, 100.0, 500.0)], "B": [(8, 1000.0, 100.0, 500.0)]}, n=8, per_start=8)  # one start
     df.loc[(df["serve_id"] == "A") & (df["run_number"] == 5), "p99_ttft_ms"] *= 4
     (s,) = _answer(df).shapes
     assert "cfg=A: an outlier run left out of p99_ttft_ms only (Grubbs' test)" in s.left_out

@@ -24,7 +24,8 @@ for ITL, whole requests with their gaps); none for a single run. The column `ci_
 Over the order its runs were measured in (`runs_over_time`, `raysweep.maths.over_time`), a point gets the trend
 test of its first rate metric (`drift`, `drift_pct_per_run`, `drift_p`, `drift_text`: a point whose runs
 drift is flagged, never green in the conclusions nor "reached" by `bench.precision`) and, where it does
-not drift, Grubbs' outlier rule on that metric: an outlier run is left out of the point's statistics
+not drift and its runs share one server start, Grubbs' outlier rule on that metric (over several starts their
+spread is the replicates' own, never trimmed): an outlier run is left out of the point's statistics
 (`runs_left_out`, `left_out_reasons` "outlier run 1", `outlier_text` says which and how far). Then a warm-up of
 the configuration's server starts, where shown, is cut from each metric (`_cut_warmup`: `M_warmup_pct`,
 `M_warmup_p`, `warmup_text`), and on every other headline metric whose runs do not drift an outlier run's value is
@@ -297,11 +298,11 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     start_codes, ranks = _start_codes(df, used), _run_ranks(df, codes)[used]
     measured = _run_ranks(df, np.zeros(len(df), dtype=int))[used]   # the order of measurement over the campaign
     values, warm, warm_texts = _cut_warmup(df, values, codes, used, start_codes, measured, points, metrics)
-    values, outlying = _cut_outliers(values, codes[used], ranks, points, metrics, over_time.metric)
+    values, outlying = _cut_outliers(values, codes[used], start_codes, ranks, points, metrics, over_time.metric)
     stats = _group_stats(values, codes[used], points, confidence)
     stats.update(warm)
     starts = _model(values, codes[used], start_codes, points, stats, confidence, [_never_negative(m) for m in metrics])
-    _drift_per_metric(stats, values, codes[used], ranks, points)
+    _drift_per_metric(stats, values, codes[used], ranks, points, start_codes)
     for i, row in enumerate(rows):
         row.update(warmup_text=warm_texts[i], outlier_metrics=outlying[i])
         mine = {m: {k: float(stats[k][i, j]) for k in (*STATS, *MODEL_STATS)} for j, m in enumerate(metrics)}
@@ -398,22 +399,25 @@ def _cut_warmup(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: n
     return values, {"warmup_pct": pct, "warmup_p": pval}, texts
 
 
-def _cut_outliers(values: np.ndarray, run_points: np.ndarray, ranks: np.ndarray, points: int, metrics: list[str],
-                  judged_whole: str | None) -> tuple[np.ndarray, list[str]]:
+def _cut_outliers(values: np.ndarray, run_points: np.ndarray, start_codes: np.ndarray, ranks: np.ndarray, points: int,
+                  metrics: list[str], judged_whole: str | None) -> tuple[np.ndarray, list[str]]:
     """Grubbs' rule (`over_time.outlier_runs`) on every headline metric but `judged_whole` (the rate metric whose
-    outlier run leaves the point's statistics whole, `runs_over_time`), per point where that metric's runs do not
-    drift: an outlier run's value is left out of that metric only. Returns the values and per point the metrics
-    that lost one (`outlier_metrics`, comma-separated, empty where none did)."""
+    outlier run leaves the point's statistics whole, `runs_over_time`), per point measured on one server start
+    where that metric's runs do not drift (as `_time_fields`): an outlier run's value is left out of that metric
+    only. Returns the values and per point the metrics that lost one (`outlier_metrics`, comma-separated, empty
+    where none did)."""
     from raysweep.maths.over_time import outlier_runs
 
     drift: dict[str, np.ndarray] = {}
-    _drift_per_metric(drift, values, run_points, ranks, points)
+    _drift_per_metric(drift, values, run_points, ranks, points, start_codes)
+    pairs = np.unique(np.stack([run_points, start_codes]), axis=1) if run_points.size else np.zeros((2, 0), int)
+    one_start = np.bincount(pairs[0], minlength=points) <= 1
     values = values.copy()
     named: list[list[str]] = [[] for _ in range(points)]
     for j, m in enumerate(metrics):
         if m == judged_whole:
             continue
-        steady = ~(np.nan_to_num(drift["drift_p"][:, j], nan=1.0) < verdicts.ALPHA)
+        steady = ~(np.nan_to_num(drift["drift_p"][:, j], nan=1.0) < verdicts.ALPHA) & one_start
         known = np.flatnonzero(np.isfinite(values[:, j]) & steady[run_points])
         out = known[outlier_runs(values[known, j], run_points[known], points)]
         values[out, j] = math.nan
@@ -468,35 +472,57 @@ def _run_ranks(df: pd.DataFrame, codes: np.ndarray) -> np.ndarray:
 
 
 def _drift_per_metric(stats: dict[str, np.ndarray], values: np.ndarray, codes: np.ndarray, ranks: np.ndarray,
-                      points: int) -> None:
+                      points: int, starts: np.ndarray | None = None) -> None:
     """Per point and metric, in `stats` in place: the least-squares slope of the runs' values in their order, in %
     of their mean per run (`drift_pct_per_run`), and Student's t-test of a zero slope (`drift_p`), as
     `over_time.trend` tests one series; NaN under `over_time.MIN_TREND_RUNS` runs with a value. A drift is
-    measured and shown for every metric, throughput and latency alike, never fitted out of the value."""
+    measured and shown for every metric, throughput and latency alike, never fitted out of the value. Where a
+    point's runs come from several server `starts`, the test is that of its start means against their place in
+    the order (the replicates' own test, starts - 2 degrees of freedom, not judged under `MIN_TREND_RUNS`
+    starts): its runs' test would read the start effects as a drift (38 % of campaigns of 10 starts x 2 runs
+    under 10 % start effects flagged one)."""
     from raysweep.maths.over_time import MIN_TREND_RUNS
 
     k = values.shape[1]
     pct, pval = np.full((points, k), math.nan), np.full((points, k), math.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        for j in range(k):
-            ok = np.isfinite(values[:, j])
-            y, x, c = values[ok, j], ranks[ok], codes[ok]
-            n = np.bincount(c, minlength=points).astype(float)
-            ybar = np.bincount(c, weights=y, minlength=points) / n
-            xbar = np.bincount(c, weights=x, minlength=points) / n
-            xc, yc = x - xbar[c], y - ybar[c]
-            sxx = np.bincount(c, weights=xc * xc, minlength=points)
-            sxy = np.bincount(c, weights=xc * yc, minlength=points)
-            syy = np.bincount(c, weights=yc * yc, minlength=points)
-            slope = sxy / sxx
-            s2 = np.maximum(syy - slope * sxy, 0.0) / (n - 2)
-            se = np.sqrt(s2 / sxx)
-            t = np.where(se > 0, slope / np.where(se > 0, se, 1.0), np.where(slope != 0, np.inf, 0.0))
-            p = 2.0 * special.stdtr(np.maximum(n - 2, 1), -np.abs(t))
-            judged = (n >= MIN_TREND_RUNS) & (sxx > 0) & np.isfinite(ybar) & (ybar != 0)
+    for j in range(k):
+        ok = np.isfinite(values[:, j])
+        slope, p, ybar, judged, n_runs = _trend(values[ok, j], ranks[ok], codes[ok], points, MIN_TREND_RUNS)
+        with np.errstate(invalid="ignore", divide="ignore"):
             pct[:, j] = np.where(judged, 100.0 * slope / np.abs(ybar), math.nan)
-            pval[:, j] = np.where(judged, p, math.nan)
+        pval[:, j] = np.where(judged, p, math.nan)
+        if starts is None or not ok.any():
+            continue
+        cell = np.unique(np.stack([codes[ok], starts[ok]]), axis=1, return_inverse=True)
+        owner, of = cell[0][0], np.asarray(cell[1]).ravel()
+        size = np.bincount(of).astype(float)
+        mean_y, mean_x = np.bincount(of, weights=values[ok, j]) / size, np.bincount(of, weights=ranks[ok]) / size
+        many = np.bincount(owner, minlength=points) >= 2
+        _, p_starts, _, judged_starts, _ = _trend(mean_y, mean_x, owner, points, MIN_TREND_RUNS)
+        pval[:, j] = np.where(many, np.where(judged_starts & judged, p_starts, math.nan), pval[:, j])
     stats["drift_pct_per_run"], stats["drift_p"] = pct, pval
+
+
+def _trend(y: np.ndarray, x: np.ndarray, c: np.ndarray, points: int, least: int,
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group of `c` (0 .. points - 1): the least-squares slope of `y` on `x`, the p-value of Student's t-test of
+    a zero slope, the mean of `y`, whether it is judged (`least` values at least, `x` not all alike, a mean not 0)
+    and the values counted."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n = np.bincount(c, minlength=points).astype(float)
+        ybar = np.bincount(c, weights=y, minlength=points) / n
+        xbar = np.bincount(c, weights=x, minlength=points) / n
+        xc, yc = x - xbar[c], y - ybar[c]
+        sxx = np.bincount(c, weights=xc * xc, minlength=points)
+        sxy = np.bincount(c, weights=xc * yc, minlength=points)
+        syy = np.bincount(c, weights=yc * yc, minlength=points)
+        slope = sxy / sxx
+        s2 = np.maximum(syy - slope * sxy, 0.0) / (n - 2)
+        se = np.sqrt(s2 / sxx)
+        t = np.where(se > 0, slope / np.where(se > 0, se, 1.0), np.where(slope != 0, np.inf, 0.0))
+        p = 2.0 * special.stdtr(np.maximum(n - 2, 1), -np.abs(t))
+    judged = (n >= least) & (sxx > 0) & np.isfinite(ybar) & (ybar != 0)
+    return slope, p, ybar, judged, n
 
 
 def _sane_values(values: np.ndarray, codes: np.ndarray, points: int, metrics: list[str],
@@ -570,15 +596,17 @@ TIME_COLUMNS = ("drift", "drift_pct_per_run", "drift_p", "drift_text", "drift_me
 def runs_over_time(runs: pd.DataFrame, metrics: Sequence[str]) -> tuple[dict[str, Any], Any]:
     """A point's runs over the order they were measured in (`over_time.run_order`): the trend test of its
     first rate metric (`drift`: drifts / no drift shown / not judged, with the slope in % per run, its p-value
-    and the answer in words) and Grubbs' outlier rule on the same metric where it does not drift; returns
-    those fields and the index label of the outlier run (None: none)."""
+    and the answer in words) and Grubbs' outlier rule on the same metric where it does not drift and its runs
+    share one server start; returns those fields and the index label of the outlier run (None: none)."""
     from raysweep.maths import over_time
 
     metric = next((m for m in TREND_METRICS if m in metrics), None)
     if metric is None or runs.empty:
         return dict.fromkeys(TIME_COLUMNS), None
     order = over_time.run_order(runs)
-    fields, at = _time_fields(metric, pd.to_numeric(runs.loc[order, metric], errors="coerce").tolist())
+    starts = (runs["server_id"].astype(str).where(runs["server_id"].notna(), "").nunique()
+              if "server_id" in runs.columns else 1)
+    fields, at = _time_fields(metric, pd.to_numeric(runs.loc[order, metric], errors="coerce").tolist(), starts)
     return fields, None if at is None else order[at]
 
 
@@ -595,23 +623,28 @@ class _RunsOverTime:
                      if all(k in df.columns for k in keys)]
         self.values = (pd.to_numeric(df[self.metric], errors="coerce").tolist() if self.metric is not None
                        else [])
+        self.starts = _start_codes(df, np.ones(len(df), dtype=bool))
 
     def of(self, positions: np.ndarray) -> tuple[dict[str, Any], Any]:
         if self.metric is None or not positions.size:
             return dict.fromkeys(TIME_COLUMNS), None
+        starts = len(np.unique(self.starts[positions]))
         order = positions  # as given, unless a key orders them (`over_time.run_order`)
         for cols in self.keys:
             mine = [c[positions] for c in cols]
             if all(np.isfinite(c).all() for c in mine):
                 order = positions[np.lexsort(tuple(reversed(mine)))]
                 break
-        fields, at = _time_fields(self.metric, [self.values[i] for i in order])
+        fields, at = _time_fields(self.metric, [self.values[i] for i in order], starts)
         return fields, None if at is None else int(order[at])
 
 
-def _time_fields(metric: str, values: list[Any]) -> tuple[dict[str, Any], int | None]:
-    """The trend test of a point's values in their run order and, where they do not drift, Grubbs' rule:
-    `runs_over_time`'s fields, and the place in `values` of the outlier run to leave out (None: none)."""
+def _time_fields(metric: str, values: list[Any], starts: int = 1) -> tuple[dict[str, Any], int | None]:
+    """The trend test of a point's values in their run order and, where they do not drift and were measured on
+    one server start (`starts`), Grubbs' rule: `runs_over_time`'s fields, and the place in `values` of the outlier
+    run to leave out (None: none). Over several starts no run is trimmed: their spread is the replicates' own,
+    which the interval over the starts carries (trimming it gave a flagged point, never green, in most campaigns
+    of 10 starts under 10 % start effects)."""
     from raysweep.maths import over_time
 
     fields: dict[str, Any] = dict.fromkeys(TIME_COLUMNS)
@@ -620,6 +653,9 @@ def _time_fields(metric: str, values: list[Any]) -> tuple[dict[str, Any], int | 
                   drift_metric=metric)
     if t.drifts:
         fields["outlier_text"] = "not judged: the runs drift"
+        return fields, None
+    if starts > 1:
+        fields["outlier_text"] = f"not judged: runs of {starts} server starts (their spread is the model's)"
         return fields, None
     marks = over_time.outliers(values)
     fields["outlier_text"] = marks.text
