@@ -148,7 +148,7 @@ def _rate(hits: int, n: int) -> dict[str, Any]:
 
 def measure(reps: int, seed: int, starts: int = 8, runs: int = 2, conditions: tuple[Condition, ...] = CONDITIONS,
             power_starts: tuple[int, ...] = (4, 6, 8, 10, 12), before: bool = True,
-            agree: int = AGREE, power_design: int = 10) -> list[dict[str, Any]]:
+            agree: int = AGREE, power_design: int = 12) -> list[dict[str, Any]]:
     """Rows of (condition, measure, design, target, rate): false green and coverage per condition at the design
     (`starts` x `runs`), the rule before beside them, and power for +15 % with 10 % start effects per number of
     starts (the target at `power_design` starts: the fewest that reach it, at 2 runs per start)."""

@@ -129,6 +129,28 @@ def test_an_outlier_in_one_metric_leaves_that_value_out_of_that_metric_only():
     assert calm["outlier_metrics"] == ""
 
 
+def test_a_point_on_several_server_starts_is_tested_for_drift_on_its_start_means():
+    rng = np.random.default_rng(12)
+
+    def starts(step: float, effects: np.ndarray) -> pd.DataFrame:   # 10 starts x 2 runs, in order
+        v = [1000 * (1 + step * b) * e * (1 + 0.005 * rng.standard_normal()) for b, e in enumerate(effects)
+             for _ in range(2)]
+        df = _runs(v)
+        return df.assign(server_id=[f"s{i // 2}" for i in range(len(v))])
+
+    # start effects that happen to rise from the first starts to the last: its runs' test on 20 runs reads a
+    # drift, the 10 start means' test does not
+    effects = np.array([1.01, 0.95, 1.05, 0.94, 0.93, 1.03, 1.08, 1.08, 1.08, 1.02])
+    calm = aggregate.summarize(starts(0.0, effects)).iloc[0]
+    assert over_time.trend(starts(0.0, effects)["output_throughput"].tolist()).p_value < 0.05
+    assert calm["drift"] == "no drift shown" and calm["output_throughput_drift_p"] > 0.05
+    assert calm["drift_text"].endswith("over the means of 10 server starts)")
+    assert calm["outlier_text"] == "not judged: runs of 10 server starts (their spread is the model's)"
+    falling = aggregate.summarize(starts(-0.02, np.ones(10))).iloc[0]
+    assert falling["drift"] == "drifts" and falling["output_throughput_drift_p"] < 0.001
+    assert falling["drift_pct_per_run"] < -0.5
+
+
 def test_a_drifting_point_is_never_reached_by_the_precision_rule_and_says_so():
     spec = precision.PrecisionSpec(metric="output_throughput", rel_half_width=0.05, min_runs=3, max_runs=6)
     values = [100.0, 98.6, 97.0, 95.5, 94.1]   # narrow enough, but falling 1.5 % a run

@@ -303,8 +303,12 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     stats.update(warm)
     starts = _model(values, codes[used], start_codes, points, stats, confidence, [_never_negative(m) for m in metrics])
     _drift_per_metric(stats, values, codes[used], ranks, points, start_codes)
+    trend_at = metrics.index(over_time.metric) if over_time.metric in metrics else None
     for i, row in enumerate(rows):
         row.update(warmup_text=warm_texts[i], outlier_metrics=outlying[i])
+        if trend_at is not None and starts[i] >= 2:   # the drift of several starts: their means' test
+            row.update(_starts_drift(float(stats["drift_pct_per_run"][i, trend_at]),
+                                     float(stats["drift_p"][i, trend_at]), int(starts[i])))
         mine = {m: {k: float(stats[k][i, j]) for k in (*STATS, *MODEL_STATS)} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
         needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
@@ -503,6 +507,20 @@ def _drift_per_metric(stats: dict[str, np.ndarray], values: np.ndarray, codes: n
     stats["drift_pct_per_run"], stats["drift_p"] = pct, pval
 
 
+def _starts_drift(pct: float, p: float, starts: int) -> dict[str, Any]:
+    """`drift`, `drift_pct_per_run`, `drift_p` and `drift_text` of a point measured on several server starts, from
+    its first rate metric's test of the start means (`_drift_per_metric`)."""
+    from raysweep.maths.over_time import MIN_TREND_RUNS
+
+    if not math.isfinite(p):
+        return dict(drift="not judged", drift_pct_per_run=math.nan, drift_p=math.nan,
+                    drift_text=f"not judged: fewer than {MIN_TREND_RUNS} server starts")
+    word = "drifts" if p < verdicts.ALPHA else "no drift shown"
+    what = f"{pct:+.1f} %/run, p={p:.2g} over the means of {starts} server starts"
+    return dict(drift=word, drift_pct_per_run=pct, drift_p=p,
+                drift_text=f"drifts {what}" if word == "drifts" else f"no drift shown ({what})")
+
+
 def _trend(y: np.ndarray, x: np.ndarray, c: np.ndarray, points: int, least: int,
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per group of `c` (0 .. points - 1): the least-squares slope of `y` on `x`, the p-value of Student's t-test of
@@ -651,11 +669,11 @@ def _time_fields(metric: str, values: list[Any], starts: int = 1) -> tuple[dict[
     t = over_time.trend(values)
     fields.update(drift=t.word, drift_pct_per_run=t.pct_per_run, drift_p=t.p_value, drift_text=t.text,
                   drift_metric=metric)
-    if t.drifts:
-        fields["outlier_text"] = "not judged: the runs drift"
-        return fields, None
     if starts > 1:
         fields["outlier_text"] = f"not judged: runs of {starts} server starts (their spread is the model's)"
+        return fields, None
+    if t.drifts:
+        fields["outlier_text"] = "not judged: the runs drift"
         return fields, None
     marks = over_time.outliers(values)
     fields["outlier_text"] = marks.text
