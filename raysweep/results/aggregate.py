@@ -194,12 +194,12 @@ def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: flo
     keys = point_keys(df, params)
     names, shape = _param_columns(df, keys, params)
     df = df.assign(**{m: pd.to_numeric(df[m], errors="coerce") for m in metrics})  # once, not once per point
-    rows = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples,
-                                      resamples)
+    cut: dict[str, list[str]] = {}
+    rows = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples, resamples, cut)
     out = pd.DataFrame.from_records(rows)
     out["runs_needed"] = out["runs_needed"].astype("Int64")
     out["noisy"] = out["noisy"].astype(bool)
-    out.attrs.update(keys=keys, params=names, confidence=confidence, threshold=threshold)
+    out.attrs.update(keys=keys, params=names, confidence=confidence, threshold=threshold, values_cut=cut)
     return out
 
 
@@ -245,7 +245,7 @@ def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
 
 def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
                 confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
-                resamples: int) -> list[dict[str, Any]]:
+                resamples: int, cut: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
     """One row per point, in the order of its keys: the counts and statistics of every point at once (one
     group-by over the table, not a table per point), then each point's row, its values and intervals under
     the model of a measurement (`_model`)."""
@@ -297,8 +297,13 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
     values, issues = _sane_values(df[metrics].to_numpy(dtype=float)[used], codes[used], points, metrics)
     start_codes, ranks = _start_codes(df, used), _run_ranks(df, codes)[used]
     measured = _run_ranks(df, np.zeros(len(df), dtype=int))[used]   # the order of measurement over the campaign
+    sane = np.isfinite(values)
     values, warm, warm_texts = _cut_warmup(df, values, codes, used, start_codes, measured, points, metrics)
     values, outlying = _cut_outliers(values, codes[used], start_codes, ranks, points, metrics, over_time.metric)
+    if cut is not None and ids is not None:   # by run: the metrics the warm-up or an outlier took its value from
+        used_ids = ids[used]
+        for r, j in zip(*np.nonzero(sane & ~np.isfinite(values))):
+            cut.setdefault(str(used_ids[r]), []).append(metrics[j])
     stats = _group_stats(values, codes[used], points, confidence)
     stats.update(warm)
     starts = _model(values, codes[used], start_codes, points, stats, confidence, [_never_negative(m) for m in metrics])
