@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raysweep.results import conclusions
+from raysweep.maths import hierarchy, over_time, verdicts
+from raysweep.results import aggregate, conclusions
 
 LEVEL = 1000.0
-AGREE = 5   # campaigns per row judged both by `conclude` and by the model's functions: they must agree
+AGREE = 20   # campaigns per row judged both by `conclude` and by the model's functions: they must agree
 NOISE = 0.02
 
 
@@ -91,24 +92,43 @@ def campaign(rng: np.random.Generator, c: Condition, starts: int, runs: int, lea
     return pd.DataFrame(rows), {"A": LEVEL * mean_machine, "B": LEVEL * (1.0 + lead) * mean_machine}
 
 
-def judge_model(df: pd.DataFrame, truth: dict[str, float]) -> tuple[bool, bool, str]:
-    """`judge` by the model's own functions (`hierarchy.estimates`, `interval`, `compare`: what the summary and the
-    conclusions call) without the tables around them: the same answer (`agreement` checks it on every run of the
-    benchmark), 100 times faster."""
-    from raysweep.maths import hierarchy
-
-    est = {}
+def judge_model(df: pd.DataFrame, truth: dict[str, float], warmup_alpha: float | None = None,
+                ) -> tuple[bool, bool, str]:
+    """`judge` by the model's own functions without the tables around them, in the summary's and the conclusions'
+    order: the runs' trend and Grubbs' outlier run (`over_time`; a run left out is never green), the warm-up cut
+    (`hierarchy.warmup`), the value and its interval (`hierarchy.estimates`, `interval`), the verdict
+    (`hierarchy.compare`) and the drift that could have made it (`hierarchy.drift_could_decide`). The same answer
+    (`measure` checks it on the first campaigns of every row), 100 times faster; `warmup_alpha`: the warm-up test's
+    level (default: the model's)."""
+    est, drift, left_out = {}, {}, False
     for cfg in ("A", "B"):
-        mine = df[df["serve_id"] == cfg]
+        mine = df[df["serve_id"] == cfg].sort_values("started_at", kind="stable")
         values = mine["output_throughput"].to_numpy(dtype=float)
         codes = pd.factorize(mine["server_id"])[0]
-        m, se, dof, k, n = hierarchy.estimates(values, np.zeros(values.size, dtype=int), codes, 1)
-        est[cfg] = hierarchy.Estimate(float(m[0]), float(se[0]), float(dof[0]), int(k[0]), int(n[0]))
+        ranks = np.arange(values.size, dtype=float)
+        keep = np.ones(values.size, dtype=bool)
+        if len(set(codes)) == 1 and not over_time.trend(values).drifts:   # Grubbs' rule: one server start's runs
+            marks = over_time.outliers(values)
+            if marks.count and values.size - marks.count >= 2:
+                keep[marks.mask.index(True)] = False   # the outlier run, left out of the point whole
+                left_out = True                         # a run left out: never green
+        values, codes, ranks = values[keep], codes[keep], ranks[keep]
+        runs = values.size
+        warm = hierarchy.warmup(values, np.zeros(values.size), codes, np.zeros(values.size), ranks, 1,
+                                hierarchy.WARMUP_ALPHA if warmup_alpha is None else warmup_alpha)
+        values, codes, ranks = values[~warm.cut], codes[~warm.cut], ranks[~warm.cut]   # its warm-up, where shown
+        m, se, dof, k, _ = hierarchy.estimates(values, np.zeros(values.size, dtype=int), codes, 1)
+        est[cfg] = hierarchy.Estimate(float(m[0]), float(se[0]), float(dof[0]), int(k[0]), runs)
+        trend: dict[str, np.ndarray] = {}
+        aggregate._drift_per_metric(trend, values[:, None], np.zeros(values.size, dtype=int), ranks, 1, codes)
+        pct, p = float(trend["drift_pct_per_run"][0, 0]), float(trend["drift_p"][0, 0])
+        drift[cfg] = hierarchy.drift_total(pct, runs, math.isfinite(p) and p < verdicts.ALPHA)
     lead = "A" if est["A"].mean >= est["B"].mean else "B"
     other = "B" if lead == "A" else "A"
     v = hierarchy.compare(est[other], est[lead])
+    green = v.word == "better" and not left_out and not hierarchy.drift_could_decide(v, max(drift.values()))
     low, high = est[lead].interval(conclusions.CONFIDENCE)
-    return v.word == "better", bool(low <= truth[lead] <= high), lead
+    return green, bool(max(low, 0.0) <= truth[lead] <= high), lead
 
 
 def judge(df: pd.DataFrame, truth: dict[str, float]) -> tuple[bool, bool, str]:
@@ -128,7 +148,7 @@ def _rate(hits: int, n: int) -> dict[str, Any]:
 
 def measure(reps: int, seed: int, starts: int = 8, runs: int = 2, conditions: tuple[Condition, ...] = CONDITIONS,
             power_starts: tuple[int, ...] = (4, 6, 8, 10, 12), before: bool = True,
-            agree: int = AGREE, power_design: int = 10) -> list[dict[str, Any]]:
+            agree: int = AGREE, power_design: int = 12) -> list[dict[str, Any]]:
     """Rows of (condition, measure, design, target, rate): false green and coverage per condition at the design
     (`starts` x `runs`), the rule before beside them, and power for +15 % with 10 % start effects per number of
     starts (the target at `power_design` starts: the fewest that reach it, at 2 runs per start)."""
@@ -166,6 +186,19 @@ def measure(reps: int, seed: int, starts: int = 8, runs: int = 2, conditions: tu
             g, _, leader = judge_model(df, truth)
             hits += g and (lead == 0.0 or leader == "B")
         add(iid.name, what, "5 starts x 1 run per configuration", target, _rate(hits, reps))
+    # the warm-up test's level: a cut chosen by the data moves the value away from the first runs it cut
+    warm = next((x for x in conditions if x.warmup), None)
+    for c in (warm, Condition("no start effect (i.i.d. runs)")) if warm else ():
+        for alpha in (0.05, hierarchy.WARMUP_ALPHA):
+            green = covered = 0
+            for _ in range(reps):
+                df, truth = campaign(rng, c, starts, runs)
+                g, k, _ = judge_model(df, truth, alpha)
+                green += g
+                covered += k
+            how = f"{design}, the warm-up test at {alpha:.1%}"
+            add(c.name, "false green (identical configurations)", how, "", _rate(green, reps))
+            add(c.name, "coverage of the leader's steady mean", how, "", _rate(covered, reps))
     ten = Condition("start effects 10 %", between=0.10)
     for k in power_starts:
         hits = 0

@@ -121,6 +121,44 @@ def test_lead_is_significant_is_the_model_s_test_of_the_server_starts():
     assert not aggregate.lead_is_significant(one, {**one, "m_mean": 20.0}, "m")
 
 
+def test_a_warm_up_of_a_configuration_s_starts_is_cut_from_its_values_and_said():
+    """s8's first run on each of its 4 server starts is 15 % slow in throughput (its TTFT alike): those runs are
+    left out of both metrics' values, and said; s16, without a warm-up, keeps every run."""
+    rng = np.random.default_rng(5)
+    rows, t = [], 0
+    for start in range(4):
+        for sid, warm in (("s8", 0.15), ("s16", 0.0)):
+            for j in range(3):
+                slow = 1.0 - warm if j == 0 else 1.0
+                noise = 1 + 0.01 * rng.standard_normal()
+                rows.append(run_row(sid, 4, 3 * start + j, 1000.0 * noise * slow, 20.0 * noise / slow,
+                                    server_id=f"{sid}-{start}", started_at=float(t)))
+                t += 1
+    s = aggregate.summarize(table(rows)).set_index("serve_id")
+    df = table(rows)
+    for sid in ("s8", "s16"):
+        mine = df[df["serve_id"] == sid]
+        kept = mine[mine["run_number"] % 3 != 0] if sid == "s8" else mine
+        expected = kept.groupby("server_id")["output_throughput"].mean().mean()
+        assert s.loc[sid, "output_throughput_mean"] == pytest.approx(expected)
+    assert s.loc["s8", "output_throughput_warmup_p"] < 0.01 and s.loc["s8", "output_throughput_warmup_pct"] < -10
+    assert s.loc["s8", "median_ttft_ms_warmup_pct"] > 10    # a latency's warm-up, judged on its own
+    assert "first run after each of 4 server start(s)" in s.loc["s8", "warmup_text"]
+    assert "output_throughput" in s.loc["s8", "warmup_text"] and "median_ttft_ms" in s.loc["s8", "warmup_text"]
+    assert s.loc["s16", "warmup_text"] == "" and s.loc["s16", "output_throughput_warmup_p"] > 0.05
+    assert s.loc["s8", "server_starts"] == 4
+
+
+def test_a_rate_s_or_a_latency_s_interval_never_reaches_below_zero():
+    rows = [run_row("s8", 4, r, thr, ttft, server_id=f"s8-{r}") for r, (thr, ttft) in
+            enumerate([(100.0, 5.0), (1900.0, 95.0)])]   # two starts far apart: t on 1 degree of freedom
+    s = aggregate.summarize(table(rows)).iloc[0]
+    mean, se = np.array([s["output_throughput_mean"]]), np.array([s["output_throughput_se"]])
+    assert hierarchy.interval(mean, se, np.array([1.0]), 0.95)[0][0] < -1000   # Student's t alone
+    assert s["output_throughput_ci_low"] == 0.0 and s["median_ttft_ms_ci_low"] == 0.0
+    assert s["output_throughput_ci_high"] > s["output_throughput_mean"] > 0
+
+
 def test_flagged_and_client_limited_runs_are_counted():
     rows = [run_row("s8", 1, 0, 100.0, 10.0), run_row("s8", 1, 1, 100.0, 10.0, validity_ok=False,
                                                        client_limited=True)]

@@ -68,6 +68,24 @@ def test_a_flagged_configuration_behind_the_runner_up_is_still_said_to_be_left_o
     assert "cfg=A: every one of its 4 run(s)" in s.headline
 
 
+def test_a_warm_up_cut_from_the_leader_is_said_with_what_was_left_out():
+    df = runs({"A": [(8, 1200.0, 100.0, 500.0)], "B": [(8, 1000.0, 100.0, 500.0)]}, n=8, per_start=2)
+    first = (df["serve_id"] == "A") & (df["run_number"] % 2 == 0)
+    df.loc[first, "output_throughput"] *= 0.85      # A's first run on each of its 4 starts is slow
+    (s,) = _answer(df).shapes
+    assert s.leader == "cfg=A" and s.value == pytest.approx(df.loc[(df["serve_id"] == "A") & ~first,
+                                                                   "output_throughput"].mean(), rel=1e-9)
+    said = [x for x in s.left_out if "warm-up left out" in x]
+    assert len(said) == 1 and said[0].startswith("cfg=A: ") and "first run after each of 4 server start(s)" in said[0]
+
+
+def test_an_outlier_left_out_of_one_metric_is_said_by_the_answer():
+    df = runs({"A": [(8, 1200.0, 100.0, 500.0)], "B": [(8, 1000.0, 100.0, 500.0)]}, n=8, per_start=8)  # one start
+    df.loc[(df["serve_id"] == "A") & (df["run_number"] == 5), "p99_ttft_ms"] *= 4
+    (s,) = _answer(df).shapes
+    assert "cfg=A: an outlier run left out of p99_ttft_ms only (Grubbs' test)" in s.left_out
+
+
 def test_every_face_states_the_same_answer(tmp_path, monkeypatch):
     from raysweep import api
     from raysweep.report import page as report

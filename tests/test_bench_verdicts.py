@@ -65,17 +65,19 @@ def test_the_history_benchmark_runs_and_reports(tmp_path, capsys):
 def test_the_model_holds_on_seeded_campaigns():
     """The seeded quick version of `bench_verdicts.py --model`: identical configurations measured on 8 server
     starts of 2 runs each (interleaved) get a green card at most 5 % of the time under 10 % start effects, a
-    machine drifting -1 %/slot and one server drifting, the leader's interval holds its steady mean, and a +15 %
-    lead under 10 % start effects is found on 10 starts of 2 runs; the rule before (runs as replicates) fails on
+    machine drifting -1 %/slot, one server drifting and a warm-up on every server, the leader's interval holds its
+    steady mean (the warm-up's first runs found and left out), and a +15 %
+    lead under 10 % start effects is found on 12 starts of 2 runs; the rule before (runs as replicates) fails on
     the same runs. Every row's first campaigns are judged by `conclusions.conclude` too, and must agree with the
     model's functions."""
     model = _benchmark("verdicts_model")
     picked = tuple(c for c in model.CONDITIONS if c.name in (
         "start effects 10 %", "machine drift -1 %/slot, start effects 5 %",
-        "one server drifting -1 %/run, start effects 5 %"))
-    rows = model.measure(100, seed=51, conditions=picked, power_starts=(10,), agree=2)
+        "one server drifting -1 %/run, start effects 5 %",
+        "a warm-up on every server (first run 10 % slow), start effects 5 %"))
+    rows = model.measure(100, seed=51, conditions=picked, power_starts=(12,), agree=2)
     judged = [r for r in rows if r["target"]]
-    assert len(judged) == 9   # 3 conditions x (false green, coverage), 5 v 5 i.i.d. (false green, power), power
+    assert len(judged) == 11   # 4 conditions x (false green, coverage), 5 v 5 i.i.d. (false green, power), power
     missed = [(r["condition"], r["measure"], r["rate"]) for r in judged if not model.meets(r)]
     assert missed == []
     before = next(r for r in rows if r["condition"] == "start effects 10 %" and r["design"].startswith("the rule"))

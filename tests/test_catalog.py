@@ -522,3 +522,25 @@ def test_history_and_catalog_compare_leave_out_the_outlier_run_the_campaign_leav
     series = history(Catalog(cat), "output_throughput", 0.05, {"input_len": "16"})
     runs = {s.config: [j.runs for j in s.points] for s in series}
     assert sorted(runs.values()) == [[5, 6], [6, 6]], runs  # the outlier left out of its campaign's point
+
+
+def test_history_leaves_out_a_value_the_campaign_cut_from_one_metric_only(tmp_path):
+    """One run's p99 TTFT 3 times the others' (its throughput as theirs): the campaign leaves that value out of
+    p99_ttft_ms only (Grubbs' rule per metric), and so does `history`: its p99 TTFT series rests on the other runs,
+    its throughput series on all of them."""
+    from raysweep.results import aggregate
+    from raysweep.results.importer import read_table
+
+    a = make_campaign(tmp_path / "a", "a", runs=6, input_lens=(16,), concurrencies=(1,), seed=11, started_at=1.70e9)
+    run = sorted((a / "points").rglob("run=2.json"))[0]
+    rec = json.loads(run.read_text())
+    run.write_text(json.dumps({**rec, "p99_ttft_ms": rec["p99_ttft_ms"] * 3}))
+    summary = aggregate.summarize(read_table(a).df)
+    assert sum("p99_ttft_ms" in m.split(",") for m in summary["outlier_metrics"]) == 1
+    cat = tmp_path / "cat"
+    assert _cli("catalog", "add", str(cat), str(a)).exit_code == 0
+    tail = {s.config: [j.runs for j in s.points] for s in history(Catalog(cat), "p99_ttft_ms", 0.05,
+                                                                  {"input_len": "16"})}
+    rate = {s.config: [j.runs for j in s.points] for s in history(Catalog(cat), "output_throughput", 0.05,
+                                                                  {"input_len": "16"})}
+    assert sorted(tail.values()) == [[5], [6]] and sorted(rate.values()) == [[6], [6]], (tail, rate)

@@ -103,6 +103,54 @@ def test_the_summary_flags_a_drifting_point_and_leaves_an_outlier_run_out():
     assert s["output_throughput_mean"] == pytest.approx(np.mean(np.delete(v, 3)))
 
 
+def test_many_points_outliers_at_once_are_the_rule_of_one():
+    rng = np.random.default_rng(4)
+    sizes = rng.integers(2, 12, size=300)
+    groups = np.repeat(np.arange(sizes.size), sizes)
+    values = 100 * (1 + 0.02 * rng.standard_normal(groups.size))
+    values[rng.random(groups.size) < 0.05] *= 0.8   # some slow runs
+    values[groups == 7] = 50.0                        # a group whose runs do not differ
+    got = over_time.outlier_runs(values, groups, sizes.size)
+    for g in range(sizes.size):
+        assert got[groups == g].tolist() == over_time.outliers(values[groups == g]).mask, g
+    assert got.sum() > 5
+
+
+def test_an_outlier_in_one_metric_leaves_that_value_out_of_that_metric_only():
+    rng = np.random.default_rng(1)
+    df = _runs(list(1000 * (1 + 0.01 * rng.standard_normal(8))))
+    df["p99_ttft_ms"] = 50 * (1 + 0.01 * rng.standard_normal(8))
+    df.loc[5, "p99_ttft_ms"] *= 3                      # one run's tail, not its throughput
+    s = aggregate.summarize(df).iloc[0]
+    assert s["outlier_metrics"] == "p99_ttft_ms" and s["runs"] == 8 and s["runs_left_out"] == 0
+    assert s["p99_ttft_ms_mean"] == pytest.approx(df["p99_ttft_ms"].drop(5).mean())
+    assert s["output_throughput_mean"] == pytest.approx(df["output_throughput"].mean())
+    calm = aggregate.summarize(_runs(list(1000 * (1 + 0.01 * rng.standard_normal(8))))).iloc[0]
+    assert calm["outlier_metrics"] == ""
+
+
+def test_a_point_on_several_server_starts_is_tested_for_drift_on_its_start_means():
+    rng = np.random.default_rng(12)
+
+    def starts(step: float, effects: np.ndarray) -> pd.DataFrame:   # 10 starts x 2 runs, in order
+        v = [1000 * (1 + step * b) * e * (1 + 0.005 * rng.standard_normal()) for b, e in enumerate(effects)
+             for _ in range(2)]
+        df = _runs(v)
+        return df.assign(server_id=[f"s{i // 2}" for i in range(len(v))])
+
+    # start effects that happen to rise from the first starts to the last: its runs' test on 20 runs reads a
+    # drift, the 10 start means' test does not
+    effects = np.array([1.01, 0.95, 1.05, 0.94, 0.93, 1.03, 1.08, 1.08, 1.08, 1.02])
+    calm = aggregate.summarize(starts(0.0, effects)).iloc[0]
+    assert over_time.trend(starts(0.0, effects)["output_throughput"].tolist()).p_value < 0.05
+    assert calm["drift"] == "no drift shown" and calm["output_throughput_drift_p"] > 0.05
+    assert calm["drift_text"].endswith("over the means of 10 server starts)")
+    assert calm["outlier_text"] == "not judged: runs of 10 server starts (their spread is the model's)"
+    falling = aggregate.summarize(starts(-0.02, np.ones(10))).iloc[0]
+    assert falling["drift"] == "drifts" and falling["output_throughput_drift_p"] < 0.001
+    assert falling["drift_pct_per_run"] < -0.5
+
+
 def test_a_drifting_point_is_never_reached_by_the_precision_rule_and_says_so():
     spec = precision.PrecisionSpec(metric="output_throughput", rel_half_width=0.05, min_runs=3, max_runs=6)
     values = [100.0, 98.6, 97.0, 95.5, 94.1]   # narrow enough, but falling 1.5 % a run

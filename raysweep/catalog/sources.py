@@ -166,7 +166,7 @@ def _read_raysweep(path: Path) -> Source:
         params = {p.point_id: (p.serve_params, p.bench_params) for p in ledger.points()}
     kept = path / "results.parquet"
     table = pd.read_parquet(kept) if complete and kept.is_file() else results_table(path)
-    outliers = _outlier_runs(table)
+    outliers, cut = _outlier_runs(table), _values_cut(table)
     serve_cmd, bench_cmd = list(meaning.get("serve_cmd") or []), list(meaning.get("bench_cmd") or [])
     per_point: dict[str, dict[str, Any]] = {}
     rows = []
@@ -186,6 +186,9 @@ def _read_raysweep(path: Path) -> Source:
         if pid in outliers:  # left out of its point's statistics by the campaign: out of the catalogue's too
             common.update(validity_ok=False, validity_issues="; ".join(
                 i for i in (common.get("validity_issues"), OUTLIER) if i))
+        for m in cut.get(pid, ()):   # a warm-up run's or an outlier's value, left out of that metric by the campaign
+            if m in common:
+                common[m] = None
         rows.append({**common, **per_point[key], "campaign_id": cid, "campaign": name, "source": RAYSWEEP,
                      "source_path": str(path.resolve()),
                      "date": _num(rec.get("started_at")) if _num(rec.get("started_at")) > 0 else created})
@@ -219,6 +222,16 @@ def _outlier_runs(table: pd.DataFrame) -> set[str]:
         if label is not None:
             out.add(str(runs.at[label, "point_id"]))
     return out
+
+
+def _values_cut(table: pd.DataFrame) -> dict[str, list[str]]:
+    """By run (its point id): the metrics whose value the campaign's own aggregates leave out, a warm-up of its
+    server starts or an outlier of that metric (`aggregate.summarize`'s `values_cut`)."""
+    from raysweep.results import aggregate
+
+    if table.empty or not {"serve_id", "bench_id", "point_id"} <= set(table.columns):
+        return {}
+    return dict(aggregate.summarize(table).attrs.get("values_cut") or {})
 
 
 def _common(rec: dict[str, Any]) -> dict[str, Any]:

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["ALPHA", "MIN_RUNS", "MIN_TREND_RUNS", "OUTLIER_ALPHA", "PAIR_KEYS", "Outliers", "Trend", "adjust",
-           "bound_verdict", "outliers", "paired_equivalence", "paired_verdict", "pairs", "run_order", "timeline",
-           "trend"]
+           "bound_verdict", "outlier_runs", "outliers", "paired_equivalence", "paired_verdict", "pairs", "run_order",
+           "timeline", "trend"]
 
 MIN_RUNS = 3            # fewer runs (or pairs) on a side: a verdict is "not shown"
 MIN_TREND_RUNS = 3      # fewer finite values: no trend is judged
@@ -230,6 +230,32 @@ def outliers(values: Sequence[Any], alpha: float = OUTLIER_ALPHA) -> Outliers:
     dev = 100.0 * (float(v[far]) - med) / abs(med) if med else math.nan
     return Outliers(mask, f"run {int(keep[far])} of {n} is an outlier ({dev:+.1f} % from the median of the others; "
                           f"Grubbs' test at {alpha:.0%})", dev)
+
+
+def outlier_runs(values: np.ndarray, groups: np.ndarray, k: int, alpha: float = OUTLIER_ALPHA) -> np.ndarray:
+    """`outliers` of many points at once: per run, whether it is its group's outlier (groups coded 0 .. k - 1; the
+    values finite), by the same rule, at most one per group."""
+    values, groups = np.asarray(values, dtype=float), np.asarray(groups, dtype=int)
+    out = np.zeros(values.size, dtype=bool)
+    if not values.size:
+        return out
+    n = np.bincount(groups, minlength=k).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.bincount(groups, weights=values, minlength=k) / n
+        sd = np.sqrt(np.bincount(groups, weights=(values - mean[groups]) ** 2, minlength=k) / (n - 1.0))
+        g = np.abs(values - mean[groups]) / sd[groups]
+    g = np.where(np.isfinite(g), g, -1.0)
+    top = np.full(k, -1.0)
+    np.maximum.at(top, groups, g)
+    critical = np.full(k, np.inf)
+    for size in np.unique(n[n >= MIN_OUTLIER_RUNS]):
+        critical[n == size] = _grubbs_critical(int(size), alpha)
+    judged = (n >= MIN_OUTLIER_RUNS) & (sd > 0) & (top > critical)
+    first = np.zeros(k, dtype=bool)
+    for i in np.flatnonzero(judged[groups] & (g == top[groups])):   # the first run at the group's largest distance
+        if not first[groups[i]]:
+            first[groups[i]] = out[i] = True
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------

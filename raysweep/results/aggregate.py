@@ -1,21 +1,20 @@
 """Aggregates per point over its runs: mean, median, spread and confidence interval of the headline metrics.
 
-A point is one server configuration x one bench point (`serve_id`, `bench_id`); its runs are the rows of
-the results table that share them. Runs that are client-limited or fail a validity check are left out of
-the statistics (`left_out_mask`; `runs` counts the runs used, `runs_total` all of them, `runs_left_out` and
-`left_out_reasons` the others by check); a point whose runs are all flagged keeps them, and says so in
-`on_flagged_runs`. For each headline metric M (`HEADLINE_RATES` and the mean, median and percentile columns
-of TTFT, TPOT, ITL and E2EL, as the results name them) `summarize` gives `M_mean`, `M_median`, `M_std`
-(sample standard deviation over the runs), `M_cv` (std / |mean|), and the point's value under the one model of a
-measurement (`raysweep.maths.hierarchy`): `M_mean` the mean over its server starts (`server_id`) of each
-start's mean, `M_se` and `M_df` its standard error and degrees of freedom (over starts; over the runs of its
-one start where it has one), `M_ci_low`, `M_ci_high` Student's t on them (`confidence`, two-sided, in
-`ci_level`; one run has no interval), and `server_starts`. For a percentile column the runs' values are their
-per-run percentiles, the same quantity the verdicts test. Run values that are not finite, or negative for a
-rate or a latency, are left out and said (`value_issues`). Each metric's trend over the point's runs is
-measured and shown (`M_drift_pct_per_run`, `M_drift_p`), never fitted out. The energy
-and cost columns of a run (`ENERGY_COST_METRICS`: J per token, power, $ per million tokens; docs/energy.md)
-are aggregated the same way where the runs have them.
+A point is one server configuration x one bench point (`serve_id`, `bench_id`); its runs are the rows of the results
+table that share them. Runs that are client-limited or fail a validity check are left out of the statistics
+(`left_out_mask`; `runs` counts the runs used, `runs_total` all of them, `runs_left_out` and `left_out_reasons` the
+others by check); a point whose runs are all flagged keeps them, and says so in `on_flagged_runs`. For each headline
+metric M (`HEADLINE_RATES` and the mean, median and percentile columns of TTFT, TPOT, ITL and E2EL, as the results
+name them) `summarize` gives `M_mean`, `M_median`, `M_std` (sample standard deviation over the runs), `M_cv` (std /
+|mean|), and the point's value under the one model of a measurement (`raysweep.maths.hierarchy`): `M_mean` the mean
+over its server starts (`server_id`) of each start's mean, `M_se` and `M_df` its standard error and degrees of
+freedom (over starts; over the runs of its one start where it has one), `M_ci_low`, `M_ci_high` Student's t on them
+(`confidence`, two-sided, in `ci_level`; one run has no interval; a rate's or a latency's never reaches below 0),
+and `server_starts`. For a percentile column the runs' values are their per-run percentiles, the same quantity the
+verdicts test. Run values that are not finite, or negative for a rate or a latency, are left out and said
+(`value_issues`). Each metric's trend over the point's runs is measured and shown (`M_drift_pct_per_run`,
+`M_drift_p`), never fitted out. The energy and cost columns of a run (`ENERGY_COST_METRICS`: J per token, power, $
+per million tokens; docs/energy.md) are aggregated the same way where the runs have them.
 
 For the percentile columns (`median_*`, `p<P>_*`) of points whose runs all kept their raw samples (the
 native backend), `M_pooled` is the percentile of the requests of all runs pooled, and `M_pooled_ci_low`,
@@ -25,8 +24,12 @@ for ITL, whole requests with their gaps); none for a single run. The column `ci_
 Over the order its runs were measured in (`runs_over_time`, `raysweep.maths.over_time`), a point gets the trend
 test of its first rate metric (`drift`, `drift_pct_per_run`, `drift_p`, `drift_text`: a point whose runs
 drift is flagged, never green in the conclusions nor "reached" by `bench.precision`) and, where it does
-not drift, Grubbs' outlier rule on that metric: an outlier run is left out of the point's statistics
-(`runs_left_out`, `left_out_reasons` "outlier run 1", `outlier_text` says which and how far).
+not drift and its runs share one server start, Grubbs' outlier rule on that metric (over several starts their
+spread is the replicates' own, never trimmed): an outlier run is left out of the point's statistics
+(`runs_left_out`, `left_out_reasons` "outlier run 1", `outlier_text` says which and how far). Then a warm-up of
+the configuration's server starts, where shown, is cut from each metric (`_cut_warmup`: `M_warmup_pct`,
+`M_warmup_p`, `warmup_text`), and on every other headline metric whose runs do not drift an outlier run's value is
+left out of that metric only (`outlier_metrics` names them).
 
 A point is `noisy` when the coefficient of variation of one of its `NOISE_METRICS` exceeds `threshold`
 (default 5 %; `noisy_metrics` names them), and `runs_needed` is the number of runs that would bring the
@@ -69,7 +72,8 @@ NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_through
                  "mean_e2el_ms", "median_e2el_ms")
 STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
 MODEL_STATS = ("se", "df",   # the standard error of `mean` and its degrees of freedom (`raysweep.maths.hierarchy`)
-               "drift_pct_per_run", "drift_p")   # the trend of the metric's runs in their order (`_drift_per_metric`)
+               "drift_pct_per_run", "drift_p",  # the trend of the metric's runs in their order (`_drift_per_metric`)
+               "warmup_pct", "warmup_p")  # its configuration's warm-up test (`_cut_warmup`)
 # `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
 STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
                    "cold_encoder_compilation_s", "warm_encoder_compilation_s")
@@ -190,12 +194,12 @@ def summarize(results: pd.DataFrame, confidence: float = 0.95, *, threshold: flo
     keys = point_keys(df, params)
     names, shape = _param_columns(df, keys, params)
     df = df.assign(**{m: pd.to_numeric(df[m], errors="coerce") for m in metrics})  # once, not once per point
-    rows = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples,
-                                      resamples)
+    cut: dict[str, list[str]] = {}
+    rows = _point_rows(df, keys, names + shape, metrics, judged, confidence, threshold, samples, resamples, cut)
     out = pd.DataFrame.from_records(rows)
     out["runs_needed"] = out["runs_needed"].astype("Int64")
     out["noisy"] = out["noisy"].astype(bool)
-    out.attrs.update(keys=keys, params=names, confidence=confidence, threshold=threshold)
+    out.attrs.update(keys=keys, params=names, confidence=confidence, threshold=threshold, values_cut=cut)
     return out
 
 
@@ -241,7 +245,7 @@ def _with_per_gpu(df: pd.DataFrame) -> pd.DataFrame:
 
 def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: list[str], judged: list[str],
                 confidence: float, threshold: float, samples: Mapping[str, Mapping[str, Any]] | None,
-                resamples: int) -> list[dict[str, Any]]:
+                resamples: int, cut: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
     """One row per point, in the order of its keys: the counts and statistics of every point at once (one
     group-by over the table, not a table per point), then each point's row, its values and intervals under
     the model of a measurement (`_model`)."""
@@ -291,10 +295,25 @@ def _point_rows(df: pd.DataFrame, keys: list[str], names: list[str], metrics: li
             row["hardware_mixed"] = bool(mixed[members].any()) if mixed is not None else False
         rows.append(row)
     values, issues = _sane_values(df[metrics].to_numpy(dtype=float)[used], codes[used], points, metrics)
+    start_codes, ranks = _start_codes(df, used), _run_ranks(df, codes)[used]
+    measured = _run_ranks(df, np.zeros(len(df), dtype=int))[used]   # the order of measurement over the campaign
+    sane = np.isfinite(values)
+    values, warm, warm_texts = _cut_warmup(df, values, codes, used, start_codes, measured, points, metrics)
+    values, outlying = _cut_outliers(values, codes[used], start_codes, ranks, points, metrics, over_time.metric)
+    if cut is not None and ids is not None:   # by run: the metrics the warm-up or an outlier took its value from
+        used_ids = ids[used]
+        for r, j in zip(*np.nonzero(sane & ~np.isfinite(values))):
+            cut.setdefault(str(used_ids[r]), []).append(metrics[j])
     stats = _group_stats(values, codes[used], points, confidence)
-    starts = _model(df, values, codes, used, points, stats, confidence)
-    _drift_per_metric(stats, values, codes[used], _run_ranks(df, codes)[used], points)
+    stats.update(warm)
+    starts = _model(values, codes[used], start_codes, points, stats, confidence, [_never_negative(m) for m in metrics])
+    _drift_per_metric(stats, values, codes[used], ranks, points, start_codes)
+    trend_at = metrics.index(over_time.metric) if over_time.metric in metrics else None
     for i, row in enumerate(rows):
+        row.update(warmup_text=warm_texts[i], outlier_metrics=outlying[i])
+        if trend_at is not None and starts[i] >= 2:   # the drift of several starts: their means' test
+            row.update(_starts_drift(float(stats["drift_pct_per_run"][i, trend_at]),
+                                     float(stats["drift_p"][i, trend_at]), int(starts[i])))
         mine = {m: {k: float(stats[k][i, j]) for k in (*STATS, *MODEL_STATS)} for j, m in enumerate(metrics)}
         noisy = [m for m in judged if mine[m]["cv"] > threshold]
         needed = [runs_needed(mine[m]["cv"], threshold, confidence) for m in judged]
@@ -341,23 +360,101 @@ def _add_pooled(rows: list[dict[str, Any]], runs_of: list[list[str]], metrics: l
                 rows[i][f"{m}_pooled"], rows[i][f"{m}_pooled_ci_low"], rows[i][f"{m}_pooled_ci_high"] = extra[m]
 
 
-def _model(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.ndarray, points: int,
-           stats: dict[str, np.ndarray], confidence: float) -> np.ndarray:
+def _start_codes(df: pd.DataFrame, used: np.ndarray) -> np.ndarray:
+    """The server start (`server_id`) of each run used, as integer codes (runs whose start is not recorded share
+    one)."""
+    if "server_id" in df.columns:
+        return pd.factorize(df["server_id"].astype(str).where(df["server_id"].notna(), ""))[0][used]
+    return np.zeros(int(used.sum()), dtype=int)
+
+
+def _cut_warmup(df: pd.DataFrame, values: np.ndarray, codes: np.ndarray, used: np.ndarray, start_codes: np.ndarray,
+                ranks: np.ndarray, points: int, metrics: list[str],
+                ) -> tuple[np.ndarray, dict[str, np.ndarray], list[str]]:
+    """The warm-up of each configuration's server starts found per metric (`hierarchy.warmup`; a configuration
+    is its `serve_id`; `ranks`, the order of measurement over the campaign) and, where shown, the first run of
+    each start's life left out of that metric: the values with those runs NaN, per point and metric the
+    configuration's `warmup_pct` and `warmup_p`, and per point what was cut, in words (`warmup_text`, empty where
+    nothing was)."""
+    run_points = codes[used]
+    configs = (pd.factorize(df["serve_id"].astype(str))[0][used] if "serve_id" in df.columns
+               else np.zeros(run_points.size, dtype=int))
+    n_configs = int(configs.max()) + 1 if configs.size else 0
+    config_of = np.zeros(points, dtype=int)
+    config_of[run_points] = configs
+    values = values.copy()
+    pct, pval = np.full((points, len(metrics)), math.nan), np.full((points, len(metrics)), math.nan)
+    cut_in: list[list[tuple[str, int, hierarchy.Warmup, int]]] = [[] for _ in range(points)]
+    for j, m in enumerate(metrics):
+        known = np.flatnonzero(np.isfinite(values[:, j]))
+        if known.size < 2:
+            continue
+        w = hierarchy.warmup(values[known, j], configs[known], start_codes[known], run_points[known], ranks[known],
+                             n_configs)
+        pct[:, j], pval[:, j] = w.pct[config_of], w.p[config_of]
+        gone = known[w.cut]
+        values[gone, j] = math.nan
+        for i, n in zip(*np.unique(run_points[gone], return_counts=True)):
+            cut_in[int(i)].append((m, int(n), w, int(config_of[i])))
+    texts = []
+    for cut in cut_in:
+        if not cut:
+            texts.append("")
+            continue
+        m, n, w, c = cut[0]
+        texts.append(f"warm-up left out: the first run after each of {n} server start(s), in "
+                     f"{', '.join(x[0] for x in cut)} (in {m}: {w.pct[c]:+.1f} % against the later runs on the "
+                     f"same start, over {w.starts[c]} starts, p = {w.p[c]:.2g})")
+    return values, {"warmup_pct": pct, "warmup_p": pval}, texts
+
+
+def _cut_outliers(values: np.ndarray, run_points: np.ndarray, start_codes: np.ndarray, ranks: np.ndarray, points: int,
+                  metrics: list[str], judged_whole: str | None) -> tuple[np.ndarray, list[str]]:
+    """Grubbs' rule (`over_time.outlier_runs`) on every headline metric but `judged_whole` (the rate metric whose
+    outlier run leaves the point's statistics whole, `runs_over_time`), per point measured on one server start
+    where that metric's runs do not drift (as `_time_fields`): an outlier run's value is left out of that metric
+    only. Returns the values and per point the metrics that lost one (`outlier_metrics`, comma-separated, empty
+    where none did)."""
+    from raysweep.maths.over_time import outlier_runs
+
+    drift: dict[str, np.ndarray] = {}
+    _drift_per_metric(drift, values, run_points, ranks, points, start_codes)
+    pairs = np.unique(np.stack([run_points, start_codes]), axis=1) if run_points.size else np.zeros((2, 0), int)
+    one_start = np.bincount(pairs[0], minlength=points) <= 1
+    values = values.copy()
+    named: list[list[str]] = [[] for _ in range(points)]
+    for j, m in enumerate(metrics):
+        if m == judged_whole:
+            continue
+        steady = ~(np.nan_to_num(drift["drift_p"][:, j], nan=1.0) < verdicts.ALPHA) & one_start
+        known = np.flatnonzero(np.isfinite(values[:, j]) & steady[run_points])
+        out = known[outlier_runs(values[known, j], run_points[known], points)]
+        values[out, j] = math.nan
+        for i in run_points[out]:
+            named[int(i)].append(m)
+    return values, [",".join(n) for n in named]
+
+
+def _never_negative(metric: str) -> bool:
+    """A rate or a latency: a value below 0 is not a measurement (`_sane_values`), nor an interval's end."""
+    return metric in HEADLINE_RATES or bool(_LATENCY.match(metric))
+
+
+def _model(values: np.ndarray, run_points: np.ndarray, start_codes: np.ndarray, points: int,
+           stats: dict[str, np.ndarray], confidence: float, floored: list[bool]) -> np.ndarray:
     """Every point's value and interval under the model of a measurement (`raysweep.maths.hierarchy`), in
     `stats` in place: `mean` the mean over its server starts of their start means, `se` and `df` its standard
-    error and degrees of freedom, `ci_low`/`ci_high` Student's t on them. Returns the server starts of each
-    point (runs whose start is not recorded count as one start of their point)."""
-    if "server_id" in df.columns:
-        start_codes = pd.factorize(df["server_id"].astype(str).where(df["server_id"].notna(), ""))[0][used]
-    else:
-        start_codes = np.zeros(int(used.sum()), dtype=int)
-    run_points = codes[used]
+    error and degrees of freedom, `ci_low`/`ci_high` Student's t on them (for a metric `floored`, its low end
+    never under 0: the value cannot be, and the interval holds what it held). Returns the server starts of each
+    point."""
     k = values.shape[1]
     stats["se"], stats["df"] = np.full((points, k), math.nan), np.full((points, k), math.nan)
     for j in range(k):
         known = np.isfinite(values[:, j])
         mean, se, dof, _, _ = hierarchy.estimates(values[known, j], run_points[known], start_codes[known], points)
         low, high = hierarchy.interval(mean, se, dof, confidence)
+        if floored[j]:
+            low = np.where(low < 0.0, 0.0, low)
         stats["mean"][:, j], stats["se"][:, j], stats["df"][:, j] = mean, se, dof
         stats["ci_low"][:, j], stats["ci_high"][:, j] = low, high
     pairs = np.unique(np.stack([run_points, start_codes]), axis=1) if run_points.size else np.zeros((2, 0), int)
@@ -384,35 +481,71 @@ def _run_ranks(df: pd.DataFrame, codes: np.ndarray) -> np.ndarray:
 
 
 def _drift_per_metric(stats: dict[str, np.ndarray], values: np.ndarray, codes: np.ndarray, ranks: np.ndarray,
-                      points: int) -> None:
+                      points: int, starts: np.ndarray | None = None) -> None:
     """Per point and metric, in `stats` in place: the least-squares slope of the runs' values in their order, in %
     of their mean per run (`drift_pct_per_run`), and Student's t-test of a zero slope (`drift_p`), as
     `over_time.trend` tests one series; NaN under `over_time.MIN_TREND_RUNS` runs with a value. A drift is
-    measured and shown for every metric, throughput and latency alike, never fitted out of the value."""
+    measured and shown for every metric, throughput and latency alike, never fitted out of the value. Where a
+    point's runs come from several server `starts`, the test is that of its start means against their place in
+    the order (the replicates' own test, starts - 2 degrees of freedom, not judged under `MIN_TREND_RUNS`
+    starts): its runs' test would read the start effects as a drift (38 % of campaigns of 10 starts x 2 runs
+    under 10 % start effects flagged one)."""
     from raysweep.maths.over_time import MIN_TREND_RUNS
 
     k = values.shape[1]
     pct, pval = np.full((points, k), math.nan), np.full((points, k), math.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        for j in range(k):
-            ok = np.isfinite(values[:, j])
-            y, x, c = values[ok, j], ranks[ok], codes[ok]
-            n = np.bincount(c, minlength=points).astype(float)
-            ybar = np.bincount(c, weights=y, minlength=points) / n
-            xbar = np.bincount(c, weights=x, minlength=points) / n
-            xc, yc = x - xbar[c], y - ybar[c]
-            sxx = np.bincount(c, weights=xc * xc, minlength=points)
-            sxy = np.bincount(c, weights=xc * yc, minlength=points)
-            syy = np.bincount(c, weights=yc * yc, minlength=points)
-            slope = sxy / sxx
-            s2 = np.maximum(syy - slope * sxy, 0.0) / (n - 2)
-            se = np.sqrt(s2 / sxx)
-            t = np.where(se > 0, slope / np.where(se > 0, se, 1.0), np.where(slope != 0, np.inf, 0.0))
-            p = 2.0 * special.stdtr(np.maximum(n - 2, 1), -np.abs(t))
-            judged = (n >= MIN_TREND_RUNS) & (sxx > 0) & np.isfinite(ybar) & (ybar != 0)
+    for j in range(k):
+        ok = np.isfinite(values[:, j])
+        slope, p, ybar, judged, n_runs = _trend(values[ok, j], ranks[ok], codes[ok], points, MIN_TREND_RUNS)
+        with np.errstate(invalid="ignore", divide="ignore"):
             pct[:, j] = np.where(judged, 100.0 * slope / np.abs(ybar), math.nan)
-            pval[:, j] = np.where(judged, p, math.nan)
+        pval[:, j] = np.where(judged, p, math.nan)
+        if starts is None or not ok.any():
+            continue
+        cell = np.unique(np.stack([codes[ok], starts[ok]]), axis=1, return_inverse=True)
+        owner, of = cell[0][0], np.asarray(cell[1]).ravel()
+        size = np.bincount(of).astype(float)
+        mean_y, mean_x = np.bincount(of, weights=values[ok, j]) / size, np.bincount(of, weights=ranks[ok]) / size
+        many = np.bincount(owner, minlength=points) >= 2
+        _, p_starts, _, judged_starts, _ = _trend(mean_y, mean_x, owner, points, MIN_TREND_RUNS)
+        pval[:, j] = np.where(many, np.where(judged_starts & judged, p_starts, math.nan), pval[:, j])
     stats["drift_pct_per_run"], stats["drift_p"] = pct, pval
+
+
+def _starts_drift(pct: float, p: float, starts: int) -> dict[str, Any]:
+    """`drift`, `drift_pct_per_run`, `drift_p` and `drift_text` of a point measured on several server starts, from
+    its first rate metric's test of the start means (`_drift_per_metric`)."""
+    from raysweep.maths.over_time import MIN_TREND_RUNS
+
+    if not math.isfinite(p):
+        return dict(drift="not judged", drift_pct_per_run=math.nan, drift_p=math.nan,
+                    drift_text=f"not judged: fewer than {MIN_TREND_RUNS} server starts")
+    word = "drifts" if p < verdicts.ALPHA else "no drift shown"
+    what = f"{pct:+.1f} %/run, p={p:.2g} over the means of {starts} server starts"
+    return dict(drift=word, drift_pct_per_run=pct, drift_p=p,
+                drift_text=f"drifts {what}" if word == "drifts" else f"no drift shown ({what})")
+
+
+def _trend(y: np.ndarray, x: np.ndarray, c: np.ndarray, points: int, least: int,
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group of `c` (0 .. points - 1): the least-squares slope of `y` on `x`, the p-value of Student's t-test of
+    a zero slope, the mean of `y`, whether it is judged (`least` values at least, `x` not all alike, a mean not 0)
+    and the values counted."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n = np.bincount(c, minlength=points).astype(float)
+        ybar = np.bincount(c, weights=y, minlength=points) / n
+        xbar = np.bincount(c, weights=x, minlength=points) / n
+        xc, yc = x - xbar[c], y - ybar[c]
+        sxx = np.bincount(c, weights=xc * xc, minlength=points)
+        sxy = np.bincount(c, weights=xc * yc, minlength=points)
+        syy = np.bincount(c, weights=yc * yc, minlength=points)
+        slope = sxy / sxx
+        s2 = np.maximum(syy - slope * sxy, 0.0) / (n - 2)
+        se = np.sqrt(s2 / sxx)
+        t = np.where(se > 0, slope / np.where(se > 0, se, 1.0), np.where(slope != 0, np.inf, 0.0))
+        p = 2.0 * special.stdtr(np.maximum(n - 2, 1), -np.abs(t))
+    judged = (n >= least) & (sxx > 0) & np.isfinite(ybar) & (ybar != 0)
+    return slope, p, ybar, judged, n
 
 
 def _sane_values(values: np.ndarray, codes: np.ndarray, points: int, metrics: list[str],
@@ -424,7 +557,7 @@ def _sane_values(values: np.ndarray, codes: np.ndarray, points: int, metrics: li
     for j, m in enumerate(metrics):
         col = values[:, j]
         bad_inf = np.isinf(col)
-        bad_neg = np.isfinite(col) & (col < 0) & (m in HEADLINE_RATES or bool(_LATENCY.match(m)))
+        bad_neg = np.isfinite(col) & (col < 0) & _never_negative(m)
         for what, bad in (("not finite", bad_inf), ("negative", bad_neg)):
             if bad.any():
                 for i, n in enumerate(np.bincount(codes[bad], minlength=points)):
@@ -486,15 +619,17 @@ TIME_COLUMNS = ("drift", "drift_pct_per_run", "drift_p", "drift_text", "drift_me
 def runs_over_time(runs: pd.DataFrame, metrics: Sequence[str]) -> tuple[dict[str, Any], Any]:
     """A point's runs over the order they were measured in (`over_time.run_order`): the trend test of its
     first rate metric (`drift`: drifts / no drift shown / not judged, with the slope in % per run, its p-value
-    and the answer in words) and Grubbs' outlier rule on the same metric where it does not drift; returns
-    those fields and the index label of the outlier run (None: none)."""
+    and the answer in words) and Grubbs' outlier rule on the same metric where it does not drift and its runs
+    share one server start; returns those fields and the index label of the outlier run (None: none)."""
     from raysweep.maths import over_time
 
     metric = next((m for m in TREND_METRICS if m in metrics), None)
     if metric is None or runs.empty:
         return dict.fromkeys(TIME_COLUMNS), None
     order = over_time.run_order(runs)
-    fields, at = _time_fields(metric, pd.to_numeric(runs.loc[order, metric], errors="coerce").tolist())
+    starts = (runs["server_id"].astype(str).where(runs["server_id"].notna(), "").nunique()
+              if "server_id" in runs.columns else 1)
+    fields, at = _time_fields(metric, pd.to_numeric(runs.loc[order, metric], errors="coerce").tolist(), starts)
     return fields, None if at is None else order[at]
 
 
@@ -511,29 +646,37 @@ class _RunsOverTime:
                      if all(k in df.columns for k in keys)]
         self.values = (pd.to_numeric(df[self.metric], errors="coerce").tolist() if self.metric is not None
                        else [])
+        self.starts = _start_codes(df, np.ones(len(df), dtype=bool))
 
     def of(self, positions: np.ndarray) -> tuple[dict[str, Any], Any]:
         if self.metric is None or not positions.size:
             return dict.fromkeys(TIME_COLUMNS), None
+        starts = len(np.unique(self.starts[positions]))
         order = positions  # as given, unless a key orders them (`over_time.run_order`)
         for cols in self.keys:
             mine = [c[positions] for c in cols]
             if all(np.isfinite(c).all() for c in mine):
                 order = positions[np.lexsort(tuple(reversed(mine)))]
                 break
-        fields, at = _time_fields(self.metric, [self.values[i] for i in order])
+        fields, at = _time_fields(self.metric, [self.values[i] for i in order], starts)
         return fields, None if at is None else int(order[at])
 
 
-def _time_fields(metric: str, values: list[Any]) -> tuple[dict[str, Any], int | None]:
-    """The trend test of a point's values in their run order and, where they do not drift, Grubbs' rule:
-    `runs_over_time`'s fields, and the place in `values` of the outlier run to leave out (None: none)."""
+def _time_fields(metric: str, values: list[Any], starts: int = 1) -> tuple[dict[str, Any], int | None]:
+    """The trend test of a point's values in their run order and, where they do not drift and were measured on
+    one server start (`starts`), Grubbs' rule: `runs_over_time`'s fields, and the place in `values` of the outlier
+    run to leave out (None: none). Over several starts no run is trimmed: their spread is the replicates' own,
+    which the interval over the starts carries (trimming it gave a flagged point, never green, in most campaigns
+    of 10 starts under 10 % start effects)."""
     from raysweep.maths import over_time
 
     fields: dict[str, Any] = dict.fromkeys(TIME_COLUMNS)
     t = over_time.trend(values)
     fields.update(drift=t.word, drift_pct_per_run=t.pct_per_run, drift_p=t.p_value, drift_text=t.text,
                   drift_metric=metric)
+    if starts > 1:
+        fields["outlier_text"] = f"not judged: runs of {starts} server starts (their spread is the model's)"
+        return fields, None
     if t.drifts:
         fields["outlier_text"] = "not judged: the runs drift"
         return fields, None

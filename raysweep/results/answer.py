@@ -194,9 +194,12 @@ def _left_out(rows: list[Any]) -> list[str]:
                        "never the leader")
         elif n:
             out.append(f"{name}: {n} run(s) left out ({why})")
-        issues = r.get("value_issues")
-        if isinstance(issues, str) and issues:
-            out.append(f"{name}: {issues}")
+        for said in (r.get("value_issues"), r.get("warmup_text")):
+            if isinstance(said, str) and said:
+                out.append(f"{name}: {said}")
+        if isinstance(r.get("outlier_metrics"), str) and r.get("outlier_metrics"):
+            out.append(f"{name}: an outlier run left out of {r['outlier_metrics'].replace(',', ', ')} only "
+                       "(Grubbs' test)")
     return list(dict.fromkeys(out))
 
 

@@ -97,7 +97,7 @@ CARD_LATENCIES = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_m
 _KNEE_LATENCIES = ("median_e2el_ms", "median_tpot_ms", "median_ttft_ms")
 _RUN_COUNTS = ("runs", "runs_total", "runs_left_out", "left_out_reasons", "on_flagged_runs", "noisy",
                "noisy_metrics", "runs_needed", *aggregate.TIME_COLUMNS, "precision_state", "precision_rel_half_width",
-               "ci_method", "server_starts")
+               "ci_method", "server_starts", "warmup_text", "outlier_metrics")
 _SLO_STATS = ("mean", "ci_low", "ci_high", "pooled", "pooled_ci_low", "pooled_ci_high")
 
 
