@@ -94,3 +94,50 @@ def test_results_aggregate_prints_the_same_from_the_kept_summary_as_made_afresh(
 def test_a_level_out_of_range_is_refused_as_before(mixed):
     res = CliRunner().invoke(main, ["results", str(mixed), "--aggregate", "--confidence", "1.5"])
     assert res.exit_code == 2 and "--confidence 1.5" in res.stderr and "between 0 and 1" in res.stderr
+
+
+def test_status_says_the_kept_answer_as_it_says_the_answer_made_again(mixed, tmp_path, monkeypatch):
+    """`status` of a finished campaign reads the answer `run` kept (answer.json) while it is fresh: the same text
+    and JSON as the answer made again from the runs, which it no longer makes."""
+    import shutil
+
+    from raysweep.cli import status as status_cli
+    from raysweep.report.page import conclusions_of
+    from raysweep.results.answer_file import ANSWER_FILE, keep_answer
+
+    out = tmp_path / "copy"
+    shutil.copytree(mixed, out)
+    (out / ANSWER_FILE).unlink(missing_ok=True)
+    made = [CliRunner().invoke(main, ["status", str(out), *json_flag], catch_exceptions=False)
+            for json_flag in ([], ["--json"])]
+    assert "answer:" in made[0].stdout and json.loads(made[1].stdout)["answer"]["shapes"]
+    c = conclusions_of(out)
+    assert c is not None
+    keep_answer(out, c.answer)   # as `run` keeps it at its end
+
+    def not_again(output_dir: str) -> None:
+        raise AssertionError("the answer was made again")
+
+    monkeypatch.setattr(status_cli, "_answer_of", not_again)
+    kept = [CliRunner().invoke(main, ["status", str(out), *json_flag], catch_exceptions=False)
+            for json_flag in ([], ["--json"])]
+    assert [r.stdout for r in kept] == [r.stdout for r in made]
+
+
+def test_run_keeps_the_answer_without_a_report_once(tmp_path):
+    """`run` ending without a report keeps the campaign's answer (answer.json) for `status`, `compare` and the
+    catalogue, made once: a finished campaign run again leaves a fresh one as it is."""
+    from raysweep.report.page import conclusions_of
+    from raysweep.results.answer_file import ANSWER_FILE, kept_answer
+
+    out = tmp_path / "stub"
+    cfile = bench_module().build_stub(out, 36, name="stub")
+    assert not (out / ANSWER_FILE).exists()
+    res = CliRunner().invoke(main, ["run", str(cfile)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    kept, c = kept_answer(out), conclusions_of(out)
+    assert kept is not None and c is not None
+    assert kept["lines"] == c.answer.lines() and kept["answer"] == c.answer.to_dict()
+    written = (out / ANSWER_FILE).stat().st_mtime_ns
+    assert CliRunner().invoke(main, ["run", str(cfile)], catch_exceptions=False).exit_code == 0
+    assert (out / ANSWER_FILE).stat().st_mtime_ns == written
