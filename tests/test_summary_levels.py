@@ -141,3 +141,15 @@ def test_run_keeps_the_answer_without_a_report_once(tmp_path):
     written = (out / ANSWER_FILE).stat().st_mtime_ns
     assert CliRunner().invoke(main, ["run", str(cfile)], catch_exceptions=False).exit_code == 0
     assert (out / ANSWER_FILE).stat().st_mtime_ns == written
+
+
+def test_a_summary_without_the_models_statistics_is_made_afresh(mixed):
+    """A kept summary whose intervals cannot be made again from it (written before `M_se` and `M_df`) is not
+    read at another level: `at_level` says so and the summary is made from the runs."""
+    kept = kept_summary(mixed)
+    assert kept is not None and aggregate.at_level(kept, 0.9) is not None
+    assert aggregate.at_level(kept.drop(columns=["output_throughput_se"]), 0.9) is None
+    assert aggregate.at_level(kept.drop(columns=["median_ttft_ms_df"]), 0.9) is None
+    plain = kept.copy()
+    plain.attrs = {}
+    assert aggregate.at_level(plain, 0.9) is None   # its settings unknown

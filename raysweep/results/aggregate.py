@@ -229,8 +229,9 @@ def at_level(summary: pd.DataFrame, confidence: float, threshold: float | None =
         return None
     _check(confidence, threshold)
     cols = set(summary.columns)
-    metrics = [c[: -len("_ci_low")] for c in summary.columns if c.endswith("_ci_low")
-               and {f"{c[: -len('_ci_low')]}_{k}" for k in ("mean", "se", "df", "cv", "ci_high")} <= cols]
+    metrics = [c[: -len("_ci_low")] for c in summary.columns if c.endswith("_ci_low") and "_pooled_" not in c]
+    if any(not {f"{m}_{k}" for k in ("mean", "se", "df", "cv", "ci_high")} <= cols for m in metrics):
+        return None   # an interval not made from what the summary keeps (one written before M_se and M_df)
     out = summary.drop(columns=[c for c in summary.columns if c.endswith(("_pooled_ci_low", "_pooled_ci_high"))])
     for m in metrics:
         mean, se, dof = (out[f"{m}_{k}"].to_numpy(dtype=float) for k in ("mean", "se", "df"))
