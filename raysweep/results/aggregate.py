@@ -215,10 +215,11 @@ def summary_params(summary: pd.DataFrame) -> list[str]:
 def at_level(summary: pd.DataFrame, confidence: float, threshold: float | None = None) -> pd.DataFrame | None:
     """A summary `summarize` made at one confidence and noise threshold (its `attrs`), at `confidence` and
     `threshold` (default: its own), from what it keeps: each metric's interval from its `M_mean`, `M_se` and
-    `M_df` (`hierarchy.interval`, as `_model` makes it), `noisy`, `noisy_metrics` and `runs_needed` from the
-    `M_cv` of the default noise metrics, and `ci_level`: the numbers `summarize` gives at those settings. The
-    pooled percentiles' bootstrap intervals (`M_pooled_ci_low`, `M_pooled_ci_high`) need the raw samples
-    again: they are left out. None when the summary does not say its settings. The precision record
+    `M_df` (`hierarchy.interval`, as `_model` makes it: a rate's or a latency's never below 0), `noisy`,
+    `noisy_metrics` and `runs_needed` from the `M_cv` of the default noise metrics, and `ci_level`: the numbers
+    `summarize` gives at those settings. The pooled percentiles' bootstrap intervals (`M_pooled_ci_low`,
+    `M_pooled_ci_high`) need the raw samples again: they are left out. None when the summary does not say its
+    settings or keeps an interval without its statistics. The precision record
     (`raysweep.results.precision.precision_columns`) is the caller's to apply again.
 
     :raises UserError: a confidence or threshold out of range.
@@ -235,7 +236,9 @@ def at_level(summary: pd.DataFrame, confidence: float, threshold: float | None =
     out = summary.drop(columns=[c for c in summary.columns if c.endswith(("_pooled_ci_low", "_pooled_ci_high"))])
     for m in metrics:
         mean, se, dof = (out[f"{m}_{k}"].to_numpy(dtype=float) for k in ("mean", "se", "df"))
-        out[f"{m}_ci_low"], out[f"{m}_ci_high"] = hierarchy.interval(mean, se, dof, confidence)
+        low, high = hierarchy.interval(mean, se, dof, confidence)
+        out[f"{m}_ci_low"] = np.where(low < 0.0, 0.0, low) if _never_negative(m) else low   # as `_model` floors it
+        out[f"{m}_ci_high"] = high
     judged = [m for m in NOISE_METRICS if m in metrics]
     cvs = [[float(v) for v in out[f"{m}_cv"].to_numpy(dtype=float)] for m in judged]
     noisy, needed = [], []
