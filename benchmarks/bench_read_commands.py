@@ -8,16 +8,16 @@ chunks, `points/.../run=N.samples.parquet`: the summary's pooled percentiles and
 read them), made here directly: no server, no Ray. Two shapes: many points (2 configurations x 9, 500 or 5,000
 bench points x 2 runs: 36, 2,000 and 20,000 runs, 18, 1,000 and 10,000 points; the cost of the summary grows
 with the points) and many runs (`runs2000`: 2 configurations x 5 bench points x 200 runs, 10 points).
-Then each read command runs as a user runs it (a fresh
-`python -m raysweep` process, so imports count) and its wall time is taken; `run` on the finished campaign
-checks that it answers without starting Ray; `run (end)` is the same with results.* and summary.* removed, so
-that it writes them again: the work `run` does after its last point (a campaign without `report: true`;
-`report (cold)` is what that adds). The stub ends as `run` ends, with results.* and summary.* written
-(`results --aggregate` and `compare` read the kept aggregates); `results --aggregate --confidence 0.9` computes
-them again. `report (cold)` writes the report into the campaign dir with no figure kept (every figure drawn and
-kept in .figures/, as at the end of a `run` with `report: true`); `report` then writes it elsewhere (`--out`)
-from the kept figures, as a user's `raysweep report` after `run` (it makes them first, untimed, when none are
-kept).
+Then each read command runs as a user runs it (a fresh `python -m raysweep` process, so imports count) and its
+wall time is taken; `run` on the finished campaign checks that it answers without starting Ray; `run (end)` is
+the same with results.*, summary.* and answer.json removed, so that it writes them again: the work `run` does
+after its last point (a campaign without `report: true`; `report (cold)` is what that adds). The stub ends as
+`run` ends, with results.*, summary.* and answer.json written (`results --aggregate` and `compare` read the
+kept aggregates, `status` the kept answer); `results --aggregate --confidence 0.9` makes the kept summary's
+intervals again at that level. `report (cold)` writes the report into the campaign dir with no figure kept
+(every figure drawn and kept in .figures/, as at the end of a `run` with `report: true`); `report` then writes
+it elsewhere (`--out`) from the kept figures, as a user's `raysweep report` after `run` (it makes them first,
+untimed, when none are kept).
 
     .venv/bin/python benchmarks/bench_read_commands.py [--sizes 36,2000,20000,runs2000] [--commands ...]
         [--keep DIR] [--repeat N] [--record]
@@ -57,7 +57,7 @@ COMMANDS = ("status", "results --aggregate", "results --aggregate --confidence 0
             "report", "plot", "pareto", "run (finished)", "run (end)")
 REQUESTS, CHUNKS = 32, 16  # raw samples per run: requests, and token chunks per request
 # What a command may write into the campaign dir (anything else is noted in the table)
-WRITES = {"report (cold)": ("report.html", ".figures/"), "run (end)": ("results.", "summary.")}
+WRITES = {"report (cold)": ("report.html", ".figures/"), "run (end)": ("results.", "summary.", "answer.json")}
 # The names in RESULTS.md's table
 LABELS = {"compare": "`compare DIR DIR`", "report (cold)": "`report` (cold: every figure drawn)",
           "report": "`report` (figures kept, after `run`)", "run (finished)": "`run` (finished)",
@@ -163,6 +163,16 @@ def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
     return cfile
 
 
+def keep_stub_answer(out: Path) -> None:
+    """The campaign's answer kept (answer.json), as `run` keeps it at its end without a report."""
+    from raysweep.report.page import conclusions_of
+    from raysweep.results.answer_file import keep_answer
+
+    made = conclusions_of(out)
+    if made is not None:
+        keep_answer(out, made.answer)
+
+
 def argv_of(command: str, out: Path, cfile: Path, scratch: Path) -> list[str]:
     if command in ("run (finished)", "run (end)"):
         return ["run", str(cfile)]
@@ -198,8 +208,8 @@ def prepare(command: str, out: Path, cfile: Path, scratch: Path) -> None:
         (out / "report.html").unlink(missing_ok=True)
     elif command == "report" and not (out / ".figures").is_dir():
         time_command(argv_of("report (cold)", out, cfile, scratch))
-    elif command == "run (end)":  # as at the end of `run`: the results and their summary not yet written
-        for kept in (*out.glob("results.*"), *out.glob("summary.*")):
+    elif command == "run (end)":  # as at the end of `run`: the results, their summary and answer not yet written
+        for kept in (*out.glob("results.*"), *out.glob("summary.*"), *out.glob("answer.json")):
             kept.unlink()
 
 
@@ -229,6 +239,7 @@ def main() -> None:
             if not (out / "ledger.sqlite").exists():
                 t0 = time.perf_counter()
                 build_stub(out, size)
+                keep_stub_answer(out)
                 print(f"built {shape(size)} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
             cfile = base / f"stub{size}.yaml"
             for command in commands:

@@ -92,10 +92,13 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
     from raysweep.results import aggregate
     from raysweep.results.labels import fmt_value
     from raysweep.results.rows import split_list
-    from raysweep.results.table import kept_summary
+    from raysweep.results.table import kept_summary, kept_summary_at
 
     names = split_list(noise_metrics) or None
-    kept = kept_summary(output_dir, confidence, threshold) if names is None else None  # as the run's end wrote it
+    kept = None  # as the run's end wrote it; printed at other settings, its intervals made again from it
+    if names is None:
+        kept = kept_summary(output_dir, confidence, threshold) if dest is not None else \
+            kept_summary_at(output_dir, confidence, threshold)
     summary = kept if kept is not None else aggregate.summary_table(output_dir, confidence, threshold,
                                                                     results=results, noise_metrics=names)
     params = aggregate.summary_params(summary)

@@ -291,6 +291,8 @@ def _run(spec: CampaignSpec, output_dir: Path, address: str | None, force: bool,
     if summary.stopped_early:
         console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
     drawn = _write_report(output_dir) if spec.campaign.report and summary.counts.get("done") else None
+    if drawn is None and summary.counts.get("done"):
+        _answer_kept(output_dir)
     if as_json:
         print_json("run", _run_document(spec, output_dir, summary.counts, summary.failures, summary.stopped_early,
                                         paths, drawn, ran=True))
@@ -331,6 +333,8 @@ def _answer_finished(spec: CampaignSpec, output_dir: Path, finished: tuple[dict[
             drawn = (report, [], _headlines(output_dir))
         else:
             drawn = _write_report(output_dir)
+    if drawn is None and counts.get("done"):
+        _answer_kept(output_dir)
     if as_json:
         print_json("run", _run_document(spec, output_dir, counts, failed, None, paths, drawn, ran=False))
     if failed:
@@ -368,6 +372,24 @@ def _keep(output_dir: Path, answer: Answer) -> None:
         keep_answer(output_dir, answer)
     except OSError as exc:  # a courtesy to the other faces: the run's results stand without it
         console.print(f"answer.json not written: {escape(str(exc))}", highlight=False)
+
+
+def _answer_kept(output_dir: Path) -> None:
+    """Without a report: the answer made once and kept (`answer.json`) unless the one kept is fresh, so that
+    `status`, `compare` and the catalogue read it instead of making it again. Nothing is printed but a failure;
+    the results stand without it."""
+    from raysweep.report.page import conclusions_of
+    from raysweep.results.answer_file import kept_answer
+
+    if kept_answer(output_dir) is not None:
+        return
+    try:
+        answer = conclusions_of(output_dir)
+    except Exception as exc:  # as `_headlines`: the answer is a courtesy beside the results
+        console.print(f"answer not kept: {escape(str(exc))}", highlight=False)
+        return
+    if answer is not None:
+        _keep(output_dir, answer.answer)
 
 
 def _headlines(output_dir: Path) -> list[str]:

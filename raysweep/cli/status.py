@@ -153,7 +153,21 @@ def _answer_of(output_dir: str) -> Any:
     return c.answer if c is not None else None
 
 
+def _kept(output_dir: str) -> dict[str, Any] | None:
+    """The answer as `run` kept it (answer.json: its lines and JSON) while no point finished after; None when
+    none is kept fresh, or it is not whole."""
+    from raysweep.results.answer_file import kept_answer
+
+    kept = kept_answer(output_dir)
+    if kept is None or not isinstance(kept.get("lines"), list) or not isinstance(kept.get("answer"), dict):
+        return None
+    return kept
+
+
 def _answer_lines(output_dir: str) -> list[str]:
+    kept = _kept(output_dir)
+    if kept is not None:   # made once, at the run's end
+        return ["answer:", *(str(line) for line in kept["lines"])]
     found = _answer_of(output_dir)
     return ["answer:", *found.lines()] if found is not None else []
 
@@ -332,5 +346,10 @@ def _status_document(output_dir: str) -> dict[str, Any]:
     with CampaignDir(output_dir) as directory:
         doc = directory.status_document()
     done = (doc.get("counts") or {}).get("done")
-    found = _answer_of(output_dir) if doc.get("complete") and done else None
+    if not (doc.get("complete") and done):
+        return {**doc, "answer": None}
+    kept = _kept(output_dir)   # made once, at the run's end
+    if kept is not None:
+        return {**doc, "answer": kept["answer"]}
+    found = _answer_of(output_dir)
     return {**doc, "answer": found.to_dict() if found is not None else None}

@@ -58,9 +58,9 @@ from raysweep.maths import bootstrap, hierarchy, verdicts
 from raysweep.maths.verdicts import t_quantile
 from raysweep.record.files import write_bytes_atomic, write_text_atomic
 
-__all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "TIME_COLUMNS", "check_names", "headline_metrics",
-           "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed", "runs_over_time",
-           "summarize",
+__all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "TIME_COLUMNS", "at_level", "check_names",
+           "headline_metrics", "lead_is_significant", "left_out_mask", "left_out_reasons", "point_keys", "runs_needed",
+           "runs_over_time", "summarize",
            "summary_params", "summary_table", "t_quantile", "write_summary"]
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,51 @@ def summary_params(summary: pd.DataFrame) -> list[str]:
         return [p for p in summary.attrs["params"] if p in summary.columns]
     lead = list(summary.columns[: list(summary.columns).index("runs")]) if "runs" in summary.columns else []
     return [c for c in lead if c not in (*_KEYS, *_LABELS, *_SHAPE)]
+
+
+def at_level(summary: pd.DataFrame, confidence: float, threshold: float | None = None) -> pd.DataFrame | None:
+    """A summary `summarize` made at one confidence and noise threshold (its `attrs`), at `confidence` and
+    `threshold` (default: its own), from what it keeps: each metric's interval from its `M_mean`, `M_se` and
+    `M_df` (`hierarchy.interval`, as `_model` makes it: a rate's or a latency's never below 0), `noisy`,
+    `noisy_metrics` and `runs_needed` from the `M_cv` of the default noise metrics, and `ci_level`: the numbers
+    `summarize` gives at those settings. The pooled percentiles' bootstrap intervals (`M_pooled_ci_low`,
+    `M_pooled_ci_high`) need the raw samples again: they are left out. None when the summary does not say its
+    settings or keeps an interval without its statistics. The precision record
+    (`raysweep.results.precision.precision_columns`) is the caller's to apply again.
+
+    :raises UserError: a confidence or threshold out of range.
+    """
+    made = summary.attrs.get("confidence"), summary.attrs.get("threshold")
+    threshold = made[1] if threshold is None else threshold
+    if made[0] is None or threshold is None or "runs_needed" not in summary.columns:
+        return None
+    _check(confidence, threshold)
+    cols = set(summary.columns)
+    metrics = [c[: -len("_ci_low")] for c in summary.columns if c.endswith("_ci_low") and "_pooled_" not in c]
+    if any(not {f"{m}_{k}" for k in ("mean", "se", "df", "cv", "ci_high")} <= cols for m in metrics):
+        return None   # an interval not made from what the summary keeps (one written before M_se and M_df)
+    out = summary.drop(columns=[c for c in summary.columns if c.endswith(("_pooled_ci_low", "_pooled_ci_high"))])
+    for m in metrics:
+        mean, se, dof = (out[f"{m}_{k}"].to_numpy(dtype=float) for k in ("mean", "se", "df"))
+        low, high = hierarchy.interval(mean, se, dof, confidence)
+        out[f"{m}_ci_low"] = np.where(low < 0.0, 0.0, low) if _never_negative(m) else low   # as `_model` floors it
+        out[f"{m}_ci_high"] = high
+    judged = [m for m in NOISE_METRICS if m in metrics]
+    cvs = [[float(v) for v in out[f"{m}_cv"].to_numpy(dtype=float)] for m in judged]
+    noisy, needed = [], []
+    for i in range(len(out)):   # as `_point_rows` makes them, from the same numbers
+        mine = [c[i] for c in cvs]
+        noisy.append(",".join(m for m, cv in zip(judged, mine) if cv > threshold))
+        known = [n for n in (runs_needed(cv, threshold, confidence) for cv in mine) if n is not None]
+        needed.append(max(known) if known else None)
+    out["noisy"] = pd.Series([bool(n) for n in noisy], index=out.index, dtype=bool)
+    out["noisy_metrics"] = noisy
+    out["runs_needed"] = pd.array(needed, dtype="Int64")
+    if "ci_level" in cols:
+        out["ci_level"] = confidence
+    out.attrs.update(summary.attrs)
+    out.attrs.update(confidence=confidence, threshold=threshold)
+    return out
 
 
 def _check(confidence: float, threshold: float) -> None:

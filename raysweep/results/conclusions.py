@@ -358,7 +358,8 @@ def _points(df: pd.DataFrame, summary: pd.DataFrame, obj: Objective, load: str |
                          slo_excess=[j[2] for j in judged])
         pts = pts.assign(meets_slo=pts["slo_verdict"] == "met")
     if keys:  # shapes in the order of their values
-        order = sorted(range(len(pts)), key=lambda i: tuple(sort_key(v) for v in pts[keys].iloc[i]))
+        shapes = pts[keys]  # once: a column selection per row cost seconds at 1,000 points
+        order = sorted(range(len(pts)), key=lambda i: tuple(sort_key(v) for v in shapes.iloc[i]))
         pts = pts.iloc[order]
     if obj.per_gpu:
         notes = [n.replace("run(s)", "point(s)", 1) for n in notes]

@@ -80,11 +80,8 @@ class CampaignDir:
 
     def status_document(self) -> dict[str, Any]:
         """Where the campaign stands (raysweep/schemas/status.json)."""
-        from raysweep.campaign import CostSpec
-        from raysweep.drive.recovery import driver_alive
         from raysweep.plan.cost import campaign_spend
         from raysweep.plan.estimate import eta_s, measured_from
-        from raysweep.results.precision import precision_counts
         from raysweep.results.table import flagged
         from raysweep.results.validity_story import validity_counts
         from raysweep.serve import hardware
@@ -92,9 +89,23 @@ class CampaignDir:
         ledger = self.ledger
         counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
         name, driver = ledger.meta("name"), ledger.last_driver()
-        block = ledger.stored_campaign().get("cost")
-        live = driver is not None and driver["ended_at"] is None and driver_alive(
-            driver["hostname"], driver["pid"], driver["pid_create_time"])
+        stored = ledger.stored_campaign()
+        block = stored.get("cost")
+        live = False
+        if driver is not None and driver["ended_at"] is None:  # modules imported only where they are needed
+            from raysweep.drive.recovery import driver_alive
+
+            live = driver_alive(driver["hostname"], driver["pid"], driver["pid_create_time"])
+        precision = None
+        if (stored.get("bench") or {}).get("precision"):
+            from raysweep.results.precision import precision_counts
+
+            precision = precision_counts(ledger)
+        spec = None
+        if block:
+            from raysweep.campaign import CostSpec
+
+            spec = CostSpec.model_validate(block)
         running = {s.serve_id for s in servers if s.stopped_at is None} if live else set()
         configs = []
         for serve_id in dict.fromkeys(p.serve_id for p in points):
@@ -128,6 +139,6 @@ class CampaignDir:
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
                           "attempts": p.attempts_made, "error": p.error}
                          for p in points if p.state == PointState.FAILED],
-            "spend": campaign_spend(CostSpec.model_validate(block) if block else None, servers),
-            "precision": precision_counts(ledger),
+            "spend": campaign_spend(spec, servers),
+            "precision": precision,
         }

@@ -26,8 +26,8 @@ from raysweep.results.records import (
     sla_table,
 )
 
-__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "kept_summary", "load_records", "records_table", "results_table",
-           "sla_table", "write_results"]
+__all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "kept_summary", "kept_summary_at", "load_records", "records_table",
+           "results_table", "sla_table", "write_results"]
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,11 @@ def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet",
     return written
 
 
-def kept_summary(output_dir: str | Path, confidence: float = 0.95,
+def kept_summary(output_dir: str | Path, confidence: float | None = 0.95,
                  threshold: float | None = None) -> pd.DataFrame | None:
-    """summary.parquet as `run` (or `results --out`) left it, when it holds these settings and was written
-    after the last point of the campaign finished: the aggregates are computed once per point and kept, and
-    readers (`compare`, `results --aggregate`) take them from there. None when it is missing or stale."""
+    """summary.parquet as `run` (or `results --out`) left it, when it holds these settings (None: any) and was
+    written after the last point of the campaign finished: the aggregates are computed once per point and kept,
+    and readers (`compare`, `results --aggregate`) take them from there. None when it is missing or stale."""
     from raysweep.ledger import plan_finished
 
     output_dir = Path(output_dir)
@@ -89,11 +89,33 @@ def kept_summary(output_dir: str | Path, confidence: float = 0.95,
         log.info("summary.parquet not read (%s): computed again", exc)
         return None
     attrs = summary.attrs
-    if attrs.get("confidence") != confidence or (threshold is not None and attrs.get("threshold") != threshold):
+    if (confidence is not None and attrs.get("confidence") != confidence) or \
+            (threshold is not None and attrs.get("threshold") != threshold):
         return None
     if "runs_total" in summary.columns and int(summary["runs_total"].sum()) != done:
         return None
     return summary
+
+
+def kept_summary_at(output_dir: str | Path, confidence: float, threshold: float | None = None) -> pd.DataFrame | None:
+    """The kept summary (`kept_summary`, whatever its settings) at `confidence` and `threshold` (None: its own),
+    its intervals and noise columns made again from the statistics it keeps (`aggregate.at_level`), the
+    precision record applied again: the numbers the summary made afresh at these settings holds, without the
+    pooled percentiles' bootstrap intervals (only the raw samples give those at another level). None when no
+    fresh summary is kept.
+
+    :raises UserError: a confidence or threshold out of range.
+    """
+    from raysweep.results.aggregate import at_level
+    from raysweep.results.precision import precision_columns
+
+    kept = kept_summary(output_dir, None)
+    if kept is None:
+        return None
+    if kept.attrs.get("confidence") == confidence and threshold in (None, kept.attrs.get("threshold")):
+        return kept
+    again = at_level(kept, confidence, threshold)
+    return None if again is None else precision_columns(output_dir, again)
 
 
 def _empty_parquet() -> bytes:
