@@ -53,7 +53,7 @@ from raysweep.campaign.slo import Target
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import hierarchy, verdicts
 from raysweep.results import aggregate, pd_arms, pd_regions
-from raysweep.results.front import gpu_counts, pareto
+from raysweep.results.front import gpu_counts, pareto, pareto_front
 from raysweep.results.labels import axis_label, fmt_value, sort_key
 from raysweep.results.rows import SLA_COLUMNS, load_linked, load_variable
 
@@ -596,12 +596,13 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
     if runs.empty:
         return {}, []
     try:
-        notes = pareto(runs.drop(columns=["shape"])).notes
+        whole = pareto(runs)   # the point means once: each shape's front is that of its own points' means
     except UserError as exc:
         return {}, [f"no Pareto front: {exc}"]
-    fronts = {str(shape): pareto(rows.drop(columns=["shape"])).front
-              for shape, rows in runs.groupby("shape", sort=False)}
-    return fronts, notes
+    means = whole.means
+    fronts = {str(shape): pareto_front(means[means["shape"] == shape].drop(columns=["shape"]).reset_index(drop=True))
+              for shape in runs["shape"].unique()}
+    return fronts, whole.notes
 
 
 def _sla_capacities(sla: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame:
