@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raysweep.maths import hierarchy, over_time, verdicts
+from raysweep.maths import hierarchy, over_time
 from raysweep.results import aggregate, conclusions
 
 LEVEL = 1000.0
@@ -97,7 +97,8 @@ def judge_model(df: pd.DataFrame, truth: dict[str, float], warmup_alpha: float |
     """`judge` by the model's own functions without the tables around them, in the summary's and the conclusions'
     order: the runs' trend and Grubbs' outlier run (`over_time`; a run left out is never green), the warm-up cut
     (`hierarchy.warmup`), the value and its interval (`hierarchy.estimates`, `interval`), the verdict
-    (`hierarchy.compare`) and the drift that could have made it (`hierarchy.drift_could_decide`). The same answer
+    (`hierarchy.compare`) and the difference of the sides' drifts that could have made it (`hierarchy.drift_apart`,
+    `drift_could_decide`). The same answer
     (`measure` checks it on the first campaigns of every row), 100 times faster; `warmup_alpha`: the warm-up test's
     level (default: the model's)."""
     est, drift, left_out = {}, {}, False
@@ -121,12 +122,14 @@ def judge_model(df: pd.DataFrame, truth: dict[str, float], warmup_alpha: float |
         est[cfg] = hierarchy.Estimate(float(m[0]), float(se[0]), float(dof[0]), int(k[0]), runs)
         trend: dict[str, np.ndarray] = {}
         aggregate._drift_per_metric(trend, values[:, None], np.zeros(values.size, dtype=int), ranks, 1, codes)
-        pct, p = float(trend["drift_pct_per_run"][0, 0]), float(trend["drift_p"][0, 0])
-        drift[cfg] = hierarchy.drift_total(pct, runs, math.isfinite(p) and p < verdicts.ALPHA)
+        drift[cfg] = (float(trend["drift_pct_per_run"][0, 0]), float(trend["drift_se"][0, 0]),
+                      float(trend["drift_df"][0, 0]), runs)
     lead = "A" if est["A"].mean >= est["B"].mean else "B"
     other = "B" if lead == "A" else "A"
     v = hierarchy.compare(est[other], est[lead])
-    green = v.word == "better" and not left_out and not hierarchy.drift_could_decide(v, max(drift.values()))
+    (pa, sa, da, ra), (pb, sb, db, rb) = drift[lead], drift[other]
+    apart = hierarchy.drift_apart(pa, sa, da, pb, sb, db, max(ra, rb))
+    green = v.word == "better" and not left_out and not hierarchy.drift_could_decide(v, apart)
     low, high = est[lead].interval(conclusions.CONFIDENCE)
     return green, bool(max(low, 0.0) <= truth[lead] <= high), lead
 

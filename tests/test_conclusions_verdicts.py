@@ -217,3 +217,30 @@ def test_a_latency_bound_is_judged_on_the_pooled_requests_percentile_where_it_is
     unpooled = row.drop(["p99_ttft_ms_pooled", "p99_ttft_ms_pooled_ci_low", "p99_ttft_ms_pooled_ci_high"])
     word, text, _ = conclusions.slo_judgement(unpooled, slo)
     assert word == "met" and "mean of runs" in text
+
+
+def _blocks(drift_a: float, drift_b: float, lead: float = 0.2, starts: int = 6) -> pd.DataFrame:
+    """Two configurations on `starts` starts each in interleaved blocks (A B | B A ...), 2 runs a start, the
+    machine or each server drifting by `drift_*` per slot."""
+    rng = np.random.default_rng(21)
+    rows, t = [], 0
+    for b in range(starts):
+        for cfg in (("A", "B") if b % 2 == 0 else ("B", "A")):
+            effect = 1 + 0.03 * rng.standard_normal()
+            for j in range(2):
+                level = 1000.0 * (1 + lead if cfg == "B" else 1.0) * effect * (1 + 0.01 * rng.standard_normal())
+                level *= 1 + (drift_a if cfg == "A" else drift_b) * t
+                rows.append({"serve_id": cfg, "bench_id": "c8", "point_id": f"{cfg}-{b}-{j}", "run_number": 2 * b + j,
+                             "server_id": f"{cfg}-{b}", "started_at": float(t), "serve_label": f"cfg={cfg}",
+                             "bench_label": "c=8", "random_input_len": 128, "max_concurrency": 8, "gpu_count": 1,
+                             "output_throughput": level, "validity_ok": True, "client_limited": False})
+                t += 1
+    return pd.DataFrame(rows)
+
+
+def test_a_drift_both_configurations_share_does_not_withhold_the_verdict_one_of_their_own_does():
+    shared = conclusions.conclude(_blocks(-0.012, -0.012), SHAPE[:1], objective="output_throughput").verdicts[0]
+    assert shared.leader["serve_id"] == "B" and shared.significant and shared.clear
+    assert shared.leader["objective_drift_p"] < 0.05             # each drifts, and shows it
+    own = conclusions.conclude(_blocks(-0.012, 0.0), SHAPE[:1], objective="output_throughput").verdicts[0]
+    assert own.against.word == "better" and not own.significant and not own.clear

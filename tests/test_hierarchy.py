@@ -131,3 +131,11 @@ def test_only_the_first_run_of_a_server_s_life_is_a_warm_up_never_the_first_run_
     values[::6] = [v * 0.8 for v in values[::6]]   # now the first run of each start's life is slow as well
     w = hierarchy.warmup(np.array(values), np.zeros(24), np.array(starts), np.array(points), np.array(ranks), 1)
     assert w.shown[0] and sorted(np.flatnonzero(w.cut)) == [0, 6, 12, 18]
+
+
+def test_two_drifts_apart_only_where_their_difference_is_shown():
+    assert hierarchy.drift_apart(-2.0, 0.3, 6, -2.1, 0.3, 6, 12) == 0.0          # alike: the machine's, shared
+    apart = hierarchy.drift_apart(-2.0, 0.3, 6, 0.5, 0.3, 6, 12)
+    assert apart == pytest.approx(0.025 * 11)                                     # 2.5 %/run apart over 12 runs
+    assert hierarchy.drift_apart(-2.0, 3.0, 6, 0.5, 3.0, 6, 12) == 0.0           # not shown at this spread
+    assert hierarchy.drift_apart(math.nan, 0.3, 6, 0.5, 0.3, 6, 12) == 0.0

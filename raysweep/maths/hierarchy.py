@@ -42,7 +42,8 @@ from scipy import special
 from raysweep.maths.verdicts import ALPHA, Verdict, row_number
 
 __all__ = ["FEW_STARTS", "MODEL", "ONE_START", "RUNS_OF_ONE_START", "WARMUP_ALPHA", "WARMUP_MIN_STARTS", "Estimate",
-           "Warmup", "compare", "drift_could_decide", "drift_total", "estimates", "interval", "method_text", "warmup"]
+           "Warmup", "compare", "drift_apart", "drift_could_decide", "drift_total", "estimates", "interval",
+           "method_text", "warmup"]
 
 MODEL = "t over server starts"
 ONE_START = "one server start each"
@@ -245,6 +246,19 @@ def drift_total(pct_per_run: Any, runs: Any, drifts: bool) -> float:
     except (TypeError, ValueError):
         return math.inf
     return abs(pct) / 100.0 * max(n - 1.0, 1.0) if math.isfinite(pct) and math.isfinite(n) else math.inf
+
+
+def drift_apart(pct_a: float, se_a: float, df_a: float, pct_b: float, se_b: float, df_b: float, runs: float,
+                alpha: float = ALPHA) -> float:
+    """How far two configurations' drifts (slopes in % per run, with their standard errors and degrees of
+    freedom) take them apart over `runs` runs, a fraction of their value: 0 unless Student's t-test of the
+    difference of the slopes (min(df) degrees of freedom) shows one at `alpha`."""
+    diff, se = pct_a - pct_b, math.hypot(se_a, se_b)
+    dof = min(df_a, df_b)
+    if not (math.isfinite(diff) and math.isfinite(se) and dof >= 1):
+        return 0.0
+    p = float(2.0 * special.stdtr(dof, -abs(diff) / se)) if se > 0 else (0.0 if diff else 1.0)
+    return abs(diff) / 100.0 * max(runs - 1.0, 1.0) if p < alpha else 0.0
 
 
 def drift_could_decide(v: Verdict, drift: float, higher_is_better: bool = True) -> bool:

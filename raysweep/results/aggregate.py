@@ -72,7 +72,7 @@ NOISE_METRICS = ("request_throughput", "output_throughput", "total_token_through
                  "mean_e2el_ms", "median_e2el_ms")
 STATS = ("mean", "median", "std", "cv", "ci_low", "ci_high")
 MODEL_STATS = ("se", "df",   # the standard error of `mean` and its degrees of freedom (`raysweep.maths.hierarchy`)
-               "drift_pct_per_run", "drift_p",  # the trend of the metric's runs in their order (`_drift_per_metric`)
+               "drift_pct_per_run", "drift_se", "drift_df", "drift_p",  # the trend of its runs (`_drift_per_metric`)
                "warmup_pct", "warmup_p")  # its configuration's warm-up test (`_cut_warmup`)
 # `vllm bench startup` (mode startup): the mean start of each run, cold and warm, and its compilation
 STARTUP_METRICS = ("cold_startup_s", "warm_startup_s", "cold_compilation_s", "warm_compilation_s",
@@ -528,33 +528,37 @@ def _run_ranks(df: pd.DataFrame, codes: np.ndarray) -> np.ndarray:
 def _drift_per_metric(stats: dict[str, np.ndarray], values: np.ndarray, codes: np.ndarray, ranks: np.ndarray,
                       points: int, starts: np.ndarray | None = None) -> None:
     """Per point and metric, in `stats` in place: the least-squares slope of the runs' values in their order, in %
-    of their mean per run (`drift_pct_per_run`), and Student's t-test of a zero slope (`drift_p`), as
-    `over_time.trend` tests one series; NaN under `over_time.MIN_TREND_RUNS` runs with a value. A drift is
-    measured and shown for every metric, throughput and latency alike, never fitted out of the value. Where a
-    point's runs come from several server `starts`, the test is that of its start means against their place in
-    the order (the replicates' own test, starts - 2 degrees of freedom, not judged under `MIN_TREND_RUNS`
-    starts): its runs' test would read the start effects as a drift (38 % of campaigns of 10 starts x 2 runs
-    under 10 % start effects flagged one)."""
+    of their mean per run (`drift_pct_per_run`), its standard error (`drift_se`, in the same unit), its degrees of
+    freedom (`drift_df`) and Student's t-test of a zero slope (`drift_p`), as `over_time.trend` tests one series;
+    NaN under `over_time.MIN_TREND_RUNS` runs with a value. A drift is measured and shown for every metric,
+    throughput and latency alike, never fitted out of the value. Where a point's runs come from several server
+    `starts`, all four are those of its start means against their place in the order (each start at the mean
+    place of its runs; the replicates' own test, starts - 2 degrees of freedom, not judged under
+    `MIN_TREND_RUNS` starts): its runs' test would read the start effects as a drift (38 % of campaigns of 10
+    starts x 2 runs under 10 % start effects flagged one)."""
     from raysweep.maths.over_time import MIN_TREND_RUNS
 
     k = values.shape[1]
-    pct, pval = np.full((points, k), math.nan), np.full((points, k), math.nan)
+    out = {name: np.full((points, k), math.nan) for name in ("drift_pct_per_run", "drift_se", "drift_df", "drift_p")}
     for j in range(k):
         ok = np.isfinite(values[:, j])
-        slope, p, ybar, judged, n_runs = _trend(values[ok, j], ranks[ok], codes[ok], points, MIN_TREND_RUNS)
+        y, x, c = values[ok, j], ranks[ok], codes[ok]
+        if starts is not None and ok.any():   # several starts: one value per start, at its runs' mean place
+            pairs, of = np.unique(np.stack([c, starts[ok]]), axis=1, return_inverse=True)
+            of = np.asarray(of).ravel()
+            owner, size = pairs[0], np.bincount(of).astype(float)
+            many = np.bincount(owner, minlength=points) >= 2
+            mine = many[owner]
+            y = np.concatenate([y[~many[c]], (np.bincount(of, weights=y) / size)[mine]])
+            x = np.concatenate([x[~many[c]], (np.bincount(of, weights=x) / size)[mine]])
+            c = np.concatenate([c[~many[c]], owner[mine]])
+        slope, se, dof, p, ybar, judged = _trend(y, x, c, points, MIN_TREND_RUNS)
         with np.errstate(invalid="ignore", divide="ignore"):
-            pct[:, j] = np.where(judged, 100.0 * slope / np.abs(ybar), math.nan)
-        pval[:, j] = np.where(judged, p, math.nan)
-        if starts is None or not ok.any():
-            continue
-        cell = np.unique(np.stack([codes[ok], starts[ok]]), axis=1, return_inverse=True)
-        owner, of = cell[0][0], np.asarray(cell[1]).ravel()
-        size = np.bincount(of).astype(float)
-        mean_y, mean_x = np.bincount(of, weights=values[ok, j]) / size, np.bincount(of, weights=ranks[ok]) / size
-        many = np.bincount(owner, minlength=points) >= 2
-        _, p_starts, _, judged_starts, _ = _trend(mean_y, mean_x, owner, points, MIN_TREND_RUNS)
-        pval[:, j] = np.where(many, np.where(judged_starts & judged, p_starts, math.nan), pval[:, j])
-    stats["drift_pct_per_run"], stats["drift_p"] = pct, pval
+            out["drift_pct_per_run"][:, j] = np.where(judged, 100.0 * slope / np.abs(ybar), math.nan)
+            out["drift_se"][:, j] = np.where(judged, 100.0 * se / np.abs(ybar), math.nan)
+        out["drift_df"][:, j] = np.where(judged, dof, math.nan)
+        out["drift_p"][:, j] = np.where(judged, p, math.nan)
+    stats.update(out)
 
 
 def _starts_drift(pct: float, p: float, starts: int) -> dict[str, Any]:
@@ -572,10 +576,10 @@ def _starts_drift(pct: float, p: float, starts: int) -> dict[str, Any]:
 
 
 def _trend(y: np.ndarray, x: np.ndarray, c: np.ndarray, points: int, least: int,
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per group of `c` (0 .. points - 1): the least-squares slope of `y` on `x`, the p-value of Student's t-test of
-    a zero slope, the mean of `y`, whether it is judged (`least` values at least, `x` not all alike, a mean not 0)
-    and the values counted."""
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group of `c` (0 .. points - 1): the least-squares slope of `y` on `x`, its standard error and degrees of
+    freedom, the p-value of Student's t-test of a zero slope, the mean of `y`, and whether it is judged (`least`
+    values at least, `x` not all alike, a mean not 0)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         n = np.bincount(c, minlength=points).astype(float)
         ybar = np.bincount(c, weights=y, minlength=points) / n
@@ -590,7 +594,7 @@ def _trend(y: np.ndarray, x: np.ndarray, c: np.ndarray, points: int, least: int,
         t = np.where(se > 0, slope / np.where(se > 0, se, 1.0), np.where(slope != 0, np.inf, 0.0))
         p = 2.0 * special.stdtr(np.maximum(n - 2, 1), -np.abs(t))
     judged = (n >= least) & (sxx > 0) & np.isfinite(ybar) & (ybar != 0)
-    return slope, p, ybar, judged, n
+    return slope, se, n - 2, p, ybar, judged
 
 
 def _sane_values(values: np.ndarray, codes: np.ndarray, points: int, metrics: list[str],

@@ -85,8 +85,9 @@ log = logging.getLogger(__name__)
 DEFAULT_OBJECTIVE = "output_throughput_per_gpu"
 CONFIDENCE = 0.95
 _PER_GPU = "_per_gpu"
-_STATS = ("mean", "median", "std", "ci_low", "ci_high", "se", "df", "ci_level", "drift_pct_per_run", "drift_p")
-_UNSCALED = ("_df", "_ci_level", "_drift_pct_per_run", "_drift_p")   # not divided per GPU
+_STATS = ("mean", "median", "std", "ci_low", "ci_high", "se", "df", "ci_level", "drift_pct_per_run", "drift_se",
+          "drift_df", "drift_p")
+_UNSCALED = ("_df", "_ci_level", "_drift_pct_per_run", "_drift_se", "_drift_p")   # not divided per GPU
 _POINT = ["serve_id", "bench_id"]
 _LOWER_IS_BETTER = ("_ms", "_s", "duration", "failed", "error_rate", "num_preemptions", "j_per_output_token",
                     "j_per_total_token", "_per_m_output_tokens", "_per_m_total_tokens", "energy_j", "energy_net_j")
@@ -500,13 +501,23 @@ def _all_flagged(rows: pd.DataFrame) -> pd.Series:
 
 
 def _drift_could_decide(against: verdicts.Verdict, leader: pd.Series, runner: pd.Series, maximize: bool) -> bool:
-    """Whether a drift shown in the leader's or the runner-up's runs could have made the verdict
-    (`hierarchy.drift_could_decide`)."""
+    """Whether a drift could have made the verdict (`hierarchy.drift_could_decide`). The configurations of one
+    campaign are measured in interleaved blocks, so a drift of the machine that both share cancels between them:
+    what can make the verdict is the difference of their drifts, where Student's t-test of the two slopes shows
+    one (`hierarchy.drift_apart`). Where a side's slope has no standard error (a summary written before it had
+    one), either side's own drift counts, as it did."""
     def pct(r: pd.Series) -> Any:
         own = r.get("objective_drift_pct_per_run")
         return own if finite(own) else r.get("drift_pct_per_run")
 
-    drift = max(hierarchy.drift_total(pct(r), r.get("runs"), _drifts(r)) for r in (leader, runner))
+    sides = [(r.get("objective_drift_pct_per_run"), r.get("objective_drift_se"), r.get("objective_drift_df"))
+             for r in (leader, runner)]
+    if all(finite(v) for side in sides for v in side):
+        (pa, sa, da), (pb, sb, db) = ((float(v) for v in side) for side in sides)
+        runs = max(float(r.get("runs")) if finite(r.get("runs")) else 1.0 for r in (leader, runner))
+        drift = hierarchy.drift_apart(pa, sa, da, pb, sb, db, runs)
+    else:
+        drift = max(hierarchy.drift_total(pct(r), r.get("runs"), _drifts(r)) for r in (leader, runner))
     return hierarchy.drift_could_decide(against, drift, maximize)
 
 
@@ -599,7 +610,7 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
         whole = pareto(runs)   # the point means once: each shape's front is that of its own points' means
     except UserError as exc:
         return {}, [f"no Pareto front: {exc}"]
-    means = whole.means
+    means = whole.means if whole.means is not None else runs.iloc[0:0]
     fronts = {str(shape): pareto_front(means[means["shape"] == shape].drop(columns=["shape"]).reset_index(drop=True))
               for shape in runs["shape"].unique()}
     return fronts, whole.notes
