@@ -274,3 +274,6 @@ def test_one_configuration_words_its_numbers_as_every_other_answer(tmp_path: Pat
     assert re.match(r"1,001 tok/s \[[\d,.]+, 1,0\d\d at 95 %\] \(on 2 server start\(s\), 4 run\(s\)\)$",
                     s.value_words), s.value_words
     assert "95% interval" not in " ".join(c.answer.lines())
+    knee = next(x for x in c.answer.extra if x.startswith("Knee for"))
+    by_load = next(x for x in c.answer.extra if x.startswith("By max_concurrency for"))
+    assert "1,001 tok/s" in knee and "16: 1,001 tok/s" in by_load and "1001" not in knee + by_load, (knee, by_load)

@@ -22,7 +22,7 @@ from raysweep.maths import hierarchy
 if TYPE_CHECKING:
     from raysweep.results.conclusions import Conclusions, ShapeVerdict
 
-__all__ = ["Answer", "Rival", "ShapeAnswer", "build", "failed_words", "point_words", "value_words"]
+__all__ = ["Answer", "Rival", "ShapeAnswer", "build", "failed_words", "number", "point_words", "value_words"]
 
 # the verdict of a shape, in one word: `better` is the only green one
 BETTER, NOT_SHOWN, NOT_COMPARED, NOT_JUDGED, NO_LEADER, ALONE = (
@@ -138,6 +138,11 @@ def _n(value: float) -> str:
         return "n/a"
     digits = max(0, 3 - int(math.floor(math.log10(abs(value))))) if value else 0
     return f"{value:,.{digits}f}"
+
+
+def number(value: Any) -> str:
+    """A measured value as every answer words it: `2,410`, `12.50` (4 significant digits, thousands separated)."""
+    return _n(_num(value))
 
 
 def value_words(value: float, low: float, high: float, level: float, unit: str, starts: int, runs: int,

@@ -734,7 +734,7 @@ def load_lines(c: Conclusions) -> list[str]:
     """One server config swept over loads (an endpoint): per shape its capacity (the load of highest mean
     objective, with its interval), its knee and the latencies at each load; never one load "better" than
     another as if they were configs."""
-    from raysweep.results.answer import point_words  # the answer's one wording of a value
+    from raysweep.results.answer import number, point_words  # the answer's one wording of a value
 
     lines = []
     for v in c.verdicts:
@@ -747,12 +747,12 @@ def load_lines(c: Conclusions) -> list[str]:
                      + ("; its runs drift over their order" if v.drifting else ""))
         if v.knee is not None:
             lines.append(f"Knee for {v.shape}: {c.load}={fmt_value(v.knee[c.load])}, {c.objective.name} "
-                         f"{fmt(v.knee['objective_mean'])}{unit} (the best among loads with {v.knee_bound})")
+                         f"{number(v.knee['objective_mean'])}{unit} (the best among loads with {v.knee_bound})")
         steps = []
         for _, r in by_load(c, v).iterrows():
             lat = ", ".join(f"{m[:-3].replace('_', ' ')} {fmt(r.get(f'{m}_mean'))} ms"
                             for m in CARD_LATENCIES[::2] if finite(r.get(f"{m}_mean")))
-            steps.append(f"{fmt_value(r[c.load])}: {fmt(r['objective_mean'])}{unit}"
+            steps.append(f"{fmt_value(r[c.load])}: {number(r['objective_mean'])}{unit}"
                          + (f", {lat}" if lat else ""))
         lines.append(f"By {c.load} for {v.shape}: " + "; ".join(steps))
     return lines
