@@ -600,7 +600,7 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
         whole = pareto(runs)   # the point means once: each shape's front is that of its own points' means
     except UserError as exc:
         return {}, [f"no Pareto front: {exc}"]
-    means = whole.means if whole.means is not None else pd.DataFrame(columns=["shape"])
+    means = whole.means if whole.means is not None else runs.iloc[0:0]
     fronts = {str(shape): pareto_front(means[means["shape"] == shape].drop(columns=["shape"]).reset_index(drop=True))
               for shape in runs["shape"].unique()}
     return fronts, whole.notes
