@@ -126,3 +126,21 @@ def test_the_tests_and_p_values_are_one_verbose_away(tmp_path, monkeypatch):
     detail = "\n  random_input_len=128: not compared: one server start each"
     assert detail not in plain and detail in verbose
     assert [ln for ln in verbose.splitlines() if not ln.startswith("  ")] == plain.splitlines()
+
+
+def test_failed_points_are_said_whatever_the_answer_names():
+    """The campaign's failed points are in no ranking: every kind of answer says how many, in what it leaves out
+    (a leader, no leader because every run failed a check, no point shown to meet the slo), and says nothing
+    without any."""
+    from raysweep.campaign.slo import parse_slo
+
+    df = runs({"A": [(8, 1200.0, 100.0, 500.0)], "B": [(8, 1000.0, 100.0, 500.0)]}, n=4, per_start=2)
+    said = "3 failed point(s) of the campaign (not in any ranking; `raysweep status` says why)"
+    flagged = df.assign(validity_ok=False, validity_issues="shared CPUs")
+    for kw, frame in (({}, df), ({}, flagged), ({"slo": parse_slo({"p99_ttft_ms": 10})}, df)):
+        (s,) = _answer(frame, failed_points=3, **kw).shapes
+        assert said in s.left_out and "; left out: " in s.headline and said in s.headline, s.headline
+        assert s.leader is not None or s.verdict == "no leader"
+        assert said not in _answer(frame, **kw).shapes[0].headline
+    (s,) = _answer(flagged, failed_points=3).shapes
+    assert s.leader is None and s.lead_words == "" and s.lead is None   # no leader: no lead stated either

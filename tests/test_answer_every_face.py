@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import shutil
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from test_report_browser import _demo_like_rows
 from raysweep.cli import main
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.record.files import write_json_atomic
-from raysweep.results import conclusions
+from raysweep.results import answer as answer_module
 
 Rows = list[dict[str, Any]]
 
@@ -86,10 +87,17 @@ def _pd(name: str) -> Rows:
     return rows
 
 
+def _all_flagged(name: str) -> Rows:
+    rows = _sweep(name, {"s8": 1000.0, "s16": 2000.0})
+    for r in rows:  # every run of every config shares CPUs with its clients: no leader is named
+        r.update(validity_ok=False, validity_issues="shared CPUs (server and clients on CPU(s) 0-1)")
+    return rows
+
+
 KINDS: dict[str, tuple[Callable[[str], Rows], int]] = {   # the rows, and how many points failed besides
     "plain": (_plain, 0), "precision": (_precision, 0), "confirmation": (lambda n: _demo_like_rows(), 0),
-    "flagged": (_flagged, 0), "outlier": (_outlier, 0), "endpoint": (_endpoint, 0), "failed": (_plain, 2),
-    "pd": (_pd, 0)}
+    "flagged": (_flagged, 0), "all_flagged": (_all_flagged, 0), "outlier": (_outlier, 0),
+    "endpoint": (_endpoint, 0), "endpoint_failed": (_endpoint, 1), "failed": (_plain, 2), "pd": (_pd, 0)}
 
 
 def _build(out: Path, name: str, rows: Rows, failed: int) -> Path:
@@ -153,8 +161,12 @@ def test_every_face_states_the_same_leader_value_lead_verdict_and_counts(kind: s
     obj = answer.answer.to_dict()   # the API's answer: what every other face must state
     assert printed == answer.answer.lines() and printed and obj["shapes"]
     _the_kind_shows(kind, answer.answer, failed)
-    if failed:
-        assert json.loads(_run("status", str(out), "--json").output)["counts"]["failed"] == failed
+    counted = json.loads(_run("status", str(out), "--json").output)["counts"]["failed"]
+    assert counted == failed and obj["failed"] == failed
+    said_failed = f"{failed} failed point(s) of the campaign (not in any ranking"
+    for s in obj["shapes"]:   # the points that failed are said wherever the answer is, with `status`'s count
+        assert (said_failed in s["headline"]) == bool(failed) and (said_failed in " ".join(s["left_out"])) == bool(
+            failed), s["headline"]
 
     doc = json.loads(_run("report", str(out), "--json").output)   # writes the card too
     assert doc["answer"] == obj and doc["conclusions"][:len(printed)] == printed
@@ -164,10 +176,14 @@ def test_every_face_states_the_same_leader_value_lead_verdict_and_counts(kind: s
     status = _flat(_run("status", str(out)).output)
     assert all(_flat(line) in status for line in printed), status
 
-    card = _flat(html.unescape(re.sub(r"<[^>]+>", " ", (out / "report.html").read_text())))
+    page = (out / "report.html").read_text()
+    card = _flat(html.unescape(re.sub(r"<[^>]+>", " ", page)))
     assert ("Precision not reached" in card) == (kind == "precision")
     for s in obj["shapes"]:
         _the_card_states(card, s, single=answer.answer.shapes[0].verdict == "alone" and not s["rivals"])
+    # a lead on the card only where the terminal's line states one: none where no leader is named
+    assert page.count('<p class="lead">') == sum(bool(s["lead_words"]) and s["lead_words"] in s["headline"]
+                                                 for s in obj["shapes"]), page
 
     copy = tmp_path / "copy" / kind
     shutil.copytree(out, copy)
@@ -184,10 +200,13 @@ def test_every_face_states_the_same_leader_value_lead_verdict_and_counts(kind: s
     assert entry["answer"] == printed and entry["answer_object"] == obj
 
     history = _run("history", str(cat)).output
-    assert [ln.split("'s answer: ", 1)[1] for ln in history.splitlines() if ln.startswith(f"{kind}'s answer: ")] \
-        == printed, history
-    (kept,) = json.loads(_run("history", str(cat), "--json").output)["answers"]
-    assert kept["lines"] == printed and kept["answer"] == obj
+    if kind == "all_flagged":  # no run passed its checks: in no series of `history`, so no answer of it there
+        assert "no run matches" in history and json.loads(_run("history", str(cat), "--json").output)["answers"] == []
+    else:
+        assert [ln.split("'s answer: ", 1)[1] for ln in history.splitlines()
+                if ln.startswith(f"{kind}'s answer: ")] == printed, history
+        (kept,) = json.loads(_run("history", str(cat), "--json").output)["answers"]
+        assert kept["lines"] == printed and kept["answer"] == obj
 
     _run("site", str(cat), str(tmp_path / "site"))
     index = (tmp_path / "site" / "index.html").read_text()
@@ -195,12 +214,20 @@ def test_every_face_states_the_same_leader_value_lead_verdict_and_counts(kind: s
 
 
 def _the_card_states(card: str, s: dict[str, Any], single: bool) -> None:
-    """The card of one shape states the answer's leader (or that none is named), value, counts, lead, verdict."""
-    assert conclusions.fmt(s["value"]) in card, (s["headline"], card)
+    """The card of one shape states the answer's leader (or that none is named), value, counts, lead, verdict, in
+    the words of the terminal's line (the value as `value_words` gives it, the lead as `lead_words`)."""
+    words = s["value_words"]
+    assert words.startswith(answer_module._n(s["value"])) and words in s["headline"], (words, s["headline"])
+    assert re.search(rf"\b{s['starts']} (fresh )?server start\(s\), {s['runs']} run\(s\)\)$", words), words
+    if math.isfinite(s["ci_low"] or math.nan):
+        level = f"{100 * s['level']:.4g} %"
+        assert f" [{answer_module._n(s['ci_low'])}, {answer_module._n(s['ci_high'])} at {level}] " in words, words
+    assert words in card, (words, card)
+    for left in s["left_out"]:
+        assert left in card
     if single:
         assert "Capacity:" in card
         return
-    assert f"on {s['starts']} server start(s), {s['runs']} run(s)" in card, (s, card)
     if s["leader"] is None:
         assert f"No configuration to deploy: {s['why']}" in card
     else:
@@ -209,8 +236,6 @@ def _the_card_states(card: str, s: dict[str, Any], single: bool) -> None:
         assert s["lead_words"] in s["headline"] or s["leader"] is None
         assert f"{s['lead_words']} (" in card, (s["lead_words"], card)
     assert f"{s['verdict']}: {s['why']}" in card or s["leader"] is None
-    for left in s["left_out"]:
-        assert left in card
     assert bool(s["precision"]) == ("Precision not reached: this point stopped at max_runs" in card)
 
 
@@ -227,8 +252,28 @@ def _the_kind_shows(kind: str, a: Any, failed: int) -> None:
         assert any("never the leader" in x for s in a.shapes for x in s.left_out), a.lines()
     elif kind == "outlier":
         assert any("1 run(s) left out (outlier run 1)" in x for s in a.shapes for x in s.left_out), a.lines()
-    elif kind == "endpoint":
+    elif kind == "all_flagged":
+        assert all(s.leader is None and s.verdict == "no leader" for s in a.shapes), a.lines()
+    elif kind.startswith("endpoint"):
         assert all(s.verdict == "alone" for s in a.shapes)
     elif kind == "pd":
         assert any(line.startswith("Deployments by") for line in a.extra), a.lines()
     assert failed == 0 or first.leader is not None
+
+
+def test_one_configuration_words_its_numbers_as_every_other_answer(tmp_path: Path) -> None:
+    """An endpoint swept over loads states its capacity as any other answer states its value: `1,001 tok/s
+    [990.2, 1,012 at 95 %]`, never `1001 tok/s (95% interval ...)`."""
+    from raysweep import api
+
+    out = _build(tmp_path / "ep", "ep", _endpoint("ep"), 0)   # a capacity above a thousand tok/s
+    c = api.Campaign(out).conclude()
+    assert c is not None
+    (s,) = c.answer.shapes
+    assert s.headline.startswith(f"Capacity for {s.shape}: {c.answer.objective} {s.value_words} at max_concurrency=16")
+    assert re.match(r"1,001 tok/s \[[\d,.]+, 1,0\d\d at 95 %\] \(on 2 server start\(s\), 4 run\(s\)\)$",
+                    s.value_words), s.value_words
+    assert "95% interval" not in " ".join(c.answer.lines())
+    knee = next(x for x in c.answer.extra if x.startswith("Knee for"))
+    by_load = next(x for x in c.answer.extra if x.startswith("By max_concurrency for"))
+    assert "1,001 tok/s" in knee and "16: 1,001 tok/s" in by_load and "1001" not in knee + by_load, (knee, by_load)

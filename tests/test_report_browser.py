@@ -107,9 +107,9 @@ def test_the_demos_card_states_the_figures_the_terminal_prints(tmp_path, monkeyp
     leader, value, low, high, words, lead, rival = said.groups()
     probe = check_page(report.write_report(out), tmp_path)
     card = " ".join(probe["first_text"].split())
-    shown = re.search(r"Deploy: (max_num_seqs=\d+) at max_concurrency=16 ?: output_throughput ([\d,.]+) tok/s \(95 % "
-                      r"interval ([\d,.]+) to ([\d,.]+),.*?((\d+) % more than (max_num_seqs=\d+) at max_concurrency=16 "
-                      r"\[[^]]*\]) \(([\d,.]+),", card)
+    shown = re.search(r"Deploy: (max_num_seqs=\d+) at max_concurrency=16 ?: output_throughput ([\d,.]+) tok/s "
+                      r"\[([\d,.]+), ([\d,.]+) at 95 %\] .*?((\d+) % more than (max_num_seqs=\d+) at "
+                      r"max_concurrency=16 \[[^]]*\]) \(([\d,.]+),", card)
     assert shown is not None, card
     def num(text: str) -> float:
         return float(text.replace(",", ""))

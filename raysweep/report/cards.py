@@ -56,14 +56,8 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
                 card_figure: CardFigure) -> str:
     lead = v.leader
     said = c.answer.shapes[c.verdicts.index(v)]   # the campaign's answer: rendered here, never recomputed
-    value = (f"{esc(c.objective.name)} {conclusions.fmt(lead['objective_mean'])} {esc(c.objective.unit)} "
-             f"({_interval(lead)}, {_backing(lead)})")
-    if not c.single_config:
-        interval = (f"{conclusions.level_text(said.level)} interval {conclusions.fmt(said.ci_low)} to "
-                    f"{conclusions.fmt(said.ci_high)}" if conclusions.finite(said.ci_low) else "no interval: one run")
-        value = (f"{esc(c.objective.name)} {conclusions.fmt(said.value)} {esc(c.objective.unit)} ({esc(interval)}, "
-                 f"on {said.starts} server start(s), {said.runs} run(s)"
-                 f"{', the confirmation on fresh servers' if v.confirmation is not None else ''})")
+    # the value in the answer's own words, as the terminal prints it: `2,410 tok/s [2,329, 2,491 at 95 %] (on ...)`
+    value = f"{esc(c.objective.name)} {esc(said.value_words)}"
     parts = [f"<h3>{esc(v.shape)}</h3>"]
     if v.slo_met is False and c.slo is not None:
         parts.append(f'<p class="flag">No point of this shape is shown to meet the service-level objective '
@@ -80,8 +74,9 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
     parts.append(_precision(data, lead))
     parts.append(_latencies(lead))
     if c.single_config:
-        return f'<div class="card">{"".join([*parts, *_load_parts(data, c, v, card_figure)])}</div>'
-    if v.runner_up is not None and said.rivals:
+        left = [f'<p class="flag">Left out: {esc("; ".join(said.left_out))}.</p>'] if said.left_out else []
+        return f'<div class="card">{"".join([*parts, *left, *_load_parts(data, c, v, card_figure)])}</div>'
+    if v.runner_up is not None and said.rivals and said.leader is not None:   # no leader: no lead, as in the line
         cls = "sig" if said.clear else "insig"
         first = said.rivals[0]
         # the lead in the answer's own words, as the terminal prints it: `22 % more than X [+12.0 %, +33.0 %]`
@@ -92,10 +87,10 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
                  f"{conclusions.fmt(k.runner_ci[0])} to {conclusions.fmt(k.runner_ci[1])}, the confirmation")
         parts.append(f'<p class="lead">{esc(amount)} ({rival}): '
                      f'<span class="{cls}">{esc(said.verdict)}: {esc(said.why)}</span>.</p>')
-        if said.left_out:
-            parts.append(f'<p class="flag">Left out: {esc("; ".join(said.left_out))}.</p>')
-        if said.details:
-            parts.append(f"<details><summary>The test</summary><p>{esc(' '.join(said.details))}</p></details>")
+    if said.left_out:   # what the line leaves out, the failed points of the campaign included
+        parts.append(f'<p class="flag">Left out: {esc("; ".join(said.left_out))}.</p>')
+    if said.details:
+        parts.append(f"<details><summary>The test</summary><p>{esc(' '.join(said.details))}</p></details>")
     if v.knee is not None:
         same = v.knee["serve_id"] == lead["serve_id"] and v.knee["bench_id"] == lead["bench_id"]
         parts.append(f"<p>Knee (best among points with {esc(v.knee_bound)}): "
@@ -167,17 +162,6 @@ def _load_parts(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
     parts.append(html_table([c.load or "load", f"mean{unit}", f"{conclusions.CONFIDENCE:.0%} CI",
                              *[f"{m[:-3]} (ms)" for m in lats], "runs used", "left out"], rows))
     return parts
-
-
-def _backing(row: Any) -> str:
-    """`backed by 3 run(s); 2 left out (shared CPUs 2)`, or that every run is flagged."""
-    if row.get("on_flagged_runs") is True:
-        return f"{_runs(row)}, every one flagged (see Warnings)"
-    text = f"backed by {_runs(row)}"
-    left = row.get("runs_left_out")
-    if conclusions.finite(left) and int(left) > 0:
-        text += f"; {int(left)} left out ({row.get('left_out_reasons') or 'flagged'})"
-    return text
 
 
 def _left_out(row: Any) -> str:

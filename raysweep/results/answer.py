@@ -6,7 +6,9 @@ comes from the one model of a measurement (`raysweep.maths.hierarchy`); the face
 
 The plain words come first (`ShapeAnswer.headline`, e.g. "Deploy max_num_seqs=16: 2,410 tok/s at
 max_concurrency=16 [2,329, 2,491 at 95 %], 22 % more than max_num_seqs=8 [+12 %, +33 %], confirmed on fresh
-servers"); the tests, p-values and corrections are in `ShapeAnswer.details` (`--verbose`).
+servers"); the tests, p-values and corrections are in `ShapeAnswer.details` (`--verbose`). The value and the lead
+have one wording each (`ShapeAnswer.value_words`, `ShapeAnswer.lead_words`) that the card renders as the terminal
+prints it; what was left out (`ShapeAnswer.left_out`) names the campaign's failed points with their number.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from raysweep.maths import hierarchy
 if TYPE_CHECKING:
     from raysweep.results.conclusions import Conclusions, ShapeVerdict
 
-__all__ = ["Answer", "Rival", "ShapeAnswer", "build"]
+__all__ = ["Answer", "Rival", "ShapeAnswer", "build", "failed_words", "number", "point_words", "value_words"]
 
 # the verdict of a shape, in one word: `better` is the only green one
 BETTER, NOT_SHOWN, NOT_COMPARED, NOT_JUDGED, NO_LEADER, ALONE = (
@@ -69,6 +71,8 @@ class ShapeAnswer:
     lead_high: float | None = None
     lead_words: str = ""           # that lead in the headline's words: `22 % more than X [+12.0 %, +33.0 %]`
     precision: str = ""            # `bench.precision` not reached at the leader's point, in words ("" otherwise)
+    value_words: str = ""          # the value in the headline's words, the card's too: `2,410 tok/s [2,329, 2,491
+    #                                at 95 %] (on 2 server start(s), 4 run(s))`
 
     @property
     def clear(self) -> bool:
@@ -87,6 +91,7 @@ class Answer:
     load: str | None
     shapes: list[ShapeAnswer]
     extra: list[str] = field(default_factory=list)
+    failed: int = 0                # points of the campaign that failed: in no ranking (each shape's left out says so)
 
     def lines(self, verbose: bool = False) -> list[str]:
         """The answer in words, plain first: one headline per shape (and its details with `verbose`), then
@@ -133,6 +138,36 @@ def _n(value: float) -> str:
         return "n/a"
     digits = max(0, 3 - int(math.floor(math.log10(abs(value))))) if value else 0
     return f"{value:,.{digits}f}"
+
+
+def number(value: Any) -> str:
+    """A measured value as every answer words it: `2,410`, `12.50` (4 significant digits, thousands separated)."""
+    return _n(_num(value))
+
+
+def value_words(value: float, low: float, high: float, level: float, unit: str, starts: int, runs: int,
+                confirmation: bool = False) -> str:
+    """A value in the answer's one wording (the terminal's line and the card's): `2,410 tok/s [2,329, 2,491 at
+    95 %] (on 2 server start(s), 4 run(s))`, or `(the confirmation: 2 fresh server start(s), 4 run(s))`."""
+    unit = f" {unit}" if unit else ""
+    interval = (f" [{_n(low)}, {_n(high)} at {100 * level:.4g} %]" if math.isfinite(low) and math.isfinite(high)
+                else " (no interval: one run)")
+    on = (f" (the confirmation: {starts} fresh server start(s), {runs} run(s))" if confirmation
+          else f" (on {starts} server start(s), {runs} run(s))")
+    return f"{_n(value)}{unit}{interval}{on}"
+
+
+def point_words(row: Any, level: float, unit: str) -> str:
+    """`value_words` of a point's row (its mean, interval, server starts and runs)."""
+    return value_words(_num(row.get("objective_mean")), _num(row.get("objective_ci_low")),
+                       _num(row.get("objective_ci_high")), level, unit, _count(row.get("server_starts")) or 1,
+                       _count(row.get("runs")))
+
+
+def failed_words(n: int) -> str:
+    """The campaign's failed points, as each shape's left out says them ("" for none)."""
+    return (f"{n} failed point(s) of the campaign (not in any ranking; `raysweep status` says why)" if n > 0
+            else "")
 
 
 def _pct(x: float) -> str:
@@ -232,13 +267,12 @@ def _rivals(c: Conclusions, v: ShapeVerdict, cl: Any) -> list[Rival]:
 
 def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
     at_load, level_of, verdict_text = cl.at_load, cl.level_of, cl.verdict_text
-    unit = f" {c.objective.unit}" if c.objective.unit else ""
     leader = v.leader
     rivals = _rivals(c, v, cl)
     # what was left out of the leader's and the runner-up's values, and every configuration never the leader
     # because all its runs failed a check (ranked last, whatever it measured: said, never dropped in silence)
     never = [r for _, r in v.ranking.iterrows() if r.get("on_flagged_runs") == True]  # noqa: E712
-    left = _left_out([leader, v.runner_up, *never])
+    left = [*_left_out([leader, v.runner_up, *never]), *filter(None, [failed_words(c.failed_points)])]
     value, low, high = (_num(leader.get("objective_mean")), _num(leader.get("objective_ci_low")),
                         _num(leader.get("objective_ci_high")))
     level, starts, runs = level_of(leader), _count(leader.get("server_starts")) or 1, _count(leader.get("runs"))
@@ -251,11 +285,7 @@ def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
     against = k.verdict if k is not None and k.verdict is not None else v.against
     lead, lead_low, lead_high = _lead(against, c.objective.maximize) if against is not None else (None, None, None)
     runner = at_load(v.runner_up, c.load) if v.runner_up is not None else ""
-    interval = (f" [{_n(low)}, {_n(high)} at {100 * level:.4g} %]" if math.isfinite(low) and math.isfinite(high)
-                else " (no interval: one run)")
-    on = (f" (the confirmation: {starts} fresh server start(s), {runs} run(s))" if k is not None
-          else f" (on {starts} server start(s), {runs} run(s))")
-    said = f"{_n(value)}{unit}{interval}{on}"
+    said = value_words(value, low, high, level, c.objective.unit, starts, runs, confirmation=k is not None)
     lead_words = ""
     if lead is not None and runner:
         span = lead_span(lead_low, lead_high, c.objective.maximize)
@@ -264,10 +294,10 @@ def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
     if v.slo_met is False and c.slo is not None:
         verdict, why = NO_LEADER, f"no point is shown to meet the slo {c.slo.label}; nearest: {v.nearest}"
         headline = f"No point of {v.shape} is shown to meet the slo {c.slo.label} (its interval inside the bound): " \
-            f"no configuration to deploy; nearest: {v.nearest}"
+            f"no configuration to deploy; nearest: {v.nearest}" + (f"; left out: {'; '.join(left)}" if left else "")
         return ShapeAnswer(v.shape, None, value, low, high, level, starts, runs, verdict, why, False, rivals, left,
-                           headline, [verdict_text(v)] if v.runner_up is not None else [], runner or None, lead,
-                           lead_low, lead_high, lead_words)
+                           headline, [verdict_text(v)] if v.runner_up is not None else [], runner or None,
+                           value_words=said)
     if v.all_flagged:
         verdict, why = NO_LEADER, "every configuration's runs failed a check (see Warnings); none is named"
         headline = f"Best for {v.shape}: no configuration to deploy: {why}. Best measured: {name}, {said}"
@@ -298,9 +328,11 @@ def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
     if short:
         headline += f"; {short}"
     details = [f"{v.shape}: {verdict_text(v)}"] if v.runner_up is not None else []
-    return ShapeAnswer(v.shape, None if verdict == NO_LEADER else name, value, low, high, level, starts, runs,
-                       verdict, why, confirmed, rivals, left, headline, details, runner or None, lead, lead_low,
-                       lead_high, lead_words, short)
+    if verdict == NO_LEADER:   # no leader, no lead: the line states none, and neither does any other face
+        return ShapeAnswer(v.shape, None, value, low, high, level, starts, runs, verdict, why, confirmed, rivals,
+                           left, headline, details, runner or None, precision=short, value_words=said)
+    return ShapeAnswer(v.shape, name, value, low, high, level, starts, runs, verdict, why, confirmed, rivals, left,
+                       headline, details, runner or None, lead, lead_low, lead_high, lead_words, short, said)
 
 
 def _short_of_precision(row: Any) -> str:
@@ -319,17 +351,27 @@ def build(c: Conclusions, cl: Any) -> Answer:
     conclusions' module, whose words (`at_load`, `level_of`, `verdict_text`, `load_lines`, `extra_lines`) it
     uses (passed in: the answer comes after the conclusions, which hand themselves over)."""
     if c.single_config:
-        shapes = [ShapeAnswer(v.shape, cl.at_load(v.leader, c.load), _num(v.leader.get("objective_mean")),
-                              _num(v.leader.get("objective_ci_low")), _num(v.leader.get("objective_ci_high")),
-                              cl.level_of(v.leader), _count(v.leader.get("server_starts")) or 1,
-                              _count(v.leader.get("runs")), ALONE, "one server configuration swept over loads", False,
-                              [], _left_out([v.leader]), line)
-                  for v, line in zip(c.verdicts, [x for x in cl.load_lines(c) if x.startswith(_CAPACITY)])]
-        return Answer(c.objective.name, c.objective.metric, c.objective.unit, c.objective.maximize, c.load, shapes,
-                      [*(x for x in cl.load_lines(c) if not x.startswith(_CAPACITY)), *c.arms])
+        return Answer(c.objective.name, c.objective.metric, c.objective.unit, c.objective.maximize, c.load,
+                      [_capacity(c, v, line, cl) for v, line in zip(c.verdicts, [
+                          x for x in cl.load_lines(c) if x.startswith(_CAPACITY)])],
+                      [*(x for x in cl.load_lines(c) if not x.startswith(_CAPACITY)), *c.arms], c.failed_points)
     shapes = [_shape(c, v, cl) for v in c.verdicts]
     return Answer(c.objective.name, c.objective.metric, c.objective.unit, c.objective.maximize, c.load, shapes,
-                  cl.extra_lines(c))
+                  cl.extra_lines(c), c.failed_points)
+
+
+def _capacity(c: Conclusions, v: ShapeVerdict, line: str, cl: Any) -> ShapeAnswer:
+    """One server configuration swept over loads: its capacity (`load_lines`' line, its value in `value_words`),
+    with what was left out."""
+    row = v.leader
+    value, low, high = (_num(row.get("objective_mean")), _num(row.get("objective_ci_low")),
+                        _num(row.get("objective_ci_high")))
+    level, starts, runs = cl.level_of(row), _count(row.get("server_starts")) or 1, _count(row.get("runs"))
+    left = [*_left_out([row]), *filter(None, [failed_words(c.failed_points)])]
+    headline = line + (f"; left out: {'; '.join(left)}" if left else "")
+    return ShapeAnswer(v.shape, cl.at_load(row, c.load), value, low, high, level, starts, runs, ALONE,
+                       "one server configuration swept over loads", False, [], left, headline,
+                       value_words=point_words(row, level, c.objective.unit))
 
 
 _CAPACITY = "Capacity for "   # the first line of each shape of a single configuration (`load_lines`)

@@ -215,6 +215,7 @@ class Conclusions:
     deployments: dict[str, str] = field(default_factory=dict)  # P/D deployments by serve_id (`pd_regions`)
     # whether the deployments differ only where declared, and any that prefilled requests again (`pd_arms`)
     arms: list[str] = field(default_factory=list)
+    failed_points: int = 0        # points of the campaign that failed (no record: in no ranking), as `status` counts
     _answer: Any = None
 
     @property
@@ -236,7 +237,7 @@ class Conclusions:
 def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None = None,
              sla: pd.DataFrame | None = None, sla_variable: str = "", confidence: float = CONFIDENCE,
              summary: pd.DataFrame | None = None, slo: Target | None = None,
-             serve_params: Iterable[Mapping[str, Any]] = ()) -> Conclusions:
+             serve_params: Iterable[Mapping[str, Any]] = (), failed_points: int = 0) -> Conclusions:
     """The conclusions of a results table (one row per run); see the module doc. `summary` is its
     `aggregate.summarize` (made here when not given); `slo` the campaign's service-level objective;
     `serve_params` its serve parameter combinations, whose names are the declared sweep axes that P/D
@@ -270,7 +271,7 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
                        _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
                        [*gpu_note, *notes], slo, single, deployments,
                        [*pd_arms.arm_lines(df, deployments, serve_params),
-                        *pd_arms.prefilled_again_lines(df, deployments, load or None)])
+                        *pd_arms.prefilled_again_lines(df, deployments, load or None)], failed_points)
 
 
 def gpus_declared(df: pd.DataFrame) -> bool:
@@ -744,25 +745,25 @@ def load_lines(c: Conclusions) -> list[str]:
     """One server config swept over loads (an endpoint): per shape its capacity (the load of highest mean
     objective, with its interval), its knee and the latencies at each load; never one load "better" than
     another as if they were configs."""
+    from raysweep.results.answer import number, point_words  # the answer's one wording of a value
+
     lines = []
     for v in c.verdicts:
         top, unit = v.leader, f" {c.objective.unit}".rstrip()
-        low, high = top.get("objective_ci_low"), top.get("objective_ci_high")
-        interval = (f" ({CONFIDENCE:.0%} interval {fmt(low)} to {fmt(high)})"
-                    if finite(top.get("objective_ci_low")) and finite(top.get("objective_ci_high")) else "")
+        said = point_words(top, level_of(top), c.objective.unit)
         word = "highest" if c.objective.maximize else "lowest"
-        lines.append(f"Capacity for {v.shape}: {c.objective.name} {fmt(top['objective_mean'])}{unit}{interval} at "
+        lines.append(f"Capacity for {v.shape}: {c.objective.name} {said} at "
                      f"{c.load}={fmt_value(top[c.load])}, the {word} mean of "
                      f"{len(by_load(c, v))} load(s)" + ("; some of its runs were flagged" if v.flagged else "")
                      + ("; its runs drift over their order" if v.drifting else ""))
         if v.knee is not None:
             lines.append(f"Knee for {v.shape}: {c.load}={fmt_value(v.knee[c.load])}, {c.objective.name} "
-                         f"{fmt(v.knee['objective_mean'])}{unit} (the best among loads with {v.knee_bound})")
+                         f"{number(v.knee['objective_mean'])}{unit} (the best among loads with {v.knee_bound})")
         steps = []
         for _, r in by_load(c, v).iterrows():
             lat = ", ".join(f"{m[:-3].replace('_', ' ')} {fmt(r.get(f'{m}_mean'))} ms"
                             for m in CARD_LATENCIES[::2] if finite(r.get(f"{m}_mean")))
-            steps.append(f"{fmt_value(r[c.load])}: {fmt(r['objective_mean'])}{unit}"
+            steps.append(f"{fmt_value(r[c.load])}: {number(r['objective_mean'])}{unit}"
                          + (f", {lat}" if lat else ""))
         lines.append(f"By {c.load} for {v.shape}: " + "; ".join(steps))
     return lines

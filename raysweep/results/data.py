@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from raysweep.errors import UserError
-from raysweep.ledger import PointRow, ServerRow
+from raysweep.ledger import PointRow, PointState, ServerRow
 from raysweep.results import aggregate, conclusions
 from raysweep.results.directory import CampaignDir
 from raysweep.results.importer import read_sla
@@ -77,7 +77,9 @@ def answer_of(data: ReportData) -> conclusions.Conclusions:
         if slo is not None:
             summary = _with_pooled(data, summary, [t.metric for t in slo.thresholds])
         data.answer = conclusions.conclude(data.df, bench_vars, data.objective, data.sla, data.sla_variable,
-                                           summary=summary, slo=slo, serve_params=[p.serve_params for p in data.points])
+                                           summary=summary, slo=slo, serve_params=[p.serve_params for p in data.points],
+                                           failed_points=sum(p.in_plan and p.state == PointState.FAILED
+                                                             for p in data.points))
     return data.answer
 
 
