@@ -9,9 +9,9 @@ differ by 5 to 10 % it gave a green "better" half the time. Here the replicate i
 - a start's value is the mean of its runs;
 - a configuration's value at a bench point is the mean over its server starts of their start means, and its
   interval Student's t over those start means on starts - 1 degrees of freedom (exact for any start effect and
-  any runs per start when the start means are alike in spread; `benchmarks/bench_verdicts.py --model` measures
-  it against a random-intercept model, `statsmodels` `MixedLM`, whose few-starts degrees of freedom are not
-  exact: see benchmarks/results/verdicts-model.md);
+  any runs per start when the start means are alike in spread, where a random-intercept model's few-starts
+  degrees of freedom are not; `benchmarks/bench_verdicts.py --model` measures its coverage and error rates:
+  see benchmarks/results/verdicts-model.md);
 - a point measured on one start keeps the t-interval over its runs, labelled so: it says nothing of the next
   start, and no verdict rests on it ("not compared: one server start each");
 - a warm-up of a server's life is found and cut before any of it (`warmup`): where the first run of each of a
