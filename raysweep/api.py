@@ -69,7 +69,7 @@ class Campaign:
     def name(self) -> str:
         if not self.is_raysweep:
             return self.output_dir.name
-        from raysweep.results.directory import CampaignDir
+        from raysweep.record.directory import CampaignDir
 
         with CampaignDir(self.output_dir) as campaign_dir:
             ledger = campaign_dir.ledger
@@ -92,7 +92,7 @@ class Campaign:
     def aggregate(self, confidence: float = 0.95, threshold: float = 0.05,
                   noise_metrics: list[str] | None = None) -> pd.DataFrame:
         """The summary with other settings (`raysweep results --aggregate`)."""
-        from raysweep.results.directory import CampaignDir
+        from raysweep.record.directory import CampaignDir
 
         return CampaignDir(self.output_dir).summary(confidence, threshold, results=self.results,
                                                    noise_metrics=noise_metrics)
@@ -125,8 +125,8 @@ class Campaign:
 
     def status(self) -> dict[str, Any]:
         """Where the campaign stands, as `raysweep status --json` says it (raysweep/schemas/status.json)."""
+        from raysweep.record.directory import CampaignDir
         from raysweep.record.jsonvalues import jsonable
-        from raysweep.results.directory import CampaignDir
 
         with CampaignDir(self.output_dir) as directory:
             return jsonable(directory.status_document())
@@ -204,7 +204,7 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     """
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.drive.checks import check_before_run, finished
-    from raysweep.results.directory import default_path
+    from raysweep.record.directory import default_path
 
     if isinstance(campaign, dict):
         spec = campaign_from_dict(campaign, base_dir=Path.cwd())

@@ -105,7 +105,7 @@ def export_reports(output_dir: str | Path) -> list[dict[str, Any]]:
     level = float(summary.attrs.get("confidence") or 0.95)
     catalogue = sources.read(sources.Found(sources.RAYSWEEP, out)).rows
     objective, verdicts = _verdicts(out)
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     with CampaignDir(out) as campaign_dir:
         points = campaign_dir.ledger.points()

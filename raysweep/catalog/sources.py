@@ -26,7 +26,7 @@ from raysweep.bench.load import VARIABLES, flags
 from raysweep.catalog import fields
 from raysweep.errors import UserError
 from raysweep.ledger import LEDGER_FILE, PointState
-from raysweep.results.directory import CampaignDir
+from raysweep.record.directory import CampaignDir
 
 __all__ = ["Found", "Source", "discover", "read"]
 

@@ -146,7 +146,7 @@ def _sigterm_to_interrupt() -> None:
 
 def _output_dir(spec: CampaignSpec, override: str | None) -> Path:
     c = spec.campaign
-    from raysweep.results.directory import default_path
+    from raysweep.record.directory import default_path
 
     path = default_path(c.name, override, c.output_dir)
     blocker = next((p for p in (path, *path.parents) if p.exists()), None)

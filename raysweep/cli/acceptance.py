@@ -14,8 +14,8 @@ from raysweep.cli._common import EXISTING_OUTPUT_DIR, _output_dir, _say, address
 
 def _print_checklist(output_dir: Path, not_run: dict[str, str] | None = None) -> int:
     """Print the checklist of an output dir; the number of items that failed or were not seen."""
+    from raysweep.record.directory import CampaignDir
     from raysweep.results import acceptance
-    from raysweep.results.directory import CampaignDir
     from raysweep.results.table import results_table
 
     with CampaignDir(output_dir) as campaign_dir:

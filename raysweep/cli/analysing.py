@@ -157,8 +157,8 @@ def report(output_dir: str, out_path: str | None, objective: str | None, as_json
     """One self-contained HTML report: conclusions (best config per bench shape, its lead against the noise,
     Pareto front, SLA capacities), warnings, figures, results, SLA, transport, failures, campaign, plan,
     environment. Prints its path and the conclusions."""
+    from raysweep.record.directory import CampaignDir
     from raysweep.report.page import write_report_with_answer
-    from raysweep.results.directory import CampaignDir
 
     CampaignDir(output_dir).check()
     from raysweep.cli import logs

@@ -42,7 +42,7 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
             confidence: float, noise_threshold: float, noise_metrics: str | None, as_json: bool) -> None:
     """The merged results table (one row per run) and, with --aggregate, the aggregates per point. Writes
     results.* and summary.* only when asked (--out DIR, or --format)."""
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
     from raysweep.results.table import results_table, write_results
 
     CampaignDir(output_dir).check()

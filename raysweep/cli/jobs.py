@@ -49,7 +49,7 @@ def submit(campaign_file: str, address: str | None, output_dir: str | None, foll
 
     from raysweep.campaign import load_campaign
     from raysweep.drive import jobs
-    from raysweep.results.directory import default_path
+    from raysweep.record.directory import default_path
 
     spec = load_campaign(campaign_file)
     target = str(default_path(spec.campaign.name, output_dir, spec.campaign.output_dir))

@@ -86,8 +86,8 @@ def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, na
     then prints the table of its points (one row per load) after the report and its conclusions."""
     from raysweep.campaign import campaign_from_dict
     from raysweep.cli.running import _dry_run, _run
+    from raysweep.record.directory import default_path
     from raysweep.record.files import write_text_atomic
-    from raysweep.results.directory import default_path
 
     name = name or default_name(url)
     out = default_path(name, output_dir)

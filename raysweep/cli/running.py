@@ -179,7 +179,7 @@ def _recorded_links(output_dir: Path) -> str:
     """For a campaign being resumed: the links and fabric probe its servers got so far (empty otherwise)."""
     from raysweep.ledger import LEDGER_FILE
     from raysweep.place.transport import recorded_lines
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     if not (output_dir / LEDGER_FILE).is_file():
         return ""
@@ -194,7 +194,7 @@ def _estimate_text(plan: Plan, output_dir: Path, estimate_from: tuple[str, ...],
     """The estimate of what is left: the output dir's own finished points are not counted again."""
     from raysweep.ledger import LEDGER_FILE, PointState
     from raysweep.plan.estimate import estimate, measured_from
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     own = (output_dir / LEDGER_FILE).is_file()
     done: set[str] = set()
@@ -234,7 +234,7 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
     """Continue an interrupted campaign from its output directory."""
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.errors import CampaignError
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     with CampaignDir(output_dir) as campaign_dir:
         ledger = campaign_dir.ledger
@@ -304,7 +304,7 @@ def _answer_finished(spec: CampaignSpec, output_dir: Path, finished: tuple[dict[
                      as_json: bool) -> None:
     """A finished campaign run again: its counts, results and report, each made again only where a point
     finished after it was written."""
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
     from raysweep.results.table import write_results
 
     counts, failed = finished

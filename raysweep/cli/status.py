@@ -73,7 +73,7 @@ def _local(output_dir: str) -> str:
 def _show(output_dir: str) -> bool:
     """Print the status; whether the campaign is complete (nothing pending or running, no driver at work)."""
     from raysweep.ledger import PointState
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     with CampaignDir(output_dir) as campaign_dir:
         ledger = campaign_dir.ledger
@@ -341,7 +341,7 @@ def _events_table(events: list[dict[str, Any]]) -> None:
 
 
 def _status_document(output_dir: str) -> dict[str, Any]:
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     with CampaignDir(output_dir) as directory:
         doc = directory.status_document()

@@ -24,7 +24,7 @@ def tune(output_dir: str, top: int | None, csv_out: str | None, as_json: bool) -
     """The candidates of a tuning campaign, best first: objective, state, parameters, GPU-hours, the
     validity of their runs and their SLA verdicts."""
     from raysweep.campaign import TuneSpec
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
     from raysweep.tune import leaderboard, objective_names
 
     with CampaignDir(output_dir) as campaign_dir:

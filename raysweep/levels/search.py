@@ -238,7 +238,7 @@ def report_section(output_dir: str | Path) -> str | None:
     import html
 
     from raysweep.ledger import LEDGER_FILE
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     if not (Path(output_dir) / LEDGER_FILE).is_file():
         return None

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from raysweep.bench import timeseries
 from raysweep.place import transport
+from raysweep.record.directory import CampaignDir
 from raysweep.report.cache import cached
 from raysweep.report.plots import figure_bytes
 from raysweep.report.plots.style import config_colors
-from raysweep.results.directory import CampaignDir
 from raysweep.results.table import load_records, results_table
 from raysweep.serve.telemetry import THROTTLED_FRACTION
 

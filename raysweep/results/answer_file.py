@@ -16,7 +16,7 @@ ANSWER_FILE = "answer.json"
 
 
 def _finished(output_dir: Path) -> list[float]:
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     with CampaignDir(output_dir) as campaign_dir:
         done, last = campaign_dir.ledger.finished()

@@ -566,7 +566,7 @@ def campaign_slo(output_dir: str | Path) -> Target | None:
     """The service-level objective (`slo:`) of a raysweep output dir's campaign; None elsewhere."""
     from raysweep.campaign.slo import parse_slo
     from raysweep.ledger import LEDGER_FILE
-    from raysweep.results.directory import CampaignDir
+    from raysweep.record.directory import CampaignDir
 
     path = Path(output_dir)
     if not (path / LEDGER_FILE).is_file():

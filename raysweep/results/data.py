@@ -15,8 +15,8 @@ import pandas as pd
 
 from raysweep.errors import UserError
 from raysweep.ledger import PointRow, PointState, ServerRow
+from raysweep.record.directory import CampaignDir
 from raysweep.results import aggregate, conclusions
-from raysweep.results.directory import CampaignDir
 from raysweep.results.importer import read_sla
 from raysweep.results.table import load_records, records_table
 

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from raysweep import grid
 from raysweep.campaign import TuneSpec
 from raysweep.maths.pareto import pareto_front
-from raysweep.results.directory import CampaignDir
+from raysweep.record.directory import CampaignDir
 from raysweep.tune.ranking import leaderboard, objective_names
 from raysweep.tune.sampler import Tuner, _steps
 
