@@ -44,6 +44,8 @@ from typing import Any
 
 import yaml
 
+from raysweep.record.directory import CampaignDir
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo-cpu.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -88,7 +90,8 @@ def _read(out: Path) -> dict[str, Any]:
     from raysweep.results.conclusions import headlines
     from raysweep.results.data import answer_of, read_data
 
-    answer = answer_of(read_data(out))
+    with CampaignDir(out) as directory:
+        answer = answer_of(read_data(directory))
     points = {}
     for _, r in answer.points.iterrows():
         key = f"{r['serve_label']} @ max_concurrency={r.get('max_concurrency')}"

@@ -38,6 +38,7 @@ import yaml
 
 from raysweep.lab import hosts as lab
 from raysweep.ledger import Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.results.table import results_table
 
 PY = sys.executable
@@ -148,7 +149,7 @@ def bench_partitions(n: int, seed: int, points: int) -> dict[str, Any]:
             pts, events = led.points(), led.events()
         finally:
             led.close()
-        df = results_table(out)
+        df = results_table(CampaignDir(out))
     finally:
         lab.down(state["name"])
     left = leftovers(state["name"])
@@ -184,7 +185,7 @@ def _client_point(model: str, cpus: list[int], name: str) -> dict[str, Any]:
     f.write_text(yaml.safe_dump(data))
     try:
         run = in_host(state, 1, [PY, "-m", "raysweep", "run", str(f), "--address", state["address"]], 3600)
-        df = results_table(tmp / "out")
+        df = results_table(CampaignDir(tmp / "out"))
     finally:
         lab.down(state["name"])
     cols = ["median_ttft_ms", "median_itl_ms", "output_throughput"]

@@ -48,6 +48,8 @@ from typing import Any
 
 import yaml
 
+from raysweep.record.directory import CampaignDir
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -159,7 +161,8 @@ def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
     assert len(plan.points) == 2 * lengths * concurrencies * runs, len(plan.points)
     from raysweep.results.table import write_results
 
-    write_results(out)  # as `run` does at its end: results.* and summary.* (the aggregates, kept)
+    with CampaignDir(out) as directory:
+        write_results(directory)  # as `run` does at its end: results.* and summary.* (the aggregates, kept)
     return cfile
 
 
@@ -168,9 +171,10 @@ def keep_stub_answer(out: Path) -> None:
     from raysweep.report.page import conclusions_of
     from raysweep.results.answer_file import keep_answer
 
-    made = conclusions_of(out)
-    if made is not None:
-        keep_answer(out, made.answer)
+    with CampaignDir(out) as directory:
+        made = conclusions_of(directory)
+        if made is not None:
+            keep_answer(directory, made.answer)
 
 
 def argv_of(command: str, out: Path, cfile: Path, scratch: Path) -> list[str]:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from raysweep.drive.driver import RunSummary
+    from raysweep.record.directory import CampaignDir
     from raysweep.results.conclusions import Conclusions as _Conclusions
 
 __all__ = ["Campaign", "Conclusions", "load", "run"]
@@ -59,6 +60,12 @@ class Campaign:
     def __repr__(self) -> str:
         return f"Campaign({str(self.output_dir)!r})"
 
+    def _directory(self) -> CampaignDir:
+        """The campaign's directory, its ledger opened once for what one method reads (closed by the caller)."""
+        from raysweep.record.directory import CampaignDir
+
+        return CampaignDir(self.output_dir)
+
     @property
     def is_raysweep(self) -> bool:
         from raysweep.ledger import LEDGER_FILE
@@ -69,9 +76,7 @@ class Campaign:
     def name(self) -> str:
         if not self.is_raysweep:
             return self.output_dir.name
-        from raysweep.record.directory import CampaignDir
-
-        with CampaignDir(self.output_dir) as campaign_dir:
+        with self._directory() as campaign_dir:
             ledger = campaign_dir.ledger
             return ledger.meta("name") or self.output_dir.name
 
@@ -92,10 +97,11 @@ class Campaign:
     def aggregate(self, confidence: float = 0.95, threshold: float = 0.05,
                   noise_metrics: list[str] | None = None) -> pd.DataFrame:
         """The summary with other settings (`raysweep results --aggregate`)."""
-        from raysweep.record.directory import CampaignDir
+        from raysweep.results import aggregate
 
-        return CampaignDir(self.output_dir).summary(confidence, threshold, results=self.results,
-                                                   noise_metrics=noise_metrics)
+        with self._directory() as directory:
+            return aggregate.summary_table(directory, confidence, threshold, results=self.results,
+                                           noise_metrics=noise_metrics)
 
     @functools.cached_property
     def conclusions(self) -> Conclusions | None:
@@ -110,7 +116,8 @@ class Campaign:
         from raysweep.report.page import conclusions_of
         from raysweep.results import conclusions
 
-        c = conclusions_of(self.output_dir, objective)
+        with self._directory() as directory:
+            c = conclusions_of(directory, objective)
         if c is None:
             return None
         return Conclusions(conclusions.headlines(c), c.objective.name, c.points, c.fronts, c.sla, c, c.answer)
@@ -121,15 +128,16 @@ class Campaign:
         empty without `sla:`."""
         from raysweep.results.importer import read_sla
 
-        return read_sla(self.output_dir)[0]
+        with self._directory() as directory:
+            return read_sla(directory)[0]
 
     def status(self) -> dict[str, Any]:
         """Where the campaign stands, as `raysweep status --json` says it (raysweep/schemas/status.json)."""
-        from raysweep.record.directory import CampaignDir
         from raysweep.record.jsonvalues import jsonable
+        from raysweep.results.status import status_document
 
-        with CampaignDir(self.output_dir) as directory:
-            return jsonable(directory.status_document())
+        with self._directory() as directory:
+            return jsonable(status_document(directory))
 
     def plot(self, var_x: str = "total_token_throughput", var_y: str = "median_ttft_ms", *,
              out: str | Path | None = None, fmt: str = "png", dpi: int = 150, **spec: Any) -> list[Any]:
@@ -169,7 +177,8 @@ class Campaign:
         """Write the HTML report to `out` (never into the campaign's directory unless `out` says so)."""
         from raysweep.report.page import write_report
 
-        return write_report(self.output_dir, out, objective)
+        with self._directory() as directory:
+            return write_report(directory, out, objective)
 
 
 def load(dir_or_uri: str | Path) -> Campaign:
@@ -204,7 +213,7 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     """
     from raysweep.campaign import campaign_from_dict, load_campaign
     from raysweep.drive.checks import check_before_run, finished
-    from raysweep.record.directory import default_path
+    from raysweep.record.directory import CampaignDir, default_path
 
     if isinstance(campaign, dict):
         spec = campaign_from_dict(campaign, base_dir=Path.cwd())
@@ -233,7 +242,8 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
         raise
     finally:
         if not refused:
-            write_results(out)
+            with CampaignDir(out) as directory:
+                write_results(directory)
     loaded = Campaign(out)
     loaded.last_run = summary  # type: ignore[attr-defined]
     return loaded

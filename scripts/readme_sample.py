@@ -30,6 +30,7 @@ BEGIN, END = "<!-- sample-output:begin -->", "<!-- sample-output:end -->"
 def sample_lines(output_dir: Path, shown_as: str, figures: bool = True) -> list[str]:
     """What `raysweep run` prints at its end for this finished campaign: `Report: ...`, `Figures: ...` and the
     conclusions, with paths under `shown_as`."""
+    from raysweep.record.directory import CampaignDir
     from raysweep.report.page import conclusions_of
     from raysweep.results.conclusions import headlines
 
@@ -39,7 +40,8 @@ def sample_lines(output_dir: Path, shown_as: str, figures: bool = True) -> list[
         drawn = default_figures(output_dir)[0]
     else:
         drawn = sorted((output_dir / "plots").glob("*.png"))
-    answer = conclusions_of(output_dir)
+    with CampaignDir(output_dir) as directory:
+        answer = conclusions_of(directory)
     shown = [f"{shown_as}/{Path(p).resolve().relative_to(output_dir.resolve())}" for p in drawn]
     return [f"Report: {shown_as}/report.html", f"Figures: {', '.join(shown)}",
             *(headlines(answer) if answer is not None else [])]

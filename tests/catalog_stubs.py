@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from raysweep.record.directory import CampaignDir
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -60,5 +62,6 @@ def make_campaign(out: Path, name: str = "stub", *, runs: int = 4, scale: float 
         from raysweep.record.files import write_bytes_atomic
         from raysweep.results.records import results_table
 
-        write_bytes_atomic(out / "results.parquet", results_table(out).to_parquet(index=False))
+        with CampaignDir(out) as directory:
+            write_bytes_atomic(out / "results.parquet", results_table(directory).to_parquet(index=False))
     return out

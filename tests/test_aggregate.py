@@ -22,6 +22,7 @@ from raysweep.cli import main
 from raysweep.errors import UserError
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.maths import hierarchy
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.results import aggregate
 from raysweep.results.table import write_results
@@ -251,7 +252,7 @@ def outdir(tmp_path: Path) -> Path:
 
 
 def test_summary_is_written_beside_the_results(outdir):
-    write_results(outdir)
+    write_results(CampaignDir(outdir))
     for fmt, read in (("parquet", pd.read_parquet), ("csv", pd.read_csv)):
         s = read(outdir / f"summary.{fmt}")
         assert len(s) == 4 and list(s["runs"]) == [3, 3, 3, 3], fmt
@@ -277,7 +278,7 @@ def test_results_aggregate_prints_and_writes_with_its_settings(outdir):
 
 
 def test_summary_json_is_not_written_for_json_results(outdir):
-    write_results(outdir, ("json",))
+    write_results(CampaignDir(outdir), ("json",))
     assert not (outdir / "summary.parquet").exists() and not (outdir / "summary.csv").exists()
     assert json.loads((outdir / "results.json").read_text())
 
@@ -285,7 +286,7 @@ def test_summary_json_is_not_written_for_json_results(outdir):
 def test_a_vllm_sweep_dir_is_summarized_by_its_swept_parameters(tmp_path):
     from test_plots import build_vllm_dir
 
-    s = aggregate.summary_table(build_vllm_dir(tmp_path / "vllm"))
+    s = aggregate.summary_table(CampaignDir(build_vllm_dir(tmp_path / "vllm")))
     assert sorted(s.attrs["params"]) == ["max_concurrency", "tensor_parallel_size"]
     assert len(s) == 4 and set(s["runs"]) == {2}
 

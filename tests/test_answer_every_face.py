@@ -22,6 +22,7 @@ from test_report_browser import _demo_like_rows
 
 from raysweep.cli import main
 from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.results import answer as answer_module
 
@@ -155,7 +156,7 @@ def test_every_face_states_the_same_leader_value_lead_verdict_and_counts(kind: s
     make, failed = KINDS[kind]
     out = _build(tmp_path / kind, kind, make(kind), failed)
 
-    printed = _headlines(out)  # what `run` prints at its end, and keeps beside the results
+    printed = _headlines(CampaignDir(out))  # what `run` prints at its end, and keeps beside the results
     answer = api.Campaign(out).conclude()
     assert answer is not None
     obj = answer.answer.to_dict()   # the API's answer: what every other face must state

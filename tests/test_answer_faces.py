@@ -14,6 +14,7 @@ from test_aggregate import build_dir
 from test_report_browser import _demo_like_rows
 
 from raysweep.cli import main
+from raysweep.record.directory import CampaignDir
 from raysweep.report.page import conclusions_of
 from raysweep.results.answer_file import ANSWER_FILE, kept_answer
 
@@ -26,10 +27,10 @@ def test_the_kept_answer_is_what_compare_the_catalogue_and_the_site_say(tmp_path
     monkeypatch.setattr(logs, "verbosity", 0)  # as `run` without -v (an earlier command's -v is not this one's)
 
     out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
-    printed = _headlines(out)  # what `run` prints at its end, and keeps
-    c = conclusions_of(out)
+    printed = _headlines(CampaignDir(out))  # what `run` prints at its end, and keeps
+    c = conclusions_of(CampaignDir(out))
     assert c is not None and printed == c.answer.lines() and printed[0].startswith("Best for all bench points: deploy")
-    kept = kept_answer(out)
+    kept = kept_answer(CampaignDir(out))
     assert kept is not None and kept["lines"] == printed and kept["answer"] == c.answer.to_dict()
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
@@ -60,15 +61,15 @@ def test_a_kept_answer_is_not_shown_once_a_point_finished_after_it(tmp_path: Pat
     from raysweep.ledger import Ledger
 
     out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
-    _headlines(out)
-    assert kept_answer(out) is not None and (out / ANSWER_FILE).is_file()
+    _headlines(CampaignDir(out))
+    assert kept_answer(CampaignDir(out)) is not None and (out / ANSWER_FILE).is_file()
     led = Ledger.open_existing(out)
     led.sync(name="demo-cpu", fingerprint="fp", meaning={}, campaign={"name": "demo-cpu"}, campaign_file="c.yaml",
              points=[("late", "s8", "b4", 9, {"max_num_seqs": 8}, {"max_concurrency": 4})])
     led.mark_running("late", "srv")
     led.mark_done("late", "points/s8/b4/run=0.json")
     led.close()
-    assert kept_answer(out) is None
+    assert kept_answer(CampaignDir(out)) is None
 
 
 def test_history_states_each_campaign_s_answer_as_its_run_gave_it(tmp_path: Path,
@@ -83,8 +84,8 @@ def test_history_states_each_campaign_s_answer_as_its_run_gave_it(tmp_path: Path
 
     monkeypatch.setattr(logs, "verbosity", 0)
     out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
-    printed = _headlines(out)
-    c = conclusions_of(out)
+    printed = _headlines(CampaignDir(out))
+    c = conclusions_of(CampaignDir(out))
     assert c is not None
     cat = tmp_path / "cat"
     assert CliRunner().invoke(main, ["catalog", "add", str(cat), str(out)]).exit_code == 0

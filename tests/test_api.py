@@ -15,6 +15,7 @@ from test_cli_json import bench_module
 
 import raysweep
 from raysweep.errors import UserError
+from raysweep.record.directory import CampaignDir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +48,7 @@ def test_load_gives_the_tables_of_the_cli(stub):
 
     c = raysweep.load(stub)
     assert c.name == "stub" and len(c.results) == 36 and len(c.summary) == 18
-    assert list(c.results["point_id"]) == list(results_table(stub)["point_id"])
+    assert list(c.results["point_id"]) == list(results_table(CampaignDir(stub))["point_id"])
     assert c.summary["runs"].eq(2).all() and c.results is c.results     # read once, kept
     assert c.sla.empty and c.conclusions is not None and c.conclusions.headlines
     paths = c.plot(out=stub.parent / "figs")

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from raysweep.catalog import br, br_export, others
 from raysweep.cli import main
+from raysweep.record.directory import CampaignDir
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm-d"
 
@@ -89,8 +90,8 @@ def test_every_point_is_exported_valid_with_its_interval_and_verdict(campaign):
     from raysweep.results import aggregate
     from raysweep.results.importer import read_table
 
-    reports = br_export.export_reports(campaign)
-    summary = aggregate.summary_table(campaign, results=read_table(campaign).df)
+    reports = br_export.export_reports(CampaignDir(campaign))
+    summary = aggregate.summary_table(CampaignDir(campaign), results=read_table(campaign).df)
     assert len(reports) == len(summary) == 16
     assert all(br_errors(r) == [] for r in reports), [br_errors(r) for r in reports if br_errors(r)][0]
     assert len({r["run"]["uid"] for r in reports}) == 16 and len({r["run"]["eid"] for r in reports}) == 1
@@ -130,7 +131,7 @@ def test_every_point_is_exported_valid_with_its_interval_and_verdict(campaign):
     assert sum(w == "not ranked" for w in words.values()) == 12               # not their config's best point
     from raysweep.results.data import answer_of, read_data
 
-    answer = answer_of(read_data(campaign))
+    answer = answer_of(read_data(CampaignDir(campaign)))
     leader = [v for v in answer.verdicts if v.shape == "random_input_len=256"][0].leader
     assert by_point[(leader["serve_id"], leader["bench_id"])]["results"]["request_performance"]["aggregate"][
         "throughput"]["output_token_rate"]["raysweep"]["verdict"]["value"] == pytest.approx(

@@ -19,6 +19,7 @@ from test_plots import build_output_dir
 
 from raysweep.cli import main
 from raysweep.cli.jsonout import JSON_COMMANDS, jsonable, schema
+from raysweep.record.directory import CampaignDir
 from raysweep.report import page as report
 
 ROOT = Path(__file__).parent.parent
@@ -221,11 +222,11 @@ def test_kept_aggregates_are_used_only_while_fresh(tmp_path):
     from raysweep.results.table import kept_summary, write_results
 
     out = build_output_dir(tmp_path / "out")
-    assert kept_summary(out) is None                       # none written yet
-    write_results(out)                                     # as the campaign's end does
-    kept = kept_summary(out)
+    assert kept_summary(CampaignDir(out)) is None                       # none written yet
+    write_results(CampaignDir(out))                                     # as the campaign's end does
+    kept = kept_summary(CampaignDir(out))
     assert kept is not None and len(kept) == 16
-    assert kept_summary(out, confidence=0.9) is None       # other settings: computed again
+    assert kept_summary(CampaignDir(out), confidence=0.9) is None       # other settings: computed again
     time.sleep(0.05)
     ledger = Ledger.open_existing(out)                     # a point finishes after the summary was written
     try:
@@ -234,7 +235,7 @@ def test_kept_aggregates_are_used_only_while_fresh(tmp_path):
         ledger.mark_done(failed.point_id, "points/s16/b128-1/run=0.json")
     finally:
         ledger.close()
-    assert kept_summary(out) is None
+    assert kept_summary(CampaignDir(out)) is None
 
 
 def test_kept_results_table_is_the_table_built_again_and_used_only_while_fresh(tmp_path):
@@ -250,19 +251,19 @@ def test_kept_results_table_is_the_table_built_again_and_used_only_while_fresh(t
     from raysweep.results.table import write_results
 
     out = build_output_dir(tmp_path / "out")
-    assert kept_results(out) is None                       # none written yet
-    built = results_table(out)
-    write_results(out)                                     # as the campaign's end does
-    kept = kept_results(out)
+    assert kept_results(CampaignDir(out)) is None                       # none written yet
+    built = results_table(CampaignDir(out))
+    write_results(CampaignDir(out))                                     # as the campaign's end does
+    kept = kept_results(CampaignDir(out))
     assert kept is not None
     pd.testing.assert_frame_equal(kept, built, check_exact=True)
     pd.testing.assert_frame_equal(read_table(out).df, built, check_exact=True)
     short = tmp_path / "short.parquet"                     # a row fewer than the done runs: built again
     built.iloc[1:].to_parquet(short, index=False)
     short.replace(out / "results.parquet")
-    assert kept_results(out) is None
+    assert kept_results(CampaignDir(out)) is None
     pd.testing.assert_frame_equal(read_table(out).df, built, check_exact=True)
-    write_results(out)
+    write_results(CampaignDir(out))
     time.sleep(0.05)
     ledger = Ledger.open_existing(out)                     # a point finishes after the table was written
     try:
@@ -273,4 +274,4 @@ def test_kept_results_table_is_the_table_built_again_and_used_only_while_fresh(t
         assert ledger.finished() == (sum(p.state == "done" for p in points), max(p.ended_at or 0.0 for p in points))
     finally:
         ledger.close()
-    assert kept_results(out) is None
+    assert kept_results(CampaignDir(out)) is None

@@ -13,6 +13,7 @@ from test_aggregate import build_dir, run_row
 
 from raysweep.cli import main
 from raysweep.errors import UserError
+from raysweep.record.directory import CampaignDir
 from raysweep.report import comparison
 from raysweep.results import aggregate, compare
 
@@ -127,9 +128,9 @@ def test_cli_writes_the_comparison_and_the_report_shows_it(dirs, tmp_path):
     assert list(written["campaign_a"].unique()) == ["base"] and len(written) == 3
     assert (b / "compare" / "COMPARE.png").read_bytes().startswith(b"\x89PNG")
     assert json.loads((b / "compare" / "baseline.json").read_text())["baseline"] == str(a.resolve())
-    html = comparison.report_section(b)
+    html = comparison.report_section(CampaignDir(b))
     assert html is not None and "data:image/png;base64," in html and "base" in html and "better" in html
-    assert comparison.report_section(a) is None    # the baseline itself has no baseline
+    assert comparison.report_section(CampaignDir(a)) is None    # the baseline itself has no baseline
     # with --baseline and --no-record, into --out
     out = tmp_path / "cmp"
     res = CliRunner().invoke(main, ["compare", str(b), "--baseline", str(a), "--out", str(out), "--no-record",
@@ -147,8 +148,8 @@ def test_the_report_of_a_compared_dir_has_the_comparison(dirs):
     from raysweep.report.page import build_report
 
     a, b = dirs
-    compare.record_baseline(b, a)
-    page = build_report(b)
+    compare.record_baseline(CampaignDir(b), a)
+    page = build_report(CampaignDir(b))
     assert '<section id="comparison">' in page and "Against the baseline <b>base</b>" in page
     assert page.index('id="comparison"') < page.index('id="figures"')
 

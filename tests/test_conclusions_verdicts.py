@@ -13,6 +13,7 @@ import pytest
 from test_plots import build_output_dir
 from test_report import no_figures, section  # noqa: F401 (fixture)
 
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.report import page as report
 from raysweep.results import conclusions
@@ -163,7 +164,7 @@ def test_the_card_says_how_many_runs_back_the_leader_its_latencies_and_groups_wa
         rec = json.loads(path.read_text())
         rec.update(validity_ok=False, validity_issues=issues)
         write_json_atomic(path, rec)
-    html = report.build_report(out, objective="output_throughput")
+    html = report.build_report(CampaignDir(out), objective="output_throughput")
     card = section(html, "conclusions")
     assert re.search(r"on 1 server start\(s\), \d run\(s\)", card) and "At this point: median_ttft" in card
     assert "Knee (best among points with" in card and "not compared: one server start each" in card
@@ -182,7 +183,7 @@ def test_a_flagged_run_is_marked_in_the_figures_with_its_checks_name(tmp_path):
     rec.update(client_limited=False, validity_ok=False, validity_issues="shared CPUs; not steady (slope +3.0 %/s)")
     write_json_atomic(path, rec)
     spec = plots.PlotSpec(var_x="max_concurrency", var_y="median_ttft_ms")
-    plan = next(p for p in plots.plan_curves(results_table(out), spec)
+    plan = next(p for p in plots.plan_curves(results_table(CampaignDir(out)), spec)
                 if any(len(c.flagged) for row in p.panels for pa in row for c in pa.curves))
     fig = plots.render(plan, spec)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
@@ -199,7 +200,7 @@ def test_the_report_ranks_under_the_campaigns_slo(tmp_path, no_figures):
         led.set_meta("campaign", json.dumps({**campaign, "slo": {"median_ttft_ms": 0.001}}))
     finally:
         led.close()
-    path, lines = report.write_report_with_headlines(out, objective="output_throughput")
+    path, lines = report.write_report_with_headlines(CampaignDir(out), objective="output_throughput")
     card = section(path.read_text(), "conclusions")
     assert "Only points shown to meet the campaign's service-level objective" in card
     assert "No point of this shape is shown to meet the service-level objective median_ttft_ms&lt;=0.001" in card

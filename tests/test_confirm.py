@@ -21,6 +21,7 @@ from raysweep.ledger import Ledger
 from raysweep.maths.confirmation import confirmed_verdict
 from raysweep.plan.estimate import estimate
 from raysweep.plan.plan import build_plan
+from raysweep.record.directory import CampaignDir
 
 
 def _campaign(tmp_path: Path, confirm=None, **fields) -> Path:
@@ -157,7 +158,7 @@ def test_a_campaign_confirms_its_winner_in_ab_ba_order_and_resumes_without_runni
     assert not {sid for sid, _ in starts} & {r["server_id"] for r in sweep}
     assert {(r["serve_id"], r["confirms_bench_id"], r["bench_id"]) for r in fresh} == {
         (lead_s, lead_b, confirm_bench_id(lead_b)), (run_s, run_b, confirm_bench_id(run_b))}
-    answer = answer_of(read_data(out))
+    answer = answer_of(read_data(CampaignDir(out)))
     (v,) = answer.verdicts
     assert v.confirmation is not None and v.confirmation.runs == (4, 4) and v.confirmation.starts == (2, 2)
     assert (v.leader["serve_id"], v.leader["bench_id"]) == (lead_s, lead_b)

@@ -24,6 +24,7 @@ from raysweep.plan import design as d
 from raysweep.plan.design import choose, components, design_of
 from raysweep.plan.estimate import confirm_cost, confirm_pairs, estimate
 from raysweep.plan.plan import build_plan, dry_run_text
+from raysweep.record.directory import CampaignDir
 
 TWO_SERVES = {"grid": {"max_num_seqs": [4, 8]}}
 TWO_LOADS = {"grid": {"max_concurrency": [2, 4]}}
@@ -305,6 +306,6 @@ def test_two_instances_give_a_verdict_over_server_starts_on_the_cluster(gpu_clus
     summary, out = run_file(f)
     assert summary.counts["done"] == 4 and summary.counts["failed"] == 0
     assert len({r["server_id"] for r in _records(out)}) == 4
-    (v,) = answer_of(read_data(out)).verdicts
+    (v,) = answer_of(read_data(CampaignDir(out))).verdicts
     assert str(v.leader["serve_label"]) == "request_delay=0.05"
     assert v.test == MODEL and v.significant is True and v.p_value is not None and v.p_value < 0.05

@@ -22,6 +22,7 @@ from raysweep.cli import main
 from raysweep.cli.profile import default_name, parse_grid
 from raysweep.errors import UserError
 from raysweep.procs import free_port, wait_for
+from raysweep.record.directory import CampaignDir
 
 
 def endpoint_campaign(path: Path, url: Any, *, bench: dict[str, Any] | None = None, **fields: Any) -> Path:
@@ -204,7 +205,7 @@ def test_endpoint_that_goes_away_fails_its_point_and_resume_finishes(gpu_cluster
         assert done[points[1].point_id].attempts == 2
         assert {s.command for s in led.servers()} == {f"endpoint {url} (not started by raysweep)"}
         led.close()
-        df = results_table(tmp_path / "out")
+        df = results_table(CampaignDir(tmp_path / "out"))
         assert len(df) == 4 and set(df["server_origin"]) == {"endpoint"} and set(df["endpoint_url"]) == {url}
         assert set(df["cache_state_before"]) == {"reset"}
         assert set(df["server_unknown"]) == {"niceness, CPU affinity, GPUs, versions"}  # the stand-in has no /version
@@ -250,7 +251,7 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert "2 point(s); noisy" in res.output
     from raysweep.results.table import results_table
 
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert len(df) == 2 and sorted(df["max_concurrency"]) == [1, 4]
     assert set(df["server_origin"]) == {"endpoint"} and set(df["cache_state_before"]) == {"reset"}
     assert (df["completed"] == 8).all() and (df["total_output_tokens"] == 64).all()
@@ -281,7 +282,7 @@ def test_profile_sweeps_the_real_vllm_server_it_did_not_start(vllm_server, gpu_c
     assert res.exit_code == 0, res.output
     assert len(kept) >= 3 and {p.name: p.stat().st_mtime_ns for p in (out / ".figures").glob("*.json")} == kept
     made = re.compile(r" · made [0-9-]+ [0-9:]+")
-    assert made.sub("", (out / "report.html").read_text()) == made.sub("", build_report(out))
+    assert made.sub("", (out / "report.html").read_text()) == made.sub("", build_report(CampaignDir(out)))
     res = CliRunner().invoke(main, ["compare", str(out), str(out), "--out", str(tmp_path / "cmp")])
     assert res.exit_code == 0, res.output
 
@@ -307,7 +308,7 @@ def test_sla_search_runs_against_an_endpoint(gpu_cluster, tmp_path):
             sla={"targets": [{"p90_ttft_ms": "<=30"}], "max_value": 64})
         res = CliRunner().invoke(main, ["run", str(f)])
         assert res.exit_code == 0, res.output
-        row = sla_table(tmp_path / "out").iloc[0]
+        row = sla_table(CampaignDir(tmp_path / "out")).iloc[0]
         assert row["state"] == "found" and 3 <= row["largest_pass"] <= 5, row.to_dict()
         assert row["smallest_fail"] == row["largest_pass"] + 1
         assert proc.poll() is None  # not ours to stop

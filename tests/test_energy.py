@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from raysweep.maths import energy
+from raysweep.record.directory import CampaignDir
 from raysweep.serve import rapl, telemetry
 
 TICK = 0.1          # the fake counter updates every 100 ms
@@ -222,7 +223,7 @@ def test_each_server_gets_its_own_gpus_energy_over_its_points_steady_window(gpu_
                         transport={"telemetry_interval_s": 0.1}, cost={"gpu_hour": {"A100": 2.0, "default": 9.0}})
     summary, out = run_file(f)
     assert summary.counts["done"] == 2, summary.failures
-    rows = results_table(out)
+    rows = results_table(CampaignDir(out))
     assert sorted(rows["gpu_ids"]) == sorted({str(g) for g in rows["gpu_ids"]}) and rows["node_ids"].nunique() == 1
     for _, row in rows.iterrows():
         gpu = int(row["gpu_ids"])

@@ -12,6 +12,7 @@ import pytest
 from test_conclusions_verdicts import SHAPE, runs
 from test_report import no_figures  # noqa: F401 (fixture)
 
+from raysweep.record.directory import CampaignDir
 from raysweep.report import energy as energy_report
 from raysweep.results import aggregate, conclusions
 from raysweep.sla.search import parse_slo
@@ -112,7 +113,7 @@ def test_the_reports_energy_section_says_why_it_is_empty_then_shows_the_points(t
     from raysweep.report import page as report
 
     out = build_output_dir(tmp_path / "out")
-    html = section(report.write_report(out).read_text(), "energy")
+    html = section(report.write_report(CampaignDir(out)).read_text(), "energy")
     assert "No energy was measured" in html and "absent, not zero" in html
     assert "no <code>cost:</code> block" in html
     for path in sorted(out.glob("points/*/*/run=*.json")):
@@ -124,7 +125,7 @@ def test_the_reports_energy_section_says_why_it_is_empty_then_shows_the_points(t
     campaign = {**led.stored_campaign(), "cost": {"gpu_hour": 2.0}}
     led.set_meta("campaign", json.dumps(campaign))
     led.close()
-    html = section(report.write_report(out).read_text(), "energy")
+    html = section(report.write_report(CampaignDir(out)).read_text(), "energy")
     assert "J / output token" in html and "cost / M output tokens" in html and "steady" in html
     assert "No energy was measured" not in html and "campaign held" in html and " USD" in html
     status = CliRunner().invoke(main, ["status", str(out)])
@@ -152,7 +153,7 @@ def test_raysweep_pareto_draws_the_front_of_energy_per_token_against_tokens_per_
     from raysweep.results.table import results_table
 
     out = build_output_dir(tmp_path / "out")
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     # per run, J per output token rising with the concurrency: the front trades it against speed per user
     df = df.assign(j_per_output_token=0.1 * pd.to_numeric(df["max_concurrency"]) + 0.001 * df.index)
     r = pareto(df, y="j_per_output_token")

@@ -14,6 +14,7 @@ from raysweep.cli import main
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.plan.estimate import DEFAULTS, Measured, estimate, eta_s, format_duration, guess_point_s, measured_from
 from raysweep.plan.plan import build_plan
+from raysweep.record.directory import CampaignDir
 
 REQ_S = DEFAULTS.ttft_s + 31 * DEFAULTS.itl_s  # one request of 32 output tokens
 
@@ -128,7 +129,7 @@ def test_measured_from_a_ledger(tmp_path):
     out = tmp_path / "out"
     _ledger_with_times(out, [("p1", "s1", "b1", "done", 12.0), ("p2", "s1", "b2", "pending", None)],
                        [("s1-aa", "s1", 45.0), ("s1-bb", "s1", None)])
-    m = measured_from(out)
+    m = measured_from(CampaignDir(out))
     assert m.point_s == {("s1", "b1"): [12.0]}
     assert m.server_start_s == {"s1": [45.0]}  # the server that never got ready is not a start time
 

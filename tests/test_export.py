@@ -14,6 +14,7 @@ from test_aggregate import build_dir, run_row
 
 from raysweep.cli import main
 from raysweep.errors import UserError
+from raysweep.record.directory import CampaignDir
 from raysweep.report import export
 
 
@@ -57,7 +58,7 @@ def test_mlflow_export_to_a_local_file_store(outdir, tmp_path, monkeypatch):
 
 def test_mlflow_refusing_a_file_store_is_a_user_error(outdir, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    campaign = export.export_points(outdir)
+    campaign = export.export_points(CampaignDir(outdir))
     with pytest.raises(UserError) as err:
         export.export_mlflow(campaign, (tmp_path / "mlruns").as_uri())
     # one line naming the option and the SQLite store to use instead, not MLflow's long message
@@ -137,5 +138,5 @@ def test_one_tracker_must_be_named(outdir):
 
 
 def test_no_report_leaves_it_out(outdir):
-    campaign = export.export_points(outdir, report=False)
+    campaign = export.export_points(CampaignDir(outdir), report=False)
     assert sorted(p.name for p in campaign.artifacts) == ["results.csv", "summary.csv"]

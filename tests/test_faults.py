@@ -24,6 +24,7 @@ from raysweep.cli import main
 from raysweep.drive.driver import driver_alive, open_campaign
 from raysweep.ledger import CampaignHeld, Ledger
 from raysweep.record import drift
+from raysweep.record.directory import CampaignDir
 
 
 def _tree(path: Path) -> dict[str, str]:
@@ -186,18 +187,18 @@ def test_report_events_section_shows_accepted_changes_and_lost_drivers(campaign_
     from raysweep.results.data import read_data
 
     _, out = campaign_dir
-    data = read_data(out)
+    data = read_data(CampaignDir(out))
     assert events_section(data.events, data.drivers) is None
     ledger = Ledger.open_existing(out)
     ledger.add_event(drift.EVENT, [], [], "accepted: warmup: 0 -> 5")
     ledger.acquire_driver(999999, 1.0, lambda *a: False)
     ledger.acquire_driver(999998, 2.0, lambda *a: False)  # finds the first one dead: lost
     ledger.close()
-    data = read_data(out)
+    data = read_data(CampaignDir(out))
     html = events_section(data.events, data.drivers) or ""
     assert "settings_changed" in html and "warmup: 0 -&gt; 5" in html
     assert "driver_lost" in html and "driver pid 999999" in html and "999998" not in html
-    assert html in build_report(out)  # the page shows the section as read once with the rest of its data
+    assert html in build_report(CampaignDir(out))  # the page shows the section as read once with the rest of its data
 
 
 def _sleeper(ignore_term: bool = False, child: bool = False) -> subprocess.Popen:

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from raysweep.cli import main
+from raysweep.record.directory import CampaignDir
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -112,7 +113,7 @@ def test_profile_ends_without_saying_its_summary_was_not_written(tmp_path: Path)
 
     out = build_dir(tmp_path / "out", [run_row("s8", c, r, 100.0 * c * (1 + 0.01 * r), 10.0) for c in (1, 2)
                                        for r in range(3)])
-    write_results(out)
+    write_results(CampaignDir(out))
     runner = CliRunner()
     import click
 

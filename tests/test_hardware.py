@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from test_plots import build_output_dir
 
 from raysweep.cli import main
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.report import page as report
 from raysweep.results import aggregate
@@ -68,11 +69,11 @@ def _two_machines(out) -> None:
 def test_results_summary_status_and_report_say_so_and_never_pool_the_two(tmp_path, monkeypatch):
     out = build_output_dir(tmp_path / "out")
     _two_machines(out)
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     s8, s16 = df[df["serve_id"] == "s8"], df[df["serve_id"] == "s16"]
     assert s8["hardware_mixed"].all() and not s16["hardware_mixed"].any()
     assert set(s8[s8["run_number"] == 1]["validity_ok"]) == {False} and s8[s8["run_number"] == 0]["validity_ok"].all()
-    summary = aggregate.summary_table(out)
+    summary = aggregate.summary_table(CampaignDir(out))
     one = summary[summary["serve_id"] == "s8"]
     both = one[one["runs_total"] == 2]  # 7 points with both runs (one run of the 8th failed)
     assert len(both) == 7 and (one["runs"] == 1).all() and (both["runs_left_out"] == 1).all()
@@ -88,10 +89,10 @@ def test_results_summary_status_and_report_say_so_and_never_pool_the_two(tmp_pat
     # the report: a table of the configurations that span hardware, the hardware column in the results
     monkeypatch.setattr(report, "_figure_list", lambda data: [])
     monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     assert "ran on more than one hardware" in html and "other hardware" in html
     assert "<th>hardware</th>" in html or ">hardware<" in html
-    recs = load_records(out)
+    recs = load_records(CampaignDir(out))
     assert sum(1 for r in recs if r["validity_ok"] is False) == 7  # s8's run 1 of its 7 finished points
 
 

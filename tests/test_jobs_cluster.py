@@ -22,6 +22,7 @@ ray = pytest.importorskip("ray")
 from raysweep import procs  # noqa: E402
 from raysweep.cli import main  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
+from raysweep.record.directory import CampaignDir  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -168,7 +169,7 @@ def test_real_vllm_campaign_as_a_job_with_its_results_read_from_the_mirror(job_s
     from raysweep.record.storage import resolve_output
     from raysweep.results.table import results_table
 
-    df = results_table(resolve_output(mirror.as_uri(), tmp_path / "copy"))
+    df = results_table(CampaignDir(resolve_output(mirror.as_uri(), tmp_path / "copy")))
     assert len(df) == 1
     row = df.iloc[0]
     assert row["completed"] == 12 and row["failed"] == 0 and row["max_num_seqs"] == 8

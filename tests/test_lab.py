@@ -22,6 +22,7 @@ import yaml
 
 from raysweep.lab import hosts as lab
 from raysweep.ledger import Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.results.table import results_table
 
 RAYSWEEP = [sys.executable, "-m", "raysweep"]
@@ -167,7 +168,7 @@ def test_a_real_vllm_server_pipeline_parallel_across_two_lab_hosts_with_clients_
     out = tmp_path / "out"
     logs = {p.name: p.read_text()[-4000:] for p in (out / "logs").glob("*.log")} if (out / "logs").exists() else {}
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-5000:], logs)
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert len(df) == 2 and (df["completed"] == 12).all() and (df["failed"] == 0).all()
     assert (df["num_nodes"] == 2).all() and (df["placement_mode"] == "nnodes").all()
     # the server's ranks on hosts 2 and 3, its clients on host 1; all at lab addresses
@@ -248,7 +249,7 @@ def test_each_real_link_is_recorded_and_a_tbf_capped_link_is_refused_naming_it(l
         assert ends[h["ip"]]["iface"] == h["dev"] and ends[h["ip"]]["hostname"] == h["hostname"]
         assert ends[h["ip"]]["mtu"] == 1500
     assert link["busbw_gbps"] == probe["busbw_gbps"] > 0.01
-    df = results_table(tmp_path / "link-ok")
+    df = results_table(CampaignDir(tmp_path / "link-ok"))
     assert (df["fabric_busbw_gbps"] > 0.01).all()
 
     lab.cap(state, 3, "20mbit")            # host 3 sends at 20 Mbit/s (2.5 MB/s) at most
@@ -293,7 +294,7 @@ def test_a_campaign_given_by_relative_paths_runs_from_inside_a_lab_host_as_make_
     assert sorted(p.name for p in records) == [f"run={r}.{kind}" for r in (0, 1)
                                                for kind in ("json", "samples.parquet", "timeseries.parquet")]
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert len(df) == 2 and not df["samples_path"].str.startswith("/").any()
     assert set(df["node_ips"].str.split(",").sum()) == {state["hosts"][1]["ip"], state["hosts"][2]["ip"]}
 
@@ -387,7 +388,7 @@ def test_a_partition_mid_point_is_recorded_the_configuration_waits_and_runs_agai
     lost = next(e for e in events if e["kind"] == "node_lost")
     assert timeline["cut"] <= lost["at"] and any(h3["hostname"] in n or h3["ip"] in n for n in lost["nodes"]) \
         or h3["hostname"] in lost["detail"] or h3["ip"] in lost["detail"], lost
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert len(df) == 4 and (df["gpu_count"] == 2).all() and (df["num_nodes"] == 2).all()   # never the CPU fallback
     assert all(set(ips.split(",")) == {h2["ip"], h3["ip"]} for ips in df["node_ips"])
     assert len(servers) == 2 and servers[-1].state == "stopped" and "lost" in servers[0].state, servers
@@ -451,7 +452,7 @@ def test_submit_from_the_machine_to_the_heads_job_server_over_the_bridge_stop_an
     finally:
         led.close()
     assert [p.state for p in points] == ["done"] * 4 and sum(p.attempts for p in points) <= 5
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert client_ips(df) == {state["hosts"][0]["ip"]}
     assert all(set(ips.split(",")) == {state["hosts"][1]["ip"], state["hosts"][2]["ip"]} for ips in df["node_ips"])
 
@@ -496,7 +497,7 @@ def test_a_campaign_across_a_slow_lossy_relay_finishes_and_its_validity_record_s
         f = tmp_path / "relay.yaml"
         f.write_text(yaml.safe_dump(data))
         run = in_host(state, 1, [*RAYSWEEP, "run", str(f), "--address", state["address"]], timeout=600)
-        df = results_table(tmp_path / "relay")
+        df = results_table(CampaignDir(tmp_path / "relay"))
         assert len(df) == 2, (run.stdout[-3000:], run.stderr[-3000:])
         assert (df["completed"] > 0).all() and (df["failed"] > 0).all()
         assert (df["completed"] + df["failed"] == 40).all()

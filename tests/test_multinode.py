@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 from raysweep import procs  # noqa: E402
 from raysweep.cli import main  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
+from raysweep.record.directory import CampaignDir  # noqa: E402
 from raysweep.report.page import write_report  # noqa: E402
 from raysweep.results.table import results_table  # noqa: E402
 
@@ -53,7 +54,7 @@ def test_shapes_land_as_specified_one_bundle_per_node_and_ranks_started_together
                          bench_params=[{"random_input_len": 16}])
     summary, out = run_file(f)
     assert summary.counts["done"] == 5
-    all_rows = results_table(out)
+    all_rows = results_table(CampaignDir(out))
     dp = all_rows[all_rows["data_parallel_size"] == 4].iloc[0]
     df = all_rows[all_rows["data_parallel_size"] == 1].set_index("gpu_count")
     assert sorted(df.index) == [1, 2, 4, 8]
@@ -82,7 +83,7 @@ def test_shapes_land_as_specified_one_bundle_per_node_and_ranks_started_together
     # benchmark clients never hold a GPU
     assert [json.loads(x)["CUDA_VISIBLE_DEVICES"] for x in env_file.read_text().splitlines()] == [None] * 5
     _assert_no_orphans(out)
-    check_page(write_report(out), tmp_path)  # its report in Chromium: no script error, no note said twice
+    check_page(write_report(CampaignDir(out)), tmp_path)  # its report in Chromium: no script error, no note said twice
 
 
 @pytest.mark.parametrize("max_servers", [None, 1])
@@ -109,7 +110,7 @@ def test_two_configs_run_at_once_on_disjoint_gpus_unless_capped(gpu_cluster, tmp
 
     summary, _ = run_file(f, on_event=on_event)
     assert summary.counts["done"] == 6
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     spans = {sid: (g["started_at"].min(), g["ended_at"].max(), g["node_id"].iloc[0],
                    set(g["gpu_ids"].iloc[0].split(",")))
              for sid, g in df.groupby("server_id")}
@@ -164,7 +165,7 @@ def test_node_loss_tears_the_server_down_and_places_it_again_on_the_nodes_left(g
         servers = _servers(out)
         assert len(servers) == 2 and servers[0].node_id == removed[0] and servers[1].node_id != removed[0]
         assert servers[0].state.startswith("died") and servers[1].state == "stopped"
-        assert set(results_table(out)["node_id"]) == {servers[1].node_id}
+        assert set(results_table(CampaignDir(out))["node_id"]) == {servers[1].node_id}
         # node loss as data: the loss and the re-placement are ledger rows; the spoiled attempt keeps its error
         led = Ledger.open_existing(out)
         events, earlier, points = led.events(), led.attempt_errors(), led.points()
@@ -205,7 +206,7 @@ def test_config_that_no_longer_fits_after_a_node_loss_fails_with_the_reason(gpu_
         led.close()
         assert kinds == ["node_lost", "waiting_for_nodes", "cannot_place"], kinds
         _assert_no_orphans(out)
-        page = check_page(write_report(out), tmp_path)  # a campaign with no result: its report in Chromium
+        page = check_page(write_report(CampaignDir(out)), tmp_path)  # a campaign with no result: its report in Chromium
         assert "No finished run: 2 of 2 point(s) failed" in page["first_text"]
         assert page["sections"][:2] == ["conclusions", "failures"]  # where the conclusions send the reader
     finally:

@@ -14,6 +14,7 @@ import pytest
 from helpers import PY, STANDIN, native_campaign, run_file
 
 from raysweep import procs
+from raysweep.record.directory import CampaignDir
 from raysweep.record.runs import read_samples
 from raysweep.results.table import results_table
 
@@ -125,7 +126,7 @@ def test_native_campaign_records_server_metrics_and_raw_samples(gpu_cluster, tmp
                         bench={"client_cpus": 0.5, "metrics_interval_s": 0.1})
     summary, out = run_file(f)
     assert summary.counts["done"] == 2, summary.failures
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert set(df["bench_backend"]) == {"native"} and set(df["completed"]) == {30}
     assert (df["server_prompt_tokens"] == df["total_input_tokens"]).all()
     assert (df["server_generation_tokens"] == df["total_output_tokens"]).all()
@@ -146,7 +147,7 @@ def test_client_limited_point_runs_again_with_more_actors(gpu_cluster, tmp_path)
     events = []
     summary, out = run_file(f, on_event=lambda kind, **d: events.append((kind, d)))
     assert summary.counts["done"] == 1, summary.failures
-    row = results_table(out).iloc[0]
+    row = results_table(CampaignDir(out)).iloc[0]
     assert row["client_limited_reruns"] == 1 and row["num_clients"] == 2 and row["completed"] == 3000
     # still limited with 2 actors (30,000 req/s on 2 cores): announced once, at the end, with why it stopped
     limited = [d for k, d in events if k == "client_limited"]
@@ -159,7 +160,7 @@ def test_failed_requests_are_counted_not_fatal(gpu_cluster, tmp_path):
                         bench_params=[{"random_input_len": 8}], bench={"client_cpus": 0.5})
     summary, out = run_file(f)
     assert summary.counts["done"] == 1, summary.failures
-    row = results_table(out).iloc[0]
+    row = results_table(CampaignDir(out)).iloc[0]
     assert row["completed"] == 16 and row["failed"] == 4 and "HTTP 500" in row["errors_sample"]
 
 
@@ -175,7 +176,7 @@ def test_sla_search_finds_the_largest_concurrency_and_resumes(gpu_cluster, tmp_p
                         sla={"targets": [{"p90_ttft_ms": "<=30"}, {"p90_ttft_ms": "<=60", "completed": ">=24"}],
                              "max_value": 64})
     summary, out = run_file(f)
-    df = sla_table(out)
+    df = sla_table(CampaignDir(out))
     first = df[df["target"] == "p90_ttft_ms<=30"].iloc[0]
     second = df[df["target"].str.contains("p90_ttft_ms<=60")].iloc[0]
     assert first["state"] == "found" and 3 <= first["largest_pass"] <= 5, df.to_dict("records")
@@ -191,7 +192,7 @@ def test_sla_search_finds_the_largest_concurrency_and_resumes(gpu_cluster, tmp_p
 
     def verdicts() -> dict[str, tuple[bool, bool]]:  # each probe's side of the two targets
         return {r["point_id"]: (r["p90_ttft_ms"] <= 30, r["p90_ttft_ms"] <= 60 and r["completed"] >= 24)
-                for r in results_table(out).to_dict("records")}
+                for r in results_table(CampaignDir(out)).to_dict("records")}
 
     judged = verdicts()
     with led._tx() as c:
@@ -212,7 +213,7 @@ def test_sla_search_finds_the_largest_concurrency_and_resumes(gpu_cluster, tmp_p
     # on a shared machine) may send the search to another value, and only then
     flipped = [p for p in lost if p in again and again[p] != judged[p]]
     assert set(rerun) <= lost or flipped, (rerun, judged, again)
-    assert len(sla_table(out)) == 2
+    assert len(sla_table(CampaignDir(out))) == 2
 
 
 @pytest.mark.timing

@@ -17,6 +17,7 @@ from raysweep.bench.offline import offline_argv, offline_kind, parse_result
 from raysweep.campaign import campaign_from_dict
 from raysweep.cli import main
 from raysweep.errors import CampaignError
+from raysweep.record.directory import CampaignDir
 
 OFFLINE = STANDIN / "offline.py"
 
@@ -140,7 +141,7 @@ def test_offline_grid_runs_each_point_as_a_gpu_task_side_by_side(gpu_cluster, tm
     assert summary.counts["done"] == 8, summary.failures
     from raysweep.results.table import results_table
 
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert len(df) == 8
     # every row holds its own point's JSON: the stand-in's throughput follows its parameters
     expected = df["max_num_batched_tokens"] / (10.0 * df["random_input_len"])
@@ -188,7 +189,7 @@ def test_latency_failures_retries_and_no_leftovers(gpu_cluster, tmp_path):
     assert points[200].attempts == 2 and "exited with code 1" in points[200].error
     assert "failing on purpose" in points[200].log_tail
     assert points[300].state == "failed" and "without writing its --output-json file" in points[300].error
-    row = results_table(out).iloc[0]
+    row = results_table(CampaignDir(out)).iloc[0]
     assert row["mean_latency_ms"] == pytest.approx(100 * 1.2) and row["p99_latency_ms"] == pytest.approx(140)
     all_pids = [int(x) for x in pids.read_text().split()]
     assert procs.wait_for(lambda: not any(procs.is_alive(p, None) for p in all_pids), 30)
@@ -212,7 +213,7 @@ def test_node_loss_mid_point_runs_it_again_elsewhere(gpu_cluster, tmp_path):
         led = Ledger.open_existing(out)
         assert [p.attempts for p in led.points()] == [2]
         led.close()
-        assert results_table(out).iloc[0]["node_id"] != removed[0]
+        assert results_table(CampaignDir(out)).iloc[0]["node_id"] != removed[0]
     finally:
         remove_nodes(gpu_cluster, pool)
 
@@ -236,7 +237,7 @@ def test_multi_node_offline_ranks_and_the_transport_gate(gpu_cluster, tmp_path):
     led.close()
     assert points["gdr"].state == "done", points["gdr"].error
     assert points["socket"].state == "failed" and "cross-node links include Socket" in points["socket"].error
-    row = results_table(out).iloc[0]
+    row = results_table(CampaignDir(out)).iloc[0]
     assert (row["num_nodes"], row["transport_inter"], row["gpu_count"]) == (2, "IB+GDR", 8)
     argvs = {a["rank"]: a["argv"] for a in map(json.loads, env_file.read_text().splitlines()) if "gdr" in a["argv"]}
     assert sorted(argvs) == [0, 1]

@@ -19,6 +19,7 @@ from test_cli_json import bench_module
 import raysweep
 from raysweep.cli import main
 from raysweep.ledger import Ledger, PointState
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.report import page as report
 from raysweep.results.data import answer_of, read_data
@@ -48,7 +49,7 @@ def plain_campaign(tmp_path: Path, monkeypatch) -> Path:
         rec = json.loads(path.read_text())
         rec.update(steady_state=i >= 10, server_nice=0, client_nice=0)
         write_json_atomic(path, rec)
-    write_results(out)
+    write_results(CampaignDir(out))
     return out
 
 
@@ -93,7 +94,7 @@ def precision_campaign(tmp_path: Path) -> Path:
                 break
     finally:
         ledger.close()
-    write_results(out)
+    write_results(CampaignDir(out))
     return out
 
 
@@ -140,14 +141,14 @@ def test_every_command_tells_the_same_story(tmp_path, monkeypatch, which):
     assert again["conclusions"] == resumed["conclusions"] and again["counts"] == resumed["counts"]
 
     # the report's data and the API: one row per run done; the same validity counts
-    data = read_data(out)
+    data = read_data(CampaignDir(out))
     assert len(data.df) == len(campaign.results) == counts["done"]
-    judged = validity_counts(load_records(out))
+    judged = validity_counts(load_records(CampaignDir(out)))
     v = status["validity"]
     assert (v["runs"], v["flagged"], v["passed"], v["partly_judged"]) == (
         judged.runs, judged.failed, judged.passed, judged.partly_judged)
     assert v["runs"] == counts["done"] and v["passed"] + v["partly_judged"] + v["flagged"] == v["runs"]
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     section = re.sub(r"<[^>]+>", " ", html.split('<section id="validity">', 1)[1].split("</section>", 1)[0])
     validity_line = next(ln for ln in text.splitlines() if ln.startswith("validity:"))
     if v["partly_judged"]:  # not judged is never passed

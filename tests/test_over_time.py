@@ -14,6 +14,7 @@ import pytest
 from scipy import stats
 
 from raysweep.maths import over_time, precision
+from raysweep.record.directory import CampaignDir
 from raysweep.results import aggregate
 
 
@@ -296,7 +297,7 @@ def test_the_report_shows_where_the_runs_drift(tmp_path):
         rec = json.loads(path.read_text())
         rec["started_at"] = 1000.0 + 60.0 * i
         write_json_atomic(path, rec)
-    html = report.build_report(out, objective="output_throughput")
+    html = report.build_report(CampaignDir(out), objective="output_throughput")
     part = html[html.index('id="drift"'):html.index('id="figures"')]
     assert "Runs over time" in part and "point(s) judged drift" in part
     assert "Over each server&#x27;s timeline" in part or "Over each server's timeline" in part

@@ -28,6 +28,7 @@ from raysweep.cli import main
 from raysweep.errors import CampaignError
 from raysweep.plan.plan import build_plan
 from raysweep.procs import free_port, wait_for
+from raysweep.record.directory import CampaignDir
 
 PY = sys.executable
 STANDIN = Path(__file__).parent / "standin"
@@ -379,7 +380,7 @@ def test_a_2p1d_deployment_is_one_placement_group_its_roles_in_their_bundles(gpu
         from raysweep.results.front import pareto
         from raysweep.results.records import results_table
 
-        table = results_table(out)
+        table = results_table(CampaignDir(out))
         assert len(table) == 1 and (table["completed"] == 12).all()
         assert (table["pd_ratio"] == "2P1D").all() and (table["pd_decode_tp"] == 2).all()
         assert (table["gpu_count"] == 4).all() and (pareto(table).points["gpus"] == 4).all()
@@ -431,7 +432,7 @@ def test_raysweep_run_sweeps_deployments_each_role_in_its_bundle_a_failed_role_r
                   "params": [{"max_concurrency": 1}, {"max_concurrency": 2}]}}))
     ran = CliRunner().invoke(main, ["run", str(f)])
     assert ran.exit_code in (0, 1), ran.output
-    table = results_table(out)
+    table = results_table(CampaignDir(out))
     assert len(table) == 2 and (table["completed"] == 6).all(), table.to_dict("records")
     assert (table["pd_ratio"] == "1P2D").all() and (table["pd_connector"] == "ExampleConnector").all()
     assert (table["pd_prefill_tp"] == 1).all() and (table["pd_decode_tp"] == 2).all()
@@ -583,7 +584,7 @@ def test_a_real_1p1d_pair_behind_the_router(gpu_cluster, tiny_model, tmp_path):
         counted_before = counted()
         ran = CliRunner().invoke(main, ["run", str(f)])
         assert ran.exit_code == 0, ran.output
-        row = results_table(out).iloc[0]
+        row = results_table(CampaignDir(out)).iloc[0]
         assert row["completed"] == 8 and row["failed"] == 0 and row["gpu_count"] == 2, row.to_dict()
         stats = started.role_stats()
         asked = stats["decode"]["requests"]
@@ -668,7 +669,7 @@ def test_raysweep_run_of_a_real_1p1d_pair(gpu_cluster, tiny_model, tmp_path):
                   "params": [{"max_concurrency": 2}]}}))
     ran = CliRunner().invoke(main, ["run", str(f)])
     assert ran.exit_code == 0, ran.output
-    row = results_table(out).iloc[0]
+    row = results_table(CampaignDir(out)).iloc[0]
     assert row["completed"] == 4 and row["failed"] == 0, row.to_dict()
     assert row["pd_ratio"] == "1P1D" and row["gpu_count"] == 2 and row["placement_mode"] == "pd"
     assert row["pd_prefill_requests"] == row["pd_decode_requests"] >= 4 and row["pd_decode_failures"] == 0

@@ -33,6 +33,7 @@ from raysweep.maths.precision import (
 )
 from raysweep.plan.estimate import estimate, precision_runs
 from raysweep.plan.plan import build_plan, dry_run_text, point_id
+from raysweep.record.directory import CampaignDir
 from raysweep.results.importer import read_table
 from raysweep.results.precision import REACHED
 
@@ -319,7 +320,7 @@ def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_
     assert all(p.attempts == 1 for p in led.points()) and all(first[k] == 1 for k in first)
     assert [(r["state"], r["runs_done"], r["runs_spent"]) for r in led.precision()] == [(AT_MAX, 5, 5)] * 2
     led.close()
-    table = summary_table(out)
+    table = summary_table(CampaignDir(out))
     assert list(table["precision_state"]) == [AT_MAX] * 2 and not table["precision_reached"].any()
     assert list(table["runs"]) == [5, 5]
     # the precision metric's interval at the confidence raised for the sequential looks (97.5 %)
@@ -357,7 +358,7 @@ def test_campaign_adds_runs_on_the_cluster_and_a_resume_continues_the_count(gpu_
     assert [(r["state"], r["runs_spent"]) for r in led.precision()] == [(AT_DURATION, 5)] * 2
     led.close()
     assert "2 at max_duration_s without it" in CliRunner().invoke(main, ["status", str(out)]).output
-    assert list(summary_table(out)["precision_state"]) == [AT_DURATION] * 2
+    assert list(summary_table(CampaignDir(out))["precision_state"]) == [AT_DURATION] * 2
 
 
 def test_the_summary_reports_a_decided_points_interval_at_the_raised_confidence():

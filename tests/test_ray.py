@@ -23,6 +23,7 @@ ray = pytest.importorskip("ray")
 from raysweep import procs  # noqa: E402
 from raysweep.errors import LedgerError, UserError  # noqa: E402
 from raysweep.ledger import Ledger  # noqa: E402
+from raysweep.record.directory import CampaignDir  # noqa: E402
 from raysweep.results.table import results_table  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -36,7 +37,7 @@ def test_campaign_runs_on_simulated_gpus(gpu_cluster, tmp_path):
     f = standin_campaign(tmp_path, serve_params={"grid": {"tensor_parallel_size": [1, 2]}}, runs=2, warmup=2)
     summary, out = run_file(f)
     assert summary.counts == {"pending": 0, "running": 0, "done": 8, "failed": 0}
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert len(df) == 8
     by_tp = {tp: g for tp, g in df.groupby("tensor_parallel_size")}
     assert set(by_tp[1]["gpu_count"]) == {1} and set(by_tp[2]["gpu_count"]) == {2}
@@ -115,10 +116,11 @@ def test_refused_cache_reset_is_recorded_in_the_results(gpu_cluster, tmp_path):
     f = standin_campaign(tmp_path, server_args="--reset-refuses")
     summary, out = run_file(f)
     assert summary.counts["done"] == 2
-    states = set(results_table(out)["cache_state_before"])
+    states = set(results_table(CampaignDir(out))["cache_state_before"])
     assert len(states) == 1
     assert states.pop().startswith('reset failed: /reset_prefix_cache: HTTP 200 {"success": false}')
-    assert results_table(out)["validity_issues"].str.contains("cache not reset").all()  # judged, not only a column
+    # judged, not only a column
+    assert results_table(CampaignDir(out))["validity_issues"].str.contains("cache not reset").all()
 
 
 def test_after_bench_cmd_replaces_the_reset(gpu_cluster, tmp_path):
@@ -127,7 +129,7 @@ def test_after_bench_cmd_replaces_the_reset(gpu_cluster, tmp_path):
     summary, out = run_file(f)
     assert summary.counts["done"] == 2
     assert len(marker.read_text().splitlines()) == 3  # after server start, then after each point
-    assert set(results_table(out)["cache_state_before"]) == {"after_bench_cmd"}
+    assert set(results_table(CampaignDir(out))["cache_state_before"]) == {"after_bench_cmd"}
 
 
 def test_changed_command_is_refused_unless_forced_and_new_grid_values_only_add_points(gpu_cluster, tmp_path):
@@ -254,7 +256,7 @@ def test_killed_driver_leaves_no_process_and_resume_finishes_exactly_once(tmp_pa
     assert len(ran) == 9
     assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
     assert not any(procs.is_alive(p, None) for p in map(int, pids.read_text().split()))
-    assert len(results_table(out)) == 8
+    assert len(results_table(CampaignDir(out))) == 8
     from raysweep.drive.driver import embedded_temp_dir
 
     assert not Path(embedded_temp_dir(proc.pid)).exists(), "the killed driver's Ray session dir was left"
@@ -267,7 +269,7 @@ def test_cli_joins_an_existing_cluster_with_address(gpu_cluster, tmp_path):
                           env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done 2" in done.stderr and "results.parquet" in done.stderr
-    df = results_table(tmp_path / "out")
+    df = results_table(CampaignDir(tmp_path / "out"))
     assert set(df["gpu_count"]) == {2}  # it ran on the simulated GPU nodes, not on a new local Ray
     status = subprocess.run([sys.executable, "-m", "raysweep", "status", str(tmp_path / "out")],
                             capture_output=True, text=True, timeout=60)
@@ -337,7 +339,7 @@ def test_every_native_result_carries_its_validity_record_and_provenance(gpu_clus
                         bench_params={"grid": {"random_input_len": [8, 16]}}, bench={"client_cpus": 0.5})
     summary, out = run_file(f)
     assert summary.counts["done"] == 2, summary.failures
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     try:
         vllm = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
@@ -396,7 +398,7 @@ def test_tail_replicas_share_a_configurations_points_each_run_once(gpu_cluster, 
     replicas = [e for e in events if e["kind"] == "replica"]
     assert 1 <= len(replicas) <= 2 and len(servers) == 1 + len(replicas)
     assert {s.state for s in servers} == {"stopped"} and len({s.serve_id for s in servers}) == 1
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert len(df) == 12 and df["server_id"].nunique() >= 2          # a further server ran some of its points
     assert set(df["server_id"]) <= {s.server_id for s in servers}
     assert all("to share its" in e["detail"] and e["serve_ids"] == [servers[0].serve_id] for e in replicas)

@@ -13,6 +13,7 @@ from test_plots import PNG, build_output_dir
 
 from raysweep.cli import main
 from raysweep.ledger import Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.report import page as report
 from raysweep.report import registry
@@ -102,7 +103,7 @@ def test_transport_verdict_per_server_config_with_evidence_and_recorded_versions
         rec = json.loads(path.read_text())
         rec.update(vllm_version="0.33.0")
         write_json_atomic(path, rec)
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     transport = section(html, "transport")
     assert transport.count("<tr>") == 1 + 2  # one row per server config
     assert "gate (ib)" in transport and "Not checked" not in transport
@@ -124,7 +125,7 @@ def test_a_figure_that_fails_costs_only_itself(tmp_path, monkeypatch):
         raise ValueError("no such thing")
 
     monkeypatch.setattr(report, "_figure_list", lambda data: [("broken one", broken)])
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     assert "broken one: not drawn (no such thing)" in section(html, "figures")
     assert sections(html)[-1] == "environment"
 
@@ -147,7 +148,7 @@ def test_report_of_a_campaign_with_nothing_done(tmp_path):
     led.sync(name="e", fingerprint="f", meaning={}, campaign={"name": "e"}, campaign_file="",
              points=[("p", "s", "b", 0, {"max_num_seqs": 8}, {})])
     led.close()
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     said = section(html, "conclusions")
     assert "No finished run yet." in said
     for title in ("Warnings", "Runs over time", "Figures", "Results", "SLA", "Transport", "Failures"):
@@ -169,7 +170,7 @@ def _flag_one_run(out) -> str:
 def test_runs_failing_a_validity_check_are_listed_marked_and_crossed(tmp_path, no_figures):
     out = build_output_dir(tmp_path / "out")
     _flag_one_run(out)
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     assert sections(html)[:2] == ["conclusions", "validity"]  # the warnings right after the answer
     warn = section(html, "validity")
     assert "fail a check" in warn and "niced (server 15)" in warn
@@ -185,7 +186,7 @@ def test_validity_section_when_every_run_passes(tmp_path, no_figures):
         rec = json.loads(path.read_text())
         rec.update(client_limited=False, validity_ok=True, validity_issues="")
         write_json_atomic(path, rec)
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     assert "pass every check" in section(html, "validity")
     assert "\u26a0" not in section(html, "results")
 
@@ -198,7 +199,7 @@ def test_environment_shows_the_recorded_provenance(tmp_path, no_figures):
          "python": "3.11", "gpu": "8 x NVIDIA H100", "gpu_driver": "550.1", "model_path": "/models/x",
          "model_revision": "abc123", "hostnames": ["node-a", "node-b"]}))
     led.close()
-    env = section(report.build_report(out), "environment")
+    env = section(report.build_report(CampaignDir(out)), "environment")
     assert "9.9.9-recorded" in env and "8 x NVIDIA H100" in env and "abc123" in env and "node-a,node-b" in env
     assert "No provenance was recorded" not in env
 
@@ -209,7 +210,7 @@ def test_plots_cross_flagged_runs_but_not_client_limited_ones(tmp_path):
 
     out = build_output_dir(tmp_path / "out")
     _flag_one_run(out)
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     spec = plots.PlotSpec(var_x="max_concurrency", var_y="median_ttft_ms")
     plans = plots.plan_curves(df, spec)
     crossed = [c for p in plans for row in p.panels for panel in row for c in panel.curves if len(c.flagged)]
@@ -341,7 +342,7 @@ def test_sections_registered_by_other_modules(tmp_path, no_figures, monkeypatch)
     registry.register(registry.Section("extra", "Extra", fragment_section, order=45))     # after Figures (40)
     registry.register(registry.Section("absent", "Absent", no_such_section, order=46))
     registry.register(registry.Section("nothing", "Nothing", lambda data: None, order=47))
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     assert sections(html)[:5] == ["conclusions", "validity", "figures", "extra", "absent"]
     assert "nothing" not in sections(html) and '<a href="#nothing">' not in html  # None: left out
     assert "<p>made from out</p>" in section(html, "extra") and '<a href="#extra">Extra</a>' in html

@@ -19,13 +19,14 @@ import pytest
 from browser import browser, check_page, run_browser
 from test_plots import PNG, build_output_dir
 
+from raysweep.record.directory import CampaignDir
 from raysweep.report import page as report
 
 
 @pytest.fixture(scope="module")
 def report_file(tmp_path_factory) -> Path:
     out = build_output_dir(tmp_path_factory.mktemp("browser") / "out", sla=True)
-    return report.write_report(out)
+    return report.write_report(CampaignDir(out))
 
 
 def test_report_renders_with_working_links_and_figures_in_chromium(report_file, tmp_path):
@@ -98,14 +99,14 @@ def test_the_demos_card_states_the_figures_the_terminal_prints(tmp_path, monkeyp
     monkeypatch.setattr(report, "_figure_list", lambda data: [])  # the words are compared, not the figures
     monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
     out = build_dir(tmp_path / "demo-cpu", _demo_like_rows(), name="demo-cpu")
-    c = report.conclusions_of(out)
+    c = report.conclusions_of(CampaignDir(out))
     (line,) = conclusions.headlines(c)
     said = re.search(r"deploy (max_num_seqs=\d+) at max_concurrency=16: output_throughput ([\d,.]+) tok/s "
                      r"\[([\d,.]+), ([\d,.]+) at 95 %\] \(the confirmation: .*\), ((\d+) % more than "
                      r"(max_num_seqs=\d+) at max_concurrency=16 \[[^]]*\])", line)
     assert said is not None, line
     leader, value, low, high, words, lead, rival = said.groups()
-    probe = check_page(report.write_report(out), tmp_path)
+    probe = check_page(report.write_report(CampaignDir(out)), tmp_path)
     card = " ".join(probe["first_text"].split())
     shown = re.search(r"Deploy: (max_num_seqs=\d+) at max_concurrency=16 ?: output_throughput ([\d,.]+) tok/s "
                       r"\[([\d,.]+), ([\d,.]+) at 95 %\] .*?((\d+) % more than (max_num_seqs=\d+) at "

@@ -20,6 +20,7 @@ from test_plots import FAILED, _pid, build_output_dir, run_record
 
 from raysweep.bench import timeseries
 from raysweep.ledger import Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.report import cache as report_cache
 from raysweep.report import figures as report_figures
@@ -84,7 +85,7 @@ def cold(tmp_path_factory) -> Iterator[tuple[Path, str, list[str]]]:
     _with_series(out)
     with pytest.MonkeyPatch.context() as mp:
         drawn = Drawn(mp)
-        html = report.write_report(out).read_text()
+        html = report.write_report(CampaignDir(out)).read_text()
         assert drawn.series == 1
         yield out, html, list(drawn.figures)
 
@@ -113,7 +114,7 @@ def test_the_first_report_keeps_every_figure_it_draws(cold):
 def test_a_report_written_again_on_unchanged_data_draws_nothing_and_is_the_same_page(cold, copy, drawn):
     out, first, _ = cold
     before = kept(copy)
-    again = report.write_report(copy).read_text()
+    again = report.write_report(CampaignDir(copy)).read_text()
     assert drawn.figures == [] and drawn.series == 0
     assert page(again, copy) == page(first, out)  # the first drew every figure: kept ones are the same
     assert kept(copy) == before
@@ -123,6 +124,7 @@ def test_a_report_written_again_on_unchanged_data_draws_nothing_and_is_the_same_
 # Ray runs never forks (`_Beside`). It prints how many figures that process drew itself.
 BESIDE_CODE = """import sys
 from raysweep.report import figures
+from raysweep.record.directory import CampaignDir
 from raysweep.report.page import write_report
 drawn = []
 img = figures.img_html
@@ -131,7 +133,7 @@ def counting_img(fig, caption, notes=(), dpi=110):
     return img(fig, caption, notes, dpi)
 figures.img_html = counting_img
 figures.BESIDE_FROM_RUNS = 0  # half of the figures drawn by a forked process
-write_report(sys.argv[1])
+write_report(CampaignDir(sys.argv[1]))
 print(len(drawn))
 """
 
@@ -151,8 +153,9 @@ def test_figures_drawn_by_a_second_process_make_the_same_page_and_are_kept_alike
 
 
 def test_a_report_of_kept_figures_does_not_import_matplotlib(copy):
-    code = ("import sys\nfrom raysweep.report.page import write_report\n"
-            "write_report(sys.argv[1])\nprint('matplotlib' in sys.modules)")
+    code = ("import sys\nfrom raysweep.record.directory import CampaignDir\n"
+            "from raysweep.report.page import write_report\n"
+            "write_report(CampaignDir(sys.argv[1]))\nprint('matplotlib' in sys.modules)")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     proc = subprocess.run([sys.executable, "-c", code, str(copy)], capture_output=True, text=True, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -170,7 +173,7 @@ def test_one_more_run_draws_again_the_figures_of_its_data_only(cold, copy, drawn
         led.mark_done(_pid(*FAILED), rel)
     finally:
         led.close()
-    html = report.write_report(copy).read_text()
+    html = report.write_report(CampaignDir(copy)).read_text()
     assert "32 finished run(s)" in html and "31 finished run(s)" in first
     # every figure drawn from the results table again, and the card of the 256 shape; not the SLA bars (the
     # searches did not change), the card of the 128 shape or the time series
@@ -180,14 +183,14 @@ def test_one_more_run_draws_again_the_figures_of_its_data_only(cold, copy, drawn
     expected.remove(card)
     assert sorted(drawn.figures) == sorted(expected) and len(expected) == 6 + 1
     # what the report shows is what a report drawn afresh shows; only this report's figures are kept
-    assert page(html, copy) == page(report.build_report(copy), copy)
+    assert page(html, copy) == page(report.build_report(CampaignDir(copy)), copy)
     assert page(html, copy) != page(first, out)
     assert len(kept(copy)) == len(figures) + 1
 
 
 def test_a_changed_time_series_is_drawn_again(copy, drawn):
     _with_series(copy, scale=2.0)
-    report.write_report(copy)
+    report.write_report(CampaignDir(copy))
     assert drawn.series == 1 and drawn.figures == []
 
 
@@ -199,7 +202,7 @@ def test_an_unreadable_or_altered_entry_is_drawn_again_and_replaced(cold, copy, 
     entry = json.loads(files[2].read_text())
     entry["html"] = entry["html"].replace("data:image/png", "data:image/gif")  # altered, its checksum not
     files[2].write_text(json.dumps(entry))
-    html = report.write_report(copy).read_text()
+    html = report.write_report(CampaignDir(copy)).read_text()
     assert len(drawn.figures) + drawn.series == 3
     assert page(html, copy) == page(first, out)
     for f in files[:3]:
@@ -211,14 +214,14 @@ def test_a_report_written_elsewhere_uses_the_kept_figures_and_writes_nothing_int
                                                                                                 drawn, monkeypatch):
     before = {p: p.stat().st_mtime_ns for p in copy.rglob("*")}
     elsewhere = tmp_path / "shared" / "report.html"
-    report.write_report(copy, elsewhere)
+    report.write_report(CampaignDir(copy), elsewhere)
     assert drawn.figures == [] and drawn.series == 0 and elsewhere.is_file()
     assert {p: p.stat().st_mtime_ns for p in copy.rglob("*")} == before
     # without kept figures: drawn, and kept nowhere (one figure is enough to see it)
     monkeypatch.setattr(report, "_figure_list", lambda data: report_figures.figure_list(data)[:1])
     monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
     out = build_output_dir(tmp_path / "fresh")
-    report.write_report(out, elsewhere)
+    report.write_report(CampaignDir(out), elsewhere)
     assert len(drawn.figures) == 1 and not (out / report_cache.FOLDER).exists()
     assert not (elsewhere.parent / report_cache.FOLDER).exists() and not (out / report.REPORT_FILE).exists()
 

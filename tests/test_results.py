@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from raysweep.cli import main
 from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.results.table import PER_REQUEST_KEYS, load_records, results_table, write_results
 
@@ -81,7 +82,7 @@ def outdir(tmp_path: Path) -> Path:
 
 
 def test_results_table_one_row_per_done_point(outdir):
-    df = results_table(outdir)
+    df = results_table(CampaignDir(outdir))
     assert len(df) == 3
     assert sorted(df["point_id"]) == ["pa0", "pa1", "pb0"]
     assert "pb1" not in set(df["point_id"]) and "pb2" not in set(df["point_id"])
@@ -91,7 +92,7 @@ def test_results_table_one_row_per_done_point(outdir):
 
 
 def test_results_table_drops_per_request_arrays(outdir):
-    df = results_table(outdir)
+    df = results_table(CampaignDir(outdir))
     assert not set(df.columns) & PER_REQUEST_KEYS
     for key in ("latencies", "ttfts", "itls", "input_lens", "output_lens", "generated_texts", "errors"):
         assert key not in df.columns
@@ -99,11 +100,11 @@ def test_results_table_drops_per_request_arrays(outdir):
     assert list(df["median_ttft_ms"]) == [10.0, 11.0, 10.0]
     assert {"request_throughput", "p99_ttft_ms", "completed", "max_num_seqs", "random_input_len"} <= set(df.columns)
     # the result files themselves keep the per-request data
-    assert all("latencies" in r for r in load_records(outdir))
+    assert all("latencies" in r for r in load_records(CampaignDir(outdir)))
 
 
 def test_request_rate_inf_becomes_float(outdir):
-    df = results_table(outdir)
+    df = results_table(CampaignDir(outdir))
     assert pd.api.types.is_float_dtype(df["request_rate"])
     rates = dict(zip(df["point_id"], df["request_rate"]))
     assert math.isinf(rates["pa0"]) and rates["pa0"] > 0
@@ -111,14 +112,14 @@ def test_request_rate_inf_becomes_float(outdir):
 
 
 def test_dict_params_become_json_text(outdir):
-    df = results_table(outdir)
+    df = results_table(CampaignDir(outdir))
     values = dict(zip(df["point_id"], df["compilation_config"]))
     assert values["pa0"] == json.dumps({"mode": 3})
     assert json.loads(values["pb0"]) == {"mode": 0}
 
 
 def test_write_results_all_formats_read_back(outdir):
-    paths = write_results(outdir, ("parquet", "csv", "json"))
+    paths = write_results(CampaignDir(outdir), ("parquet", "csv", "json"))
     assert paths == [outdir / "results.parquet", outdir / "results.csv", outdir / "results.json"]
     frames = {"parquet": pd.read_parquet(paths[0]), "csv": pd.read_csv(paths[1]), "json": pd.read_json(paths[2])}
     for fmt, df in frames.items():
@@ -135,14 +136,14 @@ def test_write_results_all_formats_read_back(outdir):
 
 
 def test_write_results_default_formats(outdir):
-    paths = write_results(outdir)
+    paths = write_results(CampaignDir(outdir))
     assert [p.name for p in paths] == ["results.parquet", "results.csv"]
     assert all(p.is_file() for p in paths)
 
 
 def test_write_results_unknown_format(outdir):
     with pytest.raises(ValueError):
-        write_results(outdir, ("xlsx",))
+        write_results(CampaignDir(outdir), ("xlsx",))
 
 
 def test_empty_results_still_written(tmp_path):
@@ -152,14 +153,14 @@ def test_empty_results_still_written(tmp_path):
     led.sync(name="c", fingerprint="f", meaning={}, campaign={}, campaign_file="", points=[
         ("p", "s", "b", 0, {}, {})])
     led.close()
-    paths = write_results(out, ("parquet", "csv", "json"))
+    paths = write_results(CampaignDir(out), ("parquet", "csv", "json"))
     assert len(pd.read_parquet(paths[0])) == 0
     assert all(p.is_file() for p in paths)
 
 
 def test_unreadable_result_file_is_skipped(outdir):
     (outdir / "points" / "sa" / "b1" / "run=1.json").write_text("{truncated")
-    df = results_table(outdir)
+    df = results_table(CampaignDir(outdir))
     assert sorted(df["point_id"]) == ["pa0", "pb0"]
 
 
@@ -171,7 +172,7 @@ def test_out_of_plan_points_are_not_in_results(outdir):
                          if pid != "pa1"])
     finally:
         led.close()
-    assert sorted(results_table(outdir)["point_id"]) == ["pa0", "pb0"]
+    assert sorted(results_table(CampaignDir(outdir))["point_id"]) == ["pa0", "pb0"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def test_cli_without_ledger_exits_2(tmp_path, command):
 
 
 def test_json_keeps_infinite_request_rate(outdir):
-    (path,) = write_results(outdir, ("json",))
+    (path,) = write_results(CampaignDir(outdir), ("json",))
     rates = {r["point_id"]: r["request_rate"] for r in json.loads(path.read_text())}
     assert rates["pa1"] == 10.0
     assert rates["pa0"] in ("inf", "Infinity", math.inf)
@@ -238,7 +239,7 @@ def test_records_written_before_the_validity_record_get_it_when_read(outdir):
     rec.update(server_nice=15, client_limited=False)
     rec.pop("validity_ok", None)
     write_json_atomic(path, rec)
-    records = load_records(outdir)
+    records = load_records(CampaignDir(outdir))
     assert all("validity_ok" in r and "validity_issues" in r for r in records)
     mine = next(r for r in records if r["point_id"] == rec["point_id"])
     assert mine["validity_ok"] is False and "niced (server 15)" in mine["validity_issues"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from raysweep.errors import CampaignError
+from raysweep.record.directory import CampaignDir
 from raysweep.sla.search import (
     INFINITE,
     Target,
@@ -394,10 +395,10 @@ def test_sla_campaign_with_two_runs_reports_one_runs_throughput_and_judges_serve
                         bench_params=[{"random_input_len": 8}], bench={"client_cpus": 0.5, "metrics_interval_s": 0.1},
                         sla={"targets": [{"p90_ttft_ms": "<=30"}, {"server_prompt_tokens": ">=1"}], "max_value": 64})
     summary, out = run_file(f)
-    points = results_table(out)
+    points = results_table(CampaignDir(out))
     assert points["server_metrics_complete"].all(), points.get("server_metrics_incomplete_reason")
     assert (points["server_prompt_tokens"] == points["total_input_tokens"]).all()
-    df = sla_table(out)
+    df = sla_table(CampaignDir(out))
     first = df[df["target"] == "p90_ttft_ms<=30"].iloc[0]
     assert first["state"] == "found", df.to_dict("records")
     runs = points[points["max_concurrency"] == first["largest_pass"]]

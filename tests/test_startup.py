@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from raysweep.record.directory import CampaignDir
 from raysweep.serve import startup
 
 
@@ -306,7 +307,7 @@ def test_a_startup_sweep_of_the_real_vllm_and_the_phases_of_real_server_starts(t
                     "timeout_s": 900, "params": {"grid": {"max_num_seqs": [8, 16]}}}}))
     summary, out = run_file(f)
     assert summary.counts["done"] == 2, summary.counts
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert sorted(df["max_num_seqs"]) == [8, 16] and set(df["offline_kind"]) == {"startup"}
     assert (df["cold_startup_s"] > 0).all() and (df["warm_startup_s"] > 0).all()
     assert (df["cold_startup_iters"] == 1).all() and (df["warm_startup_iters"] == 1).all()

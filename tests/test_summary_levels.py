@@ -17,6 +17,7 @@ from test_cli_json import bench_module
 from test_one_story import precision_campaign
 
 from raysweep.cli import main
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.results import aggregate, table
 from raysweep.results.table import kept_summary, kept_summary_at, write_results
@@ -38,7 +39,7 @@ def mixed_campaign(tmp_path: Path) -> Path:
         if i % 11 == 5:
             rec.update(validity_ok=False, validity_issues="shared CPUs (2 of 2 cores)")
         write_json_atomic(path, rec)
-    write_results(out)
+    write_results(CampaignDir(out))
     return out
 
 
@@ -49,14 +50,14 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def afresh(out: Path, confidence: float, threshold: float = aggregate.DEFAULT_THRESHOLD) -> pd.DataFrame:
     """The summary made from the runs at these settings, less what only the raw samples give at them."""
-    full = aggregate.summary_table(out, confidence, threshold)
+    full = aggregate.summary_table(CampaignDir(out), confidence, threshold)
     return full.drop(columns=[c for c in full.columns if c.endswith(("_pooled_ci_low", "_pooled_ci_high"))])
 
 
 @pytest.mark.parametrize("which", ["mixed", "precision"])
 def test_the_kept_summary_at_other_settings_is_the_summary_made_afresh(tmp_path, mixed, which):
     out = mixed if which == "mixed" else precision_campaign(tmp_path)
-    kept = kept_summary(out)
+    kept = kept_summary(CampaignDir(out))
     assert kept is not None and kept.attrs["confidence"] == 0.95
     if which == "mixed":   # what this campaign is for: intervals over starts and over runs, noisy points
         assert {1, 2} <= set(kept["server_starts"]) and kept["noisy"].any() and not kept["noisy"].all()
@@ -64,14 +65,14 @@ def test_the_kept_summary_at_other_settings_is_the_summary_made_afresh(tmp_path,
     else:
         assert kept["precision_state"].notna().any()
     for confidence, threshold in ((0.9, None), (0.8, 0.02), (0.95, 0.2)):
-        fast = kept_summary_at(out, confidence, threshold)
+        fast = kept_summary_at(CampaignDir(out), confidence, threshold)
         assert fast is not None and fast.attrs["confidence"] == confidence
         full = afresh(out, confidence, threshold or aggregate.DEFAULT_THRESHOLD)
         assert list(fast.columns) == list(full.columns)
         pd.testing.assert_frame_equal(fast, full, check_exact=True, check_dtype=False)
         moved = [c for c in full.columns if c.endswith("_ci_low") and not full[c].equals(kept[c])]
         assert moved or confidence == 0.95   # the intervals did change with the level
-    own = kept_summary_at(out, 0.95, 0.05)   # at its own settings: the kept summary as it is
+    own = kept_summary_at(CampaignDir(out), 0.95, 0.05)   # at its own settings: the kept summary as it is
     assert own is not None
     pd.testing.assert_frame_equal(own, kept, check_exact=True)
 
@@ -111,9 +112,9 @@ def test_status_says_the_kept_answer_as_it_says_the_answer_made_again(mixed, tmp
     made = [CliRunner().invoke(main, ["status", str(out), *json_flag], catch_exceptions=False)
             for json_flag in ([], ["--json"])]
     assert "answer:" in made[0].stdout and json.loads(made[1].stdout)["answer"]["shapes"]
-    c = conclusions_of(out)
+    c = conclusions_of(CampaignDir(out))
     assert c is not None
-    keep_answer(out, c.answer)   # as `run` keeps it at its end
+    keep_answer(CampaignDir(out), c.answer)   # as `run` keeps it at its end
 
     def not_again(output_dir: str) -> None:
         raise AssertionError("the answer was made again")
@@ -135,7 +136,7 @@ def test_run_keeps_the_answer_without_a_report_once(tmp_path):
     assert not (out / ANSWER_FILE).exists()
     res = CliRunner().invoke(main, ["run", str(cfile)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    kept, c = kept_answer(out), conclusions_of(out)
+    kept, c = kept_answer(CampaignDir(out)), conclusions_of(CampaignDir(out))
     assert kept is not None and c is not None
     assert kept["lines"] == c.answer.lines() and kept["answer"] == c.answer.to_dict()
     written = (out / ANSWER_FILE).stat().st_mtime_ns
@@ -146,7 +147,7 @@ def test_run_keeps_the_answer_without_a_report_once(tmp_path):
 def test_a_summary_without_the_models_statistics_is_made_afresh(mixed):
     """A kept summary whose intervals cannot be made again from it (written before `M_se` and `M_df`) is not
     read at another level: `at_level` says so and the summary is made from the runs."""
-    kept = kept_summary(mixed)
+    kept = kept_summary(CampaignDir(mixed))
     assert kept is not None and aggregate.at_level(kept, 0.9) is not None
     assert aggregate.at_level(kept.drop(columns=["output_throughput_se"]), 0.9) is None
     assert aggregate.at_level(kept.drop(columns=["median_ttft_ms_df"]), 0.9) is None

@@ -10,6 +10,7 @@ import pytest
 from helpers import native_campaign, run_file, standin_campaign
 
 from raysweep.drive.validity import validity_fields
+from raysweep.record.directory import CampaignDir
 from raysweep.report.run_sections import multinode_section
 from raysweep.serve import telemetry
 
@@ -71,7 +72,7 @@ def test_host_actors_sample_the_servers_gpus_during_each_point(gpu_cluster, tmp_
     assert summary.counts["done"] == 1
     from raysweep.results.table import results_table
 
-    row = results_table(out).iloc[0]
+    row = results_table(CampaignDir(out)).iloc[0]
     gpus = [int(g) for g in row["gpu_ids"].split(",")]
     assert row["gpu_telemetry"] == "fake NVML" and row["gpu_telemetry_samples"] >= 4
     assert row["gpu_util_mean_pct"] == pytest.approx(70 + sum(gpus) / 2)  # only the server's own GPUs
@@ -117,7 +118,7 @@ def test_gpu_telemetry_is_averaged_over_the_load_not_the_data_sets_building(gpu_
     assert summary.counts["done"] == 1, summary.failures
     from raysweep.results.table import results_table
 
-    row = results_table(out).iloc[0]
+    row = results_table(CampaignDir(out)).iloc[0]
     assert row["completed"] == 4 and row["start_time"] - row["started_at"] >= 1.0  # the building was in the point
     assert row["gpu_telemetry"] == "fake NVML" and row["gpu_telemetry_samples"] >= 1
     assert row["gpu_util_mean_pct"] == 90
@@ -139,11 +140,11 @@ def test_the_report_section_shows_node_pair_links_the_probe_topology_and_events(
                       ranks=json.dumps([{"rank": 0, "node_ip": "10.0.0.1"}, {"rank": 1, "node_ip": "10.0.0.2"}]))
     led.add_event("node_lost", ["s1"], ["abcdef1234567890"], "node abcdef123456 (10.0.0.2) was lost")
     led.close()
-    html = multinode_section(tmp_path)
+    html = multinode_section(CampaignDir(tmp_path))
     assert "node 0 (10.0.0.1) -&gt; node 1 (10.0.0.2): OFI+GDR (1 rank pair)" in html
     assert "12.50 GB/s (nccl, 16 ranks)" in html and "spans NUMA nodes 0,1" in html
     assert "Cluster events" in html and "node_lost" in html and "abcdef123456" in html
     empty = tmp_path / "empty"
     empty.mkdir()
     Ledger(empty / "ledger.sqlite").close()
-    assert multinode_section(empty) is None
+    assert multinode_section(CampaignDir(empty)) is None

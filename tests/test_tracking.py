@@ -20,6 +20,7 @@ from raysweep.cli import main
 from raysweep.drive.progress_metrics import Progress, eta_s
 from raysweep.errors import CampaignError
 from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.report import export, tracking
 
@@ -71,11 +72,11 @@ def test_mlflow_export_again_and_after_more_runs_updates_the_same_runs(grown, tm
 
     out, later = grown
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    first = export.export_mlflow(export.export_points(out), uri)
-    again = export.export_mlflow(export.export_points(out), uri)   # nothing new: nothing changes
+    first = export.export_mlflow(export.export_points(CampaignDir(out)), uri)
+    again = export.export_mlflow(export.export_points(CampaignDir(out)), uri)   # nothing new: nothing changes
     assert again == first
     _done(out, later, _rows(range(3)))                              # a resumed campaign finished run 2
-    third = export.export_mlflow(export.export_points(out), uri)
+    third = export.export_mlflow(export.export_points(CampaignDir(out)), uri)
     assert third == first
     runs = _mlflow_runs(uri)
     assert len(runs) == 3 and sum(r.data.tags["raysweep.kind"] == "point" for r in runs) == 2
@@ -209,9 +210,9 @@ def test_wandb_offline_export_twice_writes_each_value_once_to_the_same_runs(grow
     out, later = grown
     wdir = tmp_path / "wb"
     wdir.mkdir()
-    export.export_wandb(export.export_points(out), "proj", mode="offline", directory=wdir)
+    export.export_wandb(export.export_points(CampaignDir(out)), "proj", mode="offline", directory=wdir)
     _done(out, later, _rows(range(3)))
-    export.export_wandb(export.export_points(out), "proj", mode="offline", directory=wdir)
+    export.export_wandb(export.export_points(CampaignDir(out)), "proj", mode="offline", directory=wdir)
     runs = _wandb_runs(wdir)
     assert len(runs) == 3 and all(r["parts"] == 2 for r in runs.values())  # the same three ids, resumed
     points = {r["config"]["max_concurrency"]: r for r in runs.values() if "max_concurrency" in r["config"]}

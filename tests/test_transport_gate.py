@@ -16,6 +16,7 @@ pytest.importorskip("ray")
 from raysweep import procs
 from raysweep.cli import main
 from raysweep.ledger import Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.results.table import results_table
 
 pytestmark = pytest.mark.ray
@@ -54,7 +55,7 @@ def test_a_config_on_tcp_sockets_is_refused_before_benchmarking_and_the_fast_one
     assert "via NET/Socket/0" in err  # the evidence
     assert len(env_file.read_text().splitlines()) == 4  # the refused config never benchmarked
     assert len([s for s in servers if s.serve_id == socket_id]) == 1  # and was not started again
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     by_nodes = {n: g.iloc[0] for n, g in df.groupby("num_nodes")}
     gdr, single = by_nodes[2], by_nodes[1]
     assert (gdr["transport_inter"], gdr["transport_intra"], gdr["transport_plugins"]) == ("IB+GDR", "P2P", "IB")

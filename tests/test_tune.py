@@ -20,6 +20,7 @@ from raysweep.drive.driver import open_campaign
 from raysweep.errors import CampaignError
 from raysweep.maths.pareto import beaten, hypervolume, pareto_front
 from raysweep.place.scheduler import Scheduler
+from raysweep.record.directory import CampaignDir
 from raysweep.tune import (
     TunedCluster,
     Tuner,
@@ -257,11 +258,11 @@ def test_an_interrupted_tuning_campaign_resumes_without_running_a_finished_candi
     best = max((r for r in after.values() if r["state"] == "complete"), key=lambda r: r["objective"][0])
     first_row = next(line for line in text.splitlines() if line.strip().startswith("│ 1 "))
     assert f"{best['objective'][0]:.4g}" in first_row
-    html = report_section(tmp_path / "out")
+    html = report_section(CampaignDir(tmp_path / "out"))
     assert "<table>" in html and html.count("data:image/png;base64,") >= 2   # leaderboard, objective, importance
     from raysweep.report.page import build_report
 
-    assert '<section id="tuning"><h2>Tuning</h2>' in build_report(tmp_path / "out")
+    assert '<section id="tuning"><h2>Tuning</h2>' in build_report(CampaignDir(tmp_path / "out"))
     ledger.close()
 
 

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from test_plots import build_output_dir
 
 from raysweep.cli import main
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.report import page as report
 from raysweep.results.table import load_records
@@ -36,7 +37,7 @@ def validity_text(out) -> tuple[str, str]:
     res = CliRunner().invoke(main, ["status", str(out)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if ln.startswith("validity:"))
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     section = html.split('<section id="validity">', 1)[1].split("</section>", 1)[0]
     return line, re.sub(r"<[^>]+>", " ", section)
 
@@ -48,7 +49,7 @@ def test_runs_not_judged_are_not_shown_as_passing(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "_card_figure", lambda data, c, v: "")
     out = build_output_dir(tmp_path / "out")
     runs = judged_but(out, {"steady_state": 16})
-    counts = validity_counts(load_records(out))
+    counts = validity_counts(load_records(CampaignDir(out)))
     assert (counts.runs, counts.failed, counts.partly_judged, counts.passed) == (runs, 0, 16, runs - 16)
     assert counts.not_judged == {"not steady": 16}
     line, section = validity_text(out)
@@ -102,7 +103,7 @@ def test_a_card_says_its_point_stopped_short_of_the_precision_target(tmp_path, m
             ledger.record_precision(serve_id, bench_id, "max_runs", 2, 2, 0.081)
     finally:
         ledger.close()
-    html = report.build_report(out)
+    html = report.build_report(CampaignDir(out))
     cards = html.split('<section id="conclusions">', 1)[1].split("</section>", 1)[0]
     assert cards.count("Precision not reached: this point stopped at max_runs") == cards.count('class="card"') >= 1
     assert "+-8.1 % of the mean" in cards
@@ -112,4 +113,4 @@ def test_a_card_says_its_point_stopped_short_of_the_precision_target(tmp_path, m
             ledger.record_precision(serve_id, bench_id, "reached", 2, 2, 0.02)
     finally:
         ledger.close()
-    assert "Precision not reached" not in report.build_report(out)
+    assert "Precision not reached" not in report.build_report(CampaignDir(out))

@@ -25,6 +25,7 @@ from helpers import add_nodes, remove_nodes
 
 from raysweep import procs
 from raysweep.ledger import Ledger
+from raysweep.record.directory import CampaignDir
 from raysweep.results.table import results_table
 
 pytestmark = pytest.mark.vllm
@@ -166,7 +167,7 @@ def test_demo_campaign_killed_mid_run_then_resumed(tiny_model, tmp_path):
     starts = [json.loads(s.startup or "{}") for s in servers if s.state == "stopped"]
     assert len(starts) == 4 and {s.get("compile_cache") for s in starts} == {"none"}, starts
 
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert len(df) == len(points)
     assert (df.groupby(["serve_id", "bench_id"])["server_id"].nunique() == 2).all()  # each run on its own start
     assert (df["completed"] > 0).all() and set(df["failed"]) == {0} and set(df["duration_limit_s"]) == {9.0}
@@ -232,7 +233,7 @@ def _verdicts_on_real_results(out: Path, df) -> None:
     nothing better or worse."""
     from raysweep.results import aggregate, compare, conclusions
 
-    summary = aggregate.summary_table(out, results=df)
+    summary = aggregate.summary_table(CampaignDir(out), results=df)
     assert (summary["runs"] + summary["runs_left_out"] == summary["runs_total"]).all()
     c = conclusions.conclude(df, ["random_input_len", "max_concurrency"], summary=summary)
     assert len(c.verdicts) == 1 and all(v.runner_up is not None for v in c.verdicts)
@@ -280,7 +281,7 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
         led.close()
         tails = [p.read_text()[-3000:] for p in (out / "logs").glob("*.log")]
         assert summary.counts["done"] == 1, (summary.failures, tails)
-        df = results_table(out)
+        df = results_table(CampaignDir(out))
         row = df.iloc[0]
         assert row["completed"] == 24 and row["failed"] == 0 and row["output_throughput"] > 0
         assert row["num_nodes"] == 2 and row["placement_mode"] == "nnodes" and row["gpu_count"] == 2
@@ -364,7 +365,7 @@ def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_mo
     assert all(p.attempts == 1 for p in points)
     assert [e["kind"] for e in events] == ["replica"] and len(servers) == 2
     assert {s.state for s in servers} == {"stopped"} and servers[0].ready_at < servers[1].started_at
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     per_server = df.groupby("server_id").size().to_dict()
     assert set(per_server) == {s.server_id for s in servers}, per_server   # the replica ran some points
     assert len(set((tmp_path / "gate.log").read_text().split())) == 2       # at two addresses
@@ -400,7 +401,7 @@ def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
         "sla": {"targets": [{"median_ttft_ms": "<=60"}], "max_value": 32},
     }
     summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
-    df = sla_table(out)
+    df = sla_table(CampaignDir(out))
     assert len(df) == 2, (summary.failures, df)
     best = {r["serve_label"]: (0 if r["largest_pass"] is None or r["largest_pass"] != r["largest_pass"]
                                else r["largest_pass"]) for r in df.to_dict("records")}
@@ -446,7 +447,7 @@ def test_offline_throughput_sweep_killed_mid_run_then_resumed(tiny_model, tmp_pa
     assert sum(s.state == "lost" for s in led.servers()) == 1  # the killed point's engine, reaped on resume
     led.close()
     assert all(_sha(p) == h for p, h in first.items()), "a finished result was rewritten"
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     assert sorted(df["max_num_batched_tokens"]) == [512, 1024] and set(df["offline_kind"]) == {"throughput"}
     assert set(df["completed"]) == {16} and set(df["total_output_tokens"]) == {16 * 16}
     assert (df["total_input_tokens"] >= 16 * 32).all()

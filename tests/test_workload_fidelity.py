@@ -18,6 +18,7 @@ from test_native import _run, stream_server  # noqa: F401 - the stand-in fixture
 from raysweep.bench.datasets import make_requests, payload
 from raysweep.bench.options import parse_load_options
 from raysweep.errors import CampaignError
+from raysweep.record.directory import CampaignDir
 
 
 def opts(*argv: str, model: str = "m"):
@@ -512,7 +513,7 @@ def test_warmup_requests_reach_the_server_before_the_point(gpu_cluster, tmp_path
                         bench_params=[{}], warmup=3, bench={"client_cpus": 0.5})
     summary, out = run_file(f)
     assert summary.counts["done"] == 1, summary.failures
-    row = results_table(out).iloc[0]
+    row = results_table(CampaignDir(out)).iloc[0]
     s = read_samples(out / row["samples_path"])
     failed = sorted(int(k) for k, ok in zip(s["index"], s["ok"]) if not ok)
     assert failed == [0, 4, 8] and row["failed"] == 3

@@ -17,6 +17,7 @@ from raysweep.errors import CampaignError
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.levels import search as wl
 from raysweep.plan.plan import build_plan, dry_run_text, point_id
+from raysweep.record.directory import CampaignDir
 
 
 def test_levels_are_computed_as_vllm_computes_them():
@@ -347,7 +348,7 @@ def test_campaign_runs_the_levels_it_decides_and_a_resume_runs_nothing_again(gpu
     led = Ledger.open_existing(out)
     rows = led.all_workload_levels()
     assert len(rows) == 1 and rows[0]["state"] == "decided"
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     records = df.to_dict("records")
     serial = _achieved_levels(records, "serial", "max_concurrency")
     batch = _achieved_levels(records, "batch", "max_concurrency")
@@ -399,7 +400,7 @@ def test_an_sla_campaign_with_workload_levels_searches_from_them_on_the_standin(
     assert all(r.state == "done" for r in rows if r.probe_of is None)
     own = {r.bench_params.get("max_concurrency") for r in rows if r.probe_of is not None}
     assert not own & ran and None not in own  # no level, no serial and no unbounded probe run again
-    df = sla_table(out)
+    df = sla_table(CampaignDir(out))
     assert len(df) == 1 and df.iloc[0]["state"] in ("found", "above max", "never met", "unresolved"), df
     assert summary.counts["failed"] == 0
 
@@ -451,7 +452,7 @@ def test_levels_match_vllms_serve_workload_on_the_real_server(vllm_server, gpu_c
         "bench": {"backend": "native", "cmd": f"vllm bench serve {options}", "client_guard": {"max_send_lag_ms": 500},
                   "workload": {"variable": variable, "levels": levels}}}))
     summary, out = run_file(f)
-    ours = results_table(out).to_dict("records")
+    ours = results_table(CampaignDir(out)).to_dict("records")
     assert summary.counts["failed"] == 0
 
     def values(records: list[dict], role: str) -> list[int]:

@@ -17,6 +17,7 @@ from raysweep.bench.datasets import make_requests
 from raysweep.bench.options import DATASETS, VLLM_ONLY_DATASETS, VLLM_ONLY_OPTIONS, parse_load_options
 from raysweep.bench.sessions import with_history
 from raysweep.errors import CampaignError
+from raysweep.record.directory import CampaignDir
 
 
 def opts(*argv: str, model: str = "m"):
@@ -383,7 +384,7 @@ def test_a_campaign_stores_time_series_and_the_report_draws_them(gpu_cluster, tm
                         bench={"client_cpus": 0.5, "metrics_interval_s": 0.2})
     summary, out = run_file(f)
     assert summary.counts["done"] == 1, summary.failures
-    df = results_table(out)
+    df = results_table(CampaignDir(out))
     row = df.iloc[0]
     assert row["num_prompts"] == 90 and row["completed"] == 90 and row["timeseries_interval_s"] == 0.5
     ts = timeseries.read_timeseries(out / row["timeseries_path"])
@@ -391,7 +392,7 @@ def test_a_campaign_stores_time_series_and_the_report_draws_them(gpu_cluster, tm
     width = np.diff(np.append(ts["t_s"], row["duration"]))
     assert float(np.sum(ts["request_throughput"] * width)) == pytest.approx(90)
     assert "steady_window_start_s" in df.columns
-    page = build_report(out)
+    page = build_report(CampaignDir(out))
     section = page[page.index('<section id="timeseries">'):]
     assert "data:image/png;base64," in section[:section.index("</section>")]
 

@@ -8,12 +8,15 @@ import datetime
 import hashlib
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from raysweep.bench.load import CONCURRENCY, RATE
 from raysweep.catalog.br import LATENCY, THROUGHPUT, VERSION, num
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["export_reports", "write_reports"]
 
@@ -57,14 +60,14 @@ def _statistics(row: pd.Series, units: str, mean_col: str, pct_cols: dict[str, s
     return stats
 
 
-def _verdicts(output_dir: Path) -> tuple[str | None, dict[tuple[str, str], dict[str, Any]]]:
+def _verdicts(directory: CampaignDir) -> tuple[str | None, dict[tuple[str, str], dict[str, Any]]]:
     """The campaign's objective metric and each point's verdict on it, from the campaign's one answer."""
     from raysweep.results import conclusions
     from raysweep.results.answer import ALONE, BETTER
     from raysweep.results.data import answer_of, read_data
 
     try:
-        answer = answer_of(read_data(output_dir))
+        answer = answer_of(read_data(directory))
     except Exception:  # noqa: BLE001 - a campaign the answer cannot be made of: its points are `not shown`
         return None, {}
     out: dict[tuple[str, str], dict[str, Any]] = {}
@@ -88,7 +91,7 @@ def _verdicts(output_dir: Path) -> tuple[str | None, dict[tuple[str, str], dict[
     return answer.objective.metric, out
 
 
-def export_reports(output_dir: str | Path) -> list[dict[str, Any]]:
+def export_reports(directory: CampaignDir) -> list[dict[str, Any]]:
     """One Benchmark Report v0.2 (as a dict) per point of a raysweep output dir, in the summary's order.
 
     :raises UserError: the dir has no finished run."""
@@ -97,18 +100,15 @@ def export_reports(output_dir: str | Path) -> list[dict[str, Any]]:
     from raysweep.results import aggregate
     from raysweep.results.importer import read_table
 
-    out = Path(output_dir)
-    results = read_table(out).df
+    out = directory.path
+    results = read_table(directory).df
     if results.empty:
-        raise UserError(f"OUTPUT_DIR {output_dir}: no finished run to export")
-    summary = aggregate.summary_table(out, results=results)
+        raise UserError(f"OUTPUT_DIR {directory.given}: no finished run to export")
+    summary = aggregate.summary_table(directory, results=results)
     level = float(summary.attrs.get("confidence") or 0.95)
     catalogue = sources.read(sources.Found(sources.RAYSWEEP, out)).rows
-    objective, verdicts = _verdicts(out)
-    from raysweep.record.directory import CampaignDir
-
-    with CampaignDir(out) as campaign_dir:
-        points = campaign_dir.ledger.points()
+    objective, verdicts = _verdicts(directory)
+    points = directory.ledger.points()
     serve_names = list(dict.fromkeys(k for p in points for k in p.serve_params))
     bench_names = list(dict.fromkeys(k for p in points for k in p.bench_params))
     campaign_id = _hash("raysweep", str(out.resolve()))
@@ -246,14 +246,14 @@ def _load(row: pd.Series, cat: pd.Series, names: list[str]) -> dict[str, Any]:
             "standardized": std, "native": {"args": {f"--{k.replace('_', '-')}": v for k, v in bench.items()}}}
 
 
-def write_reports(output_dir: str | Path, dest: str | Path) -> list[Path]:
+def write_reports(directory: CampaignDir, dest: str | Path) -> list[Path]:
     """Every point's report as YAML in `dest`, one file per point (`br-v0.2-SERVE_ID-BENCH_ID.yaml`), each written
     whole."""
     import yaml
 
     from raysweep.record.files import write_text_atomic
 
-    reports = export_reports(output_dir)
+    reports = export_reports(directory)
     dest = Path(dest)
     paths = []
     for rep in reports:

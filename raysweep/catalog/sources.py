@@ -154,6 +154,7 @@ def _id_of(ledger: Any, path: Path) -> str:
 
 
 def _read_raysweep(path: Path) -> Source:
+    from raysweep.results.answer_file import kept_answer
     from raysweep.results.records import results_table
 
     signature, complete = raysweep_signature(path)
@@ -164,8 +165,9 @@ def _read_raysweep(path: Path) -> Source:
         created = float(ledger.meta("created_at") or 0.0)
         cid = _id_of(ledger, path)
         params = {p.point_id: (p.serve_params, p.bench_params) for p in ledger.points()}
-    kept = path / "results.parquet"
-    table = pd.read_parquet(kept) if complete and kept.is_file() else results_table(path)
+        kept = path / "results.parquet"
+        table = pd.read_parquet(kept) if complete and kept.is_file() else results_table(campaign_dir)
+        answer = kept_answer(campaign_dir)
     outliers, cut = _outlier_runs(table), _values_cut(table)
     serve_cmd, bench_cmd = list(meaning.get("serve_cmd") or []), list(meaning.get("bench_cmd") or [])
     per_point: dict[str, dict[str, Any]] = {}
@@ -192,9 +194,6 @@ def _read_raysweep(path: Path) -> Source:
         rows.append({**common, **per_point[key], "campaign_id": cid, "campaign": name, "source": RAYSWEEP,
                      "source_path": str(path.resolve()),
                      "date": _num(rec.get("started_at")) if _num(rec.get("started_at")) > 0 else created})
-    from raysweep.results.answer_file import kept_answer
-
-    answer = kept_answer(path)
     return Source(cid, name, RAYSWEEP, str(path.resolve()), signature, complete, fields.frame(rows),
                   list((answer or {}).get("lines") or []), (answer or {}).get("answer"))
 

@@ -23,7 +23,8 @@ def _print_checklist(output_dir: Path, not_run: dict[str, str] | None = None) ->
         servers = ledger.servers()
         labels = {p.serve_id: ", ".join(f"{k}={v}" for k, v in p.serve_params.items()) or p.serve_id
                   for p in ledger.points()}
-    items = acceptance.checklist(servers, results_table(output_dir), labels, not_run)
+        table = results_table(campaign_dir)
+    items = acceptance.checklist(servers, table, labels, not_run)
     _say("\n".join(["Checklist:", *acceptance.text_lines(items)]))
     return len(acceptance.failed(items))
 

@@ -64,13 +64,16 @@ def default_figures(output_dir: str | Path) -> tuple[list[Path], list[str]]:
 
 def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_server_metrics: bool,
           out_path: str | None, fig_dir: str | None, dry_run: bool, **spec: Any) -> tuple[list[Path], list[str]]:
+    from raysweep.record.directory import CampaignDir
     from raysweep.report import plots
     from raysweep.results.importer import read_sla, read_table
     from raysweep.results.rows import load_variable, split_list
 
     if fig_dir is not None and out_path is not None:
         raise UserError("--out and --fig-dir both say where the figures go; accepted: one of them")
-    table = read_table(output_dir)
+    with CampaignDir(output_dir) as directory:
+        table = read_table(directory)
+        sla, variable = read_sla(directory)
     lists = ("row_by", "col_by", "curve_by", "fig_by", "filter_by", "bin_by")
     error_bars = not spec.pop("no_error_bars")
     offline = plots.is_offline(table.df) and spec["var_x"] is None and spec["var_y"] is None
@@ -84,7 +87,6 @@ def _draw(output_dir: str, fmt: str, fig_dpi: int, load_var: str | None, no_serv
     if not no_server_metrics and not offline:
         drawn.append((ps, plots.plan_server_metrics(table.df, ps, load_var)))
     plans = [p for _, ps_plans in drawn for p in ps_plans]
-    sla, variable = read_sla(output_dir)
     if dry_run:
         _say(plots.describe(plans, fmt) + (f"\nSLA.{fmt}: {sla['target'].nunique()} target(s)" if len(sla) else ""))
         return [], []
@@ -157,13 +159,13 @@ def report(output_dir: str, out_path: str | None, objective: str | None, as_json
     """One self-contained HTML report: conclusions (best config per bench shape, its lead against the noise,
     Pareto front, SLA capacities), warnings, figures, results, SLA, transport, failures, campaign, plan,
     environment. Prints its path and the conclusions."""
+    from raysweep.cli import logs
     from raysweep.record.directory import CampaignDir
     from raysweep.report.page import write_report_with_answer
 
-    CampaignDir(output_dir).check()
-    from raysweep.cli import logs
-
-    path, found = write_report_with_answer(output_dir, out_path, objective)
+    with CampaignDir(output_dir) as directory:
+        directory.check()
+        path, found = write_report_with_answer(directory, out_path, objective)
     lines = found.lines(verbose=logs.verbosity > 0) if found is not None else []  # tests and p-values with -v
     if as_json:
         print_json("report", {"output_dir": output_dir, "report": path, "objective": objective, "conclusions": lines,

@@ -21,6 +21,8 @@ from raysweep.errors import UserError, unknown_names
 if TYPE_CHECKING:
     import pandas as pd
 
+    from raysweep.record.directory import CampaignDir
+
 _SHOWN = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
 _VERDICT_STYLE = {"better": "green", "worse": "red", "not shown": "yellow", "not judged": "dim", "not compared": "dim",
                   "outside slo": "dim"}
@@ -81,7 +83,7 @@ def method_notes(methods: list[str]) -> list[str]:
     return notes
 
 
-def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tuple[str, ...], confidence: float,
+def print_aggregates(directory: CampaignDir, results: pd.DataFrame | None, formats: tuple[str, ...], confidence: float,
                      threshold: float, noise_metrics: str | None, metrics: str | None = None,
                      dest: Path | None = None, as_json: bool = False, written: list[Path] | None = None,
                      tell_unwritten: bool = True) -> None:
@@ -97,9 +99,9 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
     names = split_list(noise_metrics) or None
     kept = None  # as the run's end wrote it; printed at other settings, its intervals made again from it
     if names is None:
-        kept = kept_summary(output_dir, confidence, threshold) if dest is not None else \
-            kept_summary_at(output_dir, confidence, threshold)
-    summary = kept if kept is not None else aggregate.summary_table(output_dir, confidence, threshold,
+        kept = kept_summary(directory, confidence, threshold) if dest is not None else \
+            kept_summary_at(directory, confidence, threshold)
+    summary = kept if kept is not None else aggregate.summary_table(directory, confidence, threshold,
                                                                     results=results, noise_metrics=names)
     params = aggregate.summary_params(summary)
     summary = _sorted_by(summary, params)
@@ -114,8 +116,8 @@ def print_aggregates(output_dir: str, results: pd.DataFrame | None, formats: tup
         notes.append("a percentile shows the mean of its per-run values with their t-interval (what compare tests); "
                      "the summary also holds the pooled percentile and its two-level bootstrap interval (M_pooled*)")
     if as_json:
-        print_json("summary", _summary_document(output_dir, summary, params, available, confidence, threshold, paths,
-                                          notes))
+        print_json("summary", _summary_document(directory.given, summary, params, available, confidence, threshold,
+                                                paths, notes))
         return
     table = Table(*params, "runs", *(f"{m}\n[{confidence:.0%} CI]" for m in shown), "noisy", "runs needed",
                   title=f"{len(summary)} point(s); noisy: coefficient of variation above {threshold:g}")
@@ -230,16 +232,21 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, catalog_dir: str | 
                                     for (option, _), (path, _) in zip(given, resolved)])
     on = split_list(match_on) or compare.common_params(sides)
     wanted = split_list(metrics) or None
-    target = compare.parse_slo_option(slo) if slo else compare.campaign_slo(sides[0].source)
-    comparisons = [compare.compare(sides[0], other, on, wanted, target) for other in sides[1:]]
-    paths = write_comparison(comparisons, Path(out_path), fmt, fig_dpi) if out_path else []
-    if record:
-        paths += [compare.record_baseline(s.source, sides[0].source, split_list(match_on), wanted)
-                  for s in sides[1:] if (s.source / LEDGER_FILE).is_file()]
-    notes = [said for _, said in resolved if said] + [n for c in comparisons for n in c.notes]
+    from contextlib import ExitStack
+
+    from raysweep.record.directory import CampaignDir
     from raysweep.results.answer_file import kept_answer
 
-    answers = {s.name: kept_answer(s.source) if s.source.is_dir() else None for s in sides}
+    with ExitStack() as stack:
+        opened = [stack.enter_context(CampaignDir(s.source)) for s in sides]
+        target = compare.parse_slo_option(slo) if slo else compare.campaign_slo(opened[0])
+        comparisons = [compare.compare(sides[0], other, on, wanted, target) for other in sides[1:]]
+        paths = write_comparison(comparisons, Path(out_path), fmt, fig_dpi) if out_path else []
+        if record:
+            paths += [compare.record_baseline(d, sides[0].source, split_list(match_on), wanted)
+                      for s, d in zip(sides[1:], opened[1:]) if (s.source / LEDGER_FILE).is_file()]
+        notes = [said for _, said in resolved if said] + [n for c in comparisons for n in c.notes]
+        answers = {s.name: kept_answer(d) if s.source.is_dir() else None for s, d in zip(sides, opened)}
     if as_json:
         print_json("compare", {"comparisons": [_comparison_document(c) for c in comparisons], "notes": notes,
                                "written": paths,

@@ -31,6 +31,7 @@ def export_cmd(output_dir: str, mlflow_uri: str | None, wandb_project: str | Non
     as a Benchmark Report v0.2 file instead."""
     from pathlib import Path
 
+    from raysweep.record.directory import CampaignDir
     from raysweep.report import export
 
     if fmt is not None:
@@ -40,7 +41,8 @@ def export_cmd(output_dir: str, mlflow_uri: str | None, wandb_project: str | Non
             raise UserError("--format: files or a tracker, not both: drop --mlflow/--wandb or --format")
         from raysweep.catalog import br_export
 
-        paths = br_export.write_reports(output_dir, Path(dest) if dest else Path(output_dir) / "br-v0.2")
+        with CampaignDir(output_dir) as directory:
+            paths = br_export.write_reports(directory, Path(dest) if dest else Path(output_dir) / "br-v0.2")
         out.print(f"{len(paths)} Benchmark Report v0.2 file(s) in {paths[0].parent if paths else dest}",
                   highlight=False)
         return
@@ -50,7 +52,8 @@ def export_cmd(output_dir: str, mlflow_uri: str | None, wandb_project: str | Non
         raise UserError("export: name one tracker (--mlflow URI or --wandb PROJECT) or a file format (--format "
                         "br-v0.2)")
     export.tracker_library("mlflow" if mlflow_uri is not None else "wandb")  # before any work: a missing extra
-    campaign = export.export_points(output_dir, report=not no_report)
+    with CampaignDir(output_dir) as directory:
+        campaign = export.export_points(directory, report=not no_report)
     if mlflow_uri is not None:
         done = export.export_mlflow(campaign, mlflow_uri, experiment)
         out.print(f"MLflow {mlflow_uri}: experiment {done['experiment_id']}, campaign run {done['campaign_run']}, "

@@ -45,18 +45,19 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
     from raysweep.record.directory import CampaignDir
     from raysweep.results.table import results_table, write_results
 
-    CampaignDir(output_dir).check()
-    dest = Path(out_path) if out_path else Path(output_dir) if formats else None
-    # the aggregates alone need no table where the run's end kept them (`print_aggregates` reads it if not)
-    df = results_table(output_dir) if dest or not aggregate else None
-    wanted = formats or ("parquet", "csv")
-    paths = write_results(output_dir, wanted, dest=dest, summary=not aggregate, table=df) if dest else []
-    if aggregate:
-        from raysweep.cli.comparing import print_aggregates
+    with CampaignDir(output_dir) as directory:
+        directory.check()
+        dest = Path(out_path) if out_path else Path(output_dir) if formats else None
+        # the aggregates alone need no table where the run's end kept them (`print_aggregates` reads it if not)
+        df = results_table(directory) if dest or not aggregate else None
+        wanted = formats or ("parquet", "csv")
+        paths = write_results(directory, wanted, dest=dest, summary=not aggregate, table=df) if dest else []
+        if aggregate:
+            from raysweep.cli.comparing import print_aggregates
 
-        print_aggregates(output_dir, df, wanted, confidence, noise_threshold, noise_metrics, metrics=metrics,
-                         dest=dest, as_json=as_json, written=paths)
-        return
+            print_aggregates(directory, df, wanted, confidence, noise_threshold, noise_metrics, metrics=metrics,
+                             dest=dest, as_json=as_json, written=paths)
+            return
     assert df is not None  # read above: no --aggregate
     if as_json:
         print_json("results", {"output_dir": output_dir, "rows": len(df), "columns": list(df.columns),
@@ -72,11 +73,13 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
 def _with_costs(df: pd.DataFrame, output_dir: str) -> pd.DataFrame:
     """The SLA table with the cost (else energy) per output token at each largest pass, where the runs have it
     (`conclusions.sla_costs`; docs/energy.md)."""
+    from raysweep.record.directory import CampaignDir
     from raysweep.results.conclusions import sla_costs
     from raysweep.results.table import results_table
 
     try:
-        runs = results_table(output_dir)
+        with CampaignDir(output_dir) as directory:
+            runs = results_table(directory)
     except Exception:  # noqa: BLE001 - no finished run: the table as it is
         return df
     return sla_costs(df, runs)
@@ -89,10 +92,12 @@ def _with_costs(df: pd.DataFrame, output_dir: str) -> pd.DataFrame:
 @json_option
 def sla(output_dir: str, out_path: str | None, as_json: bool) -> None:
     """The SLA table: per server config x bench point x target, the largest load that meets the target."""
+    from raysweep.record.directory import CampaignDir
     from raysweep.record.files import write_text_atomic
     from raysweep.results.table import sla_table
 
-    df = sla_table(output_dir)
+    with CampaignDir(output_dir) as directory:
+        df = sla_table(directory)
     if df.empty:
         raise UserError(f"{output_dir}: no SLA search has finished here (does the campaign have `sla:`?)")
     df = _with_costs(df, output_dir)

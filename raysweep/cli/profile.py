@@ -118,12 +118,14 @@ def points_table(out: Path) -> None:
     runs with the confidence interval, as `raysweep results --aggregate` prints it."""
     from raysweep.cli.comparing import print_aggregates
     from raysweep.ledger import LEDGER_FILE
+    from raysweep.record.directory import CampaignDir
     from raysweep.results.table import results_table
 
     if not (out / LEDGER_FILE).is_file():
         return
-    df = results_table(out)
-    if df.empty:
-        return
-    # the run wrote summary.* into `out` already: no "summary not written" after it
-    print_aggregates(str(out), df, ("parquet", "csv"), 0.95, 0.05, None, written=[], tell_unwritten=False)
+    with CampaignDir(out) as directory:
+        df = results_table(directory)
+        if df.empty:
+            return
+        # the run wrote summary.* into `out` already: no "summary not written" after it
+        print_aggregates(directory, df, ("parquet", "csv"), 0.95, 0.05, None, written=[], tell_unwritten=False)

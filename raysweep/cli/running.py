@@ -30,6 +30,7 @@ from raysweep.errors import LedgerError, UserError
 if TYPE_CHECKING:
     from raysweep.campaign import CampaignSpec
     from raysweep.plan.plan import Plan
+    from raysweep.record.directory import CampaignDir
     from raysweep.results.answer import Answer
 
 ACCEPT_HELP = ("Go on although what the finished points were measured with changed (versions, warmup, client, "
@@ -114,10 +115,14 @@ def _dry_run(spec: CampaignSpec, address: str | None, output_dir: Path, estimate
     if links := _recorded_links(output_dir):  # a campaign being resumed
         _say(links)
     if spec.campaign.tune is not None:
+        from contextlib import ExitStack
+
         from raysweep.plan.estimate import measured_from
+        from raysweep.record.directory import CampaignDir
         from raysweep.tune import dry_run_estimate
 
-        _say(dry_run_estimate(plan, measured_from(*estimate_from)))
+        with ExitStack() as stack:
+            _say(dry_run_estimate(plan, measured_from(*(stack.enter_context(CampaignDir(d)) for d in estimate_from))))
         return
     if advice := _measured_design(plan, output_dir, estimate_from):
         _say(advice)
@@ -129,28 +134,32 @@ def _measured_design(plan: Plan, output_dir: Path, estimate_from: tuple[str, ...
     """The spreads between starts and between runs that the output dir (and `--estimate-from`) measured on 2
     server starts or more, and the design they choose ("" where none did): a pilot's answer."""
     import statistics
+    from contextlib import ExitStack
 
     from raysweep.errors import UserError
     from raysweep.ledger import LEDGER_FILE
     from raysweep.plan import design
     from raysweep.plan.estimate import measured_from
+    from raysweep.record.directory import CampaignDir
     from raysweep.record.runs import read_records
 
     if plan.spec.offline or plan.spec.campaign.tune is not None or plan.spec.campaign.sla is not None:
         return ""
     dirs = [d for d in [str(output_dir), *estimate_from] if (Path(d) / LEDGER_FILE).is_file()]
-    records: list[dict[str, Any]] = []
-    for d in dirs:
-        try:
-            records += [{**r, "serve_id": f"{d}/{r.get('serve_id')}"} for r in read_records(d)]
-        except (OSError, ValueError, UserError):
-            continue
-    d_spec = plan.spec.campaign.design
-    metric = d_spec.metric if d_spec is not None else "output_throughput"
-    found = design.components_of(records, metric)
-    if found is None:
-        return ""
-    m = measured_from(*dirs)
+    with ExitStack() as stack:
+        opened = [stack.enter_context(CampaignDir(d)) for d in dirs]
+        records: list[dict[str, Any]] = []
+        for d, directory in zip(dirs, opened):
+            try:
+                records += [{**r, "serve_id": f"{d}/{r.get('serve_id')}"} for r in read_records(directory)]
+            except (OSError, ValueError, UserError):
+                continue
+        d_spec = plan.spec.campaign.design
+        metric = d_spec.metric if d_spec is not None else "output_throughput"
+        found = design.components_of(records, metric)
+        if found is None:
+            return ""
+        m = measured_from(*opened)
     starts = [v for vs in m.server_start_s.values() for v in vs]
     runs = [v for vs in m.point_s.values() for v in vs]
     lines = design.measured_lines(plan.spec, found, statistics.median(starts) if starts else None,
@@ -192,17 +201,20 @@ def _recorded_links(output_dir: Path) -> str:
 def _estimate_text(plan: Plan, output_dir: Path, estimate_from: tuple[str, ...], layouts: dict[str, Any], gpus: int,
                    max_servers: int | None, cost: Any = None) -> str:
     """The estimate of what is left: the output dir's own finished points are not counted again."""
+    from contextlib import ExitStack
+
     from raysweep.ledger import LEDGER_FILE, PointState
     from raysweep.plan.estimate import estimate, measured_from
     from raysweep.record.directory import CampaignDir
 
     own = (output_dir / LEDGER_FILE).is_file()
     done: set[str] = set()
-    if own:
-        with CampaignDir(output_dir) as campaign_dir:
-            ledger = campaign_dir.ledger
-            done = {p.point_id for p in ledger.points() if p.state == PointState.DONE}
-    measured = measured_from(*([output_dir] if own else []), *estimate_from)
+    with ExitStack() as stack:
+        wanted: list[str | Path] = [*([output_dir] if own else []), *estimate_from]
+        opened = [stack.enter_context(CampaignDir(d)) for d in wanted]
+        if own:
+            done = {p.point_id for p in opened[0].ledger.points() if p.state == PointState.DONE}
+        measured = measured_from(*opened)
     widest = max((lay.gpu_count for lay in layouts.values()), default=0)
     lanes = gpus // widest if gpus and widest else 1
     if max_servers:
@@ -263,6 +275,7 @@ def _run(spec: CampaignSpec, output_dir: Path, address: str | None, force: bool,
         _answer_finished(spec, output_dir, finished, as_json)
         return
     from raysweep.drive.driver import driver_cpus, ray_session, run_campaign
+    from raysweep.record.directory import CampaignDir
     from raysweep.results.table import write_results
 
     # endpoints, tracking, a changed campaign, a live driver or changed settings: refused before Ray starts
@@ -282,7 +295,8 @@ def _run(spec: CampaignSpec, output_dir: Path, address: str | None, force: bool,
         raise
     finally:
         if not refused:
-            paths = write_results(output_dir)
+            with CampaignDir(output_dir) as directory:
+                paths = write_results(directory)
             console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)
     _print_counts(summary.counts)
     for p in summary.failures[:10]:
@@ -290,12 +304,13 @@ def _run(spec: CampaignSpec, output_dir: Path, address: str | None, force: bool,
                       f"{p.attempts_made} attempt(s)): {escape(str(p.error))}", highlight=False)
     if summary.stopped_early:
         console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
-    drawn = _write_report(output_dir) if spec.campaign.report and summary.counts.get("done") else None
-    if drawn is None and summary.counts.get("done"):
-        _answer_kept(output_dir)
-    if as_json:
-        print_json("run", _run_document(spec, output_dir, summary.counts, summary.failures, summary.stopped_early,
-                                        paths, drawn, ran=True))
+    with CampaignDir(output_dir) as directory:
+        drawn = _write_report(directory) if spec.campaign.report and summary.counts.get("done") else None
+        if drawn is None and summary.counts.get("done"):
+            _answer_kept(directory)
+        if as_json:
+            print_json("run", _run_document(spec, directory, summary.counts, summary.failures,
+                                            summary.stopped_early, paths, drawn, ran=True))
     if summary.failures or summary.stopped_early or summary.counts.get("pending"):
         sys.exit(1)
 
@@ -305,12 +320,18 @@ def _answer_finished(spec: CampaignSpec, output_dir: Path, finished: tuple[dict[
     """A finished campaign run again: its counts, results and report, each made again only where a point
     finished after it was written."""
     from raysweep.record.directory import CampaignDir
-    from raysweep.results.table import write_results
 
     counts, failed = finished
-    with CampaignDir(output_dir) as campaign_dir:
-        ledger = campaign_dir.ledger
-        last = max((p.ended_at or 0.0 for p in ledger.points()), default=0.0)
+    with CampaignDir(output_dir) as directory:
+        _answer_finished_in(spec, directory, counts, failed, as_json)
+
+
+def _answer_finished_in(spec: CampaignSpec, directory: CampaignDir, counts: dict[str, int], failed: list[Any],
+                        as_json: bool) -> None:
+    from raysweep.results.table import write_results
+
+    output_dir = directory.path
+    last = max((p.ended_at or 0.0 for p in directory.ledger.points()), default=0.0)
 
     def fresh(path: Path) -> bool:
         return path.is_file() and path.stat().st_mtime >= last
@@ -319,7 +340,7 @@ def _answer_finished(spec: CampaignSpec, output_dir: Path, finished: tuple[dict[
                   "ones again)", highlight=False)
     paths = [output_dir / f"results.{f}" for f in ("parquet", "csv")]
     if not all(fresh(p) for p in paths):
-        paths = write_results(output_dir)
+        paths = write_results(directory)
     console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)
     _print_counts(counts)
     for p in failed[:10]:
@@ -330,69 +351,69 @@ def _answer_finished(spec: CampaignSpec, output_dir: Path, finished: tuple[dict[
         report = output_dir / "report.html"  # report.REPORT_FILE, without importing the report's modules
         if fresh(report):
             console.print(f"Report: {report} (up to date)", highlight=False)
-            drawn = (report, [], _headlines(output_dir))
+            drawn = (report, [], _headlines(directory))
         else:
-            drawn = _write_report(output_dir)
+            drawn = _write_report(directory)
     if drawn is None and counts.get("done"):
-        _answer_kept(output_dir)
+        _answer_kept(directory)
     if as_json:
-        print_json("run", _run_document(spec, output_dir, counts, failed, None, paths, drawn, ran=False))
+        print_json("run", _run_document(spec, directory, counts, failed, None, paths, drawn, ran=False))
     if failed:
         sys.exit(1)
 
 
-def _run_document(spec: CampaignSpec, output_dir: Path, counts: dict[str, int], failures: list[Any],
+def _run_document(spec: CampaignSpec, directory: CampaignDir, counts: dict[str, int], failures: list[Any],
                   stopped_early: str | None, results: list[Path], drawn: tuple[Path, list[Path], list[str]] | None,
                   ran: bool) -> dict[str, Any]:
     """What `run --json` prints at the end (raysweep/schemas/run.json)."""
-    return {"campaign": spec.campaign.name, "output_dir": output_dir, "ran": ran, "counts": counts,
+    return {"campaign": spec.campaign.name, "output_dir": directory.path, "ran": ran, "counts": counts,
             "failures": [{"point_id": p.point_id, "serve_id": p.serve_id, "bench_id": p.bench_id, "run": p.run,
                           "attempts": p.attempts_made, "error": p.error} for p in failures],
             "stopped_early": stopped_early, "results": results, "report": drawn[0] if drawn else None,
             "figures": drawn[1] if drawn else [], "conclusions": drawn[2] if drawn else [],
-            "answer": _answer_json(output_dir) if drawn and drawn[2] else None}
+            "answer": _answer_json(directory) if drawn and drawn[2] else None}
 
 
-def _answer_json(output_dir: Path) -> dict[str, Any] | None:
+def _answer_json(directory: CampaignDir) -> dict[str, Any] | None:
     """The campaign's answer as JSON (`raysweep.results.answer.Answer.to_dict`), as the lines printed render it."""
     from raysweep.report.page import conclusions_of
 
     try:
-        c = conclusions_of(output_dir)
+        c = conclusions_of(directory)
     except Exception:  # as `_headlines`: the lines said why
         return None
     return c.answer.to_dict() if c is not None else None
 
 
-def _keep(output_dir: Path, answer: Answer) -> None:
+def _keep(directory: CampaignDir, answer: Answer) -> None:
     """The answer kept beside the results (`answer.json`), for the faces that read many campaigns."""
     from raysweep.results.answer_file import keep_answer
 
     try:
-        keep_answer(output_dir, answer)
+        keep_answer(directory, answer)
     except OSError as exc:  # a courtesy to the other faces: the run's results stand without it
         console.print(f"answer.json not written: {escape(str(exc))}", highlight=False)
 
 
-def _answer_kept(output_dir: Path) -> None:
+def _answer_kept(directory: CampaignDir) -> None:
     """Without a report: the answer made once and kept (`answer.json`) unless the one kept is fresh, so that
     `status`, `compare` and the catalogue read it instead of making it again. Nothing is printed but a failure;
     the results stand without it."""
     from raysweep.report.page import conclusions_of
     from raysweep.results.answer_file import kept_answer
 
-    if kept_answer(output_dir) is not None:
+    if kept_answer(directory) is not None:
         return
     try:
-        answer = conclusions_of(output_dir)
+        answer = conclusions_of(directory)
     except Exception as exc:  # as `_headlines`: the answer is a courtesy beside the results
         console.print(f"answer not kept: {escape(str(exc))}", highlight=False)
         return
     if answer is not None:
-        _keep(output_dir, answer.answer)
+        _keep(directory, answer.answer)
 
 
-def _headlines(output_dir: Path) -> list[str]:
+def _headlines(directory: CampaignDir) -> list[str]:
     """The report's conclusions, one line per bench shape, without writing the report (printed, as
     `_write_report` prints them)."""
     from raysweep.cli import logs
@@ -400,10 +421,10 @@ def _headlines(output_dir: Path) -> list[str]:
     from raysweep.results.conclusions import headlines
 
     try:
-        answer = conclusions_of(output_dir)
+        answer = conclusions_of(directory)
         lines = headlines(answer, verbose=logs.verbosity > 0) if answer is not None else []
         if answer is not None:
-            _keep(output_dir, answer.answer)
+            _keep(directory, answer.answer)
     except Exception as exc:  # as write_report_with_headlines: the report says why, the lines are a courtesy
         console.print(f"conclusions not made: {escape(str(exc))}", highlight=False)
         lines = []
@@ -412,18 +433,18 @@ def _headlines(output_dir: Path) -> list[str]:
     return lines
 
 
-def _write_report(output_dir: Path) -> tuple[Path, list[Path], list[str]]:
+def _write_report(directory: CampaignDir) -> tuple[Path, list[Path], list[str]]:
     """`report: true`: the HTML report and the default figures, with their paths; (report, figures,
     conclusions)."""
     from raysweep.cli import logs
     from raysweep.cli.analysing import default_figures
     from raysweep.report.page import write_report_with_answer
 
-    figures, _ = default_figures(output_dir)  # their notes are in the report
-    path, found = write_report_with_answer(output_dir)
+    figures, _ = default_figures(directory.path)  # their notes are in the report
+    path, found = write_report_with_answer(directory)
     lines = found.lines(verbose=logs.verbosity > 0) if found is not None else []  # tests and p-values with -v
     if found is not None:
-        _keep(output_dir, found)
+        _keep(directory, found)
     console.print(f"Report: {path}", highlight=False)
     console.print(f"Figures: {', '.join(str(p) for p in figures)}", highlight=False)
     for line in lines:  # the report's conclusions, one line per bench shape

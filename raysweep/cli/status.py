@@ -4,7 +4,7 @@ measured durations, servers, transport, validity, failures), once or followed wi
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -12,6 +12,9 @@ from rich.table import Table
 
 from raysweep.cli._common import _say, main, out, print_table
 from raysweep.cli.jsonout import json_option, print_json
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 
 @main.command()
@@ -72,36 +75,47 @@ def _local(output_dir: str) -> str:
 
 def _show(output_dir: str) -> bool:
     """Print the status; whether the campaign is complete (nothing pending or running, no driver at work)."""
-    from raysweep.ledger import PointState
     from raysweep.record.directory import CampaignDir
 
     with CampaignDir(output_dir) as campaign_dir:
-        ledger = campaign_dir.ledger
-        counts, points, servers = ledger.counts(), ledger.points(), ledger.servers()
-        name, extra, driver = ledger.meta("name"), ledger.out_of_plan(), ledger.last_driver()
-        stored = ledger.stored_campaign()
-        events, earlier = ledger.events(), ledger.attempt_errors()
-        precision = _precision_facts(ledger, stored)
-        levels = ledger.all_workload_levels() if (stored.get("bench") or {}).get("workload") else []
+        return _show_in(campaign_dir)
+
+
+def _show_in(campaign_dir: CampaignDir) -> bool:
+    """The status document (`raysweep.results.status`) as tables and lines, with what the ledger holds beside it
+    (servers' ranks, transport, starts, events, earlier attempts, precision and load levels, log tails)."""
+    from raysweep.ledger import PointState
+    from raysweep.results.status import read_status
+
+    status = read_status(campaign_dir)
+    doc = status.document
+    ledger = campaign_dir.ledger
+    points, servers = ledger.points(), ledger.servers()
+    extra = ledger.out_of_plan()
+    stored = ledger.stored_campaign()
+    events, earlier = ledger.events(), ledger.attempt_errors()
+    precision = _precision_facts(ledger, stored, doc["precision"])
+    levels = ledger.all_workload_levels() if (stored.get("bench") or {}).get("workload") else []
+    counts, driver = doc["counts"], doc["driver"]
     active = [s for s in servers if s.stopped_at is None]
-    table = Table(title=f"campaign {name}")
+    table = Table(title=f"campaign {doc['campaign']}")
     for col in ("done", "running", "failed", "pending", "total"):
         table.add_column(col, justify="right")
-    table.add_row(*(str(counts.get(k, 0)) for k in ("done", "running", "failed", "pending")), str(sum(counts.values())))
+    table.add_row(*(str(counts[k]) for k in ("done", "running", "failed", "pending", "total")))
     print_table(table, out)
-    live = False
+    live = driver is not None and driver["alive"]
     if driver:
-        from raysweep.drive.driver import driver_alive
-
-        live = driver["ended_at"] is None and driver_alive(driver["hostname"], driver["pid"], driver["pid_create_time"])
         state = "running" if live else (driver["outcome"] or "gone without a trace (killed?)")
         _say(f"driver: pid {driver['pid']} on {driver['hostname']}, {state}")
     if extra:
         out.print(f"{extra} point(s) in the ledger are no longer in the campaign (kept, not shown)")
-    _progress(output_dir, points, {s.serve_id for s in active} if live else set())
+    _progress(doc)
     _precision_line(stored, precision)
     _workload_lines(levels, stored)
-    _spend_line(servers, stored)
+    if servers:
+        from raysweep.plan.cost import spend_text
+
+        _say(spend_text(doc["spend"]))
     if active:
         st = Table(title="servers running" if live else "servers left by a driver that is gone (reaped on resume)")
         for col in ("server", "nodes", "port", "pids", "gpus per node", "state"):
@@ -117,8 +131,8 @@ def _show(output_dir: str) -> bool:
     _transport_table(servers, (stored.get("transport") or {}).get("require", "any"))
     _startup_table(servers)
     _events_table(events)
-    if counts.get("done"):
-        _validity_lines(output_dir)
+    if counts["done"]:
+        _validity_lines(doc, status.records)
     retried = {e["point_id"] for e in earlier} & {p.point_id for p in points if p.state == PointState.DONE}
     if retried:
         last = {e["point_id"]: e for e in earlier}
@@ -126,101 +140,84 @@ def _show(output_dir: str) -> bool:
         for pid in sorted(retried)[:10]:
             out.print(f"  {pid} attempt {last[pid]['attempt']}: {escape(str(last[pid]['error']))[:200]}",
                       highlight=False)
-    complete = not counts.get("pending") and not counts.get("running") and not live
-    if complete and counts.get("done"):
-        for line in _answer_lines(output_dir):
+    complete = bool(doc["complete"])
+    if complete and counts["done"]:
+        for line in _answer_lines(campaign_dir):
             out.print(escape(line), highlight=False)
-    for p in points:
-        if p.state == PointState.FAILED:
-            out.print(f"[red]failed[/] {p.point_id} ({p.serve_id}/{p.bench_id} run {p.run}, "
-                      f"{p.attempts_made} attempt(s)): "
-                      f"{escape(str(p.error))}", highlight=False)
-            if p.log_tail:
-                _say("  " + "\n  ".join(p.log_tail.splitlines()[-5:]), style="dim")
+    tails = {p.point_id: p.log_tail for p in points}
+    for f in doc["failures"]:
+        out.print(f"[red]failed[/] {f['point_id']} ({f['serve_id']}/{f['bench_id']} run {f['run']}, "
+                  f"{f['attempts']} attempt(s)): "
+                  f"{escape(str(f['error']))}", highlight=False)
+        if tails.get(f["point_id"]):
+            _say("  " + "\n  ".join(str(tails[f["point_id"]]).splitlines()[-5:]), style="dim")
     return complete
 
 
-def _answer_of(output_dir: str) -> Any:
+def _answer_of(campaign_dir: CampaignDir) -> Any:
     """The campaign's answer (`raysweep.results.answer.Answer`), as `run` and the report give it; None when it
     cannot be made (the report says why)."""
     from raysweep.report.page import conclusions_of
 
     try:
-        c = conclusions_of(output_dir)
+        c = conclusions_of(campaign_dir)
     except Exception as exc:  # a courtesy line: the report says why
         _say(f"answer not made: {exc}", style="dim")
         return None
     return c.answer if c is not None else None
 
 
-def _kept(output_dir: str) -> dict[str, Any] | None:
+def _kept(campaign_dir: CampaignDir) -> dict[str, Any] | None:
     """The answer as `run` kept it (answer.json: its lines and JSON) while no point finished after; None when
     none is kept fresh, or it is not whole."""
     from raysweep.results.answer_file import kept_answer
 
-    kept = kept_answer(output_dir)
+    kept = kept_answer(campaign_dir)
     if kept is None or not isinstance(kept.get("lines"), list) or not isinstance(kept.get("answer"), dict):
         return None
     return kept
 
 
-def _answer_lines(output_dir: str) -> list[str]:
-    kept = _kept(output_dir)
+def _answer_lines(campaign_dir: CampaignDir) -> list[str]:
+    kept = _kept(campaign_dir)
     if kept is not None:   # made once, at the run's end
         return ["answer:", *(str(line) for line in kept["lines"])]
-    found = _answer_of(output_dir)
+    found = _answer_of(campaign_dir)
     return ["answer:", *found.lines()] if found is not None else []
 
 
-def _spend_line(servers: list[Any], stored: dict[str, Any]) -> None:
-    """The GPU-hours held so far and, with a `cost:` block, what they cost (`raysweep.plan.cost`)."""
-    if not servers:
-        return
-    from raysweep.campaign import CostSpec
-    from raysweep.plan.cost import spend_line
-
-    block = stored.get("cost")
-    _say(spend_line(CostSpec.model_validate(block) if block else None, servers))
-
-
-def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:
+def _progress(doc: dict[str, Any]) -> None:
     """Done / total per server configuration, and the ETA of what is left from the measured durations."""
-    from raysweep import grid
-    from raysweep.ledger import PointState
-    from raysweep.plan.estimate import eta_s, format_duration, measured_from
+    from raysweep.plan.estimate import format_duration
 
-    by_serve: dict[str, list[Any]] = {}
-    for p in points:
-        by_serve.setdefault(p.serve_id, []).append(p)
-    if not by_serve:
+    configs = doc["server_configs"]
+    if not configs:
         return
     table = Table(title="server configs")
     for col, justify in (("server config", "left"), ("parameters", "left"), ("done", "right"), ("failed", "right"),
                          ("left", "right"), ("state", "left")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for serve_id, pts in by_serve.items():
-        n = {s: sum(1 for p in pts if p.state == s) for s in PointState}
-        left = n[PointState.PENDING] + n[PointState.RUNNING]
-        state = "running" if serve_id in running else "finished" if not left else "waiting"
-        table.add_row(serve_id, escape(grid.combo_label(pts[0].serve_params) or "base command"),
-                      f"{n[PointState.DONE]}/{len(pts)}", str(n[PointState.FAILED]), str(left), state)
+    for c in configs:
+        table.add_row(c["serve_id"], escape(c["label"]), f"{c['done']}/{c['total']}", str(c["failed"]), str(c["left"]),
+                      c["state"])
     print_table(table, out)
-    left_runs = [(p.serve_id, p.bench_id) for p in points if p.state in (PointState.PENDING, PointState.RUNNING)]
-    if not left_runs:
+    left = sum(c["left"] for c in configs)
+    if not left:
         return
-    eta = eta_s(left_runs, measured_from(output_dir), running, max(1, len(running)))
-    _say(f"ETA: about {format_duration(eta)} for {len(left_runs)} run(s) left (from measured durations"
-         f"{', ' + str(len(running)) + ' server(s) at a time' if len(running) > 1 else ''})" if eta is not None
-         else f"ETA: after the first point is done ({len(left_runs)} run(s) left)")
+    running = len({s["serve_id"] for s in doc["servers_running"]})
+    eta = doc["eta_s"]
+    _say(f"ETA: about {format_duration(eta)} for {left} run(s) left (from measured durations"
+         f"{', ' + str(running) + ' server(s) at a time' if running > 1 else ''})" if eta is not None
+         else f"ETA: after the first point is done ({left} run(s) left)")
 
 
-def _precision_facts(ledger: Any, stored: dict[str, Any]) -> tuple[list[Any], list[Any], dict[str, int]] | None:
-    """bench.precision's rows, the points and the counts (`precision_counts`); None without bench.precision."""
+def _precision_facts(ledger: Any, stored: dict[str, Any],
+                     counts: dict[str, int] | None) -> tuple[list[Any], list[Any], dict[str, int]] | None:
+    """bench.precision's rows, the points and the counts (the status document's `precision`); None without
+    bench.precision."""
     if not (stored.get("bench") or {}).get("precision"):
         return None
-    from raysweep.results.precision import precision_counts
-
-    return ledger.precision(), ledger.points(), precision_counts(ledger) or {}
+    return ledger.precision(), ledger.points(), counts or {}
 
 
 def _precision_line(stored: dict[str, Any], facts: tuple[list[Any], list[Any], dict[str, int]] | None) -> None:
@@ -267,27 +264,28 @@ def _workload_lines(rows: list[dict[str, Any]], stored: dict[str, Any]) -> None:
         _say(line)
 
 
-def _validity_lines(output_dir: str, limit: int = 20) -> None:
-    """How many finished runs fail a validity check, and which (the first `limit`) with the checks."""
-    from raysweep.results.table import flagged, load_records
-    from raysweep.results.validity_story import validity_counts
-    from raysweep.serve.hardware import mixed
+def _validity_lines(doc: dict[str, Any], records: list[dict[str, Any]], limit: int = 20) -> None:
+    """How many finished runs fail a validity check, and which (the first `limit`) with the checks: the status
+    document's `validity`, each flagged run's ids from the record it names."""
+    from raysweep.results.validity_story import ValidityCounts
 
-    records = load_records(output_dir)
-    for serve_id, kinds in mixed(records).items():
+    v = doc["validity"]
+    for serve_id, kinds in v["hardware_mixed"].items():
         out.print(f"[yellow]hardware: server config {serve_id} ran on {len(kinds)} kinds of hardware[/] ("
                   + "; ".join(f"{n} run(s) on {escape(h)}" for h, n in kinds.items())
                   + "): the runs off its main hardware fail the 'other hardware' check and are left out of its "
                   "aggregates", highlight=False)
-    bad = flagged(records)
-    counts = validity_counts(records)
+    by_id = {r.get("point_id"): r for r in records}
+    bad = [{**by_id.get(f["point_id"], {}), **f} for f in v["flagged_runs"]]
+    counts = ValidityCounts(runs=v["runs"], failed=v["flagged"], passed=v["passed"], partly_judged=v["partly_judged"],
+                            not_judged=v["not_judged"])
     if not bad:
         out.print(f"validity: {escape(counts.sentence())}", highlight=False)
         return
     out.print(f"[yellow]validity: {escape(counts.sentence())}[/]", highlight=False)
     for r in bad[:limit]:
         out.print(f"  [yellow]![/] {r.get('point_id')} ({r.get('serve_id')}/{r.get('bench_id')} run "
-                  f"{r.get('run_number')}): {escape(str(r.get('validity_issues')))}", highlight=False)
+                  f"{r.get('run_number')}): {escape(str(r.get('issues')))}", highlight=False)
     if len(bad) > limit:
         out.print(f"  ... and {len(bad) - limit} more (results table: validity_ok, validity_issues)")
 
@@ -342,14 +340,15 @@ def _events_table(events: list[dict[str, Any]]) -> None:
 
 def _status_document(output_dir: str) -> dict[str, Any]:
     from raysweep.record.directory import CampaignDir
+    from raysweep.results.status import status_document
 
     with CampaignDir(output_dir) as directory:
-        doc = directory.status_document()
-    done = (doc.get("counts") or {}).get("done")
-    if not (doc.get("complete") and done):
-        return {**doc, "answer": None}
-    kept = _kept(output_dir)   # made once, at the run's end
-    if kept is not None:
-        return {**doc, "answer": kept["answer"]}
-    found = _answer_of(output_dir)
-    return {**doc, "answer": found.to_dict() if found is not None else None}
+        doc = status_document(directory)
+        done = (doc.get("counts") or {}).get("done")
+        if not (doc.get("complete") and done):
+            return {**doc, "answer": None}
+        kept = _kept(directory)   # made once, at the run's end
+        if kept is not None:
+            return {**doc, "answer": kept["answer"]}
+        found = _answer_of(directory)
+        return {**doc, "answer": found.to_dict() if found is not None else None}

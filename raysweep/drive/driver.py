@@ -45,6 +45,7 @@ from raysweep.place.scheduler import Cluster, Scheduler, replica_key, with_event
 from raysweep.plan.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.procs import cpu_set, cpu_text
 from raysweep.record import drift, storage
+from raysweep.record.directory import CampaignDir
 from raysweep.serve.live_server import ConfigRun
 from raysweep.serve.server import rank_argv
 
@@ -215,7 +216,7 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
 
 def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, retry_failed: bool = False,
                  on_event: EventSink | None = None, accept_changes: bool = False,
-                 finish: Callable[[Path], object] | None = None) -> RunSummary:
+                 finish: Callable[[CampaignDir], object] | None = None) -> RunSummary:
     """Run every pending point of a campaign on the connected Ray cluster. Resumes from the ledger;
     `retry_failed` gives points that used up their attempts a fresh set; `accept_changes` goes on with
     settings that changed since points were finished (`raysweep.record.drift`), recording the change.
@@ -262,7 +263,8 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
             tracker.close()
         if mirror is not None:
             if finish is not None:
-                finish(output_dir)
+                with CampaignDir(output_dir) as directory:
+                    finish(directory)
             mirror.close()
 
 

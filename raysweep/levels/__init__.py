@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def _levels_section(data: ReportData) -> str | None:
     from raysweep.levels.search import report_section
 
-    return report_section(data.output_dir)
+    return report_section(data.directory)
 
 
 def _search() -> Any:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysweep.bench.load import CONCURRENCY, RATE
@@ -60,6 +59,7 @@ from raysweep.plan.plan import (
 if TYPE_CHECKING:
     from raysweep.drive.state import RunState
     from raysweep.ledger import Ledger, PointRow
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["BATCH", "LEVEL", "SERIAL", "WorkloadSpec", "achieved", "check_workload", "dataset_size",
            "dry_run_lines", "endpoint_benches", "level_bench", "levels_between", "pending", "report_section",
@@ -232,19 +232,17 @@ def search_probes(work: RunState, serve_id: str, base_id: str) -> dict[float, li
             if len(rows) == len(runs[v]) >= work.c.runs}
 
 
-def report_section(output_dir: str | Path) -> str | None:
+def report_section(directory: CampaignDir) -> str | None:
     """The report's Load levels section (bench.workload): per server config and bench point the serial and
     batch values and the levels decided between them; None for any other campaign."""
     import html
 
     from raysweep.ledger import LEDGER_FILE
-    from raysweep.record.directory import CampaignDir
 
-    if not (Path(output_dir) / LEDGER_FILE).is_file():
+    if not (directory.path / LEDGER_FILE).is_file():
         return None
-    with CampaignDir(output_dir) as campaign_dir:
-        ledger = campaign_dir.ledger
-        stored, rows = ledger.stored_campaign(), ledger.all_workload_levels()
+    ledger = directory.ledger
+    stored, rows = ledger.stored_campaign(), ledger.all_workload_levels()
     spec = (stored.get("bench") or {}).get("workload")
     if not spec:
         return None

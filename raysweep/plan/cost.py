@@ -24,7 +24,7 @@ from typing import Any
 from raysweep.campaign import CostSpec
 
 __all__ = ["COST_METRICS", "J_PER_KWH", "campaign_spend", "estimate_line", "hourly_price", "point_cost_fields",
-           "spend_line"]
+           "spend_line", "spend_text"]
 
 J_PER_KWH = 3.6e6
 COST_METRICS = ("cost_per_m_output_tokens", "cost_per_m_total_tokens")
@@ -137,13 +137,17 @@ def campaign_spend(cost: CostSpec | None, servers: Iterable[Any], gpus_of: dict[
 def spend_line(cost: CostSpec | None, servers: Iterable[Any], gpus_of: dict[str, int] | None = None,
                now: float | None = None) -> str:
     """`status`'s line: the GPU-hours the campaign's servers held so far, and their cost where priced."""
-    s = campaign_spend(cost, servers, gpus_of, now)
+    return spend_text(campaign_spend(cost, servers, gpus_of, now))
+
+
+def spend_text(s: dict[str, Any]) -> str:
+    """`status`'s line of what `campaign_spend` says (the status document's `spend`)."""
     text = (f"spent: {s['gpu_hours']:.2f} GPU-hour(s), {s['node_hours']:.2f} node-hour(s) over {s['servers']} "
             "server start(s) (weights loading, warmups and failed starts included)")
-    if cost is None:
+    if "cost" not in s:
         return text
     unpriced = f"; {s['unpriced']} server(s) not priced by cost:" if s["unpriced"] else ""
-    return text + f": {s['cost']:.2f} {cost.currency}{unpriced}"
+    return text + f": {s['cost']:.2f} {s['currency']}{unpriced}"
 
 
 def estimate_line(cost: CostSpec | None, gpu_hours: float, node_hours: float | None = None) -> str:

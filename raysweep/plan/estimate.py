@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.maths.order import ROOM
 from raysweep.plan.guess import DEFAULTS, Defaults, guess_point_s
 from raysweep.plan.plan import Plan, PointRun, first_runs
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["DEFAULTS", "Defaults", "Estimate", "Measured", "add_recorded", "confirm_pairs", "estimate", "eta_s",
            "format_duration", "guess_point_s", "measured_from", "precision_runs"]
@@ -331,11 +333,11 @@ def _wall(durations: list[float], lanes: int) -> float:
     return max(ends)
 
 
-def measured_from(*output_dirs: str | Path) -> Measured:
-    """The durations the ledgers (and result files) of output dirs recorded."""
+def measured_from(*directories: CampaignDir) -> Measured:
+    """The durations the ledgers (and result files) of campaigns' directories recorded."""
     m = Measured()
-    for output_dir in output_dirs:
-        _measure(output_dir, m)
+    for directory in directories:
+        _measure(directory, m)
     return m
 
 
@@ -354,17 +356,13 @@ def add_recorded(m: Measured, servers: list[Any], points: list[Any]) -> set[str]
     return timed
 
 
-def _measure(output_dir: str | Path, m: Measured) -> None:
-    from raysweep.ledger import Ledger
+def _measure(directory: CampaignDir, m: Measured) -> None:
     from raysweep.record.runs import read_records
 
-    ledger = Ledger.open_existing(output_dir)
+    ledger = directory.ledger
+    timed = add_recorded(m, ledger.servers(), ledger.points(in_plan_only=False))
     try:
-        timed = add_recorded(m, ledger.servers(), ledger.points(in_plan_only=False))
-    finally:
-        ledger.close()
-    try:
-        records = read_records(output_dir)
+        records = read_records(directory)
     except (OSError, ValueError):
         records = []
     for r in records:

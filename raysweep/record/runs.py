@@ -11,31 +11,29 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raysweep.ledger import Ledger, PointState
+from raysweep.ledger import PointState
 from raysweep.record.files import write_bytes_atomic
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["read_records", "read_samples", "write_samples"]
 
 log = logging.getLogger(__name__)
 
 
-def read_records(output_dir: str | Path) -> list[dict[str, Any]]:
+def read_records(directory: CampaignDir) -> list[dict[str, Any]]:
     """The records of every done point of the current plan, read from their result files as they were written
     (a file that cannot be read is logged and left out)."""
-    output_dir = Path(output_dir)
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        rows = [p for p in ledger.points() if p.state == PointState.DONE]
-    finally:
-        ledger.close()
+    rows = [p for p in directory.ledger.points() if p.state == PointState.DONE]
     records = []
     for row in rows:
-        path = output_dir / (row.result_path or "")
+        path = directory.path / (row.result_path or "")
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, ValueError) as exc:

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from raysweep.record.directory import CampaignDir
+
 __all__ = ["FIGURE_METRICS", "comparison_figure", "deployments_html", "report_section", "write_comparison"]
 
 FIGURE_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
@@ -165,10 +167,10 @@ def deployments_html(cmp: Comparison) -> str:
     return f"<p>P/D deployments compared:</p><ul>{''.join(items)}</ul>" if items else ""
 
 
-def report_section(output_dir: Path) -> str | None:
+def report_section(directory: CampaignDir) -> str | None:
     """The comparison of this output dir with its recorded baseline (`raysweep compare BASELINE OUTPUT_DIR`):
     totals per metric, the figure and the matched points; None when no baseline is recorded."""
-    path = Path(output_dir) / COMPARE_DIR / BASELINE_FILE
+    path = directory.path / COMPARE_DIR / BASELINE_FILE
     if not path.is_file():
         return None
     meta = json.loads(path.read_text())
@@ -176,8 +178,8 @@ def report_section(output_dir: Path) -> str | None:
         base = load_side(meta["baseline"], "baseline")
     except UserError as exc:
         return f'<p class="note">The recorded baseline cannot be read: {html.escape(str(exc))}</p>'
-    cmp = compare(base, load_side(output_dir), meta.get("match_on") or None, meta.get("metrics") or None,
-                  campaign_slo(output_dir))
+    cmp = compare(base, load_side(directory.path), meta.get("match_on") or None, meta.get("metrics") or None,
+                  campaign_slo(directory))
     head = (f"<p>Against the baseline <b>{html.escape(base.name)}</b> ({html.escape(str(base.source))}), matched "
             f"on {html.escape(', '.join(cmp.on))}: {len(cmp.table)} point(s) compared, "
             f"{cmp.unmatched_other} here and {cmp.unmatched_baseline} in the baseline without a match. Ratio = "

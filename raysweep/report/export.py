@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
     from mlflow.tracking import MlflowClient
 
+    from raysweep.record.directory import CampaignDir
+
 __all__ = ["ExportPoint", "campaign_key", "export_mlflow", "export_points", "export_wandb", "mlflow_client",
            "tracker_library"]
 
@@ -87,9 +89,9 @@ class ExportCampaign:
     key: str = ""       # stable for a campaign and its output dir (`campaign_key`)
 
 
-def campaign_key(name: str, output_dir: str | Path) -> str:
+def campaign_key(name: str, directory: CampaignDir) -> str:
     """A campaign's key in a tracker: its name and a hash of its output dir's absolute path."""
-    where = hashlib.sha256(str(Path(output_dir).resolve()).encode()).hexdigest()[:10]
+    where = hashlib.sha256(str(directory.path.resolve()).encode()).hexdigest()[:10]
     return f"{name}@{where}"
 
 
@@ -123,7 +125,7 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str)) else str(value)
 
 
-def export_points(output_dir: str | Path, report: bool = True, only: set[str] | None = None,
+def export_points(directory: CampaignDir, report: bool = True, only: set[str] | None = None,
                   artifacts: bool = True) -> ExportCampaign:
     """The points of a raysweep output dir as tracker runs, and its artifacts (see the module docstring);
     `only`: the keys ("serve_id/bench_id") of the points wanted; `artifacts=False`: no files made or listed.
@@ -132,11 +134,11 @@ def export_points(output_dir: str | Path, report: bool = True, only: set[str] | 
     """
     from raysweep.results.importer import read_table
 
-    out = Path(output_dir)
-    results = read_table(out).df
+    out = directory.path
+    results = read_table(directory).df
     if results.empty:
-        raise UserError(f"OUTPUT_DIR {output_dir}: no finished run to export")
-    summary = aggregate.summary_table(out, results=results)
+        raise UserError(f"OUTPUT_DIR {directory.given}: no finished run to export")
+    summary = aggregate.summary_table(directory, results=results)
     names = aggregate.summary_params(summary)
     shape = [c for c in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "gpu_count",
                          "num_nodes") if c in summary.columns and c not in names]
@@ -145,8 +147,8 @@ def export_points(output_dir: str | Path, report: bool = True, only: set[str] | 
     points = [_point(row, names + shape, metrics, _runs_of(results, row, keys)) for _, row in summary.iterrows()
               if only is None or _point_key(row) in only]
     campaign = _campaign_name(summary, out)
-    files, notes = _artifacts(out, summary, results, report) if artifacts else ([], [])
-    return ExportCampaign(campaign, out, points, files, summary, notes, key=campaign_key(campaign, out))
+    files, notes = _artifacts(directory, summary, results, report) if artifacts else ([], [])
+    return ExportCampaign(campaign, out, points, files, summary, notes, key=campaign_key(campaign, directory))
 
 
 def _point_key(row: pd.Series) -> str:
@@ -198,17 +200,19 @@ def _point(row: pd.Series, params: list[str], metrics: list[str], runs: pd.DataF
                        ended_ms=int(1000 * max((e for e in ended if e is not None), default=0.0)))
 
 
-def _artifacts(out: Path, summary: pd.DataFrame, results: pd.DataFrame, report: bool) -> tuple[list[Path], list[str]]:
+def _artifacts(directory: CampaignDir, summary: pd.DataFrame, results: pd.DataFrame,
+               report: bool) -> tuple[list[Path], list[str]]:
     """report.html (made when missing and asked for), summary.csv and results.csv (written when missing)."""
     from raysweep.ledger import LEDGER_FILE
 
+    out = directory.path
     notes, paths = [], []
     page = out / "report.html"
     if report and not page.is_file() and (out / LEDGER_FILE).is_file():
         from raysweep.report.page import write_report
 
         try:
-            write_report(out)
+            write_report(directory)
         except Exception as exc:
             notes.append(f"the report could not be made ({type(exc).__name__}: {exc}); exported without it")
     if report and page.is_file():

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.record.files import write_text_atomic
 from raysweep.report import cache as report_cache
@@ -54,6 +54,9 @@ from raysweep.report.sections import (
 from raysweep.results import conclusions
 from raysweep.results.data import ReportData, answer_of, read_data
 
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
+
 __all__ = ["REPORT_FILE", "Section", "build_report", "conclusions_of", "write_report",
            "write_report_with_headlines"]
 
@@ -62,29 +65,29 @@ log = logging.getLogger(__name__)
 REPORT_FILE = "report.html"
 
 
-def write_report(output_dir: str | Path, out: str | Path | None = None, objective: str | None = None) -> Path:
+def write_report(directory: CampaignDir, out: str | Path | None = None, objective: str | None = None) -> Path:
     """Write the report to `out` (default OUTPUT_DIR/report.html), whole or not at all.
 
     :raises UserError: `objective` is not an aggregated metric (see `raysweep.results.conclusions`).
     """
-    return write_report_with_headlines(output_dir, out, objective)[0]
+    return write_report_with_headlines(directory, out, objective)[0]
 
 
-def write_report_with_headlines(output_dir: str | Path, out: str | Path | None = None,
+def write_report_with_headlines(directory: CampaignDir, out: str | Path | None = None,
                                 objective: str | None = None) -> tuple[Path, list[str]]:
     """`write_report`, and the answer in one line per bench shape (`conclusions.headlines`; empty when there is
     nothing to conclude or it could not be made)."""
-    path, found = write_report_with_answer(output_dir, out, objective)
+    path, found = write_report_with_answer(directory, out, objective)
     return path, found.lines() if found is not None else []
 
 
-def write_report_with_answer(output_dir: str | Path, out: str | Path | None = None,
+def write_report_with_answer(directory: CampaignDir, out: str | Path | None = None,
                              objective: str | None = None) -> tuple[Path, Any]:
     """`write_report`, and the campaign's answer (`raysweep.results.answer.Answer`; None when there is nothing
     to conclude or it could not be made). The figures kept in OUTPUT_DIR/.figures/ are
     embedded while what they are drawn from is unchanged (`raysweep.report.cache`); a report written into the
     output dir (the default `out`) keeps what it draws there, one written elsewhere keeps nothing."""
-    data = read_data(Path(output_dir), objective)
+    data = read_data(directory, objective)
     target = Path(out) if out else data.output_dir / REPORT_FILE
     keep = target.resolve().is_relative_to(data.output_dir.resolve())
     figures = report_cache.FigureCache(data.output_dir / report_cache.FOLDER, keep=keep)
@@ -101,19 +104,19 @@ def write_report_with_answer(output_dir: str | Path, out: str | Path | None = No
     return write_text_atomic(target, text), found
 
 
-def conclusions_of(output_dir: str | Path, objective: str | None = None) -> conclusions.Conclusions | None:
+def conclusions_of(directory: CampaignDir, objective: str | None = None) -> conclusions.Conclusions | None:
     """The conclusions the report leads with (None when no run is done), without drawing the report."""
-    data = read_data(Path(output_dir), objective)
+    data = read_data(directory, objective)
     return None if data.df.empty else answer_of(data)
 
 
-def build_report(output_dir: str | Path, objective: str | None = None) -> str:
+def build_report(directory: CampaignDir, objective: str | None = None) -> str:
     """The report of a raysweep output dir as one HTML document; `objective` as `raysweep.results.conclusions` reads it
     (default output_throughput_per_gpu).
 
     :raises UserError: `objective` is not an aggregated metric.
     """
-    return _build(read_data(Path(output_dir), objective))
+    return _build(read_data(directory, objective))
 
 
 def _build(data: ReportData) -> str:
@@ -186,7 +189,7 @@ def _conclusions(data: ReportData) -> str:
 def _comparison(data: ReportData) -> str | None:
     from raysweep.report.comparison import report_section
 
-    return report_section(data.output_dir)
+    return report_section(data.directory)
 
 
 def _events(data: ReportData) -> str | None:
@@ -204,7 +207,7 @@ def _startup(data: ReportData) -> str | None:
 def _timeseries(data: ReportData) -> str | None:
     from raysweep.report.run_sections import timeseries_section
 
-    return timeseries_section(data.output_dir, data.records)  # the records read once for the whole report
+    return timeseries_section(data.directory, data.records)  # the records read once for the whole report
 
 
 def _timeline(data: ReportData) -> str | None:
@@ -216,7 +219,7 @@ def _timeline(data: ReportData) -> str | None:
 def _multinode(data: ReportData) -> str | None:
     from raysweep.report.run_sections import multinode_section
 
-    return multinode_section(data.output_dir, data.df)
+    return multinode_section(data.directory, data.df)
 
 
 for _section in [

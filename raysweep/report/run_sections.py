@@ -34,11 +34,11 @@ log = logging.getLogger(__name__)
 _MAX_FIGURES = 40
 
 
-def timeseries_section(output_dir: Path, records: Sequence[dict[str, Any]] | None = None) -> str | None:
+def timeseries_section(directory: CampaignDir, records: Sequence[dict[str, Any]] | None = None) -> str | None:
     """The report's time-series section: one figure per bench point of each server config (its first
     run), the steady-state window shaded; None when no point has a time series. `records`: the output dir's
     (`load_records`), when the caller has read them already."""
-    records = sorted((r for r in (load_records(output_dir) if records is None else records)
+    records = sorted((r for r in (load_records(directory) if records is None else records)
                       if r.get("timeseries_path")),
                      key=lambda r: (str(r.get("serve_id")), str(r.get("bench_id")), r.get("run_number") or 0))
     firsts: dict[tuple[str, str], dict[str, Any]] = {}
@@ -55,7 +55,7 @@ def timeseries_section(output_dir: Path, records: Sequence[dict[str, Any]] | Non
         window = ("no steady-state window" if r.get("steady_window_start_s") is None else
                   f"steady {r['steady_window_start_s']:g} to {r['steady_window_end_s']:g} s")
         try:
-            path = Path(output_dir) / r["timeseries_path"]
+            path = directory.path / r["timeseries_path"]
             # kept by a written report while the record and its time series are unchanged (raysweep.report.cache)
             parts.append(cached(partial(_figure_key, path, r, caption, window),
                                 partial(_figure_html, path, r, caption, window)))
@@ -86,15 +86,14 @@ def _figure_key(path: Path, record: dict[str, Any], caption: str, window: str) -
     return ("timeseries", json.dumps(record, sort_keys=True, default=str), data, caption, window)
 
 
-def multinode_section(output_dir: Path, results: pd.DataFrame | None = None) -> str | None:
+def multinode_section(directory: CampaignDir, results: pd.DataFrame | None = None) -> str | None:
     """The report's multi-node section: per server, its node-pair links and fabric probe, GPU topology
     warnings, the cluster events (node losses, re-placements, tail replicas), and the GPU telemetry of every
     point (a figure; throttled points crossed in red). None when there is nothing of the kind. `results`: the
     output dir's results table (`results_table`), when the caller has made it already."""
     e = html.escape
-    with CampaignDir(Path(output_dir)) as campaign_dir:
-        ledger = campaign_dir.ledger
-        servers, events = ledger.servers(), ledger.events()
+    ledger = directory.ledger
+    servers, events = ledger.servers(), ledger.events()
     parts: list[str] = []
     rows = []
     for s in servers:
@@ -122,7 +121,7 @@ def multinode_section(output_dir: Path, results: pd.DataFrame | None = None) -> 
                          f"<td>{e(', '.join(n[:12] for n in ev['nodes']))}</td><td>{e(str(ev['detail']))}</td></tr>"
                          for ev in events) + "</table>")
     try:
-        df = results_table(Path(output_dir)) if results is None else results
+        df = results_table(directory) if results is None else results
     except Exception:
         df = None
     if df is not None and "gpu_util_mean_pct" in df.columns and df["gpu_util_mean_pct"].notna().any():

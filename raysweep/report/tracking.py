@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from raysweep.drive.state import EventSink
 from raysweep.errors import CampaignError, UserError
+from raysweep.record.directory import CampaignDir
 
 if TYPE_CHECKING:
     from raysweep.campaign.models import Campaign, TrackingSpec
@@ -105,7 +106,8 @@ class LiveTracker:
         from raysweep.report import export
 
         try:
-            campaign = export.export_points(self.output_dir, report=final, only=keys, artifacts=final)
+            with CampaignDir(self.output_dir) as directory:
+                campaign = export.export_points(directory, report=final, only=keys, artifacts=final)
             if self.spec.backend == "mlflow":
                 assert self.spec.uri is not None  # the campaign's model refuses mlflow without a uri
                 export.export_mlflow(campaign, self.spec.uri, _experiment(self.spec, self.name), with_artifacts=final)

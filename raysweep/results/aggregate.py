@@ -56,6 +56,7 @@ from scipy import special
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import bootstrap, hierarchy, verdicts
 from raysweep.maths.verdicts import t_quantile
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_bytes_atomic, write_text_atomic
 
 __all__ = ["HEADLINE_RATES", "NOISE_METRICS", "SUMMARY_FORMATS", "TIME_COLUMNS", "at_level", "check_names",
@@ -875,33 +876,32 @@ def lead_is_significant(a_row: Mapping[str, Any], b_row: Mapping[str, Any], metr
 # An output dir's summary
 # ---------------------------------------------------------------------------------------------------
 
-def summary_table(output_dir: str | Path, confidence: float = 0.95, threshold: float = DEFAULT_THRESHOLD,
+def summary_table(directory: CampaignDir, confidence: float = 0.95, threshold: float = DEFAULT_THRESHOLD,
                   results: pd.DataFrame | None = None, **kw: Any) -> pd.DataFrame:
     """`summarize` of a raysweep output dir (parameters from its ledger, raw samples from its result
     files), a vLLM sweep dir or an imported dir."""
     from raysweep.results.importer import read_table
 
-    path = Path(output_dir)
-    df = results if results is not None else read_table(path).df
-    params, samples = _dir_params(path), _dir_samples(path, df)
+    df = results if results is not None else read_table(directory).df
+    params, samples = _dir_params(directory), _dir_samples(directory, df)
     # bench.precision: each point's state, from the ledger
     from raysweep.results.precision import precision_columns
 
-    return precision_columns(path, summarize(df, confidence, threshold=threshold, params=params, samples=samples,
+    return precision_columns(directory, summarize(df, confidence, threshold=threshold, params=params, samples=samples,
                                              **kw))
 
 
-def _dir_params(output_dir: Path) -> list[str] | None:
+def _dir_params(directory: CampaignDir) -> list[str] | None:
     """The serve and bench parameter names of a raysweep output dir's plan (None elsewhere)."""
-    from raysweep.ledger import plan_points
+    from raysweep.ledger import LEDGER_FILE
 
-    points = plan_points(output_dir)
-    if points is None:
+    if not (directory.path / LEDGER_FILE).is_file():
         return None
+    points = directory.ledger.points()
     return list(dict.fromkeys(k for p in points for k in (*p.serve_params, *p.bench_params)))
 
 
-def _dir_samples(output_dir: Path, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
+def _dir_samples(directory: CampaignDir, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """The raw samples of the runs that kept them, by point id (runs whose file cannot be read are left
     out: their point gets t-intervals only)."""
     if "samples_path" not in df.columns or "point_id" not in df.columns:
@@ -911,7 +911,7 @@ def _dir_samples(output_dir: Path, df: pd.DataFrame) -> dict[str, dict[str, Any]
         if not isinstance(rel, str) or not rel:
             continue
         try:
-            out[str(pid)] = _read_samples(output_dir / rel)
+            out[str(pid)] = _read_samples(directory.path / rel)
         except (OSError, ValueError, pa.ArrowException) as exc:
             log.warning("run %s: its raw samples %s cannot be read (%s); its point gets t-intervals only", pid,
                         rel, exc)
@@ -932,15 +932,20 @@ def _read_samples(path: Path) -> dict[str, Any]:
     return {c: table.column(c) if c == "chunks" else table.column(c).to_numpy(zero_copy_only=False) for c in names}
 
 
-def write_summary(output_dir: str | Path, formats: Sequence[str] = SUMMARY_FORMATS,
+def write_summary(dest: str | Path, formats: Sequence[str] = SUMMARY_FORMATS,
                   results: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> list[Path]:
-    """Write `summary.<format>` (parquet, csv) beside `results.*`, each whole or not at all: `summary` as
-    given, else `summary_table` of the output dir (of `results` when given) with the default settings."""
-    output_dir = Path(output_dir)
-    df = summary if summary is not None else summary_table(output_dir, results=results)
+    """Write `summary.<format>` (parquet, csv) into `dest`, beside `results.*`, each whole or not at all:
+    `summary` as given, else `summary_table` of the campaign in `dest` (of `results` when given) with the
+    default settings."""
+    dest = Path(dest)
+    if summary is not None:
+        df = summary
+    else:
+        with CampaignDir(dest) as directory:
+            df = summary_table(directory, results=results)
     written = []
     for fmt in formats:
-        path = output_dir / f"summary.{fmt}"
+        path = dest / f"summary.{fmt}"
         if fmt == "csv":
             written.append(write_text_atomic(path, df.to_csv(index=False)))
         elif fmt == "parquet":

@@ -6,40 +6,38 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.record.files import write_json_atomic
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["ANSWER_FILE", "keep_answer", "kept_answer"]
 
 ANSWER_FILE = "answer.json"
 
 
-def _finished(output_dir: Path) -> list[float]:
-    from raysweep.record.directory import CampaignDir
-
-    with CampaignDir(output_dir) as campaign_dir:
-        done, last = campaign_dir.ledger.finished()
+def _finished(directory: CampaignDir) -> list[float]:
+    done, last = directory.ledger.finished()
     return [float(done), float(last)]
 
 
-def keep_answer(output_dir: str | Path, answer: Any) -> Path:
+def keep_answer(directory: CampaignDir, answer: Any) -> Path:
     """Write the answer (`raysweep.results.answer.Answer`) with the finished points it was made from."""
-    out = Path(output_dir)
-    return write_json_atomic(out / ANSWER_FILE, {"finished": _finished(out), "lines": answer.lines(),
-                                                  "answer": answer.to_dict()})
+    return write_json_atomic(directory.path / ANSWER_FILE, {"finished": _finished(directory),
+                                                             "lines": answer.lines(), "answer": answer.to_dict()})
 
 
-def kept_answer(output_dir: str | Path) -> dict[str, Any] | None:
+def kept_answer(directory: CampaignDir) -> dict[str, Any] | None:
     """The kept answer ({lines, answer}) of a raysweep output dir, or None: none kept, or a point finished since
     (or the dir is not a raysweep campaign)."""
-    out = Path(output_dir)
-    path = out / ANSWER_FILE
+    path = directory.path / ANSWER_FILE
     if not path.is_file():
         return None
     try:
         kept = json.loads(path.read_text())
-        fresh = kept.get("finished") == _finished(out)
+        fresh = kept.get("finished") == _finished(directory)
     except Exception:  # noqa: BLE001 - damaged or unreadable: as if none was kept
         return None
     return kept if fresh else None

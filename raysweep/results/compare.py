@@ -43,6 +43,7 @@ from raysweep.campaign.slo import Target
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import hierarchy, over_time, verdicts
 from raysweep.maths.over_time import Family
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_json_atomic
 from raysweep.results import aggregate
 from raysweep.results.labels import fmt_value
@@ -142,9 +143,10 @@ def load_side(path: str | Path, option: str = "DIR", confidence: float = 0.95) -
     elif p.is_dir():
         from raysweep.results.table import kept_summary
 
-        kept = kept_summary(p, confidence)  # as the campaign's end wrote it, when nothing finished since
-        summary = kept if kept is not None else aggregate.summary_table(p, confidence)
-        runs = _runs_of(p)
+        with CampaignDir(p) as directory:
+            kept = kept_summary(directory, confidence)  # as the campaign's end wrote it, when nothing finished since
+            summary = kept if kept is not None else aggregate.summary_table(directory, confidence)
+            runs = _runs_of(directory)
         name = _campaign_name(summary) or p.name
     else:
         raise UserError(f"{option} {path}: no such file or directory; accepted: a raysweep output dir, a `vllm bench "
@@ -180,14 +182,14 @@ def _confirmation_folded(side: Side, confidence: float) -> Side:
     return Side(side.name, side.source, summary, aggregate.summary_params(summary), folded, side.folded)
 
 
-def _runs_of(path: Path) -> pd.DataFrame | None:
+def _runs_of(directory: CampaignDir) -> pd.DataFrame | None:
     """The results table of a directory (None when it cannot be read: the verdicts are then Welch's)."""
     from raysweep.results.importer import read_table
 
     try:
-        return read_table(path).df
+        return read_table(directory).df
     except (UserError, OSError, ValueError) as exc:
-        log.info("%s: its runs are not read (%s); no paired verdicts", path, exc)
+        log.info("%s: its runs are not read (%s); no paired verdicts", directory.path, exc)
         return None
 
 
@@ -562,18 +564,14 @@ def totals(cmp: Comparison) -> pd.DataFrame:
 # The figure
 # ---------------------------------------------------------------------------------------------------
 
-def campaign_slo(output_dir: str | Path) -> Target | None:
+def campaign_slo(directory: CampaignDir) -> Target | None:
     """The service-level objective (`slo:`) of a raysweep output dir's campaign; None elsewhere."""
     from raysweep.campaign.slo import parse_slo
     from raysweep.ledger import LEDGER_FILE
-    from raysweep.record.directory import CampaignDir
 
-    path = Path(output_dir)
-    if not (path / LEDGER_FILE).is_file():
+    if not (directory.path / LEDGER_FILE).is_file():
         return None
-    with CampaignDir(path) as campaign_dir:
-        ledger = campaign_dir.ledger
-        raw = (ledger.stored_campaign() or {}).get("slo")
+    raw = (directory.ledger.stored_campaign() or {}).get("slo")
     return parse_slo(raw) if raw else None
 
 
@@ -603,10 +601,10 @@ def _number(text: str) -> Any:
         return text
 
 
-def record_baseline(output_dir: str | Path, baseline: str | Path, on: Sequence[str] | None = None,
+def record_baseline(directory: CampaignDir, baseline: str | Path, on: Sequence[str] | None = None,
                     metrics: Sequence[str] | None = None) -> Path:
     """Remember the baseline of a raysweep output dir, for its report (`raysweep.report.comparison`)."""
-    return write_json_atomic(Path(output_dir) / COMPARE_DIR / BASELINE_FILE,
+    return write_json_atomic(directory.path / COMPARE_DIR / BASELINE_FILE,
                              {"baseline": str(Path(baseline).resolve()), "match_on": list(on or []),
                               "metrics": list(metrics or [])})
 

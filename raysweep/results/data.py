@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class ReportData:
     """Everything the report shows, read once from the output dir."""
 
-    output_dir: Path
+    directory: CampaignDir
     name: str
     campaign: dict[str, Any]
     points: list[PointRow]
@@ -43,16 +43,20 @@ class ReportData:
     answer: conclusions.Conclusions | None = None  # made once, by `answer_of`
 
 
-def read_data(output_dir: Path, objective: str | None = None) -> ReportData:
-    with CampaignDir(output_dir) as campaign_dir:
-        ledger = campaign_dir.ledger
-        campaign = ledger.stored_campaign()
-        name = ledger.meta("name") or campaign.get("name", "")
-        points, servers, extra = ledger.points(), ledger.servers(), ledger.out_of_plan()
-        events, drivers = ledger.events(), ledger.drivers()
-    sla, variable = read_sla(output_dir)
-    records = load_records(output_dir)
-    return ReportData(output_dir, name, campaign, points, servers, extra, records_table(records), sla, variable,
+    @property
+    def output_dir(self) -> Path:
+        return self.directory.path
+
+
+def read_data(directory: CampaignDir, objective: str | None = None) -> ReportData:
+    ledger = directory.ledger
+    campaign = ledger.stored_campaign()
+    name = ledger.meta("name") or campaign.get("name", "")
+    points, servers, extra = ledger.points(), ledger.servers(), ledger.out_of_plan()
+    events, drivers = ledger.events(), ledger.drivers()
+    sla, variable = read_sla(directory)
+    records = load_records(directory)
+    return ReportData(directory, name, campaign, points, servers, extra, records_table(records), sla, variable,
                       records, events, drivers, objective)
 
 
@@ -72,7 +76,7 @@ def answer_of(data: ReportData) -> conclusions.Conclusions:
         summary = aggregate.summarize(data.df, confidence=conclusions.CONFIDENCE, params=params)
         from raysweep.results.precision import precision_columns  # bench.precision: where each point stopped
 
-        summary = precision_columns(data.output_dir, summary)
+        summary = precision_columns(data.directory, summary)
         slo = _slo(data.campaign)
         if slo is not None:
             summary = _with_pooled(data, summary, [t.metric for t in slo.thresholds])
@@ -90,7 +94,7 @@ def _with_pooled(data: ReportData, summary: pd.DataFrame, metrics: list[str]) ->
     from raysweep.results.table import kept_summary
 
     try:
-        kept = kept_summary(data.output_dir, conclusions.CONFIDENCE)
+        kept = kept_summary(data.directory, conclusions.CONFIDENCE)
     except (OSError, ValueError) as exc:
         log.info("summary.parquet not read for the slo's pooled percentiles (%s)", exc)
         return summary
@@ -120,7 +124,8 @@ def _slo(campaign: dict[str, Any]) -> Any:
 def winner_pairs(output_dir: Path, objective: str | None) -> list[list[str]]:
     """(serve id, bench id, role, shape) of each leader and runner-up the conclusions name, as the report
     names them: what `confirm:` runs again on fresh servers."""
-    answer = answer_of(read_data(output_dir, objective))
+    with CampaignDir(output_dir) as directory:
+        answer = answer_of(read_data(directory, objective))
     pairs = []
     for v in answer.verdicts:
         if v.runner_up is None:

@@ -26,7 +26,8 @@ import pandas as pd
 from raysweep.bench.load import CONCURRENCY
 from raysweep.errors import UserError
 from raysweep.grid import normalize_key, params_id
-from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.ledger import LEDGER_FILE
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import write_bytes_atomic, write_text_atomic
 from raysweep.results.records import PER_REQUEST_KEYS, kept_results, records_table, results_table, sla_table
 
@@ -47,36 +48,39 @@ class SourceTable:
     notes: list[str] = field(default_factory=list)
 
 
-def read_table(directory: str | Path, option: str = "OUTPUT_DIR") -> SourceTable:
+def read_table(directory: str | Path | CampaignDir, option: str = "OUTPUT_DIR") -> SourceTable:
     """The results table of a raysweep output dir, a vLLM sweep dir or an imported dir (checked in that order).
 
     :raises UserError: the directory is none of them (naming `option` and what is accepted).
     """
-    path = Path(directory)
+    if isinstance(directory, CampaignDir):
+        campaign_dir = directory
+    else:
+        campaign_dir = CampaignDir(directory)
+    path = campaign_dir.path
     if (path / LEDGER_FILE).is_file():
-        kept = kept_results(path)  # as the campaign's end wrote it, when nothing finished since
-        return SourceTable(kept if kept is not None else results_table(path), "raysweep")
+        try:
+            kept = kept_results(campaign_dir)  # as the campaign's end wrote it, when nothing finished since
+            return SourceTable(kept if kept is not None else results_table(campaign_dir), "raysweep")
+        finally:
+            if campaign_dir is not directory:
+                campaign_dir.close()
     if path.is_dir() and next(path.rglob(SUMMARY_FILE), None) is not None:
         return read_vllm_sweep(path)
     if (path / "results.parquet").is_file():
         return SourceTable(pd.read_parquet(path / "results.parquet"), "imported")
-    raise UserError(f"{option} {directory}: not a directory this reads; accepted: a raysweep output dir "
+    raise UserError(f"{option} {campaign_dir.given}: not a directory this reads; accepted: a raysweep output dir "
                     f"(with {LEDGER_FILE}), a `vllm bench sweep` output dir (with **/{SUMMARY_FILE}), or a dir "
                     "written by `raysweep import` (with results.parquet)")
 
 
-def read_sla(directory: str | Path) -> tuple[pd.DataFrame, str]:
+def read_sla(directory: CampaignDir) -> tuple[pd.DataFrame, str]:
     """The SLA table of a raysweep output dir (`results.sla_table`) and its searched variable; an empty
     table where the campaign has no `sla:` or the dir is not a raysweep one (vLLM's sweep has no SLA search)."""
-    path = Path(directory)
-    if not (path / LEDGER_FILE).is_file():
+    if not (directory.path / LEDGER_FILE).is_file():
         return pd.DataFrame(), ""
-    ledger = Ledger.open_existing(path)
-    try:
-        variable = (ledger.stored_campaign().get("sla") or {}).get("variable") or ""
-    finally:
-        ledger.close()
-    return sla_table(path), variable
+    variable = (directory.ledger.stored_campaign().get("sla") or {}).get("variable") or ""
+    return sla_table(directory), variable
 
 
 def read_vllm_sweep(directory: str | Path) -> SourceTable:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from raysweep.errors import LedgerError
-from raysweep.ledger import LEDGER_FILE, Ledger
+from raysweep.ledger import LEDGER_FILE
 from raysweep.maths import hierarchy
 from raysweep.maths.precision import (
     AT_DURATION,
@@ -25,12 +24,15 @@ from raysweep.maths.precision import (
     runs_to_reach,
 )
 
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
+
 __all__ = ["precision_counts", "precision_columns"]
 
 log = logging.getLogger(__name__)
 
 
-def precision_columns(output_dir: Any, summary: Any) -> Any:
+def precision_columns(directory: CampaignDir, summary: Any) -> Any:
     """The summary (one row per point) with the ledger's precision record of each point, for a campaign with
     `bench.precision`: `precision_state` (reached, max_runs, measuring), `precision_reached` and
     `precision_rel_half_width` (its interval's half-width over the mean when it was decided). The precision
@@ -39,15 +41,11 @@ def precision_columns(output_dir: Any, summary: Any) -> Any:
     summary is: the rule, deciding run by run, judges one start's runs), and `runs_needed` is the runs the
     rule would need at the spread seen (`runs_to_reach`), so that the terminal, the summary, the report and
     `--json` quote one interval and one count. Unchanged for any other directory."""
-    path = Path(output_dir)
-    if not (path / LEDGER_FILE).is_file() or summary is None or "serve_id" not in getattr(summary, "columns", ()):
+    if not (directory.path / LEDGER_FILE).is_file() or summary is None or "serve_id" not in getattr(
+            summary, "columns", ()):
         return summary
-    ledger = Ledger.open_existing(path)
-    try:
-        rows = {(r["serve_id"], r["bench_id"]): r for r in ledger.precision()}
-        spec = _spec_of(ledger)
-    finally:
-        ledger.close()
+    rows = {(r["serve_id"], r["bench_id"]): r for r in directory.ledger.precision()}
+    spec = _spec_of(directory.ledger)
     if not rows:
         return summary
     keys = list(zip(summary["serve_id"], summary["bench_id"], strict=True))

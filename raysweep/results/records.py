@@ -17,16 +17,17 @@ import json
 import logging
 import math
 import re
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from raysweep.drive.validity import validity_fields
 from raysweep.grid import combo_label
-from raysweep.ledger import Ledger
 from raysweep.record.runs import read_records
 from raysweep.serve import hardware
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["PER_REQUEST_KEYS", "RESULTS_FILE", "flagged", "kept_results", "load_records", "records_table",
            "results_table", "sla_table"]
@@ -38,11 +39,11 @@ PER_REQUEST_KEYS = frozenset({"latencies", "queue_times", "input_lens", "output_
 _FIRST = ["campaign", "serve_id", "bench_id", "point_id", "run_number", "serve_label", "bench_label"]
 
 
-def load_records(output_dir: str | Path) -> list[dict[str, Any]]:
+def load_records(directory: CampaignDir) -> list[dict[str, Any]]:
     """The records of every done point of the current plan, read from their result files
     (`raysweep.record.runs.read_records`), with their validity record (worked out here for result files written
     before it existed), `hardware` and `hardware_mixed` (`raysweep.serve.hardware.mark`)."""
-    records = read_records(output_dir)
+    records = read_records(directory)
     for record in records:
         if "validity_ok" not in record:
             record.update(validity_fields(record))
@@ -54,28 +55,23 @@ def flagged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("validity_ok") is False]
 
 
-def results_table(output_dir: str | Path) -> pd.DataFrame:
+def results_table(directory: CampaignDir) -> pd.DataFrame:
     """One row per finished run; per-request arrays dropped, nested values as JSON text."""
-    return records_table(load_records(output_dir))
+    return records_table(load_records(directory))
 
 
 RESULTS_FILE = "results.parquet"
 
 
-def kept_results(output_dir: str | Path) -> pd.DataFrame | None:
+def kept_results(directory: CampaignDir) -> pd.DataFrame | None:
     """results.parquet as the campaign's end (or `results --out` into the dir) left it, when it was written after
     the last point finished and holds a row per done point: the table `results_table` would build again from
     every result file (reading 2,000 result files took 0.28 s of CPU, the kept table 0.06 s). None when it is
     missing, stale or unreadable."""
-    output_dir = Path(output_dir)
-    path = output_dir / RESULTS_FILE
+    path = directory.path / RESULTS_FILE
     if not path.is_file():
         return None
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        done, last = ledger.finished()
-    finally:
-        ledger.close()
+    done, last = directory.ledger.finished()
     if not done or path.stat().st_mtime < last:
         return None
     try:
@@ -112,20 +108,17 @@ def _clean_column(col: pd.Series) -> pd.Series:
     return col.map(lambda v: json.dumps(v) if isinstance(v, (dict, list)) else (None if v is None else str(v)))
 
 
-def sla_table(output_dir: str | Path) -> pd.DataFrame:
+def sla_table(directory: CampaignDir) -> pd.DataFrame:
     """One row per SLA search (server config x bench point x target): the largest passing value, the
     smallest failing one, the state, the number of probes and the pooled metrics at the passing value."""
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        searches = ledger.searches()
-        variable = (ledger.stored_campaign().get("sla") or {}).get("variable")
-        labels: dict[str, str] = {}
-        for p in ledger.points(in_plan_only=False):
-            labels.setdefault(p.serve_id, combo_label(p.serve_params))
-            base = {k: v for k, v in p.bench_params.items() if k != variable}
-            labels.setdefault(p.probe_of or p.bench_id, combo_label(base))
-    finally:
-        ledger.close()
+    ledger = directory.ledger
+    searches = ledger.searches()
+    variable = (ledger.stored_campaign().get("sla") or {}).get("variable")
+    labels: dict[str, str] = {}
+    for p in ledger.points(in_plan_only=False):
+        labels.setdefault(p.serve_id, combo_label(p.serve_params))
+        base = {k: v for k, v in p.bench_params.items() if k != variable}
+        labels.setdefault(p.probe_of or p.bench_id, combo_label(base))
     rows = []
     for r in searches:
         target, _, settings = r["target"].partition(" [")

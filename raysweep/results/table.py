@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -26,6 +27,9 @@ from raysweep.results.records import (
     sla_table,
 )
 
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
+
 __all__ = ["FORMATS", "PER_REQUEST_KEYS", "flagged", "kept_summary", "kept_summary_at", "load_records", "records_table",
            "results_table", "sla_table", "write_results"]
 
@@ -34,15 +38,14 @@ log = logging.getLogger(__name__)
 FORMATS = ("parquet", "csv", "json")
 
 
-def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet", "csv"), *,
+def write_results(directory: CampaignDir, formats: tuple[str, ...] = ("parquet", "csv"), *,
                   dest: str | Path | None = None, summary: bool = True,
                   table: pd.DataFrame | None = None) -> list[Path]:
     """Write the table as results.<format> in `dest` (default: the output directory; each file whole or not
     at all), and beside it, with `summary`, the aggregates per point as summary.parquet / summary.csv
     (`raysweep.results.aggregate`). `table`: the results table when the caller has it already."""
-    output_dir = Path(output_dir)
-    dest = Path(dest) if dest is not None else output_dir
-    df = table if table is not None else results_table(output_dir)
+    dest = Path(dest) if dest is not None else directory.path
+    df = table if table is not None else results_table(directory)
     written = []
     for fmt in formats:
         path = dest / f"results.{fmt}"
@@ -62,25 +65,23 @@ def write_results(output_dir: str | Path, formats: tuple[str, ...] = ("parquet",
     if not summary or not wanted:
         return written
     try:
-        write_summary(dest, wanted, summary=summary_table(output_dir, results=df))
+        write_summary(dest, wanted, summary=summary_table(directory, results=df))
     except Exception as exc:  # the results stand without their summary
         log.warning("summary.* not written: %s: %s", type(exc).__name__, exc, exc_info=True)
     return written
 
 
-def kept_summary(output_dir: str | Path, confidence: float | None = 0.95,
+def kept_summary(directory: CampaignDir, confidence: float | None = 0.95,
                  threshold: float | None = None) -> pd.DataFrame | None:
     """summary.parquet as `run` (or `results --out`) left it, when it holds these settings (None: any) and was
     written after the last point of the campaign finished: the aggregates are computed once per point and kept,
     and readers (`compare`, `results --aggregate`) take them from there. None when it is missing or stale."""
-    from raysweep.ledger import plan_finished
+    from raysweep.ledger import LEDGER_FILE
 
-    output_dir = Path(output_dir)
-    path = output_dir / "summary.parquet"
-    finished = plan_finished(output_dir) if path.is_file() else None
-    if finished is None:
+    path = directory.path / "summary.parquet"
+    if not path.is_file() or not (directory.path / LEDGER_FILE).is_file():
         return None
-    done, last = finished
+    done, last = directory.ledger.finished()
     if not done or path.stat().st_mtime < last:
         return None
     try:
@@ -97,7 +98,7 @@ def kept_summary(output_dir: str | Path, confidence: float | None = 0.95,
     return summary
 
 
-def kept_summary_at(output_dir: str | Path, confidence: float, threshold: float | None = None) -> pd.DataFrame | None:
+def kept_summary_at(directory: CampaignDir, confidence: float, threshold: float | None = None) -> pd.DataFrame | None:
     """The kept summary (`kept_summary`, whatever its settings) at `confidence` and `threshold` (None: its own),
     its intervals and noise columns made again from the statistics it keeps (`aggregate.at_level`), the
     precision record applied again: the numbers the summary made afresh at these settings holds, without the
@@ -109,13 +110,13 @@ def kept_summary_at(output_dir: str | Path, confidence: float, threshold: float 
     from raysweep.results.aggregate import at_level
     from raysweep.results.precision import precision_columns
 
-    kept = kept_summary(output_dir, None)
+    kept = kept_summary(directory, None)
     if kept is None:
         return None
     if kept.attrs.get("confidence") == confidence and threshold in (None, kept.attrs.get("threshold")):
         return kept
     again = at_level(kept, confidence, threshold)
-    return None if again is None else precision_columns(output_dir, again)
+    return None if again is None else precision_columns(directory, again)
 
 
 def _empty_parquet() -> bytes:

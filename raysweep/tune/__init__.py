@@ -79,7 +79,7 @@ __all__ = ["Budget", "Candidate", "GRID_LIMIT", "MAX_ASKS", "MODEL_CANDIDATES", 
 def _tuning_section(data: ReportData) -> str | None:
     from raysweep.tune.report_section import report_section  # imports Optuna: only for a campaign with `tune:`
 
-    return report_section(data.output_dir)
+    return report_section(data.directory)
 
 
 register(Section("tuning", "Tuning", _tuning_section, lambda d: bool(d.campaign.get("tune")), order=90))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import logging
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -54,16 +53,15 @@ def _importance(t: TuneSpec, rows: list[dict[str, Any]]) -> dict[str, float]:
         return {}
 
 
-def report_section(output_dir: Path) -> str | None:
+def report_section(directory: CampaignDir) -> str | None:
     """The report's tuning section (its HTML without the heading): the leaderboard, the objective over
     candidates, parameter importance and (two objectives) the Pareto front of candidates. None for a
     campaign without `tune:`."""
-    with CampaignDir(output_dir) as campaign_dir:
-        try:
-            ledger = campaign_dir.ledger
-        except Exception:
-            return None
-        campaign, rows = ledger.stored_campaign(), ledger.candidates()
+    try:
+        ledger = directory.ledger
+    except Exception:
+        return None
+    campaign, rows = ledger.stored_campaign(), ledger.candidates()
     if not campaign.get("tune") or not rows:
         return None
     import matplotlib

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from raysweep.record.directory import CampaignDir
+
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
@@ -89,7 +91,7 @@ def main(work: Path, rejoin_after_s: float) -> dict:
             events = led.events()
         finally:
             led.close()
-        table = results_table(out)
+        table = results_table(CampaignDir(out))
         cols = [c for c in ("point_id", "serve_id", "node_id", "gpu_count", "gpus_per_node", "hardware",
                             "hardware_mixed") if c in table.columns]
         rows = table[cols].to_dict("records")
