@@ -39,6 +39,8 @@ from typing import Any
 
 from servers import ENV, start_server, stop_server  # benchmarks/servers.py
 
+from raysweep.record.directory import CampaignDir
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 STUB = REPO / "tests" / "standin" / "stream_server.py"
@@ -266,7 +268,7 @@ def overhead(model: Path, work: Path) -> str:
         "bench": {"cmd": "vllm bench serve --model m --num-prompts 20 --random-input-len 16 --random-output-len 4",
                   "client_cpus": 0.5, "params": {"grid": {"max_concurrency": list(range(1, 21))}}}}))
     with ray_session(None):
-        run_campaign(load_campaign(f), out)
+        run_campaign(load_campaign(f), CampaignDir(out))
     recs = sorted((json.loads(p.read_text()) for p in out.rglob("run=*.json")), key=lambda r: r["start_time"])
     gaps = sorted(b["start_time"] - a["end_time"] for a, b in zip(recs, recs[1:]))
     url = "http://127.0.0.1:18612"

@@ -79,6 +79,7 @@ from helpers import standin_campaign
 from raysweep import procs
 from raysweep.ledger import Ledger, PointRow, ServerRow
 from raysweep.plan.plan import Shape
+from raysweep.record.directory import CampaignDir
 
 NODES, GPUS_PER_NODE = 4, 8
 GPUS = NODES * GPUS_PER_NODE
@@ -164,7 +165,7 @@ def run(configs: list[Config], work: Path, points: int, prompts: int) -> dict[st
                 print(f"  {time.time() - t1:6.1f} s: server {data['server_id']} stopped", file=sys.stderr)
 
         t1 = time.time()
-        summary = run_campaign(spec, out, on_event=on_event)
+        summary = run_campaign(spec, CampaignDir(out), on_event=on_event)
         timings["campaign_wall_s"] = time.time() - t1
         timings["counts"] = summary.counts
         timings["stopped_early"] = summary.stopped_early

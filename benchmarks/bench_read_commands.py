@@ -144,7 +144,7 @@ def build_stub(out: Path, size: str | int, name: str = "stub") -> Path:
     cfile = out.parent / f"{out.name}.yaml"
     cfile.write_text(yaml.safe_dump(campaign_data(name, out, lengths, concurrencies, runs)))
     spec = load_campaign(cfile)
-    plan, ledger = open_campaign(spec, out)
+    plan, ledger = open_campaign(spec, CampaignDir(out))
     rng = random.Random(size)
     try:
         for p in plan.points:

@@ -52,6 +52,7 @@ from raysweep.maths.pareto import hypervolume as tune_hypervolume
 from raysweep.place.placement import Layout, NodeInfo
 from raysweep.place.scheduler import Scheduler
 from raysweep.plan.plan import ServeConfig
+from raysweep.record.directory import CampaignDir
 from raysweep.tune import TunedCluster, TuneWork
 
 SPACE = {"tensor_parallel_size": [1, 2, 4, 8], "max_num_seqs": [64, 128, 256, 512],
@@ -192,7 +193,7 @@ def tune_once(mode: str, seed: int, fraction: float, pareto_model: bool = True) 
     grid_h = grid_gpu_hours(random.Random(seed + 10_000))
     root = Path(tempfile.mkdtemp(prefix="bench-tune-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     spec = campaign_from_dict(campaign(mode, seed, fraction * grid_h, pareto_model), base_dir=root)
-    plan, ledger = open_campaign(spec, root / "out")
+    plan, ledger = open_campaign(spec, CampaignDir(root / "out"))
     sim = SimCluster(nodes=4, gpus=8, rng=rng)
     work = sim.work = TuneWork(plan, ledger, root / "out", lambda kind, **d: None, with_gpus=True, clock=sim.clock)
     Scheduler(TunedCluster(sim, work), work, lambda kind, **d: None, max_servers=None, clock=sim.clock).run()

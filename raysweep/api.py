@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
+    from raysweep.campaign import CampaignSpec
     from raysweep.drive.driver import RunSummary
     from raysweep.record.directory import CampaignDir
     from raysweep.results.conclusions import Conclusions as _Conclusions
@@ -212,7 +213,6 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
     The checks before the start are `raysweep run`'s own (`raysweep.drive.checks`).
     """
     from raysweep.campaign import campaign_from_dict, load_campaign
-    from raysweep.drive.checks import check_before_run, finished
     from raysweep.record.directory import CampaignDir, default_path
 
     if isinstance(campaign, dict):
@@ -221,32 +221,39 @@ def run(campaign: str | Path | dict[str, Any], *, output_dir: str | Path | None 
         spec = load_campaign(campaign)
     c = spec.campaign
     out = default_path(c.name, output_dir, c.output_dir)
-    ended = finished(spec, out, retry_failed)
+    with CampaignDir(out) as directory:
+        summary = _run_in(spec, directory, address, force, retry_failed, accept_changes)
+    loaded = Campaign(out)
+    loaded.last_run = summary  # type: ignore[attr-defined]
+    return loaded
+
+
+def _run_in(spec: CampaignSpec, directory: CampaignDir, address: str | None, force: bool, retry_failed: bool,
+            accept_changes: bool) -> RunSummary | _Finished | None:
+    """`run` in the campaign's directory: its counts, from its files where nothing is left to run."""
+    from raysweep.drive.checks import check_before_run, finished
+
+    ended = finished(spec, directory, retry_failed)
     if ended is not None:  # nothing left to run: answered from its files, without Ray
-        done = Campaign(out)
-        done.last_run = _summary(out, *ended)  # type: ignore[attr-defined]
-        return done
+        return _summary(directory.path, *ended)
+    check_before_run(spec, directory, force=force, accept_changes=accept_changes)
     from raysweep.drive.driver import driver_cpus, ray_session, run_campaign
     from raysweep.errors import LedgerError
     from raysweep.results.table import write_results
 
-    check_before_run(spec, out, force=force, accept_changes=accept_changes)
     summary: RunSummary | None = None
     refused = False
     try:
         with ray_session(address, driver_cpus(spec)):
-            summary = run_campaign(spec, out, force=force, retry_failed=retry_failed, accept_changes=accept_changes,
-                                   finish=write_results)
+            summary = run_campaign(spec, directory, force=force, retry_failed=retry_failed,
+                                   accept_changes=accept_changes, finish=write_results)
     except LedgerError:  # another driver took the campaign meanwhile: its results are not ours to write
         refused = True
         raise
     finally:
         if not refused:
-            with CampaignDir(out) as directory:
-                write_results(directory)
-    loaded = Campaign(out)
-    loaded.last_run = summary  # type: ignore[attr-defined]
-    return loaded
+            write_results(directory)
+    return summary
 
 
 @dataclass

@@ -38,7 +38,7 @@ def make_campaign(out: Path, name: str = "stub", *, runs: int = 4, scale: float 
                   "params": {"grid": {"random_input_len": list(input_lens), "max_concurrency": list(concurrencies)}}}}
     cfile = out.parent / f"{out.name}.yaml"
     cfile.write_text(yaml.safe_dump(data))
-    plan, ledger = open_campaign(load_campaign(cfile), out)
+    plan, ledger = open_campaign(load_campaign(cfile), CampaignDir(out))
     rng = random.Random(seed)
     finished = plan.points if done is None else plan.points[:done]
     try:

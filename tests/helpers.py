@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from raysweep.record.directory import CampaignDir
+
 STANDIN = Path(__file__).parent / "standin"
 PY = sys.executable
 
@@ -46,7 +48,7 @@ def run_file(campaign_file: Path, **kw: Any) -> tuple[Any, Path]:
 
     spec = load_campaign(campaign_file)
     out = Path(spec.campaign.output_dir or "")
-    return run_campaign(spec, out, **kw), out
+    return run_campaign(spec, CampaignDir(out), **kw), out
 
 
 def native_campaign(path: Path, *, name: str = "n", server_args: str = "", bench_args: str = "",

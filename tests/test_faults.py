@@ -39,7 +39,7 @@ def campaign_dir(tmp_path):
     f = standin_campaign(tmp_path)
     spec = load_campaign(f)
     out = Path(spec.campaign.output_dir or "")
-    plan, ledger = open_campaign(spec, out)
+    plan, ledger = open_campaign(spec, CampaignDir(out))
     first = plan.points[0].id
     ledger.mark_running(first, "srv-1")
     (out / "points").mkdir()
@@ -145,8 +145,8 @@ def test_accepted_changes_are_recorded_as_an_event_that_status_shows(campaign_di
     f.write_text(yaml.safe_dump(data))
     spec = load_campaign(f)
     with pytest.raises(drift.SettingsChanged):
-        open_campaign(spec, out)
-    _, ledger = open_campaign(spec, out, accept_changes=True)
+        open_campaign(spec, CampaignDir(out))
+    _, ledger = open_campaign(spec, CampaignDir(out), accept_changes=True)
     accepted = drift.check(ledger, drift.measured_with(spec), accept=True)
     drift.record(ledger, drift.measured_with(spec), accepted)
     assert drift.check(ledger, drift.measured_with(spec), accept=False) == []  # the new settings are kept
@@ -160,7 +160,7 @@ def test_accepted_changes_are_recorded_as_an_event_that_status_shows(campaign_di
 def test_settings_before_any_point_is_done_are_no_drift(tmp_path):
     f = standin_campaign(tmp_path)
     spec = load_campaign(f)
-    _, ledger = open_campaign(spec, Path(spec.campaign.output_dir or ""))
+    _, ledger = open_campaign(spec, CampaignDir(Path(spec.campaign.output_dir or "")))
     drift.record(ledger, {**drift.measured_with(spec), "warmup": 9}, [])
     assert drift.check(ledger, drift.measured_with(spec), accept=False) == []
     ledger.close()
@@ -176,8 +176,8 @@ def test_open_campaign_refuses_a_held_campaign_unless_forced(campaign_dir, live_
     f, out = campaign_dir
     spec = load_campaign(f)
     with pytest.raises(CampaignHeld):
-        open_campaign(spec, out)
-    _, ledger = open_campaign(spec, out, force=True)
+        open_campaign(spec, CampaignDir(out))
+    _, ledger = open_campaign(spec, CampaignDir(out), force=True)
     ledger.close()
 
 

@@ -255,13 +255,13 @@ def test_resume_knows_when_an_offline_campaign_is_finished(tmp_path):
 
     out = tmp_path / "out"
     spec = campaign_from_dict(offline_data(out, params=[{"max_num_seqs": 2}, {"max_num_seqs": 4}]), base_dir=tmp_path)
-    plan, led = open_campaign(spec, out)
+    plan, led = open_campaign(spec, CampaignDir(out))
     try:
-        assert len(plan.points) == 2 and finished(spec, out, False) is None
+        assert len(plan.points) == 2 and finished(spec, CampaignDir(out), False) is None
         for p in plan.points:
             led.claim(p.id, "s", 1)
             led.mark_done(p.id, str(out / f"{p.id}.json"))
-        done = finished(spec, out, False)
+        done = finished(spec, CampaignDir(out), False)
         assert done is not None and done[0] == {"done": 2, "failed": 0, "pending": 0, "running": 0}
     finally:
         led.close()

@@ -71,7 +71,7 @@ def precision_campaign(tmp_path: Path) -> Path:
     cfile.write_text(yaml.safe_dump(data))
     spec = load_campaign(cfile)
     out.mkdir()
-    plan, ledger = open_campaign(spec, out)
+    plan, ledger = open_campaign(spec, CampaignDir(out))
     rng = random.Random(7)
 
     def finish(p) -> None:
@@ -184,10 +184,10 @@ def test_every_command_tells_the_same_story(tmp_path, monkeypatch, which):
     led = Ledger.open_existing(out)
     try:
         spec = campaign_from_dict(led.stored_campaign(), base_dir=out)
-        assert finished(spec, out, False) is not None
+        assert finished(spec, CampaignDir(out), False) is not None
         row = led.precision()[0]
         led.record_precision(row["serve_id"], row["bench_id"], "measuring", row["runs_done"], row["runs_spent"], None)
-        assert finished(spec, out, False) is None
+        assert finished(spec, CampaignDir(out), False) is None
     finally:
         led.close()
 

@@ -178,7 +178,7 @@ def simulate(root: Path, data: dict[str, Any], seed: int = 0, stop_after: int | 
              ) -> tuple[TuneWork, Any, list[str]]:
     """Run (or resume) a tuning campaign on the simulated 4 x 8 GPU cluster; `stop_after` events: interrupt."""
     spec = campaign_from_dict(data, base_dir=root)
-    plan, ledger = open_campaign(spec, root / "out")
+    plan, ledger = open_campaign(spec, CampaignDir(root / "out"))
     sim = bench.SimCluster(nodes=4, gpus=8, rng=random.Random(seed))
     work = sim.work = TuneWork(plan, ledger, root / "out", lambda kind, **d: None, with_gpus=True, clock=sim.clock)
     started: list[str] = []
@@ -424,7 +424,7 @@ def test_the_sla_capacity_objective_is_the_largest_load_meeting_every_target(tmp
                     sampler="grid")
     data["bench"]["params"] = {"grid": {"random_input_len": [128, 256]}}
     data["sla"] = {"variable": "max_concurrency", "targets": [{"p99_e2el_ms": "<=200"}, {"p99_ttft_ms": "<=50"}]}
-    plan, ledger = open_campaign(campaign_from_dict(data, base_dir=tmp_path), tmp_path / "out")
+    plan, ledger = open_campaign(campaign_from_dict(data, base_dir=tmp_path), CampaignDir(tmp_path / "out"))
     work = TuneWork(plan, ledger, tmp_path / "out", lambda kind, **d: None, with_gpus=True)
     work.nodes_now = bench.SimCluster(nodes=1, gpus=8, rng=random.Random(0)).nodes()
     work.refill()
@@ -457,7 +457,7 @@ def test_a_candidate_no_node_can_hold_any_more_fails_and_frees_its_place(tmp_pat
     data = campaign(budget={"candidates": 3}, parallel=1, sampler="grid",
                     space={"tensor_parallel_size": {"choices": [8]}, "max_num_seqs": {"choices": [64, 128, 256]}})
     spec = campaign_from_dict(data, base_dir=tmp_path)
-    plan, ledger = open_campaign(spec, tmp_path / "out")
+    plan, ledger = open_campaign(spec, CampaignDir(tmp_path / "out"))
     sim = bench.SimCluster(nodes=1, gpus=8, rng=random.Random(0))
     work = sim.work = TuneWork(plan, ledger, tmp_path / "out", lambda kind, **d: None, with_gpus=True, clock=sim.clock)
     sched = Scheduler(TunedCluster(sim, work), work, lambda kind, **d: None, max_servers=None, clock=sim.clock)

@@ -275,7 +275,7 @@ def test_real_vllm_server_spanning_two_simulated_nodes(tiny_model, gpu_cluster, 
             "transport": {"probe": True, "probe_mib": 4, "probe_iters": 2, "min_busbw_gbps": 0.001},
             "cost": {"gpu_hour": 1.5},
         }
-        summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
+        summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), CampaignDir(out))
         led = Ledger.open_existing(out)
         servers = led.servers()
         led.close()
@@ -356,7 +356,7 @@ def test_a_real_vllm_configuration_shares_its_points_with_a_tail_replica(tiny_mo
                   "client_cpus": 0.5},
         "placement": {"tail_replicas": 1},
     }
-    summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
+    summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), CampaignDir(out))
     led = Ledger.open_existing(out)
     points, servers, events = led.points(), led.servers(), led.events()
     led.close()
@@ -400,7 +400,7 @@ def test_sla_search_on_the_real_server(tiny_model, gpu_cluster, tmp_path):
         "placement": {"max_servers": 1},
         "sla": {"targets": [{"median_ttft_ms": "<=60"}], "max_value": 32},
     }
-    summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), out)
+    summary = run_campaign(campaign_from_dict(data, base_dir=tmp_path), CampaignDir(out))
     df = sla_table(CampaignDir(out))
     assert len(df) == 2, (summary.failures, df)
     best = {r["serve_label"]: (0 if r["largest_pass"] is None or r["largest_pass"] != r["largest_pass"]

@@ -268,18 +268,26 @@ def resume(output_dir: str, address: str | None, force: bool, retry_failed: bool
 
 def _run(spec: CampaignSpec, output_dir: Path, address: str | None, force: bool, retry_failed: bool = False,
          as_json: bool = False, accept_changes: bool = False) -> None:
+    from raysweep.record.directory import CampaignDir
+
+    with CampaignDir(output_dir) as directory:
+        _run_in(spec, directory, address, force, retry_failed, as_json, accept_changes)
+
+
+def _run_in(spec: CampaignSpec, directory: CampaignDir, address: str | None, force: bool, retry_failed: bool,
+            as_json: bool, accept_changes: bool) -> None:
     from raysweep.drive import checks as run_checks
 
-    finished = run_checks.finished(spec, output_dir, retry_failed)
+    output_dir = directory.path
+    finished = run_checks.finished(spec, directory, retry_failed)
     if finished is not None:  # nothing left to run: answered from the files; Ray is not even imported
-        _answer_finished(spec, output_dir, finished, as_json)
+        _answer_finished(spec, directory, finished, as_json)
         return
     from raysweep.drive.driver import driver_cpus, ray_session, run_campaign
-    from raysweep.record.directory import CampaignDir
     from raysweep.results.table import write_results
 
     # endpoints, tracking, a changed campaign, a live driver or changed settings: refused before Ray starts
-    run_checks.check_before_run(spec, output_dir, force=force, accept_changes=accept_changes)
+    run_checks.check_before_run(spec, directory, force=force, accept_changes=accept_changes)
     running_dir.append(output_dir)
     _sigterm_to_interrupt()
     display = _ProgressDisplay()
@@ -288,15 +296,14 @@ def _run(spec: CampaignSpec, output_dir: Path, address: str | None, force: bool,
         with logs.routed(output_dir / logs.LOG_FILE, drop=told_by_event), display, \
                 ray_session(address, driver_cpus(spec)):
             _sigterm_to_interrupt()  # again: starting Ray installs its own handler, which aborts
-            summary = run_campaign(spec, output_dir, force=force, retry_failed=retry_failed, on_event=display.event,
+            summary = run_campaign(spec, directory, force=force, retry_failed=retry_failed, on_event=display.event,
                                    accept_changes=accept_changes, finish=write_results)
     except LedgerError:  # refused meanwhile (another driver took the campaign): its results are not ours to write
         refused = True
         raise
     finally:
         if not refused:
-            with CampaignDir(output_dir) as directory:
-                paths = write_results(directory)
+            paths = write_results(directory)
             console.print(f"Results: {', '.join(str(p) for p in paths)}", highlight=False)
     _print_counts(summary.counts)
     for p in summary.failures[:10]:
@@ -304,32 +311,23 @@ def _run(spec: CampaignSpec, output_dir: Path, address: str | None, force: bool,
                       f"{p.attempts_made} attempt(s)): {escape(str(p.error))}", highlight=False)
     if summary.stopped_early:
         console.print(f"[yellow]stopped early:[/] {escape(str(summary.stopped_early))}")
-    with CampaignDir(output_dir) as directory:
-        drawn = _write_report(directory) if spec.campaign.report and summary.counts.get("done") else None
-        if drawn is None and summary.counts.get("done"):
-            _answer_kept(directory)
-        if as_json:
-            print_json("run", _run_document(spec, directory, summary.counts, summary.failures,
-                                            summary.stopped_early, paths, drawn, ran=True))
+    drawn = _write_report(directory) if spec.campaign.report and summary.counts.get("done") else None
+    if drawn is None and summary.counts.get("done"):
+        _answer_kept(directory)
+    if as_json:
+        print_json("run", _run_document(spec, directory, summary.counts, summary.failures, summary.stopped_early,
+                                        paths, drawn, ran=True))
     if summary.failures or summary.stopped_early or summary.counts.get("pending"):
         sys.exit(1)
 
 
-def _answer_finished(spec: CampaignSpec, output_dir: Path, finished: tuple[dict[str, int], list[Any]],
+def _answer_finished(spec: CampaignSpec, directory: CampaignDir, finished: tuple[dict[str, int], list[Any]],
                      as_json: bool) -> None:
     """A finished campaign run again: its counts, results and report, each made again only where a point
     finished after it was written."""
-    from raysweep.record.directory import CampaignDir
-
-    counts, failed = finished
-    with CampaignDir(output_dir) as directory:
-        _answer_finished_in(spec, directory, counts, failed, as_json)
-
-
-def _answer_finished_in(spec: CampaignSpec, directory: CampaignDir, counts: dict[str, int], failed: list[Any],
-                        as_json: bool) -> None:
     from raysweep.results.table import write_results
 
+    counts, failed = finished
     output_dir = directory.path
     last = max((p.ended_at or 0.0 for p in directory.ledger.points()), default=0.0)
 

@@ -8,42 +8,39 @@ its data files included, is checked when it is loaded (`raysweep.campaign`)."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from raysweep.campaign.loading import CampaignSpec
     from raysweep.ledger.rows import PointRow
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["check_before_run", "finished"]
 
 log = logging.getLogger(__name__)
 
 
-def finished(spec: CampaignSpec, output_dir: Path,
+def finished(spec: CampaignSpec, directory: CampaignDir,
              retry_failed: bool) -> tuple[dict[str, int], list[PointRow]] | None:
-    """(counts, failed points) when the campaign in `output_dir` is this one, unchanged (same name and
+    """(counts, failed points) when the campaign in `directory` is this one, unchanged (same name and
     fingerprint), and has nothing left to run: every point of its plan done or failed for good (and not
     retried), no SLA search or tuning that could add points. None otherwise (the run goes on as usual)."""
-    from raysweep.ledger import LEDGER_FILE, Ledger, PointState
+    from raysweep.ledger import LEDGER_FILE, PointState
     from raysweep.maths.precision import MEASURING
     from raysweep.plan.plan import build_plan
 
     c = spec.campaign
-    if c.tune is not None or c.sla is not None or not (output_dir / LEDGER_FILE).is_file():
+    if c.tune is not None or c.sla is not None or not (directory.path / LEDGER_FILE).is_file():
         return None  # searches add points as they go
     plan = build_plan(spec)
-    ledger = Ledger.open_existing(output_dir)
-    try:
-        if ledger.meta("name") != c.name or ledger.meta("fingerprint") != plan.fingerprint:
-            return None
-        rows = {p.point_id: p for p in ledger.points(in_plan_only=False)}
-        in_plan = ledger.points()  # the plan's points and the runs bench.precision added to them
-        undecided = c.bench is not None and c.bench.precision is not None and (  # no bench in mode offline
-            {(p.serve.id, p.bench.id) for p in plan.points if p.bench.id not in plan.confirm_ids}
-            - {(r["serve_id"], r["bench_id"]) for r in ledger.precision() if r["state"] != MEASURING})
-    finally:
-        ledger.close()
+    ledger = directory.ledger
+    if ledger.meta("name") != c.name or ledger.meta("fingerprint") != plan.fingerprint:
+        return None
+    rows = {p.point_id: p for p in ledger.points(in_plan_only=False)}
+    in_plan = ledger.points()  # the plan's points and the runs bench.precision added to them
+    undecided = c.bench is not None and c.bench.precision is not None and (  # no bench in mode offline
+        {(p.serve.id, p.bench.id) for p in plan.points if p.bench.id not in plan.confirm_ids}
+        - {(r["serve_id"], r["bench_id"]) for r in ledger.precision() if r["state"] != MEASURING})
     mine = [rows.get(p.id) for p in plan.points]
     ends = (PointState.DONE,) if retry_failed else (PointState.DONE, PointState.FAILED)
     if not mine or undecided or any(r is None or r.state not in ends for r in [*mine, *in_plan]):
@@ -53,7 +50,7 @@ def finished(spec: CampaignSpec, output_dir: Path,
     return {"done": len(ours) - len(failed), "failed": len(failed), "pending": 0, "running": 0}, failed
 
 
-def check_before_run(spec: CampaignSpec, output_dir: Path, *, force: bool = False,
+def check_before_run(spec: CampaignSpec, directory: CampaignDir, *, force: bool = False,
                      accept_changes: bool = False) -> None:
     """Refuse what cannot run before Ray starts, then clear what a dead driver left (its embedded Ray goes at
     once, before ours starts beside it). Nothing is written for a refused campaign.
@@ -71,7 +68,7 @@ def check_before_run(spec: CampaignSpec, output_dir: Path, *, force: bool = Fals
         check_endpoints(spec)
     if spec.campaign.tracking is not None:  # its library is here and its URI usable (report.tracking, lent)
         hooks.tracking().check(spec.campaign)
-    _, ledger = open_campaign(spec, output_dir, force=force, accept_changes=accept_changes)
+    _, ledger = open_campaign(spec, directory, force=force, accept_changes=accept_changes)
     try:
         recovery.reap_lost_drivers(recovery.dead_drivers(ledger))
     finally:

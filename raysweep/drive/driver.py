@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import ray
@@ -45,9 +45,11 @@ from raysweep.place.scheduler import Cluster, Scheduler, replica_key, with_event
 from raysweep.plan.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.procs import cpu_set, cpu_text
 from raysweep.record import drift, storage
-from raysweep.record.directory import CampaignDir
 from raysweep.serve.live_server import ConfigRun
 from raysweep.serve.server import rank_argv
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["RayCluster", "RunSummary", "check_placement", "driver_alive", "driver_cpus", "embedded_temp_dir",
            "open_campaign", "placement_lines", "ray_session", "run_campaign", "run_plan"]
@@ -178,7 +180,7 @@ def ray_session(address: str | None, cpus: set[int] | None = None) -> Iterator[N
 # The campaign
 # ---------------------------------------------------------------------------------------------------
 
-def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
+def open_campaign(spec: CampaignSpec, directory: CampaignDir, force: bool = False,
                   accept_changes: bool = False) -> tuple[Plan, Ledger]:
     """Check the campaign's data files, build the plan and bring the ledger in line with it (refusing a changed
     meaning unless `force`). Nothing is written before the data files are read, and nothing at all when the
@@ -191,9 +193,9 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
     check_data_files(spec)
     plan = build_plan(spec)
     if spec.campaign.storage:
-        storage.restore(spec.campaign.storage, output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(output_dir / LEDGER_FILE)
+        storage.restore(spec.campaign.storage, directory.path)
+    directory.path.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(directory.path / LEDGER_FILE)  # the driver's own, made on the first run
     try:
         if not force and (holder := ledger.live_driver(driver_alive)) is not None:
             raise CampaignHeld(holder)
@@ -214,7 +216,7 @@ def open_campaign(spec: CampaignSpec, output_dir: Path, force: bool = False,
     return plan, ledger
 
 
-def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, retry_failed: bool = False,
+def run_campaign(spec: CampaignSpec, directory: CampaignDir, *, force: bool = False, retry_failed: bool = False,
                  on_event: EventSink | None = None, accept_changes: bool = False,
                  finish: Callable[[CampaignDir], object] | None = None) -> RunSummary:
     """Run every pending point of a campaign on the connected Ray cluster. Resumes from the ledger;
@@ -223,6 +225,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     `finish`: what the caller writes into the output dir when the run ends (the faces pass the results table's
     `raysweep.results.table.write_results`), called before the storage mirror's last copy so that it goes
     there too; the faces write it again after the run either way."""
+    output_dir = directory.path
     emit = on_event or (lambda kind, **data: None)
     mirror = storage.Mirror(spec.campaign.storage, output_dir) if spec.campaign.storage else None
     if mirror is not None:
@@ -230,7 +233,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
     tracker = hooks.tracking().LiveTracker(spec.campaign, output_dir) if spec.campaign.tracking is not None else None
     if tracker is not None:  # tracking: each point logged as it lands
         emit = tracker.sink(emit)
-    plan, ledger = open_campaign(spec, output_dir, force=force, accept_changes=accept_changes)
+    plan, ledger = open_campaign(spec, directory, force=force, accept_changes=accept_changes)
     progress = Progress(spec.campaign.name, ledger.counts)  # Ray's metrics: the cluster's Prometheus sees it
     emit = progress.sink(emit)
     try:
@@ -263,8 +266,7 @@ def run_campaign(spec: CampaignSpec, output_dir: Path, *, force: bool = False, r
             tracker.close()
         if mirror is not None:
             if finish is not None:
-                with CampaignDir(output_dir) as directory:
-                    finish(directory)
+                finish(directory)
             mirror.close()
 
 

@@ -14,8 +14,6 @@ May import: the stage-free rooms only. Knows nothing of Ray or HTTP.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from raysweep.ledger.campaign import CampaignLedger
 from raysweep.ledger.decisions import DecisionLedger
 from raysweep.ledger.drivers import DriverLedger
@@ -24,26 +22,8 @@ from raysweep.ledger.rows import CampaignHeld, PointRow, PointState, ServerRow, 
 from raysweep.ledger.servers import ServerLedger
 from raysweep.ledger.store import LEDGER_FILE
 
-__all__ = ["CampaignHeld", "Ledger", "PointRow", "PointState", "ServerRow", "SyncReport", "LEDGER_FILE",
-           "plan_finished", "plan_points"]
+__all__ = ["CampaignHeld", "Ledger", "PointRow", "PointState", "ServerRow", "SyncReport", "LEDGER_FILE"]
 
 
 class Ledger(CampaignLedger, DriverLedger, PointLedger, ServerLedger, DecisionLedger):
     """The SQLite ledger of one output directory. Thread-safe; every write is one transaction."""
-
-
-def plan_finished(output_dir: str | Path) -> tuple[int, float] | None:
-    """`Ledger.finished` of an output dir's plan (done points, last end), read and closed again; None where the
-    dir holds no ledger."""
-    if not (Path(output_dir) / LEDGER_FILE).is_file():
-        return None
-    with Ledger.open_existing(output_dir) as ledger:
-        return ledger.finished()
-
-
-def plan_points(output_dir: str | Path) -> list[PointRow] | None:
-    """The points of an output dir's plan, read and closed again; None where the dir holds no ledger."""
-    if not (Path(output_dir) / LEDGER_FILE).is_file():
-        return None
-    with Ledger.open_existing(output_dir) as ledger:
-        return ledger.points()
