@@ -355,7 +355,7 @@ def test_an_unreachable_mirror_loses_nothing_and_catches_up_when_it_is_back(tmp_
     Ledger(out / "ledger.sqlite").close()
     blocked = tmp_path / "mirror"
     blocked.write_text("a file where the mirror's directory should be: every copy fails")
-    mirror = storage.Mirror(f"file://{blocked}/camp", out)
+    mirror = storage.Mirror(f"file://{blocked}/camp", CampaignDir(out))
     for i in range(3):
         (out / "points").mkdir(exist_ok=True)
         (out / "points" / f"run={i}.json").write_text(str(i))

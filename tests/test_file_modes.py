@@ -14,6 +14,7 @@ from test_plots import build_output_dir
 
 from raysweep.cli import main
 from raysweep.record import storage
+from raysweep.record.directory import CampaignDir
 from raysweep.record.files import file_mode, write_json_atomic
 from raysweep.record.runs import write_samples
 
@@ -61,7 +62,7 @@ def test_every_file_raysweep_writes_follows_the_umask(tmp_path, umask, monkeypat
     assert not wrong, f"not {oct(want)}: {wrong}"
     # the storage mirror, and a mirrored campaign read back
     mirror = tmp_path / "mirror"
-    assert storage.Mirror(mirror.as_uri(), out).close()
+    assert storage.Mirror(mirror.as_uri(), CampaignDir(out)).close()
     assert modes(mirror) and set(modes(mirror).values()) == {want}
     back = storage.fetch(mirror.as_uri(), tmp_path / "back")
     assert set(modes(back).values()) == {want}

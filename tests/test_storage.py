@@ -16,6 +16,7 @@ from raysweep.cli import main
 from raysweep.errors import CampaignError, UserError
 from raysweep.ledger import LEDGER_FILE, Ledger
 from raysweep.record import storage
+from raysweep.record.directory import CampaignDir
 
 
 def _ledger_with_points(out: Path, n: int) -> Ledger:
@@ -42,7 +43,7 @@ def test_mirror_copies_a_live_ledger_as_a_consistent_snapshot_and_changed_files_
         (out / "points").mkdir()
         (out / "points" / "p0.json").write_text('{"x": 1}')
         led.mark_done("p0", "points/p0.json")
-        m = storage.Mirror(mirror_dir.as_uri(), out)
+        m = storage.Mirror(mirror_dir.as_uri(), CampaignDir(out))
         assert m.sync()
         # the copy is a database of its own (no -wal beside it) with the finished point in it
         assert not (mirror_dir / f"{LEDGER_FILE}-wal").exists()
@@ -67,7 +68,7 @@ def test_requests_are_folded_and_close_makes_the_last_copy(tmp_path):
     out.mkdir()
     led = _ledger_with_points(out, 3)
     led.close()
-    m = storage.Mirror(mirror_dir.as_uri(), out)
+    m = storage.Mirror(mirror_dir.as_uri(), CampaignDir(out))
     entered, gate, copies = threading.Event(), threading.Event(), []
     real = m._sync
 
@@ -100,7 +101,7 @@ def test_a_failing_mirror_warns_and_never_raises(tmp_path, caplog):
     (out / "f.txt").write_text("x")
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the mirror's directory should be")
-    m = storage.Mirror(blocker.as_uri(), out)
+    m = storage.Mirror(blocker.as_uri(), CampaignDir(out))
     assert m.sync() is False
     assert "could not mirror" in caplog.text
 
@@ -110,7 +111,7 @@ def test_fetch_restore_and_results_from_a_uri(tmp_path):
     out.mkdir()
     led = _ledger_with_points(out, 2)
     led.close()
-    storage.Mirror(mirror_dir.as_uri(), out).sync()
+    storage.Mirror(mirror_dir.as_uri(), CampaignDir(out)).sync()
 
     local = storage.resolve_output(mirror_dir.as_uri(), tmp_path / "copy")
     assert (local / LEDGER_FILE).is_file()
@@ -120,10 +121,10 @@ def test_fetch_restore_and_results_from_a_uri(tmp_path):
     assert "pending" in r.output
 
     fresh = tmp_path / "fresh"
-    assert storage.restore(mirror_dir.as_uri(), fresh) is True
+    assert storage.restore(mirror_dir.as_uri(), CampaignDir(fresh)) is True
     assert (fresh / LEDGER_FILE).is_file()
-    assert storage.restore(mirror_dir.as_uri(), fresh) is False  # a ledger is there: it is the truth
-    assert storage.restore((tmp_path / "nothing").as_uri(), tmp_path / "x") is False
+    assert storage.restore(mirror_dir.as_uri(), CampaignDir(fresh)) is False  # a ledger is there: it is the truth
+    assert storage.restore((tmp_path / "nothing").as_uri(), CampaignDir(tmp_path / "x")) is False
 
 
 def test_bad_uris_are_refused_with_what_is_accepted(tmp_path):

@@ -93,7 +93,7 @@ def test_live_tracker_logs_each_point_as_it_lands_and_everything_at_the_end(grow
     out, _ = grown
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     campaign = SimpleNamespace(name="camp", tracking=SimpleNamespace(backend="mlflow", uri=uri, experiment=None))
-    tracker = tracking.LiveTracker(campaign, out)
+    tracker = tracking.LiveTracker(campaign, CampaignDir(out))
     seen: list[str] = []
     sink = tracker.sink(lambda kind, **data: seen.append(kind))
     point = SimpleNamespace(serve=SimpleNamespace(id="s8"), bench=SimpleNamespace(id="b2"))

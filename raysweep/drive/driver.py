@@ -193,7 +193,7 @@ def open_campaign(spec: CampaignSpec, directory: CampaignDir, force: bool = Fals
     check_data_files(spec)
     plan = build_plan(spec)
     if spec.campaign.storage:
-        storage.restore(spec.campaign.storage, directory.path)
+        storage.restore(spec.campaign.storage, directory)
     directory.path.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(directory.path / LEDGER_FILE)  # the driver's own, made on the first run
     try:
@@ -227,10 +227,10 @@ def run_campaign(spec: CampaignSpec, directory: CampaignDir, *, force: bool = Fa
     there too; the faces write it again after the run either way."""
     output_dir = directory.path
     emit = on_event or (lambda kind, **data: None)
-    mirror = storage.Mirror(spec.campaign.storage, output_dir) if spec.campaign.storage else None
+    mirror = storage.Mirror(spec.campaign.storage, directory) if spec.campaign.storage else None
     if mirror is not None:
         emit = _mirrored(emit, mirror)
-    tracker = hooks.tracking().LiveTracker(spec.campaign, output_dir) if spec.campaign.tracking is not None else None
+    tracker = hooks.tracking().LiveTracker(spec.campaign, directory) if spec.campaign.tracking is not None else None
     if tracker is not None:  # tracking: each point logged as it lands
         emit = tracker.sink(emit)
     plan, ledger = open_campaign(spec, directory, force=force, accept_changes=accept_changes)

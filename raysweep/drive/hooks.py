@@ -10,7 +10,7 @@ imports the part when a run first asks for it (registering costs nothing: the CL
 - `offline` (`raysweep.offline` lends `offline.points.OfflinePoints`): a configuration's offline points, `.run(run)`;
 - `tune` (`raysweep.tune`): `tune:`'s `restore_plan`, `TuneWork` and `TunedCluster`;
 - `tracking` (`raysweep.modes` lends `report.tracking`): `tracking:`'s `check(campaign)` before the run and its
-  `LiveTracker(campaign, output_dir)` during it;
+  `LiveTracker(campaign, directory)` during it;
 - `winners` (`raysweep.modes` lends `results.data.winner_pairs`): `confirm:`'s leaders and runners-up, as the
   conclusions name them.
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from raysweep.drive.state import EventSink, RunState
     from raysweep.ledger import Ledger, PointRow
     from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
+    from raysweep.record.directory import CampaignDir
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
 __all__ = ["LOADERS", "Levels", "Tracking", "Tune", "levels", "offline_points", "register", "sla_searches", "tracking",
@@ -90,7 +91,7 @@ class Tracking(Protocol):
     """Live export of the points as they land (`tracking:`)."""
 
     def check(self, campaign: Any) -> None: ...
-    def LiveTracker(self, campaign: Any, output_dir: Path) -> Any: ...
+    def LiveTracker(self, campaign: Any, directory: CampaignDir) -> Any: ...
 
 
 def levels() -> Levels:

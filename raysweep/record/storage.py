@@ -21,10 +21,13 @@ import sqlite3
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.errors import UserError
 from raysweep.ledger import LEDGER_FILE
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["Mirror", "fetch", "is_uri", "resolve_output", "restore"]
 
@@ -49,13 +52,13 @@ def _filesystem(uri: str, field: str = "storage") -> tuple[Any, str]:
 
 
 class Mirror:
-    """Copies `output_dir` to `uri`. `request()` asks for a copy and returns at once: a background thread
+    """Copies a campaign's directory to `uri`. `request()` asks for a copy and returns at once: a background thread
     copies what changed, folding requests that arrive meanwhile into one, so a slow store never delays a
     point. `close()` makes a last copy and waits for it."""
 
-    def __init__(self, uri: str, output_dir: str | Path) -> None:
+    def __init__(self, uri: str, directory: CampaignDir) -> None:
         self.uri = uri
-        self.output_dir = Path(output_dir)
+        self.output_dir = directory.path
         self.fs, self.base = _filesystem(uri)
         self._seen: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
@@ -167,10 +170,10 @@ def fetch(uri: str, dest: str | Path) -> Path:
     return dest
 
 
-def restore(uri: str, output_dir: str | Path) -> bool:
+def restore(uri: str, directory: CampaignDir) -> bool:
     """Before a campaign starts: an output dir without a ledger takes the mirrored one, if there is one (a job
     submitted again on a cluster whose disks were replaced resumes from its mirror). False when none."""
-    output_dir = Path(output_dir)
+    output_dir = directory.path
     if (output_dir / LEDGER_FILE).is_file():
         return False
     from pyarrow import fs

@@ -14,15 +14,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysweep.drive.state import EventSink
 from raysweep.errors import CampaignError, UserError
-from raysweep.record.directory import CampaignDir
 
 if TYPE_CHECKING:
     from raysweep.campaign.models import Campaign, TrackingSpec
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["LiveTracker", "check"]
 
@@ -62,11 +61,11 @@ def check(campaign: Campaign) -> None:
 class LiveTracker:
     """Logs a running campaign's points as they land, and everything at the end (see the module docstring)."""
 
-    def __init__(self, campaign: Campaign, output_dir: Path) -> None:
+    def __init__(self, campaign: Campaign, directory: CampaignDir) -> None:
         assert campaign.tracking is not None  # made only for a campaign with `tracking:`
         self.spec: TrackingSpec = campaign.tracking
         self.name = campaign.name
-        self.output_dir = Path(output_dir)
+        self.directory = directory
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="tracking", daemon=True)
         self._thread.start()
@@ -106,14 +105,13 @@ class LiveTracker:
         from raysweep.report import export
 
         try:
-            with CampaignDir(self.output_dir) as directory:
-                campaign = export.export_points(directory, report=final, only=keys, artifacts=final)
+            campaign = export.export_points(self.directory, report=final, only=keys, artifacts=final)
             if self.spec.backend == "mlflow":
                 assert self.spec.uri is not None  # the campaign's model refuses mlflow without a uri
                 export.export_mlflow(campaign, self.spec.uri, _experiment(self.spec, self.name), with_artifacts=final)
             else:
                 export.export_wandb(campaign, self.spec.project or self.name, self.spec.entity, mode=self.spec.mode,
-                                    directory=self.output_dir, with_artifacts=final)
+                                    directory=self.directory.path, with_artifacts=final)
             self.logged += len(campaign.points)
         except Exception as exc:
             self.errors.append(f"{type(exc).__name__}: {exc}")
