@@ -449,3 +449,31 @@ def test_connections_opening_a_new_ledger_at_once_all_succeed(tmp_path):
         for t in threads:
             t.join()
         assert not errors, errors
+
+
+def test_a_campaign_dir_opens_its_ledger_once_reads_its_records_and_closes_it(ledger, tmp_path):
+    from raysweep.record.directory import CampaignDir
+
+    sync(ledger, pts("p1", "p2"))
+    ledger.mark_running("p1", "srv-1")
+    (tmp_path / "points").mkdir()
+    (tmp_path / "points" / "p1.json").write_text('{"point_id": "p1", "output_throughput": 12.5}')
+    ledger.mark_done("p1", "points/p1.json")
+    with CampaignDir(tmp_path) as directory:
+        opened = directory.ledger
+        assert directory.ledger is opened                       # opened once
+        assert directory.records() == [{"point_id": "p1", "output_throughput": 12.5}]  # done points only
+    with pytest.raises(sqlite3.ProgrammingError):
+        opened.points()                                         # closed with the directory
+    dropped = CampaignDir(tmp_path).ledger                      # one dropped unclosed closes its ledger too
+    with pytest.raises(sqlite3.ProgrammingError):
+        dropped.points()
+
+
+def test_a_campaign_dir_without_a_ledger_says_so_and_creates_nothing(tmp_path):
+    from raysweep.record.directory import CampaignDir
+
+    with pytest.raises(LedgerError) as exc:
+        CampaignDir(tmp_path).check()
+    assert LEDGER_FILE in str(exc.value)
+    assert list(tmp_path.iterdir()) == []

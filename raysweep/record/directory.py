@@ -3,8 +3,8 @@ the Python API) read it through: where it is by default (`default_path`: the one
 `results/NAME`), its ledger (opened once, on first use) and its records (one per finished run, as the run wrote
 it). What is worked out of them sits with the results, which take a `CampaignDir`: its summary
 (`raysweep.results.aggregate.summary_table`) and where it stands (`raysweep.results.status.status_document`:
-what `raysweep status --json` prints and `raysweep.load(...).status()` returns). Reading never writes into the
-directory.
+what `raysweep status --json` prints and `raysweep.load(...).status()` returns). Reading through it never
+writes into the directory; the run writes through the ledger it makes there (`raysweep.drive.driver`).
 """
 
 from __future__ import annotations
