@@ -43,7 +43,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,10 @@ from raysweep.results import aggregate, pd_arms, pd_regions
 from raysweep.results.front import gpu_counts, pareto, pareto_front
 from raysweep.results.labels import axis_label, fmt_value, sort_key
 from raysweep.results.rows import SLA_COLUMNS, load_linked, load_variable
+
+if TYPE_CHECKING:
+    from raysweep.maths.confirmation import Confirmation
+    from raysweep.results.answer import Answer
 
 __all__ = [
     "CHEAPEST_METRICS",
@@ -182,7 +186,7 @@ class ShapeVerdict:
     against: verdicts.Verdict | None = None  # the leader against the runner-up (the model), the lead with its interval
     all_flagged: bool = False    # every configuration's runs failed a check: no leader is named
     nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
-    confirmation: Any = None  # raysweep.maths.confirmation.Confirmation: the leader and runner-up measured again, fresh
+    confirmation: Confirmation | None = None  # the leader and runner-up measured again, fresh
     selection: str = ""       # with a confirmation, what the sweep's own test said (the verdict is the confirmation's)
     cheapest_tied: list[str] = field(default_factory=list)  # configs not shown to cost more (Welch's t, Holm)
 
@@ -216,7 +220,7 @@ class Conclusions:
     # whether the deployments differ only where declared, and any that prefilled requests again (`pd_arms`)
     arms: list[str] = field(default_factory=list)
     failed_points: int = 0        # points of the campaign that failed (no record: in no ranking), as `status` counts
-    _answer: Any = None
+    _answer: Answer | None = None
 
     @property
     def answer(self) -> Any:
@@ -658,7 +662,7 @@ def _cheapest_at_pass(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFr
 
 # -- text ------------------------------------------------------------------------------------------------
 
-def level_of(row: Any, prefix: str = "objective") -> float:
+def level_of(row: pd.Series, prefix: str = "objective") -> float:
     """The real level of a point's interval of `prefix` (the objective by default): its own where the summary
     gives one (`M_ci_level`: `bench.precision` reports its metric at a raised level), else the summary's."""
     for key in (f"{prefix}_ci_level", "ci_level"):
