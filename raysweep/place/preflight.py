@@ -137,7 +137,7 @@ def run_command(argv: list[str] | tuple[str, ...], timeout_s: float) -> dict[str
             "error": ""}
 
 
-def torch_build(locations: Any) -> dict[str, Any] | None:
+def torch_build(locations: list[str] | None) -> dict[str, Any] | None:
     """torch's version and its CUDA and HIP versions from its `version.py`, read without importing torch
     (`locations`: its package directories); None when that file cannot be read."""
     import ast

@@ -314,7 +314,7 @@ def probe_bench(spec: CampaignSpec, base: BenchPoint, value: float) -> BenchPoin
     sla = spec.campaign.sla
     assert sla is not None
     if math.isinf(value):
-        setting: Any = None if sla.variable == CONCURRENCY else "inf"
+        setting: int | float | str | None = None if sla.variable == CONCURRENCY else "inf"
     else:
         setting = int(value) if sla.variable == CONCURRENCY else float(value)
     params = {**base.params, sla.variable: setting}
@@ -421,7 +421,7 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
                                                          or c.bench.cpu_affinity is not None):
         from raysweep.procs import cpu_set, cpu_text
 
-        def cpus(v: Any) -> str:
+        def cpus(v: list[int] | str | None) -> str:
             return "any" if v is None else cpu_text(cpu_set(v) or ())
 
         lines += ["", f"CPU affinity: server on CPU(s) {cpus(c.serve.cpu_affinity)}, client actors on CPU(s) "
