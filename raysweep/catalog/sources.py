@@ -302,13 +302,13 @@ def _read_vllm(path: Path) -> Source:
     return Source(cid, name, VLLM, str(path.resolve()), signature, True, fields.frame(rows))
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
 
 
-def _vllm_date(value: Any) -> float:
+def _vllm_date(value: object) -> float:
     """vLLM's `date` ("20250101-120000") as seconds since the epoch; NaN when absent."""
     import datetime
 
