@@ -60,7 +60,7 @@ class Item:
     fix: str = ""     # what to do, when it did not pass
 
 
-def _gpu_set(value: Any) -> set[str]:
+def _gpu_set(value: object) -> set[str]:
     return {g.strip() for g in str(value or "").split(",") if g.strip()}
 
 

@@ -761,7 +761,7 @@ def left_out_reasons(runs: pd.DataFrame) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
-def check_names(issues: Any) -> list[str]:
+def check_names(issues: object) -> list[str]:
     """The names of the checks in a run's `validity_issues` (`shared CPUs; not steady (slope +3 %/s)` gives
     `shared CPUs`, `not steady`)."""
     if not isinstance(issues, str) or not issues.strip():

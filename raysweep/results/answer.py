@@ -113,7 +113,7 @@ class Answer:
         return _clean(asdict(self))
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> Any:
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -132,7 +132,7 @@ def _num(value: Any) -> float:
         return math.nan
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     v = _num(value)
     return int(v) if math.isfinite(v) else 0
 
@@ -145,7 +145,7 @@ def _n(value: float) -> str:
     return f"{value:,.{digits}f}"
 
 
-def number(value: Any) -> str:
+def number(value: object) -> str:
     """A measured value as every answer words it: `2,410`, `12.50` (4 significant digits, thousands separated)."""
     return _n(_num(value))
 
