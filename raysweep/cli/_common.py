@@ -266,7 +266,7 @@ def _pad(text: str, width: int) -> str:
     return text + " " * (width - cell_len(text))
 
 
-def _plain(cell: Any) -> str | None:
+def _plain(cell: object) -> str | None:
     """A cell's text as rich shows it (markup and emoji codes rendered), or None when it is anything but a
     string or a plain Text of printable characters."""
     from rich.text import Text
