@@ -380,7 +380,7 @@ class NativeClient:
                 "affinity": sorted(os.sched_getaffinity(0)), "nice_failure": self._nice_failure}
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     return int(value) if isinstance(value, (int, float)) else -1
 
 

@@ -440,7 +440,7 @@ def _ibv_text(ibv: Mapping[str, Any]) -> str:
                      for h in ibv["hcas"]) or "no HCA"
 
 
-def finding_text(value: Any, field_name: str) -> str:
+def finding_text(value: object, field_name: str) -> str:
     if value is None and field_name.startswith("env:"):
         return "unset"
     return "-" if value is None else str(value)

@@ -199,7 +199,7 @@ def _pin_matches(when: dict[str, Any], params: dict[str, Any]) -> bool:
     return all(grid.normalize_key(k) in norm and _same(norm[grid.normalize_key(k)], v) for k, v in when.items())
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     return a == b or str(a) == str(b)
 
 
