@@ -147,7 +147,7 @@ def expanded_variables(stored: dict[str, Any], env: dict[str, str]) -> dict[str,
     (HF_TOKEN, ..._API_KEY) is left out, as are references in a secret's place (masked in the stored form)."""
     names: dict[str, None] = {}
 
-    def walk(value: Any) -> None:
+    def walk(value: object) -> None:
         if isinstance(value, dict):
             for v in value.values():
                 walk(v)
