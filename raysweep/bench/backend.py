@@ -10,12 +10,9 @@ client (their command runs in the configuration's host actors, `raysweep.bench.o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from raysweep.registry import Registry
-
-if TYPE_CHECKING:
-    from raysweep.campaign import BenchSpec
 
 __all__ = ["BACKENDS", "BenchBackend", "BenchJob", "backend_for", "register_backend"]
 
@@ -51,7 +48,7 @@ def register_backend(name: str) -> Callable[[Factory], Factory]:
 
 
 @register_backend("native")
-def _native(bench: BenchSpec, env: dict[str, str], cpu_ids: list[int] | None) -> BenchBackend:
+def _native(bench: Any, env: dict[str, str], cpu_ids: list[int] | None) -> BenchBackend:
     from raysweep.bench.native import NativeBench
 
     return NativeBench(clients=bench.clients, max_clients=bench.max_clients, cpus=bench.client_cpus,
@@ -61,7 +58,7 @@ def _native(bench: BenchSpec, env: dict[str, str], cpu_ids: list[int] | None) ->
 
 
 @register_backend("command")
-def _command(bench: BenchSpec, env: dict[str, str], cpu_ids: list[int] | None) -> BenchBackend:
+def _command(bench: Any, env: dict[str, str], cpu_ids: list[int] | None) -> BenchBackend:
     from raysweep.bench.command import CommandBench
 
     return CommandBench(env, bench.timeout_s, cpu_ids)
