@@ -4,7 +4,7 @@ measured durations, servers, transport, validity, failures), once or followed wi
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -12,9 +12,6 @@ from rich.table import Table
 
 from raysweep.cli._common import _say, main, out, print_table
 from raysweep.cli.jsonout import json_option, print_json
-
-if TYPE_CHECKING:
-    from raysweep.ledger import Ledger
 
 
 @main.command()
@@ -217,7 +214,7 @@ def _progress(output_dir: str, points: list[Any], running: set[str]) -> None:
          else f"ETA: after the first point is done ({len(left_runs)} run(s) left)")
 
 
-def _precision_facts(ledger: Ledger, stored: dict[str, Any]) -> tuple[list[Any], list[Any], dict[str, int]] | None:
+def _precision_facts(ledger: Any, stored: dict[str, Any]) -> tuple[list[Any], list[Any], dict[str, int]] | None:
     """bench.precision's rows, the points and the counts (`precision_counts`); None without bench.precision."""
     if not (stored.get("bench") or {}).get("precision"):
         return None

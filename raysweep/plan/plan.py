@@ -314,7 +314,7 @@ def probe_bench(spec: CampaignSpec, base: BenchPoint, value: float) -> BenchPoin
     sla = spec.campaign.sla
     assert sla is not None
     if math.isinf(value):
-        setting: int | float | str | None = None if sla.variable == CONCURRENCY else "inf"
+        setting: Any = None if sla.variable == CONCURRENCY else "inf"
     else:
         setting = int(value) if sla.variable == CONCURRENCY else float(value)
     params = {**base.params, sla.variable: setting}

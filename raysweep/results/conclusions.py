@@ -58,7 +58,6 @@ from raysweep.results.labels import axis_label, fmt_value, sort_key
 from raysweep.results.rows import SLA_COLUMNS, load_linked, load_variable
 
 if TYPE_CHECKING:
-    from raysweep.maths.confirmation import Confirmation
     from raysweep.results.answer import Answer
 
 __all__ = [
@@ -186,7 +185,7 @@ class ShapeVerdict:
     against: verdicts.Verdict | None = None  # the leader against the runner-up (the model), the lead with its interval
     all_flagged: bool = False    # every configuration's runs failed a check: no leader is named
     nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
-    confirmation: Confirmation | None = None  # the leader and runner-up measured again, fresh
+    confirmation: Any = None  # raysweep.maths.confirmation.Confirmation: the leader and runner-up measured again, fresh
     selection: str = ""       # with a confirmation, what the sweep's own test said (the verdict is the confirmation's)
     cheapest_tied: list[str] = field(default_factory=list)  # configs not shown to cost more (Welch's t, Holm)
 

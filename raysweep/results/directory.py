@@ -17,8 +17,6 @@ from raysweep.ledger import Ledger, PointState
 if TYPE_CHECKING:
     import pandas as pd
 
-    from raysweep.campaign.loading import CampaignSpec
-
 __all__ = ["DEFAULT_ROOT", "CampaignDir", "default_path"]
 
 DEFAULT_ROOT = "results"  # a campaign without `output_dir:` or --output-dir writes under results/NAME
@@ -39,7 +37,7 @@ class CampaignDir:
         self._ledger: Ledger | None = None
 
     @classmethod
-    def of(cls, spec: CampaignSpec, given: str | Path | None = None) -> CampaignDir:
+    def of(cls, spec: Any, given: str | Path | None = None) -> CampaignDir:
         """The directory of a loaded campaign (`CampaignSpec`), `given` overriding where it is."""
         return cls(default_path(spec.campaign.name, given, spec.campaign.output_dir))
 
