@@ -23,20 +23,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from raysweep.registry import Registry
 
 if TYPE_CHECKING:
-    from raysweep.drive.point import PointRunner
-    from raysweep.drive.state import EventSink, RunState
+    from raysweep.campaign import Campaign
     from raysweep.ledger import Ledger, PointRow
+    from raysweep.place.scheduler import Cluster
     from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
     from raysweep.record.directory import CampaignDir
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
-__all__ = ["LOADERS", "Levels", "Tracking", "Tune", "levels", "offline_points", "register", "sla_searches", "tracking",
-           "tune", "winners"]
+__all__ = ["LOADERS", "Levels", "Points", "Tracker", "Tracking", "Tune", "Work", "levels", "offline_points", "register",
+           "sla_searches", "tracking", "tune", "winners"]
 
 LOADERS: Registry[Callable[[], Any]] = Registry(
     "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
@@ -56,14 +56,41 @@ def _part(name: str) -> Any:
     return _LOADED[name]
 
 
+class Work(Protocol):
+    """What the parts read of a run's shared state (`raysweep.drive.state.RunState` is one; named here, not
+    imported, so that the state, which asks this module for the parts, is not imported back)."""
+
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def c(self) -> Campaign: ...
+    @property
+    def emit(self) -> Callable[..., None]: ...
+
+
+W = TypeVar("W", bound=Work)
+
+
+class Points(Protocol):
+    """What the parts call of the run's points (`raysweep.drive.point.PointRunner` is it; named here, as `Work`)."""
+
+    def reset(self, run: ConfigRun, server: Server) -> str: ...
+    def run(self, run: ConfigRun, server: Server, point: PointRun, reset: str, attempt: int | None = None) -> bool: ...
+    def abandon(self, point: PointRun, why: str, attempt: int) -> None: ...
+    def finish(self, run: ConfigRun, server: Server, point: PointRun, result: dict[str, Any], attempt: int,
+               started: float, reset: str, out: dict[str, Any]) -> None: ...
+
+
 class Levels(Protocol):
     """`bench.workload`'s load levels, decided while the campaign runs (`raysweep.levels.search`)."""
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> int: ...
-    def settle_all(self, work: RunState) -> int: ...
-    def settle(self, work: RunState, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]: ...
-    def pending(self, work: RunState, serve_id: str) -> list[PointRow]: ...
-    def search_probes(self, work: RunState, serve_id: str, base_id: str) -> dict[float, list[str]]: ...
+    def settle_all(self, work: Work) -> int: ...
+    def settle(self, work: Work, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]: ...
+    def pending(self, work: Work, serve_id: str) -> list[PointRow]: ...
+    def search_probes(self, work: Work, serve_id: str, base_id: str) -> dict[float, list[str]]: ...
 
 
 class ServerPart(Protocol):
@@ -78,35 +105,43 @@ class OfflinePart(Protocol):
     def run(self, run: ConfigRun) -> str: ...
 
 
-class Tune(Protocol):
-    """Tuning: the candidates as the scheduler's work, and its cluster seen through them (`raysweep.tune`)."""
+class Tune(Protocol[W]):
+    """Tuning: the candidates as the scheduler's work, and its cluster seen through them (`raysweep.tune`); the
+    driver names the work it makes (`Tune[RunState]`)."""
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> None: ...
-    def TuneWork(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink,
-                 with_gpus: bool) -> RunState: ...
-    def TunedCluster(self, inner: Any, work: Any) -> Any: ...
+    def TuneWork(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: Callable[..., None],
+                 with_gpus: bool) -> W: ...
+    def TunedCluster(self, inner: Cluster, work: W) -> Cluster: ...
+
+
+class Tracker(Protocol):
+    """A live tracker: it wraps the run's event sink, and is closed at the end."""
+
+    def sink(self, emit: Callable[..., None]) -> Callable[..., None]: ...
+    def close(self) -> None: ...
 
 
 class Tracking(Protocol):
     """Live export of the points as they land (`tracking:`)."""
 
-    def check(self, campaign: Any) -> None: ...
-    def LiveTracker(self, campaign: Any, directory: CampaignDir) -> Any: ...
+    def check(self, campaign: Campaign) -> None: ...
+    def LiveTracker(self, campaign: Campaign, directory: CampaignDir) -> Tracker: ...
 
 
 def levels() -> Levels:
     return _part("levels")
 
 
-def sla_searches() -> Callable[[RunState, PointRunner], ServerPart]:
+def sla_searches() -> Callable[[Work, Points], ServerPart]:
     return _part("sla")
 
 
-def offline_points() -> Callable[[RunState, Servers, PointRunner], OfflinePart]:
+def offline_points() -> Callable[[Work, Servers, Points], OfflinePart]:
     return _part("offline")
 
 
-def tune() -> Tune:
+def tune() -> Tune[Any]:
     return _part("tune")
 
 
