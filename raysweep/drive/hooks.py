@@ -1,8 +1,9 @@
 """What the rooms above the run lend it: the optional modes' parts, live tracking, the winner to confirm.
 
-The run stage (`drive`) sits below the modes (`tune`, `sla`, `levels`, `offline`), the results and the report,
-and imports none of them. The parts of them a run calls are registered here by name, each as a loader that
-imports the part when a run first asks for it (registering costs nothing: the CLI starts without Ray or Optuna):
+The run stage (`drive`) sits below the modes (`tune`, `sla`, `levels`, `offline`, `confirm`), the results and
+the report, and imports none of them. The parts of them a run calls are registered here by name, each as a loader
+that imports the part when a run first asks for it (registering costs nothing: the CLI starts without Ray or
+Optuna):
 
 - `levels` (`raysweep.levels` lends `levels.search`): `bench.workload`'s `restore_plan`, `settle_all`, `settle`
   after each point, `pending` and `search_probes`;
@@ -11,8 +12,10 @@ imports the part when a run first asks for it (registering costs nothing: the CL
 - `tune` (`raysweep.tune`): `tune:`'s `restore_plan`, `TuneWork` and `TunedCluster`;
 - `tracking` (`raysweep.modes` lends `report.tracking`): `tracking:`'s `check(campaign)` before the run and its
   `LiveTracker(campaign, output_dir)` during it;
-- `winners` (`raysweep.modes` lends `results.data.winner_pairs`): `confirm:`'s leaders and runners-up, as the
-  conclusions name them.
+- `confirmation` (`raysweep.confirm` lends `confirm.runs`): `confirm:`'s `restore_plan` (the runs an earlier
+  driver chose) and `run_after` (the leaders and runners-up measured again after the sweep);
+- `confirmed` (`raysweep.confirm` lends `confirm.conclusions.confirmed`): a shape's verdict from the confirmation's
+  fresh runs, for the conclusions (`results`, above the run and below the modes, asks for it here too).
 
 A mode's package registers its parts when it is imported; `raysweep.modes`, which both faces (`cli`, `api`)
 import, imports every mode and registers the rest. A run that asks for a part nobody registered stops with a
@@ -28,14 +31,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 from raysweep.registry import Registry
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from raysweep.drive.point import PointRunner
     from raysweep.drive.state import EventSink, RunState
     from raysweep.ledger import Ledger, PointRow
     from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
+    from raysweep.results.conclusions import Objective, ShapeVerdict
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
-__all__ = ["LOADERS", "Levels", "Tracking", "Tune", "levels", "offline_points", "register", "sla_searches", "tracking",
-           "tune", "winners"]
+__all__ = ["LOADERS", "Confirmation", "Levels", "Tracking", "Tune", "confirmation", "confirmed", "levels",
+           "offline_points", "register", "sla_searches", "tracking", "tune"]
 
 LOADERS: Registry[Callable[[], Any]] = Registry(
     "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
@@ -86,6 +92,14 @@ class Tune(Protocol):
     def TunedCluster(self, inner: Any, work: Any) -> Any: ...
 
 
+class Confirmation(Protocol):
+    """The winner's confirmation after the sweep (`raysweep.confirm.runs`)."""
+
+    def restore_plan(self, plan: Plan, ledger: Ledger) -> int: ...
+    def run_after(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool,
+                  run_work: Callable[[RunState], str | None]) -> str | None: ...
+
+
 class Tracking(Protocol):
     """Live export of the points as they land (`tracking:`)."""
 
@@ -113,5 +127,9 @@ def tracking() -> Tracking:
     return _part("tracking")
 
 
-def winners() -> Callable[[Path, str | None], list[list[str]]]:
-    return _part("winners")
+def confirmation() -> Confirmation:
+    return _part("confirmation")
+
+
+def confirmed() -> Callable[[ShapeVerdict, pd.DataFrame, Objective, float], None]:
+    return _part("confirmed")

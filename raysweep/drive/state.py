@@ -69,7 +69,7 @@ class RunState:
 
     def mine(self, row: PointRow) -> bool:
         """Whether a ledger row is one of this work's runs: the sweep's (the winner's confirmation runs after
-        it, `raysweep.drive.confirm`)."""
+        it, `raysweep.confirm`)."""
         return row.bench_id not in self.plan.confirm_ids
 
     def design(self) -> list[Turn]:

@@ -50,6 +50,7 @@ import pandas as pd
 
 from raysweep.bench.load import CONCURRENCY
 from raysweep.campaign.slo import Target
+from raysweep.drive import hooks
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import hierarchy, verdicts
 from raysweep.results import aggregate, pd_arms, pd_regions
@@ -182,7 +183,7 @@ class ShapeVerdict:
     against: verdicts.Verdict | None = None  # the leader against the runner-up (the model), the lead with its interval
     all_flagged: bool = False    # every configuration's runs failed a check: no leader is named
     nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
-    confirmation: Any = None  # raysweep.maths.confirmation.Confirmation: the leader and runner-up measured again, fresh
+    confirmation: Any = None  # raysweep.confirm.verdict.Confirmation: the leader and runner-up measured again, fresh
     selection: str = ""       # with a confirmation, what the sweep's own test said (the verdict is the confirmation's)
     cheapest_tied: list[str] = field(default_factory=list)  # configs not shown to cost more (Welch's t, Holm)
 
@@ -262,8 +263,10 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     points, notes = _points(df, summary, obj, load or None, keys, slo)
     verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None)
                  for shape, rows in points.groupby("shape", sort=False)]
-    for v in verdicts_:
-        _confirmed(v, confirming, obj, confidence)
+    if len(confirming):  # the confirmation's fresh runs give the verdicts (raysweep.confirm lends it)
+        confirmed = hooks.confirmed()
+        for v in verdicts_:
+            confirmed(v, confirming, obj, confidence)
     fronts, front_notes = _fronts(df, points)
     single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
     deployments = pd_regions.deployment_names(df)
@@ -283,44 +286,11 @@ def gpus_declared(df: pd.DataFrame) -> bool:
 
 
 def _without_confirmation(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The sweep's runs, and the runs of the winner's confirmation (`raysweep.drive.confirm`: `phase` confirm)."""
+    """The sweep's runs, and the runs of the winner's confirmation (`raysweep.confirm`: `phase` confirm)."""
     if "phase" not in df.columns:
         return df, df.iloc[0:0]
     mask = (df["phase"] == "confirm").fillna(False).astype(bool)
     return df[~mask].reset_index(drop=True), df[mask].reset_index(drop=True)
-
-
-def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: float) -> None:
-    """A shape's verdict from the confirmation's fresh runs of its leader and runner-up, where there are
-    some: the lead, the test and `clear` are the confirmation's; the sweep's own test is kept in words."""
-    from raysweep.maths.confirmation import confirmed_verdict
-
-    if v.runner_up is None or not len(runs) or "confirms_bench_id" not in runs.columns:
-        return
-    kept = ~aggregate.left_out_mask(runs)
-
-    def arm(row: pd.Series) -> tuple[list[float], list[str]]:
-        of_it = (runs["serve_id"] == row["serve_id"]) & (runs["confirms_bench_id"] == row["bench_id"])
-        # its runs that passed their checks; when none did, all of them, as the sweep's aggregates do
-        mine = runs[of_it & kept] if (of_it & kept).any() else runs[of_it]
-        metric, per_gpu = obj.metric, obj.per_gpu
-        if metric not in mine.columns and metric.endswith(_PER_GPU):  # aggregated per GPU, recorded per server
-            metric, per_gpu = metric[: -len(_PER_GPU)], True
-        values = pd.to_numeric(mine.get(metric, pd.Series(dtype=float)), errors="coerce")
-        if per_gpu:
-            values = values / float(row.get("gpus") or 1.0)
-        starts = (mine["server_id"].astype(str) if "server_id" in mine.columns
-                  else pd.Series("", index=mine.index))
-        return list(values.astype(float)), list(starts)
-
-    (a, sa), (b, sb) = arm(v.leader), arm(v.runner_up)
-    c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence)
-    if c is None:
-        return
-    v.selection = verdict_text(v, drift_note=False)
-    v.confirmation, v.significant, v.lead, v.p_value = c, c.significant, c.lead, c.p_value
-    v.against = c.verdict
-    v.test = f"{c.test} of the confirmation's fresh starts"
 
 
 def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
