@@ -18,12 +18,14 @@ def test_every_part_the_run_calls_is_lent_by_its_room():
     from raysweep.levels import search
     from raysweep.offline.points import OfflinePoints
     from raysweep.report import tracking
+    from raysweep.sla import book
     from raysweep.sla.probe import SlaSearches
     from raysweep.tune.candidates import restore_plan
     from raysweep.tune.work import TunedCluster, TuneWork
 
     assert hooks.levels() is search
     assert hooks.sla_searches() is SlaSearches
+    assert hooks.sla_book() is book
     assert hooks.offline_points() is OfflinePoints
     assert (hooks.tune().restore_plan, hooks.tune().TuneWork, hooks.tune().TunedCluster) == (
         restore_plan, TuneWork, TunedCluster)

@@ -8,6 +8,8 @@ Optuna):
 - `levels` (`raysweep.levels` lends `levels.search`): `bench.workload`'s `restore_plan`, `settle_all`, `settle`
   after each point, `pending` and `search_probes`;
 - `sla` (`raysweep.sla` lends `sla.probe.SlaSearches`): a configuration's SLA searches, `.run(run, server)`;
+- `sla_book` (`raysweep.sla` lends `sla.book`): the searches of a configuration still open, and closing them
+  when it is given up (`RunState.open_searches`, `.close_searches`);
 - `offline` (`raysweep.offline` lends `offline.points.OfflinePoints`): a configuration's offline points, `.run(run)`;
 - `tune` (`raysweep.tune`): `tune:`'s `restore_plan`, `TuneWork` and `TunedCluster`;
 - `tracking` (`raysweep.modes` lends `report.tracking`): `tracking:`'s `check(campaign)` before the run and its
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
 __all__ = ["LOADERS", "Confirmation", "Levels", "Tracking", "Tune", "confirmation", "confirmed", "levels",
-           "offline_points", "register", "sla_searches", "tracking", "tune"]
+           "offline_points", "register", "sla_book", "sla_searches", "tracking", "tune"]
 
 LOADERS: Registry[Callable[[], Any]] = Registry(
     "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
@@ -75,6 +77,13 @@ class ServerPart(Protocol):
     """A configuration's SLA searches against its live server."""
 
     def run(self, run: ConfigRun, server: Server) -> None: ...
+
+
+class SlaBook(Protocol):
+    """SLA search's bookkeeping in a running campaign (`raysweep.sla.book`)."""
+
+    def open_searches(self, work: RunState, serve_id: str) -> list[tuple[str, Any]]: ...
+    def close_searches(self, work: RunState, serve_id: str, state: str, note: str) -> None: ...
 
 
 class OfflinePart(Protocol):
@@ -113,6 +122,10 @@ def levels() -> Levels:
 
 def sla_searches() -> Callable[[RunState, PointRunner], ServerPart]:
     return _part("sla")
+
+
+def sla_book() -> SlaBook:
+    return _part("sla_book")
 
 
 def offline_points() -> Callable[[RunState, Servers, PointRunner], OfflinePart]:
