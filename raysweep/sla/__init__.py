@@ -1,6 +1,7 @@
 """The SLA mode: targets, their judgment over runs, the search for the largest concurrency or request rate
 that meets them (`sla.search`), its probes against a live server (`sla.probe`), and its bookkeeping in a running
-campaign (`sla.book`: the searches still open, closed when their configuration is given up).
+campaign (`sla.book`: the searches still open, closed when their configuration is given up). The report's SLA
+section is `report_section`, registered with the report when this package is imported.
 
 The run calls its searches and its bookkeeping through `raysweep.drive.hooks`, where this package lends them when
 it is imported.
@@ -10,9 +11,13 @@ A mode. May import: every stage and the stage-free rooms; never another mode.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.drive import hooks
+from raysweep.report.registry import Section, register
+
+if TYPE_CHECKING:
+    from raysweep.results.data import ReportData
 
 
 def _searches() -> Any:
@@ -27,5 +32,12 @@ def _book() -> Any:
     return book
 
 
+def _sla_section(data: ReportData) -> str | None:
+    from raysweep.sla.report_section import sla_section
+
+    return sla_section(data)
+
+
+register(Section("sla", "SLA", _sla_section, order=70))  # shown in every report: "no SLA search" without one
 hooks.register("sla", _searches)
 hooks.register("sla_book", _book)
