@@ -19,6 +19,7 @@ def test_every_part_the_run_calls_is_lent_by_its_room():
     from raysweep.offline.points import OfflinePoints
     from raysweep.report import tracking
     from raysweep.sla import book
+    from raysweep.sla.capacities import capacities
     from raysweep.sla.probe import SlaSearches
     from raysweep.tune.candidates import restore_plan
     from raysweep.tune.work import TunedCluster, TuneWork
@@ -26,6 +27,7 @@ def test_every_part_the_run_calls_is_lent_by_its_room():
     assert hooks.levels() is search
     assert hooks.sla_searches() is SlaSearches
     assert hooks.sla_book() is book
+    assert hooks.sla_capacities() is capacities
     assert hooks.offline_points() is OfflinePoints
     assert (hooks.tune().restore_plan, hooks.tune().TuneWork, hooks.tune().TunedCluster) == (
         restore_plan, TuneWork, TunedCluster)

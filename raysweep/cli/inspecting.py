@@ -71,9 +71,9 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
 
 def _with_costs(df: pd.DataFrame, output_dir: str) -> pd.DataFrame:
     """The SLA table with the cost (else energy) per output token at each largest pass, where the runs have it
-    (`conclusions.sla_costs`; docs/energy.md)."""
-    from raysweep.results.conclusions import sla_costs
+    (`raysweep.sla.capacities.sla_costs`; docs/energy.md)."""
     from raysweep.results.table import results_table
+    from raysweep.sla.capacities import sla_costs
 
     try:
         runs = results_table(output_dir)

@@ -10,6 +10,8 @@ Optuna):
 - `sla` (`raysweep.sla` lends `sla.probe.SlaSearches`): a configuration's SLA searches, `.run(run, server)`;
 - `sla_book` (`raysweep.sla` lends `sla.book`): the searches of a configuration still open, and closing them
   when it is given up (`RunState.open_searches`, `.close_searches`);
+- `sla_capacities` (`raysweep.sla` lends `sla.capacities.capacities`): the configs ranked by their SLA capacity,
+  for the conclusions (`results`, above the run and below the modes, asks for it here);
 - `offline` (`raysweep.offline` lends `offline.points.OfflinePoints`): a configuration's offline points, `.run(run)`;
 - `tune` (`raysweep.tune`): `tune:`'s `restore_plan`, `TuneWork` and `TunedCluster`;
 - `tracking` (`raysweep.modes` lends `report.tracking`): `tracking:`'s `check(campaign)` before the run and its
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
 __all__ = ["LOADERS", "Confirmation", "Levels", "Tracking", "Tune", "confirmation", "confirmed", "levels",
-           "offline_points", "register", "sla_book", "sla_searches", "tracking", "tune"]
+           "offline_points", "register", "sla_book", "sla_capacities", "sla_searches", "tracking", "tune"]
 
 LOADERS: Registry[Callable[[], Any]] = Registry(
     "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
@@ -126,6 +128,10 @@ def sla_searches() -> Callable[[RunState, PointRunner], ServerPart]:
 
 def sla_book() -> SlaBook:
     return _part("sla_book")
+
+
+def sla_capacities() -> Callable[[pd.DataFrame, pd.DataFrame | None], pd.DataFrame]:
+    return _part("sla_capacities")
 
 
 def offline_points() -> Callable[[RunState, Servers, PointRunner], OfflinePart]:

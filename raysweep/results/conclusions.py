@@ -56,7 +56,7 @@ from raysweep.maths import hierarchy, verdicts
 from raysweep.results import aggregate, pd_arms, pd_regions
 from raysweep.results.front import gpu_counts, pareto, pareto_front
 from raysweep.results.labels import axis_label, fmt_value, sort_key
-from raysweep.results.rows import SLA_COLUMNS, load_linked, load_variable
+from raysweep.results.rows import load_linked, load_variable
 
 __all__ = [
     "CHEAPEST_METRICS",
@@ -68,7 +68,6 @@ __all__ = [
     "ShapeVerdict",
     "conclude",
     "cheapest_text",
-    "sla_costs",
     "finite",
     "fmt",
     "by_load",
@@ -271,10 +270,16 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
     deployments = pd_regions.deployment_names(df)
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
-                       _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
+                       _sla_capacities(sla, df),
                        [*gpu_note, *notes], slo, single, deployments,
                        [*pd_arms.arm_lines(df, deployments, serve_params),
                         *pd_arms.prefilled_again_lines(df, deployments, load or None)], failed_points)
+
+
+def _sla_capacities(sla: pd.DataFrame | None, df: pd.DataFrame) -> pd.DataFrame:
+    """Per bench point and target, the configs ranked by their SLA capacity (`raysweep.sla.capacities`, lent
+    through `raysweep.drive.hooks`); empty without SLA searches."""
+    return hooks.sla_capacities()(sla, df) if sla is not None and not sla.empty else pd.DataFrame()
 
 
 def gpus_declared(df: pd.DataFrame) -> bool:
@@ -585,45 +590,6 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
     fronts = {str(shape): pareto_front(means[means["shape"] == shape].drop(columns=["shape"]).reset_index(drop=True))
               for shape in runs["shape"].unique()}
     return fronts, whole.notes
-
-
-def _sla_capacities(sla: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per bench point and target, each config's largest passing value, best first (unbounded first, none
-    last); with the cost (else energy) per output token of its probe at that value (`<metric>_at_pass`, the
-    mean of its runs) and `cheapest` marking the least of them per bench point and target."""
-    if sla.empty or not set(SLA_COLUMNS) <= set(sla.columns):
-        return pd.DataFrame()
-    value = pd.to_numeric(sla["largest_pass"], errors="coerce")
-    ranked = sla.assign(_v=value.fillna(-math.inf)).sort_values(["bench_label", "target", "_v"],
-                                                               ascending=[True, True, False], kind="stable")
-    return _cheapest_at_pass(ranked.drop(columns="_v").reset_index(drop=True), df)
-
-
-def sla_costs(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFrame:
-    """An SLA table (`results.sla_table`) with the cost (else energy) per output token of each search's probe
-    at its largest passing value and `cheapest` marking the least per bench point and target; as it was
-    where the runs have neither."""
-    return _cheapest_at_pass(table, df)
-
-
-def _cheapest_at_pass(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFrame:
-    """`_sla_capacities`'s cost columns, from the runs of each search's probe at its largest passing value."""
-    if df is None or not {"sla_base_id", "sla_value", "serve_id"} <= set(df.columns):
-        return table
-    for metric in CHEAPEST_METRICS:
-        if metric not in df.columns or not pd.to_numeric(df[metric], errors="coerce").notna().any():
-            continue
-        col = f"{metric}_at_pass"
-        values = []
-        for _, r in table.iterrows():
-            runs = df[(df["serve_id"] == r["serve_id"]) & (df["sla_base_id"] == r["bench_id"])
-                      & (pd.to_numeric(df["sla_value"], errors="coerce") == r["largest_pass"])]
-            got = pd.to_numeric(runs[metric], errors="coerce").dropna()
-            values.append(float(got.mean()) if len(got) else math.nan)
-        table = table.assign(**{col: values, "cheapest_metric": metric})
-        least = table.groupby(["bench_label", "target"])[col].transform("min")
-        return table.assign(cheapest=table[col].notna() & (table[col] == least))
-    return table
 
 
 # -- text ------------------------------------------------------------------------------------------------

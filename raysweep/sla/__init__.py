@@ -1,10 +1,11 @@
 """The SLA mode: targets, their judgment over runs, the search for the largest concurrency or request rate
 that meets them (`sla.search`), its probes against a live server (`sla.probe`), and its bookkeeping in a running
-campaign (`sla.book`: the searches still open, closed when their configuration is given up). The report's SLA
-section is `report_section`, registered with the report when this package is imported.
+campaign (`sla.book`: the searches still open, closed when their configuration is given up), and the configs
+ranked by their capacity for the conclusions (`sla.capacities`). The report's SLA section is `report_section`,
+registered with the report when this package is imported.
 
-The run calls its searches and its bookkeeping through `raysweep.drive.hooks`, where this package lends them when
-it is imported.
+The run calls its searches and its bookkeeping, the conclusions its capacities, through `raysweep.drive.hooks`,
+where this package lends them when it is imported.
 
 A mode. May import: every stage and the stage-free rooms; never another mode.
 """
@@ -32,6 +33,12 @@ def _book() -> Any:
     return book
 
 
+def _capacities() -> Any:
+    from raysweep.sla.capacities import capacities  # loads pandas: only for a campaign with SLA searches
+
+    return capacities
+
+
 def _sla_section(data: ReportData) -> str | None:
     from raysweep.sla.report_section import sla_section
 
@@ -41,3 +48,4 @@ def _sla_section(data: ReportData) -> str | None:
 register(Section("sla", "SLA", _sla_section, order=70))  # shown in every report: "no SLA search" without one
 hooks.register("sla", _searches)
 hooks.register("sla_book", _book)
+hooks.register("sla_capacities", _capacities)
