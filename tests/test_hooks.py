@@ -19,6 +19,7 @@ def test_every_part_the_run_calls_is_lent_by_its_room():
     from raysweep.offline.points import OfflinePoints
     from raysweep.report import tracking
     from raysweep.sla import book
+    from raysweep.sla import plan as sla_plan
     from raysweep.sla.capacities import capacities
     from raysweep.sla.probe import SlaSearches
     from raysweep.tune.candidates import restore_plan
@@ -35,6 +36,7 @@ def test_every_part_the_run_calls_is_lent_by_its_room():
     assert hooks.confirmation() is runs
     assert hooks.confirmed() is confirmed
     assert plan_hooks.confirmation() is with_confirmation
+    assert plan_hooks.sla() is sla_plan
 
 
 def test_a_part_nobody_lent_stops_the_run_with_its_name(monkeypatch):

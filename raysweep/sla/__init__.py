@@ -4,8 +4,9 @@ campaign (`sla.book`: the searches still open, closed when their configuration i
 ranked by their capacity for the conclusions (`sla.capacities`). The report's SLA section is `report_section`,
 registered with the report when this package is imported.
 
-The run calls its searches and its bookkeeping, the conclusions its capacities, through `raysweep.drive.hooks`,
-where this package lends them when it is imported.
+The run calls its searches and its bookkeeping, the conclusions its capacities, through `raysweep.drive.hooks`;
+the plan its probes' runs and its dry-run lines (`sla.plan`) through `raysweep.plan.hooks`: this package lends
+them there when it is imported.
 
 A mode. May import: every stage and the stage-free rooms; never another mode.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from raysweep.drive import hooks
+from raysweep.plan import hooks as plan_hooks
 from raysweep.report.registry import Section, register
 
 if TYPE_CHECKING:
@@ -39,6 +41,12 @@ def _capacities() -> Any:
     return capacities
 
 
+def _plan() -> Any:
+    from raysweep.sla import plan
+
+    return plan
+
+
 def _sla_section(data: ReportData) -> str | None:
     from raysweep.sla.report_section import sla_section
 
@@ -49,3 +57,4 @@ register(Section("sla", "SLA", _sla_section, order=70))  # shown in every report
 hooks.register("sla", _searches)
 hooks.register("sla_book", _book)
 hooks.register("sla_capacities", _capacities)
+plan_hooks.register("sla", _plan)
