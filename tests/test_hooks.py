@@ -22,6 +22,7 @@ def test_every_part_the_run_calls_is_lent_by_its_room():
     from raysweep.sla import plan as sla_plan
     from raysweep.sla.capacities import capacities
     from raysweep.sla.probe import SlaSearches
+    from raysweep.sla.report import capacities_html
     from raysweep.tune.candidates import restore_plan
     from raysweep.tune.work import TunedCluster, TuneWork
 
@@ -29,6 +30,7 @@ def test_every_part_the_run_calls_is_lent_by_its_room():
     assert hooks.sla_searches() is SlaSearches
     assert hooks.sla_book() is book
     assert hooks.sla_capacities() is capacities
+    assert hooks.sla_capacities_html() is capacities_html
     assert hooks.offline_points() is OfflinePoints
     assert (hooks.tune().restore_plan, hooks.tune().TuneWork, hooks.tune().TunedCluster) == (
         restore_plan, TuneWork, TunedCluster)

@@ -11,7 +11,8 @@ Optuna):
 - `sla_book` (`raysweep.sla` lends `sla.book`): the searches of a configuration still open, and closing them
   when it is given up (`RunState.open_searches`, `.close_searches`);
 - `sla_capacities` (`raysweep.sla` lends `sla.capacities.capacities`): the configs ranked by their SLA capacity,
-  for the conclusions (`results`, above the run and below the modes, asks for it here);
+  for the conclusions (`results`, above the run and below the modes, asks for it here), and
+  `sla_capacities_html` (`sla.report.capacities_html`) for the report's cards;
 - `offline` (`raysweep.offline` lends `offline.points.OfflinePoints`): a configuration's offline points, `.run(run)`;
 - `tune` (`raysweep.tune`): `tune:`'s `restore_plan`, `TuneWork` and `TunedCluster`;
 - `tracking` (`raysweep.modes` lends `report.tracking`): `tracking:`'s `check(campaign)` before the run and its
@@ -41,11 +42,12 @@ if TYPE_CHECKING:
     from raysweep.drive.state import EventSink, RunState
     from raysweep.ledger import Ledger, PointRow
     from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
-    from raysweep.results.conclusions import Objective, ShapeVerdict
+    from raysweep.results.conclusions import Conclusions, Objective, ShapeVerdict
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
 __all__ = ["LOADERS", "Confirmation", "Levels", "Tracking", "Tune", "confirmation", "confirmed", "levels",
-           "offline_points", "register", "sla_book", "sla_capacities", "sla_searches", "tracking", "tune"]
+           "offline_points", "register", "sla_book", "sla_capacities", "sla_capacities_html", "sla_searches",
+           "tracking", "tune"]
 
 LOADERS: Registry[Callable[[], Any]] = Registry(
     "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
@@ -132,6 +134,10 @@ def sla_book() -> SlaBook:
 
 def sla_capacities() -> Callable[[pd.DataFrame, pd.DataFrame | None], pd.DataFrame]:
     return _part("sla_capacities")
+
+
+def sla_capacities_html() -> Callable[[Conclusions], str]:
+    return _part("sla_capacities_html")
 
 
 def offline_points() -> Callable[[RunState, Servers, PointRunner], OfflinePart]:

@@ -47,6 +47,7 @@ from raysweep.report.sections import (
     failures_section,
     plan_section,
     results_section,
+    sla_section,
     transport_section,
     validity_section,
 )
@@ -228,7 +229,8 @@ for _section in [
     Section("timeseries", "Time series", _timeseries, order=50),
     Section("results", "Results", results_section, order=60),
     Section("energy", "Energy and cost", energy_section, order=65),
-    # 70: SLA (raysweep.sla), 80: Load levels (raysweep.levels), 90: Tuning (raysweep.tune)
+    Section("sla", "SLA", sla_section, order=70),
+    # 80: Load levels (raysweep.levels), 90: Tuning (raysweep.tune)
     Section("transport", "Transport", transport_section, order=100),
     Section("multinode", "Multi-node and GPUs", _multinode, order=110),
     Section("startup", "Server starts", _startup, order=120),

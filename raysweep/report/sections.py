@@ -145,6 +145,12 @@ def results_section(data: ReportData) -> str:
             f"{frame_table(df[cols].head(MAX_TABLE_ROWS), sortable=True)}")
 
 
+def sla_section(data: ReportData) -> str:
+    if data.sla.empty:
+        return nothing("no SLA search in this campaign")
+    return frame_table(data.sla, sortable=True)
+
+
 def transport_section(data: ReportData) -> str:
     """Per server config, the NCCL verdict of its latest server: links, gate, and the evidence lines."""
     latest = {s.serve_id: s for s in data.servers if s.transport}

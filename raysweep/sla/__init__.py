@@ -1,26 +1,22 @@
 """The SLA mode: targets, their judgment over runs, the search for the largest concurrency or request rate
 that meets them (`sla.search`), its probes against a live server (`sla.probe`), and its bookkeeping in a running
-campaign (`sla.book`: the searches still open, closed when their configuration is given up), and the configs
-ranked by their capacity for the conclusions (`sla.capacities`). The report's SLA section is `report_section`,
-registered with the report when this package is imported.
+campaign (`sla.book`: the searches still open, closed when their configuration is given up), the configs
+ranked by their capacity for the conclusions (`sla.capacities`) and as the report shows them under its cards
+(`sla.report`).
 
-The run calls its searches and its bookkeeping, the conclusions its capacities, through `raysweep.drive.hooks`;
-the plan its probes' runs and its dry-run lines (`sla.plan`) through `raysweep.plan.hooks`: this package lends
-them there when it is imported.
+The run calls its searches and its bookkeeping, the conclusions and the report its capacities, through
+`raysweep.drive.hooks`; the plan its probes' runs and its dry-run lines (`sla.plan`) through `raysweep.plan.hooks`:
+this package lends them there when it is imported.
 
 A mode. May import: every stage and the stage-free rooms; never another mode.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raysweep.drive import hooks
 from raysweep.plan import hooks as plan_hooks
-from raysweep.report.registry import Section, register
-
-if TYPE_CHECKING:
-    from raysweep.results.data import ReportData
 
 
 def _searches() -> Any:
@@ -47,14 +43,14 @@ def _plan() -> Any:
     return plan
 
 
-def _sla_section(data: ReportData) -> str | None:
-    from raysweep.sla.report_section import sla_section
+def _capacities_html() -> Any:
+    from raysweep.sla.report import capacities_html
 
-    return sla_section(data)
+    return capacities_html
 
 
-register(Section("sla", "SLA", _sla_section, order=70))  # shown in every report: "no SLA search" without one
 hooks.register("sla", _searches)
 hooks.register("sla_book", _book)
 hooks.register("sla_capacities", _capacities)
+hooks.register("sla_capacities_html", _capacities_html)
 plan_hooks.register("sla", _plan)
