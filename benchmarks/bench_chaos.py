@@ -95,8 +95,16 @@ class Watch:
     rewritten: set[str] = field(default_factory=set)   # done points whose result file changed
     events: list[dict[str, Any]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def poll(self) -> dict[str, Any]:
+        """Read the ledger and compare it with what was seen. The watcher's thread and the fault injector both
+        poll: one at a time, so that a snapshot read earlier is never compared after one read later (a point
+        seen running, then done by the other thread, would read as done and then no longer done)."""
+        with self.lock:
+            return self._poll()
+
+    def _poll(self) -> dict[str, Any]:
         if not (self.out / LEDGER_FILE).is_file():
             return {}
         try:
@@ -384,13 +392,16 @@ def count(chaos: Chaos, total: int) -> dict[str, Any]:
     journal = [json.loads(line) for line in (chaos.work / "journal.jsonl").read_text().splitlines() if line.strip()]
     finished_calls = {j["call"] for j in journal if j["event"] == "done"}
     recorded = [w.first[p][1] for p in w.first]
-    twice = sorted(w.regressed | w.rewritten) + [c for c in set(recorded) if recorded.count(c) > 1]
+    same_call = sorted(c for c in set(recorded) if recorded.count(c) > 1)
+    twice = sorted(w.regressed | w.rewritten) + same_call
     gaps = [b - a for a, b in zip(w.done_times, w.done_times[1:])]
     return {"points": total, "done": sum(1 for p in points.values() if p.state == "done"), "results_lost": len(lost),
             "run_twice": len(twice), "unfinished": total - sum(1 for p in points.values() if p.state == "done"),
             "bench_calls": len({j["call"] for j in journal}), "calls_finished_not_recorded":
                 len(finished_calls - set(recorded)), "longest_no_progress_s": round(max(gaps, default=0.0), 1),
-            "attempts": sum(p.attempts for p in points.values())}
+            "attempts": sum(p.attempts for p in points.values()),
+            "twice_detail": {"regressed": sorted(w.regressed), "rewritten": sorted(w.rewritten),
+                             "same_call": [[p for p in w.first if w.first[p][1] == c] for c in same_call]}}
 
 
 # -- the two parts -------------------------------------------------------------------------------------------------

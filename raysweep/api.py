@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from raysweep.drive.driver import RunSummary
+    from raysweep.results.answer import Answer
     from raysweep.results.conclusions import Conclusions as _Conclusions
 
 __all__ = ["Campaign", "Conclusions", "load", "run"]
@@ -46,7 +47,7 @@ class Conclusions:
     fronts: dict[str, pd.DataFrame]
     sla: pd.DataFrame
     detail: _Conclusions | None = field(default=None, repr=False)
-    answer: Any = None   # raysweep.results.answer.Answer: the one answer every face renders (`to_dict()` for JSON)
+    answer: Answer | None = None  # the one answer every face renders (`to_dict()` for JSON)
 
 
 class Campaign:

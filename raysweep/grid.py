@@ -78,7 +78,7 @@ def canonical_json(params: Mapping[str, Any]) -> str:
                       sort_keys=True, separators=(",", ":"))
 
 
-def _canonical_value(value: Any) -> Any:
+def _canonical_value(value: object) -> Any:
     if isinstance(value, float) and value.is_integer() and not math.isinf(value):
         return int(value)
     if isinstance(value, dict):
@@ -102,7 +102,7 @@ def combo_label(params: Mapping[str, Any]) -> str:
     return "-".join(f"{k}={MASK if is_secret_name(k) else _display(v)}" for k, v in params.items())
 
 
-def _display(value: Any) -> str:
+def _display(value: object) -> str:
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
 
 
@@ -113,7 +113,7 @@ def _display(value: Any) -> str:
 _FLAG_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*", re.ASCII)
 
 
-def check_flag_key(key: Any, where: str) -> None:
+def check_flag_key(key: object, where: str) -> None:
     """Refuse a parameter name that cannot become a command-line flag (`--name`, or vLLM's dotted
     `--config.key`): letters, digits, `_` and `-`, not starting with `-`, dots only between parts."""
     if not isinstance(key, str) or not _FLAG_KEY.fullmatch(key):
@@ -221,7 +221,7 @@ def link_matches(serve: Mapping[str, Any], bench: Mapping[str, Any], links: Mapp
                for sk, bk in links.items())
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     return _canonical_value(a) == _canonical_value(b)
 
 
@@ -253,7 +253,7 @@ def _find_flag(argv: Sequence[str], key: str) -> tuple[int, str, bool] | None:
     return None
 
 
-def _value_tokens(value: Any) -> list[str]:
+def _value_tokens(value: object) -> list[str]:
     if isinstance(value, dict):
         return [json.dumps(value)]
     if isinstance(value, list):
@@ -261,7 +261,7 @@ def _value_tokens(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _flag_tokens(key: str, value: Any) -> list[str]:
+def _flag_tokens(key: str, value: object) -> list[str]:
     flag = _candidates(key)[0]
     if isinstance(value, bool):
         if "." in key:

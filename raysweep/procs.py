@@ -219,7 +219,7 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, interval_s: float =
     return bool(predicate())
 
 
-def cpu_set(value: Any) -> set[int] | None:
+def cpu_set(value: object) -> set[int] | None:
     """CPU ids from an affinity as recorded: a list of ints, or text like "0-3,6" (None when unknown)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None

@@ -446,6 +446,50 @@ def test_a_record_that_cannot_be_written_fails_its_point_once_naming_the_path_an
 
 # -- the short chaos run ------------------------------------------------------------------------------------------
 
+def test_the_chaos_watch_compares_snapshots_in_the_order_they_were_read(tmp_path, monkeypatch):
+    """The chaos run's watcher thread and its fault injector both read the ledger. A snapshot read before a point
+    was done and compared after a later one saw it done would count that point as run twice."""
+    import threading
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_chaos
+
+    out = tmp_path / "out"
+    (out / "points").mkdir(parents=True)
+    (out / "points" / "r.json").write_text(json.dumps({"standin_call": "c1"}))
+    (out / bench_chaos.LEDGER_FILE).write_text("")
+    reads = iter(["running", "done"])
+
+    class Snapshot:
+        def __init__(self) -> None:
+            self.state = next(reads)
+
+        def points(self):
+            if self.state == "running":
+                time.sleep(0.5)   # the first reader is slow: the second reads (done) meanwhile
+            return [SimpleNamespace(point_id="p", state=self.state, result_path="points/r.json")]
+
+        def events(self):
+            return []
+
+        def servers(self, active_only=False):
+            return []
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(bench_chaos.Ledger, "open_existing", staticmethod(lambda _out: Snapshot()))
+    watch = bench_chaos.Watch(out)
+    first = threading.Thread(target=watch.poll)
+    first.start()
+    time.sleep(0.1)
+    watch.poll()
+    first.join()
+    assert watch.first == {"p": (hashlib.sha256((out / "points" / "r.json").read_bytes()).hexdigest(), "c1")}
+    assert watch.regressed == set() and watch.rewritten == set()
+
+
 @pytest.mark.ray
 def test_one_fault_of_each_kind_loses_nothing_runs_nothing_twice_and_leaves_nothing(tmp_path):
     """benchmarks/bench_chaos.py in short: a driver SIGKILL, a server killed, a client actor killed, a node

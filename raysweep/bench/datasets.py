@@ -239,7 +239,7 @@ def _sharegpt(opts: LoadOptions) -> list[Request]:
     return _oversample(reqs, opts, f"the ShareGPT file {path}")
 
 
-def sharegpt_pairs(data: Any, path: Path) -> list[tuple[str, str]]:
+def sharegpt_pairs(data: object, path: Path) -> list[tuple[str, str]]:
     """(prompt, completion) of every conversation with two turns or more, as vLLM's ShareGPT set reads them;
     an entry vLLM would fail on is refused naming it and its field."""
     if not isinstance(data, list):

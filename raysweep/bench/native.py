@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import ray
@@ -48,6 +48,9 @@ from raysweep.bench.load import CONCURRENCY, RATE
 from raysweep.bench.options import LoadOptions, parse_load_options
 from raysweep.bench.sessions import conversations, system_history, with_history
 from raysweep.procs import cpu_text
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 __all__ = ["Dispenser", "Job", "NativeBench", "NativeClient", "deal", "planned_prompts", "slots_of"]
 
@@ -109,7 +112,7 @@ class _Taker:
     round trips to the dispenser, not one each queued behind the others. A slot only asks once it is free, so
     the concurrency limit still holds across actors."""
 
-    def __init__(self, dispenser: Any, epoch: int) -> None:
+    def __init__(self, dispenser: ActorHandle, epoch: int) -> None:
         self._dispenser, self._epoch = dispenser, epoch
         self._waiting: list[asyncio.Future[int | None]] = []
         self._busy = False
@@ -196,7 +199,8 @@ class NativeClient:
 
     async def _run(self, url: str, rank: int, bodies: list[bytes], due: list[float], share: list[int] | None,
                    slots: int | None, t0: float, timeout_s: float, headers: dict[str, str],
-                   dispenser: Any = None, epoch: int = 0, work: dict[str, Any] | None = None) -> dict[str, Any]:
+                   dispenser: ActorHandle | None = None, epoch: int = 0,
+                   work: dict[str, Any] | None = None) -> dict[str, Any]:
         """Send this actor's requests: its `share` at their due times (open loop, burst), or with `slots`
         in-flight requests taking indices from `share` (with a `dispenser`: the slots' first requests, dealt
         here) and then from `dispenser`, until none is left.
@@ -376,7 +380,7 @@ class NativeClient:
                 "affinity": sorted(os.sched_getaffinity(0)), "nice_failure": self._nice_failure}
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     return int(value) if isinstance(value, (int, float)) else -1
 
 
@@ -426,7 +430,7 @@ class NativeBench:
         self.actors: list[Any] = []
         self.nodes: list[str] = []
         self._starting: list[Any] = []
-        self._dispenser: Any = None
+        self._dispenser: ActorHandle | None = None
         self._epoch = 0
 
     def _new_actor(self) -> Any:
@@ -482,7 +486,7 @@ class NativeBench:
         return _cap_clients(n, opts)
 
     @staticmethod
-    def clock_offset(actor: Any, rounds: int = _CLOCK_ROUNDS) -> tuple[float, float]:
+    def clock_offset(actor: ActorHandle, rounds: int = _CLOCK_ROUNDS) -> tuple[float, float]:
         """The actor's wall clock minus the driver's (s), from the ping-pong with the least round trip, and
         its uncertainty (half that round trip)."""
         best = (math.inf, 0.0)

@@ -19,9 +19,12 @@ import logging
 import math
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["MAX_TIME_S", "finite_samples", "guarded", "not_computed"]
 
@@ -31,7 +34,7 @@ MAX_TIME_S = 86_400.0   # a time more than a day after the point's start is not 
 _TIMES = ("due", "ready", "sent", "begin", "first", "end", "done")
 
 
-def _finite(values: Any, n: int) -> np.ndarray | None:
+def _finite(values: Sequence[float | None] | None, n: int) -> np.ndarray | None:
     if values is None or len(values) != n:
         return None
     x = np.asarray([math.nan if v is None else v for v in values], dtype=float)

@@ -108,7 +108,7 @@ def _synthetic(opts: LoadOptions, tok: PreTrainedTokenizerBase) -> list[list[tup
 _USER, _ASSISTANT = ("human", "user"), ("gpt", "assistant", "model", "chatgpt")
 
 
-def turns_of(entry: Any) -> tuple[str | None, list[tuple[str, str | None]]]:
+def turns_of(entry: object) -> tuple[str | None, list[tuple[str, str | None]]]:
     """(leading system message or None, [(user message, the file's answer or None), ...]) of one conversation
     of either layout. A system message before the first user message is the session's system prompt; an
     assistant message before it is skipped, as vLLM's multi-turn benchmark skips it (a conversation's follow-up

@@ -12,13 +12,18 @@ import shlex
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep import grid
 from raysweep.campaign.messages import _did_you_mean
 from raysweep.campaign.models import Campaign
 from raysweep.errors import CampaignError
 from raysweep.registry import Registry
+
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")  # what a check returns
 
 Origins = list[str | None]  # per combination: the parameter file entry it comes from, if any
 
@@ -50,7 +55,7 @@ def run_registered_checks(campaign: Campaign, serve_combos: list[dict[str, Any]]
                 check(campaign, serve_combos, bench_combos)
 
 
-def _reraise_at(check: Any, origin: str | None) -> Any:
+def _reraise_at(check: Callable[[], T], origin: str | None) -> T:
     """Run a check; a refusal names the parameter file entry the combination comes from."""
     try:
         return check()

@@ -142,12 +142,12 @@ def campaign_from_dict(data: dict[str, Any], base_dir: Path, source_path: str = 
     return dataclasses.replace(spec, variables=expanded_variables(spec.stored_form(), env))
 
 
-def expanded_variables(stored: Any, env: dict[str, str]) -> dict[str, str]:
+def expanded_variables(stored: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
     """The `${VAR}` references in a campaign's stored form that `env` sets, with their values; a secret's name
     (HF_TOKEN, ..._API_KEY) is left out, as are references in a secret's place (masked in the stored form)."""
     names: dict[str, None] = {}
 
-    def walk(value: Any) -> None:
+    def walk(value: object) -> None:
         if isinstance(value, dict):
             for v in value.values():
                 walk(v)

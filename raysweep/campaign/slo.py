@@ -51,7 +51,7 @@ class Target:
         return " & ".join(str(t) for t in self.thresholds)
 
 
-def parse_targets(raw: Any, fld: str = "sla.targets") -> list[Target]:
+def parse_targets(raw: object, fld: str = "sla.targets") -> list[Target]:
     """Targets from the campaign: a list of {metric: "<op><number>"}; anything else names the target at fault."""
     if not isinstance(raw, list) or not raw:
         raise CampaignError(fld, "must be a non-empty list of {metric: \"<=number\"} mappings")
@@ -94,7 +94,7 @@ def check_metric(metric: str, where: str) -> None:
                                + ", ".join(SERVER_FIELDS))
 
 
-def parse_slo(raw: Any, fld: str = "slo") -> Target:
+def parse_slo(raw: object, fld: str = "slo") -> Target:
     """A campaign's service-level objective: a mapping of metric to a bound, a bare number meaning `<=`
     for latencies and `>=` for rates (`{p99_ttft_ms: 500, median_tpot_ms: 50}`), or an expression as in
     SLA targets (`"<=500"`). Every bound must be a positive number."""

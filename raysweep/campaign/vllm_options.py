@@ -234,7 +234,7 @@ def _message(cmd: str, unknown: list[str], spec: dict[str, Any], ver: str, keys:
     return "; ".join(parts) + f"{tail} [vLLM {ver}'s parser; `vllm {cmd} --help` lists every option]"
 
 
-def _param_field(params: Any, fld: str, i: int, combo: dict[str, Any], key: str) -> str:
+def _param_field(params: object, fld: str, i: int, combo: dict[str, Any], key: str) -> str:
     """Where a parameter came from: `serve.params.grid.KEY`, `serve.params[i]`, or the parameter file's entry."""
     entry = combo.get(grid.BENCHMARK_NAME_KEY, i)
     if isinstance(params, dict) and isinstance(params.get("grid"), dict) and key in params["grid"]:

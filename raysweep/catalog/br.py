@@ -56,13 +56,13 @@ def num(value: Any) -> float | None:
 # Import
 # ---------------------------------------------------------------------------------------------------
 
-def is_report(data: Any) -> bool:
+def is_report(data: object) -> bool:
     """Whether parsed YAML/JSON is a Benchmark Report v0.2."""
     return (isinstance(data, dict) and str(data.get("version")) == VERSION and isinstance(data.get("run"), dict)
             and isinstance(data.get("results"), dict))
 
 
-def _get(data: Any, *path: str) -> Any:
+def _get(data: object, *path: str) -> Any:
     for key in path:
         if not isinstance(data, dict):
             return None
@@ -70,7 +70,7 @@ def _get(data: Any, *path: str) -> Any:
     return data
 
 
-def _ms(stats: Any, key: str) -> float:
+def _ms(stats: object, key: str) -> float:
     if not isinstance(stats, dict):
         return math.nan
     value = num(stats.get(key))
@@ -78,7 +78,7 @@ def _ms(stats: Any, key: str) -> float:
     return value * scale if value is not None and scale is not None else math.nan
 
 
-def _rate(stats: Any, units: str) -> float:
+def _rate(stats: object, units: str) -> float:
     if not isinstance(stats, dict) or stats.get("units") != units:
         return math.nan
     value = num(stats.get("mean"))
@@ -130,7 +130,7 @@ def report_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [row]
 
 
-def _when(value: Any) -> float:
+def _when(value: object) -> float:
     if isinstance(value, datetime.datetime):
         when = value
     else:

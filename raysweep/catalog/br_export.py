@@ -24,7 +24,7 @@ def _iso(ts: float | None) -> str | None:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _hash(*parts: Any) -> str:
+def _hash(*parts: object) -> str:
     return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
@@ -183,7 +183,7 @@ def _report(row: pd.Series, runs: pd.DataFrame, cat: pd.Series, level: float, ob
             "results": {"request_performance": {"aggregate": aggregate}}}
 
 
-def _int(value: Any, default: int) -> int:
+def _int(value: object, default: int) -> int:
     v = num(value)
     return int(v) if v is not None else default
 
@@ -207,14 +207,14 @@ def _engine(row: pd.Series, cat: pd.Series, names: list[str]) -> dict[str, Any]:
         "native": {"args": args}}
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     """A catalogue cell as text; None where it is missing (None, NaN, pandas' NA)."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None
     return str(value)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     if hasattr(value, "item"):
         value = value.item()
     if value is pd.NA or (isinstance(value, float) and math.isnan(value)):
@@ -222,7 +222,7 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
 
 
-def _seq(value: Any) -> dict[str, Any]:
+def _seq(value: object) -> dict[str, Any]:
     v = num(value)
     return {"distribution": "fixed", "value": v} if v is not None else {"distribution": "other", "value": 0}
 

@@ -75,7 +75,7 @@ def _flags(argv: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def workload_id(dataset: Any, params: Any, input_len: Any, output_len: Any) -> str:
+def workload_id(dataset: object, params: object, input_len: object, output_len: object) -> str:
     """The workload's fingerprint: a hash of its data set, parameters and lengths (the load apart)."""
     return grid.params_id({"dataset": dataset, "params": params, "input_len": input_len, "output_len": output_len})
 
@@ -140,7 +140,7 @@ def mismatches(a: Mapping[str, Any], b: Mapping[str, Any], fields: Sequence[str]
     return out
 
 
-def _norm(value: Any) -> Any:
+def _norm(value: object) -> Any:
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None
     if isinstance(value, float) and value.is_integer():
@@ -148,5 +148,5 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     return "missing" if value is None else str(value)

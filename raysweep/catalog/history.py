@@ -156,7 +156,7 @@ def answers(catalog: Catalog, series: list[Series]) -> list[dict[str, Any]]:
     return out
 
 
-def _none(value: Any) -> Any:
+def _none(value: object) -> Any:
     """None for a missing value (DuckDB's NULL as pandas gives it)."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None

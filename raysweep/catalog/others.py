@@ -77,7 +77,7 @@ def _load(path: Path) -> Any:
         raise ValueError(str(exc)) from exc
 
 
-def _kind(data: Any) -> str | None:
+def _kind(data: object) -> str | None:
     from raysweep.catalog import br
 
     if not isinstance(data, dict):
@@ -120,7 +120,7 @@ def _stat(data: dict[str, Any], key: str, stat: str) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
-def _length(value: Any) -> str | None:
+def _length(value: object) -> str | None:
     if not isinstance(value, (int, float)) or math.isnan(float(value)):
         return None
     return f"{float(value):g}"
@@ -207,7 +207,7 @@ def _aiperf_csv(text: str) -> list[dict[str, Any]]:
     return [row]
 
 
-def _iso(text: Any) -> float:
+def _iso(text: object) -> float:
     try:
         when = datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
     except ValueError:
@@ -217,7 +217,7 @@ def _iso(text: Any) -> float:
     return when.timestamp()
 
 
-def _data_spec(text: Any) -> dict[str, str]:
+def _data_spec(text: object) -> dict[str, str]:
     """GuideLLM's synthetic data string (`prompt_tokens=256,output_tokens=128`) as a mapping; {} otherwise."""
     out: dict[str, str] = {}
     for part in str(text or "").split(","):

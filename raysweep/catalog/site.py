@@ -108,7 +108,7 @@ def _write_data(catalog: Catalog, data: Path) -> None:
         (data / f"{cid}.js").write_text(f"RS.points[{json.dumps(cid)}] = {json.dumps(pts, allow_nan=False)};\n")
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     if value is None:
         return None
     try:

@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -27,6 +27,9 @@ from raysweep.catalog import fields
 from raysweep.errors import UserError
 from raysweep.ledger import LEDGER_FILE, PointState
 from raysweep.results.directory import CampaignDir
+
+if TYPE_CHECKING:
+    from raysweep.ledger import Ledger
 
 __all__ = ["Found", "Source", "discover", "read"]
 
@@ -146,7 +149,7 @@ def campaign_id(path: Path) -> str | None:
         return None
 
 
-def _id_of(ledger: Any, path: Path) -> str:
+def _id_of(ledger: Ledger, path: Path) -> str:
     """A raysweep campaign's stable id: a copy moved elsewhere is the same campaign."""
     name = ledger.meta("name") or path.name
     created = float(ledger.meta("created_at") or 0.0)
@@ -299,13 +302,13 @@ def _read_vllm(path: Path) -> Source:
     return Source(cid, name, VLLM, str(path.resolve()), signature, True, fields.frame(rows))
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
 
 
-def _vllm_date(value: Any) -> float:
+def _vllm_date(value: object) -> float:
     """vLLM's `date` ("20250101-120000") as seconds since the epoch; NaN when absent."""
     import datetime
 

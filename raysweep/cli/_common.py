@@ -18,7 +18,13 @@ from rich.markup import escape
 from raysweep.errors import UserError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+    from rich.table import Table
+
     from raysweep.campaign import CampaignSpec
+    from raysweep.cli.jsonout import F
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
@@ -89,7 +95,7 @@ class _OutputDir(click.ParamType):
     def __init__(self, must_exist: bool = False) -> None:
         self.must_exist = must_exist
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from raysweep.record import storage
 
         if storage.is_uri(str(value)):
@@ -103,7 +109,7 @@ OUTPUT_DIR = _OutputDir()
 EXISTING_OUTPUT_DIR = _OutputDir(must_exist=True)
 
 
-def _versions(ctx: click.Context, param: Any, value: bool) -> None:
+def _versions(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """`raysweep --version`: raysweep, vLLM and Ray, read from the installed packages' metadata (importing
     vLLM would take seconds)."""
     if not value or ctx.resilient_parsing:
@@ -139,7 +145,7 @@ def main(verbose: int) -> None:
 
 
 def _sigterm_to_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
 
@@ -160,10 +166,10 @@ def _output_dir(spec: CampaignSpec, override: str | None) -> Path:
 _FORMAT = click.Choice(["png", "svg", "pdf"])
 
 
-def deprecated_alias(old: str, new: str, dest: str, **kw: Any) -> Any:
+def deprecated_alias(old: str, new: str, dest: str, **kw: Any) -> Callable[[F], F]:
     """A hidden option `old` (kept for one release) that sets the parameter `dest` of option `new`, with a
     warning on stderr when it is used."""
-    def alias(ctx: click.Context, param: Any, value: Any) -> None:
+    def alias(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         if value is None:
             return
         _say(f"warning: {old} is deprecated here and will be removed in the next release; use {new}", err=True,
@@ -179,7 +185,7 @@ address_option = click.option("--address", default=None,
                               help="Ray cluster to join (`auto`, or HOST:PORT). Default: an embedded local Ray.")
 
 
-def fig_format_option(f: Any) -> Any:
+def fig_format_option(f: F) -> F:
     """`--fig-format` (png, svg, pdf), with `--format` kept for one release as a deprecated alias: `--format`
     names a table format in `results`, one meaning per flag name across commands."""
     f = deprecated_alias("--format", "--fig-format", "fmt", type=_FORMAT)(f)
@@ -187,7 +193,7 @@ def fig_format_option(f: Any) -> Any:
                          help="Image format of the figures.")(f)
 
 
-def print_table(table: Any, console: Console | None = None) -> None:
+def print_table(table: Table, console: Console | None = None) -> None:
     """Print a rich table (on `console`, default stdout): on a terminal folded to its width (cells wrap,
     nothing is cut); piped or redirected, as wide as the table needs, so no name or value is ever cut to `...`."""
     c = console or out
@@ -210,7 +216,7 @@ def print_table(table: Any, console: Console | None = None) -> None:
 _WIDE = 100_000
 
 
-def plain_table(table: Any) -> str | None:
+def plain_table(table: Table) -> str | None:
     """The text rich prints for `table` on a wide console without colour (piped or redirected), laid out here:
     rich takes 0.8 s of CPU for a table of 1,000 rows x 7 columns, this a few hundredths. Only for the tables
     this CLI makes (rich's default box, one line per body cell, a plain title, left-justified columns); None
@@ -260,7 +266,7 @@ def _pad(text: str, width: int) -> str:
     return text + " " * (width - cell_len(text))
 
 
-def _plain(cell: Any) -> str | None:
+def _plain(cell: object) -> str | None:
     """A cell's text as rich shows it (markup and emoji codes rendered), or None when it is anything but a
     string or a plain Text of printable characters."""
     from rich.text import Text

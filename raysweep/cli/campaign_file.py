@@ -7,13 +7,16 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from raysweep.cli._common import _say, console, main
 from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
+
+if TYPE_CHECKING:
+    from raysweep.plan.plan import Plan
 
 _SAY_READ_S = 0.5  # `validate` says what reading the bench data cost when it took this long or longer
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-)?")  # ${VAR} or ${VAR:-default}
@@ -104,7 +107,7 @@ def _check(campaign_file: str) -> dict[str, Any]:
             **{k: v for k, v in counts.items() if k not in ("per_point", "note")}}
 
 
-def _all_runs(plan: Any) -> dict[str, Any]:
+def _all_runs(plan: Plan) -> dict[str, Any]:
     """What the campaign will run beyond the plan's first runs: the runs bench.precision may add, the winner's
     confirmation where it is on, the server starts of a design; `more` says it in words ("" when nothing)."""
     from raysweep.plan.design import design_of

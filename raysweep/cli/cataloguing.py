@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -21,10 +21,13 @@ from raysweep.cli._common import _say, main, print_table
 from raysweep.cli.jsonout import json_option, print_json
 from raysweep.errors import UserError
 
+if TYPE_CHECKING:
+    from raysweep.cli.jsonout import F
+
 _FILTER_OPTIONS = ("model", "config", "hardware", "dataset", "input_len", "output_len", "campaign")
 
 
-def _filters(f: Any) -> Any:
+def _filters(f: F) -> F:
     for name in reversed(_FILTER_OPTIONS):
         f = click.option(f"--{name.replace('_', '-')}", name, default=None,
                          help=f"Only runs whose {name.replace('_', ' ')} is this (exactly).")(f)

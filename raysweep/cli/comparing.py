@@ -21,6 +21,8 @@ from raysweep.errors import UserError, unknown_names
 if TYPE_CHECKING:
     import pandas as pd
 
+    from raysweep.results.compare import Comparison
+
 _SHOWN = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_e2el_ms")
 _VERDICT_STYLE = {"better": "green", "worse": "red", "not shown": "yellow", "not judged": "dim", "not compared": "dim",
                   "outside slo": "dim"}
@@ -253,7 +255,7 @@ def compare_cmd(dirs: tuple[str, ...], baseline: str | None, catalog_dir: str | 
     _print_paths(paths, notes)
 
 
-def _comparison_document(cmp: Any) -> dict[str, Any]:
+def _comparison_document(cmp: Comparison) -> dict[str, Any]:
     from raysweep.results import compare
 
     table = _sorted_by(cmp.table, list(cmp.on))
@@ -275,7 +277,7 @@ def _comparison_document(cmp: Any) -> dict[str, Any]:
             "deployments": cmp.deployments}
 
 
-def _print_comparison(cmp: Any) -> None:
+def _print_comparison(cmp: Comparison) -> None:
     from raysweep.results import compare
     from raysweep.results.labels import fmt_value
 
@@ -305,7 +307,7 @@ def _print_comparison(cmp: Any) -> None:
     print_table(points, out)
 
 
-def _print_deployments(cmp: Any) -> None:
+def _print_deployments(cmp: Comparison) -> None:
     """P/D deployments matched: what differs between them, shape and each role server's settings."""
     for d in cmp.deployments:
         what = "; ".join(d["differences"]) or "no difference in shape or in any role server's settings"

@@ -56,7 +56,7 @@ class _ProgressDisplay:
     def __enter__(self) -> _ProgressDisplay:
         return self  # the bar appears with the campaign's first event, not while Ray starts
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.task is not None:
             self.progress.stop()
 

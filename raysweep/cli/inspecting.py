@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -105,7 +105,7 @@ def sla(output_dir: str, out_path: str | None, as_json: bool) -> None:
     table = Table("server config", "bench point", "target", "state", "largest pass", "smallest fail", "probes",
                   "at pass: req/s", *([f"at pass: {metric}", "cheapest"] if metric else []), "notes")
 
-    def num(v: Any) -> str:
+    def num(v: object) -> str:
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}"
 
     for r in df.itertuples():

@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 import sys
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from raysweep.record.jsonvalues import jsonable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    F = TypeVar("F", bound=Callable[..., Any])  # a command's function, as click's decorators hand it back
 
 __all__ = ["JSON_COMMANDS", "json_option", "jsonable", "print_json", "schema"]
 
@@ -22,7 +28,7 @@ JSON_COMMANDS = ("status", "results", "compare", "tune", "sla", "validate", "rep
 SCHEMA_VERSION = 1
 
 
-def json_option(f: Any) -> Any:
+def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True,
                         help="Print one JSON document on stdout instead of the tables (progress and logs go to "
                              "stderr); its schema: raysweep/schemas, docs/cli-json.md.")(f)

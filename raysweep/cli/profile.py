@@ -46,7 +46,7 @@ def profile_campaign(url: str, bench_cmd: str, grid: dict[str, list[Any]], *, na
                      runs: int, backend: str, metrics_url: str | None, reset_url: str | None,
                      gpus: int | None = None) -> dict[str, Any]:
     """The campaign file `raysweep profile` writes (its report written at the end)."""
-    endpoint: Any = url
+    endpoint: str | dict[str, str] = url
     if metrics_url or reset_url:
         endpoint = {"url": url, **({"metrics_url": metrics_url} if metrics_url else {}),
                     **({"reset_url": reset_url} if reset_url else {})}
@@ -103,7 +103,7 @@ def profile(url: str, bench_cmd: str, grid_items: tuple[str, ...], runs: int, na
     path = write_text_atomic(out / "campaign.yaml", yaml.safe_dump(data, sort_keys=False))
     _say(f"Campaign file: {path}", err=True)
     spec = campaign_from_dict(data, base_dir=out.resolve(), source_path=str(path.resolve()))
-    code: Any = 0
+    code: str | int | None = 0
     try:
         _run(spec, out, address, force=False)
     except SystemExit as exc:  # some points failed: the table of those that finished still comes

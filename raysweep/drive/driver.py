@@ -409,7 +409,7 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
     if is_endpoint_campaign(plan.spec):  # serve.url: running endpoints, none started here
         work, cluster = endpoint.run_parts(plan, ledger, output_dir, emit, RayCluster)
     elif c.tune is not None:  # candidates asked as GPUs free up, stopped early, told when they end
-        tune = hooks.tune()
+        tune: hooks.Tune[RunState] = hooks.tune()
         work = tune.TuneWork(plan, ledger, output_dir, emit, with_gpus)
         cluster = tune.TunedCluster(RayCluster(ConfigLife(work)), work)
     else:

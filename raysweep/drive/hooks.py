@@ -31,23 +31,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from raysweep.registry import Registry
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from raysweep.drive.point import PointRunner
-    from raysweep.drive.state import EventSink, RunState
+    from raysweep.campaign import Campaign
+    from raysweep.campaign.slo import Target
     from raysweep.ledger import Ledger, PointRow
+    from raysweep.place.scheduler import Cluster
     from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
     from raysweep.results.conclusions import Conclusions, Objective, ShapeVerdict
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
-__all__ = ["LOADERS", "Confirmation", "Levels", "Tracking", "Tune", "confirmation", "confirmed", "levels",
-           "offline_points", "register", "sla_book", "sla_capacities", "sla_capacities_html", "sla_searches",
-           "tracking", "tune"]
+__all__ = ["LOADERS", "Confirmation", "Levels", "Points", "SlaBook", "Tracker", "Tracking", "Tune", "Work",
+           "confirmation", "confirmed", "levels", "offline_points", "register", "sla_book", "sla_capacities",
+           "sla_capacities_html", "sla_searches", "tracking", "tune"]
 
 LOADERS: Registry[Callable[[], Any]] = Registry(
     "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
@@ -67,14 +68,42 @@ def _part(name: str) -> Any:
     return _LOADED[name]
 
 
+class Work(Protocol):
+    """What the parts read of a run's shared state (`raysweep.drive.state.RunState` is one; named here, not
+    imported, so that the state, which asks this module for the parts, is not imported back)."""
+
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def c(self) -> Campaign: ...
+    @property
+    def emit(self) -> Callable[..., None]: ...
+
+
+W = TypeVar("W", bound=Work)
+W_co = TypeVar("W_co", bound=Work, covariant=True)
+
+
+class Points(Protocol):
+    """What the parts call of the run's points (`raysweep.drive.point.PointRunner` is it; named here, as `Work`)."""
+
+    def reset(self, run: ConfigRun, server: Server) -> str: ...
+    def run(self, run: ConfigRun, server: Server, point: PointRun, reset: str, attempt: int | None = None) -> bool: ...
+    def abandon(self, point: PointRun, why: str, attempt: int) -> None: ...
+    def finish(self, run: ConfigRun, server: Server, point: PointRun, result: dict[str, Any], attempt: int,
+               started: float, reset: str, out: dict[str, Any]) -> None: ...
+
+
 class Levels(Protocol):
     """`bench.workload`'s load levels, decided while the campaign runs (`raysweep.levels.search`)."""
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> int: ...
-    def settle_all(self, work: RunState) -> int: ...
-    def settle(self, work: RunState, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]: ...
-    def pending(self, work: RunState, serve_id: str) -> list[PointRow]: ...
-    def search_probes(self, work: RunState, serve_id: str, base_id: str) -> dict[float, list[str]]: ...
+    def settle_all(self, work: Work) -> int: ...
+    def settle(self, work: Work, serve: ServeConfig, bench: BenchPoint) -> list[PointRun]: ...
+    def pending(self, work: Work, serve_id: str) -> list[PointRow]: ...
+    def search_probes(self, work: Work, serve_id: str, base_id: str) -> dict[float, list[str]]: ...
 
 
 class ServerPart(Protocol):
@@ -86,8 +115,8 @@ class ServerPart(Protocol):
 class SlaBook(Protocol):
     """SLA search's bookkeeping in a running campaign (`raysweep.sla.book`)."""
 
-    def open_searches(self, work: RunState, serve_id: str) -> list[tuple[str, Any]]: ...
-    def close_searches(self, work: RunState, serve_id: str, state: str, note: str) -> None: ...
+    def open_searches(self, work: Work, serve_id: str) -> list[tuple[str, Target]]: ...
+    def close_searches(self, work: Work, serve_id: str, state: str, note: str) -> None: ...
 
 
 class OfflinePart(Protocol):
@@ -96,35 +125,44 @@ class OfflinePart(Protocol):
     def run(self, run: ConfigRun) -> str: ...
 
 
-class Tune(Protocol):
-    """Tuning: the candidates as the scheduler's work, and its cluster seen through them (`raysweep.tune`)."""
+class Tune(Protocol[W]):
+    """Tuning: the candidates as the scheduler's work, and its cluster seen through them (`raysweep.tune`); the
+    driver names the work it makes (`Tune[RunState]`)."""
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> None: ...
-    def TuneWork(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink,
-                 with_gpus: bool) -> RunState: ...
-    def TunedCluster(self, inner: Any, work: Any) -> Any: ...
+    def TuneWork(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: Callable[..., None],
+                 with_gpus: bool) -> W: ...
+    def TunedCluster(self, inner: Cluster, work: W) -> Cluster: ...
 
 
-class Confirmation(Protocol):
-    """The winner's confirmation after the sweep (`raysweep.confirm.runs`)."""
+class Tracker(Protocol):
+    """A live tracker: it wraps the run's event sink, and is closed at the end."""
+
+    def sink(self, emit: Callable[..., None]) -> Callable[..., None]: ...
+    def close(self) -> None: ...
+
+
+class Confirmation(Protocol[W_co]):
+    """The winner's confirmation after the sweep (`raysweep.confirm.runs`); `run_work` runs the work it makes
+    (a `raysweep.drive.state.RunState`) on the cluster."""
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> int: ...
-    def run_after(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool,
-                  run_work: Callable[[RunState], str | None]) -> str | None: ...
+    def run_after(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: Callable[..., None], with_gpus: bool,
+                  run_work: Callable[[W_co], str | None]) -> str | None: ...
 
 
 class Tracking(Protocol):
     """Live export of the points as they land (`tracking:`)."""
 
-    def check(self, campaign: Any) -> None: ...
-    def LiveTracker(self, campaign: Any, output_dir: Path) -> Any: ...
+    def check(self, campaign: Campaign) -> None: ...
+    def LiveTracker(self, campaign: Campaign, output_dir: Path) -> Tracker: ...
 
 
 def levels() -> Levels:
     return _part("levels")
 
 
-def sla_searches() -> Callable[[RunState, PointRunner], ServerPart]:
+def sla_searches() -> Callable[[Work, Points], ServerPart]:
     return _part("sla")
 
 
@@ -140,11 +178,11 @@ def sla_capacities_html() -> Callable[[Conclusions], str]:
     return _part("sla_capacities_html")
 
 
-def offline_points() -> Callable[[RunState, Servers, PointRunner], OfflinePart]:
+def offline_points() -> Callable[[Work, Servers, Points], OfflinePart]:
     return _part("offline")
 
 
-def tune() -> Tune:
+def tune() -> Tune[Any]:
     return _part("tune")
 
 
@@ -152,7 +190,7 @@ def tracking() -> Tracking:
     return _part("tracking")
 
 
-def confirmation() -> Confirmation:
+def confirmation() -> Confirmation[Any]:
     return _part("confirmation")
 
 

@@ -15,9 +15,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.drive.state import EventSink
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 __all__ = ["GAUGES", "Progress", "eta_s"]
 
@@ -74,7 +77,7 @@ class Progress:
         self.servers: set[str] = set()
         self.t0 = time.monotonic()
         self.finished_here = 0
-        self.actor: Any = None
+        self.actor: ActorHandle | None = None
         try:
             import ray
 

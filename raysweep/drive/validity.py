@@ -39,7 +39,7 @@ START_LATE_MS = 10.0  # an actor that began later than this after the common sta
 _SPLIT_ACTORS = re.compile(r"[;|]")
 
 
-def _per_actor(value: Any) -> list[Any]:
+def _per_actor(value: object) -> list[Any]:
     """A per-actor field (a list, or text with one entry per actor separated by ';' or '|')."""
     if value is None:
         return []
@@ -49,7 +49,7 @@ def _per_actor(value: Any) -> list[Any]:
     return [v for v in _SPLIT_ACTORS.split(text)] if _SPLIT_ACTORS.search(text) else [text]
 
 
-def _nices(value: Any) -> list[int]:
+def _nices(value: object) -> list[int]:
     """Niceness values from a field that holds one or several (ints, or text "0,15")."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return []
@@ -98,7 +98,7 @@ def shared_cpus(r: dict[str, Any]) -> bool | None:
     return None if unknown else False
 
 
-def _known(v: Any) -> bool:
+def _known(v: object) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 

@@ -25,10 +25,13 @@ import stat
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.lab import hosts as lab
 from raysweep.lab.hosts import LabError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["CTLD_PORT", "SLURMD_PORT", "client_env", "down", "gres_line", "missing_tools", "sinfo", "slurm_conf",
            "up", "wait_job"]
@@ -151,7 +154,7 @@ def _daemon(state: dict[str, Any], host: int, argv: list[str], log_path: Path) -
                                 start_new_session=True)
 
 
-def _wait(pred: Any, timeout_s: float, what: str, logs: list[Path], every: float = 0.2) -> None:
+def _wait(pred: Callable[[], object], timeout_s: float, what: str, logs: list[Path], every: float = 0.2) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if pred():

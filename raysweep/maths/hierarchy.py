@@ -34,12 +34,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 from scipy import special
 
 from raysweep.maths.verdicts import ALPHA, Verdict, row_number
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy.typing as npt
 
 __all__ = ["FEW_STARTS", "MODEL", "ONE_START", "RUNS_OF_ONE_START", "WARMUP_ALPHA", "WARMUP_MIN_STARTS", "Estimate",
            "Warmup", "compare", "drift_apart", "drift_could_decide", "drift_total", "estimates", "interval",
@@ -81,7 +86,7 @@ class Estimate:
                    int(starts) if math.isfinite(starts) and starts > 0 else 1, int(runs) if math.isfinite(runs) else 0)
 
     @classmethod
-    def of_runs(cls, values: Any, starts: Any) -> Estimate:
+    def of_runs(cls, values: npt.ArrayLike, starts: Sequence[object] | np.ndarray) -> Estimate:
         """From one point's run values and the server start each ran on (NaN and inf left out)."""
         v, s = np.asarray(values, dtype=float), np.asarray(starts)
         keep = np.isfinite(v)

@@ -306,7 +306,7 @@ def pairs(a: pd.DataFrame, b: pd.DataFrame) -> tuple[str, list[Any], list[Any]] 
     return None
 
 
-def _known(v: Any) -> bool:
+def _known(v: object) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v)) and str(v) != ""
 
 

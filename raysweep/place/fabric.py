@@ -20,13 +20,16 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from raysweep import procs
 from raysweep.place.transport import describe_probe_links as describe_links
 from raysweep.place.transport import link_text
+
+if TYPE_CHECKING:
+    from raysweep.place.placement import Reservation
 
 __all__ = ["FABRIC_ENV_PREFIXES", "ProbeRank", "bandwidth_baseline", "bus_bandwidth", "describe_links", "fabric_env",
            "gate", "link_text", "load_baseline", "probe", "probe_nodes", "rank_network_env"]
@@ -195,7 +198,7 @@ def _links(actors: list[Any], where: list[dict[str, Any]], busbw: float, nbytes:
     return links
 
 
-def probe(res: Any, mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0,
+def probe(res: Reservation, mib: float = 64.0, iters: int = 5, timeout_s: float = 300.0,
           env: dict[str, str] | None = None) -> dict[str, Any]:
     """The probe across a configuration's placement group (`placement.Reservation`), recorded with its nodes;
     `env`, the configuration's `serve.env`: its fabric variables reach the probe's ranks as they reach the server's."""

@@ -137,7 +137,7 @@ def run_command(argv: list[str] | tuple[str, ...], timeout_s: float) -> dict[str
             "error": ""}
 
 
-def torch_build(locations: Any) -> dict[str, Any] | None:
+def torch_build(locations: list[str] | None) -> dict[str, Any] | None:
     """torch's version and its CUDA and HIP versions from its `version.py`, read without importing torch
     (`locations`: its package directories); None when that file cannot be read."""
     import ast
@@ -440,7 +440,7 @@ def _ibv_text(ibv: Mapping[str, Any]) -> str:
                      for h in ibv["hcas"]) or "no HCA"
 
 
-def finding_text(value: Any, field_name: str) -> str:
+def finding_text(value: object, field_name: str) -> str:
     if value is None and field_name.startswith("env:"):
         return "unset"
     return "-" if value is None else str(value)

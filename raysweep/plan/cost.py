@@ -19,9 +19,12 @@ import json
 import math
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysweep.campaign import CostSpec
+
+if TYPE_CHECKING:
+    from raysweep.ledger import ServerRow
 
 __all__ = ["COST_METRICS", "J_PER_KWH", "campaign_spend", "estimate_line", "hourly_price", "point_cost_fields",
            "spend_line"]
@@ -101,7 +104,7 @@ def point_cost_fields(cost: CostSpec | None, record: dict[str, Any], labels: Ite
     return fields
 
 
-def _server_gpus(server: Any, gpus_of: dict[str, int]) -> int:
+def _server_gpus(server: ServerRow, gpus_of: dict[str, int]) -> int:
     """A server's GPUs from the ledger (every node's `gpu_ids`), else its configuration's count."""
     counted = sum(len([g for g in str(r.get("gpu_ids") or "").split(",") if g.strip()]) for r in server.rank_list())
     return counted or int(gpus_of.get(server.serve_id, 0))

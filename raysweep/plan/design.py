@@ -21,7 +21,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scipy import stats
 from scipy.optimize import brentq
@@ -29,6 +29,9 @@ from scipy.optimize import brentq
 from raysweep.campaign.design import MIN_STARTS, PILOT, DesignSpec
 from raysweep.maths.hierarchy import FEW_STARTS
 from raysweep.plan.guess import DEFAULTS, guess_point_s
+
+if TYPE_CHECKING:
+    from raysweep.campaign import CampaignSpec
 
 __all__ = ["AUTO_LEAST", "FEW_STARTS", "POWER", "Design", "applied", "block_text", "choose", "components", "design_of",
            "components_of", "detectable_lead", "dry_run_lines", "half_width", "measured_lines", "runs_per_start",
@@ -173,7 +176,7 @@ def choose(spec: DesignSpec, start_s: float, run_s: float, points: int) -> Desig
     return design(starts, runs, "given" if given else "chosen", expected=hw, detectable=lead, capped=capped)
 
 
-def design_of(spec: Any, points: int | None = None) -> Design | None:
+def design_of(spec: CampaignSpec, points: int | None = None) -> Design | None:
     """The design of a resolved campaign (`CampaignSpec`), its costs guessed from its commands (so that a
     resumed campaign gets the same design); None without `design:`."""
     c = spec.campaign
@@ -192,7 +195,7 @@ def _applied_argv(argv: Sequence[str], combo: Mapping[str, Any]) -> list[str]:
     return grid.apply_to_cmd(list(argv), dict(combo))
 
 
-def applied(spec: Any) -> Any:
+def applied(spec: CampaignSpec) -> CampaignSpec:
     """The campaign with its design in place: `order.instances` = starts, `runs` = starts x runs per start
     (unchanged without `design:`)."""
     design = design_of(spec)
@@ -208,7 +211,7 @@ def block_text(labels: Sequence[str], starts: int) -> str:
     return " | ".join(" ".join(labels if b % 2 == 0 else list(reversed(labels))) for b in range(starts))
 
 
-def dry_run_lines(spec: Any, labels: Sequence[str], together: bool | None, points: int,
+def dry_run_lines(spec: CampaignSpec, labels: Sequence[str], together: bool | None, points: int,
                   start_s: float | None = None, run_s: float | None = None) -> list[str]:
     """What the dry run says of the design: the starts and runs, the blocks, and what they cost (at the
     measured `start_s` / `run_s` where given, else the design's guesses)."""
@@ -273,7 +276,7 @@ def components_of(records: Iterable[Mapping[str, Any]], metric: str) -> tuple[fl
                        value(r)) for r in records if r.get("server_id") is not None)
 
 
-def measured_lines(spec: Any, measured: tuple[float, float | None, int] | None, start_s: float | None,
+def measured_lines(spec: CampaignSpec, measured: tuple[float, float | None, int] | None, start_s: float | None,
                    run_s: float | None, points: int, source: str) -> list[str]:
     """What the spreads measured in earlier runs (`components_of`) say: the design they choose for this campaign
     (its `design:`, else the defaults of one), at the measured costs where given; [] where nothing was measured

@@ -200,7 +200,7 @@ def _pin_matches(when: dict[str, Any], params: dict[str, Any]) -> bool:
     return all(grid.normalize_key(k) in norm and _same(norm[grid.normalize_key(k)], v) for k, v in when.items())
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     return a == b or str(a) == str(b)
 
 
@@ -399,7 +399,7 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
                                                          or c.bench.cpu_affinity is not None):
         from raysweep.procs import cpu_set, cpu_text
 
-        def cpus(v: Any) -> str:
+        def cpus(v: list[int] | str | None) -> str:
             return "any" if v is None else cpu_text(cpu_set(v) or ())
 
         lines += ["", f"CPU affinity: server on CPU(s) {cpus(c.serve.cpu_affinity)}, client actors on CPU(s) "

@@ -20,7 +20,6 @@ import shutil
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
 
 __all__ = ["DISK_FULL_ENV", "file_mode", "free_space", "no_space", "write_bytes_atomic", "write_json_atomic",
            "write_text_atomic"]
@@ -120,5 +119,5 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return write_bytes_atomic(path, text.encode())
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> Path:
+def write_json_atomic(path: str | Path, obj: object) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")

@@ -11,7 +11,7 @@ from typing import Any
 __all__ = ["jsonable"]
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: object) -> Any:
     """Plain JSON values: numpy and pandas scalars as Python ones, NaN and missing as null, infinities as
     "inf" / "-inf", paths as text, containers recursively."""
     if isinstance(value, dict):

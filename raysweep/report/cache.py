@@ -88,7 +88,7 @@ class FigureCache:
                     removed += 1
         return removed
 
-    def _feed(self, h: Any, part: Any) -> None:
+    def _feed(self, h: hashlib._Hash, part: object) -> None:
         if isinstance(part, bytes):
             h.update(b"b%d:" % len(part) + part)
         elif hasattr(part, "columns") and hasattr(part, "dtypes"):  # a DataFrame

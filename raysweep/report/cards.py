@@ -5,7 +5,7 @@ noisy points."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from raysweep.bench.load import CONCURRENCY
 from raysweep.drive import hooks
@@ -14,6 +14,9 @@ from raysweep.ledger import PointState
 from raysweep.report.markup import esc, html_table
 from raysweep.results import conclusions
 from raysweep.results.data import ReportData, answer_of
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CardFigure = Callable[[ReportData, conclusions.Conclusions, conclusions.ShapeVerdict], str]
 """The figure of a card as HTML (`raysweep.report.figures.card_figure`)."""
@@ -123,7 +126,7 @@ def _shape_card(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
     return f'<div class="card">{"".join(parts)}</div>'
 
 
-def _precision(data: ReportData, row: Any) -> str:
+def _precision(data: ReportData, row: pd.Series) -> str:
     """For a `bench.precision` campaign, a point that stopped before its interval was as narrow as asked:
     says so, with the target and where it stopped (empty for one that reached it, or without precision)."""
     state = row.get("precision_state")
@@ -165,14 +168,14 @@ def _load_parts(data: ReportData, c: conclusions.Conclusions, v: conclusions.Sha
     return parts
 
 
-def _left_out(row: Any) -> str:
+def _left_out(row: pd.Series) -> str:
     if row.get("on_flagged_runs") is True:
         return "all flagged"
     left = row.get("runs_left_out")
     return f"{int(left)} ({row.get('left_out_reasons')})" if conclusions.finite(left) and int(left) > 0 else "0"
 
 
-def _latencies(row: Any) -> str:
+def _latencies(row: pd.Series) -> str:
     """The latencies of a card's point: median and p99 TTFT and TPOT (means over its runs)."""
     have = [(m, row.get(f"{m}_mean")) for m in conclusions.CARD_LATENCIES if conclusions.finite(row.get(f"{m}_mean"))]
     if not have:
@@ -181,7 +184,7 @@ def _latencies(row: Any) -> str:
             + ".</p>")
 
 
-def _interval(row: Any, bare: bool = False) -> str:
+def _interval(row: pd.Series, bare: bool = False) -> str:
     low, high = row.get("objective_ci_low"), row.get("objective_ci_high")
     if not (conclusions.finite(low) and conclusions.finite(high)):
         return "no interval: one run" if not bare else "n/a"
@@ -189,7 +192,7 @@ def _interval(row: Any, bare: bool = False) -> str:
     return text if bare else f"{conclusions.level_text(conclusions.level_of(row))} interval {text}"
 
 
-def _runs(row: Any) -> str:
+def _runs(row: pd.Series) -> str:
     n = row.get("runs")
     return f"{int(n)} run(s)" if conclusions.finite(n) else "runs unknown"
 

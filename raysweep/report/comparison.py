@@ -209,7 +209,7 @@ def _html_table(df: pd.DataFrame) -> str:
     return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.4g}"
     return fmt_value(value) if value is not None else ""

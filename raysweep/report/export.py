@@ -114,7 +114,7 @@ def _finite(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """A value as a tracker stores it: numbers and booleans as they are, missing as None, the rest as text."""
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return None

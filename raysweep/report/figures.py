@@ -29,6 +29,8 @@ from raysweep.results.labels import sort_key
 from raysweep.results.rows import client_limited_mask, load_variable
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ProcessPoolExecutor
+
     from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
@@ -78,8 +80,8 @@ class _Beside:
         process draws the later half (the server-side metrics, the largest figure, among them), this one the
         first half and the rest of the report."""
         self.mine: list[int] = []  # the indices of `entries` drawn beside
-        self._future: Any = None
-        self._pool: Any = None
+        self._future: Future[Any] | None = None
+        self._pool: ProcessPoolExecutor | None = None
         import multiprocessing
 
         kept = report_cache.active()

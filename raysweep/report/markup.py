@@ -47,11 +47,11 @@ document.querySelectorAll('table.sortable').forEach(function(t){
 """
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     return html.escape(str(value))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     """A table cell: numbers right-aligned with their exact value kept for sorting, text escaped."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return '<td class="t"></td>'
@@ -69,7 +69,7 @@ def html_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], sortable: 
     return f'<div class="wide"><table{cls}><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table></div>'
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """numpy scalars as Python ones, so cells format them as numbers."""
     return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
 

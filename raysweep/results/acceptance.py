@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from raysweep.ledger import ServerRow
 from raysweep.place import placement, transport
+
+if TYPE_CHECKING:
+    from raysweep.campaign.loading import CampaignSpec
 
 __all__ = ["CHECKS", "Item", "checklist", "dry_run_lines", "failed", "placeable", "text_lines"]
 
@@ -57,7 +60,7 @@ class Item:
     fix: str = ""     # what to do, when it did not pass
 
 
-def _gpu_set(value: Any) -> set[str]:
+def _gpu_set(value: object) -> set[str]:
     return {g.strip() for g in str(value or "").split(",") if g.strip()}
 
 
@@ -203,7 +206,7 @@ def text_lines(items: list[Item]) -> list[str]:
     return lines
 
 
-def placeable(spec: Any, nodes: list[placement.NodeInfo]) -> tuple[Any, dict[str, str]]:
+def placeable(spec: CampaignSpec, nodes: list[placement.NodeInfo]) -> tuple[CampaignSpec, dict[str, str]]:
     """The campaign without the configurations this cluster cannot hold, and why each was left out."""
     from raysweep.grid import combo_label
     from raysweep.place.pd import layout_of

@@ -761,7 +761,7 @@ def left_out_reasons(runs: pd.DataFrame) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
-def check_names(issues: Any) -> list[str]:
+def check_names(issues: object) -> list[str]:
     """The names of the checks in a run's `validity_issues` (`shared CPUs; not steady (slope +3 %/s)` gives
     `shared CPUs`, `not steady`)."""
     if not isinstance(issues, str) or not issues.strip():
@@ -844,7 +844,7 @@ def _request_values(s: Mapping[str, Any]) -> dict[str, Any]:
     return {"n": int(ok.sum()), "ttft": ttft, "tpot": tpot, "e2el": e2el, "itl_gaps": gaps, "itl_owner": owner}
 
 
-def _chunk_offsets(chunks: Any) -> tuple[np.ndarray, np.ndarray]:
+def _chunk_offsets(chunks: pa.ChunkedArray | pa.ListArray | Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
     """The chunk offsets of every request laid end to end, and where each request's start (n + 1 offsets):
     from an Arrow list column as read (`_read_samples`) or from lists of numbers."""
     if isinstance(chunks, pa.ChunkedArray):

@@ -20,6 +20,11 @@ from typing import TYPE_CHECKING, Any
 from raysweep.maths import hierarchy
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import pandas as pd
+
+    from raysweep.maths.verdicts import Verdict
     from raysweep.results.conclusions import Conclusions, ShapeVerdict
 
 __all__ = ["Answer", "Rival", "ShapeAnswer", "build", "failed_words", "number", "point_words", "value_words"]
@@ -108,7 +113,7 @@ class Answer:
         return _clean(asdict(self))
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> Any:
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -127,7 +132,7 @@ def _num(value: Any) -> float:
         return math.nan
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     v = _num(value)
     return int(v) if math.isfinite(v) else 0
 
@@ -140,7 +145,7 @@ def _n(value: float) -> str:
     return f"{value:,.{digits}f}"
 
 
-def number(value: Any) -> str:
+def number(value: object) -> str:
     """A measured value as every answer words it: `2,410`, `12.50` (4 significant digits, thousands separated)."""
     return _n(_num(value))
 
@@ -157,7 +162,7 @@ def value_words(value: float, low: float, high: float, level: float, unit: str, 
     return f"{_n(value)}{unit}{interval}{on}"
 
 
-def point_words(row: Any, level: float, unit: str) -> str:
+def point_words(row: pd.Series, level: float, unit: str) -> str:
     """`value_words` of a point's row (its mean, interval, server starts and runs)."""
     return value_words(_num(row.get("objective_mean")), _num(row.get("objective_ci_low")),
                        _num(row.get("objective_ci_high")), level, unit, _count(row.get("server_starts")) or 1,
@@ -197,7 +202,7 @@ def lead_span(low: float | None, high: float | None, maximize: bool) -> str:
     return f" [{_pct(_below(low))}, {_pct(_below(high))} lower]"
 
 
-def _lead(v: Any, maximize: bool) -> tuple[float | None, float | None, float | None]:
+def _lead(v: Verdict, maximize: bool) -> tuple[float | None, float | None, float | None]:
     """The leader's lead over a rival and its interval, in the objective's direction, from the model's verdict
     of the leader (B) against the rival (A)."""
     ratio = _num(getattr(v, "ratio", math.nan))
@@ -211,7 +216,7 @@ def _lead(v: Any, maximize: bool) -> tuple[float | None, float | None, float | N
             (1.0 / low - 1.0) if math.isfinite(low) else None)
 
 
-def _estimate(row: Any) -> hierarchy.Estimate:
+def _estimate(row: pd.Series) -> hierarchy.Estimate:
     return hierarchy.Estimate(_num(row.get("objective_mean")), _num(row.get("objective_se")),
                               _num(row.get("objective_df")), _count(row.get("server_starts")) or 1,
                               _count(row.get("runs")))
@@ -238,7 +243,7 @@ def _left_out(rows: list[Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _rivals(c: Conclusions, v: ShapeVerdict, cl: Any) -> list[Rival]:
+def _rivals(c: Conclusions, v: ShapeVerdict, cl: ModuleType) -> list[Rival]:
     at_load = cl.at_load
     if v.runner_up is None:
         return []
@@ -265,7 +270,7 @@ def _rivals(c: Conclusions, v: ShapeVerdict, cl: Any) -> list[Rival]:
     return out
 
 
-def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
+def _shape(c: Conclusions, v: ShapeVerdict, cl: ModuleType) -> ShapeAnswer:
     at_load, level_of, verdict_text = cl.at_load, cl.level_of, cl.verdict_text
     leader = v.leader
     rivals = _rivals(c, v, cl)
@@ -335,7 +340,7 @@ def _shape(c: Conclusions, v: ShapeVerdict, cl: Any) -> ShapeAnswer:
                        headline, details, runner or None, lead, lead_low, lead_high, lead_words, short, said)
 
 
-def _short_of_precision(row: Any) -> str:
+def _short_of_precision(row: pd.Series) -> str:
     """A `bench.precision` point that stopped before its interval was as narrow as asked, in words (as the card
     flags it); empty for one that reached it, or without precision."""
     state = row.get("precision_state")
@@ -346,7 +351,7 @@ def _short_of_precision(row: Any) -> str:
     return f"precision not reached: its point {why} before its interval was as narrow as bench.precision asks"
 
 
-def build(c: Conclusions, cl: Any) -> Answer:
+def build(c: Conclusions, cl: ModuleType) -> Answer:
     """The answer of a campaign's conclusions (`raysweep.results.conclusions.conclude`), once; `cl` is the
     conclusions' module, whose words (`at_load`, `level_of`, `verdict_text`, `load_lines`, `extra_lines`) it
     uses (passed in: the answer comes after the conclusions, which hand themselves over)."""
@@ -360,7 +365,7 @@ def build(c: Conclusions, cl: Any) -> Answer:
                   cl.extra_lines(c), c.failed_points)
 
 
-def _capacity(c: Conclusions, v: ShapeVerdict, line: str, cl: Any) -> ShapeAnswer:
+def _capacity(c: Conclusions, v: ShapeVerdict, line: str, cl: ModuleType) -> ShapeAnswer:
     """One server configuration swept over loads: its capacity (`load_lines`' line, its value in `value_words`),
     with what was left out."""
     row = v.leader

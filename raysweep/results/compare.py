@@ -343,7 +343,7 @@ def deployment_differences(baseline: Side, other: Side,
     return out
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return "(none)" if value is None else fmt_value(value)
 
 

@@ -43,7 +43,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -57,6 +57,9 @@ from raysweep.results import aggregate, pd_arms, pd_regions
 from raysweep.results.front import gpu_counts, pareto, pareto_front
 from raysweep.results.labels import axis_label, fmt_value, sort_key
 from raysweep.results.rows import load_linked, load_variable
+
+if TYPE_CHECKING:
+    from raysweep.results.answer import Answer
 
 __all__ = [
     "CHEAPEST_METRICS",
@@ -216,7 +219,7 @@ class Conclusions:
     # whether the deployments differ only where declared, and any that prefilled requests again (`pd_arms`)
     arms: list[str] = field(default_factory=list)
     failed_points: int = 0        # points of the campaign that failed (no record: in no ranking), as `status` counts
-    _answer: Any = None
+    _answer: Answer | None = None
 
     @property
     def answer(self) -> Any:
@@ -594,7 +597,7 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
 
 # -- text ------------------------------------------------------------------------------------------------
 
-def level_of(row: Any, prefix: str = "objective") -> float:
+def level_of(row: pd.Series, prefix: str = "objective") -> float:
     """The real level of a point's interval of `prefix` (the objective by default): its own where the summary
     gives one (`M_ci_level`: `bench.precision` reports its metric at a raised level), else the summary's."""
     for key in (f"{prefix}_ci_level", "ci_level"):

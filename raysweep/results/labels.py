@@ -28,7 +28,7 @@ def axis_label(column: str) -> str:
     return f"{column} ({unit})" if unit else column
 
 
-def fmt_value(value: Any) -> str:
+def fmt_value(value: object) -> str:
     """A value as a label shows it: whole floats as integers, missing values as `none`."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "none"
@@ -50,7 +50,7 @@ def natural_key(text: str) -> tuple[tuple[int, float, str], ...]:
 SortKey = tuple[int, float, tuple[tuple[int, float, str], ...]]
 
 
-def sort_key(value: Any) -> SortKey:
+def sort_key(value: object) -> SortKey:
     """Numbers in numeric order, then text (the numbers in it read as numbers: `max_num_seqs=8` before
     `max_num_seqs=16`), then missing values."""
     if value is None or (isinstance(value, float) and math.isnan(value)):

@@ -49,7 +49,7 @@ class LoadLead:
     shown`, `not judged`, `alone`: the only one shown to meet the slo, `none meets`), the others, and the
     tests against them (their positions in the shape's family)."""
 
-    load: Any
+    load: object
     leader: str | None
     word: str
     others: list[str] = field(default_factory=list)

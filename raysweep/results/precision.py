@@ -66,7 +66,7 @@ def precision_columns(output_dir: Any, summary: Any) -> Any:
     return out
 
 
-def precision_counts(ledger: Any) -> dict[str, int] | None:
+def precision_counts(ledger: Ledger) -> dict[str, int] | None:
     """For a campaign with `bench.precision`: how many points reached the target, stopped at max_runs or at
     max_duration_s without it, or are still measuring (None for any other campaign)."""
     if not (ledger.stored_campaign().get("bench") or {}).get("precision"):
@@ -75,7 +75,7 @@ def precision_counts(ledger: Any) -> dict[str, int] | None:
     return {state: states.count(state) for state in (REACHED, AT_MAX, AT_DURATION, MEASURING)}
 
 
-def _spec_of(ledger: Any) -> PrecisionSpec | None:
+def _spec_of(ledger: Ledger) -> PrecisionSpec | None:
     """The `bench.precision` of the campaign a ledger holds (None when absent or unreadable)."""
     try:
         section = ((ledger.stored_campaign().get("bench") or {}).get("precision"))
@@ -93,7 +93,7 @@ def _real(value: Any) -> float:
         return math.nan
 
 
-def _widen_for_looks(out: Any, decided: list[bool], spec: PrecisionSpec) -> None:
+def _widen_for_looks(out: pd.DataFrame, decided: list[bool], spec: PrecisionSpec) -> None:
     """The precision metric's `_ci_low`/`_ci_high` of the points the rule decided, at `reported_confidence`
     (`precision_confidence` and `ci_level` say which level a row's interval has), in place: the model's interval
     (`raysweep.maths.hierarchy`: over server starts where a point has several, else over its one start's runs)

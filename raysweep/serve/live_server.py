@@ -34,7 +34,12 @@ from raysweep.serve.root_cause import deterministic, pick_cause, root_cause, sam
 from raysweep.serve.server import ServerHost, engine_timeout_env, expected_model, rank_argv
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
     from raysweep.bench.backend import BenchBackend
+    from raysweep.bench.command import CommandBench
+    from raysweep.campaign import Campaign
 
 __all__ = ["Aborted", "ConfigRun", "Server", "Servers", "fabric_fields", "new_server_id", "process_columns",
            "record_role_settings", "resolve_provenance", "server_process_fields", "telemetry_fields",
@@ -63,7 +68,7 @@ class Server:
     fabric: dict[str, Any] | None = None  # the bandwidth probe of its placement group (raysweep.place.fabric)
     startup: dict[str, float] = field(default_factory=dict)  # the phases of its start (raysweep.serve.startup)
     roles: list[Any] = field(default_factory=list)  # a P/D deployment: the RoleInstance each host runs, in order
-    router: Any = None               # a P/D deployment: its router's actor (raysweep.serve.pd.RouterHost)
+    router: ActorHandle | None = None  # a P/D deployment: its router's actor (raysweep.serve.pd.RouterHost)
     failed_rank: int | None = None   # the host whose process `down` found ended (a P/D deployment: its role)
     role_settings: dict[str, Any] | None = None  # a P/D deployment: each role server's effective settings
     cross_node: bool | None = None   # whether its layout links its nodes through NCCL (transport.needs_cross_node)
@@ -169,7 +174,7 @@ class Server:
                 for r, (n, i) in enumerate(zip(self.nodes, self.infos))]
 
 
-def record_startup(server: Server, ledger: Any) -> None:
+def record_startup(server: Server, ledger: Ledger) -> None:
     """The phases of a server's start from its rank-0 log (`raysweep.serve.startup.phases`), on the server and in
     its ledger row; nothing when the log cannot be read (the start itself is not at stake)."""
     from raysweep.serve.startup import phases
@@ -205,7 +210,7 @@ class ConfigRun:
     abort: str | None = None         # set by the scheduler: stop now (node lost, interrupted)
     outcome: str = "running"
     bench: BenchBackend | None = None  # the bench backend's client side (its actors stay warm between points)
-    helper: Any = None               # runs after_bench_cmd
+    helper: CommandBench | None = None  # runs after_bench_cmd
     fabric: dict[str, Any] | None = None  # the fabric probe of its placement group (transport.probe)
     replica: int = 0                 # > 0: one more server of a running configuration (placement.tail_replicas)
 
@@ -215,7 +220,7 @@ class ConfigRun:
             if b is not None:
                 b.close()
 
-    def wait(self, ref: Any, timeout_s: float, server: Server | None = None) -> Any:
+    def wait(self, ref: ObjectRef | list[ObjectRef], timeout_s: float, server: Server | None = None) -> Any:
         """Wait for a Ray call (or a list of them), checking every second whether the run was aborted and
         (with `server`) every few seconds whether any of the server's ranks ended. Raises Aborted, or
         returns `("down", why)` for a server that went down, `("ok", value(s))` otherwise."""
@@ -337,7 +342,7 @@ class ServingWork(Protocol):
     its campaign, ledger, log directory and event sink, whether it has GPUs, why it stops, and giving a
     configuration (or its open SLA searches) up."""
 
-    c: Any
+    c: Campaign
     ledger: Ledger
     log_dir: Path
     with_gpus: bool

@@ -19,7 +19,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -28,6 +28,9 @@ from raysweep.place.pd import ROUTER, PDReservation
 from raysweep.serve.pd_router import PDRouter, RouterThread
 from raysweep.serve.pd_settings import effective_settings
 from raysweep.serve.server import ServerHost, engine_timeout_env, expected_model
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 __all__ = ["PDServers", "PrefilledRequests", "RoleFailure", "RouterHost", "deployment_counts", "nixl_side_channels",
            "point_fields", "prefilled_requests", "prompt_sources", "read_role_settings", "role_of", "role_settings",
@@ -74,7 +77,7 @@ class PDServers:
     instances: list[RoleInstance]
     hosts: list[Any]
     urls: list[str]
-    router: Any = None  # its RouterHost actor
+    router: ActorHandle | None = None  # its RouterHost actor
     url: str = ""       # the router's URL: what the bench runs against
     infos: list[dict[str, Any]] = field(default_factory=list)
 
@@ -274,7 +277,7 @@ def prefilled_requests(metrics_text: str) -> PrefilledRequests | None:
 # What one point did to a deployment: requests and failures per role, KV received against prefilled again
 # ---------------------------------------------------------------------------------------------------
 
-def deployment_counts(router: Any, servers: dict[str, str] | list[str]) -> dict[str, Any]:
+def deployment_counts(router: ActorHandle, servers: dict[str, str] | list[str]) -> dict[str, Any]:
     """The counters a point's fields are the difference of: the router's requests and failures per role, and
     the role servers' prompt tokens by source, each server's apart (`by_server`, by name: `prefill-0`, ...;
     None for one whose /metrics did not answer) and the decode servers' summed (`sources`: None where one of

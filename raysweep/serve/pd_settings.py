@@ -68,7 +68,7 @@ def settings_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, An
 _DEFAULT = object()  # a setting a server did not report: vLLM's default
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return "(default)" if value is _DEFAULT else repr(value)
 
 

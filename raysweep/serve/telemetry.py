@@ -44,7 +44,13 @@ import math
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from raysweep.serve.power_sources import AmdSmi, DcgmExporter
+    from raysweep.serve.rapl import Rapl
 
 __all__ = ["FAKE_ENV", "THROTTLE_REASONS", "THROTTLED_FRACTION", "FileNvml", "Sampler", "cuda_pci_bus_ids", "load_nvml",
            "same_bus", "summarise", "throttled"]
@@ -198,8 +204,8 @@ class Sampler:
     """Samples a node's GPUs in a thread (see the module docstring)."""
 
     def __init__(self, gpu_ids: list[str], interval_s: float = 0.5, nvml: Any = None, source: str = "",
-                 rapl_root: str | None = None, clock: Any = time.time, dcgm_url: str | None = None,
-                 amd: Any = False, cuda_bus_ids: Any = None) -> None:
+                 rapl_root: str | None = None, clock: Callable[[], float] = time.time, dcgm_url: str | None = None,
+                 amd: Any = False, cuda_bus_ids: Callable[[], list[str] | None] | None = None) -> None:
         """`cuda_bus_ids`: how to read the PCI bus ids of the GPUs this process sees (`cuda_pci_bus_ids`)."""
         self.interval_s = interval_s
         self.clock = clock
@@ -222,8 +228,8 @@ class Sampler:
                 self.nvml, self.source = None, nvml_why(exc)
         if self.nvml is not None and not self.handles:
             self.nvml, self.source = None, "unavailable: no GPU assigned to this server"
-        self.rapl: Any = None
-        self.gpu_power: Any = None  # a DCGM exporter or AMD SMI, where NVML is absent
+        self.rapl: Rapl | None = None
+        self.gpu_power: DcgmExporter | AmdSmi | None = None  # a DCGM exporter or AMD SMI, where NVML is absent
         self.energy_source, self.energy_why = ("NVML energy counter", "") if self.nvml is not None else ("", "")
         self.wraps: dict[str, float] = {}
         whys = [f"NVML {self.source}"]
@@ -258,7 +264,8 @@ class Sampler:
                 return
             whys.append(src.why)
 
-    def _server_handles(self, gpu_ids: list[str], cuda_bus_ids: Any) -> list[tuple[str, Any]]:
+    def _server_handles(self, gpu_ids: list[str],
+                        cuda_bus_ids: Callable[[], list[str] | None] | None) -> list[tuple[str, Any]]:
         """The NVML handle of each of the server's GPUs (Ray's ids, CUDA's numbers or UUIDs): by UUID, else by
         the PCI bus id CUDA gives the device, else by NVML's index where NVML's order is CUDA's."""
         nvml = self.nvml
@@ -370,7 +377,7 @@ class Sampler:
         return int(self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
 
     @staticmethod
-    def _read(fn: Any) -> Any:
+    def _read(fn: Callable[..., Any]) -> Any:
         try:
             return fn()
         except Exception:

@@ -51,7 +51,7 @@ class _SearchState:
     probes: dict[str, dict[tuple[float, int], ProbeData | None]] = field(default_factory=dict)
 
 
-def _probe_value(setting: Any) -> float:
+def _probe_value(setting: int | float | str | None) -> float:
     return math.inf if setting is None or setting == "inf" else float(setting)
 
 
