@@ -8,8 +8,8 @@ Optuna):
 - `levels` (`raysweep.levels` lends `levels.search`): `bench.workload`'s `restore_plan`, `settle_all`, `settle`
   after each point, `pending` and `search_probes`;
 - `sla` (`raysweep.sla` lends `sla.probe.SlaSearches`): a configuration's SLA searches, `.run(run, server)`;
-- `sla_book` (`raysweep.sla` lends `sla.book`): the searches of a configuration still open, and closing them
-  when it is given up (`RunState.open_searches`, `.close_searches`);
+- `sla_book` (`raysweep.sla` lends `sla.book`): the searches of a configuration still open, the work they leave
+  and closing them when it is given up (`RunState.open_searches`, `.work_left`, `.close_searches`);
 - `sla_capacities` (`raysweep.sla` lends `sla.capacities.capacities`): the configs ranked by their SLA capacity,
   for the conclusions (`results`, above the run and below the modes, asks for it here), and
   `sla_capacities_html` (`sla.report.capacities_html`) for the report's cards;
@@ -117,6 +117,7 @@ class SlaBook(Protocol):
 
     def open_searches(self, work: Work, serve_id: str) -> list[tuple[str, Target]]: ...
     def close_searches(self, work: Work, serve_id: str, state: str, note: str) -> None: ...
+    def work_left(self, work: Work, serve_id: str) -> int: ...
 
 
 class OfflinePart(Protocol):

@@ -55,8 +55,8 @@ class RunState:
         """Points a config still has to run; with SLA searches, a run of one probe per open search (the
         searches run their probes themselves, and a probe no search needs any more is left alone), and the
         `bench.workload` points they start from."""
-        if self.c.sla is not None:  # with bench.workload, its points first (the searches start from them)
-            return self.c.runs * len(self.open_searches(serve_id)) + len(hooks.levels().pending(self, serve_id))
+        if self.c.sla is not None:  # raysweep.sla.book
+            return hooks.sla_book().work_left(self, serve_id)
         return len(self.runnable(serve_id))
 
     # -- the order of server starts (raysweep.maths.order) ------------------------------------------------------
