@@ -87,6 +87,7 @@ def _sitting(mode: str, work: Path, i: int, model: str) -> dict[str, Any]:
 
 def _read(out: Path) -> dict[str, Any]:
     """What a sitting answered: its headline, whether it names a winner, every point's estimate and interval."""
+    import raysweep.modes  # noqa: F401 - every mode registered (the confirmation's verdict), as the faces do
     from raysweep.results.conclusions import headlines
     from raysweep.results.data import answer_of, read_data
 

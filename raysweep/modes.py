@@ -1,19 +1,19 @@
 """What the faces plug into the stages. The optional modes of a campaign, each a package above the stages:
-tuning (`tune`), SLA search (`sla`), load levels (`levels`) and offline points (`offline`). Importing this
-module imports every mode's package, which registers what the mode adds to the stages (the report's sections,
-the run's parts in `raysweep.drive.hooks`), and lends the run what it calls of the stages above it: live
-tracking (`report.tracking`) and the winners `confirm:` runs again (`results.data.winner_pairs`). The faces
-(`cli`, `api`) import it.
+tuning (`tune`), SLA search (`sla`), load levels (`levels`), offline points (`offline`) and the winner's
+confirmation (`confirm`). Importing this module imports every mode's package, which registers what the mode adds
+to the stages (the report's sections, the run's parts in `raysweep.drive.hooks`, the estimate's in
+`raysweep.plan.hooks`), and lends the run what it calls of the stages above it: live tracking
+(`report.tracking`). The faces (`cli`, `api`) import it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from raysweep import levels, offline, sla, tune
+from raysweep import confirm, levels, offline, sla, tune
 from raysweep.drive import hooks
 
-__all__ = ["levels", "offline", "sla", "tune"]
+__all__ = ["confirm", "levels", "offline", "sla", "tune"]
 
 
 def _tracking() -> Any:
@@ -22,11 +22,4 @@ def _tracking() -> Any:
     return tracking
 
 
-def _winners() -> Any:
-    from raysweep.results.data import winner_pairs  # loads pandas and scipy: only for a campaign with `confirm:`
-
-    return winner_pairs
-
-
 hooks.register("tracking", _tracking)
-hooks.register("winners", _winners)

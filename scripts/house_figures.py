@@ -40,7 +40,7 @@ _GRAPH = _graph_module()
 FLOORS: list[tuple[str, ...]] = list(_GRAPH.FLOORS)
 MODES = set(FLOORS[-2])
 MODE_MODULES = {"SLA search": "sla", "load levels": "levels", "offline": "offline", "tune": "tune",
-                "endpoints": "drive.endpoint"}
+                "confirmation": "confirm", "endpoints": "drive.endpoint"}
 module_paths = _GRAPH.module_names
 components = _GRAPH.components
 room_of = _GRAPH.room_of

@@ -1,4 +1,4 @@
-"""The winner confirmed (raysweep.drive.confirm): its settings and bad input, the verdict from fresh runs, and on the
+"""The winner confirmed (raysweep.confirm): its settings and bad input, the verdict from fresh runs, and on the
 stand-in servers a campaign that re-measures its leader and runner-up in AB BA order after the sweep, records
 the pairs in the ledger, takes its headline from them and resumes without running anything twice."""
 
@@ -15,10 +15,10 @@ from helpers import standin_campaign
 
 from raysweep.campaign import load_campaign
 from raysweep.cli import main
-from raysweep.drive.confirm import ConfirmSpec, confirm_bench_id, dry_run_lines, wanted
+from raysweep.confirm.runs import ConfirmSpec, confirm_bench_id, dry_run_lines, wanted
+from raysweep.confirm.verdict import confirmed_verdict
 from raysweep.errors import CampaignError
 from raysweep.ledger import Ledger
-from raysweep.maths.confirmation import confirmed_verdict
 from raysweep.plan.estimate import estimate
 from raysweep.plan.plan import build_plan
 from raysweep.record.directory import CampaignDir

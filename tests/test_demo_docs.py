@@ -86,7 +86,7 @@ def _printed_today(plan, spec, clear: bool = True, confirmed: bool = False) -> l
                      "instance": p.run % starts})
     c = conclusions.conclude(pd.DataFrame(rows), list(plan.benches[0].params))
     if spec.campaign.confirm.enabled is True:  # the demo confirms its winner: the leader and runner-up again
-        from raysweep.drive.confirm import confirm_bench_id
+        from raysweep.confirm.runs import confirm_bench_id
 
         for v in c.verdicts:
             for row in (v.leader, v.runner_up):

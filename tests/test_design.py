@@ -18,11 +18,12 @@ from scipy import stats
 from raysweep.campaign import load_campaign
 from raysweep.campaign.design import DesignSpec
 from raysweep.cli import main
+from raysweep.confirm.estimate import confirm_cost, confirm_pairs
 from raysweep.drive.state import RunState
 from raysweep.errors import CampaignError
 from raysweep.plan import design as d
 from raysweep.plan.design import choose, components, design_of
-from raysweep.plan.estimate import confirm_cost, confirm_pairs, estimate
+from raysweep.plan.estimate import estimate
 from raysweep.plan.plan import build_plan, dry_run_text
 from raysweep.record.directory import CampaignDir
 
@@ -243,7 +244,7 @@ def test_design_auto_is_the_pilot_and_a_campaign_without_it_has_none(tmp_path):
 def test_auto_confirmation_counts_every_shape_it_would_re_measure(tmp_path):
     """A stub campaign of 2 configurations x 250 bench shapes (1,000 runs): the confirmation would re-measure the
     leader and the runner-up of every shape (2,000 runs), so auto leaves it off; with one shape it fits."""
-    from raysweep.drive.confirm import wanted
+    from raysweep.confirm.runs import wanted
 
     f = _campaign(tmp_path, runs=2, bench_params={"grid": {"random_input_len": list(range(16, 16 + 250))}})
     plan = build_plan(load_campaign(f))

@@ -25,7 +25,7 @@ FEATURES: dict[str, tuple[str, set[str]]] = {
     "precision (`bench.precision`)": (r"^raysweep\.(maths|results)\.precision$|^raysweep\.drive\.sequential$",
                                       {"precision"}),
     "designs of server starts (`design:`)": (r"^raysweep\.(campaign|plan)\.design$", {"design"}),
-    "the confirmation (`confirm:`)": (r"^raysweep\.(drive\.confirm|maths\.confirmation)$", {"confirm"}),
+    "the confirmation (`confirm:`)": (r"^raysweep\.confirm(\.|$)", {"confirm"}),
     "endpoints that already run (`endpoint:`)": (r"^raysweep\.drive\.endpoint$", {"endpoint"}),
     "the lab (`raysweep lab`)": (r"^raysweep\.(lab(\.|$)|cli\.lab)$", set()),
 }

@@ -207,7 +207,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("report",),                     # figures, the page and its sections, export, tracking
     ("catalog",),                    # every campaign in one place: the catalogue, history, the site
     ("lab",),                        # trying it on one machine: real hosts, a Slurm on them, the tiny model
-    ("tune", "sla", "levels", "offline"),  # the optional modes: above the stages, never one another
+    ("tune", "sla", "levels", "offline", "confirm"),  # the optional modes: above the stages, never one another
     ("cli", "api", "modes", "__main__"),   # the faces
 ]
 MODES = set(FLOORS[-2])

@@ -123,6 +123,7 @@ def test_a_report_written_again_on_unchanged_data_draws_nothing_and_is_the_same_
 # The report written in a fresh Python: a test worker may hold the session's Ray cluster, and a process where
 # Ray runs never forks (`_Beside`). It prints how many figures that process drew itself.
 BESIDE_CODE = """import sys
+import raysweep.modes  # every mode registered (SLA search's and the confirmation's parts), as the faces do
 from raysweep.report import figures
 from raysweep.record.directory import CampaignDir
 from raysweep.report.page import write_report

@@ -214,7 +214,8 @@ def test_campaign_refuses_bad_sla_sections(tmp_path, change, where, words):
 
 
 def test_sla_plan_starts_every_search_at_unbounded_load(tmp_path):
-    from raysweep.plan.plan import build_plan, dry_run_text, probe_bench
+    from raysweep.plan.plan import build_plan, dry_run_text
+    from raysweep.sla.plan import probe_bench
 
     data, load = _campaign()
     data["serve"]["params"] = {"grid": {"max_num_seqs": [4, 8]}}

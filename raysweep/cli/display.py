@@ -98,7 +98,7 @@ class _ProgressDisplay:
         elif kind == "cannot_place":
             p.console.print(f"[red]server config {data['serve'].id} cannot be placed:[/] {escape(data['reason'])}",
                             highlight=False)
-        elif kind == "confirm_start":  # the leaders re-measured after the sweep (drive/confirm.py)
+        elif kind == "confirm_start":  # the leaders re-measured after the sweep (raysweep/confirm/runs.py)
             pairs = ", ".join(f"{role} {s}/{b}" for s, b, role, *_ in data["pairs"])
             p.console.print(f"confirmation: {escape(pairs)} re-measured on fresh servers, {data['starts']} start(s) "
                             f"each (AB BA), {data['runs']} run(s) per start", highlight=False)

@@ -72,10 +72,10 @@ def results(output_dir: str, formats: tuple[str, ...], out_path: str | None, agg
 
 def _with_costs(df: pd.DataFrame, output_dir: str) -> pd.DataFrame:
     """The SLA table with the cost (else energy) per output token at each largest pass, where the runs have it
-    (`conclusions.sla_costs`; docs/energy.md)."""
+    (`raysweep.sla.capacities.sla_costs`; docs/energy.md)."""
     from raysweep.record.directory import CampaignDir
-    from raysweep.results.conclusions import sla_costs
     from raysweep.results.table import results_table
+    from raysweep.sla.capacities import sla_costs
 
     try:
         with CampaignDir(output_dir) as directory:

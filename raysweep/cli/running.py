@@ -100,7 +100,7 @@ def _dry_run(spec: CampaignSpec, address: str | None, output_dir: Path, estimate
     if options.checked or options.note:
         text += f"\n\n{options.line()}"
     if spec.campaign.tune is None:  # the winner's confirmation after the sweep: on or off, and its cost
-        from raysweep.drive.confirm import dry_run_lines as confirm_lines
+        from raysweep.confirm.runs import dry_run_lines as confirm_lines
         from raysweep.plan.estimate import estimate
 
         said = confirm_lines(plan, estimate(plan).wall_s)

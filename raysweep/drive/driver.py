@@ -29,7 +29,7 @@ import ray
 from raysweep import procs
 from raysweep.bench import offline
 from raysweep.campaign import CampaignSpec
-from raysweep.drive import confirm, endpoint, hooks, recovery, sequential
+from raysweep.drive import endpoint, hooks, recovery, sequential
 from raysweep.drive.config_life import ConfigLife
 from raysweep.drive.endpoint import is_endpoint_campaign
 from raysweep.drive.progress_metrics import Progress
@@ -204,7 +204,7 @@ def open_campaign(spec: CampaignSpec, directory: CampaignDir, force: bool = Fals
             hooks.tune().restore_plan(plan, ledger)
         hooks.levels().restore_plan(plan, ledger)  # levels bench.workload decided before
         sequential.restore_plan(plan, ledger)  # runs bench.precision added to points before
-        confirm.restore_plan(plan, ledger)  # the winner's confirmation chosen before (raysweep.drive.confirm)
+        hooks.confirmation().restore_plan(plan, ledger)  # the winner's confirmation chosen before (raysweep.confirm)
         ledger.sync(name=spec.campaign.name, fingerprint=plan.fingerprint, meaning=meaning(spec),
                     campaign=spec.stored_form(), campaign_file=spec.source_path,
                     points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points],
@@ -433,6 +433,6 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
                       max_servers=c.placement.max_servers or (None if with_gpus else 1)).run()
             return cw.stop_reason
 
-        work.stop_reason = confirm.run_after(plan, ledger, output_dir, emit, with_gpus, run_work)
+        work.stop_reason = hooks.confirmation().run_after(plan, ledger, output_dir, emit, with_gpus, run_work)
     emit("campaign_end", counts=ledger.counts(), stopped=work.stop_reason)
     return work.stop_reason

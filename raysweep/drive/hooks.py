@@ -1,18 +1,26 @@
 """What the rooms above the run lend it: the optional modes' parts, live tracking, the winner to confirm.
 
-The run stage (`drive`) sits below the modes (`tune`, `sla`, `levels`, `offline`), the results and the report,
-and imports none of them. The parts of them a run calls are registered here by name, each as a loader that
-imports the part when a run first asks for it (registering costs nothing: the CLI starts without Ray or Optuna):
+The run stage (`drive`) sits below the modes (`tune`, `sla`, `levels`, `offline`, `confirm`), the results and
+the report, and imports none of them. The parts of them a run calls are registered here by name, each as a loader
+that imports the part when a run first asks for it (registering costs nothing: the CLI starts without Ray or
+Optuna):
 
 - `levels` (`raysweep.levels` lends `levels.search`): `bench.workload`'s `restore_plan`, `settle_all`, `settle`
   after each point, `pending` and `search_probes`;
 - `sla` (`raysweep.sla` lends `sla.probe.SlaSearches`): a configuration's SLA searches, `.run(run, server)`;
+- `sla_book` (`raysweep.sla` lends `sla.book`): the searches of a configuration still open, the work they leave
+  and closing them when it is given up (`RunState.open_searches`, `.work_left`, `.close_searches`);
+- `sla_capacities` (`raysweep.sla` lends `sla.capacities.capacities`): the configs ranked by their SLA capacity,
+  for the conclusions (`results`, above the run and below the modes, asks for it here), and
+  `sla_capacities_html` (`sla.report.capacities_html`) for the report's cards;
 - `offline` (`raysweep.offline` lends `offline.points.OfflinePoints`): a configuration's offline points, `.run(run)`;
 - `tune` (`raysweep.tune`): `tune:`'s `restore_plan`, `TuneWork` and `TunedCluster`;
 - `tracking` (`raysweep.modes` lends `report.tracking`): `tracking:`'s `check(campaign)` before the run and its
   `LiveTracker(campaign, directory)` during it;
-- `winners` (`raysweep.modes` lends `results.data.winner_pairs`): `confirm:`'s leaders and runners-up, as the
-  conclusions name them.
+- `confirmation` (`raysweep.confirm` lends `confirm.runs`): `confirm:`'s `restore_plan` (the runs an earlier
+  driver chose) and `run_after` (the leaders and runners-up measured again after the sweep);
+- `confirmed` (`raysweep.confirm` lends `confirm.conclusions.confirmed`): a shape's verdict from the confirmation's
+  fresh runs, for the conclusions (`results`, above the run and below the modes, asks for it here too).
 
 A mode's package registers its parts when it is imported; `raysweep.modes`, which both faces (`cli`, `api`)
 import, imports every mode and registers the rest. A run that asks for a part nobody registered stops with a
@@ -28,15 +36,20 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from raysweep.registry import Registry
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from raysweep.campaign import Campaign
+    from raysweep.campaign.slo import Target
     from raysweep.ledger import Ledger, PointRow
     from raysweep.place.scheduler import Cluster
     from raysweep.plan.plan import BenchPoint, Plan, PointRun, ServeConfig
     from raysweep.record.directory import CampaignDir
+    from raysweep.results.conclusions import Conclusions, Objective, ShapeVerdict
     from raysweep.serve.live_server import ConfigRun, Server, Servers
 
-__all__ = ["LOADERS", "Levels", "Points", "Tracker", "Tracking", "Tune", "Work", "levels", "offline_points", "register",
-           "sla_searches", "tracking", "tune", "winners"]
+__all__ = ["LOADERS", "Confirmation", "Levels", "Points", "SlaBook", "Tracker", "Tracking", "Tune", "Work",
+           "confirmation", "confirmed", "levels", "offline_points", "register", "sla_book", "sla_capacities",
+           "sla_capacities_html", "sla_searches", "tracking", "tune"]
 
 LOADERS: Registry[Callable[[], Any]] = Registry(
     "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
@@ -71,6 +84,7 @@ class Work(Protocol):
 
 
 W = TypeVar("W", bound=Work)
+W_co = TypeVar("W_co", bound=Work, covariant=True)
 
 
 class Points(Protocol):
@@ -99,6 +113,14 @@ class ServerPart(Protocol):
     def run(self, run: ConfigRun, server: Server) -> None: ...
 
 
+class SlaBook(Protocol):
+    """SLA search's bookkeeping in a running campaign (`raysweep.sla.book`)."""
+
+    def open_searches(self, work: Work, serve_id: str) -> list[tuple[str, Target]]: ...
+    def close_searches(self, work: Work, serve_id: str, state: str, note: str) -> None: ...
+    def work_left(self, work: Work, serve_id: str) -> int: ...
+
+
 class OfflinePart(Protocol):
     """A configuration's offline points, run inside its placement group without a server."""
 
@@ -122,6 +144,15 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
+class Confirmation(Protocol[W_co]):
+    """The winner's confirmation after the sweep (`raysweep.confirm.runs`); `run_work` runs the work it makes
+    (a `raysweep.drive.state.RunState`) on the cluster."""
+
+    def restore_plan(self, plan: Plan, ledger: Ledger) -> int: ...
+    def run_after(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: Callable[..., None], with_gpus: bool,
+                  run_work: Callable[[W_co], str | None]) -> str | None: ...
+
+
 class Tracking(Protocol):
     """Live export of the points as they land (`tracking:`)."""
 
@@ -137,6 +168,18 @@ def sla_searches() -> Callable[[Work, Points], ServerPart]:
     return _part("sla")
 
 
+def sla_book() -> SlaBook:
+    return _part("sla_book")
+
+
+def sla_capacities() -> Callable[[pd.DataFrame, pd.DataFrame | None], pd.DataFrame]:
+    return _part("sla_capacities")
+
+
+def sla_capacities_html() -> Callable[[Conclusions], str]:
+    return _part("sla_capacities_html")
+
+
 def offline_points() -> Callable[[Work, Servers, Points], OfflinePart]:
     return _part("offline")
 
@@ -149,5 +192,9 @@ def tracking() -> Tracking:
     return _part("tracking")
 
 
-def winners() -> Callable[[Path, str | None], list[list[str]]]:
-    return _part("winners")
+def confirmation() -> Confirmation[Any]:
+    return _part("confirmation")
+
+
+def confirmed() -> Callable[[ShapeVerdict, pd.DataFrame, Objective, float], None]:
+    return _part("confirmed")

@@ -132,5 +132,5 @@ def settle_all(work: RunState) -> int:
     if precision_of(work.c) is None:
         return 0
     pairs = {(p.serve.id, p.bench.id): p.serve for p in work.plan.points
-             if p.bench.id not in work.plan.confirm_ids}  # the confirmation's runs are fixed (raysweep.drive.confirm)
+             if p.bench.id not in work.plan.confirm_ids}  # the confirmation's runs are fixed (raysweep.confirm)
     return sum(settle(work, serve, bench_id, announce=False) is not None for (_, bench_id), serve in pairs.items())

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from raysweep.campaign import slo
 from raysweep.drive import hooks
 from raysweep.ledger import Ledger, PointRow, PointState
 from raysweep.maths.order import Turn, block_order, instance_of, open_turns, order_of, turns
@@ -38,7 +37,6 @@ class RunState:
         self.log_dir = (output_dir / "logs").resolve()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stop_reason: str | None = None
-        self.targets = slo.parse_targets(self.c.sla.targets) if self.c.sla is not None else []
         self.order = order_of(self.c)
         self.instances = self.order.instances  # server starts per configuration (`order.instances`)
         self.first_runs = first_runs(plan.spec)
@@ -57,8 +55,8 @@ class RunState:
         """Points a config still has to run; with SLA searches, a run of one probe per open search (the
         searches run their probes themselves, and a probe no search needs any more is left alone), and the
         `bench.workload` points they start from."""
-        if self.c.sla is not None:  # with bench.workload, its points first (the searches start from them)
-            return self.c.runs * len(self.open_searches(serve_id)) + len(hooks.levels().pending(self, serve_id))
+        if self.c.sla is not None:  # raysweep.sla.book
+            return hooks.sla_book().work_left(self, serve_id)
         return len(self.runnable(serve_id))
 
     # -- the order of server starts (raysweep.maths.order) ------------------------------------------------------
@@ -69,7 +67,7 @@ class RunState:
 
     def mine(self, row: PointRow) -> bool:
         """Whether a ledger row is one of this work's runs: the sweep's (the winner's confirmation runs after
-        it, `raysweep.drive.confirm`)."""
+        it, `raysweep.confirm`)."""
         return row.bench_id not in self.plan.confirm_ids
 
     def design(self) -> list[Turn]:
@@ -133,18 +131,13 @@ class RunState:
         return statistics.median(points), statistics.median(starts)
 
     def open_searches(self, serve_id: str) -> list[tuple[str, Any]]:
-        """The (bench id, target) SLA searches of a config without a recorded outcome."""
-        if self.c.sla is None:
-            return []
-        done = {(r["bench_id"], r["target"]) for r in self.ledger.searches() if r["serve_id"] == serve_id}
-        return [(bid, t) for sid, bid in self.plan.searches if sid == serve_id
-                for t in self.targets if (bid, slo.search_key(self.c.sla, t)) not in done]
+        """The (bench id, target) SLA searches of a config without a recorded outcome (`raysweep.sla.book`)."""
+        return hooks.sla_book().open_searches(self, serve_id) if self.c.sla is not None else []
 
     def close_searches(self, serve_id: str, state: str, note: str) -> None:
         """Record every open SLA search of a config as ended without an answer (`state`, and why)."""
-        for bench_id, target in self.open_searches(serve_id):
-            self.ledger.record_search(serve_id, bench_id, slo.search_key(self.c.sla, target), state, None, None,
-                                      0, [note], {})
+        if self.c.sla is not None:
+            hooks.sla_book().close_searches(self, serve_id, state, note)
 
     def give_up(self, serve: ServeConfig, reason: str, search_state: str = "server failed") -> None:
         """Fail a configuration's points (and SLA searches) for good."""

@@ -55,7 +55,7 @@ ROOM = 0.25  # `confirm.enabled: auto` confirms when it costs at most this fract
 
 class ConfirmSpec(BaseModel):
     """`confirm:` (or `confirm: true|false`): the leader and the runner-up re-measured after the sweep
-    (`raysweep.drive.confirm` runs it)."""
+    (`raysweep.confirm` runs it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -21,10 +21,11 @@ from raysweep.campaign.levels import BATCH, LEVEL, SERIAL, dataset_size, workloa
 from raysweep.campaign.levels import dry_run_lines as workload_lines
 from raysweep.campaign.pd import Deployment, deployment_of
 from raysweep.errors import CampaignError
+from raysweep.plan import hooks
 from raysweep.procs import CPUS_ENV
 
 __all__ = ["BenchPoint", "Plan", "PointRun", "ServeConfig", "Shape", "build_plan", "dry_run_text", "endpoint_benches",
-           "fingerprint", "first_runs", "level_bench", "make_serve", "meaning", "point_id", "probe_bench", "probe_runs",
+           "fingerprint", "first_runs", "level_bench", "make_serve", "meaning", "point_id",
            "role_servers", "rule_for", "serve_points", "shape_of"]
 
 _SHAPE_FLAGS = {
@@ -299,7 +300,7 @@ def serve_points(spec: CampaignSpec, s: ServeConfig, benches: list[BenchPoint]
         if spec.campaign.sla is not None:  # the search runs after the levels, if any, and starts from them
             searches.append((s.id, b.id))
         if spec.campaign.sla is not None and not workload:  # it starts at unbounded load; it adds the other probes
-            points.extend(probe_runs(spec, s, b, math.inf))
+            points.extend(hooks.sla().probe_runs(spec, s, b, math.inf))  # raysweep.sla.plan, lent
         elif workload:  # the levels come after these two
             points.extend(PointRun(id=point_id(s.id, e.id, r), serve=s, bench=e, run=r)
                           for e in endpoint_benches(spec, b) for r in range(first_runs(spec)))
@@ -307,29 +308,6 @@ def serve_points(spec: CampaignSpec, s: ServeConfig, benches: list[BenchPoint]
             points.extend(PointRun(id=point_id(s.id, b.id, r), serve=s, bench=b, run=r)
                           for r in range(first_runs(spec)))
     return points, searches, skipped
-
-
-def probe_bench(spec: CampaignSpec, base: BenchPoint, value: float) -> BenchPoint:
-    """The bench point an SLA search runs to try `value` of its variable on `base` (inf: unbounded load)."""
-    sla = spec.campaign.sla
-    assert sla is not None
-    if math.isinf(value):
-        setting: Any = None if sla.variable == CONCURRENCY else "inf"
-    else:
-        setting = int(value) if sla.variable == CONCURRENCY else float(value)
-    params = {**base.params, sla.variable: setting}
-    return BenchPoint(id=grid.params_id(_no_name(params)), params=params,
-                      argv=grid.apply_to_cmd(spec.bench_argv, params),
-                      label=f"{base.label}-{sla.variable}={'inf' if math.isinf(value) else f'{value:g}'}",
-                      base_id=base.id, sla_value=value)
-
-
-def probe_runs(spec: CampaignSpec, serve: ServeConfig, base: BenchPoint, value: float, first_run: int = 0
-               ) -> list[PointRun]:
-    """The runs of one probe (`first_run` > 0 for a re-check: new runs of the same value)."""
-    b = probe_bench(spec, base, value)
-    return [PointRun(id=point_id(serve.id, b.id, r), serve=serve, bench=b, run=r)
-            for r in range(first_run, first_run + spec.campaign.runs)]
 
 
 def _workload_bench(spec: CampaignSpec, base: BenchPoint, params: dict[str, Any], role: str, value: int
@@ -448,12 +426,6 @@ def dry_run_text(plan: Plan, render_bench: Callable[[list[str]], list[str]] | No
         lines += ["", *said] if said else []
     if c.warmup:
         lines += ["", f"Warmup: {c.warmup} prompt(s) after every server start (not recorded)"]
-    if c.sla is not None:
-        lines += ["", f"SLA search on {c.sla.variable} ({c.sla.judge}, precision {c.sla.precision:g}, "
-                      f"from {c.sla.start:g} to {c.sla.max_value:g}), per server config and bench point, for:"]
-        lines += [f"  {t}" for t in c.sla.targets]
-        lines += ["The runs above are the unbounded-load probes; the search adds its other probes as it goes."
-                  if workload_of(c) is None else "The search runs after the workload levels and starts from them: "
-                  "every level, and with max_concurrency the serial and batch points, is a probe it does not run "
-                  "again; it adds the other probes as it goes."]
+    if c.sla is not None:  # SLA search's own lines (raysweep.sla.plan, lent)
+        lines += ["", *hooks.sla().dry_run_lines(c)]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raysweep.bench.load import CONCURRENCY
+from raysweep.drive import hooks
 from raysweep.errors import UserError
 from raysweep.ledger import PointState
 from raysweep.report.markup import esc, html_table
@@ -197,18 +198,8 @@ def _runs(row: pd.Series) -> str:
 
 
 def _sla_capacities(c: conclusions.Conclusions) -> str:
-    if c.sla.empty:
-        return ""
-    metric = str(c.sla["cheapest_metric"].iloc[0]) if "cheapest_metric" in c.sla.columns else ""
-    rows = [[r["bench_label"], r["target"], r["serve_label"], r["largest_pass"], r["state"],
-             *([conclusions.rounded(r[f"{metric}_at_pass"]), "cheapest" if r["cheapest"] else ""] if metric else [])]
-            for _, r in c.sla.iterrows()]
-    cost = (f" Beside it, the {metric} of its runs at that load, and the cheapest configuration that meets the "
-            "bound." if metric else "")
-    return ("<h3>SLA capacities</h3><p>Per bench point and target, the largest load each server config meets it "
-            f"at, best first (inf: met at every load tried).{esc(cost)}</p>"
-            + html_table(["bench point", "target", "server config", "largest passing value", "search",
-                          *([f"{metric} at it", ""] if metric else [])], rows))
+    """The SLA capacities under the cards (`raysweep.sla.report_section`, lent through `raysweep.drive.hooks`)."""
+    return "" if c.sla.empty else hooks.sla_capacities_html()(c)
 
 
 def _noise(c: conclusions.Conclusions) -> str:

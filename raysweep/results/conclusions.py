@@ -50,12 +50,13 @@ import pandas as pd
 
 from raysweep.bench.load import CONCURRENCY
 from raysweep.campaign.slo import Target
+from raysweep.drive import hooks
 from raysweep.errors import UserError, unknown_names
 from raysweep.maths import hierarchy, verdicts
 from raysweep.results import aggregate, pd_arms, pd_regions
 from raysweep.results.front import gpu_counts, pareto, pareto_front
 from raysweep.results.labels import axis_label, fmt_value, sort_key
-from raysweep.results.rows import SLA_COLUMNS, load_linked, load_variable
+from raysweep.results.rows import load_linked, load_variable
 
 if TYPE_CHECKING:
     from raysweep.results.answer import Answer
@@ -70,7 +71,6 @@ __all__ = [
     "ShapeVerdict",
     "conclude",
     "cheapest_text",
-    "sla_costs",
     "finite",
     "fmt",
     "by_load",
@@ -185,7 +185,7 @@ class ShapeVerdict:
     against: verdicts.Verdict | None = None  # the leader against the runner-up (the model), the lead with its interval
     all_flagged: bool = False    # every configuration's runs failed a check: no leader is named
     nearest: str = ""            # with an slo no point is shown to meet: the nearest point and its interval
-    confirmation: Any = None  # raysweep.maths.confirmation.Confirmation: the leader and runner-up measured again, fresh
+    confirmation: Any = None  # raysweep.confirm.verdict.Confirmation: the leader and runner-up measured again, fresh
     selection: str = ""       # with a confirmation, what the sweep's own test said (the verdict is the confirmation's)
     cheapest_tied: list[str] = field(default_factory=list)  # configs not shown to cost more (Welch's t, Holm)
 
@@ -265,16 +265,24 @@ def conclude(df: pd.DataFrame, bench_vars: Sequence[str], objective: str | None 
     points, notes = _points(df, summary, obj, load or None, keys, slo)
     verdicts_ = [_verdict(shape, rows, obj, slo, df, load or None)
                  for shape, rows in points.groupby("shape", sort=False)]
-    for v in verdicts_:
-        _confirmed(v, confirming, obj, confidence)
+    if len(confirming):  # the confirmation's fresh runs give the verdicts (raysweep.confirm lends it)
+        confirmed = hooks.confirmed()
+        for v in verdicts_:
+            confirmed(v, confirming, obj, confidence)
     fronts, front_notes = _fronts(df, points)
     single = bool(load) and "serve_id" in df.columns and df["serve_id"].nunique() == 1
     deployments = pd_regions.deployment_names(df)
     return Conclusions(obj, load or None, keys, points, verdicts_, fronts, front_notes,
-                       _sla_capacities(sla if sla is not None else pd.DataFrame(), df),
+                       _sla_capacities(sla, df),
                        [*gpu_note, *notes], slo, single, deployments,
                        [*pd_arms.arm_lines(df, deployments, serve_params),
                         *pd_arms.prefilled_again_lines(df, deployments, load or None)], failed_points)
+
+
+def _sla_capacities(sla: pd.DataFrame | None, df: pd.DataFrame) -> pd.DataFrame:
+    """Per bench point and target, the configs ranked by their SLA capacity (`raysweep.sla.capacities`, lent
+    through `raysweep.drive.hooks`); empty without SLA searches."""
+    return hooks.sla_capacities()(sla, df) if sla is not None and not sla.empty else pd.DataFrame()
 
 
 def gpus_declared(df: pd.DataFrame) -> bool:
@@ -286,44 +294,11 @@ def gpus_declared(df: pd.DataFrame) -> bool:
 
 
 def _without_confirmation(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The sweep's runs, and the runs of the winner's confirmation (`raysweep.drive.confirm`: `phase` confirm)."""
+    """The sweep's runs, and the runs of the winner's confirmation (`raysweep.confirm`: `phase` confirm)."""
     if "phase" not in df.columns:
         return df, df.iloc[0:0]
     mask = (df["phase"] == "confirm").fillna(False).astype(bool)
     return df[~mask].reset_index(drop=True), df[mask].reset_index(drop=True)
-
-
-def _confirmed(v: ShapeVerdict, runs: pd.DataFrame, obj: Objective, confidence: float) -> None:
-    """A shape's verdict from the confirmation's fresh runs of its leader and runner-up, where there are
-    some: the lead, the test and `clear` are the confirmation's; the sweep's own test is kept in words."""
-    from raysweep.maths.confirmation import confirmed_verdict
-
-    if v.runner_up is None or not len(runs) or "confirms_bench_id" not in runs.columns:
-        return
-    kept = ~aggregate.left_out_mask(runs)
-
-    def arm(row: pd.Series) -> tuple[list[float], list[str]]:
-        of_it = (runs["serve_id"] == row["serve_id"]) & (runs["confirms_bench_id"] == row["bench_id"])
-        # its runs that passed their checks; when none did, all of them, as the sweep's aggregates do
-        mine = runs[of_it & kept] if (of_it & kept).any() else runs[of_it]
-        metric, per_gpu = obj.metric, obj.per_gpu
-        if metric not in mine.columns and metric.endswith(_PER_GPU):  # aggregated per GPU, recorded per server
-            metric, per_gpu = metric[: -len(_PER_GPU)], True
-        values = pd.to_numeric(mine.get(metric, pd.Series(dtype=float)), errors="coerce")
-        if per_gpu:
-            values = values / float(row.get("gpus") or 1.0)
-        starts = (mine["server_id"].astype(str) if "server_id" in mine.columns
-                  else pd.Series("", index=mine.index))
-        return list(values.astype(float)), list(starts)
-
-    (a, sa), (b, sb) = arm(v.leader), arm(v.runner_up)
-    c = confirmed_verdict(a, b, obj.maximize, (sa, sb), confidence)
-    if c is None:
-        return
-    v.selection = verdict_text(v, drift_note=False)
-    v.confirmation, v.significant, v.lead, v.p_value = c, c.significant, c.lead, c.p_value
-    v.against = c.verdict
-    v.test = f"{c.test} of the confirmation's fresh starts"
 
 
 def _shape_label(keys: Sequence[str], values: Sequence[Any]) -> str:
@@ -618,45 +593,6 @@ def _fronts(df: pd.DataFrame, points: pd.DataFrame) -> tuple[dict[str, pd.DataFr
     fronts = {str(shape): pareto_front(means[means["shape"] == shape].drop(columns=["shape"]).reset_index(drop=True))
               for shape in runs["shape"].unique()}
     return fronts, whole.notes
-
-
-def _sla_capacities(sla: pd.DataFrame, df: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per bench point and target, each config's largest passing value, best first (unbounded first, none
-    last); with the cost (else energy) per output token of its probe at that value (`<metric>_at_pass`, the
-    mean of its runs) and `cheapest` marking the least of them per bench point and target."""
-    if sla.empty or not set(SLA_COLUMNS) <= set(sla.columns):
-        return pd.DataFrame()
-    value = pd.to_numeric(sla["largest_pass"], errors="coerce")
-    ranked = sla.assign(_v=value.fillna(-math.inf)).sort_values(["bench_label", "target", "_v"],
-                                                               ascending=[True, True, False], kind="stable")
-    return _cheapest_at_pass(ranked.drop(columns="_v").reset_index(drop=True), df)
-
-
-def sla_costs(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFrame:
-    """An SLA table (`results.sla_table`) with the cost (else energy) per output token of each search's probe
-    at its largest passing value and `cheapest` marking the least per bench point and target; as it was
-    where the runs have neither."""
-    return _cheapest_at_pass(table, df)
-
-
-def _cheapest_at_pass(table: pd.DataFrame, df: pd.DataFrame | None) -> pd.DataFrame:
-    """`_sla_capacities`'s cost columns, from the runs of each search's probe at its largest passing value."""
-    if df is None or not {"sla_base_id", "sla_value", "serve_id"} <= set(df.columns):
-        return table
-    for metric in CHEAPEST_METRICS:
-        if metric not in df.columns or not pd.to_numeric(df[metric], errors="coerce").notna().any():
-            continue
-        col = f"{metric}_at_pass"
-        values = []
-        for _, r in table.iterrows():
-            runs = df[(df["serve_id"] == r["serve_id"]) & (df["sla_base_id"] == r["bench_id"])
-                      & (pd.to_numeric(df["sla_value"], errors="coerce") == r["largest_pass"])]
-            got = pd.to_numeric(runs[metric], errors="coerce").dropna()
-            values.append(float(got.mean()) if len(got) else math.nan)
-        table = table.assign(**{col: values, "cheapest_metric": metric})
-        least = table.groupby(["bench_label", "target"])[col].transform("min")
-        return table.assign(cheapest=table[col].notna() & (table[col] == least))
-    return table
 
 
 # -- text ------------------------------------------------------------------------------------------------

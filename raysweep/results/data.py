@@ -1,7 +1,7 @@
 """What the report shows, read once from an output dir (the ledger's campaign, points, servers, events and
 drivers, the records and their table, the SLA searches), and what more than one section derives from it: the
 parameters that vary, and the conclusions, made once per report. The winner's confirmation (`confirm:`,
-`raysweep.drive.confirm`) reads its leaders and runners-up the same way (`winner_pairs`)."""
+`raysweep.confirm`) reads its leaders and runners-up the same way (`answer_of`)."""
 
 from __future__ import annotations
 
@@ -119,17 +119,3 @@ def _slo(campaign: dict[str, Any]) -> Any:
     except UserError as exc:
         log.warning("the campaign's slo is not used: %s", exc)
         return None
-
-
-def winner_pairs(output_dir: Path, objective: str | None) -> list[list[str]]:
-    """(serve id, bench id, role, shape) of each leader and runner-up the conclusions name, as the report
-    names them: what `confirm:` runs again on fresh servers."""
-    with CampaignDir(output_dir) as directory:
-        answer = answer_of(read_data(directory, objective))
-    pairs = []
-    for v in answer.verdicts:
-        if v.runner_up is None:
-            continue
-        pairs += [[str(v.leader["serve_id"]), str(v.leader["bench_id"]), "leader", v.shape],
-                  [str(v.runner_up["serve_id"]), str(v.runner_up["bench_id"]), "runner-up", v.shape]]
-    return pairs

@@ -21,11 +21,12 @@ from raysweep.bench.options import parse_load_options
 from raysweep.drive import hooks
 from raysweep.drive.point import PointRunner
 from raysweep.drive.state import RunState
-from raysweep.plan.plan import BenchPoint, probe_runs
+from raysweep.plan.plan import BenchPoint
 from raysweep.record.runs import read_samples
 from raysweep.serve import metrics
 from raysweep.serve.live_server import ConfigRun, Server
 from raysweep.sla import search as sla
+from raysweep.sla.plan import probe_runs
 
 if TYPE_CHECKING:
     from raysweep.campaign.models import SlaSpec

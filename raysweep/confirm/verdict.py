@@ -1,4 +1,4 @@
-"""The verdict of the winner's confirmation (`raysweep.drive.confirm` runs it): the same model of a measurement
+"""The verdict of the winner's confirmation (`raysweep.confirm.runs` runs it): the same model of a measurement
 (`raysweep.maths.hierarchy`) applied to the leader's and the runner-up's fresh server starts alone, so that the
 selection (the leader read high by chance: the winner's curse) does not enter the value, the interval or the
 verdict. Each fresh start is a replicate; a side on one fresh start is "not compared"."""

@@ -3,7 +3,7 @@ fresh and interleaved, and the headline verdict taken from those runs, not from 
 
 Picking the best of many and testing it against the next one overstates its lead (the winner's curse): the
 leader is the configuration whose runs happened to read high. `confirm:` (on by default where the campaign
-has room for it, `ROOM`) takes the pairs the report's conclusions name (`raysweep.results.conclusions`, for
+has room for it, `ROOM`) takes the pairs the report's conclusions name (`raysweep.confirm.winners`, for
 `confirm.objective`) once the sweep has ended, and measures each of their points again on new server
 starts: every configuration of the pairs gets `confirm.starts` starts, in blocks ordered AB BA across them
 (`raysweep.maths.order.turns`), each start running `confirm.runs` runs of its points (in rounds). The pairs are
@@ -11,7 +11,8 @@ recorded in the ledger (its `confirm` entry) before a run starts, so a resumed c
 pairs and runs only what is left. The confirmation's runs are points of their own (bench id
 `confirm_bench_id(base)`, result field `phase: confirm`, `confirms_bench_id` the point confirmed) that the
 sweep's conclusions leave out; the headline's verdict and the leader's interval come from them
-(`raysweep.maths.confirmation.confirmed_verdict`).
+(`raysweep.confirm.verdict.confirmed_verdict`). The run calls `restore_plan` and `run_after` through
+`raysweep.drive.hooks`, where `raysweep.confirm` lends this module.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raysweep.drive import hooks
 from raysweep.maths.order import ROOM, ConfirmSpec
 
 if TYPE_CHECKING:
@@ -55,22 +55,22 @@ def confirm_bench_id(bench_id: str) -> str:
 
 def cost(plan: Plan, measured: Measured | None = None, pairs: int | None = None) -> tuple[int, int, float]:
     """Server starts, runs and seconds the confirmation of `pairs` pair(s) takes (default: one per bench shape;
-    `estimate.confirm_cost`)."""
-    from raysweep.plan.estimate import confirm_cost
+    `confirm.estimate.confirm_cost`)."""
+    from raysweep.confirm.estimate import confirm_cost
 
     return confirm_cost(plan, measured, pairs)
 
 
 def wanted(plan: Plan, sweep_s: float, measured: Measured | None = None) -> bool:
-    """Whether the campaign confirms its winner (`estimate.confirm_wanted`)."""
-    from raysweep.plan.estimate import confirm_wanted
+    """Whether the campaign confirms its winner (`confirm.estimate.confirm_wanted`)."""
+    from raysweep.confirm.estimate import confirm_wanted
 
     return confirm_wanted(plan, sweep_s, measured)
 
 
 def applies(spec: CampaignSpec) -> bool:
-    """Whether a campaign is one the confirmation can follow (`estimate.confirm_applies`)."""
-    from raysweep.plan.estimate import confirm_applies
+    """Whether a campaign is one the confirmation can follow (`confirm.estimate.confirm_applies`)."""
+    from raysweep.confirm.estimate import confirm_applies
 
     return confirm_applies(spec)
 
@@ -80,7 +80,7 @@ def dry_run_lines(plan: Plan, sweep_s: float | None = None) -> list[str]:
     spec = confirm_of(plan.spec.campaign)
     if not applies(plan.spec):
         return []
-    from raysweep.plan.estimate import confirm_pairs
+    from raysweep.confirm.estimate import confirm_pairs
 
     starts, runs, secs = cost(plan)
     pairs = confirm_pairs(plan)
@@ -189,6 +189,7 @@ def run_after(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, wit
     """After the sweep: the pairs recorded (chosen now when the campaign confirms and none are), their
     runs in the ledger and the plan, and the confirmation run through `run_work` (the scheduler on the
     cluster). Returns why it stopped early, or None."""
+    from raysweep.confirm.winners import winner_pairs
     from raysweep.plan import estimate
 
     spec = confirm_of(plan.spec.campaign)
@@ -199,7 +200,7 @@ def run_after(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, wit
         sweep = estimate.estimate(plan, measured=measured)
         if not wanted(plan, sweep.wall_s, measured):
             return None
-        chosen = hooks.winners()(output_dir, spec.objective)  # results.data.winner_pairs, lent
+        chosen = winner_pairs(output_dir, spec.objective)
         if not chosen:
             log.info("confirmation: no bench shape has a runner-up to confirm its leader against")
             return None
