@@ -5,6 +5,8 @@ bench backends (`bench.backend`) and the campaign checks that a section's owner 
 each one `Registry`: registered by name where the part lives (a decorator, or a call when its package is
 imported), looked up by name where it is used, and a name nobody registered is a `LookupError` that says what
 was asked, what is known and where it would come from. The campaign schema reads its backend names from here.
+The hooks of the run and of the plan are `Lenders`: registries of loaders, each part imported when first asked for
+and kept.
 
 May import: nothing of raysweep.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-__all__ = ["Registry"]
+__all__ = ["Lenders", "Registry"]
 
 T = TypeVar("T")
 
@@ -61,3 +63,23 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class Lenders(Registry[Callable[[], object]]):
+    """Loaders of parts one room lends another (the run's hooks, the plan's): each registered as a loader that
+    imports the part when it is first asked for, so that registering costs nothing; `part` loads it once and
+    keeps it, and a second registration of a name loads anew."""
+
+    def __init__(self, what: str, hint: str = "") -> None:
+        super().__init__(what, hint)
+        self._loaded: dict[str, object] = {}
+
+    def register(self, name: str, item: Callable[[], object]) -> Callable[[], object]:
+        self._loaded.pop(name, None)
+        return super().register(name, item)
+
+    def part(self, name: str) -> object:
+        """The part lent as `name`, loaded on first use; a `LookupError` as `get` raises if nobody lent it."""
+        if name not in self._loaded:
+            self._loaded[name] = self.get(name)()
+        return self._loaded[name]

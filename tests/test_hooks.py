@@ -43,7 +43,7 @@ def test_every_part_the_run_calls_is_lent_by_its_room():
 
 def test_a_part_nobody_lent_stops_the_run_with_its_name(monkeypatch):
     monkeypatch.setattr(hooks.LOADERS, "_items", {})
-    monkeypatch.setattr(hooks, "_LOADED", {})
+    monkeypatch.setattr(hooks.LOADERS, "_loaded", {})
     with pytest.raises(LookupError, match="`levels`.*import raysweep.modes"):
         hooks.levels()
     hooks.register("levels", lambda: "lent")

@@ -34,3 +34,17 @@ def test_the_schema_takes_its_backend_names_from_the_registry(monkeypatch):
     assert BenchSpec.model_json_schema()["properties"]["backend"]["enum"] == backend.BACKENDS.names()
     with pytest.raises(ValueError, match="'native' or 'command'"):
         BenchSpec(backend="nope")
+
+
+def test_a_lent_part_is_loaded_when_first_asked_for_once_and_anew_after_a_second_lend():
+    from raysweep.registry import Lenders
+
+    loads: list[str] = []
+    lenders = Lenders("part of the widget", "lent when its room is imported")
+    lenders.register("a", lambda: loads.append("a") or "first")
+    assert loads == []                          # lending costs nothing
+    assert lenders.part("a") == lenders.part("a") == "first" and loads == ["a"]
+    lenders.register("a", lambda: "second")
+    assert lenders.part("a") == "second"
+    with pytest.raises(LookupError, match="no part of the widget `b` is registered"):
+        lenders.part("b")

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from raysweep.registry import Registry
+from raysweep.registry import Lenders
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,22 +51,18 @@ __all__ = ["LOADERS", "Confirmation", "Levels", "Points", "SlaBook", "Tracker", 
            "confirmation", "confirmed", "levels", "offline_points", "register", "sla_book", "sla_capacities",
            "sla_capacities_html", "sla_searches", "tracking", "tune"]
 
-LOADERS: Registry[Callable[[], Any]] = Registry(
+LOADERS = Lenders(
     "part of the run", "the run asks raysweep.drive.hooks for it; import raysweep.modes first, as the CLI and the "
     "Python API do")
-_LOADED: dict[str, Any] = {}
 
 
 def register(name: str, load: Callable[[], Any]) -> None:
     """Lend the run the part `name` (see the module docstring): `load()` returns it, importing what it needs."""
     LOADERS.register(name, load)
-    _LOADED.pop(name, None)
 
 
-def _part(name: str) -> Any:
-    if name not in _LOADED:
-        _LOADED[name] = LOADERS.get(name)()
-    return _LOADED[name]
+def _part(name: str) -> Any:  # each accessor below names the type of its part
+    return LOADERS.part(name)
 
 
 class Work(Protocol):

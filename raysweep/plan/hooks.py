@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from raysweep.registry import Registry
+from raysweep.registry import Lenders
 
 if TYPE_CHECKING:
     from raysweep.campaign import Campaign, CampaignSpec
@@ -29,22 +29,18 @@ if TYPE_CHECKING:
 
 __all__ = ["LOADERS", "SlaPlan", "confirmation", "register", "sla"]
 
-LOADERS: Registry[Callable[[], Any]] = Registry(
+LOADERS = Lenders(
     "part of the estimate", "the estimate asks raysweep.plan.hooks for it; import raysweep.modes first, as the CLI "
     "and the Python API do")
-_LOADED: dict[str, Any] = {}
 
 
 def register(name: str, load: Callable[[], Any]) -> None:
     """Lend the estimate the part `name` (see the module docstring): `load()` returns it."""
     LOADERS.register(name, load)
-    _LOADED.pop(name, None)
 
 
-def _part(name: str) -> Any:
-    if name not in _LOADED:
-        _LOADED[name] = LOADERS.get(name)()
-    return _LOADED[name]
+def _part(name: str) -> Any:  # each accessor below names the type of its part
+    return LOADERS.part(name)
 
 
 class SlaPlan(Protocol):
