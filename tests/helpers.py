@@ -135,7 +135,7 @@ def plan_workload(plan: Any, tmp_path: Path, with_gpus: bool = False) -> Any:
     ledger = Ledger(out / LEDGER_FILE)
     ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
                 points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
-    return RunState(plan, ledger, out, lambda kind, **data: None, with_gpus=with_gpus)
+    return RunState(plan, CampaignDir.around(out, ledger), lambda kind, **data: None, with_gpus=with_gpus)
 
 
 def finish_runnable(work: Any, serve_id: str) -> list[int]:

@@ -477,3 +477,22 @@ def test_a_campaign_dir_without_a_ledger_says_so_and_creates_nothing(tmp_path):
         CampaignDir(tmp_path).check()
     assert LEDGER_FILE in str(exc.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_around_an_open_ledger_reads_through_it_and_leaves_it_open(ledger, tmp_path):
+    """The run's stages read the campaign's directory through the driver's own ledger: no second one is opened,
+    and neither closing nor dropping the directory closes the driver's."""
+    from raysweep.record.directory import CampaignDir
+
+    sync(ledger, pts("p1", "p2"))
+    with CampaignDir.around(tmp_path, ledger) as directory:
+        assert directory.ledger is ledger and directory.path == tmp_path
+    assert directory._ledger is None  # let go of
+    dropped = CampaignDir.around(tmp_path, ledger)
+    del dropped
+    assert ledger.counts()["pending"] == 2  # still open: the driver closes it
+    own = CampaignDir(tmp_path)
+    other = own.ledger
+    own.close()
+    with pytest.raises(sqlite3.ProgrammingError):  # a directory's own ledger is closed with it
+        other.counts()

@@ -84,7 +84,7 @@ def precision_campaign(tmp_path: Path) -> Path:
     try:
         for p in plan.points:
             finish(p)
-        work = RunState(plan, ledger, out, lambda kind, **kw: None, with_gpus=False)
+        work = RunState(plan, CampaignDir.around(out, ledger), lambda kind, **kw: None, with_gpus=False)
         while True:
             added = [p for p in plan.points if ledger.points(serve_id=p.serve.id) and p.id not in
                      {r.point_id for r in ledger.points() if r.state == PointState.DONE}]

@@ -153,7 +153,8 @@ def _work(tmp_path: Path, **precision) -> RunState:
     ledger.sync(name="t", fingerprint=plan.fingerprint, meaning={}, campaign={}, campaign_file="",
                 points=[(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in plan.points])
     events: list[tuple[str, dict]] = []
-    work = RunState(plan, ledger, out, lambda kind, **data: events.append((kind, data)), with_gpus=False)
+    run_dir = CampaignDir.around(out, ledger)
+    work = RunState(plan, run_dir, lambda kind, **data: events.append((kind, data)), with_gpus=False)
     work.events = events  # type: ignore[attr-defined]
     return work
 

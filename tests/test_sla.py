@@ -312,7 +312,7 @@ def test_a_probe_of_several_runs_reports_one_runs_throughput_not_their_sum(tmp_p
 
     argv = ["vllm", "bench", "serve", "--model", "m", "--num-prompts", "20"]
     one = stats.point_metrics(_run_samples(), parse_load_options(argv))
-    probe = pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()]), argv)
+    probe = pool_probe(CampaignDir(tmp_path), _write_runs(tmp_path, [_run_samples(), _run_samples()]), argv)
     assert probe.metrics["request_throughput"] == pytest.approx(one["request_throughput"])
     assert probe.metrics["output_throughput"] == pytest.approx(one["output_throughput"])
     assert probe.metrics["max_concurrent_requests"] == one["max_concurrent_requests"]
@@ -322,7 +322,7 @@ def test_a_probe_of_several_runs_reports_one_runs_throughput_not_their_sum(tmp_p
     # runs of unequal length: everything completed over the summed durations
     slow = _run_samples(gap=0.2)
     s_m = stats.point_metrics(slow, parse_load_options(argv))
-    both = pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), slow]), argv)
+    both = pool_probe(CampaignDir(tmp_path), _write_runs(tmp_path, [_run_samples(), slow]), argv)
     assert both.metrics["request_throughput"] == pytest.approx(40 / (one["duration"] + s_m["duration"]))
 
 
@@ -369,12 +369,12 @@ def test_server_metric_targets_are_judged_from_the_probes_runs(tmp_path):
     argv = ["vllm", "bench", "serve", "--model", "m", "--num-prompts", "20"]
     server = [{"server_num_preemptions": 0, "server_kv_cache_usage_perc_peak": 0.4, "server_metrics_complete": True},
               {"server_num_preemptions": 3, "server_kv_cache_usage_perc_peak": 0.9, "server_metrics_complete": True}]
-    probe = pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()], server), argv)
+    probe = pool_probe(CampaignDir(tmp_path), _write_runs(tmp_path, [_run_samples(), _run_samples()], server), argv)
     [preempt, kv] = parse_targets([{"server_num_preemptions": "<=0"}, {"server_kv_cache_usage_perc_peak": "<0.95"}])
     assert judge_percentile(probe.metrics, preempt) is Verdict.FAIL        # 3 preemptions in the second run
     assert judge_percentile(probe.metrics, kv) is Verdict.PASS
     partial = [server[0], {"server_metrics_complete": False, "server_metrics_incomplete_reason": "no scrape after"}]
-    probe = pool_probe(tmp_path, _write_runs(tmp_path, [_run_samples(), _run_samples()], partial), argv)
+    probe = pool_probe(CampaignDir(tmp_path), _write_runs(tmp_path, [_run_samples(), _run_samples()], partial), argv)
     # a counter over a partial window decides nothing
     assert judge_percentile(probe.metrics, preempt) is Verdict.UNRESOLVED
     with pytest.raises(CampaignError) as e:

@@ -180,7 +180,8 @@ def simulate(root: Path, data: dict[str, Any], seed: int = 0, stop_after: int | 
     spec = campaign_from_dict(data, base_dir=root)
     plan, ledger = open_campaign(spec, CampaignDir(root / "out"))
     sim = bench.SimCluster(nodes=4, gpus=8, rng=random.Random(seed))
-    work = sim.work = TuneWork(plan, ledger, root / "out", lambda kind, **d: None, with_gpus=True, clock=sim.clock)
+    run_dir = CampaignDir.around(root / "out", ledger)
+    work = sim.work = TuneWork(plan, run_dir, lambda kind, **d: None, with_gpus=True, clock=sim.clock)
     started: list[str] = []
     inner_start, inner_wait = sim.start, sim.wait
     events = [0]
@@ -425,7 +426,7 @@ def test_the_sla_capacity_objective_is_the_largest_load_meeting_every_target(tmp
     data["bench"]["params"] = {"grid": {"random_input_len": [128, 256]}}
     data["sla"] = {"variable": "max_concurrency", "targets": [{"p99_e2el_ms": "<=200"}, {"p99_ttft_ms": "<=50"}]}
     plan, ledger = open_campaign(campaign_from_dict(data, base_dir=tmp_path), CampaignDir(tmp_path / "out"))
-    work = TuneWork(plan, ledger, tmp_path / "out", lambda kind, **d: None, with_gpus=True)
+    work = TuneWork(plan, CampaignDir.around(tmp_path / "out", ledger), lambda kind, **d: None, with_gpus=True)
     work.nodes_now = bench.SimCluster(nodes=1, gpus=8, rng=random.Random(0)).nodes()
     work.refill()
     cands = list(work.cands.values())
@@ -459,7 +460,8 @@ def test_a_candidate_no_node_can_hold_any_more_fails_and_frees_its_place(tmp_pat
     spec = campaign_from_dict(data, base_dir=tmp_path)
     plan, ledger = open_campaign(spec, CampaignDir(tmp_path / "out"))
     sim = bench.SimCluster(nodes=1, gpus=8, rng=random.Random(0))
-    work = sim.work = TuneWork(plan, ledger, tmp_path / "out", lambda kind, **d: None, with_gpus=True, clock=sim.clock)
+    run_dir = CampaignDir.around(tmp_path / "out", ledger)
+    work = sim.work = TuneWork(plan, run_dir, lambda kind, **d: None, with_gpus=True, clock=sim.clock)
     sched = Scheduler(TunedCluster(sim, work), work, lambda kind, **d: None, max_servers=None, clock=sim.clock)
     sim.node_list = [bench.NodeInfo("small", "10.0.0.9", 4, 64.0)]   # only 4 GPUs left: tp 8 no longer fits
     work.nodes_now = bench.SimCluster(nodes=1, gpus=8, rng=random.Random(0)).nodes()

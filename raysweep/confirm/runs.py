@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysweep.maths.order import ROOM, ConfirmSpec
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from raysweep.ledger import Ledger, PointRow
     from raysweep.plan.estimate import Measured
     from raysweep.plan.plan import Plan, PointRun, ServeConfig
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["ConfirmSpec", "ConfirmWork", "PHASE", "ROOM", "applies", "confirm_bench_id", "confirm_of", "cost",
            "dry_run_lines", "restore_plan", "run_after", "wanted"]
@@ -150,9 +150,9 @@ def _work_class() -> type:
 
         adds_runs = False
 
-        def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool,
+        def __init__(self, plan: Plan, directory: CampaignDir, emit: EventSink, with_gpus: bool,
                      serve_ids: list[str], spec: ConfirmSpec) -> None:
-            super().__init__(plan, ledger, output_dir, emit, with_gpus)
+            super().__init__(plan, directory, emit, with_gpus)
             by_id = {s.id: s for s in plan.serves}
             self._serves = [by_id[s] for s in serve_ids if s in by_id]
             self.instances, self.first_runs = spec.starts, spec.per_arm
@@ -184,7 +184,7 @@ def ConfirmWork(*args: Any, **kw: Any) -> RunState:
     return _work_class()(*args, **kw)
 
 
-def run_after(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool,
+def run_after(plan: Plan, directory: CampaignDir, emit: EventSink, with_gpus: bool,
               run_work: Callable[[RunState], str | None]) -> str | None:
     """After the sweep: the pairs recorded (chosen now when the campaign confirms and none are), their
     runs in the ledger and the plan, and the confirmation run through `run_work` (the scheduler on the
@@ -193,6 +193,7 @@ def run_after(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, wit
     from raysweep.plan import estimate
 
     spec = confirm_of(plan.spec.campaign)
+    ledger = directory.ledger
     stored = _stored(ledger)
     if stored is None:
         measured = estimate.Measured()
@@ -200,7 +201,7 @@ def run_after(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, wit
         sweep = estimate.estimate(plan, measured=measured)
         if not wanted(plan, sweep.wall_s, measured):
             return None
-        chosen = winner_pairs(output_dir, spec.objective)
+        chosen = winner_pairs(directory, spec.objective)
         if not chosen:
             log.info("confirmation: no bench shape has a runner-up to confirm its leader against")
             return None
@@ -217,7 +218,7 @@ def run_after(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, wit
         ledger.add_points([(p.id, p.serve.id, p.bench.id, p.run, p.serve.params, p.bench.params) for p in pts])
     spec = ConfirmSpec.model_validate(stored["spec"])
     serve_ids = _serve_order(stored["pairs"])
-    work = ConfirmWork(plan, ledger, output_dir, emit, with_gpus, serve_ids, spec)
+    work = ConfirmWork(plan, directory, emit, with_gpus, serve_ids, spec)
     if not any(work.runnable(s) for s in serve_ids) and not any(
             r.state == "running" for r in ledger.points() if r.bench_id in plan.confirm_ids):
         return None

@@ -3,19 +3,20 @@ and the report shows them (`raysweep.results.data`: read once, `answer_of`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from raysweep.record.directory import CampaignDir
 from raysweep.results.data import answer_of, read_data
+
+if TYPE_CHECKING:
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["winner_pairs"]
 
 
-def winner_pairs(output_dir: Path, objective: str | None) -> list[list[str]]:
+def winner_pairs(directory: CampaignDir, objective: str | None) -> list[list[str]]:
     """(serve id, bench id, role, shape) of each leader and runner-up the conclusions name, as the report
-    names them: what `confirm:` runs again on fresh servers."""
-    with CampaignDir(output_dir) as directory:
-        answer = answer_of(read_data(directory, objective))
+    names them: what `confirm:` runs again on fresh servers (read through the directory's ledger)."""
+    answer = answer_of(read_data(directory, objective))
     pairs = []
     for v in answer.verdicts:
         if v.runner_up is None:

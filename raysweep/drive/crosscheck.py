@@ -405,6 +405,7 @@ def run_crosscheck(spec: CampaignSpec, serve: ServeConfig, benches: list[BenchPo
     from raysweep.ledger import LEDGER_FILE, Ledger
     from raysweep.place import placement
     from raysweep.plan.plan import PointRun, build_plan, point_id
+    from raysweep.record.directory import CampaignDir
     from raysweep.serve.live_server import ConfigRun, Server
     from raysweep.serve.server import expected_model
 
@@ -417,8 +418,8 @@ def run_crosscheck(spec: CampaignSpec, serve: ServeConfig, benches: list[BenchPo
     work_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work_dir / LEDGER_FILE)  # this check's own server rows, apart from the campaign's
     nodes = placement.cluster_nodes()
-    work = RunState(build_plan(spec), ledger, work_dir, lambda kind, **data: log.debug("%s %s", kind, data),
-                    with_gpus=placement.has_gpus(nodes))
+    work = RunState(build_plan(spec), CampaignDir.around(work_dir, ledger),
+                    lambda kind, **data: log.debug("%s %s", kind, data), with_gpus=placement.has_gpus(nodes))
     life = ConfigLife(work)
     backends = {"native": backend_for(c.bench.model_copy(update={"backend": "native"}), spec.bench_env),
                 "vllm": CommandBench(spec.bench_env, c.bench.timeout_s)}

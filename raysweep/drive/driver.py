@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 import ray
@@ -45,11 +45,9 @@ from raysweep.place.scheduler import Cluster, Scheduler, replica_key, with_event
 from raysweep.plan.plan import Plan, ServeConfig, build_plan, meaning
 from raysweep.procs import cpu_set, cpu_text
 from raysweep.record import drift, storage
+from raysweep.record.directory import CampaignDir
 from raysweep.serve.live_server import ConfigRun
 from raysweep.serve.server import rank_argv
-
-if TYPE_CHECKING:
-    from raysweep.record.directory import CampaignDir
 
 __all__ = ["RayCluster", "RunSummary", "check_placement", "driver_alive", "driver_cpus", "embedded_temp_dir",
            "open_campaign", "placement_lines", "ray_session", "run_campaign", "run_plan"]
@@ -253,7 +251,8 @@ def run_campaign(spec: CampaignSpec, directory: CampaignDir, *, force: bool = Fa
         outcome = "interrupted"
         try:
             recovery.recover(ledger, retry_failed)
-            stopped = run_plan(plan, ledger, output_dir, emit, with_gpus=with_gpus)
+            # the stages read the directory through the driver's own ledger, which it closes below
+            stopped = run_plan(plan, CampaignDir.around(directory.given, ledger), emit, with_gpus=with_gpus)
             outcome = "stopped" if stopped else "finished"
         finally:
             ledger.release_driver(driver_id, outcome)
@@ -403,21 +402,23 @@ def in_flight(ledger: Ledger, serve_id: str, now: float | None = None) -> list[s
     return sorted({p.point_id for p in points if p.state == "running"} | recent)
 
 
-def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool) -> str | None:
-    """Run the pending points of a plan: as many server configurations at once as free GPUs allow (most
-    work first, largest first among equals, smaller ones filling the gaps), each in its own thread with
-    its own client actors. Returns why it stopped early, or None when it went through."""
+def run_plan(plan: Plan, directory: CampaignDir, emit: EventSink, with_gpus: bool) -> str | None:
+    """Run the pending points of a plan, writing into `directory` through its ledger: as many server
+    configurations at once as free GPUs allow (most work first, largest first among equals, smaller ones filling
+    the gaps), each in its own thread with its own client actors. Returns why it stopped early, or None when it
+    went through."""
     c = plan.spec.campaign
+    ledger = directory.ledger
     cluster: Cluster
     work: RunState
     if is_endpoint_campaign(plan.spec):  # serve.url: running endpoints, none started here
-        work, cluster = endpoint.run_parts(plan, ledger, output_dir, emit, RayCluster)
+        work, cluster = endpoint.run_parts(plan, directory, emit, RayCluster)
     elif c.tune is not None:  # candidates asked as GPUs free up, stopped early, told when they end
         tune: hooks.Tune[RunState] = hooks.tune()
-        work = tune.TuneWork(plan, ledger, output_dir, emit, with_gpus)
+        work = tune.TuneWork(plan, directory, emit, with_gpus)
         cluster = tune.TunedCluster(RayCluster(ConfigLife(work)), work)
     else:
-        work = RunState(plan, ledger, output_dir, emit, with_gpus)
+        work = RunState(plan, directory, emit, with_gpus)
         cluster = RayCluster(ConfigLife(work))
     scheduler = Scheduler(cluster, work, with_event_log(emit, ledger.add_event, lambda sid: in_flight(ledger, sid)),
                           max_servers=c.placement.max_servers or (None if with_gpus else 1),  # node losses: ledger rows
@@ -433,6 +434,6 @@ def run_plan(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with
                       max_servers=c.placement.max_servers or (None if with_gpus else 1)).run()
             return cw.stop_reason
 
-        work.stop_reason = hooks.confirmation().run_after(plan, ledger, output_dir, emit, with_gpus, run_work)
+        work.stop_reason = hooks.confirmation().run_after(plan, directory, emit, with_gpus, run_work)
     emit("campaign_end", counts=ledger.counts(), stopped=work.stop_reason)
     return work.stop_reason

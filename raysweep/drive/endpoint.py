@@ -28,7 +28,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysweep.drive import hooks
@@ -36,12 +35,12 @@ from raysweep.drive.config_life import ConfigLife
 from raysweep.drive.point import PointRunner
 from raysweep.drive.state import EventSink, RunState
 from raysweep.errors import CampaignError
-from raysweep.ledger import Ledger
 from raysweep.place import placement
 
 if TYPE_CHECKING:
     from raysweep.campaign.loading import CampaignSpec
     from raysweep.campaign.models import Campaign
+    from raysweep.record.directory import CampaignDir
 from raysweep.plan.cost import point_cost_fields
 from raysweep.plan.plan import Plan, PointRun
 from raysweep.serve.live_server import ConfigRun, Server, Servers, new_server_id
@@ -239,8 +238,8 @@ class EndpointServers(Servers):
 class EndpointWork(RunState):
     """A campaign's shared state where an endpoint that stopped answering has no work left in this run."""
 
-    def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink) -> None:
-        super().__init__(plan, ledger, output_dir, emit, with_gpus=False)
+    def __init__(self, plan: Plan, directory: CampaignDir, emit: EventSink) -> None:
+        super().__init__(plan, directory, emit, with_gpus=False)
         self.lost: dict[str, str] = {}
         self.endpoints = {s.id: ep for s, ep in zip(plan.serves, endpoints_of(plan.spec))}
 
@@ -340,9 +339,9 @@ class EndpointCluster:
         return getattr(self._inner, name)
 
 
-def run_parts(plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink,
+def run_parts(plan: Plan, directory: CampaignDir, emit: EventSink,
               cluster: Callable[[EndpointLife], Any]) -> tuple[EndpointWork, EndpointCluster]:
     """The work and cluster of an endpoint campaign, for `raysweep.drive.driver.run_plan`, which passes its
     `RayCluster` as `cluster` (so this module needs nothing of the driver)."""
-    work = EndpointWork(plan, ledger, output_dir, emit)
+    work = EndpointWork(plan, directory, emit)
     return work, EndpointCluster(EndpointLife(work), cluster)

@@ -30,7 +30,6 @@ import, imports every mode and registers the rest. A run that asks for a part no
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from raysweep.registry import Lenders
@@ -128,8 +127,7 @@ class Tune(Protocol[W]):
     driver names the work it makes (`Tune[RunState]`)."""
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> None: ...
-    def TuneWork(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: Callable[..., None],
-                 with_gpus: bool) -> W: ...
+    def TuneWork(self, plan: Plan, directory: CampaignDir, emit: Callable[..., None], with_gpus: bool) -> W: ...
     def TunedCluster(self, inner: Cluster, work: W) -> Cluster: ...
 
 
@@ -145,7 +143,7 @@ class Confirmation(Protocol[W_co]):
     (a `raysweep.drive.state.RunState`) on the cluster."""
 
     def restore_plan(self, plan: Plan, ledger: Ledger) -> int: ...
-    def run_after(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: Callable[..., None], with_gpus: bool,
+    def run_after(self, plan: Plan, directory: CampaignDir, emit: Callable[..., None], with_gpus: bool,
                   run_work: Callable[[W_co], str | None]) -> str | None: ...
 
 

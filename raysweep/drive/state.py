@@ -1,6 +1,7 @@
 """A running campaign as its parts share it, and what each server configuration still has to do.
 
-`RunState` holds the plan, the ledger, the output and log directories, the event sink and why the campaign
+`RunState` holds the plan, the campaign's directory (`raysweep.record.directory.CampaignDir`: its path and the
+run's ledger), the log directory, the event sink and why the campaign
 stops (None while it goes on). It answers the scheduler's `Work` questions: how much a configuration has
 left (its runnable points, or with SLA searches one probe's runs per open search), its measured pace
 (for more servers of it at the campaign's tail), and giving one up.
@@ -19,6 +20,7 @@ from raysweep.ledger import Ledger, PointRow, PointState
 from raysweep.maths.order import Turn, block_order, instance_of, open_turns, order_of, turns
 from raysweep.plan import estimate
 from raysweep.plan.plan import Plan, ServeConfig, first_runs
+from raysweep.record.directory import CampaignDir
 
 __all__ = ["EventSink", "RunState"]
 
@@ -30,11 +32,12 @@ EventSink = Callable[..., None]
 class RunState:
     """The shared state of one campaign run (see the module docstring)."""
 
-    def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool) -> None:
-        self.plan, self.ledger, self.output_dir, self.emit = plan, ledger, output_dir, emit
+    def __init__(self, plan: Plan, directory: CampaignDir, emit: EventSink, with_gpus: bool) -> None:
+        self.plan, self.directory, self.emit = plan, directory, emit
+        self.ledger: Ledger = directory.ledger  # the run's own, open while it runs
         self.c = plan.spec.campaign
         self.with_gpus = with_gpus
-        self.log_dir = (output_dir / "logs").resolve()
+        self.log_dir = (directory.path / "logs").resolve()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stop_reason: str | None = None
         self.order = order_of(self.c)
@@ -42,6 +45,11 @@ class RunState:
         self.first_runs = first_runs(plan.spec)
         # several servers at once (a cluster with GPUs, no cap of one): a block's configurations run together
         self.together = with_gpus and self.c.placement.max_servers != 1
+
+    @property
+    def output_dir(self) -> Path:
+        """Where the run writes its result files (the directory's path)."""
+        return self.directory.path
 
     @property
     def serves(self) -> list[ServeConfig]:

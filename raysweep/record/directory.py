@@ -34,6 +34,15 @@ class CampaignDir:
         self.path = Path(path)
         self.given = str(path)  # as named, for the documents that say where it is
         self._ledger: Ledger | None = None
+        self._owned = True  # its ledger is its own to close (`around`: lent by whoever opened it)
+
+    @classmethod
+    def around(cls, path: str | Path, ledger: Ledger) -> CampaignDir:
+        """The directory at `path` read through a ledger already open there (the run's own, which the driver
+        opened and closes): closing this one only lets go of it."""
+        directory = cls(path)
+        directory._ledger, directory._owned = ledger, False
+        return directory
 
     @classmethod
     def of(cls, spec: Any, given: str | Path | None = None) -> CampaignDir:
@@ -54,9 +63,9 @@ class CampaignDir:
             Ledger.open_existing(self.path).close()
 
     def close(self) -> None:
-        if self._ledger is not None:
+        if self._ledger is not None and self._owned:
             self._ledger.close()
-            self._ledger = None
+        self._ledger = None
 
     def __enter__(self) -> CampaignDir:
         return self
@@ -65,7 +74,7 @@ class CampaignDir:
         self.close()
 
     def __del__(self) -> None:  # one dropped without `close` (a caller's expression) closes its ledger with it
-        if getattr(self, "_ledger", None) is not None:
+        if getattr(self, "_ledger", None) is not None and getattr(self, "_owned", True):
             self.close()
 
     def records(self) -> list[dict[str, Any]]:

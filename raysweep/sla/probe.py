@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysweep.bench import stats
@@ -30,6 +29,7 @@ from raysweep.sla.plan import probe_runs
 
 if TYPE_CHECKING:
     from raysweep.campaign.models import SlaSpec
+    from raysweep.record.directory import CampaignDir
 
 __all__ = ["ProbeData", "SlaSearches", "capacity", "judge", "pool_probe"]
 
@@ -55,12 +55,12 @@ def _probe_value(setting: int | float | str | None) -> float:
     return math.inf if setting is None or setting == "inf" else float(setting)
 
 
-def pool_probe(output_dir: Path, result_paths: list[str | None], argv: list[str]) -> ProbeData:
-    """Metrics of a probe from the raw samples of all its runs: latencies over the pooled requests,
-    throughputs and peaks per run and then combined (each run is timed from its own start), and the
-    server metrics of the runs combined."""
-    records = [json.loads((output_dir / (p or "")).read_text()) for p in result_paths]
-    runs = [read_samples(output_dir / r["samples_path"]) for r in records]
+def pool_probe(directory: CampaignDir, result_paths: list[str | None], argv: list[str]) -> ProbeData:
+    """Metrics of a probe from the raw samples of all its runs (their result files in `directory`): latencies
+    over the pooled requests, throughputs and peaks per run and then combined (each run is timed from its own
+    start), and the server metrics of the runs combined."""
+    records = [json.loads((directory.path / (p or "")).read_text()) for p in result_paths]
+    runs = [read_samples(directory.path / r["samples_path"]) for r in records]
     samples = stats.pool(runs)
     opts = parse_load_options(argv)
     pooled = sla.pool_runs(stats.point_metrics(samples, opts), [stats.point_metrics(s, opts) for s in runs])
@@ -139,7 +139,7 @@ class SlaSearches:
         that probe (the load-levels mode's `search_probes`, lent through `raysweep.drive.hooks`): the search
         starts from them and runs none of them again."""
         for value, paths in hooks.levels().search_probes(self.work, serve_id, base.id).items():
-            probes[(value, 0)] = pool_probe(self.work.output_dir, list(paths), base.argv)
+            probes[(value, 0)] = pool_probe(self.work.directory, list(paths), base.argv)
 
     def _ledger_probe_values(self, serve_id: str, bench_id: str) -> list[tuple[float, int]]:
         """The (value, first run) of every probe of a search already in the ledger, done or not."""
@@ -179,5 +179,5 @@ class SlaSearches:
             if run_missing:
                 probes[key] = None  # failed for good: it cannot decide anything
             return None
-        probes[key] = pool_probe(w.output_dir, [r.result_path for r in rows if r is not None], pts[0].bench.argv)
+        probes[key] = pool_probe(w.directory, [r.result_path for r in rows if r is not None], pts[0].bench.argv)
         return probes[key]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysweep.campaign import TuneObjective
@@ -16,6 +15,7 @@ from raysweep.tune.space import SLA_CAPACITY, _concurrency
 
 if TYPE_CHECKING:
     from raysweep.ledger import PointRow
+    from raysweep.record.directory import CampaignDir
 
 
 def _aggregate(values: list[float], o: TuneObjective) -> float:
@@ -28,11 +28,10 @@ def _aggregate(values: list[float], o: TuneObjective) -> float:
 class Objective:
     """The objectives of a tuning campaign, read from the ledger and the result files of the output dir."""
 
-    def __init__(self, objectives: list[TuneObjective], ledger: Ledger, output_dir: Path,
-                 bench_argv: list[str]) -> None:
+    def __init__(self, objectives: list[TuneObjective], directory: CampaignDir, bench_argv: list[str]) -> None:
         self.objectives = objectives
-        self.ledger = ledger
-        self.output_dir = output_dir
+        self.ledger: Ledger = directory.ledger
+        self.output_dir = directory.path
         self.bench_argv = bench_argv
         self._records: dict[str, dict[str, Any]] = {}
 

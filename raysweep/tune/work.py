@@ -13,14 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
 from raysweep.campaign import TuneSpec
 from raysweep.drive.state import EventSink, RunState
-from raysweep.ledger import Ledger
 from raysweep.place import placement
 from raysweep.plan.plan import Plan, PointRun, ServeConfig, serve_points
 from raysweep.tune.budget import Budget
@@ -33,6 +31,7 @@ from raysweep.tune.space import SLA_CAPACITY, candidate_serve, refusal
 
 if TYPE_CHECKING:
     from raysweep.place.scheduler import Cluster
+    from raysweep.record.directory import CampaignDir
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +40,9 @@ class TuneWork(RunState):
     """The scheduler's `Work` for a `tune:` campaign: candidates asked as GPUs free up, judged at rungs,
     told when they end. `TunedCluster` calls `started`, `ended`, `review` and `refill`."""
 
-    def __init__(self, plan: Plan, ledger: Ledger, output_dir: Path, emit: EventSink, with_gpus: bool,
+    def __init__(self, plan: Plan, directory: CampaignDir, emit: EventSink, with_gpus: bool,
                  clock: Callable[[], float] = time.time) -> None:
-        super().__init__(plan, ledger, output_dir, emit, with_gpus)
+        super().__init__(plan, directory, emit, with_gpus)
         assert self.c.tune is not None
         self.t: TuneSpec = self.c.tune
         self.clock = clock
@@ -55,9 +54,9 @@ class TuneWork(RunState):
         self.refused: set[str] = set()  # configurations refused once: a proposal of one again is not recorded
         self.polished: dict[int, int] = {}  # candidate -> the front configuration it is one step from
         self.modelled: set[int] = set()     # candidates the surrogate proposed (Pareto, after the start-up)
-        self.objective = Objective(self.objectives, ledger, output_dir, plan.spec.bench_argv)
+        self.objective = Objective(self.objectives, directory, plan.spec.bench_argv)
         self.budget = Budget(self.t.budget, self.cands, clock)
-        self.rungs = Rungs(self.t.early_stop, self.objective, self.cands, ledger, self.c.max_attempts,
+        self.rungs = Rungs(self.t.early_stop, self.objective, self.cands, self.ledger, self.c.max_attempts,
                            self.bench_order, self._save)
         self.proposals = Proposals(self.t, self.tuner, plan, self.objective, self.budget, self.cands, self.by_serve,
                                    self.refused, lambda: self.nodes_now)
